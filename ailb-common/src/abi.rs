@@ -1,0 +1,331 @@
+//! The client ABI and the layout of every BPF map value. All structs are `#[repr(C)]`
+//! with explicit padding so that the kernel, userspace and `bpftool` agree byte for byte.
+
+/// `setsockopt` level that the `cgroup/setsockopt` program consumes ("AIL").
+pub const SOL_AILB: i32 = 0x41494c;
+/// Option: the conversation id, 1..=[`MAX_CONVERSATION_LEN`] raw bytes.
+pub const AILB_CONVERSATION: i32 = 1;
+/// Option: a native-endian `u32`, the GPU memory in MB this request needs.
+pub const AILB_REQUIRED_MEMORY_MB: i32 = 2;
+/// Option: the model name, 1..=[`MAX_MODEL_NAME_LEN`] bytes, for a shared VIP.
+pub const AILB_MODEL: i32 = 3;
+
+pub const MAX_CONVERSATION_LEN: usize = 128;
+pub const MAX_MODEL_NAME_LEN: usize = 64;
+
+/// Bumped whenever a map layout changes; a daemon refuses pins of another version.
+pub const ABI_VERSION: u32 = 1;
+
+pub const MAX_MODELS: u32 = 32;
+pub const MAX_BACKENDS: u32 = 4096;
+/// Backends one model can have (the member list the least-loaded fallback scans).
+pub const MAX_MEMBERS: u32 = 1024;
+/// Largest Maglev table; every table is a prime from [`TABLE_SIZES`].
+pub const MAX_TABLE_SIZE: u32 = 65521;
+pub const TABLE_SIZES: [u32; 3] = [4093, 16381, 65521];
+/// Upper bound on the number of table slots probed per pick.
+pub const MAX_PROBES: u32 = 8;
+pub const MAX_SERVICES: u32 = 256;
+pub const MAX_AFFINITY: u32 = 262_144;
+
+/// A table or member slot that holds no backend.
+pub const NO_BACKEND: u32 = u32::MAX;
+/// `Backend::free_mem_mb` when the free memory is not known: it fits every hint.
+pub const MEM_UNKNOWN: u32 = u32::MAX;
+/// `Backend::cap` when there is no hard cap on in-flight connections.
+pub const NO_CAP: u32 = 0;
+
+/// Index of the first per-model counter in `AILB_INFLIGHT` (backends use `0..MAX_BACKENDS`).
+pub const INFLIGHT_MODEL_BASE: u32 = MAX_BACKENDS;
+pub const INFLIGHT_ENTRIES: u32 = MAX_BACKENDS + MAX_MODELS;
+
+/// Pinned map names (also their ELF symbol names).
+pub mod maps {
+    pub const SERVICES: &str = "AILB_SERVICES";
+    pub const BACKENDS: &str = "AILB_BACKENDS";
+    pub const MODELS: &str = "AILB_MODELS";
+    pub const TABLES: &str = "AILB_TABLES";
+    pub const MEMBERS: &str = "AILB_MEMBERS";
+    pub const MODEL_NAMES: &str = "AILB_MODEL_NAMES";
+    pub const AFFINITY: &str = "AILB_AFFINITY";
+    pub const SOCK: &str = "AILB_SOCK";
+    pub const INFLIGHT: &str = "AILB_INFLIGHT";
+    pub const STATS: &str = "AILB_STATS";
+    pub const BACKEND_STATS: &str = "AILB_BACKEND_STATS";
+    pub const CONFIG: &str = "AILB_CONFIG";
+    /// Every map the daemon pins, in the order teardown removes them.
+    pub const ALL: [&str; 12] = [
+        SERVICES,
+        BACKENDS,
+        MODELS,
+        TABLES,
+        MEMBERS,
+        MODEL_NAMES,
+        AFFINITY,
+        SOCK,
+        INFLIGHT,
+        STATS,
+        BACKEND_STATS,
+        CONFIG,
+    ];
+}
+
+/// Program names (ELF section functions); links are pinned under `links/<name>`.
+pub mod programs {
+    pub const CONNECT4: &str = "ailb_connect4";
+    pub const SETSOCKOPT: &str = "ailb_setsockopt";
+    pub const SOCKOPS: &str = "ailb_sockops";
+    pub const ALL: [&str; 3] = [CONNECT4, SETSOCKOPT, SOCKOPS];
+}
+
+/// `AILB_SERVICES` key: a VIP. Address and port in network byte order, as in `bpf_sock_addr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    pub addr: u32,
+    pub port: u16,
+    pub _pad: u16,
+}
+
+/// The VIP's model comes from the socket's `AILB_MODEL` hint instead of `Service::model`.
+pub const SERVICE_SHARED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Service {
+    pub model: u32,
+    pub flags: u32,
+}
+
+/// The backend is a member of its model's active table (healthy, weight > 0).
+pub const BACKEND_LIVE: u32 = 1;
+
+/// `AILB_BACKENDS` value, indexed by a backend id that stays stable across reloads and restarts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    /// IPv4 address, network byte order.
+    pub addr: u32,
+    /// Port, network byte order.
+    pub port: u16,
+    pub _pad: u16,
+    pub model: u32,
+    pub weight: u32,
+    /// Hard cap on in-flight connections, [`NO_CAP`] for none.
+    pub cap: u32,
+    /// Free GPU memory in MB, [`MEM_UNKNOWN`] if not known.
+    pub free_mem_mb: u32,
+    pub state: u32,
+    pub _pad2: u32,
+}
+
+impl Backend {
+    pub fn is_live(&self) -> bool {
+        self.state & BACKEND_LIVE != 0
+    }
+    /// Whether the backend can take a request that needs `required_mem_mb` (0: no hint).
+    pub fn fits(&self, required_mem_mb: u32) -> bool {
+        required_mem_mb == 0 || self.free_mem_mb == MEM_UNKNOWN || self.free_mem_mb >= required_mem_mb
+    }
+    pub fn under_cap(&self, inflight: u64) -> bool {
+        self.cap == NO_CAP || inflight < self.cap as u64
+    }
+}
+
+/// One of the two table slots of a model.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableSlot {
+    /// Maglev table size M (a prime), 0 when the slot holds no table.
+    pub size: u32,
+    /// Number of valid entries in the slot's member row.
+    pub members: u32,
+    /// Sum of the member weights.
+    pub total_weight: u64,
+    pub generation: u64,
+}
+
+/// The model has at least one live backend; without it, connects to its VIP are refused.
+pub const MODEL_AVAILABLE: u32 = 1;
+
+/// `AILB_MODELS` value. Userspace fills the inactive slot's rows in `AILB_TABLES` and
+/// `AILB_MEMBERS`, writes this struct with the new slot described, then flips `active`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelState {
+    pub active: u32,
+    pub flags: u32,
+    pub slots: [TableSlot; 2],
+}
+
+impl ModelState {
+    pub fn active_slot(&self) -> &TableSlot {
+        // `active & 1` keeps the index in range for the verifier and for corrupt input.
+        &self.slots[(self.active & 1) as usize]
+    }
+}
+
+/// Index of a model's table / member row for `slot` (0 or 1).
+pub fn row_index(model: u32, slot: u32) -> u32 {
+    model * 2 + (slot & 1)
+}
+
+/// `AILB_TABLES` value: one Maglev table (the first `TableSlot::size` entries are used).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TableRow {
+    pub slots: [u32; MAX_TABLE_SIZE as usize],
+}
+
+/// `AILB_MEMBERS` value: the backend ids of one table, for the least-loaded fallback.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemberRow {
+    pub ids: [u32; MAX_MEMBERS as usize],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    pub model: u32,
+    pub _pad: u32,
+    pub conversation: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityValue {
+    pub backend: u32,
+    pub _pad: u32,
+    pub last_seen_ns: u64,
+}
+
+pub const SOCK_HAS_CONVERSATION: u32 = 1;
+pub const SOCK_HAS_MEMORY: u32 = 2;
+pub const SOCK_HAS_MODEL: u32 = 4;
+/// connect4 picked `backend` for this socket.
+pub const SOCK_PICKED: u32 = 8;
+/// sock_ops counted this socket in `AILB_INFLIGHT`; cleared when it is uncounted.
+pub const SOCK_COUNTED: u32 = 16;
+
+/// `AILB_SOCK` (sk_storage) value: the client's hints and the pick.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    pub conversation: u64,
+    pub model_hash: u64,
+    pub required_mem_mb: u32,
+    pub flags: u32,
+    pub backend: u32,
+    pub model: u32,
+}
+
+/// Conversation affinity is used (off: plain weighted pick, e.g. for baselines).
+pub const CONFIG_AFFINITY: u32 = 1;
+/// The bounded-load check is used (off: first table slot always).
+pub const CONFIG_LOAD_BOUND: u32 = 2;
+pub const CONFIG_DEFAULT_FLAGS: u32 = CONFIG_AFFINITY | CONFIG_LOAD_BOUND;
+
+/// `AILB_CONFIG` value (one entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalConfig {
+    pub abi_version: u32,
+    /// The load bound factor c, times 1000 (1250 = 1.25).
+    pub load_factor_milli: u32,
+    /// Table slots probed per pick, 1..=[`MAX_PROBES`].
+    pub probes: u32,
+    pub flags: u32,
+    /// Affinity entries older than this are ignored; 0: no expiry.
+    pub affinity_ttl_ns: u64,
+    pub generation: u64,
+}
+
+/// `AILB_STATS` value (per-CPU, one entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connects to a VIP that got a backend.
+    pub picks: u64,
+    pub affinity_hits: u64,
+    /// An affinity entry existed but its backend could no longer take the connection.
+    pub affinity_breaks: u64,
+    /// The first probed slot was over its load bound and a later one was taken.
+    pub spills: u64,
+    /// No probed slot qualified; the least loaded member was taken.
+    pub fallbacks: u64,
+    /// Connects refused: the model has no live backend.
+    pub no_backend: u64,
+    /// Connects refused: no backend fits the memory hint.
+    pub no_fit: u64,
+    pub established: u64,
+    pub closed: u64,
+    pub connect_failures: u64,
+    /// Accepted `SOL_AILB` options.
+    pub sockopts: u64,
+    /// Rejected `SOL_AILB` options (bad length or unknown name).
+    pub bad_sockopts: u64,
+}
+
+/// `AILB_BACKEND_STATS` value (per-CPU, indexed by backend id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    pub picks: u64,
+    pub affinity_hits: u64,
+    pub established: u64,
+    pub closed: u64,
+    pub connect_failures: u64,
+    /// Sum of smoothed RTT samples (microseconds) taken when connections were established.
+    pub rtt_us_sum: u64,
+    pub rtt_samples: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    #![allow(unsafe_code)]
+    use super::*;
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            // SAFETY: #[repr(C)], Copy, every field an integer, no implicit padding.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    pod!(
+        ServiceKey,
+        Service,
+        Backend,
+        TableSlot,
+        ModelState,
+        TableRow,
+        MemberRow,
+        AffinityKey,
+        AffinityValue,
+        SockState,
+        GlobalConfig,
+        Stats,
+        BackendStats
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<ServiceKey>(), 8);
+        assert_eq!(size_of::<Service>(), 8);
+        assert_eq!(size_of::<Backend>(), 32);
+        assert_eq!(size_of::<TableSlot>(), 24);
+        assert_eq!(size_of::<ModelState>(), 56);
+        assert_eq!(size_of::<AffinityKey>(), 16);
+        assert_eq!(size_of::<AffinityValue>(), 16);
+        assert_eq!(size_of::<SockState>(), 32);
+        assert_eq!(size_of::<GlobalConfig>(), 32);
+        assert_eq!(size_of::<Stats>(), 12 * 8);
+        assert_eq!(size_of::<BackendStats>(), 7 * 8);
+        assert_eq!(size_of::<TableRow>(), MAX_TABLE_SIZE as usize * 4);
+    }
+}

@@ -1,0 +1,95 @@
+//! The conversation hash: FNV-1a 64 over the bytes, then the murmur3 `fmix64` finaliser so
+//! that nearby ids spread over the whole Maglev table. It is defined here once; the kernel
+//! feeds it byte by byte from the `setsockopt` buffer, `ailb hash` from its argument, so
+//! every client language gets the same hash without a library.
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// murmur3's 64-bit finaliser: a bijection with full avalanche.
+#[inline(always)]
+pub fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^= k >> 33;
+    k
+}
+
+/// Incremental form for the kernel, which reads one byte at a time.
+#[derive(Clone, Copy, Debug)]
+pub struct ConversationHasher {
+    state: u64,
+}
+
+impl Default for ConversationHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConversationHasher {
+    #[inline(always)]
+    pub const fn new() -> Self {
+        Self { state: FNV_OFFSET }
+    }
+    #[inline(always)]
+    pub fn write_u8(&mut self, b: u8) {
+        self.state = (self.state ^ b as u64).wrapping_mul(FNV_PRIME);
+    }
+    /// The hash; `len` (the number of bytes written) is mixed in so that trailing zero
+    /// bytes are not ignored.
+    #[inline(always)]
+    pub fn finish(&self, len: u64) -> u64 {
+        fmix64(self.state ^ len.rotate_left(56))
+    }
+}
+
+/// The hash of a conversation id (or a model name): what the kernel stores for these bytes.
+pub fn conversation_hash(bytes: &[u8]) -> u64 {
+    let mut h = ConversationHasher::new();
+    for &b in bytes {
+        h.write_u8(b);
+    }
+    h.finish(bytes.len() as u64)
+}
+
+/// Stable identity of a backend (address and port in network byte order) for table ordering.
+pub fn backend_key(addr_be: u32, port_be: u16, seed: u64) -> u64 {
+    fmix64(((addr_be as u64) << 16 | port_be as u64) ^ fmix64(seed))
+}
+
+/// A second, independent hash used for probe steps and Maglev skips.
+#[inline(always)]
+pub fn rehash(h: u64) -> u64 {
+    fmix64(h ^ 0x9e37_79b9_7f4a_7c15)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOLDEN_HELLO: u64 = 2797699151107936019;
+
+    /// Golden values: a change here changes every client's placement, so it must be deliberate.
+    #[test]
+    fn golden_hashes() {
+        assert_eq!(conversation_hash(b""), fmix64(FNV_OFFSET));
+        let a = conversation_hash(b"conversation-1");
+        let b = conversation_hash(b"conversation-2");
+        assert_ne!(a, b);
+        assert_ne!(conversation_hash(b"a"), conversation_hash(b"a\0"));
+        // Fixed so that a change of algorithm fails loudly (README prints this value too).
+        assert_eq!(conversation_hash(b"hello"), GOLDEN_HELLO);
+    }
+
+    #[test]
+    fn incremental_equals_slice() {
+        let mut h = ConversationHasher::new();
+        for b in b"abc" {
+            h.write_u8(*b);
+        }
+        assert_eq!(h.finish(3), conversation_hash(b"abc"));
+    }
+}

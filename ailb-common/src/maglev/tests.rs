@@ -1,0 +1,155 @@
+use super::*;
+use crate::hash::backend_key;
+use proptest::prelude::*;
+
+fn backends(n: u32) -> Vec<MaglevBackend> {
+    (0..n)
+        .map(|i| MaglevBackend { id: i, key: backend_key(0x7f00_0001u32.to_be() + i, 8000u16.to_be(), 42), weight: 1 })
+        .collect()
+}
+
+fn counts(table: &[u32], n: usize) -> Vec<usize> {
+    let mut c = vec![0usize; n];
+    for &id in table {
+        c[id as usize] += 1;
+    }
+    c
+}
+
+#[test]
+fn sizes_are_prime_and_chosen_by_count() {
+    for m in TABLE_SIZES {
+        assert!(is_prime(m), "{m}");
+    }
+    assert_eq!(table_size_for(1), 4093);
+    assert_eq!(table_size_for(40), 4093);
+    assert_eq!(table_size_for(41), 16381);
+    assert_eq!(table_size_for(1000), 65521);
+    assert_eq!(build(&backends(3), 4096), Err(MaglevError::SizeNotPrime(4096)));
+}
+
+#[test]
+fn every_slot_is_filled_and_empty_input_gives_empty_table() {
+    let t = build(&backends(7), 4093).unwrap();
+    assert!(t.iter().all(|&id| id < 7));
+    let empty = build(&[], 4093).unwrap();
+    assert!(empty.iter().all(|&id| id == NO_BACKEND));
+    let zero = build(&[MaglevBackend { id: 1, key: 5, weight: 0 }], 4093).unwrap();
+    assert!(zero.iter().all(|&id| id == NO_BACKEND));
+}
+
+#[test]
+fn duplicates_are_rejected() {
+    let b = [MaglevBackend { id: 1, key: 5, weight: 1 }, MaglevBackend { id: 2, key: 5, weight: 1 }];
+    assert!(matches!(build(&b, 4093), Err(MaglevError::Duplicate { .. })));
+    let b = [MaglevBackend { id: 1, key: 5, weight: 1 }, MaglevBackend { id: 1, key: 6, weight: 1 }];
+    assert!(matches!(build(&b, 4093), Err(MaglevError::Duplicate { .. })));
+}
+
+/// Golden table: a change of algorithm changes every gateway's placement, so it must be
+/// deliberate (and every gateway upgraded together).
+#[test]
+fn golden_small_table() {
+    let b = [
+        MaglevBackend { id: 10, key: 1, weight: 1 },
+        MaglevBackend { id: 11, key: 2, weight: 2 },
+        MaglevBackend { id: 12, key: 3, weight: 5 },
+    ];
+    let t = build(&b, 13).unwrap();
+    assert_eq!(t, GOLDEN_13);
+    let c = [10, 11, 12].map(|id| t.iter().filter(|&&x| x == id).count());
+    // 13 slots by weights 1:2:5 = 1.6 : 3.25 : 8.1, each within the slack (1 slot here) of
+    // floor / ceil of its exact share.
+    assert!(c[0] <= 3 && (2..=5).contains(&c[1]) && (7..=10).contains(&c[2]), "{c:?}");
+}
+const GOLDEN_13: [u32; 13] = [12, 10, 11, 12, 12, 12, 12, 12, 11, 12, 12, 12, 12];
+
+#[test]
+fn identical_inputs_give_identical_bytes_in_any_order() {
+    let mut b = backends(50);
+    for (i, x) in b.iter_mut().enumerate() {
+        x.weight = 1 + (i as u32 * 7) % 13;
+    }
+    let t1 = build(&b, 16381).unwrap();
+    b.reverse();
+    let t2 = build(&b, 16381).unwrap();
+    assert_eq!(t1, t2);
+}
+
+/// Table shares within 1 percentage point of weight shares for M >= 100 N. The credit scheme
+/// gives each backend floor or ceil of its exact share per round, so the error is a few slots
+/// (<= 1% of M needs an error below M / 100 >= N slots).
+fn assert_shares(weights: &[u32], m: u32) {
+    let n = weights.len() as u32;
+    let mut b = backends(n);
+    for (x, &w) in b.iter_mut().zip(weights) {
+        x.weight = w;
+    }
+    let t = build(&b, m).unwrap();
+    let c = counts(&t, n as usize);
+    let total_w: u64 = weights.iter().map(|&w| w as u64).sum();
+    for (i, &w) in weights.iter().enumerate() {
+        let share = c[i] as f64 / m as f64;
+        let want = w as f64 / total_w as f64;
+        assert!((share - want).abs() <= 0.01, "backend {i}: share {share:.5} want {want:.5} (M={m}, N={n})");
+    }
+}
+
+#[test]
+fn shares_follow_weights() {
+    assert_shares(&[1, 2, 5], 4093);
+    assert_shares(&[1; 40], 4093);
+    assert_shares(&(1..=100).collect::<Vec<_>>(), 16381);
+    assert_shares(&(0..600).map(|i| 1 + i % 10).collect::<Vec<_>>(), 65521);
+}
+
+/// Removing one of N equal backends moves at most 2/N of the slots (Maglev's bound is about
+/// 1/N for the removed backend's own slots plus a small reshuffle of the rest).
+fn assert_removal_disruption(n: u32) {
+    let m = table_size_for(n as usize);
+    let all = backends(n);
+    let t1 = build(&all, m).unwrap();
+    let removed = n / 2;
+    let rest: Vec<_> = all.iter().copied().filter(|b| b.id != removed).collect();
+    let t2 = build(&rest, m).unwrap();
+    let moved = t1.iter().zip(&t2).filter(|(a, b)| a != b).count();
+    let limit = 2.0 / n as f64;
+    let frac = moved as f64 / m as f64;
+    assert!(frac <= limit, "N={n}: {frac:.5} of slots moved, limit {limit:.5}");
+    assert!(t2.iter().all(|&id| id != removed));
+}
+
+#[test]
+fn removal_moves_at_most_two_over_n_10() {
+    assert_removal_disruption(10);
+}
+#[test]
+fn removal_moves_at_most_two_over_n_100() {
+    assert_removal_disruption(100);
+}
+#[test]
+fn removal_moves_at_most_two_over_n_1000() {
+    assert_removal_disruption(1000);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn prop_table_is_full_and_deterministic(ws in proptest::collection::vec(1u32..1000, 1..60), seed in any::<u64>()) {
+        let b: Vec<_> = ws.iter().enumerate().map(|(i, &w)| MaglevBackend {
+            id: i as u32, key: backend_key(i as u32, 80, seed), weight: w }).collect();
+        let m = table_size_for(b.len());
+        let t1 = build(&b, m).unwrap();
+        let mut rev = b.clone();
+        rev.reverse();
+        prop_assert_eq!(&t1, &build(&rev, m).unwrap());
+        prop_assert!(t1.iter().all(|&id| (id as usize) < b.len()));
+        let total_w: u64 = ws.iter().map(|&w| w as u64).sum();
+        let c = counts(&t1, b.len());
+        for (i, &w) in ws.iter().enumerate() {
+            let share = c[i] as f64 / m as f64;
+            let want = w as f64 / total_w as f64;
+            prop_assert!((share - want).abs() <= 0.01, "{} {} {}", i, share, want);
+        }
+    }
+}
