@@ -151,11 +151,19 @@ pub const MODEL_AVAILABLE: u32 = 1;
 /// `AILB_MODELS` value. Userspace fills the inactive slot's rows in `AILB_TABLES` and
 /// `AILB_MEMBERS`, writes this struct with the new slot described, then flips `active`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelState {
     pub active: u32,
     pub flags: u32,
     pub slots: [TableSlot; 2],
+    /// The model name, NUL-padded (for `ailb status` and `bpftool`; the kernel ignores it).
+    pub name: [u8; MAX_MODEL_NAME_LEN],
+}
+
+impl Default for ModelState {
+    fn default() -> Self {
+        Self { active: 0, flags: 0, slots: [TableSlot::default(); 2], name: [0; MAX_MODEL_NAME_LEN] }
+    }
 }
 
 impl ModelState {
@@ -319,7 +327,7 @@ mod tests {
         assert_eq!(size_of::<Service>(), 8);
         assert_eq!(size_of::<Backend>(), 32);
         assert_eq!(size_of::<TableSlot>(), 24);
-        assert_eq!(size_of::<ModelState>(), 56);
+        assert_eq!(size_of::<ModelState>(), 56 + 64);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(size_of::<SockState>(), 32);
