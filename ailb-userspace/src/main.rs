@@ -1,1 +1,6 @@
-fn main() {}
+//! `ailb`: the gateway daemon and its CLI.
+#![forbid(unsafe_code)]
+
+fn main() -> std::process::ExitCode {
+    ailb_userspace::cli::main()
+}

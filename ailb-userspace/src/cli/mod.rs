@@ -1,0 +1,102 @@
+//! Command line: one file per subcommand.
+
+pub mod run;
+pub mod status;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ailb",
+    version,
+    about = "eBPF-accelerated, AI-aware load balancer for LLM inference fleets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Default pin directory (matches the config default).
+const DEFAULT_BPFFS: &str = "/sys/fs/bpf/ailb";
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway daemon: load, pin and attach the programs and keep the tables in step
+    /// with the config (SIGHUP reloads it). Without --config: the embedded loopback demo.
+    Run {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file and exit (0: valid).
+    Check {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Per model and backend: weight, table share, in-flight, picks, affinity hits (from the pinned maps).
+    Status {
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the kernel's hash of a conversation id (what `setsockopt(SOL_AILB, AILB_CONVERSATION)` stores).
+    Hash { conversation: String },
+    /// Detach every program and remove every pin (the directory too).
+    Teardown {
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("AILB_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run { config } => run::run(config.as_deref()),
+        Command::Check { config } => config::load_valid(config.as_deref())
+            .map(|c| {
+                println!(
+                    "config ok: {} model(s), {} backend(s)",
+                    c.services.len(),
+                    c.backends.len()
+                );
+            })
+            .map_err(anyhow::Error::from),
+        Command::Status { bpffs, json } => status::status(&bpffs, json),
+        Command::Hash { conversation } => {
+            println!(
+                "{:#018x}",
+                ailb_common::hash::conversation_hash(conversation.as_bytes())
+            );
+            Ok(())
+        }
+        Command::Teardown { bpffs } => crate::datapath::teardown(&bpffs)
+            .map(|n| {
+                if n == 0 {
+                    println!("nothing to tear down at {}", bpffs.display());
+                } else {
+                    println!(
+                        "removed {n} pin(s) and {}; programs detached",
+                        bpffs.display()
+                    );
+                }
+            })
+            .map_err(anyhow::Error::from),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+use crate::config;

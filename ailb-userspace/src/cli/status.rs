@@ -1,0 +1,76 @@
+//! `ailb status [--json]`.
+
+use std::path::Path;
+
+use crate::datapath;
+
+pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
+    let st = datapath::read_status(bpffs).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n(is `ailb run` started? pins are expected in {})",
+            bpffs.display()
+        )
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(());
+    }
+    let s = &st.stats;
+    println!(
+        "ailb at {} — generation {}, c = {}, probes {}, affinity {}, load bound {}",
+        st.bpffs,
+        st.generation,
+        st.config.load_factor,
+        st.config.probes,
+        st.config.affinity,
+        st.config.load_bound
+    );
+    println!(
+        "picks {}  affinity hits {} breaks {}  spills {}  fallbacks {}  refused {} (no backend) {} (no fit)  established {}  closed {}  failed {}",
+        s.picks, s.affinity_hits, s.affinity_breaks, s.spills, s.fallbacks, s.no_backend, s.no_fit, s.established, s.closed, s.connect_failures
+    );
+    for m in &st.models {
+        println!(
+            "\nmodel {} (id {}) VIPs {} — {}, table {} slots, in-flight {}",
+            m.name,
+            m.id,
+            m.vips.join(", "),
+            if m.available {
+                "available"
+            } else {
+                "UNAVAILABLE"
+            },
+            m.table_size,
+            m.inflight
+        );
+        println!(
+            "  {:>4} {:<22} {:>6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "id",
+            "backend",
+            "weight",
+            "share",
+            "free MB",
+            "live",
+            "inflight",
+            "picks",
+            "aff.hits",
+            "rtt us"
+        );
+        for b in &m.backends {
+            println!(
+                "  {:>4} {:<22} {:>6} {:>6.1}% {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                b.id,
+                b.address,
+                b.weight,
+                b.table_share * 100.0,
+                b.free_mem_mb.map_or("?".to_string(), |v| v.to_string()),
+                if b.live { "yes" } else { "no" },
+                b.inflight,
+                b.picks,
+                b.affinity_hits,
+                b.rtt_us_avg.map_or("-".to_string(), |v| format!("{v:.0}")),
+            );
+        }
+    }
+    Ok(())
+}

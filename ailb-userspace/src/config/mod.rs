@@ -1,0 +1,203 @@
+//! Configuration: serde types with documented defaults, and a separate [`Config::validate`]
+//! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
+//! and the value. A bad config stops start-up; on reload the previous config stays.
+
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use validate::{ValidBackend, ValidConfig, ValidService, MAX_WEIGHT};
+
+/// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {origin}: {source}")]
+    Parse {
+        origin: String,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("config: field `{field}`: invalid value {value:?}: {reason}")]
+    InvalidValue {
+        field: String,
+        value: String,
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(
+        field: impl Into<String>,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::InvalidValue {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    #[serde(default)]
+    pub balancer: BalancerConfig,
+    #[serde(default)]
+    pub services: Vec<ServiceConfig>,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Directory in bpffs where maps and links are pinned. Default `/sys/fs/bpf/ailb`.
+    #[serde(default = "default_bpffs")]
+    pub bpffs: PathBuf,
+    /// cgroup whose processes are balanced: a path relative to the cgroup2 mount (created
+    /// if missing), an absolute path, or `"/"` for the cgroup2 root (a real gateway).
+    /// Default `ailb`: a child cgroup, so that nothing is balanced by accident.
+    #[serde(default = "default_cgroup")]
+    pub cgroup: String,
+}
+
+fn default_bpffs() -> PathBuf {
+    PathBuf::from("/sys/fs/bpf/ailb")
+}
+fn default_cgroup() -> String {
+    "ailb".to_string()
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            bpffs: default_bpffs(),
+            cgroup: default_cgroup(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalancerConfig {
+    /// The load bound factor c in `ceil(c * (total + 1) * w / W)`. Default 1.25.
+    #[serde(default = "default_load_factor")]
+    pub load_factor: f64,
+    /// Table slots probed per connection, 1..=8. Default 4.
+    #[serde(default = "default_probes")]
+    pub probes: u32,
+    /// Conversation affinity. Default on.
+    #[serde(default = "yes")]
+    pub affinity: bool,
+    /// Bounded-load probing. Default on.
+    #[serde(default = "yes")]
+    pub load_bound: bool,
+    /// Affinity entries unused for longer are ignored; "0s" = never. Default "30m".
+    #[serde(default = "default_ttl")]
+    pub affinity_ttl: String,
+    /// Seed of the table layout; gateways that share it build identical tables. Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_load_factor() -> f64 {
+    1.25
+}
+fn default_probes() -> u32 {
+    4
+}
+fn yes() -> bool {
+    true
+}
+fn default_ttl() -> String {
+    "30m".to_string()
+}
+
+impl Default for BalancerConfig {
+    fn default() -> Self {
+        Self {
+            load_factor: default_load_factor(),
+            probes: default_probes(),
+            affinity: true,
+            load_bound: true,
+            affinity_ttl: default_ttl(),
+            seed: 0,
+        }
+    }
+}
+
+/// A model's VIP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub model: String,
+    pub vip: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub model: String,
+    pub address: String,
+    /// 0..=65535; 0 drains the backend. Default 1.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// Free GPU memory in MB; absent = unknown (fits every memory hint).
+    #[serde(default)]
+    pub free_memory_mb: Option<u32>,
+    /// Hard cap on in-flight connections; 0 = none.
+    #[serde(default)]
+    pub max_inflight: u32,
+    #[serde(default = "yes")]
+    pub healthy: bool,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl Config {
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            source: Box::new(e),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn embedded_default() -> Self {
+        Self::parse(DEFAULT_TOML, "<embedded default>").expect("the embedded default config parses")
+    }
+}
+
+/// Loads and validates: from `path`, or the embedded default.
+pub fn load_valid(path: Option<&Path>) -> Result<ValidConfig, ConfigError> {
+    let config = match path {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded_default(),
+    };
+    config.validate()
+}

@@ -1,0 +1,183 @@
+//! Fresh load or reopen. A fresh start loads the object, pins every map, lets the caller
+//! write the first tables, then attaches the programs through pinned links. A restart finds
+//! the pins, checks the ABI version and reuses them: programs never stopped routing, and
+//! affinity and in-flight counts are kept.
+
+use std::{
+    fs,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use ailb_common::{maps, programs, ABI_VERSION};
+use aya::{
+    programs::{CgroupSockAddr, CgroupSockopt, SockOps},
+    Btf, Ebpf, EbpfLoader,
+};
+use tracing::info;
+
+use super::{io_err, link_pin, sys, DatapathError, Maps};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
+
+pub struct Opened {
+    pub maps: Maps,
+    pub attach: Attach,
+}
+
+/// The programs of a fresh load, loaded but not attached yet (none after a reopen).
+pub struct Attach {
+    dir: PathBuf,
+    pending: Option<Ebpf>,
+}
+
+impl Attach {
+    pub fn is_fresh(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Attaches the programs to `cgroup` through links pinned under `<dir>/links/`. A no-op
+    /// when the pins were reopened (the links are still attached).
+    pub fn attach(mut self, cgroup: &Path) -> Result<(), DatapathError> {
+        let Some(mut ebpf) = self.pending.take() else {
+            return Ok(());
+        };
+        let dir = self.dir.clone();
+        let cg = fs::File::open(cgroup).map_err(io_err("open cgroup", cgroup))?;
+        let prog_err = |name| {
+            move |e| DatapathError::Program {
+                name,
+                source: Box::new(e),
+            }
+        };
+        for name in programs::ALL {
+            let program = ebpf
+                .program_mut(name)
+                .ok_or(DatapathError::MissingProgram { name })?;
+            let (fd, attach_type) = match name {
+                programs::CONNECT4 => {
+                    let p: &mut CgroupSockAddr = program.try_into().map_err(prog_err(name))?;
+                    p.load().map_err(prog_err(name))?;
+                    (
+                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
+                        sys::BPF_CGROUP_INET4_CONNECT,
+                    )
+                }
+                programs::SETSOCKOPT => {
+                    let p: &mut CgroupSockopt = program.try_into().map_err(prog_err(name))?;
+                    p.load().map_err(prog_err(name))?;
+                    (
+                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
+                        sys::BPF_CGROUP_SETSOCKOPT,
+                    )
+                }
+                _ => {
+                    let p: &mut SockOps = program.try_into().map_err(prog_err(name))?;
+                    p.load().map_err(prog_err(name))?;
+                    (
+                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
+                        sys::BPF_CGROUP_SOCK_OPS,
+                    )
+                }
+            };
+            let fd = fd.map_err(io_err("dup program fd", &dir))?;
+            let link = sys::link_create(fd.as_fd(), cg.as_fd(), attach_type)
+                .map_err(io_err("attach to cgroup", cgroup))?;
+            let pin = link_pin(&dir, name);
+            sys::obj_pin(link.as_fd(), &pin).map_err(io_err("pin link", &pin))?;
+            info!(program = name, cgroup = %cgroup.display(), "attached");
+        }
+        Ok(())
+    }
+}
+
+fn ensure_bpffs(dir: &Path) -> Result<(), DatapathError> {
+    let mounts =
+        sys::mounts_of("bpf").map_err(io_err("read /proc/mounts", Path::new("/proc/mounts")))?;
+    if mounts.iter().any(|m| dir.starts_with(m)) {
+        return Ok(());
+    }
+    let default = Path::new("/sys/fs/bpf");
+    if dir.starts_with(default) && default.is_dir() {
+        info!("mounting bpffs at /sys/fs/bpf");
+        return sys::mount_bpffs(default).map_err(io_err("mount bpffs", default));
+    }
+    Err(DatapathError::State {
+        path: dir.to_path_buf(),
+        reason: "not on a bpf filesystem".into(),
+    })
+}
+
+/// Whether every pin of a complete ailb state is present in `dir`.
+fn complete(dir: &Path) -> bool {
+    maps::ALL.iter().all(|m| dir.join(m).exists())
+        && programs::ALL.iter().all(|p| link_pin(dir, p).exists())
+}
+
+pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
+    ensure_bpffs(dir)?;
+    if dir.exists() {
+        if !complete(dir) {
+            return Err(DatapathError::State {
+                path: dir.to_path_buf(),
+                reason: format!("incomplete ailb state (an interrupted start?); remove it with `ailb teardown --bpffs {}`", dir.display()),
+            });
+        }
+        let maps = Maps::open(dir)?;
+        let abi = maps.global_config()?.abi_version;
+        if abi != ABI_VERSION {
+            return Err(DatapathError::State {
+                path: dir.to_path_buf(),
+                reason: format!("pinned state has ABI version {abi}, this ailb uses {ABI_VERSION}; run `ailb teardown --bpffs {}` first", dir.display()),
+            });
+        }
+        info!(dir = %dir.display(), "reopened pinned maps and links: programs kept routing while the daemon was down");
+        return Ok(Opened {
+            maps,
+            attach: Attach {
+                dir: dir.to_path_buf(),
+                pending: None,
+            },
+        });
+    }
+    if OBJECT.is_empty() {
+        return Err(DatapathError::NoObject);
+    }
+    let btf = Btf::from_sys_fs().ok();
+    let ebpf = EbpfLoader::new()
+        .btf(btf.as_ref())
+        .load(OBJECT)
+        .map_err(|e| DatapathError::Load(Box::new(e)))?;
+    let result = (|| {
+        fs::create_dir_all(dir.join("links")).map_err(io_err("create pin directory", dir))?;
+        for name in maps::ALL {
+            let map = ebpf.map(name).ok_or_else(|| DatapathError::State {
+                path: dir.to_path_buf(),
+                reason: format!("map {name} missing from the eBPF object"),
+            })?;
+            let pin = dir.join(name);
+            map.pin(&pin).map_err(|e| DatapathError::Io {
+                what: "pin map",
+                path: pin.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        }
+        Maps::open(dir)
+    })();
+    match result {
+        Ok(maps) => {
+            info!(dir = %dir.display(), "loaded eBPF object and pinned maps");
+            Ok(Opened {
+                maps,
+                attach: Attach {
+                    dir: dir.to_path_buf(),
+                    pending: Some(ebpf),
+                },
+            })
+        }
+        Err(e) => {
+            let _cleanup = super::teardown(dir);
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The only module that talks to the kernel through aya: loads the eBPF object, pins maps and
+//! links under one bpffs directory, attaches to the configured cgroup, writes tables
+//! atomically, reopens the pins after a restart (fail-static), reads them for `status`, and
+//! tears everything down.
+
+pub mod cgroup;
+pub mod load;
+pub mod status;
+mod sys;
+pub mod teardown;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+
+use ailb_common::{
+    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberRow, ModelState,
+    Service, ServiceKey, Stats, TableRow,
+};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+
+pub use cgroup::resolve_cgroup;
+pub use load::open_or_load;
+pub use status::read_status;
+pub use teardown::teardown;
+pub use writer::Writer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error("eBPF object not embedded in this binary: build it with `cargo xtask build`")]
+    NoObject,
+    #[error("loading the eBPF object: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("program {name}: not found in the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: String,
+        #[source]
+        source: Box<MapError>,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    State { path: PathBuf, reason: String },
+    #[error("cgroup {cgroup:?}: {reason}")]
+    Cgroup { cgroup: String, reason: String },
+    #[error("table for model {model}: {source}")]
+    Table {
+        model: String,
+        #[source]
+        source: ailb_common::maglev::MaglevError,
+    },
+    #[error("{what}: no free slot (at most {max})")]
+    Full { what: &'static str, max: u32 },
+}
+
+pub(crate) fn map_err(name: &str) -> impl FnOnce(MapError) -> DatapathError + '_ {
+    move |source| DatapathError::Map {
+        name: name.to_string(),
+        source: Box::new(source),
+    }
+}
+
+pub(crate) fn io_err(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> DatapathError {
+    let path = path.to_path_buf();
+    move |source| DatapathError::Io { what, path, source }
+}
+
+/// Typed handles on every pinned map.
+pub struct Maps {
+    pub dir: PathBuf,
+    pub services: HashMap<MapData, ServiceKey, Service>,
+    pub backends: Array<MapData, Backend>,
+    pub models: Array<MapData, ModelState>,
+    pub tables: Array<MapData, TableRow>,
+    pub members: Array<MapData, MemberRow>,
+    pub model_names: HashMap<MapData, u64, u32>,
+    pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    pub inflight: Array<MapData, u64>,
+    pub stats: PerCpuArray<MapData, Stats>,
+    pub backend_stats: PerCpuArray<MapData, BackendStats>,
+    pub config: Array<MapData, GlobalConfig>,
+}
+
+fn open_map(dir: &Path, name: &str) -> Result<Map, DatapathError> {
+    let md = MapData::from_pin(dir.join(name)).map_err(map_err(name))?;
+    Map::from_map_data(md).map_err(map_err(name))
+}
+
+macro_rules! typed {
+    ($dir:expr, $name:expr) => {
+        open_map($dir, $name)?.try_into().map_err(map_err($name))?
+    };
+}
+
+impl Maps {
+    /// Opens every map pinned in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, DatapathError> {
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            services: typed!(dir, maps::SERVICES),
+            backends: typed!(dir, maps::BACKENDS),
+            models: typed!(dir, maps::MODELS),
+            tables: typed!(dir, maps::TABLES),
+            members: typed!(dir, maps::MEMBERS),
+            model_names: typed!(dir, maps::MODEL_NAMES),
+            affinity: typed!(dir, maps::AFFINITY),
+            inflight: typed!(dir, maps::INFLIGHT),
+            stats: typed!(dir, maps::STATS),
+            backend_stats: typed!(dir, maps::BACKEND_STATS),
+            config: typed!(dir, maps::CONFIG),
+        })
+    }
+
+    pub fn global_config(&self) -> Result<GlobalConfig, DatapathError> {
+        self.config.get(&0, 0).map_err(map_err(maps::CONFIG))
+    }
+}
+
+/// Path of a link pin.
+pub(crate) fn link_pin(dir: &Path, program: &str) -> PathBuf {
+    dir.join("links").join(program)
+}

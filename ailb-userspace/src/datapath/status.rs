@@ -1,0 +1,218 @@
+//! `ailb status`: everything read back from the pinned maps (works while the daemon is down).
+
+use std::{collections::BTreeMap, path::Path};
+
+use ailb_common::{
+    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, INFLIGHT_MODEL_BASE,
+    MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+};
+use serde::Serialize;
+
+use super::{
+    map_err,
+    writer::{addr_from_be, model_name},
+    DatapathError, Maps,
+};
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub bpffs: String,
+    pub abi_version: u32,
+    pub generation: u64,
+    pub config: ConfigStatus,
+    pub stats: StatsStatus,
+    pub models: Vec<ModelStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConfigStatus {
+    pub load_factor: f64,
+    pub probes: u32,
+    pub affinity: bool,
+    pub load_bound: bool,
+    pub affinity_ttl_ms: u64,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct StatsStatus {
+    pub picks: u64,
+    pub affinity_hits: u64,
+    pub affinity_breaks: u64,
+    pub spills: u64,
+    pub fallbacks: u64,
+    pub no_backend: u64,
+    pub no_fit: u64,
+    pub established: u64,
+    pub closed: u64,
+    pub connect_failures: u64,
+    pub sockopts: u64,
+    pub bad_sockopts: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelStatus {
+    pub id: u32,
+    pub name: String,
+    pub vips: Vec<String>,
+    pub available: bool,
+    pub table_size: u32,
+    pub inflight: u64,
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BackendStatus {
+    pub id: u32,
+    pub address: String,
+    pub weight: u32,
+    pub cap: u32,
+    pub free_mem_mb: Option<u32>,
+    pub live: bool,
+    pub table_slots: u32,
+    pub table_share: f64,
+    pub inflight: u64,
+    pub picks: u64,
+    pub affinity_hits: u64,
+    pub established: u64,
+    pub closed: u64,
+    pub connect_failures: u64,
+    pub rtt_us_avg: Option<f64>,
+}
+
+fn sum_stats(maps: &Maps) -> Result<StatsStatus, DatapathError> {
+    let per_cpu = maps.stats.get(&0, 0).map_err(map_err(maps::STATS))?;
+    let mut s = StatsStatus::default();
+    for v in per_cpu.iter() {
+        let v: &Stats = v;
+        s.picks += v.picks;
+        s.affinity_hits += v.affinity_hits;
+        s.affinity_breaks += v.affinity_breaks;
+        s.spills += v.spills;
+        s.fallbacks += v.fallbacks;
+        s.no_backend += v.no_backend;
+        s.no_fit += v.no_fit;
+        s.established += v.established;
+        s.closed += v.closed;
+        s.connect_failures += v.connect_failures;
+        s.sockopts += v.sockopts;
+        s.bad_sockopts += v.bad_sockopts;
+    }
+    Ok(s)
+}
+
+fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
+    let per_cpu = maps
+        .backend_stats
+        .get(&id, 0)
+        .map_err(map_err(maps::BACKEND_STATS))?;
+    let mut s = BackendStats::default();
+    for v in per_cpu.iter() {
+        s.picks += v.picks;
+        s.affinity_hits += v.affinity_hits;
+        s.established += v.established;
+        s.closed += v.closed;
+        s.connect_failures += v.connect_failures;
+        s.rtt_us_sum += v.rtt_us_sum;
+        s.rtt_samples += v.rtt_samples;
+    }
+    Ok(s)
+}
+
+pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
+    let maps = Maps::open(dir)?;
+    let gc = maps.global_config()?;
+    let mut vips: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for item in maps.services.iter() {
+        let (k, v) = item.map_err(map_err(maps::SERVICES))?;
+        vips.entry(v.model)
+            .or_default()
+            .push(addr_from_be(k.addr, k.port).to_string());
+    }
+    let mut backends_by_model: BTreeMap<u32, Vec<(u32, ailb_common::Backend)>> = BTreeMap::new();
+    for id in 0..MAX_BACKENDS {
+        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
+        if b.addr != 0 || b.port != 0 {
+            backends_by_model.entry(b.model).or_default().push((id, b));
+        }
+    }
+    let mut models = Vec::new();
+    for idx in 0..MAX_MODELS {
+        let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
+        let name = model_name(&st);
+        if name.is_empty() {
+            continue;
+        }
+        let slot = *st.active_slot();
+        let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+        if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
+            let row = maps
+                .tables
+                .get(&row_index(idx, st.active), 0)
+                .map_err(map_err(maps::TABLES))?;
+            for &id in &row.slots[..slot.size as usize] {
+                *slots.entry(id).or_default() += 1;
+            }
+        }
+        let mut backends = Vec::new();
+        for &(id, b) in backends_by_model
+            .get(&idx)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
+            let bs = backend_stats(&maps, id)?;
+            let n = slots.get(&id).copied().unwrap_or(0);
+            backends.push(BackendStatus {
+                id,
+                address: addr_from_be(b.addr, b.port).to_string(),
+                weight: b.weight,
+                cap: b.cap,
+                free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),
+                live: b.is_live(),
+                table_slots: n,
+                table_share: if slot.size > 0 {
+                    n as f64 / slot.size as f64
+                } else {
+                    0.0
+                },
+                inflight: maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?,
+                picks: bs.picks,
+                affinity_hits: bs.affinity_hits,
+                established: bs.established,
+                closed: bs.closed,
+                connect_failures: bs.connect_failures,
+                rtt_us_avg: (bs.rtt_samples > 0)
+                    .then(|| bs.rtt_us_sum as f64 / bs.rtt_samples as f64),
+            });
+        }
+        models.push(ModelStatus {
+            id: idx,
+            name,
+            vips: vips.remove(&idx).unwrap_or_default(),
+            available: st.flags & MODEL_AVAILABLE != 0,
+            table_size: if st.flags & MODEL_AVAILABLE != 0 {
+                slot.size
+            } else {
+                0
+            },
+            inflight: maps
+                .inflight
+                .get(&(INFLIGHT_MODEL_BASE + idx), 0)
+                .map_err(map_err(maps::INFLIGHT))?,
+            backends,
+        });
+    }
+    Ok(Status {
+        bpffs: dir.display().to_string(),
+        abi_version: gc.abi_version,
+        generation: gc.generation,
+        config: ConfigStatus {
+            load_factor: gc.load_factor_milli as f64 / 1000.0,
+            probes: gc.probes,
+            affinity: gc.flags & CONFIG_AFFINITY != 0,
+            load_bound: gc.flags & CONFIG_LOAD_BOUND != 0,
+            affinity_ttl_ms: gc.affinity_ttl_ns / 1_000_000,
+        },
+        stats: sum_stats(&maps)?,
+        models,
+    })
+}

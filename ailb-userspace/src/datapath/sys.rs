@@ -1,0 +1,106 @@
+//! The few system calls aya 0.14 does not expose: creating a cgroup BPF link that we can pin
+//! (aya keeps its cgroup links private, so they die with the process, which would defeat
+//! fail-static routing), and pinning it. Also mount-table helpers.
+#![allow(
+    unsafe_code,
+    reason = "raw bpf(2) and mount(2) calls that aya does not expose"
+)]
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+};
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// `enum bpf_attach_type` values used by ailb.
+pub(crate) const BPF_CGROUP_SOCK_OPS: u32 = 3;
+pub(crate) const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+pub(crate) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
+
+/// A zeroed `union bpf_attr` large enough for every command used here; the kernel accepts a
+/// larger buffer as long as the bytes it does not know are zero.
+#[repr(C, align(8))]
+struct Attr([u8; 160]);
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a valid, writable buffer of the size we pass; the kernel reads (and
+    // for some commands writes) at most that many bytes.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.0.as_mut_ptr(),
+            attr.0.len() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `BPF_LINK_CREATE` for a cgroup attach type.
+pub(crate) fn link_create(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = Attr([0; 160]);
+    attr.0[0..4].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
+    attr.0[4..8].copy_from_slice(&(cgroup.as_raw_fd() as u32).to_ne_bytes());
+    attr.0[8..12].copy_from_slice(&attach_type.to_ne_bytes());
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    // SAFETY: on success BPF_LINK_CREATE returns a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_OBJ_PIN`: pins a map, program or link fd at `path` (in bpffs).
+pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = Attr([0; 160]);
+    attr.0[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
+    attr.0[8..12].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    bpf(BPF_OBJ_PIN, &mut attr)?;
+    Ok(())
+}
+
+/// Mount points of a filesystem type, from `/proc/mounts`.
+pub(crate) fn mounts_of(fstype: &str) -> io::Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string("/proc/mounts")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_dev, dir, ty) = (f.next()?, f.next()?, f.next()?);
+            (ty == fstype).then(|| PathBuf::from(dir.replace("\\040", " ")))
+        })
+        .collect())
+}
+
+/// `mount -t bpf bpf /sys/fs/bpf`.
+pub(crate) fn mount_bpffs(at: &Path) -> io::Result<()> {
+    let target = CString::new(at.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let src = c"bpf";
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

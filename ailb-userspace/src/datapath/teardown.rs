@@ -1,0 +1,41 @@
+//! Removes every link pin (which detaches the programs: the pin holds the last reference),
+//! every map pin and the directory. Idempotent.
+
+use std::{fs, path::Path};
+
+use ailb_common::{maps, programs};
+
+use super::{io_err, link_pin, DatapathError};
+
+/// Returns the number of pins removed.
+pub fn teardown(dir: &Path) -> Result<usize, DatapathError> {
+    if !dir.exists() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    let mut remove = |p: &Path| -> Result<(), DatapathError> {
+        match fs::remove_file(p) {
+            Ok(()) => {
+                removed += 1;
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("remove pin", p)(e)),
+        }
+    };
+    for p in programs::ALL {
+        remove(&link_pin(dir, p))?;
+    }
+    for m in maps::ALL {
+        remove(&dir.join(m))?;
+    }
+    let links = dir.join("links");
+    if links.exists() {
+        fs::remove_dir(&links).map_err(io_err(
+            "remove directory (unknown files left in it?)",
+            &links,
+        ))?;
+    }
+    fs::remove_dir(dir).map_err(io_err("remove directory (unknown files left in it?)", dir))?;
+    Ok(removed)
+}
