@@ -1,0 +1,176 @@
+//! The daemon's TOML config, built by tests (see the contract's "Config TOML" section).
+
+use std::fmt::Write;
+
+/// One `[[backends]]` entry.
+#[derive(Clone, Debug)]
+pub struct BackendCfg {
+    pub model: String,
+    pub address: String,
+    pub weight: u32,
+    pub free_memory_mb: Option<u32>,
+    pub max_inflight: Option<u32>,
+    pub healthy: Option<bool>,
+}
+
+impl BackendCfg {
+    pub fn new(model: &str, address: &str, weight: u32) -> Self {
+        Self {
+            model: model.to_owned(),
+            address: address.to_owned(),
+            weight,
+            free_memory_mb: None,
+            max_inflight: None,
+            healthy: None,
+        }
+    }
+
+    pub fn free_memory_mb(mut self, mb: u32) -> Self {
+        self.free_memory_mb = Some(mb);
+        self
+    }
+}
+
+/// A whole config file.
+#[derive(Clone, Debug)]
+pub struct TestConfig {
+    pub bpffs: String,
+    pub cgroup: String,
+    pub load_factor: f64,
+    pub probes: u32,
+    pub affinity: bool,
+    pub load_bound: bool,
+    pub affinity_ttl: String,
+    pub seed: u64,
+    /// `(model, vip)` pairs.
+    pub services: Vec<(String, String)>,
+    pub backends: Vec<BackendCfg>,
+}
+
+impl TestConfig {
+    /// The contract's defaults (c = 1.25, 4 probes, affinity and load bound on, 30 min TTL).
+    pub fn new(bpffs: &str, cgroup: &str) -> Self {
+        Self {
+            bpffs: bpffs.to_owned(),
+            cgroup: cgroup.to_owned(),
+            load_factor: 1.25,
+            probes: 4,
+            affinity: true,
+            load_bound: true,
+            affinity_ttl: "30m".into(),
+            seed: 0,
+            services: Vec::new(),
+            backends: Vec::new(),
+        }
+    }
+
+    pub fn service(mut self, model: &str, vip: &str) -> Self {
+        self.services.push((model.to_owned(), vip.to_owned()));
+        self
+    }
+
+    pub fn backend(mut self, b: BackendCfg) -> Self {
+        self.backends.push(b);
+        self
+    }
+
+    /// The backend with `address`, for edits before a reload.
+    pub fn backend_mut(&mut self, address: &str) -> &mut BackendCfg {
+        self.backends
+            .iter_mut()
+            .find(|b| b.address == address)
+            .unwrap_or_else(|| panic!("no backend {address} in the test config"))
+    }
+
+    pub fn to_toml(&self) -> String {
+        let mut s = String::new();
+        let q = quote;
+        let _ = writeln!(
+            s,
+            "[daemon]\nbpffs = {}\ncgroup = {}\n",
+            q(&self.bpffs),
+            q(&self.cgroup)
+        );
+        let _ = writeln!(
+            s,
+            "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\naffinity_ttl = {}\nseed = {}\n",
+            self.load_factor,
+            self.probes,
+            self.affinity,
+            self.load_bound,
+            q(&self.affinity_ttl),
+            self.seed
+        );
+        for (model, vip) in &self.services {
+            let _ = writeln!(s, "[[services]]\nmodel = {}\nvip = {}\n", q(model), q(vip));
+        }
+        for b in &self.backends {
+            let _ = writeln!(
+                s,
+                "[[backends]]\nmodel = {}\naddress = {}\nweight = {}",
+                q(&b.model),
+                q(&b.address),
+                b.weight
+            );
+            if let Some(m) = b.free_memory_mb {
+                let _ = writeln!(s, "free_memory_mb = {m}");
+            }
+            if let Some(m) = b.max_inflight {
+                let _ = writeln!(s, "max_inflight = {m}");
+            }
+            if let Some(h) = b.healthy {
+                let _ = writeln!(s, "healthy = {h}");
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// A TOML basic string.
+fn quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_section() {
+        let t = TestConfig::new("/sys/fs/bpf/x", "/sys/fs/cgroup/unified/y")
+            .service("m", "127.77.0.1:8000")
+            .backend(BackendCfg::new("m", "127.0.0.11:1", 2).free_memory_mb(8000))
+            .to_toml();
+        assert!(t.contains(
+            "[daemon]\nbpffs = \"/sys/fs/bpf/x\"\ncgroup = \"/sys/fs/cgroup/unified/y\""
+        ));
+        assert!(t.contains("load_factor = 1.25\nprobes = 4\naffinity = true\nload_bound = true\naffinity_ttl = \"30m\""));
+        assert!(t.contains("[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\""));
+        assert!(t.contains("[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.11:1\"\nweight = 2\nfree_memory_mb = 8000"));
+    }
+
+    #[test]
+    fn load_factor_is_always_a_toml_float() {
+        let mut c = TestConfig::new("a", "b");
+        c.load_factor = 2.0;
+        assert!(c.to_toml().contains("load_factor = 2.0\n"));
+    }
+
+    #[test]
+    fn quotes_strings() {
+        assert_eq!(quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+    }
+}
