@@ -119,6 +119,15 @@ fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
 }
 
 pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
+    // Readiness: the daemon pins the links last, after the first tables are written.
+    for p in ailb_common::programs::ALL {
+        if !super::link_pin(dir, p).exists() {
+            return Err(DatapathError::State {
+                path: dir.to_path_buf(),
+                reason: format!("program {p} is not attached (yet)"),
+            });
+        }
+    }
     let maps = Maps::open(dir)?;
     let gc = maps.global_config()?;
     let mut vips: BTreeMap<u32, Vec<String>> = BTreeMap::new();
