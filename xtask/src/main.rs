@@ -1,1 +1,70 @@
-fn main() {}
+//! `cargo xtask`: developer tasks for ailb. See README.md.
+
+mod bench;
+mod build;
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use std::ffi::OsString;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "ailb developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building and testing needs (nightly rust-src, bpf-linker, bpftool, ...)
+    /// and mount bpffs. Idempotent.
+    Setup,
+    /// Build the eBPF object (target/bpf/ailb.bpf.o) and the `ailb` binary that embeds it.
+    Build {
+        /// Build `ailb` in release mode (the eBPF object is always optimised).
+        #[arg(long)]
+        release: bool,
+    },
+    /// Lint, set up, build, then run every test (needs root). What CI runs.
+    Test {
+        /// Passed to the test binaries (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<OsString>,
+    },
+    /// Demo on the daemon's embedded default: backends, `ailb run`, a client in the demo
+    /// cgroup, a live table (needs root).
+    Run {
+        /// Stop after this many seconds (default: run until Ctrl-C).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<u64>,
+        /// Passed to `ailb run`.
+        #[arg(last = true)]
+        args: Vec<OsString>,
+    },
+    /// Benchmarks (for now the Maglev table: build time and disruption).
+    Bench,
+    /// The demo's load generator; `cargo xtask run` starts it inside the demo cgroup.
+    #[command(hide = true)]
+    DemoClient {
+        #[arg(long, default_value = demo::VIP)]
+        vip: String,
+        #[arg(long, default_value_t = 20)]
+        rate: u32,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => setup::setup(),
+        Cmd::Build { release } => build::build(release),
+        Cmd::Test { args } => test::test(&args),
+        Cmd::Run { duration, args } => demo::run(duration, &args),
+        Cmd::Bench => bench::bench(),
+        Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
+    }
+}

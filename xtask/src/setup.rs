@@ -1,0 +1,257 @@
+//! `cargo xtask setup`: installs what building and testing ailb needs. Idempotent: every step
+//! checks first and reports "present" when there is nothing to do.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{self, say, Step};
+
+/// The bpf-linker release known to build against the nightly toolchain's LLVM here.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian packages: (package, a program it provides, why).
+const APT_TOOLS: &[(&str, &str, &str)] = &[
+    ("bpftool", "bpftool", "inspect pinned maps"),
+    ("iproute2", "ip", "network namespaces in tests"),
+    ("wrk", "wrk", "benchmarks"),
+    ("nginx-light", "nginx", "benchmarks"),
+    ("ipvsadm", "ipvsadm", "benchmarks (IPVS baseline)"),
+];
+
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// What one step found or did, for the summary.
+struct Report {
+    done: Vec<String>,
+    present: Vec<String>,
+    skipped: Vec<String>,
+}
+
+pub(crate) fn setup() -> Result<()> {
+    let mut r = Report { done: vec![], present: vec![], skipped: vec![] };
+    rust_components(&mut r)?;
+    bpf_linker(&mut r)?;
+    apt_tools(&mut r)?;
+    bpffs(&mut r)?;
+
+    for item in &r.present {
+        say!("present: {item}");
+    }
+    for item in &r.done {
+        say!("done:    {item}");
+    }
+    for item in &r.skipped {
+        say!("skipped: {item}");
+    }
+    Ok(())
+}
+
+/// nightly rust-src (for `-Z build-std=core`), and clippy/rustfmt on the default toolchain
+/// (the lint gate of `cargo xtask test`).
+fn rust_components(r: &mut Report) -> Result<()> {
+    let installed = |toolchain: &str| -> Result<String> {
+        util::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", toolchain]))
+            .with_context(|| format!("listing the components of the {toolchain} toolchain"))
+    };
+    let has =
+        |list: &str, component: &str| list.lines().any(|l| l == component || l.starts_with(&format!("{component}-")));
+
+    let nightly = installed("nightly").context("the nightly toolchain is needed to build the eBPF programs")?;
+    if has(&nightly, "rust-src") {
+        r.present.push("nightly rust-src".into());
+    } else {
+        util::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        r.done.push("installed nightly rust-src".into());
+    }
+
+    let stable = installed("stable")?;
+    for component in ["clippy", "rustfmt"] {
+        if has(&stable, component) {
+            r.present.push(format!("stable {component}"));
+        } else {
+            util::run(Command::new("rustup").args(["component", "add", component, "--toolchain", "stable"]))?;
+            r.done.push(format!("installed stable {component}"));
+        }
+    }
+    Ok(())
+}
+
+fn bpf_linker_works() -> Option<String> {
+    let bin = util::which("bpf-linker").or_else(|| {
+        let p = home().ok()?.join(".cargo/bin/bpf-linker");
+        p.is_file().then_some(p)
+    })?;
+    let out = util::probe(&bin, &["--version"])?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn home() -> Result<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+}
+
+/// bpf-linker, built against the libLLVM that ships inside the nightly toolchain (Debian has no
+/// LLVM as new as rustc's). The binary finds that library through a RUNPATH to a prefix dir
+/// under ~/.cache/ailb/llvm, which holds symlinks to it.
+fn bpf_linker(r: &mut Report) -> Result<()> {
+    if let Some(v) = bpf_linker_works() {
+        r.present.push(v);
+        return Ok(());
+    }
+
+    let (libllvm, major) = nightly_libllvm()?;
+    let prefix = home()?.join(".cache/ailb/llvm");
+    link_libllvm(&prefix, &libllvm)?;
+
+    // A bpf-linker built earlier only misses the library link (e.g. the soname symlink):
+    // the symlinks above repair it without a rebuild.
+    if let Some(v) = bpf_linker_works() {
+        r.done.push(format!("{v}: linked {} into {}", libllvm.display(), prefix.display()));
+        return Ok(());
+    }
+
+    let step = Step::start(format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against {} (about 70 s on 2 cores)",
+        libllvm.display()
+    ));
+    util::run(
+        util::cargo()
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features"])
+            .arg(format!("llvm-{major}"))
+            .env("LLVM_PREFIX", &prefix),
+    )
+    .context("building bpf-linker (see the TOOLCHAIN notes in docs/ARCHITECTURE.md)")?;
+    step.done();
+    match bpf_linker_works() {
+        Some(v) => r.done.push(format!("built {v}")),
+        None => bail!("bpf-linker was installed but `bpf-linker --version` still fails"),
+    }
+    Ok(())
+}
+
+/// The nightly toolchain's `libLLVM.so.<ver>-rust-<ver>-nightly` and its LLVM major version.
+fn nightly_libllvm() -> Result<(PathBuf, String)> {
+    let sysroot = util::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("finding the nightly sysroot")?;
+    let lib = Path::new(sysroot.trim()).join("lib");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .with_context(|| format!("reading {}", lib.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("libLLVM.so.") && name.contains("-rust-") && name.ends_with("-nightly")
+        })
+        .collect();
+    found.sort();
+    let Some(path) = found.pop() else {
+        bail!("no libLLVM.so.*-rust-*-nightly in {}", lib.display());
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let major = llvm_major(&name).with_context(|| format!("cannot read the LLVM version from {name}"))?;
+    Ok((path, major))
+}
+
+/// `libLLVM.so.22.1-rust-1.97.0-nightly` -> `22` (bpf-linker's cargo feature is `llvm-22`).
+fn llvm_major(file_name: &str) -> Option<String> {
+    file_name
+        .strip_prefix("libLLVM.so.")?
+        .split(['.', '-'])
+        .next()
+        .filter(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()))
+        .map(str::to_owned)
+}
+
+/// `<prefix>/lib/libLLVM.so` (what the linker looks for at build time) and
+/// `<prefix>/lib/<soname>` (what the dynamic loader looks for at run time), both -> `libllvm`.
+fn link_libllvm(prefix: &Path, libllvm: &Path) -> Result<()> {
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    let soname = libllvm.file_name().context("libLLVM path has no file name")?;
+    for name in [Path::new("libLLVM.so"), Path::new(soname)] {
+        let link = lib.join(name);
+        if std::fs::read_link(&link).ok().as_deref() == Some(libllvm) {
+            continue;
+        }
+        // A wrong or dangling link is replaced; an absent one is fine.
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", link.display()));
+            }
+            _ => {}
+        }
+        symlink(libllvm, &link).with_context(|| format!("symlinking {} -> {}", link.display(), libllvm.display()))?;
+    }
+    Ok(())
+}
+
+/// Debian tools, installed only when missing and we are root.
+fn apt_tools(r: &mut Report) -> Result<()> {
+    let missing: Vec<_> = APT_TOOLS
+        .iter()
+        .filter(|(pkg, prog, _)| {
+            let found = util::which(prog).is_some();
+            if found {
+                r.present.push(format!("{prog} ({pkg})"));
+            }
+            !found
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = missing.iter().map(|(pkg, _, _)| *pkg).collect();
+    if !util::is_root() {
+        for (pkg, prog, why) in &missing {
+            r.skipped.push(format!("{prog} ({pkg}, for {why}): missing; run setup as root to install"));
+        }
+        return Ok(());
+    }
+    let step = Step::start(format!("installing {} from Debian", names.join(" ")));
+    util::run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    util::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&names)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    step.done();
+    for (pkg, prog, _) in &missing {
+        if util::which(prog).is_none() {
+            bail!("`apt-get install {pkg}` succeeded but `{prog}` is still not on PATH");
+        }
+        r.done.push(format!("installed {pkg}"));
+    }
+    Ok(())
+}
+
+/// bpffs at /sys/fs/bpf, where the daemon pins its maps and links.
+fn bpffs(r: &mut Report) -> Result<()> {
+    if util::mounted_at(BPFFS, "bpf")? {
+        r.present.push(format!("bpffs at {BPFFS}"));
+        return Ok(());
+    }
+    if !util::is_root() {
+        r.skipped.push(format!("bpffs is not mounted at {BPFFS}; run setup as root to mount it"));
+        return Ok(());
+    }
+    util::run(Command::new("mount").args(["-t", "bpf", "bpf", BPFFS]))
+        .with_context(|| format!("mounting bpffs at {BPFFS}"))?;
+    r.done.push(format!("mounted bpffs at {BPFFS}"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::llvm_major;
+
+    #[test]
+    fn llvm_major_from_the_toolchain_file_name() {
+        assert_eq!(llvm_major("libLLVM.so.22.1-rust-1.97.0-nightly").as_deref(), Some("22"));
+        assert_eq!(llvm_major("libLLVM.so.19-rust-1.90.0-nightly").as_deref(), Some("19"));
+        assert_eq!(llvm_major("libLLVM-22-rust-1.97.0-nightly.so"), None);
+        assert_eq!(llvm_major("libLLVM.so.x-rust"), None);
+    }
+}

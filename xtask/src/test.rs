@@ -1,0 +1,71 @@
+//! `cargo xtask test`: the one command CI runs. Lint gate, setup, build, then every test.
+
+use std::ffi::OsString;
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{self, say, Step};
+use crate::{build, setup};
+
+/// The integration test package: it loads programs and attaches them to child cgroups, so
+/// its tests run one at a time.
+const INTEGRATION_PKG: &str = "ailb-tests";
+
+pub(crate) fn test(extra: &[OsString]) -> Result<()> {
+    if !util::is_root() {
+        bail!("cargo xtask test needs root: the integration tests load eBPF programs; run with sudo");
+    }
+
+    lint()?;
+    setup::setup()?;
+    build::build(false)?;
+
+    let ailb = util::ailb_bin("debug");
+    if !ailb.is_file() {
+        bail!("{} is missing after the build", ailb.display());
+    }
+
+    let step = Step::start("unit tests (workspace, without the integration tests)");
+    util::run(
+        util::cargo()
+            .args(["test", "--workspace", "--exclude", INTEGRATION_PKG, "--all-targets"])
+            .arg("--")
+            .args(extra)
+            .env("AILB_BIN", &ailb),
+    )
+    .context("unit tests failed")?;
+    step.done();
+
+    let step = Step::start(format!("integration tests ({INTEGRATION_PKG}, one at a time)"));
+    util::run(
+        util::cargo()
+            .args(["test", "-p", INTEGRATION_PKG, "--all-targets", "--", "--test-threads=1"])
+            .args(extra)
+            .env("AILB_BIN", &ailb),
+    )
+    .context("integration tests failed")?;
+    step.done();
+
+    say!("all tests passed");
+    Ok(())
+}
+
+/// `cargo fmt --check` (workspace and the eBPF crate) and clippy with warnings as errors.
+fn lint() -> Result<()> {
+    let step = Step::start("lint: cargo fmt --check");
+    util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
+    let ebpf_manifest = util::workspace_root().join("ailb-ebpf/Cargo.toml");
+    if ebpf_manifest.is_file() {
+        // The eBPF crate is outside the workspace; rustfmt needs no target for it.
+        util::run(util::cargo().args(["fmt", "--manifest-path"]).arg(&ebpf_manifest).args(["--", "--check"]))
+            .context("formatting differs in ailb-ebpf: run `cargo fmt` there")?;
+    }
+    step.done();
+
+    let step = Step::start("lint: cargo clippy --workspace --all-targets -- -D warnings");
+    util::run(util::cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+        .context("clippy found problems")?;
+    step.done();
+    Ok(())
+}
