@@ -30,15 +30,12 @@ impl BackendServer {
     /// Binds `addr` (a 127.0.0.0/8 `ip:port`) and starts accepting. std sets SO_REUSEADDR
     /// on listeners, so sequential tests may reuse an address.
     pub fn start(addr: &str) -> Self {
-        let addr: SocketAddr = addr
-            .parse()
-            .unwrap_or_else(|e| panic!("backend address {addr}: {e}"));
+        let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("backend address {addr}: {e}"));
         match addr {
             SocketAddr::V4(a) if a.ip().octets()[0] == 127 => {}
             _ => panic!("backend {addr}: tests only use 127.0.0.0/8"),
         }
-        let listener =
-            TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding backend {addr}: {e}"));
+        let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding backend {addr}: {e}"));
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicI64::new(0));
@@ -47,13 +44,7 @@ impl BackendServer {
             .name(format!("backend-{addr}"))
             .spawn(move || accept_loop(listener, addr, s, a, o))
             .unwrap_or_else(|e| panic!("spawning backend thread {addr}: {e}"));
-        Self {
-            addr,
-            stop,
-            accepted,
-            open,
-            thread: Some(thread),
-        }
+        Self { addr, stop, accepted, open, thread: Some(thread) }
     }
 
     /// Starts one server per address.
@@ -95,10 +86,7 @@ impl Drop for BackendServer {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                eprintln!(
-                    "backend {}: accept thread did not stop within 5 s",
-                    self.addr
-                );
+                eprintln!("backend {}: accept thread did not stop within 5 s", self.addr);
             }
         }
     }
@@ -179,8 +167,5 @@ fn serve(mut stream: TcpStream, addr: SocketAddr, stop: &AtomicBool) {
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 /// The cgroup2 mount point, from `/proc/mounts` (`/sys/fs/cgroup/unified` on a hybrid layout,
 /// `/sys/fs/cgroup` on most hosts).
 pub fn cgroup2_mount() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/mounts")
-        .unwrap_or_else(|e| panic!("reading /proc/mounts: {e}"));
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_else(|e| panic!("reading /proc/mounts: {e}"));
     parse_cgroup2_mount(&mounts).unwrap_or_else(|| panic!("no cgroup2 filesystem in /proc/mounts"))
 }
 
@@ -25,10 +24,7 @@ fn unescape_mount(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -56,8 +52,7 @@ impl CgroupGuard {
             // A stale cgroup of an earlier run of this very process id; it is ours by name.
             let _ = std::fs::remove_dir(&path);
         }
-        std::fs::create_dir(&path)
-            .unwrap_or_else(|e| panic!("creating child cgroup {}: {e}", path.display()));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("creating child cgroup {}: {e}", path.display()));
         Self { path }
     }
 
@@ -70,10 +65,7 @@ impl CgroupGuard {
     /// itself in before exec.
     pub fn open_procs(&self) -> File {
         let p = self.path.join("cgroup.procs");
-        OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap_or_else(|e| panic!("opening {}: {e}", p.display()))
+        OpenOptions::new().write(true).open(&p).unwrap_or_else(|e| panic!("opening {}: {e}", p.display()))
     }
 
     /// Pids currently in the cgroup.
@@ -125,18 +117,12 @@ mod tests {
                       tmpfs /sys/fs/cgroup tmpfs ro 0 0\n\
                       cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\n\
                       cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n";
-        assert_eq!(
-            parse_cgroup2_mount(mounts),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
+        assert_eq!(parse_cgroup2_mount(mounts), Some(PathBuf::from("/sys/fs/cgroup/unified")));
     }
 
     #[test]
     fn decodes_octal_escapes_and_reports_absence() {
-        assert_eq!(
-            parse_cgroup2_mount("none /mnt/my\\040cg cgroup2 rw 0 0\n"),
-            Some(PathBuf::from("/mnt/my cg"))
-        );
+        assert_eq!(parse_cgroup2_mount("none /mnt/my\\040cg cgroup2 rw 0 0\n"), Some(PathBuf::from("/mnt/my cg")));
         assert_eq!(parse_cgroup2_mount("proc /proc proc rw 0 0\n"), None);
     }
 }

@@ -32,9 +32,7 @@ impl ConnResult {
     fn from_json(v: &Value) -> Self {
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
         Self {
-            i: v["i"]
-                .as_u64()
-                .unwrap_or_else(|| panic!("client line without i: {v}")) as usize,
+            i: v["i"].as_u64().unwrap_or_else(|| panic!("client line without i: {v}")) as usize,
             conversation: s("conversation"),
             backend: s("backend"),
             reply: s("reply"),
@@ -92,20 +90,9 @@ impl ConnectOpts {
     }
 
     fn args(&self, hold: bool) -> Vec<String> {
-        let mut a = vec![
-            "connect".into(),
-            "--vip".into(),
-            self.vip.clone(),
-            "--count".into(),
-            self.count.to_string(),
-        ];
+        let mut a = vec!["connect".into(), "--vip".into(), self.vip.clone(), "--count".into(), self.count.to_string()];
         if let Some(c) = self.conversations {
-            a.extend([
-                "--conversations".into(),
-                c.to_string(),
-                "--prefix".into(),
-                self.prefix.clone(),
-            ]);
+            a.extend(["--conversations".into(), c.to_string(), "--prefix".into(), self.prefix.clone()]);
         }
         if let Some(m) = self.memory_mb {
             a.extend(["--memory-mb".into(), m.to_string()]);
@@ -185,15 +172,8 @@ impl TestClient {
         lines
             .iter()
             .map(|l| {
-                let v: Value =
-                    serde_json::from_str(l).unwrap_or_else(|e| panic!("client line {l:?}: {e}"));
-                (
-                    v["case"]
-                        .as_str()
-                        .unwrap_or_else(|| panic!("line without case: {l}"))
-                        .to_owned(),
-                    v,
-                )
+                let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("client line {l:?}: {e}"));
+                (v["case"].as_str().unwrap_or_else(|| panic!("line without case: {l}")).to_owned(), v)
             })
             .collect()
     }
@@ -231,18 +211,12 @@ struct ClientProcess {
 impl ClientProcess {
     fn spawn(mut cmd: Command, cgroup: Option<&Path>, keep_stdin: bool) -> Self {
         let desc = format!("{cmd:?}");
-        cmd.stdin(if keep_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        cmd.stdin(if keep_stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = match cgroup {
             Some(cg) => spawn_in_cgroup(&mut cmd, cg),
-            None => cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawning {desc}: {e}")),
+            None => cmd.spawn().unwrap_or_else(|e| panic!("spawning {desc}: {e}")),
         };
         let stdout = child.stdout.take().expect("piped stdout");
         let mut stderr = child.stderr.take().expect("piped stderr");
@@ -260,13 +234,7 @@ impl ClientProcess {
             let _ = stderr.read_to_string(&mut s);
             s
         });
-        Self {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-            stderr: Some(stderr),
-            desc,
-        }
+        Self { stdin: child.stdin.take(), child, lines: rx, stderr: Some(stderr), desc }
     }
 
     /// The next stdout line, or `None` at EOF or the deadline.
@@ -280,31 +248,19 @@ impl ClientProcess {
         let deadline = Instant::now() + timeout;
         let mut lines = Vec::new();
         loop {
-            match self
-                .lines
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
+            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(l) => lines.push(l),
                 Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!(
-                        "{} did not finish within {timeout:?} ({} lines read)",
-                        self.desc,
-                        lines.len()
-                    )
+                    panic!("{} did not finish within {timeout:?} ({} lines read)", self.desc, lines.len())
                 }
             }
         }
         let status = loop {
             match self.child.try_wait() {
                 Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => panic!(
-                    "{} closed stdout but did not exit within {timeout:?}",
-                    self.desc
-                ),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) => panic!("{} closed stdout but did not exit within {timeout:?}", self.desc),
                 Err(e) => panic!("waiting for {}: {e}", self.desc),
             }
         };
@@ -358,9 +314,7 @@ pub fn spawn_in_cgroup(cmd: &mut Command, cgroup: &Path) -> Child {
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {cmd:?} in cgroup {}: {e}", cgroup.display()));
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {cmd:?} in cgroup {}: {e}", cgroup.display()));
     drop(procs);
     child
 }
@@ -384,17 +338,10 @@ fn parse_results(lines: &[String], count: usize) -> Vec<ConnResult> {
     let results: Vec<ConnResult> = lines
         .iter()
         .filter(|l| l.starts_with('{'))
-        .map(|l| {
-            ConnResult::from_json(
-                &serde_json::from_str(l).unwrap_or_else(|e| panic!("client line {l:?}: {e}")),
-            )
-        })
+        .map(|l| ConnResult::from_json(&serde_json::from_str(l).unwrap_or_else(|e| panic!("client line {l:?}: {e}"))))
         .collect();
     if results.len() != count {
-        panic!(
-            "ailb-testclient printed {} results, expected {count}",
-            results.len()
-        );
+        panic!("ailb-testclient printed {} results, expected {count}", results.len());
     }
     results
 }
@@ -403,10 +350,7 @@ fn parse_results(lines: &[String], count: usize) -> Vec<ConnResult> {
 fn check_consistent(results: &[ConnResult]) {
     for r in results.iter().filter(|r| r.ok) {
         if r.backend != r.reply {
-            panic!(
-                "connection {}: peer address {:?} but the server that replied is {:?}",
-                r.i, r.backend, r.reply
-            );
+            panic!("connection {}: peer address {:?} but the server that replied is {:?}", r.i, r.backend, r.reply);
         }
     }
 }

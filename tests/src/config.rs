@@ -85,12 +85,7 @@ impl TestConfig {
     pub fn to_toml(&self) -> String {
         let mut s = String::new();
         let q = quote;
-        let _ = writeln!(
-            s,
-            "[daemon]\nbpffs = {}\ncgroup = {}\n",
-            q(&self.bpffs),
-            q(&self.cgroup)
-        );
+        let _ = writeln!(s, "[daemon]\nbpffs = {}\ncgroup = {}\n", q(&self.bpffs), q(&self.cgroup));
         let _ = writeln!(
             s,
             "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\naffinity_ttl = {}\nseed = {}\n",
@@ -154,12 +149,14 @@ mod tests {
             .service("m", "127.77.0.1:8000")
             .backend(BackendCfg::new("m", "127.0.0.11:1", 2).free_memory_mb(8000))
             .to_toml();
-        assert!(t.contains(
-            "[daemon]\nbpffs = \"/sys/fs/bpf/x\"\ncgroup = \"/sys/fs/cgroup/unified/y\""
-        ));
-        assert!(t.contains("load_factor = 1.25\nprobes = 4\naffinity = true\nload_bound = true\naffinity_ttl = \"30m\""));
+        assert!(t.contains("[daemon]\nbpffs = \"/sys/fs/bpf/x\"\ncgroup = \"/sys/fs/cgroup/unified/y\""));
+        assert!(
+            t.contains("load_factor = 1.25\nprobes = 4\naffinity = true\nload_bound = true\naffinity_ttl = \"30m\"")
+        );
         assert!(t.contains("[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\""));
-        assert!(t.contains("[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.11:1\"\nweight = 2\nfree_memory_mb = 8000"));
+        assert!(
+            t.contains("[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.11:1\"\nweight = 2\nfree_memory_mb = 8000")
+        );
     }
 
     #[test]

@@ -84,17 +84,34 @@ impl Daemon {
     /// `ailb status --json`; panics (with the daemon log) if it fails.
     pub fn status(&self) -> Value {
         ailb_status(&self.bin, &self.bpffs).unwrap_or_else(|e| {
-            panic!(
-                "ailb status --bpffs {}: {e}\ndaemon log:\n{}",
-                self.bpffs.display(),
-                self.log()
-            )
+            panic!("ailb status --bpffs {}: {e}\ndaemon log:\n{}", self.bpffs.display(), self.log())
         })
     }
 
     /// Whether the daemon process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// Polls `status` until every backend's and every model's `inflight` is exactly 0, or
+    /// panics after `timeout` with the last values seen.
+    pub fn wait_inflight_zero(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            let backends = crate::status::inflight_by_address(&st);
+            let models = crate::status::model_inflight(&st);
+            if backends.values().all(|&n| n == 0) && models.values().all(|&n| n == 0) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "in-flight counts did not return to 0 within {timeout:?} after every connection \
+                     closed: backends {backends:?}, models {models:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Rewrites the config, sends SIGHUP and waits until a newer generation is applied.
@@ -114,18 +131,11 @@ impl Daemon {
 
     /// SIGKILL by pid (the fail-static case: pins and links stay) and reap it.
     pub fn kill9(&mut self) {
-        let mut child = self
-            .child
-            .take()
-            .unwrap_or_else(|| panic!("kill9: the daemon is not running"));
+        let mut child = self.child.take().unwrap_or_else(|| panic!("kill9: the daemon is not running"));
         // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
         let r = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
         if r != 0 {
-            panic!(
-                "kill -9 {}: {}",
-                child.id(),
-                std::io::Error::last_os_error()
-            );
+            panic!("kill -9 {}: {}", child.id(), std::io::Error::last_os_error());
         }
         wait_child(&mut child, Duration::from_secs(10), "the killed daemon");
     }
@@ -134,10 +144,7 @@ impl Daemon {
     /// applied a generation newer than the last one seen.
     pub fn restart(&mut self) {
         if self.is_running() {
-            panic!(
-                "restart: the daemon is still running (pid {:?})",
-                self.pid()
-            );
+            panic!("restart: the daemon is still running (pid {:?})", self.pid());
         }
         let before = self.generation;
         self.spawn();
@@ -149,13 +156,8 @@ impl Daemon {
     pub fn teardown(&mut self) -> Output {
         self.stop();
         self.torn_down = true;
-        let out = run_cmd(
-            Command::new(&self.bin)
-                .arg("teardown")
-                .arg("--bpffs")
-                .arg(&self.bpffs),
-            Duration::from_secs(30),
-        );
+        let out =
+            run_cmd(Command::new(&self.bin).arg("teardown").arg("--bpffs").arg(&self.bpffs), Duration::from_secs(30));
         if !out.status.success() {
             panic!(
                 "ailb teardown --bpffs {} failed ({}): {}\ndaemon log:\n{}",
@@ -189,17 +191,12 @@ impl Daemon {
             .append(true)
             .open(&self.log_path)
             .unwrap_or_else(|e| panic!("opening {}: {e}", self.log_path.display()));
-        let log2 = log
-            .try_clone()
-            .unwrap_or_else(|e| panic!("dup log fd: {e}"));
+        let log2 = log.try_clone().unwrap_or_else(|e| panic!("dup log fd: {e}"));
         let child = Command::new(&self.bin)
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -210,10 +207,7 @@ impl Daemon {
 
     fn signal(&mut self, sig: libc::c_int) {
         if !self.is_running() {
-            panic!(
-                "the daemon is not running (cannot send signal {sig}); log:\n{}",
-                self.log()
-            );
+            panic!("the daemon is not running (cannot send signal {sig}); log:\n{}", self.log());
         }
         let pid = self.pid().expect("running daemon has a pid");
         // SAFETY: kill(2) on the pid of our own, still running (unreaped) child.
@@ -228,15 +222,10 @@ impl Daemon {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
-                panic!(
-                    "the daemon exited ({st}) before applying its config; log:\n{}",
-                    self.log()
-                );
+                panic!("the daemon exited ({st}) before applying its config; log:\n{}", self.log());
             }
             let last;
-            let links_ok = PROGRAMS
-                .iter()
-                .all(|p| self.bpffs.join("links").join(p).exists());
+            let links_ok = PROGRAMS.iter().all(|p| self.bpffs.join("links").join(p).exists());
             match ailb_status(&self.bin, &self.bpffs) {
                 Ok(v) => {
                     let g = generation(&v);
@@ -248,9 +237,7 @@ impl Daemon {
                         self.generation = g;
                         return;
                     }
-                    last = format!(
-                        "generation {g} (waiting for > {before:?}), links pinned: {links_ok}"
-                    );
+                    last = format!("generation {g} (waiting for > {before:?}), links pinned: {links_ok}");
                 }
                 Err(e) => last = e,
             }
@@ -294,25 +281,14 @@ impl Drop for Daemon {
             return;
         }
         if std::thread::panicking() {
-            eprintln!(
-                "---- daemon log ({}) ----\n{}\n---- end of daemon log ----",
-                self.bpffs.display(),
-                self.log()
-            );
+            eprintln!("---- daemon log ({}) ----\n{}\n---- end of daemon log ----", self.bpffs.display(), self.log());
             self.stop();
             let _ = run_cmd(
-                Command::new(&self.bin)
-                    .arg("teardown")
-                    .arg("--bpffs")
-                    .arg(&self.bpffs),
+                Command::new(&self.bin).arg("teardown").arg("--bpffs").arg(&self.bpffs),
                 Duration::from_secs(30),
             );
             if self.bpffs.exists() {
-                eprintln!(
-                    "teardown left {} behind: {:?}",
-                    self.bpffs.display(),
-                    list_dir(&self.bpffs)
-                );
+                eprintln!("teardown left {} behind: {:?}", self.bpffs.display(), list_dir(&self.bpffs));
             }
             return;
         }
@@ -326,10 +302,7 @@ fn wait_child(child: &mut Child, timeout: Duration, what: &str) {
         match child.try_wait() {
             Ok(Some(_)) => return,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) => panic!(
-                "{what} (pid {}) did not exit within {timeout:?}",
-                child.id()
-            ),
+            Ok(None) => panic!("{what} (pid {}) did not exit within {timeout:?}", child.id()),
             Err(e) => panic!("waiting for {what}: {e}"),
         }
     }

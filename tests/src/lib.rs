@@ -73,8 +73,7 @@ pub fn require_root() {
 
 /// Mounts bpffs at [`BPFFS_MOUNT`] when no bpf filesystem is mounted there (a fresh machine).
 pub fn ensure_bpffs() {
-    let mounts = std::fs::read_to_string("/proc/mounts")
-        .unwrap_or_else(|e| panic!("reading /proc/mounts: {e}"));
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_else(|e| panic!("reading /proc/mounts: {e}"));
     let mounted = mounts.lines().any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() > 2 && f[1] == BPFFS_MOUNT && f[2] == "bpf"
@@ -82,10 +81,7 @@ pub fn ensure_bpffs() {
     if mounted {
         return;
     }
-    let out = run_cmd(
-        Command::new("mount").args(["-t", "bpf", "bpf", BPFFS_MOUNT]),
-        Duration::from_secs(10),
-    );
+    let out = run_cmd(Command::new("mount").args(["-t", "bpf", "bpf", BPFFS_MOUNT]), Duration::from_secs(10));
     if !out.status.success() {
         panic!(
             "bpffs is not mounted at {BPFFS_MOUNT} and `mount -t bpf bpf {BPFFS_MOUNT}` failed: {}",
@@ -107,6 +103,17 @@ pub fn preflight() -> PathBuf {
 /// never share a cgroup or a pin directory.
 pub fn unique_name(name: &str) -> String {
     format!("ailb-test-{name}-{}", std::process::id())
+}
+
+/// A per-test pin directory `/sys/fs/bpf/ailb-test-<name>-<pid>`.
+pub fn test_bpffs(name: &str) -> String {
+    format!("{BPFFS_MOUNT}/{}", unique_name(name))
+}
+
+/// A config with the contract's defaults that pins under [`test_bpffs`] and attaches to `cg`.
+pub fn base_config(name: &str, cg: &CgroupGuard) -> TestConfig {
+    let cgroup = cg.path().to_str().unwrap_or_else(|| panic!("cgroup path {:?} is not UTF-8", cg.path()));
+    TestConfig::new(&test_bpffs(name), cgroup)
 }
 
 /// Polls `f` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
@@ -154,19 +161,12 @@ pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> Output {
                 let _ = child.kill();
                 let _ = child.wait();
                 let stderr = t_err.join().unwrap_or_default();
-                panic!(
-                    "{desc} did not exit within {timeout:?}; stderr so far:\n{}",
-                    String::from_utf8_lossy(&stderr)
-                );
+                panic!("{desc} did not exit within {timeout:?}; stderr so far:\n{}", String::from_utf8_lossy(&stderr));
             }
             Err(e) => panic!("waiting for {desc}: {e}"),
         }
     };
-    Output {
-        status,
-        stdout: t_out.join().unwrap_or_default(),
-        stderr: t_err.join().unwrap_or_default(),
-    }
+    Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() }
 }
 
 /// Percentage of `part` in `total`.

@@ -10,40 +10,24 @@ use serde_json::Value;
 /// `ailb status --bpffs DIR --json`, parsed; `Err` with stderr when it fails (e.g. no pins yet).
 pub fn ailb_status(bin: &Path, bpffs: &Path) -> Result<Value, String> {
     let out = crate::run_cmd(
-        Command::new(bin)
-            .arg("status")
-            .arg("--bpffs")
-            .arg(bpffs)
-            .arg("--json"),
+        Command::new(bin).arg("status").arg("--bpffs").arg(bpffs).arg("--json"),
         Duration::from_secs(10),
     );
     if !out.status.success() {
-        return Err(format!(
-            "exit {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(format!("exit {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!(
-            "status output is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("status output is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// The `generation` field.
 pub fn generation(status: &Value) -> u64 {
-    status["generation"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("status without a numeric generation: {status}"))
+    status["generation"].as_u64().unwrap_or_else(|| panic!("status without a numeric generation: {status}"))
 }
 
 /// A counter of `stats`.
 pub fn stat(status: &Value, name: &str) -> u64 {
-    status["stats"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("status.stats.{name} missing: {}", status["stats"]))
+    status["stats"][name].as_u64().unwrap_or_else(|| panic!("status.stats.{name} missing: {}", status["stats"]))
 }
 
 /// Every backend object of every model.
@@ -52,20 +36,13 @@ pub fn backends(status: &Value) -> Vec<&Value> {
         .as_array()
         .unwrap_or_else(|| panic!("status without a models array: {status}"))
         .iter()
-        .flat_map(|m| {
-            m["backends"]
-                .as_array()
-                .map(|b| b.iter().collect::<Vec<_>>())
-                .unwrap_or_default()
-        })
+        .flat_map(|m| m["backends"].as_array().map(|b| b.iter().collect::<Vec<_>>()).unwrap_or_default())
         .collect()
 }
 
 /// The backend object with `address`, if the status lists it.
 pub fn backend<'a>(status: &'a Value, address: &str) -> Option<&'a Value> {
-    backends(status)
-        .into_iter()
-        .find(|b| b["address"].as_str() == Some(address))
+    backends(status).into_iter().find(|b| b["address"].as_str() == Some(address))
 }
 
 /// `models[].backends[].inflight` keyed by address.
@@ -73,12 +50,8 @@ pub fn inflight_by_address(status: &Value) -> BTreeMap<String, u64> {
     backends(status)
         .into_iter()
         .map(|b| {
-            let addr = b["address"]
-                .as_str()
-                .unwrap_or_else(|| panic!("backend without address: {b}"));
-            let n = b["inflight"]
-                .as_u64()
-                .unwrap_or_else(|| panic!("backend {addr} without inflight: {b}"));
+            let addr = b["address"].as_str().unwrap_or_else(|| panic!("backend without address: {b}"));
+            let n = b["inflight"].as_u64().unwrap_or_else(|| panic!("backend {addr} without inflight: {b}"));
             (addr.to_owned(), n)
         })
         .collect()
@@ -92,12 +65,7 @@ pub fn model_inflight(status: &Value) -> BTreeMap<String, u64> {
             ms.iter()
                 .map(|m| {
                     let name = m["name"].as_str().unwrap_or("?").to_owned();
-                    (
-                        name,
-                        m["inflight"]
-                            .as_u64()
-                            .unwrap_or_else(|| panic!("model without inflight: {m}")),
-                    )
+                    (name, m["inflight"].as_u64().unwrap_or_else(|| panic!("model without inflight: {m}")))
                 })
                 .collect()
         })

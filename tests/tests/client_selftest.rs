@@ -35,13 +35,9 @@ fn hold_keeps_connections_open_until_released() {
     let client = TestClient::new(client_bin!());
     let held = client.hold(None, &ConnectOpts::new(&server.address(), 10));
     assert_all_ok(held.results(), "held connects");
-    wait_until("10 open server connections", Duration::from_secs(5), || {
-        (server.open() == 10).then_some(())
-    });
+    wait_until("10 open server connections", Duration::from_secs(5), || (server.open() == 10).then_some(()));
     held.release();
-    wait_until("0 open server connections", Duration::from_secs(5), || {
-        (server.open() == 0).then_some(())
-    });
+    wait_until("0 open server connections", Duration::from_secs(5), || (server.open() == 0).then_some(()));
 }
 
 /// Without ailb the kernel knows no level 0x41494c: every SOL_AILB option fails with
@@ -57,17 +53,10 @@ fn hostile_mode_without_ailb_sees_enoprotoopt() {
             "conversation_null_len16" => assert_eq!(v["ret"], -1, "{case}: {v}"),
             c if c.starts_with("connect_") => {
                 assert_eq!(v["ok"], true, "{case}: {v}");
-                assert_eq!(
-                    v["backend"].as_str(),
-                    Some(server.address().as_str()),
-                    "{case}: {v}"
-                );
+                assert_eq!(v["backend"].as_str(), Some(server.address().as_str()), "{case}: {v}");
             }
             _ => assert_eq!(v["errno"].as_i64(), Some(ENOPROTOOPT), "{case}: {v}"),
         }
     }
-    assert!(
-        cases.len() >= 18,
-        "expected every hostile case to be reported: {cases:?}"
-    );
+    assert!(cases.len() >= 18, "expected every hostile case to be reported: {cases:?}");
 }

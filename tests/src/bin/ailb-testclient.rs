@@ -63,39 +63,19 @@ fn parse_args(rest: &[String]) -> Args {
     let mut have_vip = false;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
-        };
+        let mut val = || it.next().cloned().unwrap_or_else(|| usage(&format!("{flag} needs a value")));
         match flag.as_str() {
             "--vip" => {
                 let v = val();
-                a.vip = v
-                    .parse()
-                    .unwrap_or_else(|e| usage(&format!("--vip {v}: {e}")));
+                a.vip = v.parse().unwrap_or_else(|e| usage(&format!("--vip {v}: {e}")));
                 have_vip = true;
             }
-            "--count" => {
-                a.count = val()
-                    .parse()
-                    .unwrap_or_else(|e| usage(&format!("--count: {e}")))
-            }
+            "--count" => a.count = val().parse().unwrap_or_else(|e| usage(&format!("--count: {e}"))),
             "--conversations" => {
-                a.conversations = Some(
-                    val()
-                        .parse()
-                        .unwrap_or_else(|e| usage(&format!("--conversations: {e}"))),
-                )
+                a.conversations = Some(val().parse().unwrap_or_else(|e| usage(&format!("--conversations: {e}"))))
             }
             "--prefix" => a.prefix = val(),
-            "--memory-mb" => {
-                a.memory_mb = Some(
-                    val()
-                        .parse()
-                        .unwrap_or_else(|e| usage(&format!("--memory-mb: {e}"))),
-                )
-            }
+            "--memory-mb" => a.memory_mb = Some(val().parse().unwrap_or_else(|e| usage(&format!("--memory-mb: {e}")))),
             "--model" => a.model = Some(val()),
             "--hold" => a.hold = true,
             "--linger0" => a.linger0 = true,
@@ -132,26 +112,16 @@ fn new_socket() -> OwnedFd {
     }
     // SAFETY: fd is a freshly created socket that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval {
-        tv_sec: IO_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
+    let tv = libc::timeval { tv_sec: IO_TIMEOUT.as_secs() as libc::time_t, tv_usec: 0 };
     let tv_bytes = as_bytes(&tv);
-    setsockopt(
-        &fd,
-        libc::SOL_SOCKET,
-        libc::SO_SNDTIMEO,
-        tv_bytes.as_ptr(),
-        tv_bytes.len(),
-    );
+    setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, tv_bytes.as_ptr(), tv_bytes.len());
     fd
 }
 
 fn as_bytes<T: Copy>(v: &T) -> Vec<u8> {
     // SAFETY: reads size_of::<T>() bytes of a live, initialized Copy value (timeval, u32,
     // linger: integer fields only).
-    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
-        .to_vec()
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }.to_vec()
 }
 
 /// setsockopt(2) with a raw pointer and length (which may lie, for the hostile cases).
@@ -160,15 +130,7 @@ fn setsockopt(fd: &OwnedFd, level: i32, name: i32, ptr: *const u8, len: usize) -
     use std::os::fd::AsRawFd;
     // SAFETY: `ptr` is either null (the kernel then fails with EFAULT) or points to at least
     // `len` readable bytes owned by the caller for the duration of the call.
-    let ret = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            ptr.cast(),
-            len as libc::socklen_t,
-        )
-    };
+    let ret = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, ptr.cast(), len as libc::socklen_t) };
     (ret, if ret == 0 { 0 } else { errno() })
 }
 
@@ -176,9 +138,7 @@ fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(a.ip().octets()),
-        },
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
         sin_zero: [0; 8],
     }
 }
@@ -201,37 +161,19 @@ fn connect(fd: &OwnedFd, vip: SocketAddrV4) -> Result<SocketAddrV4, i32> {
     let mut peer: libc::sockaddr_in = sockaddr(SocketAddrV4::new([0, 0, 0, 0].into(), 0));
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     // SAFETY: `peer` and `len` are valid for writes of a sockaddr_in.
-    let ret = unsafe {
-        libc::getpeername(
-            fd.as_raw_fd(),
-            (&mut peer as *mut libc::sockaddr_in).cast(),
-            &mut len,
-        )
-    };
+    let ret = unsafe { libc::getpeername(fd.as_raw_fd(), (&mut peer as *mut libc::sockaddr_in).cast(), &mut len) };
     if ret != 0 {
         return Err(errno());
     }
-    Ok(SocketAddrV4::new(
-        peer.sin_addr.s_addr.to_ne_bytes().into(),
-        u16::from_be(peer.sin_port),
-    ))
+    Ok(SocketAddrV4::new(peer.sin_addr.s_addr.to_ne_bytes().into(), u16::from_be(peer.sin_port)))
 }
 
 /// Sends one request and reads the reply body (the server's address).
 fn exchange(stream: &mut TcpStream, vip: SocketAddrV4, hold: bool) -> Result<String, String> {
-    stream
-        .set_read_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let req = format!(
-        "GET / HTTP/1.1\r\nHost: {vip}\r\n{}\r\n",
-        if hold { "X-Ailb-Hold: 1\r\n" } else { "" }
-    );
-    stream
-        .write_all(req.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
+    let req = format!("GET / HTTP/1.1\r\nHost: {vip}\r\n{}\r\n", if hold { "X-Ailb-Hold: 1\r\n" } else { "" });
+    stream.write_all(req.as_bytes()).map_err(|e| format!("write: {e}"))?;
     let mut resp = Vec::new();
     let mut buf = [0u8; 512];
     loop {
@@ -259,15 +201,9 @@ fn exchange(stream: &mut TcpStream, vip: SocketAddrV4, hold: bool) -> Result<Str
 
 fn set_linger0(stream: &TcpStream) {
     use std::os::fd::AsFd;
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
     let b = as_bytes(&l);
-    let fd = stream
-        .as_fd()
-        .try_clone_to_owned()
-        .expect("dup for SO_LINGER");
+    let fd = stream.as_fd().try_clone_to_owned().expect("dup for SO_LINGER");
     setsockopt(&fd, libc::SOL_SOCKET, libc::SO_LINGER, b.as_ptr(), b.len());
 }
 
@@ -344,55 +280,13 @@ fn hostile(vip: SocketAddrV4) {
     let eight = 8000u64.to_ne_bytes();
     let one = 1i32.to_ne_bytes();
     let cases: Vec<(&str, i32, i32, *const u8, usize)> = vec![
-        (
-            "conversation_len0",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            big.as_ptr(),
-            0,
-        ),
-        (
-            "conversation_len129",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            big.as_ptr(),
-            129,
-        ),
-        (
-            "conversation_len4096",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            big.as_ptr(),
-            4096,
-        ),
-        (
-            "conversation_len8192",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            big.as_ptr(),
-            8192,
-        ),
-        (
-            "conversation_null_len16",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            std::ptr::null(),
-            16,
-        ),
-        (
-            "memory_len3",
-            SOL_AILB,
-            AILB_REQUIRED_MEMORY_MB,
-            four.as_ptr(),
-            3,
-        ),
-        (
-            "memory_len8",
-            SOL_AILB,
-            AILB_REQUIRED_MEMORY_MB,
-            eight.as_ptr(),
-            8,
-        ),
+        ("conversation_len0", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 0),
+        ("conversation_len129", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 129),
+        ("conversation_len4096", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 4096),
+        ("conversation_len8192", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 8192),
+        ("conversation_null_len16", SOL_AILB, AILB_CONVERSATION, std::ptr::null(), 16),
+        ("memory_len3", SOL_AILB, AILB_REQUIRED_MEMORY_MB, four.as_ptr(), 3),
+        ("memory_len8", SOL_AILB, AILB_REQUIRED_MEMORY_MB, eight.as_ptr(), 8),
         ("model_len0", SOL_AILB, AILB_MODEL, big.as_ptr(), 0),
         ("model_len65", SOL_AILB, AILB_MODEL, big.as_ptr(), 65),
         ("unknown_0", SOL_AILB, 0, four.as_ptr(), 4),
@@ -400,37 +294,16 @@ fn hostile(vip: SocketAddrV4) {
         ("unknown_999", SOL_AILB, 999, four.as_ptr(), 4),
         ("unknown_neg1", SOL_AILB, -1, four.as_ptr(), 4),
         // A valid conversation at the length limit: must be accepted and used by the connect.
-        (
-            "conversation_len128",
-            SOL_AILB,
-            AILB_CONVERSATION,
-            big.as_ptr(),
-            128,
-        ),
-        (
-            "so_reuseaddr",
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            one.as_ptr(),
-            4,
-        ),
-        (
-            "tcp_nodelay",
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            one.as_ptr(),
-            4,
-        ),
+        ("conversation_len128", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 128),
+        ("so_reuseaddr", libc::SOL_SOCKET, libc::SO_REUSEADDR, one.as_ptr(), 4),
+        ("tcp_nodelay", libc::IPPROTO_TCP, libc::TCP_NODELAY, one.as_ptr(), 4),
     ];
     for (case, level, name, ptr, len) in cases {
         let (ret, e) = setsockopt(&fd, level, name, ptr, len);
         let _ = writeln!(out, "{}", json!({"case": case, "ret": ret, "errno": e}));
     }
     let _ = out.flush();
-    for (case, fd) in [
-        ("connect_after_hostile", fd),
-        ("connect_fresh_socket", new_socket()),
-    ] {
+    for (case, fd) in [("connect_after_hostile", fd), ("connect_fresh_socket", new_socket())] {
         let line = match connect(&fd, vip) {
             Err(e) => {
                 json!({"case": case, "ok": false, "errno": e, "backend": null, "reply": null})
