@@ -22,6 +22,74 @@ pub trait PickMaps {
     fn table_entry(&self, row: u32, index: u32) -> Option<u32>;
     /// Entry `index` of the member row `row`.
     fn member(&self, row: u32, index: u32) -> Option<u32>;
+
+    /// Step 3: [`MemberScan::step`] over members `0..members` of `row`, in order. The
+    /// default is a plain bounded loop; the eBPF side overrides it with `bpf_loop`, because
+    /// the verifier cannot walk a [`MAX_MEMBERS`]-iteration loop within its instruction budget.
+    #[inline(always)]
+    fn scan_members(&self, row: u32, members: u32, required_mem_mb: u32) -> MemberScan
+    where
+        Self: Sized,
+    {
+        let mut scan = MemberScan::new();
+        let mut j = 0u32;
+        while j < MAX_MEMBERS {
+            if j >= members {
+                break;
+            }
+            scan.step(self, row, j, required_mem_mb);
+            j += 1;
+        }
+        scan
+    }
+}
+
+/// State of the least-loaded member scan (step 3 of the pick).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberScan {
+    /// The least loaded member that fits and is under its cap so far, or [`NO_BACKEND`].
+    pub best: u32,
+    /// Some member is live (with weight > 0), whether or not it fits.
+    pub any_live: bool,
+    pub best_load: u64,
+    pub best_weight: u64,
+}
+
+impl Default for MemberScan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemberScan {
+    #[inline(always)]
+    pub const fn new() -> Self {
+        Self { best: NO_BACKEND, any_live: false, best_load: 0, best_weight: 1 }
+    }
+
+    /// Considers member `j` of `row` (in-flight / weight, compared by cross-multiplication).
+    #[inline(always)]
+    pub fn step<M: PickMaps>(&mut self, maps: &M, row: u32, j: u32, required_mem_mb: u32) {
+        let Some(id) = maps.member(row, j) else {
+            return;
+        };
+        let Some(b) = maps.backend(id) else {
+            return;
+        };
+        if !b.is_live() || b.weight == 0 {
+            return;
+        }
+        self.any_live = true;
+        let inflight = maps.inflight(id);
+        if b.fits(required_mem_mb) && b.under_cap(inflight) {
+            let w = b.weight as u64;
+            if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
+                self.best = id;
+                self.best_load = inflight;
+                self.best_weight = w;
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +136,37 @@ pub fn load_bound(load_factor_milli: u32, total_inflight: u64, weight: u32, tota
     if total_weight == 0 {
         return 0;
     }
-    let num = (load_factor_milli as u64)
-        .saturating_mul(total_inflight.saturating_add(1))
-        .saturating_mul(weight as u64);
-    let den = 1000u64.saturating_mul(total_weight);
+    let num = sat_mul(sat_mul(load_factor_milli as u64, total_inflight.saturating_add(1)), weight as u64);
+    let den = sat_mul(1000, total_weight);
+    if den == 0 {
+        // Unreachable (total_weight > 0); spelled out so no divide-by-zero panic path remains.
+        return 0;
+    }
     num.div_ceil(den)
+}
+
+/// Saturating `a * b` built from 32-bit halves: `u64::saturating_mul` (and the
+/// `b > u64::MAX / a` idiom, which LLVM folds back into it) lowers to a 128-bit multiply,
+/// a `__multi3` call that the BPF backend cannot emit.
+#[inline(always)]
+pub fn sat_mul(a: u64, b: u64) -> u64 {
+    let (ah, al) = (a >> 32, a & 0xffff_ffff);
+    let (bh, bl) = (b >> 32, b & 0xffff_ffff);
+    if ah != 0 && bh != 0 {
+        return u64::MAX;
+    }
+    // One of ah, bh is 0, so this is one product of two 32-bit values: no overflow.
+    let cross = ah * bl + al * bh;
+    if cross > 0xffff_ffff {
+        return u64::MAX;
+    }
+    let lo = al * bl;
+    let r = (cross << 32).wrapping_add(lo);
+    if r < lo {
+        u64::MAX
+    } else {
+        r
+    }
 }
 
 #[inline(always)]
@@ -148,38 +242,47 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
         i += 1;
     }
 
-    // 3. Least loaded member (in-flight / weight, compared by cross-multiplication).
-    let mut best = NO_BACKEND;
-    let mut best_load = 0u64;
-    let mut best_weight = 1u64;
-    let mut any_live = false;
-    let members = slot.members;
-    let mut j = 0u32;
-    while j < MAX_MEMBERS {
-        if j >= members {
-            break;
-        }
-        if let Some(id) = maps.member(row, j) {
-            if let Some(b) = maps.backend(id) {
-                if b.is_live() && b.weight > 0 {
-                    any_live = true;
-                    let inflight = maps.inflight(id);
-                    if b.fits(req.required_mem_mb) && b.under_cap(inflight) {
-                        let w = b.weight as u64;
-                        if best == NO_BACKEND || inflight.saturating_mul(best_weight) < best_load.saturating_mul(w) {
-                            best = id;
-                            best_load = inflight;
-                            best_weight = w;
-                        }
-                    }
-                }
-            }
-        }
-        j += 1;
-    }
+    // 3. Least loaded member.
+    let scan = maps.scan_members(row, slot.members, req.required_mem_mb);
+    let best = scan.best;
+    let any_live = scan.any_live;
     if best != NO_BACKEND {
         return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break };
     }
     let outcome = if any_live { Outcome::NoFit } else { Outcome::NoBackend };
     PickResult { backend: NO_BACKEND, outcome, affinity_break }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sat_mul_edges() {
+        for &(a, b) in &[
+            (0u64, 0u64),
+            (0, u64::MAX),
+            (1, u64::MAX),
+            (2, u64::MAX / 2),
+            (2, u64::MAX / 2 + 1),
+            (1 << 32, 1 << 32),
+            ((1 << 32) - 1, (1 << 32) - 1),
+            ((1 << 32) - 1, (1 << 32) + 1),
+            (u64::MAX, u64::MAX),
+            (0xffff_ffff, 0x1_0000_0001),
+            (0x1_0000_0000, 0xffff_ffff),
+        ] {
+            assert_eq!(sat_mul(a, b), a.saturating_mul(b), "{a} * {b}");
+            assert_eq!(sat_mul(b, a), b.saturating_mul(a), "{b} * {a}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn sat_mul_is_saturating_mul(a in any::<u64>(), b in any::<u64>(), sa in 0u32..64, sb in 0u32..64) {
+            let (a, b) = (a >> sa, b >> sb);
+            prop_assert_eq!(sat_mul(a, b), a.saturating_mul(b));
+        }
+    }
 }
