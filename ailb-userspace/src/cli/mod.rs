@@ -8,11 +8,7 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "ailb",
-    version,
-    about = "eBPF-accelerated, AI-aware load balancer for LLM inference fleets"
-)]
+#[command(name = "ailb", version, about = "eBPF-accelerated, AI-aware load balancer for LLM inference fleets")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -52,29 +48,18 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("AILB_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AILB_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match cli.command {
         Command::Run { config } => run::run(config.as_deref()),
         Command::Check { config } => config::load_valid(config.as_deref())
             .map(|c| {
-                println!(
-                    "config ok: {} model(s), {} backend(s)",
-                    c.services.len(),
-                    c.backends.len()
-                );
+                println!("config ok: {} model(s), {} backend(s)", c.services.len(), c.backends.len());
             })
             .map_err(anyhow::Error::from),
         Command::Status { bpffs, json } => status::status(&bpffs, json),
         Command::Hash { conversation } => {
-            println!(
-                "{:#018x}",
-                ailb_common::hash::conversation_hash(conversation.as_bytes())
-            );
+            println!("{:#018x}", ailb_common::hash::conversation_hash(conversation.as_bytes()));
             Ok(())
         }
         Command::Teardown { bpffs } => crate::datapath::teardown(&bpffs)
@@ -82,10 +67,7 @@ pub fn main() -> ExitCode {
                 if n == 0 {
                     println!("nothing to tear down at {}", bpffs.display());
                 } else {
-                    println!(
-                        "removed {n} pin(s) and {}; programs detached",
-                        bpffs.display()
-                    );
+                    println!("removed {n} pin(s) and {}; programs detached", bpffs.display());
                 }
             })
             .map_err(anyhow::Error::from),

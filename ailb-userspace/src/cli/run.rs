@@ -28,9 +28,7 @@ fn apply(writer: &mut Writer, cfg: &ValidConfig) -> anyhow::Result<()> {
 
 pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     let cfg = config::load_valid(config_path)?;
-    let origin = config_path.map_or("<embedded default>".to_string(), |p| {
-        p.display().to_string()
-    });
+    let origin = config_path.map_or("<embedded default>".to_string(), |p| p.display().to_string());
     if cfg.cgroup == "/" {
         info!("attaching to the cgroup2 root: every process on this host is balanced (deployment mode)");
     }
@@ -51,18 +49,11 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     }
     info!(config = %origin, cgroup = %cgroup.display(), bpffs = %cfg.bpffs.display(), fresh, "ailb ready");
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(serve(writer, cfg, config_path.map(Path::to_path_buf)))
 }
 
-async fn serve(
-    mut writer: Writer,
-    mut cfg: ValidConfig,
-    path: Option<PathBuf>,
-) -> anyhow::Result<()> {
+async fn serve(mut writer: Writer, mut cfg: ValidConfig, path: Option<PathBuf>) -> anyhow::Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;

@@ -5,12 +5,8 @@ use std::path::Path;
 use crate::datapath;
 
 pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
-    let st = datapath::read_status(bpffs).map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\n(is `ailb run` started? pins are expected in {})",
-            bpffs.display()
-        )
-    })?;
+    let st = datapath::read_status(bpffs)
+        .map_err(|e| anyhow::anyhow!("{e}\n(is `ailb run` started? pins are expected in {})", bpffs.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());
@@ -18,12 +14,7 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
     let s = &st.stats;
     println!(
         "ailb at {} — generation {}, c = {}, probes {}, affinity {}, load bound {}",
-        st.bpffs,
-        st.generation,
-        st.config.load_factor,
-        st.config.probes,
-        st.config.affinity,
-        st.config.load_bound
+        st.bpffs, st.generation, st.config.load_factor, st.config.probes, st.config.affinity, st.config.load_bound
     );
     println!(
         "picks {}  affinity hits {} breaks {}  spills {}  fallbacks {}  refused {} (no backend) {} (no fit)  established {}  closed {}  failed {}",
@@ -35,26 +26,13 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
             m.name,
             m.id,
             m.vips.join(", "),
-            if m.available {
-                "available"
-            } else {
-                "UNAVAILABLE"
-            },
+            if m.available { "available" } else { "UNAVAILABLE" },
             m.table_size,
             m.inflight
         );
         println!(
             "  {:>4} {:<22} {:>6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
-            "id",
-            "backend",
-            "weight",
-            "share",
-            "free MB",
-            "live",
-            "inflight",
-            "picks",
-            "aff.hits",
-            "rtt us"
+            "id", "backend", "weight", "share", "free MB", "live", "inflight", "picks", "aff.hits", "rtt us"
         );
         for b in &m.backends {
             println!(

@@ -28,24 +28,12 @@ pub enum ConfigError {
         source: Box<toml::de::Error>,
     },
     #[error("config: field `{field}`: invalid value {value:?}: {reason}")]
-    InvalidValue {
-        field: String,
-        value: String,
-        reason: String,
-    },
+    InvalidValue { field: String, value: String, reason: String },
 }
 
 impl ConfigError {
-    pub(crate) fn invalid(
-        field: impl Into<String>,
-        value: impl ToString,
-        reason: impl Into<String>,
-    ) -> Self {
-        Self::InvalidValue {
-            field: field.into(),
-            value: value.to_string(),
-            reason: reason.into(),
-        }
+    pub(crate) fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
+        Self::InvalidValue { field: field.into(), value: value.to_string(), reason: reason.into() }
     }
 }
 
@@ -84,10 +72,7 @@ fn default_cgroup() -> String {
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        Self {
-            bpffs: default_bpffs(),
-            cgroup: default_cgroup(),
-        }
+        Self { bpffs: default_bpffs(), cgroup: default_cgroup() }
     }
 }
 
@@ -174,17 +159,12 @@ fn default_weight() -> u32 {
 
 impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            origin: origin.to_string(),
-            source: Box::new(e),
-        })
+        toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.to_string(), source: Box::new(e) })
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::parse(&text, &path.display().to_string())
     }
 

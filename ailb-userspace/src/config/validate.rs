@@ -7,9 +7,7 @@ use std::{
     time::Duration,
 };
 
-use ailb_common::{
-    MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_PROBES, MAX_SERVICES,
-};
+use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_PROBES, MAX_SERVICES};
 
 use super::{Config, ConfigError};
 
@@ -51,33 +49,17 @@ fn parse_v4(field: &str, value: &str) -> Result<SocketAddrV4, ConfigError> {
     match value.parse::<SocketAddr>() {
         Ok(SocketAddr::V4(a)) if a.port() != 0 => Ok(a),
         Ok(SocketAddr::V4(_)) => Err(ConfigError::invalid(field, value, "port 0 is not allowed")),
-        Ok(SocketAddr::V6(_)) => Err(ConfigError::invalid(
-            field,
-            value,
-            "IPv6 is not supported yet (connect4 only)",
-        )),
-        Err(e) => Err(ConfigError::invalid(
-            field,
-            value,
-            format!("expected IPv4 address:port ({e})"),
-        )),
+        Ok(SocketAddr::V6(_)) => Err(ConfigError::invalid(field, value, "IPv6 is not supported yet (connect4 only)")),
+        Err(e) => Err(ConfigError::invalid(field, value, format!("expected IPv4 address:port ({e})"))),
     }
 }
 
 fn check_model_name(field: &str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty() || name.len() > MAX_MODEL_NAME_LEN {
-        return Err(ConfigError::invalid(
-            field,
-            name,
-            format!("model names are 1 to {MAX_MODEL_NAME_LEN} bytes"),
-        ));
+        return Err(ConfigError::invalid(field, name, format!("model names are 1 to {MAX_MODEL_NAME_LEN} bytes")));
     }
     if name.chars().any(|c| c.is_control()) {
-        return Err(ConfigError::invalid(
-            field,
-            name,
-            "control characters are not allowed",
-        ));
+        return Err(ConfigError::invalid(field, name, "control characters are not allowed"));
     }
     Ok(())
 }
@@ -86,11 +68,7 @@ impl Config {
     pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
         let d = &self.daemon;
         if !d.bpffs.is_absolute() || d.bpffs.as_os_str().is_empty() {
-            return Err(ConfigError::invalid(
-                "daemon.bpffs",
-                d.bpffs.display(),
-                "must be an absolute path in bpffs",
-            ));
+            return Err(ConfigError::invalid("daemon.bpffs", d.bpffs.display(), "must be an absolute path in bpffs"));
         }
         if d.cgroup.is_empty() || d.cgroup.split('/').any(|c| c == "..") {
             return Err(ConfigError::invalid(
@@ -108,11 +86,7 @@ impl Config {
             ));
         }
         if b.probes == 0 || b.probes > MAX_PROBES {
-            return Err(ConfigError::invalid(
-                "balancer.probes",
-                b.probes,
-                format!("must be 1..={MAX_PROBES}"),
-            ));
+            return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
         }
         let affinity_ttl = humantime::parse_duration(&b.affinity_ttl).map_err(|e| {
             ConfigError::invalid(
@@ -123,18 +97,10 @@ impl Config {
         })?;
 
         if self.services.is_empty() {
-            return Err(ConfigError::invalid(
-                "services",
-                "[]",
-                "at least one service (model VIP) is needed",
-            ));
+            return Err(ConfigError::invalid("services", "[]", "at least one service (model VIP) is needed"));
         }
         if self.services.len() > MAX_SERVICES as usize {
-            return Err(ConfigError::invalid(
-                "services",
-                self.services.len(),
-                format!("at most {MAX_SERVICES}"),
-            ));
+            return Err(ConfigError::invalid("services", self.services.len(), format!("at most {MAX_SERVICES}")));
         }
         let mut services: BTreeMap<String, Vec<ValidService>> = BTreeMap::new();
         let mut vips = HashSet::new();
@@ -142,23 +108,12 @@ impl Config {
             check_model_name(&format!("services[{i}].model"), &s.model)?;
             let vip = parse_v4(&format!("services[{i}].vip"), &s.vip)?;
             if !vips.insert(vip) {
-                return Err(ConfigError::invalid(
-                    format!("services[{i}].vip"),
-                    &s.vip,
-                    "this VIP is used twice",
-                ));
+                return Err(ConfigError::invalid(format!("services[{i}].vip"), &s.vip, "this VIP is used twice"));
             }
-            services
-                .entry(s.model.clone())
-                .or_default()
-                .push(ValidService { vip });
+            services.entry(s.model.clone()).or_default().push(ValidService { vip });
         }
         if services.len() > MAX_MODELS as usize {
-            return Err(ConfigError::invalid(
-                "services",
-                services.len(),
-                format!("at most {MAX_MODELS} models"),
-            ));
+            return Err(ConfigError::invalid("services", services.len(), format!("at most {MAX_MODELS} models")));
         }
 
         let mut backends = Vec::with_capacity(self.backends.len());
@@ -176,11 +131,7 @@ impl Config {
             }
             let address = parse_v4(&field("address"), &c.address)?;
             if vips.contains(&address) {
-                return Err(ConfigError::invalid(
-                    field("address"),
-                    &c.address,
-                    "a backend cannot be a VIP",
-                ));
+                return Err(ConfigError::invalid(field("address"), &c.address, "a backend cannot be a VIP"));
             }
             if !seen.insert((c.model.clone(), address)) {
                 return Err(ConfigError::invalid(
@@ -190,11 +141,7 @@ impl Config {
                 ));
             }
             if c.weight > MAX_WEIGHT {
-                return Err(ConfigError::invalid(
-                    field("weight"),
-                    c.weight,
-                    format!("must be 0..={MAX_WEIGHT}"),
-                ));
+                return Err(ConfigError::invalid(field("weight"), c.weight, format!("must be 0..={MAX_WEIGHT}")));
             }
             if c.free_memory_mb == Some(u32::MAX) {
                 return Err(ConfigError::invalid(
@@ -224,11 +171,7 @@ impl Config {
         }
         if backends.len() > MAX_BACKENDS as usize / 2 {
             // Half the id space stays free for backends removed while connections still use them.
-            return Err(ConfigError::invalid(
-                "backends",
-                backends.len(),
-                format!("at most {}", MAX_BACKENDS / 2),
-            ));
+            return Err(ConfigError::invalid("backends", backends.len(), format!("at most {}", MAX_BACKENDS / 2)));
         }
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
@@ -269,10 +212,7 @@ address = "127.0.0.11:18001"
     fn embedded_default_is_valid() {
         let c = load_valid(None).unwrap();
         assert_eq!(c.backends.len(), 3);
-        assert_eq!(
-            c.cgroup, "ailb-demo",
-            "the default must not attach to the cgroup2 root"
-        );
+        assert_eq!(c.cgroup, "ailb-demo", "the default must not attach to the cgroup2 root");
         assert_eq!(c.load_factor_milli, 1250);
     }
 
@@ -289,16 +229,8 @@ address = "127.0.0.11:18001"
     #[test]
     fn bad_values_name_field_and_value() {
         let cases: &[(&str, &str, &str)] = &[
-            (
-                "127.0.0.11:18001\"",
-                "127.0.0.999:1\"",
-                "backends[0].address",
-            ),
-            (
-                "127.0.0.11:18001\"",
-                "127.0.0.11:18001\"\nweight = 70000",
-                "backends[0].weight",
-            ),
+            ("127.0.0.11:18001\"", "127.0.0.999:1\"", "backends[0].address"),
+            ("127.0.0.11:18001\"", "127.0.0.11:18001\"\nweight = 70000", "backends[0].weight"),
             ("127.0.0.11:18001\"", "[::1]:80\"", "IPv6"),
             ("127.0.0.11:18001\"", "127.0.0.11:0\"", "port 0"),
             ("127.77.0.1:8000\"", "nonsense\"", "services[0].vip"),
@@ -308,22 +240,13 @@ address = "127.0.0.11:18001"
             assert!(e.contains(want), "error {e:?} should mention {want:?}");
         }
         let e = err(&format!("[balancer]\nload_factor = 0.5\n{OK}"));
-        assert!(
-            e.contains("balancer.load_factor") && e.contains("0.5"),
-            "{e}"
-        );
+        assert!(e.contains("balancer.load_factor") && e.contains("0.5"), "{e}");
         let e = err(&format!("[balancer]\nprobes = 0\n{OK}"));
         assert!(e.contains("balancer.probes"), "{e}");
         let e = err(&format!("[balancer]\naffinity_ttl = \"soon\"\n{OK}"));
-        assert!(
-            e.contains("balancer.affinity_ttl") && e.contains("soon"),
-            "{e}"
-        );
+        assert!(e.contains("balancer.affinity_ttl") && e.contains("soon"), "{e}");
         let e = err(&OK.replace("model = \"m\"\naddress", "model = \"other\"\naddress"));
-        assert!(
-            e.contains("backends[0].model") && e.contains("other"),
-            "{e}"
-        );
+        assert!(e.contains("backends[0].model") && e.contains("other"), "{e}");
         let e = err(&format!("{OK}{}", &OK[OK.find("[[backends]]").unwrap()..]));
         assert!(e.contains("listed twice"), "{e}");
         let e = err("[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.1:1\"\n");

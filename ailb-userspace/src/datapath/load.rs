@@ -44,45 +44,29 @@ impl Attach {
         };
         let dir = self.dir.clone();
         let cg = fs::File::open(cgroup).map_err(io_err("open cgroup", cgroup))?;
-        let prog_err = |name| {
-            move |e| DatapathError::Program {
-                name,
-                source: Box::new(e),
-            }
-        };
+        let prog_err = |name| move |e| DatapathError::Program { name, source: Box::new(e) };
         for name in programs::ALL {
-            let program = ebpf
-                .program_mut(name)
-                .ok_or(DatapathError::MissingProgram { name })?;
+            let program = ebpf.program_mut(name).ok_or(DatapathError::MissingProgram { name })?;
             let (fd, attach_type) = match name {
                 programs::CONNECT4 => {
                     let p: &mut CgroupSockAddr = program.try_into().map_err(prog_err(name))?;
                     p.load().map_err(prog_err(name))?;
-                    (
-                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
-                        sys::BPF_CGROUP_INET4_CONNECT,
-                    )
+                    (p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(), sys::BPF_CGROUP_INET4_CONNECT)
                 }
                 programs::SETSOCKOPT => {
                     let p: &mut CgroupSockopt = program.try_into().map_err(prog_err(name))?;
                     p.load().map_err(prog_err(name))?;
-                    (
-                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
-                        sys::BPF_CGROUP_SETSOCKOPT,
-                    )
+                    (p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(), sys::BPF_CGROUP_SETSOCKOPT)
                 }
                 _ => {
                     let p: &mut SockOps = program.try_into().map_err(prog_err(name))?;
                     p.load().map_err(prog_err(name))?;
-                    (
-                        p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(),
-                        sys::BPF_CGROUP_SOCK_OPS,
-                    )
+                    (p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(), sys::BPF_CGROUP_SOCK_OPS)
                 }
             };
             let fd = fd.map_err(io_err("dup program fd", &dir))?;
-            let link = sys::link_create(fd.as_fd(), cg.as_fd(), attach_type)
-                .map_err(io_err("attach to cgroup", cgroup))?;
+            let link =
+                sys::link_create(fd.as_fd(), cg.as_fd(), attach_type).map_err(io_err("attach to cgroup", cgroup))?;
             let pin = link_pin(&dir, name);
             sys::obj_pin(link.as_fd(), &pin).map_err(io_err("pin link", &pin))?;
             info!(program = name, cgroup = %cgroup.display(), "attached");
@@ -92,8 +76,7 @@ impl Attach {
 }
 
 fn ensure_bpffs(dir: &Path) -> Result<(), DatapathError> {
-    let mounts =
-        sys::mounts_of("bpf").map_err(io_err("read /proc/mounts", Path::new("/proc/mounts")))?;
+    let mounts = sys::mounts_of("bpf").map_err(io_err("read /proc/mounts", Path::new("/proc/mounts")))?;
     if mounts.iter().any(|m| dir.starts_with(m)) {
         return Ok(());
     }
@@ -102,16 +85,12 @@ fn ensure_bpffs(dir: &Path) -> Result<(), DatapathError> {
         info!("mounting bpffs at /sys/fs/bpf");
         return sys::mount_bpffs(default).map_err(io_err("mount bpffs", default));
     }
-    Err(DatapathError::State {
-        path: dir.to_path_buf(),
-        reason: "not on a bpf filesystem".into(),
-    })
+    Err(DatapathError::State { path: dir.to_path_buf(), reason: "not on a bpf filesystem".into() })
 }
 
 /// Whether every pin of a complete ailb state is present in `dir`.
 fn complete(dir: &Path) -> bool {
-    maps::ALL.iter().all(|m| dir.join(m).exists())
-        && programs::ALL.iter().all(|p| link_pin(dir, p).exists())
+    maps::ALL.iter().all(|m| dir.join(m).exists()) && programs::ALL.iter().all(|p| link_pin(dir, p).exists())
 }
 
 pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
@@ -120,7 +99,10 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
         if !complete(dir) {
             return Err(DatapathError::State {
                 path: dir.to_path_buf(),
-                reason: format!("incomplete ailb state (an interrupted start?); remove it with `ailb teardown --bpffs {}`", dir.display()),
+                reason: format!(
+                    "incomplete ailb state (an interrupted start?); remove it with `ailb teardown --bpffs {}`",
+                    dir.display()
+                ),
             });
         }
         let maps = Maps::open(dir)?;
@@ -132,22 +114,13 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
             });
         }
         info!(dir = %dir.display(), "reopened pinned maps and links: programs kept routing while the daemon was down");
-        return Ok(Opened {
-            maps,
-            attach: Attach {
-                dir: dir.to_path_buf(),
-                pending: None,
-            },
-        });
+        return Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: None } });
     }
     if OBJECT.is_empty() {
         return Err(DatapathError::NoObject);
     }
     let btf = Btf::from_sys_fs().ok();
-    let ebpf = EbpfLoader::new()
-        .btf(btf.as_ref())
-        .load(OBJECT)
-        .map_err(|e| DatapathError::Load(Box::new(e)))?;
+    let ebpf = EbpfLoader::new().btf(btf.as_ref()).load(OBJECT).map_err(|e| DatapathError::Load(Box::new(e)))?;
     let result = (|| {
         fs::create_dir_all(dir.join("links")).map_err(io_err("create pin directory", dir))?;
         for name in maps::ALL {
@@ -167,13 +140,7 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
     match result {
         Ok(maps) => {
             info!(dir = %dir.display(), "loaded eBPF object and pinned maps");
-            Ok(Opened {
-                maps,
-                attach: Attach {
-                    dir: dir.to_path_buf(),
-                    pending: Some(ebpf),
-                },
-            })
+            Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: Some(ebpf) } })
         }
         Err(e) => {
             let _cleanup = super::teardown(dir);

@@ -13,8 +13,8 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 use ailb_common::{
-    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberRow, ModelState,
-    Service, ServiceKey, Stats, TableRow,
+    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberRow, ModelState, Service, ServiceKey,
+    Stats, TableRow,
 };
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 
@@ -66,16 +66,10 @@ pub enum DatapathError {
 }
 
 pub(crate) fn map_err(name: &str) -> impl FnOnce(MapError) -> DatapathError + '_ {
-    move |source| DatapathError::Map {
-        name: name.to_string(),
-        source: Box::new(source),
-    }
+    move |source| DatapathError::Map { name: name.to_string(), source: Box::new(source) }
 }
 
-pub(crate) fn io_err(
-    what: &'static str,
-    path: &Path,
-) -> impl FnOnce(std::io::Error) -> DatapathError {
+pub(crate) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DatapathError {
     let path = path.to_path_buf();
     move |source| DatapathError::Io { what, path, source }
 }

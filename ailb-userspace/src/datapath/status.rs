@@ -3,8 +3,8 @@
 use std::{collections::BTreeMap, path::Path};
 
 use ailb_common::{
-    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, INFLIGHT_MODEL_BASE,
-    MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, INFLIGHT_MODEL_BASE, MAX_BACKENDS,
+    MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
 };
 use serde::Serialize;
 
@@ -101,10 +101,7 @@ fn sum_stats(maps: &Maps) -> Result<StatsStatus, DatapathError> {
 }
 
 fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
-    let per_cpu = maps
-        .backend_stats
-        .get(&id, 0)
-        .map_err(map_err(maps::BACKEND_STATS))?;
+    let per_cpu = maps.backend_stats.get(&id, 0).map_err(map_err(maps::BACKEND_STATS))?;
     let mut s = BackendStats::default();
     for v in per_cpu.iter() {
         s.picks += v.picks;
@@ -133,9 +130,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
     let mut vips: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for item in maps.services.iter() {
         let (k, v) = item.map_err(map_err(maps::SERVICES))?;
-        vips.entry(v.model)
-            .or_default()
-            .push(addr_from_be(k.addr, k.port).to_string());
+        vips.entry(v.model).or_default().push(addr_from_be(k.addr, k.port).to_string());
     }
     let mut backends_by_model: BTreeMap<u32, Vec<(u32, ailb_common::Backend)>> = BTreeMap::new();
     for id in 0..MAX_BACKENDS {
@@ -154,20 +149,13 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         let slot = *st.active_slot();
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
         if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-            let row = maps
-                .tables
-                .get(&row_index(idx, st.active), 0)
-                .map_err(map_err(maps::TABLES))?;
+            let row = maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
             for &id in &row.slots[..slot.size as usize] {
                 *slots.entry(id).or_default() += 1;
             }
         }
         let mut backends = Vec::new();
-        for &(id, b) in backends_by_model
-            .get(&idx)
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
-        {
+        for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
             let bs = backend_stats(&maps, id)?;
             let n = slots.get(&id).copied().unwrap_or(0);
             backends.push(BackendStatus {
@@ -178,19 +166,14 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
                 free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),
                 live: b.is_live(),
                 table_slots: n,
-                table_share: if slot.size > 0 {
-                    n as f64 / slot.size as f64
-                } else {
-                    0.0
-                },
+                table_share: if slot.size > 0 { n as f64 / slot.size as f64 } else { 0.0 },
                 inflight: maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?,
                 picks: bs.picks,
                 affinity_hits: bs.affinity_hits,
                 established: bs.established,
                 closed: bs.closed,
                 connect_failures: bs.connect_failures,
-                rtt_us_avg: (bs.rtt_samples > 0)
-                    .then(|| bs.rtt_us_sum as f64 / bs.rtt_samples as f64),
+                rtt_us_avg: (bs.rtt_samples > 0).then(|| bs.rtt_us_sum as f64 / bs.rtt_samples as f64),
             });
         }
         models.push(ModelStatus {
@@ -198,15 +181,8 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             name,
             vips: vips.remove(&idx).unwrap_or_default(),
             available: st.flags & MODEL_AVAILABLE != 0,
-            table_size: if st.flags & MODEL_AVAILABLE != 0 {
-                slot.size
-            } else {
-                0
-            },
-            inflight: maps
-                .inflight
-                .get(&(INFLIGHT_MODEL_BASE + idx), 0)
-                .map_err(map_err(maps::INFLIGHT))?,
+            table_size: if st.flags & MODEL_AVAILABLE != 0 { slot.size } else { 0 },
+            inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
             backends,
         });
     }

@@ -1,10 +1,7 @@
 //! The few system calls aya 0.14 does not expose: creating a cgroup BPF link that we can pin
 //! (aya keeps its cgroup links private, so they die with the process, which would defeat
 //! fail-static routing), and pinning it. Also mount-table helpers.
-#![allow(
-    unsafe_code,
-    reason = "raw bpf(2) and mount(2) calls that aya does not expose"
-)]
+#![allow(unsafe_code, reason = "raw bpf(2) and mount(2) calls that aya does not expose")]
 
 use std::{
     ffi::CString,
@@ -30,14 +27,7 @@ struct Attr([u8; 160]);
 fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, writable buffer of the size we pass; the kernel reads (and
     // for some commands writes) at most that many bytes.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            attr.0.len() as libc::c_uint,
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), attr.0.len() as libc::c_uint) };
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -46,11 +36,7 @@ fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
 }
 
 /// `BPF_LINK_CREATE` for a cgroup attach type.
-pub(crate) fn link_create(
-    prog: BorrowedFd<'_>,
-    cgroup: BorrowedFd<'_>,
-    attach_type: u32,
-) -> io::Result<OwnedFd> {
+pub(crate) fn link_create(prog: BorrowedFd<'_>, cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<OwnedFd> {
     let mut attr = Attr([0; 160]);
     attr.0[0..4].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
     attr.0[4..8].copy_from_slice(&(cgroup.as_raw_fd() as u32).to_ne_bytes());
@@ -62,8 +48,7 @@ pub(crate) fn link_create(
 
 /// `BPF_OBJ_PIN`: pins a map, program or link fd at `path` (in bpffs).
 pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = Attr([0; 160]);
     attr.0[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
     attr.0[8..12].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
@@ -86,19 +71,10 @@ pub(crate) fn mounts_of(fstype: &str) -> io::Result<Vec<PathBuf>> {
 
 /// `mount -t bpf bpf /sys/fs/bpf`.
 pub(crate) fn mount_bpffs(at: &Path) -> io::Result<()> {
-    let target = CString::new(at.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let target = CString::new(at.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let src = c"bpf";
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            src.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null()) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -31,10 +31,7 @@ pub fn teardown(dir: &Path) -> Result<usize, DatapathError> {
     }
     let links = dir.join("links");
     if links.exists() {
-        fs::remove_dir(&links).map_err(io_err(
-            "remove directory (unknown files left in it?)",
-            &links,
-        ))?;
+        fs::remove_dir(&links).map_err(io_err("remove directory (unknown files left in it?)", &links))?;
     }
     fs::remove_dir(dir).map_err(io_err("remove directory (unknown files left in it?)", dir))?;
     Ok(removed)

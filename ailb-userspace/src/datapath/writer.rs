@@ -13,10 +13,9 @@ use std::{
 use ailb_common::{
     hash::{backend_key, conversation_hash},
     maglev::{self, MaglevBackend},
-    maps, row_index, Backend, GlobalConfig, MemberRow, ModelState, Service, ServiceKey, TableRow,
-    TableSlot, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, MAX_BACKENDS,
-    MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
-    NO_BACKEND,
+    maps, row_index, Backend, GlobalConfig, MemberRow, ModelState, Service, ServiceKey, TableRow, TableSlot,
+    ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS,
+    MAX_MODEL_NAME_LEN, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND,
 };
 use tracing::{debug, info};
 
@@ -32,11 +31,7 @@ pub fn addr_from_be(addr: u32, port: u16) -> SocketAddrV4 {
 }
 
 pub fn model_name(state: &ModelState) -> String {
-    let end = state
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(state.name.len());
+    let end = state.name.iter().position(|&b| b == 0).unwrap_or(state.name.len());
     String::from_utf8_lossy(&state.name[..end]).into_owned()
 }
 
@@ -83,28 +78,15 @@ impl Writer {
             }
             let slot = st.active_slot();
             if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-                let row = w
-                    .maps
-                    .tables
-                    .get(&row_index(idx, st.active), 0)
-                    .map_err(map_err(maps::TABLES))?;
-                let mem = w
-                    .maps
-                    .members
-                    .get(&row_index(idx, st.active), 0)
-                    .map_err(map_err(maps::MEMBERS))?;
+                let row = w.maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
+                let mem = w.maps.members.get(&row_index(idx, st.active), 0).map_err(map_err(maps::MEMBERS))?;
                 let members = mem.ids[..(slot.members.min(MAX_MEMBERS)) as usize].to_vec();
-                w.tables
-                    .insert(idx, (row.slots[..slot.size as usize].to_vec(), members));
+                w.tables.insert(idx, (row.slots[..slot.size as usize].to_vec(), members));
             }
             w.models.insert(name, idx);
         }
         for id in 0..MAX_BACKENDS {
-            let b = w
-                .maps
-                .backends
-                .get(&id, 0)
-                .map_err(map_err(maps::BACKENDS))?;
+            let b = w.maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
             if b.addr != 0 || b.port != 0 {
                 w.ids.insert((b.model, addr_from_be(b.addr, b.port)), id);
                 w.written.insert(id, b);
@@ -130,11 +112,7 @@ impl Writer {
         let mut freed = 0;
         let retired: Vec<_> = self.retired.iter().map(|(k, &id)| (*k, id)).collect();
         for (key, id) in retired {
-            let inflight = self
-                .maps
-                .inflight
-                .get(&id, 0)
-                .map_err(map_err(maps::INFLIGHT))?;
+            let inflight = self.maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?;
             if inflight == 0 {
                 self.write_backend(id, Backend::default())?;
                 self.ids.remove(&key);
@@ -146,23 +124,14 @@ impl Writer {
         Ok(freed)
     }
 
-    fn free_index(
-        used: impl Iterator<Item = u32>,
-        max: u32,
-        what: &'static str,
-    ) -> Result<u32, DatapathError> {
+    fn free_index(used: impl Iterator<Item = u32>, max: u32, what: &'static str) -> Result<u32, DatapathError> {
         let used: HashSet<u32> = used.collect();
-        (0..max)
-            .find(|i| !used.contains(i))
-            .ok_or(DatapathError::Full { what, max })
+        (0..max).find(|i| !used.contains(i)).ok_or(DatapathError::Full { what, max })
     }
 
     fn write_backend(&mut self, id: u32, b: Backend) -> Result<(), DatapathError> {
         if self.written.get(&id) != Some(&b) {
-            self.maps
-                .backends
-                .set(id, b, 0)
-                .map_err(map_err(maps::BACKENDS))?;
+            self.maps.backends.set(id, b, 0).map_err(map_err(maps::BACKENDS))?;
             self.written.insert(id, b);
         }
         Ok(())
@@ -170,10 +139,7 @@ impl Writer {
 
     pub fn apply(&mut self, plan: &Plan, cfg: &ValidConfig) -> Result<ApplyReport, DatapathError> {
         let generation = self.generation + 1;
-        let mut report = ApplyReport {
-            generation,
-            ..Default::default()
-        };
+        let mut report = ApplyReport { generation, ..Default::default() };
 
         // Model indices: stable for known names, lowest free index for new ones.
         for name in plan.keys() {
@@ -184,25 +150,19 @@ impl Writer {
         }
 
         // Backend ids and entries.
-        let mut desired: BTreeMap<
-            (u32, u32, u16),
-            (u32, SocketAddrV4, &crate::policy::PlannedBackend),
-        > = BTreeMap::new();
+        let mut desired: BTreeMap<(u32, u32, u16), (u32, SocketAddrV4, &crate::policy::PlannedBackend)> =
+            BTreeMap::new();
         for (name, mp) in plan {
             let midx = self.models[name];
             for b in &mp.backends {
-                desired.insert(
-                    (midx, u32::from(*b.address.ip()), b.address.port()),
-                    (midx, b.address, b),
-                );
+                desired.insert((midx, u32::from(*b.address.ip()), b.address.port()), (midx, b.address, b));
             }
         }
         for &(midx, addr, b) in desired.values() {
             let id = match self.ids.get(&(midx, addr)) {
                 Some(&id) => id,
                 None => {
-                    let id =
-                        Self::free_index(self.ids.values().copied(), MAX_BACKENDS, "backends")?;
+                    let id = Self::free_index(self.ids.values().copied(), MAX_BACKENDS, "backends")?;
                     self.ids.insert((midx, addr), id);
                     id
                 }
@@ -215,11 +175,7 @@ impl Writer {
                 weight: b.weight,
                 cap: b.cap,
                 free_mem_mb: b.free_memory_mb.unwrap_or(MEM_UNKNOWN),
-                state: if b.eligible && b.weight > 0 {
-                    BACKEND_LIVE
-                } else {
-                    0
-                },
+                state: if b.eligible && b.weight > 0 { BACKEND_LIVE } else { 0 },
                 ..Default::default()
             };
             self.write_backend(id, entry)?;
@@ -256,79 +212,39 @@ impl Writer {
             want_names.insert(conversation_hash(name.as_bytes()), midx);
             for vip in &mp.vips {
                 let (a, p) = addr_be(vip);
-                want_services.insert(
-                    ServiceKey {
-                        addr: a,
-                        port: p,
-                        _pad: 0,
-                    },
-                    Service {
-                        model: midx,
-                        flags: 0,
-                    },
-                );
+                want_services.insert(ServiceKey { addr: a, port: p, _pad: 0 }, Service { model: midx, flags: 0 });
             }
         }
         let old: Vec<ServiceKey> = self.maps.services.keys().filter_map(Result::ok).collect();
         for k in old.iter().filter(|k| !want_services.contains_key(k)) {
-            self.maps
-                .services
-                .remove(k)
-                .map_err(map_err(maps::SERVICES))?;
+            self.maps.services.remove(k).map_err(map_err(maps::SERVICES))?;
         }
         for (k, v) in &want_services {
             if self.maps.services.get(k, 0).ok().as_ref() != Some(v) {
-                self.maps
-                    .services
-                    .insert(k, v, 0)
-                    .map_err(map_err(maps::SERVICES))?;
+                self.maps.services.insert(k, v, 0).map_err(map_err(maps::SERVICES))?;
             }
         }
-        let old: Vec<u64> = self
-            .maps
-            .model_names
-            .keys()
-            .filter_map(Result::ok)
-            .collect();
+        let old: Vec<u64> = self.maps.model_names.keys().filter_map(Result::ok).collect();
         for k in old.iter().filter(|k| !want_names.contains_key(k)) {
-            self.maps
-                .model_names
-                .remove(k)
-                .map_err(map_err(maps::MODEL_NAMES))?;
+            self.maps.model_names.remove(k).map_err(map_err(maps::MODEL_NAMES))?;
         }
         for (k, v) in &want_names {
-            self.maps
-                .model_names
-                .insert(k, v, 0)
-                .map_err(map_err(maps::MODEL_NAMES))?;
+            self.maps.model_names.insert(k, v, 0).map_err(map_err(maps::MODEL_NAMES))?;
         }
 
         // Models that left: unavailable, then forgotten.
-        let gone: Vec<(String, u32)> = self
-            .models
-            .iter()
-            .filter(|(n, _)| !plan.contains_key(*n))
-            .map(|(n, &i)| (n.clone(), i))
-            .collect();
+        let gone: Vec<(String, u32)> =
+            self.models.iter().filter(|(n, _)| !plan.contains_key(*n)).map(|(n, &i)| (n.clone(), i)).collect();
         for (name, idx) in gone {
-            self.maps
-                .models
-                .set(idx, ModelState::default(), 0)
-                .map_err(map_err(maps::MODELS))?;
+            self.maps.models.set(idx, ModelState::default(), 0).map_err(map_err(maps::MODELS))?;
             self.tables.remove(&idx);
             self.models.remove(&name);
             info!(model = %name, "model removed");
         }
 
         // Backends that left: not live at once; their id is freed when nothing is in flight.
-        let desired_keys: HashSet<(u32, SocketAddrV4)> =
-            desired.values().map(|&(m, a, _)| (m, a)).collect();
-        self.retired = self
-            .ids
-            .iter()
-            .filter(|(k, _)| !desired_keys.contains(k))
-            .map(|(k, &id)| (*k, id))
-            .collect();
+        let desired_keys: HashSet<(u32, SocketAddrV4)> = desired.values().map(|&(m, a, _)| (m, a)).collect();
+        self.retired = self.ids.iter().filter(|(k, _)| !desired_keys.contains(k)).map(|(k, &id)| (*k, id)).collect();
         let retired: Vec<u32> = self.retired.values().copied().collect();
         for id in retired {
             let mut entry = self.written.get(&id).copied().unwrap_or_default();
@@ -348,10 +264,7 @@ impl Writer {
             affinity_ttl_ns: cfg.affinity_ttl.as_nanos().min(u64::MAX as u128) as u64,
             generation,
         };
-        self.maps
-            .config
-            .set(0, gc, 0)
-            .map_err(map_err(maps::CONFIG))?;
+        self.maps.config.set(0, gc, 0).map_err(map_err(maps::CONFIG))?;
         self.generation = generation;
         Ok(report)
     }
@@ -364,11 +277,7 @@ impl Writer {
         generation: u64,
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
-        let mut st = self
-            .maps
-            .models
-            .get(&midx, 0)
-            .map_err(map_err(maps::MODELS))?;
+        let mut st = self.maps.models.get(&midx, 0).map_err(map_err(maps::MODELS))?;
         let mut name_bytes = [0u8; MAX_MODEL_NAME_LEN];
         name_bytes[..name.len()].copy_from_slice(name.as_bytes());
         let ids: Vec<u32> = members.iter().map(|m| m.id).collect();
@@ -377,27 +286,18 @@ impl Writer {
             if st.flags & MODEL_AVAILABLE != 0 || st.name != name_bytes {
                 st.flags = 0;
                 st.name = name_bytes;
-                self.maps
-                    .models
-                    .set(midx, st, 0)
-                    .map_err(map_err(maps::MODELS))?;
-                info!(
-                    model = name,
-                    "no live backend: connections to its VIPs are refused"
-                );
+                self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
+                info!(model = name, "no live backend: connections to its VIPs are refused");
             }
             self.tables.remove(&midx);
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let size = maglev::table_size_for(members.len());
-        let table = maglev::build(members, size).map_err(|source| DatapathError::Table {
-            model: name.to_string(),
-            source,
-        })?;
-        let unchanged = self
-            .tables
-            .get(&midx)
-            .is_some_and(|(t, m)| *t == table && *m == ids)
+        let table =
+            maglev::build(members, size).map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
+        let built = started.elapsed();
+        let unchanged = self.tables.get(&midx).is_some_and(|(t, m)| *t == table && *m == ids)
             && st.flags & MODEL_AVAILABLE != 0
             && st.active_slot().total_weight == total_weight;
         if unchanged {
@@ -406,47 +306,22 @@ impl Writer {
         }
         let inactive = (st.active & 1) ^ 1;
         let row_idx = row_index(midx, inactive);
-        let mut row: Box<TableRow> = Box::new(TableRow {
-            slots: [NO_BACKEND; MAX_TABLE_SIZE as usize],
-        });
+        let mut row: Box<TableRow> = Box::new(TableRow { slots: [NO_BACKEND; MAX_TABLE_SIZE as usize] });
         row.slots[..table.len()].copy_from_slice(&table);
-        self.maps
-            .tables
-            .set(row_idx, &*row, 0)
-            .map_err(map_err(maps::TABLES))?;
-        let mut mrow: Box<MemberRow> = Box::new(MemberRow {
-            ids: [NO_BACKEND; MAX_MEMBERS as usize],
-        });
+        self.maps.tables.set(row_idx, &*row, 0).map_err(map_err(maps::TABLES))?;
+        let mut mrow: Box<MemberRow> = Box::new(MemberRow { ids: [NO_BACKEND; MAX_MEMBERS as usize] });
         mrow.ids[..ids.len()].copy_from_slice(&ids);
-        self.maps
-            .members
-            .set(row_idx, &*mrow, 0)
-            .map_err(map_err(maps::MEMBERS))?;
+        self.maps.members.set(row_idx, &*mrow, 0).map_err(map_err(maps::MEMBERS))?;
         // Describe the inactive slot (readers still use the active one), then flip.
-        st.slots[inactive as usize] = TableSlot {
-            size,
-            members: ids.len() as u32,
-            total_weight,
-            generation,
-        };
+        st.slots[inactive as usize] = TableSlot { size, members: ids.len() as u32, total_weight, generation };
         st.name = name_bytes;
-        self.maps
-            .models
-            .set(midx, st, 0)
-            .map_err(map_err(maps::MODELS))?;
+        self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
         st.active = inactive;
         st.flags = MODEL_AVAILABLE;
-        self.maps
-            .models
-            .set(midx, st, 0)
-            .map_err(map_err(maps::MODELS))?;
-        info!(
-            model = name,
-            backends = ids.len(),
-            table_size = size,
-            generation,
-            "table swapped"
-        );
+        self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
+        let build_us = built.as_micros() as u64;
+        let swap_us = (started.elapsed() - built).as_micros() as u64;
+        info!(model = name, backends = ids.len(), table_size = size, generation, build_us, swap_us, "table swapped");
         report.tables_rebuilt.push(name.to_string());
         self.tables.insert(midx, (table, ids));
         Ok(())

@@ -32,13 +32,7 @@ pub fn plan(snapshot: &Snapshot, config: &ValidConfig) -> Plan {
         .services
         .iter()
         .map(|(model, vips)| {
-            (
-                model.clone(),
-                ModelPlan {
-                    vips: vips.iter().map(|s| s.vip).collect(),
-                    backends: Vec::new(),
-                },
-            )
+            (model.clone(), ModelPlan { vips: vips.iter().map(|s| s.vip).collect(), backends: Vec::new() })
         })
         .collect();
     for inst in &snapshot.instances {
@@ -62,8 +56,7 @@ pub fn plan(snapshot: &Snapshot, config: &ValidConfig) -> Plan {
         });
     }
     for m in plan.values_mut() {
-        m.backends
-            .sort_by_key(|b| (u32::from(*b.address.ip()), b.address.port()));
+        m.backends.sort_by_key(|b| (u32::from(*b.address.ip()), b.address.port()));
         m.vips.sort_by_key(|v| (u32::from(*v.ip()), v.port()));
     }
     plan
