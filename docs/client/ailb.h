@@ -1,0 +1,70 @@
+/* ailb client ABI: tag a socket before connect() so that ailb can route it.
+ *
+ * Without privilege and without a library: ailb's cgroup/setsockopt program consumes these
+ * options in the kernel. Call them on a TCP socket BEFORE connect() to a model's VIP.
+ *
+ *   int fd = socket(AF_INET, SOCK_STREAM, 0);
+ *   if (ailb_tag_conversation(fd, "conversation-42", 15) < 0 && errno != ENOPROTOOPT)
+ *       perror("ailb_tag_conversation");      // EINVAL: bad length
+ *   connect(fd, (struct sockaddr *)&vip, sizeof vip);
+ *
+ * Errors:
+ *   ENOPROTOOPT  ailb is not loaded for this process's cgroup (the kernel does not know the
+ *                level): there is no balancer; carry on and connect as usual.
+ *   EINVAL       bad option length (conversation 1..128 bytes, memory exactly 4, model 1..64).
+ *   connect() -> ECONNREFUSED: the VIP's model has no live backend, or no backend has the
+ *                free GPU memory given with AILB_REQUIRED_MEMORY_MB.
+ *
+ * Must match ailb-common/src/abi.rs.
+ */
+#ifndef AILB_H
+#define AILB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+
+/* setsockopt level ("AIL"). */
+#define SOL_AILB 0x41494c
+
+/* Conversation id: 1..AILB_MAX_CONVERSATION_LEN raw bytes. Connections of one conversation
+ * go to the same backend while it stays live, fits and is under its cap (affinity). */
+#define AILB_CONVERSATION 1
+/* GPU memory this request needs, in MB: a native-endian uint32_t, length 4. Only backends
+ * with at least that much free memory (or unknown free memory) are picked. */
+#define AILB_REQUIRED_MEMORY_MB 2
+/* Model name, 1..AILB_MAX_MODEL_NAME_LEN bytes, for a VIP shared by several models. */
+#define AILB_MODEL 3
+
+#define AILB_MAX_CONVERSATION_LEN 128
+#define AILB_MAX_MODEL_NAME_LEN 64
+
+/* Tags fd with a conversation id. Returns 0, or -1 with errno set (see above). */
+static inline int ailb_tag_conversation(int fd, const void *id, size_t len)
+{
+    if (len == 0 || len > AILB_MAX_CONVERSATION_LEN) {
+        errno = EINVAL;
+        return -1;
+    }
+    return setsockopt(fd, SOL_AILB, AILB_CONVERSATION, id, (socklen_t)len);
+}
+
+/* Tags fd with the GPU memory (MB) the request needs. Returns 0, or -1 with errno set. */
+static inline int ailb_require_memory_mb(int fd, uint32_t mb)
+{
+    return setsockopt(fd, SOL_AILB, AILB_REQUIRED_MEMORY_MB, &mb, (socklen_t)sizeof mb);
+}
+
+/* Tags fd with a model name (for a shared VIP). Returns 0, or -1 with errno set. */
+static inline int ailb_tag_model(int fd, const char *model, size_t len)
+{
+    if (len == 0 || len > AILB_MAX_MODEL_NAME_LEN) {
+        errno = EINVAL;
+        return -1;
+    }
+    return setsockopt(fd, SOL_AILB, AILB_MODEL, model, (socklen_t)len);
+}
+
+#endif /* AILB_H */

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""ailb client example: tag a socket with a conversation id, then connect to a model VIP.
+
+    python3 docs/client/ailb_client.py [VIP:PORT] [CONVERSATION_ID]
+
+Defaults: 127.77.0.1:8000 (the VIP of `ailb run`'s embedded default) and "conversation-42".
+Only processes in the cgroup ailb is attached to are balanced (`ailb-demo` for the default
+config); elsewhere the setsockopt fails with ENOPROTOOPT and the client connects directly.
+"""
+import errno
+import socket
+import sys
+
+SOL_AILB = 0x41494C
+AILB_CONVERSATION = 1
+AILB_REQUIRED_MEMORY_MB = 2  # value: struct.pack("=I", megabytes)
+AILB_MODEL = 3
+
+
+def main() -> int:
+    vip = sys.argv[1] if len(sys.argv) > 1 else "127.77.0.1:8000"
+    conversation = (sys.argv[2] if len(sys.argv) > 2 else "conversation-42").encode()
+    host, _, port = vip.rpartition(":")
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Must be set before connect(): the pick happens in the kernel at connect time.
+        s.setsockopt(SOL_AILB, AILB_CONVERSATION, conversation)
+        print(f"tagged the socket with conversation {conversation.decode()!r}")
+    except OSError as e:
+        if e.errno != errno.ENOPROTOOPT:
+            raise  # EINVAL: the id must be 1..128 bytes
+        print("ailb not loaded, connecting directly")
+
+    try:
+        s.settimeout(10)
+        s.connect((host, int(port)))
+    except ConnectionRefusedError:
+        print(f"connection to {vip} refused: no server there (is `ailb run` up, and is this "
+              "process in its cgroup?), or ailb found no live backend that fits")
+        return 1
+    except OSError as e:
+        print(f"cannot connect to {vip}: {e}")
+        return 1
+
+    with s:
+        s.sendall(f"GET / HTTP/1.1\r\nHost: {vip}\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    print(reply.decode(errors="replace"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
