@@ -133,6 +133,12 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
 /// Runs a command to completion with a deadline, capturing stdout and stderr. Panics if it
 /// cannot be spawned or outlives `timeout` (it is killed by pid first).
 pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> Output {
+    try_run_cmd(cmd, timeout).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run_cmd`] that reports a timeout as `Err` (after killing the command by pid) instead of
+/// panicking, for callers that must clean up first.
+pub fn try_run_cmd(cmd: &mut Command, timeout: Duration) -> Result<Output, String> {
     let desc = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::null())
@@ -161,12 +167,15 @@ pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> Output {
                 let _ = child.kill();
                 let _ = child.wait();
                 let stderr = t_err.join().unwrap_or_default();
-                panic!("{desc} did not exit within {timeout:?}; stderr so far:\n{}", String::from_utf8_lossy(&stderr));
+                return Err(format!(
+                    "{desc} did not exit within {timeout:?}; stderr so far:\n{}",
+                    String::from_utf8_lossy(&stderr)
+                ));
             }
             Err(e) => panic!("waiting for {desc}: {e}"),
         }
     };
-    Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() }
+    Ok(Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() })
 }
 
 /// Percentage of `part` in `total`.
