@@ -27,8 +27,14 @@ pub enum MaglevError {
     /// The table size must be a prime of at least 2 (a composite one breaks the permutations).
     SizeNotPrime(u32),
     /// Two backends share a key or an id.
-    Duplicate { id: u32, key: u64 },
-    TooManyBackends { count: usize, max: usize },
+    Duplicate {
+        id: u32,
+        key: u64,
+    },
+    TooManyBackends {
+        count: usize,
+        max: usize,
+    },
 }
 
 impl core::fmt::Display for MaglevError {
@@ -49,7 +55,7 @@ fn is_prime(n: u32) -> bool {
     }
     let mut d = 2u32;
     while (d as u64) * (d as u64) <= n as u64 {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;

@@ -308,10 +308,10 @@ impl Writer {
         let row_idx = row_index(midx, inactive);
         let mut row: Box<TableRow> = Box::new(TableRow { slots: [NO_BACKEND; MAX_TABLE_SIZE as usize] });
         row.slots[..table.len()].copy_from_slice(&table);
-        self.maps.tables.set(row_idx, &*row, 0).map_err(map_err(maps::TABLES))?;
+        self.maps.tables.set(row_idx, row.as_ref(), 0).map_err(map_err(maps::TABLES))?;
         let mut mrow: Box<MemberRow> = Box::new(MemberRow { ids: [NO_BACKEND; MAX_MEMBERS as usize] });
         mrow.ids[..ids.len()].copy_from_slice(&ids);
-        self.maps.members.set(row_idx, &*mrow, 0).map_err(map_err(maps::MEMBERS))?;
+        self.maps.members.set(row_idx, mrow.as_ref(), 0).map_err(map_err(maps::MEMBERS))?;
         // Describe the inactive slot (readers still use the active one), then flip.
         st.slots[inactive as usize] = TableSlot { size, members: ids.len() as u32, total_weight, generation };
         st.name = name_bytes;
