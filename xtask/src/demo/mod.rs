@@ -274,7 +274,7 @@ impl Demo {
         let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let tail = lines[lines.len().saturating_sub(20)..].join("\n");
-        e.context(format!("last lines of {}:\n{tail}", self.log_path.display()))
+        anyhow::anyhow!("{e:#}\n--- last lines of {} ---\n{tail}", self.log_path.display())
     }
 
     fn remove_cgroup(&self) {
