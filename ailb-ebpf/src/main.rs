@@ -309,12 +309,9 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     };
     let use_affinity = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let aff_key = AffinityKey { model, _pad: 0, conversation: hash };
-    let affinity = if use_affinity {
-        // SAFETY: a non-null LRU hash value pointer; copied at once.
-        AILB_AFFINITY.get_ptr(aff_key).map(|p| unsafe { ptr::read(p) })
-    } else {
-        None
-    };
+    let affinity_ptr = if use_affinity { AILB_AFFINITY.get_ptr_mut(aff_key) } else { None };
+    // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); copied at once.
+    let affinity = affinity_ptr.map(|p| unsafe { ptr::read(p) });
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
     // SAFETY: no arguments.
     let now_ns = unsafe { bpf_ktime_get_ns() };
@@ -335,10 +332,17 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     sa.user_ip4 = backend.addr;
     sa.user_port = backend.port as u32;
 
-    if use_affinity {
-        let value = AffinityValue { backend: res.backend, _pad: 0, last_seen_ns: now_ns };
-        // An LRU map evicts instead of failing when full; a failure only loses affinity.
-        let _ = AILB_AFFINITY.insert(aff_key, value, 0);
+    match (res.outcome, affinity_ptr) {
+        // A hit only refreshes the timestamp in place: no map update, no LRU allocation.
+        // SAFETY: the value pointer from the lookup above, valid for this run; a racing
+        // writer can only make the timestamp another recent value.
+        (Outcome::AffinityHit, Some(p)) => unsafe { (*p).last_seen_ns = now_ns },
+        _ if use_affinity => {
+            let value = AffinityValue { backend: res.backend, _pad: 0, last_seen_ns: now_ns };
+            // An LRU map evicts instead of failing when full; a failure only loses affinity.
+            let _ = AILB_AFFINITY.insert(aff_key, value, 0);
+        }
+        _ => {}
     }
 
     // A socket is only connected once from SS_UNCONNECTED, so it is normally not counted
