@@ -5,7 +5,11 @@ use ailb_common::maglev::*;
 fn main() {
     for &(n, m) in &[(10u32, 4093u32), (100, 16381), (100, 65521), (1000, 65521)] {
         let all: Vec<_> = (0..n)
-            .map(|i| MaglevBackend { id: i, key: backend_key(0x7f00_0001u32.to_be() + i, 8000u16.to_be(), 42), weight: 1 + i % 3 })
+            .map(|i| MaglevBackend {
+                id: i,
+                key: backend_key(0x7f00_0001u32.to_be() + i, 8000u16.to_be(), 42),
+                weight: 1 + i % 3,
+            })
             .collect();
         let t = std::time::Instant::now();
         let t1 = build(&all, m).unwrap();
@@ -17,6 +21,8 @@ fn main() {
             let moved = t1.iter().zip(&t2).filter(|(a, b)| a != b).count() as f64 / m as f64 * n as f64;
             worst = worst.max(moved);
         }
-        println!("N={n} M={m} weights 1..3: removing one backend moves at most {worst:.2}/N of the slots; build {el:?}");
+        println!(
+            "N={n} M={m} weights 1..3: removing one backend moves at most {worst:.2}/N of the slots; build {el:?}"
+        );
     }
 }

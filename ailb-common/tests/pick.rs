@@ -4,8 +4,8 @@ use ailb_common::{
     hash::{backend_key, fmix64},
     maglev::{build, table_size_for, MaglevBackend},
     pick::{load_bound, pick, Outcome, PickMaps, PickRequest},
-    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION,
-    BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE,
+    CONFIG_DEFAULT_FLAGS, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
 
@@ -28,11 +28,7 @@ impl PickMaps for Fleet {
         self.inflight.get(id as usize).copied().unwrap_or(0)
     }
     fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        assert_eq!(
-            row,
-            row_index(MODEL, self.state.active),
-            "the pick must read the active row"
-        );
+        assert_eq!(row, row_index(MODEL, self.state.active), "the pick must read the active row");
         self.table.get(index as usize).copied()
     }
     fn member(&self, row: u32, index: u32) -> Option<u32> {
@@ -61,26 +57,13 @@ impl Fleet {
         let mb: Vec<MaglevBackend> = backends
             .iter()
             .enumerate()
-            .map(|(i, b)| MaglevBackend {
-                id: i as u32,
-                key: backend_key(b.addr, b.port, 0),
-                weight: b.weight,
-            })
+            .map(|(i, b)| MaglevBackend { id: i as u32, key: backend_key(b.addr, b.port, 0), weight: b.weight })
             .collect();
         let size = table_size_for(mb.len());
         let table = build(&mb, size).unwrap();
         let total_weight = weights.iter().map(|&w| w as u64).sum();
-        let mut state = ModelState {
-            active: 1,
-            flags: MODEL_AVAILABLE,
-            ..Default::default()
-        };
-        state.slots[1] = TableSlot {
-            size,
-            members: weights.len() as u32,
-            total_weight,
-            generation: 1,
-        };
+        let mut state = ModelState { active: 1, flags: MODEL_AVAILABLE, ..Default::default() };
+        state.slots[1] = TableSlot { size, members: weights.len() as u32, total_weight, generation: 1 };
         Self {
             inflight: vec![0; backends.len()],
             members: (0..backends.len() as u32).collect(),
@@ -144,11 +127,7 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     let mut f = Fleet::new(&[1, 1, 1], &[80_000, 24_000, 24_000]);
     let mut r = f.req(fmix64(7));
     r.has_conversation = true;
-    r.affinity = Some(AffinityValue {
-        backend: 1,
-        _pad: 0,
-        last_seen_ns: 900,
-    });
+    r.affinity = Some(AffinityValue { backend: 1, _pad: 0, last_seen_ns: 900 });
     assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
     assert_eq!(f.pick(&r).backend, 1);
 
@@ -180,10 +159,7 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     // Expired entry: a miss, not a break.
     f.cfg.affinity_ttl_ns = 50;
     let p = f.pick(&r);
-    assert!(
-        !p.affinity_break && p.outcome != Outcome::AffinityHit,
-        "{p:?}"
-    );
+    assert!(!p.affinity_break && p.outcome != Outcome::AffinityHit, "{p:?}");
 
     // Affinity off: the entry is ignored.
     f.cfg.affinity_ttl_ns = 0;
