@@ -8,6 +8,7 @@ mod test;
 mod util;
 
 use std::ffi::OsString;
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -58,8 +59,19 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().cmd {
+fn main() -> ExitCode {
+    // Print the error chain on one line; a backtrace (RUST_BACKTRACE=1 is common in CI) only hides it.
+    match dispatch(Cli::parse().cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("[xtask] error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cmd: Cmd) -> Result<()> {
+    match cmd {
         Cmd::Setup => setup::setup(),
         Cmd::Build { release } => build::build(release),
         Cmd::Test { args } => test::test(&args),
