@@ -14,7 +14,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 pub const MAX_MODELS: u32 = 32;
 pub const MAX_BACKENDS: u32 = 4096;
@@ -158,11 +158,13 @@ pub struct ModelState {
     pub slots: [TableSlot; 2],
     /// The model name, NUL-padded (for `ailb status` and `bpftool`; the kernel ignores it).
     pub name: [u8; MAX_MODEL_NAME_LEN],
+    /// This model's affinity TTL; 0: `GlobalConfig::affinity_ttl_ns` applies.
+    pub affinity_ttl_ns: u64,
 }
 
 impl Default for ModelState {
     fn default() -> Self {
-        Self { active: 0, flags: 0, slots: [TableSlot::default(); 2], name: [0; MAX_MODEL_NAME_LEN] }
+        Self { active: 0, flags: 0, slots: [TableSlot::default(); 2], name: [0; MAX_MODEL_NAME_LEN], affinity_ttl_ns: 0 }
     }
 }
 
@@ -327,7 +329,7 @@ mod tests {
         assert_eq!(size_of::<Service>(), 8);
         assert_eq!(size_of::<Backend>(), 32);
         assert_eq!(size_of::<TableSlot>(), 24);
-        assert_eq!(size_of::<ModelState>(), 56 + 64);
+        assert_eq!(size_of::<ModelState>(), 56 + 64 + 8);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(size_of::<SockState>(), 32);

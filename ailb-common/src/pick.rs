@@ -170,7 +170,7 @@ pub fn sat_mul(a: u64, b: u64) -> u64 {
 }
 
 #[inline(always)]
-fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, cfg: &GlobalConfig, aff: &AffinityValue) -> bool {
+fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, aff: &AffinityValue) -> bool {
     let Some(b) = maps.backend(aff.backend) else {
         return false;
     };
@@ -179,13 +179,23 @@ fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, cfg: &GlobalConfig,
         && b.weight > 0
         && b.fits(req.required_mem_mb)
         && b.under_cap(maps.inflight(aff.backend))
-        && (cfg.affinity_ttl_ns == 0 || req.now_ns.saturating_sub(aff.last_seen_ns) <= cfg.affinity_ttl_ns)
+        && (ttl_ns == 0 || req.now_ns.saturating_sub(aff.last_seen_ns) <= ttl_ns)
 }
 
 /// Whether an affinity entry is older than the TTL (an expiry, not a break).
 #[inline(always)]
-fn affinity_expired(cfg: &GlobalConfig, req: &PickRequest, aff: &AffinityValue) -> bool {
-    cfg.affinity_ttl_ns != 0 && req.now_ns.saturating_sub(aff.last_seen_ns) > cfg.affinity_ttl_ns
+fn affinity_expired(ttl_ns: u64, req: &PickRequest, aff: &AffinityValue) -> bool {
+    ttl_ns != 0 && req.now_ns.saturating_sub(aff.last_seen_ns) > ttl_ns
+}
+
+/// The model's own affinity TTL when it has one, else the global one.
+#[inline(always)]
+pub fn affinity_ttl_ns(state: &ModelState, cfg: &GlobalConfig) -> u64 {
+    if state.affinity_ttl_ns != 0 {
+        state.affinity_ttl_ns
+    } else {
+        cfg.affinity_ttl_ns
+    }
 }
 
 /// Picks a backend for one connection. Pure: the caller applies the result (affinity
@@ -203,10 +213,11 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     // 1. Affinity.
     if cfg.flags & CONFIG_AFFINITY != 0 && req.has_conversation {
         if let Some(aff) = &req.affinity {
-            if affinity_usable(maps, req, cfg, aff) {
+            let ttl_ns = affinity_ttl_ns(state, cfg);
+            if affinity_usable(maps, req, ttl_ns, aff) {
                 return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
-            affinity_break = !affinity_expired(cfg, req, aff);
+            affinity_break = !affinity_expired(ttl_ns, req, aff);
         }
     }
 

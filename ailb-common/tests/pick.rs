@@ -161,6 +161,11 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     let p = f.pick(&r);
     assert!(!p.affinity_break && p.outcome != Outcome::AffinityHit, "{p:?}");
 
+    // A model's own TTL overrides the global one.
+    f.state.affinity_ttl_ns = 10_000;
+    assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
+    f.state.affinity_ttl_ns = 0;
+
     // Affinity off: the entry is ignored.
     f.cfg.affinity_ttl_ns = 0;
     f.cfg.flags &= !ailb_common::CONFIG_AFFINITY;

@@ -55,7 +55,7 @@ pub fn main() -> ExitCode {
         Command::Run { config } => run::run(config.as_deref()),
         Command::Check { config } => config::load_valid(config.as_deref())
             .map(|c| {
-                println!("config ok: {} model(s), {} backend(s)", c.services.len(), c.backends.len());
+                println!("config ok: {} model(s), {} static backend(s)", c.models.len(), c.backends.len());
             })
             .map_err(anyhow::Error::from),
         Command::Status { bpffs, json } => status::status(&bpffs, json),

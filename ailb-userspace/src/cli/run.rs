@@ -14,7 +14,7 @@ use crate::{
 
 fn apply(writer: &mut Writer, cfg: &ValidConfig) -> anyhow::Result<()> {
     let snapshot = discovery::from_static(cfg);
-    let plan = policy::plan(&snapshot, cfg);
+    let plan = policy::plan(&snapshot, cfg, &mut policy::PolicyState::default());
     let report = writer.apply(&plan, cfg)?;
     info!(
         generation = report.generation,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use validate::{ValidBackend, ValidConfig, ValidService, MAX_WEIGHT};
+pub use validate::{ValidBackend, ValidConfig, ValidModel, ValidSource, MAX_WEIGHT};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
@@ -44,10 +44,59 @@ pub struct Config {
     pub daemon: DaemonConfig,
     #[serde(default)]
     pub balancer: BalancerConfig,
+    /// The model catalog.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Shorthand for a model VIP: `{ model, vip }` (adds the model to the catalog if absent).
     #[serde(default)]
     pub services: Vec<ServiceConfig>,
+    /// The static source's backends (only with `discovery.source = "static"`).
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+    #[serde(default)]
+    pub policy: crate::policy::PolicyConfig,
+}
+
+/// One model of the catalog.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    /// The model's VIPs ("ip:port"); more can come from `[[services]]`.
+    #[serde(default)]
+    pub vips: Vec<String>,
+    /// GPU memory (MB) a backend must have free to be eligible; absent: no requirement.
+    #[serde(default)]
+    pub required_memory_mb: Option<u32>,
+    /// Only instances whose `model_version` metadata equals this are eligible.
+    #[serde(default)]
+    pub model_version: Option<String>,
+    /// This model's affinity TTL (e.g. "10m"); absent: `balancer.affinity_ttl`.
+    #[serde(default)]
+    pub affinity_ttl: Option<String>,
+    /// Nacos services that serve this model; default: `[name]`.
+    #[serde(default)]
+    pub nacos_services: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// `[[backends]]` of this file (the embedded default).
+    #[default]
+    Static,
+    Nacos,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    #[serde(default)]
+    pub source: SourceKind,
+    #[serde(default)]
+    pub nacos: Option<crate::discovery::nacos::NacosConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +110,9 @@ pub struct DaemonConfig {
     /// Default `ailb`: a child cgroup, so that nothing is balanced by accident.
     #[serde(default = "default_cgroup")]
     pub cgroup: String,
+    /// Address of the HTTP endpoint (`/metrics`, `/v1/plan`), e.g. "127.0.0.1:9464"; absent: off.
+    #[serde(default)]
+    pub listen: Option<String>,
 }
 
 fn default_bpffs() -> PathBuf {
@@ -72,7 +124,7 @@ fn default_cgroup() -> String {
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        Self { bpffs: default_bpffs(), cgroup: default_cgroup() }
+        Self { bpffs: default_bpffs(), cgroup: default_cgroup(), listen: None }
     }
 }
 
@@ -171,6 +223,11 @@ impl Config {
     pub fn embedded_default() -> Self {
         Self::parse(DEFAULT_TOML, "<embedded default>").expect("the embedded default config parses")
     }
+}
+
+pub(crate) fn parse_duration(field: &str, value: &str) -> Result<std::time::Duration, ConfigError> {
+    humantime::parse_duration(value)
+        .map_err(|e| ConfigError::invalid(field, value, format!("expected a duration like \"30m\" or \"250ms\" ({e})")))
 }
 
 /// Loads and validates: from `path`, or the embedded default.

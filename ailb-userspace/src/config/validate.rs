@@ -24,14 +24,30 @@ pub struct ValidConfig {
     pub load_bound: bool,
     pub affinity_ttl: Duration,
     pub seed: u64,
-    /// Model name -> its VIPs (sorted by name: model indices follow this order on a fresh start).
-    pub services: BTreeMap<String, Vec<ValidService>>,
+    /// The model catalog by name (model indices follow this order on a fresh start).
+    pub models: BTreeMap<String, ValidModel>,
+    /// The static source's backends (empty with Nacos).
     pub backends: Vec<ValidBackend>,
+    pub source: ValidSource,
+    /// HTTP endpoint (`/metrics`, `/v1/plan`).
+    pub listen: Option<std::net::SocketAddr>,
+    pub policy: crate::policy::PolicyConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidService {
-    pub vip: SocketAddrV4,
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ValidModel {
+    pub vips: Vec<SocketAddrV4>,
+    pub required_memory_mb: Option<u32>,
+    pub model_version: Option<String>,
+    pub affinity_ttl: Option<Duration>,
+    /// Nacos services that serve the model (at least one: default `[name]`).
+    pub nacos_services: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValidSource {
+    Static,
+    Nacos(crate::discovery::nacos::ValidNacos),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,33 +104,124 @@ impl Config {
         if b.probes == 0 || b.probes > MAX_PROBES {
             return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
         }
-        let affinity_ttl = humantime::parse_duration(&b.affinity_ttl).map_err(|e| {
-            ConfigError::invalid(
-                "balancer.affinity_ttl",
-                &b.affinity_ttl,
-                format!("expected a duration like \"30m\" ({e})"),
-            )
-        })?;
+        let affinity_ttl = super::parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?;
 
-        if self.services.is_empty() {
-            return Err(ConfigError::invalid("services", "[]", "at least one service (model VIP) is needed"));
-        }
-        if self.services.len() > MAX_SERVICES as usize {
-            return Err(ConfigError::invalid("services", self.services.len(), format!("at most {MAX_SERVICES}")));
-        }
-        let mut services: BTreeMap<String, Vec<ValidService>> = BTreeMap::new();
+        // The catalog: [[models]], then VIPs from [[services]].
+        let mut models: BTreeMap<String, ValidModel> = BTreeMap::new();
         let mut vips = HashSet::new();
+        let mut add_vip = |field: String, value: &str, model: &mut ValidModel| -> Result<(), ConfigError> {
+            let vip = parse_v4(&field, value)?;
+            if !vips.insert(vip) {
+                return Err(ConfigError::invalid(field, value, "this VIP is used twice"));
+            }
+            model.vips.push(vip);
+            Ok(())
+        };
+        for (i, m) in self.models.iter().enumerate() {
+            let field = |f: &str| format!("models[{i}].{f}");
+            check_model_name(&field("name"), &m.name)?;
+            if models.contains_key(&m.name) {
+                return Err(ConfigError::invalid(field("name"), &m.name, "this model is listed twice"));
+            }
+            let mut vm = ValidModel {
+                required_memory_mb: m.required_memory_mb,
+                model_version: m.model_version.clone(),
+                affinity_ttl: m
+                    .affinity_ttl
+                    .as_deref()
+                    .map(|t| super::parse_duration(&field("affinity_ttl"), t))
+                    .transpose()?,
+                nacos_services: if m.nacos_services.is_empty() {
+                    vec![m.name.clone()]
+                } else {
+                    m.nacos_services.clone()
+                },
+                ..Default::default()
+            };
+            for (j, v) in m.vips.iter().enumerate() {
+                add_vip(format!("models[{i}].vips[{j}]"), v, &mut vm)?;
+            }
+            for (j, svc) in vm.nacos_services.iter().enumerate() {
+                if svc.is_empty() || svc.len() > 512 || svc.chars().any(|c| c.is_control() || c == '@') {
+                    return Err(ConfigError::invalid(
+                        format!("models[{i}].nacos_services[{j}]"),
+                        svc,
+                        "not a valid Nacos service name",
+                    ));
+                }
+            }
+            models.insert(m.name.clone(), vm);
+        }
         for (i, s) in self.services.iter().enumerate() {
             check_model_name(&format!("services[{i}].model"), &s.model)?;
-            let vip = parse_v4(&format!("services[{i}].vip"), &s.vip)?;
-            if !vips.insert(vip) {
-                return Err(ConfigError::invalid(format!("services[{i}].vip"), &s.vip, "this VIP is used twice"));
+            let model = models
+                .entry(s.model.clone())
+                .or_insert_with(|| ValidModel { nacos_services: vec![s.model.clone()], ..Default::default() });
+            add_vip(format!("services[{i}].vip"), &s.vip, model)?;
+        }
+        if models.is_empty() {
+            return Err(ConfigError::invalid(
+                "models",
+                "[]",
+                "at least one model with a VIP is needed ([[models]] or [[services]])",
+            ));
+        }
+        if models.len() > MAX_MODELS as usize {
+            return Err(ConfigError::invalid("models", models.len(), format!("at most {MAX_MODELS} models")));
+        }
+        let n_vips: usize = models.values().map(|m| m.vips.len()).sum();
+        if n_vips > MAX_SERVICES as usize {
+            return Err(ConfigError::invalid("models", n_vips, format!("at most {MAX_SERVICES} VIPs in all")));
+        }
+        for (name, m) in &models {
+            if m.vips.is_empty() {
+                return Err(ConfigError::invalid(
+                    "models",
+                    name,
+                    "this model has no VIP (models[].vips or [[services]])",
+                ));
             }
-            services.entry(s.model.clone()).or_default().push(ValidService { vip });
         }
-        if services.len() > MAX_MODELS as usize {
-            return Err(ConfigError::invalid("services", services.len(), format!("at most {MAX_MODELS} models")));
-        }
+        let vips: HashSet<SocketAddrV4> = models.values().flat_map(|m| m.vips.iter().copied()).collect();
+        let source = match self.discovery.source {
+            super::SourceKind::Static => {
+                if self.discovery.nacos.is_some() && !self.backends.is_empty() {
+                    // Both given: say which one is used rather than guess.
+                    return Err(ConfigError::invalid(
+                        "discovery.source",
+                        "static",
+                        "[discovery.nacos] is set but the source is static; set source = \"nacos\" or remove it",
+                    ));
+                }
+                ValidSource::Static
+            }
+            super::SourceKind::Nacos => {
+                if !self.backends.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "backends",
+                        self.backends.len(),
+                        "static [[backends]] are not used with discovery.source = \"nacos\"; remove them",
+                    ));
+                }
+                let Some(n) = &self.discovery.nacos else {
+                    return Err(ConfigError::invalid(
+                        "discovery.nacos",
+                        "absent",
+                        "source = \"nacos\" needs a [discovery.nacos] table",
+                    ));
+                };
+                ValidSource::Nacos(n.validate()?)
+            }
+        };
+        let listen = d
+            .listen
+            .as_deref()
+            .map(|l| {
+                l.parse::<std::net::SocketAddr>()
+                    .map_err(|e| ConfigError::invalid("daemon.listen", l, format!("expected ip:port ({e})")))
+            })
+            .transpose()?;
+        self.policy.validate()?;
 
         let mut backends = Vec::with_capacity(self.backends.len());
         let mut seen = HashSet::new();
@@ -122,7 +229,7 @@ impl Config {
         for (i, c) in self.backends.iter().enumerate() {
             let field = |f: &str| format!("backends[{i}].{f}");
             check_model_name(&field("model"), &c.model)?;
-            if !services.contains_key(&c.model) {
+            if !models.contains_key(&c.model) {
                 return Err(ConfigError::invalid(
                     field("model"),
                     &c.model,
@@ -182,8 +289,11 @@ impl Config {
             load_bound: b.load_bound,
             affinity_ttl,
             seed: b.seed,
-            services,
+            models,
             backends,
+            source,
+            listen,
+            policy: self.policy.clone(),
         })
     }
 }
@@ -250,7 +360,7 @@ address = "127.0.0.11:18001"
         let e = err(&format!("{OK}{}", &OK[OK.find("[[backends]]").unwrap()..]));
         assert!(e.contains("listed twice"), "{e}");
         let e = err("[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.1:1\"\n");
-        assert!(e.contains("services"), "{e}");
+        assert!(e.contains("models"), "{e}");
         let e = err(&format!("bogus = 1\n{OK}"));
         assert!(e.contains("bogus"), "{e}");
         let e = err("this is not toml");

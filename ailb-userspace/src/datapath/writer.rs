@@ -201,7 +201,8 @@ impl Writer {
                 })
                 .collect();
             members.sort_by_key(|m| m.id);
-            self.write_model(name, midx, &members, generation, &mut report)?;
+            let ttl_ns = mp.affinity_ttl.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64);
+            self.write_model(name, midx, &members, ttl_ns, generation, &mut report)?;
         }
 
         // VIPs and model names.
@@ -274,6 +275,7 @@ impl Writer {
         name: &str,
         midx: u32,
         members: &[MaglevBackend],
+        affinity_ttl_ns: u64,
         generation: u64,
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
@@ -283,9 +285,10 @@ impl Writer {
         let ids: Vec<u32> = members.iter().map(|m| m.id).collect();
         let total_weight: u64 = members.iter().map(|m| m.weight as u64).sum();
         if members.is_empty() {
-            if st.flags & MODEL_AVAILABLE != 0 || st.name != name_bytes {
+            if st.flags & MODEL_AVAILABLE != 0 || st.name != name_bytes || st.affinity_ttl_ns != affinity_ttl_ns {
                 st.flags = 0;
                 st.name = name_bytes;
+                st.affinity_ttl_ns = affinity_ttl_ns;
                 self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
                 info!(model = name, "no live backend: connections to its VIPs are refused");
             }
@@ -297,6 +300,11 @@ impl Writer {
         let table =
             maglev::build(members, size).map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
         let built = started.elapsed();
+        if st.affinity_ttl_ns != affinity_ttl_ns && st.flags & MODEL_AVAILABLE != 0 {
+            // Only the TTL changed: one update of the model entry, no table swap.
+            st.affinity_ttl_ns = affinity_ttl_ns;
+            self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
+        }
         let unchanged = self.tables.get(&midx).is_some_and(|(t, m)| *t == table && *m == ids)
             && st.flags & MODEL_AVAILABLE != 0
             && st.active_slot().total_weight == total_weight;
@@ -315,6 +323,7 @@ impl Writer {
         // Describe the inactive slot (readers still use the active one), then flip.
         st.slots[inactive as usize] = TableSlot { size, members: ids.len() as u32, total_weight, generation };
         st.name = name_bytes;
+        st.affinity_ttl_ns = affinity_ttl_ns;
         self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
         st.active = inactive;
         st.flags = MODEL_AVAILABLE;

@@ -1,45 +1,44 @@
-//! Where backends come from. Output: an immutable [`Snapshot`]. This source is the
-//! static config (the embedded default or `--config FILE`); Nacos comes next behind the same
-//! type.
+//! Where backends come from. Output: an immutable [`Snapshot`] of instances with their
+//! registry flags and string metadata, exactly as the source reported them: parsing the
+//! metadata and deciding eligibility is the policy's job.
 
-use std::net::SocketAddrV4;
+pub mod nacos;
+mod static_source;
 
-use crate::config::ValidConfig;
+use std::{collections::BTreeMap, net::SocketAddrV4};
+
+pub use static_source::from_static;
 
 /// One backend instance as discovered, before any policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Instance {
+    /// The catalog model whose service listed this instance.
     pub model: String,
+    /// Registry service name (`"static"` for the static source).
+    pub service: String,
+    pub group: String,
+    pub cluster: String,
     pub address: SocketAddrV4,
-    /// Registry / config weight, 0..=65535.
-    pub weight: u32,
-    pub gpu_type: Option<String>,
-    pub free_memory_mb: Option<u32>,
-    pub max_inflight: u32,
+    /// Registry weight (Nacos: a float, default 1.0; static: the configured integer).
+    pub weight: f64,
     pub healthy: bool,
+    pub enabled: bool,
+    /// String metadata, keys as documented in `docs/metadata.md`.
+    pub metadata: BTreeMap<String, String>,
 }
 
-/// Everything a policy needs to know about the fleet at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Per registry service: what the registry said about the service as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub model: String,
+    pub service: String,
+    /// Nacos' protection threshold was reached: it returned all instances, healthy or not.
+    pub reach_protection_threshold: bool,
+}
+
+/// Everything the policy needs to know about the fleet at one moment.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Snapshot {
     pub instances: Vec<Instance>,
-}
-
-/// The static source: the config's `[[backends]]`.
-pub fn from_static(config: &ValidConfig) -> Snapshot {
-    Snapshot {
-        instances: config
-            .backends
-            .iter()
-            .map(|b| Instance {
-                model: b.model.clone(),
-                address: b.address,
-                weight: b.weight,
-                gpu_type: b.gpu_type.clone(),
-                free_memory_mb: b.free_memory_mb,
-                max_inflight: b.max_inflight,
-                healthy: b.healthy,
-            })
-            .collect(),
-    }
+    pub services: Vec<ServiceInfo>,
 }
