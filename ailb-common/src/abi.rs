@@ -164,7 +164,13 @@ pub struct ModelState {
 
 impl Default for ModelState {
     fn default() -> Self {
-        Self { active: 0, flags: 0, slots: [TableSlot::default(); 2], name: [0; MAX_MODEL_NAME_LEN], affinity_ttl_ns: 0 }
+        Self {
+            active: 0,
+            flags: 0,
+            slots: [TableSlot::default(); 2],
+            name: [0; MAX_MODEL_NAME_LEN],
+            affinity_ttl_ns: 0,
+        }
     }
 }
 

@@ -33,7 +33,8 @@ use ailb_common::{
 use aya_ebpf::{
     bindings::{
         bpf_sock_ops, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
-        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_SYN_SENT,
+        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_FIN_WAIT1,
+        BPF_TCP_LAST_ACK, BPF_TCP_SYN_SENT,
     },
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     helpers::generated::{
@@ -580,11 +581,19 @@ fn try_sockops(ctx: &SockOpsContext) {
             }
         }
     } else {
-        // BPF_SOCK_OPS_STATE_CB: args[0] = old state, args[1] = new state.
-        if ctx.arg(1) != BPF_TCP_CLOSE || sock.flags & SOCK_COUNTED == 0 {
+        // BPF_SOCK_OPS_STATE_CB: args[0] = old state, args[1] = new state. A connection stops
+        // counting as in flight as soon as either side starts closing (FIN_WAIT1 or LAST_ACK:
+        // we closed; CLOSE_WAIT: the backend finished and closed), not when the last ACK of
+        // the teardown is processed, which a loaded machine can delay past the next connect.
+        let new_state = ctx.arg(1);
+        let closing = new_state == BPF_TCP_CLOSE
+            || new_state == BPF_TCP_CLOSE_WAIT
+            || new_state == BPF_TCP_FIN_WAIT1
+            || new_state == BPF_TCP_LAST_ACK;
+        if !closing || sock.flags & SOCK_COUNTED == 0 {
             return;
         }
-        let failed = ctx.arg(0) == BPF_TCP_SYN_SENT;
+        let failed = new_state == BPF_TCP_CLOSE && ctx.arg(0) == BPF_TCP_SYN_SENT;
         uncount(sock);
         if let Some(s) = stats() {
             if failed {
