@@ -1,26 +1,29 @@
-//! `cargo xtask bench`: for now the Maglev table benchmarks (build time, disruption). The network
-//! benchmarks (ailb vs IPVS vs nginx round robin, with wrk) are planned; see README.
+//! `cargo xtask bench`: every benchmark, measured side by side in one run.
+//!
+//! 1. The table builder (criterion): `cargo bench -p ailb-common --features std`.
+//! 2. Table disruption when a backend goes (a count, not a timing): example `disrupt`.
+//! 3. The data plane (root): `ailb-bench` from the tests crate: requests per second through the
+//!    VIP vs directly vs nginx vs HAProxy (IPVS where the kernel has it), BPF run time per
+//!    connection with 1000 backends and 100,000 affinity entries, table swap time. Its report is
+//!    written to `target/bench/datapath.md`; `docs/benchmarks.md` quotes a run of it.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::util::{self, say, Step};
 
 pub(crate) fn bench() -> Result<()> {
-    let benches = util::workspace_root().join("ailb-common/benches");
-    let has_bench = std::fs::read_dir(benches)
-        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.path().extension().is_some_and(|x| x == "rs")))
-        .unwrap_or(false);
-
-    if has_bench {
-        // The table builder needs `std`; cargo silently skips a bench whose required features are off.
-        let step = Step::start("Maglev table build time: cargo bench -p ailb-common --features std");
-        util::run(util::cargo().args(["bench", "-p", "ailb-common", "--features", "std"]))
-            .context("cargo bench -p ailb-common")?;
-        step.done();
+    if !util::is_root() {
+        bail!("cargo xtask bench needs root: the data-plane benchmark loads eBPF programs and creates a network namespace");
     }
-    // Disruption (how many slots move when a backend goes) is a count, not a timing: the example
-    // prints it, and the build time too when there is no criterion bench.
-    let step = Step::start("Maglev disruption: ailb-common example `disrupt`");
+    crate::setup::setup()?;
+    crate::build::build(true)?;
+
+    let step = Step::start("table build time: cargo bench -p ailb-common --features std --bench maglev");
+    util::run(util::cargo().args(["bench", "-p", "ailb-common", "--features", "std", "--bench", "maglev"]))
+        .context("cargo bench -p ailb-common")?;
+    step.done();
+
+    let step = Step::start("table disruption: ailb-common example `disrupt`");
     util::run(util::cargo().args([
         "run",
         "--quiet",
@@ -34,6 +37,14 @@ pub(crate) fn bench() -> Result<()> {
     ]))
     .context("running the ailb-common `disrupt` example")?;
     step.done();
-    say!("network benchmarks (connection rate and latency through the VIP vs IPVS): not yet implemented");
+
+    let step = Step::start("data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)");
+    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tests", "--bin", "ailb-bench"]))
+        .context("building ailb-bench")?;
+    let bin = util::target_dir().join("release/ailb-bench");
+    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
+        .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
+    say!("data-plane report: {}", util::target_dir().join("bench/datapath.md").display());
     Ok(())
 }

@@ -47,7 +47,7 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// Benchmarks (for now the Maglev table: build time and disruption).
+    /// Benchmarks (root): table build and disruption, then the data plane vs direct, nginx, HAProxy.
     Bench,
     /// The demo's load generator; `cargo xtask run` starts it inside the demo cgroup.
     #[command(hide = true)]

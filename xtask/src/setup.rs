@@ -19,6 +19,7 @@ const APT_TOOLS: &[(&str, &str, &str)] = &[
     ("wrk", "wrk", "benchmarks"),
     ("nginx-light", "nginx", "benchmarks"),
     ("ipvsadm", "ipvsadm", "benchmarks (IPVS baseline)"),
+    ("haproxy", "haproxy", "benchmarks (L4 proxy baseline)"),
 ];
 
 const BPFFS: &str = "/sys/fs/bpf";

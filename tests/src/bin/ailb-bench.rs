@@ -209,7 +209,7 @@ fn program_ids(cg: &CgroupGuard) -> [u64; 3] {
         "bpftool cgroup show",
     );
     let v: serde_json::Value = serde_json::from_str(&out).expect("bpftool json");
-    ["cgroup_inet4_connect", "cgroup_setsockopt", "sock_ops"].map(|t| {
+    ["cgroup_inet4_connect", "cgroup_setsockopt", "cgroup_sock_ops"].map(|t| {
         v.as_array()
             .and_then(|a| a.iter().find(|p| p["attach_type"] == t))
             .and_then(|p| p["id"].as_u64())
