@@ -4,6 +4,8 @@
 
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod datapath;
 pub mod discovery;
+pub mod metrics;
 pub mod policy;

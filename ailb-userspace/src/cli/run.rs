@@ -1,30 +1,22 @@
-//! `ailb run`: the daemon.
+//! `ailb run`: start-up (validate, resolve the cgroup, load or reopen, first tables, attach),
+//! then the daemon loop.
 
-use std::path::{Path, PathBuf};
-
-use anyhow::Context;
-use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info};
-
-use crate::{
-    config::{self, ValidConfig},
-    datapath::{self, Writer},
-    discovery, policy,
+use std::{
+    path::Path,
+    sync::{Arc, RwLock},
+    time::Instant,
 };
 
-fn apply(writer: &mut Writer, cfg: &ValidConfig) -> anyhow::Result<()> {
-    let snapshot = discovery::from_static(cfg);
-    let plan = policy::plan(&snapshot, cfg, &mut policy::PolicyState::default());
-    let report = writer.apply(&plan, cfg)?;
-    info!(
-        generation = report.generation,
-        live_backends = report.live_backends,
-        tables_rebuilt = ?report.tables_rebuilt,
-        retired = report.retired_backends,
-        "tables applied"
-    );
-    Ok(())
-}
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use tracing::info;
+
+use crate::{
+    config::{self, ValidSource},
+    daemon::{http, Daemon, SnapshotSource, StaticSource},
+    datapath::{self, Writer},
+    metrics::{KernelCollector, Metrics},
+};
 
 pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     let cfg = config::load_valid(config_path)?;
@@ -32,60 +24,48 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     if cfg.cgroup == "/" {
         info!("attaching to the cgroup2 root: every process on this host is balanced (deployment mode)");
     }
-    let cgroup = datapath::resolve_cgroup(&cfg.cgroup)?;
-    let opened = datapath::open_or_load(&cfg.bpffs)?;
-    let fresh = opened.attach.is_fresh();
-    // On a fresh start the first tables are written before the programs are attached.
-    let mut writer = Writer::new(opened.maps)?;
-    if let Err(e) = apply(&mut writer, &cfg) {
-        if fresh {
-            let _cleanup = datapath::teardown(&cfg.bpffs);
-        }
-        return Err(e);
-    }
-    if let Err(e) = opened.attach.attach(&cgroup) {
-        let _cleanup = datapath::teardown(&cfg.bpffs);
-        return Err(e.into());
-    }
-    info!(config = %origin, cgroup = %cgroup.display(), bpffs = %cfg.bpffs.display(), fresh, "ailb ready");
-
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
-    rt.block_on(serve(writer, cfg, config_path.map(Path::to_path_buf)))
-}
-
-async fn serve(mut writer: Writer, mut cfg: ValidConfig, path: Option<PathBuf>) -> anyhow::Result<()> {
-    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    // Frees the ids of removed backends once their connections have drained.
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = hup.recv() => {
-                match config::load_valid(path.as_deref()) {
-                    Ok(new) => {
-                        if new.bpffs != cfg.bpffs || new.cgroup != cfg.cgroup {
-                            error!("reload: daemon.bpffs and daemon.cgroup cannot change while running; keeping the old config");
-                            continue;
-                        }
-                        match apply(&mut writer, &new) {
-                            Ok(()) => cfg = new,
-                            Err(e) => error!(error = %format!("{e:#}"), "reload: applying failed; tables may be partly updated, retrying on the next reload"),
-                        }
-                    }
-                    Err(e) => error!(error = %e, "reload: invalid config, keeping the previous one"),
-                }
-            }
-            _ = tick.tick() => {
-                if let Err(e) = writer.reap() {
-                    error!(error = %e, "freeing drained backend ids failed");
-                }
-            }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+    rt.block_on(async move {
+        let source: Box<dyn SnapshotSource> = match &cfg.source {
+            ValidSource::Static => Box::new(StaticSource::new(&cfg)),
+            ValidSource::Nacos(n) => crate::daemon::source::nacos(n, &cfg).await?,
+        };
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
+        let shared = Arc::new(http::Shared { registry, plan: RwLock::new(serde_json::Value::Null) });
+        if let Some(addr) = cfg.listen {
+            http::serve(addr, shared.clone()).await.with_context(|| format!("daemon.listen {addr}: cannot bind"))?;
         }
-    }
-    info!("exiting; programs and maps stay pinned and keep routing (fail-static). `ailb teardown` removes them");
-    Ok(())
+
+        let cgroup = datapath::resolve_cgroup(&cfg.cgroup)?;
+        let opened = datapath::open_or_load(&cfg.bpffs)?;
+        let fresh = opened.attach.is_fresh();
+        let writer = Writer::new(opened.maps)?;
+        let bpffs = cfg.bpffs.clone();
+        let mut daemon = Daemon::new(writer, cfg, config_path.map(Path::to_path_buf), source, metrics, Some(shared));
+        // On a fresh start the first tables are written before the programs are attached. With a
+        // registry that cannot be read yet, the model starts unavailable (connects are refused)
+        // and fills in as soon as the registry answers.
+        let first = match daemon.source.discover().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "first discovery read failed; starting with the tables as they are");
+                daemon.metrics.discovery_errors.inc();
+                Default::default()
+            }
+        };
+        if let Err(e) = daemon.apply(&first, Instant::now()) {
+            if fresh {
+                let _cleanup = datapath::teardown(&bpffs);
+            }
+            return Err(e);
+        }
+        if let Err(e) = opened.attach.attach(&cgroup) {
+            let _cleanup = datapath::teardown(&bpffs);
+            return Err(e.into());
+        }
+        info!(config = %origin, cgroup = %cgroup.display(), bpffs = %bpffs.display(), fresh, "ailb ready");
+        daemon.run().await
+    })
 }

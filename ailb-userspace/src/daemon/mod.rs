@@ -1,0 +1,220 @@
+//! The daemon loop: discovery -> policy -> datapath, plus reloads, metrics and fail-static.
+//!
+//! A failed discovery read changes nothing in the kernel (the last good tables keep routing);
+//! the staleness gauge grows and a warning is logged. An answer equal to the last one is not
+//! planned again, so a recovered registry that returns the same fleet causes no table flap.
+
+pub mod http;
+pub mod source;
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+use crate::{
+    config::{self, ValidConfig},
+    datapath::Writer,
+    discovery::Snapshot,
+    metrics::{BackendLabel, Metrics, ModelLabel, ReasonLabel},
+    policy::{self, Plan, PolicyState},
+};
+pub use source::{SnapshotSource, StaticSource};
+
+pub struct Daemon {
+    pub writer: Writer,
+    pub cfg: ValidConfig,
+    pub config_path: Option<PathBuf>,
+    pub source: Box<dyn SnapshotSource>,
+    pub metrics: Metrics,
+    pub shared: Option<Arc<http::Shared>>,
+    policy: PolicyState,
+    last_snapshot: Option<Snapshot>,
+    last_ok: Instant,
+}
+
+/// The JSON served at `/v1/plan` and printed by `ailb explain`.
+pub fn plan_view(plan: &Plan, generation: u64) -> serde_json::Value {
+    let models: serde_json::Map<String, serde_json::Value> = plan
+        .iter()
+        .map(|(name, m)| {
+            let backends: Vec<serde_json::Value> = m
+                .backends
+                .iter()
+                .map(|b| {
+                    serde_json::json!({
+                        "address": b.address.to_string(),
+                        "eligible": b.eligible,
+                        "weight": b.weight,
+                        "cap": b.cap,
+                        "free_memory_mb": b.free_memory_mb,
+                        "reason": b.reason,
+                    })
+                })
+                .collect();
+            let available = m.backends.iter().any(|b| b.eligible);
+            let vips: Vec<String> = m.vips.iter().map(ToString::to_string).collect();
+            (name.clone(), serde_json::json!({ "vips": vips, "available": available, "backends": backends }))
+        })
+        .collect();
+    serde_json::json!({ "generation": generation, "models": models })
+}
+
+impl Daemon {
+    pub fn new(
+        writer: Writer,
+        cfg: ValidConfig,
+        config_path: Option<PathBuf>,
+        source: Box<dyn SnapshotSource>,
+        metrics: Metrics,
+        shared: Option<Arc<http::Shared>>,
+    ) -> Self {
+        Self {
+            writer,
+            cfg,
+            config_path,
+            source,
+            metrics,
+            shared,
+            policy: PolicyState::default(),
+            last_snapshot: None,
+            last_ok: Instant::now(),
+        }
+    }
+
+    /// Plans `snapshot` and writes it. `answered` is when the source's answer arrived.
+    pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
+        let plan = policy::plan(snapshot, &self.cfg, &mut self.policy);
+        let report = self.writer.apply(&plan, &self.cfg)?;
+        self.metrics.applies.inc();
+        self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());
+        for m in &report.tables_rebuilt {
+            self.metrics.table_rebuilds.get_or_create(&ModelLabel { model: m.clone() }).inc();
+        }
+        self.metrics.backend_weight.clear();
+        self.metrics.backend_eligible.clear();
+        self.metrics.excluded.clear();
+        self.metrics.model_available.clear();
+        for (model, mp) in &plan {
+            let available = mp.backends.iter().any(|b| b.eligible);
+            self.metrics.model_available.get_or_create(&ModelLabel { model: model.clone() }).set(available as i64);
+            if !available {
+                warn!(model = %model, "no eligible backend: connections to its VIPs are refused (ECONNREFUSED)");
+            }
+            for b in &mp.backends {
+                let l = BackendLabel { model: model.clone(), backend: b.address.to_string() };
+                self.metrics.backend_weight.get_or_create(&l).set(b.weight as i64);
+                self.metrics.backend_eligible.get_or_create(&l).set(b.eligible as i64);
+                if !b.eligible {
+                    // The reason's first clause ("excluded: gpu_util=...") keeps label values few.
+                    let key = b.reason.split([':', '=']).take(2).collect::<Vec<_>>().join(":");
+                    self.metrics.excluded.get_or_create(&ReasonLabel { reason: key }).inc();
+                }
+            }
+        }
+        if let Some(shared) = &self.shared {
+            if let Ok(mut v) = shared.plan.write() {
+                *v = plan_view(&plan, report.generation);
+            }
+        }
+        info!(
+            generation = report.generation,
+            live_backends = report.live_backends,
+            tables_rebuilt = ?report.tables_rebuilt,
+            retired = report.retired_backends,
+            "tables applied"
+        );
+        Ok(())
+    }
+
+    /// One discovery read; plans and writes only when the answer differs from the last one.
+    async fn refresh(&mut self) {
+        match self.source.discover().await {
+            Ok(snapshot) => {
+                let answered = Instant::now();
+                self.last_ok = answered;
+                self.metrics.discovery_stale_seconds.set(0.0);
+                if self.last_snapshot.as_ref() == Some(&snapshot) {
+                    return;
+                }
+                match self.apply(&snapshot, answered) {
+                    Ok(()) => self.last_snapshot = Some(snapshot),
+                    Err(e) => error!(error = %format!("{e:#}"), "applying the new snapshot failed; retrying on the next read"),
+                }
+            }
+            Err(e) => {
+                self.metrics.discovery_errors.inc();
+                let stale = self.last_ok.elapsed().as_secs_f64();
+                self.metrics.discovery_stale_seconds.set(stale);
+                warn!(error = %e, stale_seconds = stale, "discovery failed; the last good tables stay in the kernel");
+            }
+        }
+    }
+
+    fn reload(&mut self) {
+        let new = match config::load_valid(self.config_path.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                error!(error = %e, "reload: invalid config, keeping the previous one");
+                return;
+            }
+        };
+        if new.bpffs != self.cfg.bpffs || new.cgroup != self.cfg.cgroup || new.listen != self.cfg.listen {
+            error!("reload: daemon.bpffs, daemon.cgroup and daemon.listen cannot change while running; keeping the old config");
+            return;
+        }
+        if let Err(e) = self.source.reconfigure(&new) {
+            error!(error = %e, "reload: discovery settings rejected; keeping the previous config");
+            return;
+        }
+        self.cfg = new;
+        // The config is an input of the plan: plan again even if the fleet did not change.
+        self.last_snapshot = None;
+        info!("config reloaded");
+    }
+
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        // Frees the ids of removed backends once drained, and keeps the staleness gauge current.
+        let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+        // The static source is read at start and on reload only.
+        const NEVER: Duration = Duration::from_secs(86_400);
+        let mut next_read = tokio::time::Instant::now();
+        loop {
+            let poll = self.source.poll_interval();
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_read) => {
+                    self.refresh().await;
+                    next_read = tokio::time::Instant::now() + poll.unwrap_or(NEVER);
+                }
+                _ = self.source.changed() => {
+                    self.refresh().await;
+                    next_read = tokio::time::Instant::now() + poll.unwrap_or(NEVER);
+                }
+                _ = hup.recv() => {
+                    self.reload();
+                    next_read = tokio::time::Instant::now();
+                }
+                _ = housekeeping.tick() => {
+                    if let Err(e) = self.writer.reap() {
+                        error!(error = %e, "freeing drained backend ids failed");
+                    }
+                    if poll.is_some() {
+                        self.metrics.discovery_stale_seconds.set(self.last_ok.elapsed().as_secs_f64());
+                    }
+                }
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        info!("exiting; programs and maps stay pinned and keep routing (fail-static). `ailb teardown` removes them");
+        Ok(())
+    }
+}
