@@ -1,5 +1,6 @@
 //! Command line: one file per subcommand.
 
+pub mod explain;
 pub mod run;
 pub mod status;
 
@@ -37,6 +38,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Why each backend of a model has its weight, and which backend a conversation gets now.
+    Explain {
+        #[arg(long)]
+        model: String,
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Memory hint (MB) for the conversation's pick, as AILB_REQUIRED_MEMORY_MB would give.
+        #[arg(long, default_value_t = 0)]
+        memory_mb: u32,
+        /// The daemon's config (for daemon.listen and daemon.bpffs).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The daemon's HTTP endpoint (overrides the config's daemon.listen).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        #[arg(long)]
+        bpffs: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the kernel's hash of a conversation id (what `setsockopt(SOL_AILB, AILB_CONVERSATION)` stores).
     Hash { conversation: String },
     /// Detach every program and remove every pin (the directory too).
@@ -59,6 +80,12 @@ pub fn main() -> ExitCode {
             })
             .map_err(anyhow::Error::from),
         Command::Status { bpffs, json } => status::status(&bpffs, json),
+        Command::Explain { model, conversation, memory_mb, config, listen, bpffs, json } => (|| {
+            let cfg = config.as_deref().map(|p| config::load_valid(Some(p))).transpose()?;
+            let listen = listen.or(cfg.as_ref().and_then(|c| c.listen));
+            let bpffs = bpffs.or(cfg.as_ref().map(|c| c.bpffs.clone())).unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS));
+            explain::explain(listen, &bpffs, &model, conversation.as_deref(), memory_mb, json)
+        })(),
         Command::Hash { conversation } => {
             println!("{:#018x}", ailb_common::hash::conversation_hash(conversation.as_bytes()));
             Ok(())

@@ -4,7 +4,6 @@
 use std::{
     path::Path,
     sync::{Arc, RwLock},
-    time::Instant,
 };
 
 use anyhow::Context;
@@ -48,14 +47,14 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         // registry that cannot be read yet, the model starts unavailable (connects are refused)
         // and fills in as soon as the registry answers.
         let first = match daemon.source.discover().await {
-            Ok(s) => s,
+            Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "first discovery read failed; starting with the tables as they are");
                 daemon.metrics.discovery_errors.inc();
-                Default::default()
+                None
             }
         };
-        if let Err(e) = daemon.apply(&first, Instant::now()) {
+        if let Err(e) = daemon.start(first, fresh) {
             if fresh {
                 let _cleanup = datapath::teardown(&bpffs);
             }

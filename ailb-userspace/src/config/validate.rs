@@ -47,7 +47,7 @@ pub struct ValidModel {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ValidSource {
     Static,
-    Nacos(crate::discovery::nacos::ValidNacos),
+    Nacos(Box<crate::discovery::nacos::ValidNacos>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,7 +210,7 @@ impl Config {
                         "source = \"nacos\" needs a [discovery.nacos] table",
                     ));
                 };
-                ValidSource::Nacos(n.validate()?)
+                ValidSource::Nacos(Box::new(n.validate()?))
             }
         };
         let listen = d

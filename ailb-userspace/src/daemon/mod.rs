@@ -132,6 +132,24 @@ impl Daemon {
         Ok(())
     }
 
+    /// The first plan at start-up (before the programs attach). `None`: the source could not be
+    /// read. Then a restarted daemon leaves the pinned tables exactly as they are (fail-static),
+    /// and a fresh one writes the catalog with no backends, so that connects to the VIPs are
+    /// refused (ECONNREFUSED) instead of going to the VIP address itself.
+    pub fn start(&mut self, first: Option<Snapshot>, fresh: bool) -> anyhow::Result<()> {
+        if first.is_none() && !fresh {
+            return Ok(());
+        }
+        let answered = Instant::now();
+        let snapshot = first.clone().unwrap_or_default();
+        self.apply(&snapshot, answered)?;
+        if first.is_some() {
+            self.last_snapshot = first;
+            self.last_ok = answered;
+        }
+        Ok(())
+    }
+
     /// One discovery read; plans and writes only when the answer differs from the last one.
     async fn refresh(&mut self) {
         match self.source.discover().await {
@@ -144,7 +162,9 @@ impl Daemon {
                 }
                 match self.apply(&snapshot, answered) {
                     Ok(()) => self.last_snapshot = Some(snapshot),
-                    Err(e) => error!(error = %format!("{e:#}"), "applying the new snapshot failed; retrying on the next read"),
+                    Err(e) => {
+                        error!(error = %format!("{e:#}"), "applying the new snapshot failed; retrying on the next read")
+                    }
                 }
             }
             Err(e) => {
@@ -186,7 +206,7 @@ impl Daemon {
         let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
         // The static source is read at start and on reload only.
         const NEVER: Duration = Duration::from_secs(86_400);
-        let mut next_read = tokio::time::Instant::now();
+        let mut next_read = tokio::time::Instant::now() + self.source.poll_interval().unwrap_or(NEVER);
         loop {
             let poll = self.source.poll_interval();
             tokio::select! {

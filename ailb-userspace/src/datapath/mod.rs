@@ -4,6 +4,7 @@
 //! tears everything down.
 
 pub mod cgroup;
+pub mod explain;
 pub mod load;
 pub mod status;
 mod sys;

@@ -1,0 +1,147 @@
+//! Which backend a conversation gets right now, and why: the kernel's own pick
+//! (`ailb_common::pick::pick`) run in userspace over a copy of the pinned maps.
+
+use std::{net::SocketAddrV4, path::Path};
+
+use ailb_common::{
+    hash::conversation_hash,
+    maps,
+    pick::{pick, Outcome, PickMaps, PickRequest},
+    row_index, AffinityKey, Backend, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
+};
+use serde::Serialize;
+
+use super::{
+    map_err,
+    writer::{addr_from_be, model_name},
+    DatapathError, Maps,
+};
+
+#[derive(Debug, Serialize)]
+pub struct ConversationExplain {
+    pub model: String,
+    pub conversation: String,
+    pub hash: String,
+    /// The backend a connection of this conversation gets now (`None`: refused).
+    pub backend: Option<String>,
+    pub outcome: String,
+    pub why: String,
+    /// The affinity entry in the kernel, if any.
+    pub affinity_backend: Option<String>,
+    pub affinity_age_ms: Option<u64>,
+}
+
+struct Copy {
+    backends: Vec<Backend>,
+    inflight: Vec<u64>,
+    row: u32,
+    table: Vec<u32>,
+    members: Vec<u32>,
+}
+
+impl PickMaps for Copy {
+    fn backend(&self, id: u32) -> Option<Backend> {
+        self.backends.get(id as usize).copied()
+    }
+    fn inflight(&self, id: u32) -> u64 {
+        self.inflight.get(id as usize).copied().unwrap_or(0)
+    }
+    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
+        (row == self.row).then(|| self.table.get(index as usize).copied()).flatten()
+    }
+    fn member(&self, row: u32, index: u32) -> Option<u32> {
+        (row == self.row).then(|| self.members.get(index as usize).copied()).flatten()
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    // bpf_ktime_get_ns() is CLOCK_MONOTONIC.
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the valid timespec we pass.
+    #[allow(unsafe_code, reason = "clock_gettime(CLOCK_MONOTONIC) to compare with bpf_ktime_get_ns")]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts)
+    };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn explain_conversation(
+    dir: &Path,
+    model: &str,
+    conversation: &str,
+    required_mem_mb: u32,
+) -> Result<ConversationExplain, DatapathError> {
+    let maps = Maps::open(dir)?;
+    let gc = maps.global_config()?;
+    let mut found = None;
+    for idx in 0..MAX_MODELS {
+        let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
+        if model_name(&st) == model {
+            found = Some((idx, st));
+            break;
+        }
+    }
+    let Some((midx, state)) = found else {
+        return Err(DatapathError::State {
+            path: dir.to_path_buf(),
+            reason: format!("no model named {model:?} in the kernel maps"),
+        });
+    };
+    let slot = *state.active_slot();
+    let row = row_index(midx, state.active);
+    let size = slot.size.min(MAX_TABLE_SIZE) as usize;
+    let mut copy = Copy { backends: Vec::new(), inflight: Vec::new(), row, table: Vec::new(), members: Vec::new() };
+    if size > 0 {
+        copy.table = maps.tables.get(&row, 0).map_err(map_err(maps::TABLES))?.slots[..size].to_vec();
+        let m = maps.members.get(&row, 0).map_err(map_err(maps::MEMBERS))?;
+        copy.members = m.ids[..(slot.members as usize).min(m.ids.len())].to_vec();
+    }
+    for id in 0..MAX_BACKENDS {
+        copy.backends.push(maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?);
+        copy.inflight.push(maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?);
+    }
+    let model_inflight =
+        maps.inflight.get(&(ailb_common::INFLIGHT_MODEL_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?;
+    let hash = conversation_hash(conversation.as_bytes());
+    let affinity = maps.affinity.get(&AffinityKey { model: midx, _pad: 0, conversation: hash }, 0).ok();
+    let now = monotonic_ns();
+    let req = PickRequest {
+        model: midx,
+        hash,
+        has_conversation: true,
+        required_mem_mb,
+        affinity,
+        now_ns: now,
+        model_inflight,
+    };
+    let res = pick(&copy, &state, &gc, &req);
+    let addr = |id: u32| -> Option<SocketAddrV4> {
+        copy.backends.get(id as usize).filter(|_| id != NO_BACKEND).map(|b| addr_from_be(b.addr, b.port))
+    };
+    let why = match res.outcome {
+        Outcome::AffinityHit => "its affinity entry's backend is live, fits and is under its cap".to_string(),
+        Outcome::Primary => format!(
+            "{}the first table slot for its hash is under its load bound",
+            if res.affinity_break { "affinity broken (backend no longer usable); " } else { "no affinity entry; " }
+        ),
+        Outcome::Spill => {
+            "the first probed slot could not take it (load bound, cap or memory hint); a later probe was taken"
+                .to_string()
+        }
+        Outcome::Fallback => "no probed slot qualified; the least loaded member that fits was taken".to_string(),
+        Outcome::NoBackend => "the model has no live backend: connects are refused (ECONNREFUSED)".to_string(),
+        Outcome::NoFit => {
+            "no live backend fits the memory hint or is under its cap: refused (ECONNREFUSED)".to_string()
+        }
+    };
+    Ok(ConversationExplain {
+        model: model.to_string(),
+        conversation: conversation.to_string(),
+        hash: format!("{hash:#018x}"),
+        backend: addr(res.backend).map(|a| a.to_string()),
+        outcome: format!("{:?}", res.outcome),
+        why,
+        affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
+        affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
+    })
+}
