@@ -1,139 +1,246 @@
-//! Pure policy: `(Snapshot, config, previous state) -> per model, per backend
-//! {eligible, weight, cap, reason}`. Deterministic: equal inputs give equal plans whatever
-//! the order of the instances.
+//! Pure policy: `(Snapshot, config, previous state) -> per model, per backend {eligible,
+//! weight, cap, reason, explanation}`. Deterministic: no clock, no randomness; equal inputs
+//! and equal state give equal plans and equal next states, whatever the order of the
+//! instances. The metadata contract it reads is `docs/metadata.md`.
+//!
+//! Per backend, following DESIGN.md (`evaluate`):
+//! 1. model affinity: `model_id` or `supported_models` must name the model (none: trusted from
+//!    the registry service); a pinned `model_version` must match;
+//! 2. resource match: free memory >= the model's `required_memory_mb`;
+//! 3. health: Nacos `enabled` and `healthy`, the agent's `health_status`;
+//! 4. weight `registry x gpu_capability x load x util` where
+//!    `load = 1 / (1 + (current_requests + queue_weight * queue_length) / load_scale)` and
+//!    `util` is `util_down_factor` / 1 / `util_up_factor` by the band of the smoothed
+//!    `gpu_util` (EWMA, bands with hysteresis; `factors`).
+//!
+//! Per model (`weights`): the composed weights become table weights (whole ones as they are,
+//! else scaled to a maximum of 1000), and when the eligible set is unchanged and every
+//! share moved less than `min_weight_change`, the last table weights are emitted again, so
+//! the datapath writer (which skips identical tables) rebuilds nothing.
 
-use std::{collections::BTreeMap, net::SocketAddrV4, time::Duration};
+mod config;
+mod evaluate;
+mod explain;
+mod factors;
+pub mod metadata;
+mod weights;
 
-use serde::Deserialize;
+#[cfg(test)]
+mod tests;
 
-use crate::{
-    config::{ConfigError, ValidConfig, MAX_WEIGHT},
-    discovery::Snapshot,
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddrV4,
+    time::Duration,
 };
 
-/// `[policy]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// Relative weight change below which a model's table is not rebuilt. Default 0.1.
-    #[serde(default = "default_min_change")]
-    pub min_weight_change: f64,
+use serde::{Serialize, Serializer};
+use tracing::{info, warn};
+
+pub use self::{
+    config::{PolicyConfig, MAX_GPU_CAPABILITY},
+    evaluate::MIN_REGISTRY_WEIGHT,
+    explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
+    factors::UtilBand,
+    metadata::InvalidField,
+    weights::WEIGHT_SCALE,
+};
+use crate::{
+    config::ValidConfig,
+    discovery::{Instance, Snapshot},
+};
+
+/// What the policy remembers between plans. The daemon keeps one for its lifetime; a fresh
+/// one (a restart) only loses the smoothing and the last weights.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicyState {
+    /// Per (model, backend) seen in the last plan.
+    backends: BTreeMap<(String, SocketAddrV4), BackendMemory>,
+    /// Per model: the table weights last emitted for its eligible backends.
+    last_weights: BTreeMap<String, BTreeMap<SocketAddrV4, u32>>,
 }
 
-fn default_min_change() -> f64 {
-    0.1
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct BackendMemory {
+    /// EWMA of `gpu_util` (%).
+    pub(crate) util_ewma: Option<f64>,
+    pub(crate) band: UtilBand,
+    /// The report (hash of the metadata map) last taken into the EWMA.
+    pub(crate) last_report: Option<u64>,
+    /// What was last logged: the excluding rule and the invalid keys.
+    logged: Option<(Option<Exclusion>, Vec<&'static str>)>,
 }
 
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self { min_weight_change: default_min_change() }
+impl PolicyState {
+    /// The smoothed GPU utilisation of a backend, if it reported one.
+    pub fn smoothed_util(&self, model: &str, backend: SocketAddrV4) -> Option<f64> {
+        self.backends.get(&(model.to_string(), backend)).and_then(|m| m.util_ewma)
+    }
+
+    /// The table weights last emitted for a model's eligible backends.
+    pub fn last_weights(&self, model: &str) -> Option<&BTreeMap<SocketAddrV4, u32>> {
+        self.last_weights.get(model)
     }
 }
 
-impl PolicyConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(0.0..1.0).contains(&self.min_weight_change) {
-            return Err(ConfigError::invalid("policy.min_weight_change", self.min_weight_change, "must be in [0, 1)"));
-        }
-        Ok(())
-    }
-}
-
-/// What the policy remembers between plans (smoothing, hysteresis, last weights).
-#[derive(Debug, Clone, Default)]
-pub struct PolicyState {}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlannedBackend {
     pub address: SocketAddrV4,
     /// Table weight, 0..=65535 (0 when not eligible).
     pub weight: u32,
+    /// Hard in-flight cap, 0 = none.
     pub cap: u32,
     /// `None`: unknown (fits every memory hint).
     pub free_memory_mb: Option<u32>,
     pub eligible: bool,
+    /// One line: why excluded, or the product that gave the weight.
     pub reason: String,
+    pub explain: BackendExplain,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct ModelPlan {
     pub vips: Vec<SocketAddrV4>,
     /// Sorted by address, so that equal inputs give equal plans whatever their order.
     pub backends: Vec<PlannedBackend>,
+    #[serde(serialize_with = "human_duration")]
     pub affinity_ttl: Option<Duration>,
+    /// At least one eligible backend. When false the kernel refuses connects to the model's
+    /// VIPs with ECONNREFUSED.
+    pub available: bool,
+    /// New weights differed from the last table by less than `min_weight_change`, so the last
+    /// table weights were emitted again.
+    pub weights_held: bool,
+}
+
+fn human_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    d.map(|d| humantime::format_duration(d).to_string()).serialize(s)
 }
 
 /// Model name -> plan.
 pub type Plan = BTreeMap<String, ModelPlan>;
 
-pub fn plan(snapshot: &Snapshot, config: &ValidConfig, _state: &mut PolicyState) -> Plan {
-    let mut plan: Plan = config
-        .models
-        .iter()
-        .map(|(name, m)| {
-            (name.clone(), ModelPlan { vips: m.vips.clone(), backends: Vec::new(), affinity_ttl: m.affinity_ttl })
-        })
-        .collect();
-    for inst in &snapshot.instances {
-        let Some(model) = plan.get_mut(&inst.model) else {
-            continue;
-        };
-        let weight = inst.weight.round().clamp(0.0, MAX_WEIGHT as f64) as u32;
-        let (eligible, reason) = if !inst.healthy {
-            (false, "unhealthy".to_string())
-        } else if !inst.enabled {
-            (false, "disabled".to_string())
-        } else if weight == 0 {
-            (false, "weight 0 (drained)".to_string())
-        } else {
-            (true, format!("healthy, weight {weight}"))
-        };
-        let meta_u32 = |k: &str| inst.metadata.get(k).and_then(|v| v.trim().parse::<u32>().ok());
-        model.backends.push(PlannedBackend {
-            address: inst.address,
-            weight: if eligible { weight } else { 0 },
-            cap: meta_u32("max_inflight").unwrap_or(0),
-            free_memory_mb: meta_u32("remaining_memory_mb"),
-            eligible,
-            reason,
+fn addr_key(a: &SocketAddrV4) -> (u32, u16) {
+    (u32::from(*a.ip()), a.port())
+}
+
+/// A total order on instances, so that the one kept among duplicates of an address does not
+/// depend on the order of the registry's answer.
+fn instance_order(a: &Instance, b: &Instance) -> std::cmp::Ordering {
+    (&a.service, &a.group, &a.cluster, !a.enabled, !a.healthy)
+        .cmp(&(&b.service, &b.group, &b.cluster, !b.enabled, !b.healthy))
+        .then_with(|| a.weight.total_cmp(&b.weight))
+        .then_with(|| a.metadata.cmp(&b.metadata))
+}
+
+pub fn plan(snapshot: &Snapshot, config: &ValidConfig, state: &mut PolicyState) -> Plan {
+    let pc = &config.policy;
+    let mut seen: BTreeSet<(String, SocketAddrV4)> = BTreeSet::new();
+    let mut plan = Plan::new();
+    for (name, vm) in &config.models {
+        // The model's instances by address; duplicates (several services or clusters listing
+        // one address) resolved by `instance_order`.
+        let mut by_addr: BTreeMap<(u32, u16), Vec<&Instance>> = BTreeMap::new();
+        for inst in snapshot.instances.iter().filter(|i| &i.model == name) {
+            by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
+        }
+        let mut evaluated = Vec::with_capacity(by_addr.len());
+        for dups in by_addr.values_mut() {
+            dups.sort_by(|a, b| instance_order(a, b));
+            let inst = dups[0];
+            let protection = snapshot
+                .services
+                .iter()
+                .any(|s| &s.model == name && s.service == inst.service && s.reach_protection_threshold);
+            let key = (name.clone(), inst.address);
+            let mem = state.backends.entry(key.clone()).or_default();
+            let mut ev = evaluate::evaluate(inst, name, vm, protection, pc, mem);
+            if dups.len() > 1 {
+                ev.explain.reasons.push(format!(
+                    "listed {} times; using service {:?} group {:?} cluster {:?}",
+                    dups.len(),
+                    metadata::shorten(&inst.service),
+                    metadata::shorten(&inst.group),
+                    metadata::shorten(&inst.cluster)
+                ));
+            }
+            log_change(name, inst.address, &ev.explain, mem);
+            seen.insert(key);
+            evaluated.push((inst.address, ev));
+        }
+
+        // Table weights for the eligible backends, then the minimum-change rule.
+        let eligible: Vec<usize> =
+            (0..evaluated.len()).filter(|&i| evaluated[i].1.explain.excluded_by.is_none()).collect();
+        let composed: Vec<f64> = eligible.iter().map(|&i| evaluated[i].1.explain.composed).collect();
+        let candidate: BTreeMap<SocketAddrV4, u32> =
+            eligible.iter().map(|&i| evaluated[i].0).zip(weights::quantise(&composed)).collect();
+        // Held: a change was suppressed (an unchanged candidate is simply emitted again).
+        let held = state.last_weights.get(name).is_some_and(|last| {
+            *last != candidate && weights::within_min_change(last, &candidate, pc.min_weight_change)
         });
+        let emitted = if held { state.last_weights[name].clone() } else { candidate.clone() };
+        if emitted.is_empty() {
+            state.last_weights.remove(name);
+        } else {
+            state.last_weights.insert(name.clone(), emitted.clone());
+        }
+
+        let backends = evaluated
+            .into_iter()
+            .map(|(address, ev)| {
+                let mut explain = ev.explain;
+                let weight = emitted.get(&address).copied().unwrap_or(0);
+                explain.candidate_weight = candidate.get(&address).copied().unwrap_or(0);
+                explain.held = held && weight > 0;
+                PlannedBackend {
+                    address,
+                    weight,
+                    cap: explain.cap,
+                    free_memory_mb: ev.free_memory_mb,
+                    eligible: explain.excluded_by.is_none(),
+                    reason: explain.summary(weight),
+                    explain,
+                }
+            })
+            .collect();
+        let mut vips = vm.vips.clone();
+        vips.sort_by_key(addr_key);
+        plan.insert(
+            name.clone(),
+            ModelPlan {
+                vips,
+                backends,
+                affinity_ttl: vm.affinity_ttl,
+                available: !emitted.is_empty(),
+                weights_held: held,
+            },
+        );
     }
-    for m in plan.values_mut() {
-        m.backends.sort_by_key(|b| (u32::from(*b.address.ip()), b.address.port()));
-        m.backends.dedup_by_key(|b| b.address);
-        m.vips.sort_by_key(|v| (u32::from(*v.ip()), v.port()));
-    }
+    // Forget what is gone, so the state stays as large as the fleet.
+    state.backends.retain(|k, _| seen.contains(k));
+    state.last_weights.retain(|m, _| config.models.contains_key(m));
     plan
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{config::Config, discovery::from_static};
-
-    #[test]
-    fn order_of_instances_does_not_matter_and_unhealthy_is_excluded() {
-        let text = r#"
-[[services]]
-model = "m"
-vip = "127.77.0.1:8000"
-[[backends]]
-model = "m"
-address = "127.0.0.12:1"
-weight = 3
-[[backends]]
-model = "m"
-address = "127.0.0.11:1"
-healthy = false
-"#;
-        let cfg = Config::parse(text, "t").unwrap().validate().unwrap();
-        let mut snap = from_static(&cfg);
-        let p1 = plan(&snap, &cfg, &mut PolicyState::default());
-        snap.instances.reverse();
-        assert_eq!(p1, plan(&snap, &cfg, &mut PolicyState::default()));
-        let m = &p1["m"];
-        assert_eq!(m.backends[0].address.to_string(), "127.0.0.11:1");
-        assert!(!m.backends[0].eligible && m.backends[0].weight == 0);
-        assert!(m.backends[1].eligible && m.backends[1].weight == 3);
+/// Logs a backend's exclusion or invalid metadata when it changes (not on every plan).
+fn log_change(model: &str, backend: SocketAddrV4, e: &BackendExplain, mem: &mut BackendMemory) {
+    let now = (e.excluded_by, e.invalid.iter().map(|f| f.key).collect::<Vec<_>>());
+    if mem.logged.as_ref() == Some(&now) {
+        return;
     }
+    for f in &e.invalid {
+        warn!(model, %backend, key = f.key, value = %f.value, reason = %f.reason, effect = f.effect, "invalid metadata");
+    }
+    match e.excluded_by {
+        Some(rule) => {
+            let detail = e.reasons.iter().find(|r| r.starts_with(rule.as_str())).map_or("", String::as_str);
+            warn!(model, %backend, rule = rule.as_str(), detail, "backend excluded");
+        }
+        None if mem.logged.as_ref().is_some_and(|(ex, _)| ex.is_some()) => {
+            info!(model, %backend, "backend eligible again");
+        }
+        None => {}
+    }
+    mem.logged = Some(now);
 }

@@ -1,0 +1,170 @@
+//! Why a backend got its weight: a structured explanation (served as JSON from `/v1/plan`,
+//! printed by `ailb explain`) and the one-line summary in [`super::PlannedBackend::reason`].
+
+use serde::Serialize;
+
+use super::{factors::UtilBand, metadata::InvalidField};
+
+/// The rule that excluded a backend. `as_str` is a stable name for logs and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exclusion {
+    /// `model_id` / `supported_models` do not name the model (or are invalid).
+    ModelId,
+    /// The catalog pins a `model_version` the instance does not report.
+    ModelVersion,
+    /// Free memory below the model's `required_memory_mb`.
+    Memory,
+    /// The model needs memory and the reported free memory is invalid.
+    MemoryInvalid,
+    /// Nacos `enabled = false`.
+    RegistryDisabled,
+    /// Nacos `healthy = false`.
+    RegistryUnhealthy,
+    /// The agent's `health_status` is not healthy (or invalid).
+    HealthStatus,
+    /// Registry weight 0 or below: drained.
+    Drained,
+    /// Registry weight NaN, infinite, below 0.001 or above 65535.
+    RegistryWeight,
+}
+
+impl Exclusion {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Exclusion::ModelId => "model_id",
+            Exclusion::ModelVersion => "model_version",
+            Exclusion::Memory => "memory",
+            Exclusion::MemoryInvalid => "memory_invalid",
+            Exclusion::RegistryDisabled => "registry_disabled",
+            Exclusion::RegistryUnhealthy => "registry_unhealthy",
+            Exclusion::HealthStatus => "health_status",
+            Exclusion::Drained => "drained",
+            Exclusion::RegistryWeight => "registry_weight",
+        }
+    }
+}
+
+/// The load factor and its inputs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadExplain {
+    pub current_requests: Option<f64>,
+    pub queue_length: Option<f64>,
+    pub factor: f64,
+}
+
+/// The GPU-utilisation factor and its inputs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UtilExplain {
+    /// This plan's `gpu_util` (%), when valid.
+    pub sample: Option<f64>,
+    /// The EWMA the band is decided on.
+    pub smoothed: Option<f64>,
+    pub band: UtilBand,
+    pub factor: f64,
+}
+
+/// The memory check.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryExplain {
+    /// Free GPU memory (MiB) when known and valid.
+    pub free_mb: Option<u32>,
+    /// The metadata key it came from.
+    pub key: &'static str,
+    /// The model's `required_memory_mb`.
+    pub required_mb: Option<u32>,
+    /// `None`: not checked (no requirement, or free memory unknown).
+    pub fits: Option<bool>,
+}
+
+/// Everything that went into one backend's weight, for `ailb explain` and `/v1/plan`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackendExplain {
+    /// The registry service that listed the instance.
+    pub service: String,
+    pub gpu_type: Option<String>,
+    /// `None`: not a finite number.
+    pub registry_weight: Option<f64>,
+    /// Nacos returned every instance of the service because too few were healthy; its
+    /// `healthy` flags may have been rewritten to true (Nacos 2.x does).
+    pub protection_threshold: bool,
+    pub gpu_capability: f64,
+    pub load: LoadExplain,
+    pub util: UtilExplain,
+    pub memory: MemoryExplain,
+    /// Registry weight x capability x load x util, before scaling to table weights.
+    pub composed: f64,
+    /// Scaled weight before the minimum-change rule (0 when excluded).
+    pub candidate_weight: u32,
+    /// The model kept its last table weights (every share moved less than `min_weight_change`).
+    pub held: bool,
+    pub cap: u32,
+    /// Metadata values that were refused, and what that did.
+    pub invalid: Vec<InvalidField>,
+    /// One line per decision, in the order taken.
+    pub reasons: Vec<String>,
+    /// The first rule that excluded the backend.
+    pub excluded_by: Option<Exclusion>,
+}
+
+/// A factor for display: up to 3 decimals, trailing zeros dropped (`2`, `0.333`, `1.25`).
+pub(super) fn num(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+impl BackendExplain {
+    /// The one-line summary: why excluded, or the product that gave the weight.
+    pub fn summary(&self, weight: u32) -> String {
+        if let Some(e) = self.excluded_by {
+            // The first reason recorded for the excluding rule carries field and value.
+            let detail = self
+                .reasons
+                .iter()
+                .find(|r| r.starts_with(&format!("{}: ", e.as_str())))
+                .map_or(e.as_str(), |r| r.as_str());
+            return format!("excluded: {detail}");
+        }
+        let gpu = self.gpu_type.as_deref().unwrap_or("gpu_type unknown");
+        let load = match (self.load.current_requests, self.load.queue_length) {
+            (None, None) => "load unknown".to_string(),
+            // An absent count counts as 0 in the formula, and is shown so.
+            (c, q) => format!("load: {} running, {} queued", num(c.unwrap_or(0.0)), num(q.unwrap_or(0.0))),
+        };
+        let util = match (self.util.smoothed, self.util.band) {
+            (None, _) => "util unknown".to_string(),
+            (Some(u), UtilBand::High) => format!("util {}% high", num(u)),
+            (Some(u), UtilBand::Low) => format!("util {}% low", num(u)),
+            (Some(u), UtilBand::Neutral) => format!("util {}%", num(u)),
+        };
+        let held =
+            if self.held { format!(", held (new {} within min change)", self.candidate_weight) } else { String::new() };
+        format!(
+            "eligible: weight {weight}{held} ~ {} = {} (registry) x {} ({gpu}) x {} ({load}) x {} ({util})",
+            num(self.composed),
+            self.registry_weight.map_or("?".to_string(), num),
+            num(self.gpu_capability),
+            num(self.load.factor),
+            num(self.util.factor),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::num;
+
+    #[test]
+    fn numbers_are_short() {
+        assert_eq!(num(2.0), "2");
+        assert_eq!(num(1.0 / 3.0), "0.333");
+        assert_eq!(num(1.25), "1.25");
+        assert_eq!(num(-0.0001), "0");
+        assert_eq!(num(f64::NAN), "NaN");
+    }
+}
