@@ -1,0 +1,338 @@
+//! `[discovery.nacos]`: serde types with documented defaults and their validation.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use reqwest::Url;
+use serde::Deserialize;
+
+use crate::config::{parse_duration, ConfigError};
+
+/// Which Nacos HTTP API reads the instance lists.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NacosApi {
+    /// The v3 client API first; the v1 Open API when a server answers v3 with 404, 405 or 501
+    /// (decided once per server).
+    #[default]
+    Auto,
+    /// `/nacos/v1/ns/instance/list` (Nacos 1.x to 3.1, rnacos and other compatible servers).
+    V1,
+    /// `/nacos/v3/client/ns/instance/list` (Nacos 3.0 and later; 3.2 has no v1 HTTP API).
+    V3,
+}
+
+/// A password: compared and cloned like a string, never printed.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// `[discovery.nacos]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NacosConfig {
+    /// Servers tried in order until one answers, e.g. `["http://10.0.0.5:8848"]`. The path is
+    /// the server's context path; none (or `/`) means the default `/nacos`.
+    pub servers: Vec<String>,
+    /// `"auto"` (default), `"v1"` or `"v3"`.
+    #[serde(default)]
+    pub api: NacosApi,
+    /// Namespace id; default `""`, the `public` namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// Default `"DEFAULT_GROUP"`.
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// Only instances of these clusters; default: all clusters.
+    #[serde(default)]
+    pub clusters: Vec<String>,
+    /// Login user; set both `username` and `password`, or neither (no login).
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// How often every service is read; at least 10ms. Default `"250ms"`.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval: String,
+    /// Per HTTP request, connecting and reading the whole answer. Default `"2s"`.
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    /// Ask for the v1 UDP push (a hint to read again at once). Default on.
+    #[serde(default = "yes")]
+    pub udp_push: bool,
+    /// PEM file with extra CA certificates for `https://` servers (added to the built-in roots).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+fn default_group() -> String {
+    DEFAULT_GROUP.to_string()
+}
+fn default_poll_interval() -> String {
+    "250ms".to_string()
+}
+fn default_timeout() -> String {
+    "2s".to_string()
+}
+fn yes() -> bool {
+    true
+}
+
+/// Nacos' default group.
+pub const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
+/// The shortest accepted poll interval.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// The longest accepted request timeout.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Login credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: Secret,
+}
+
+/// A validated `[discovery.nacos]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidNacos {
+    /// Each server's context root, ending in `/` (`http://h:8848/nacos/`).
+    pub servers: Vec<Url>,
+    pub api: NacosApi,
+    pub namespace: String,
+    pub group: String,
+    pub clusters: Vec<String>,
+    pub credentials: Option<Credentials>,
+    pub poll_interval: Duration,
+    pub timeout: Duration,
+    pub udp_push: bool,
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl NacosConfig {
+    /// A config with every default and these servers.
+    pub fn with_servers<S: Into<String>>(servers: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            servers: servers.into_iter().map(Into::into).collect(),
+            api: NacosApi::Auto,
+            namespace: String::new(),
+            group: default_group(),
+            clusters: Vec::new(),
+            username: None,
+            password: None,
+            poll_interval: default_poll_interval(),
+            timeout: default_timeout(),
+            udp_push: true,
+            tls_ca_file: None,
+        }
+    }
+
+    pub fn validate(&self) -> Result<ValidNacos, ConfigError> {
+        const P: &str = "discovery.nacos";
+        if self.servers.is_empty() {
+            return Err(ConfigError::invalid(format!("{P}.servers"), "[]", "at least one server URL is needed"));
+        }
+        let servers = self
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| server_root(s).map_err(|reason| ConfigError::invalid(format!("{P}.servers[{i}]"), s, reason)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.namespace.len() > 128 || has_control(&self.namespace) {
+            return Err(ConfigError::invalid(
+                format!("{P}.namespace"),
+                &self.namespace,
+                "at most 128 bytes, no control characters",
+            ));
+        }
+        if self.group.is_empty() || self.group.len() > 128 || has_control(&self.group) || self.group.contains("@@") {
+            return Err(ConfigError::invalid(
+                format!("{P}.group"),
+                &self.group,
+                "1 to 128 bytes, no control characters and no \"@@\"",
+            ));
+        }
+        for (i, c) in self.clusters.iter().enumerate() {
+            if c.is_empty() || c.len() > 128 || has_control(c) || c.contains(',') {
+                return Err(ConfigError::invalid(
+                    format!("{P}.clusters[{i}]"),
+                    c,
+                    "1 to 128 bytes, no control characters and no ','",
+                ));
+            }
+        }
+        let credentials = match (&self.username, &self.password) {
+            (None, None) => None,
+            (Some(u), Some(p)) if !u.is_empty() && !has_control(u) => {
+                Some(Credentials { username: u.clone(), password: p.clone() })
+            }
+            (Some(u), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    format!("{P}.username"),
+                    u,
+                    "must be non-empty, no control characters",
+                ))
+            }
+            (Some(u), None) => {
+                return Err(ConfigError::invalid(
+                    format!("{P}.password"),
+                    "",
+                    format!("username {u:?} needs a password"),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(format!("{P}.username"), "", "a password is set without a username"))
+            }
+        };
+        let poll_interval = parse_duration(&format!("{P}.poll_interval"), &self.poll_interval)?;
+        if poll_interval < MIN_POLL_INTERVAL {
+            return Err(ConfigError::invalid(
+                format!("{P}.poll_interval"),
+                &self.poll_interval,
+                "must be at least 10ms",
+            ));
+        }
+        let timeout = parse_duration(&format!("{P}.timeout"), &self.timeout)?;
+        if timeout < Duration::from_millis(10) || timeout > MAX_TIMEOUT {
+            return Err(ConfigError::invalid(format!("{P}.timeout"), &self.timeout, "must be 10ms to 60s"));
+        }
+        if let Some(ca) = &self.tls_ca_file {
+            if !ca.is_absolute() {
+                return Err(ConfigError::invalid(format!("{P}.tls_ca_file"), ca.display(), "must be an absolute path"));
+            }
+        }
+        Ok(ValidNacos {
+            servers,
+            api: self.api,
+            namespace: self.namespace.clone(),
+            group: self.group.clone(),
+            clusters: self.clusters.clone(),
+            credentials,
+            poll_interval,
+            timeout,
+            udp_push: self.udp_push,
+            tls_ca_file: self.tls_ca_file.clone(),
+        })
+    }
+}
+
+fn has_control(s: &str) -> bool {
+    s.chars().any(char::is_control)
+}
+
+/// `http://h:8848` -> `http://h:8848/nacos/`; `https://h/registry` -> `https://h/registry/`.
+fn server_root(s: &str) -> Result<Url, String> {
+    let mut url = Url::parse(s).map_err(|e| format!("expected a URL like \"http://10.0.0.5:8848\" ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("the scheme must be http or https".to_string());
+    }
+    if url.host().is_none() {
+        return Err("a host is needed".to_string());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("no credentials in the URL; use username and password".to_string());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("no query or fragment".to_string());
+    }
+    let path = url.path().trim_end_matches('/');
+    let path = if path.is_empty() { "/nacos/".to_string() } else { format!("{path}/") };
+    url.set_path(&path);
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(c: &NacosConfig) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let v = NacosConfig::with_servers(["http://127.0.0.1:8848"]).validate().unwrap();
+        assert_eq!(v.servers[0].as_str(), "http://127.0.0.1:8848/nacos/");
+        assert_eq!(v.api, NacosApi::Auto);
+        assert_eq!(v.group, "DEFAULT_GROUP");
+        assert_eq!(v.namespace, "");
+        assert_eq!(v.poll_interval, Duration::from_millis(250));
+        assert_eq!(v.timeout, Duration::from_secs(2));
+        assert!(v.udp_push && v.credentials.is_none() && v.clusters.is_empty());
+    }
+
+    #[test]
+    fn context_path() {
+        for (s, want) in [
+            ("http://h:8848/", "http://h:8848/nacos/"),
+            ("http://h:8848/nacos", "http://h:8848/nacos/"),
+            ("https://h/reg/", "https://h/reg/"),
+        ] {
+            assert_eq!(NacosConfig::with_servers([s]).validate().unwrap().servers[0].as_str(), want);
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let e = err(&NacosConfig::with_servers(["http://ok:1", "ftp://h"]));
+        assert!(e.contains("discovery.nacos.servers[1]") && e.contains("scheme"), "{e}");
+        let e = err(&NacosConfig::with_servers(Vec::<String>::new()));
+        assert!(e.contains("discovery.nacos.servers"), "{e}");
+        let e = err(&NacosConfig::with_servers(["http://u:p@h:1"]));
+        assert!(e.contains("credentials"), "{e}");
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.poll_interval = "5ms".into();
+        assert!(err(&c).contains("discovery.nacos.poll_interval"));
+        c.poll_interval = "soon".into();
+        assert!(err(&c).contains("discovery.nacos.poll_interval"));
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.username = Some("nacos".into());
+        assert!(err(&c).contains("discovery.nacos.password"));
+        c.username = None;
+        c.password = Some(Secret::new("x"));
+        assert!(err(&c).contains("discovery.nacos.username"));
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.clusters = vec!["a,b".into()];
+        assert!(err(&c).contains("discovery.nacos.clusters[0]"));
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.group = "a@@b".into();
+        assert!(err(&c).contains("discovery.nacos.group"));
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.timeout = "2m".into();
+        assert!(err(&c).contains("discovery.nacos.timeout"));
+    }
+
+    #[test]
+    fn password_is_never_printed() {
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.username = Some("nacos".into());
+        c.password = Some(Secret::new("hunter2"));
+        let v = c.validate().unwrap();
+        assert!(!format!("{c:?}{v:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn toml_fields() {
+        let c: NacosConfig = toml::from_str(
+            "servers = [\"http://h:8848\"]\napi = \"v3\"\nusername = \"u\"\npassword = \"p\"\nudp_push = false\n",
+        )
+        .unwrap();
+        let v = c.validate().unwrap();
+        assert_eq!(v.api, NacosApi::V3);
+        assert_eq!(v.credentials.unwrap().password.expose(), "p");
+        assert!(toml::from_str::<NacosConfig>("servers = []\nbogus = 1\n").is_err());
+    }
+}
