@@ -80,13 +80,21 @@ impl Metrics {
         registry.register("ailb_applies", "Plans written to the kernel maps", m.applies.clone());
         registry.register("ailb_table_rebuilds", "Table swaps per model", m.table_rebuilds.clone());
         registry.register("ailb_backend_weight", "Table weight written per backend", m.backend_weight.clone());
-        registry.register("ailb_backend_eligible", "1 when the backend is in its model's table", m.backend_eligible.clone());
+        registry.register(
+            "ailb_backend_eligible",
+            "1 when the backend is in its model's table",
+            m.backend_eligible.clone(),
+        );
         registry.register(
             "ailb_backends_excluded",
             "Backends excluded by the policy in the last plan, by reason",
             m.excluded.clone(),
         );
-        registry.register("ailb_model_available", "1 when the model has an eligible backend", m.model_available.clone());
+        registry.register(
+            "ailb_model_available",
+            "1 when the model has an eligible backend",
+            m.model_available.clone(),
+        );
         m
     }
 }
