@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod nacos;
 pub mod status;
 
 use std::io::Read;
