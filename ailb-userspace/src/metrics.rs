@@ -32,6 +32,12 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvalidLabel {
+    pub key: String,
+    pub effect: String,
+}
+
 /// The daemon's own metrics.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -44,6 +50,7 @@ pub struct Metrics {
     pub backend_eligible: Family<BackendLabel, Gauge>,
     pub excluded: Family<ReasonLabel, Gauge>,
     pub model_available: Family<ModelLabel, Gauge>,
+    pub invalid_metadata: Family<InvalidLabel, Gauge>,
 }
 
 impl Metrics {
@@ -61,6 +68,7 @@ impl Metrics {
             backend_eligible: Family::default(),
             excluded: Family::default(),
             model_available: Family::default(),
+            invalid_metadata: Family::default(),
         };
         registry.register(
             "ailb_discovery_errors",
@@ -94,6 +102,11 @@ impl Metrics {
             "ailb_model_available",
             "1 when the model has an eligible backend",
             m.model_available.clone(),
+        );
+        registry.register(
+            "ailb_invalid_metadata",
+            "Invalid metadata values in the last plan, by key and what the policy did (excluded/ignored)",
+            m.invalid_metadata.clone(),
         );
         m
     }

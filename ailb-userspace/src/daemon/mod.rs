@@ -21,7 +21,7 @@ use crate::{
     config::{self, ValidConfig},
     datapath::Writer,
     discovery::Snapshot,
-    metrics::{BackendLabel, Metrics, ModelLabel, ReasonLabel},
+    metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ReasonLabel},
     policy::{self, Plan, PolicyState},
 };
 pub use source::{SnapshotSource, StaticSource};
@@ -54,12 +54,21 @@ pub fn plan_view(plan: &Plan, generation: u64) -> serde_json::Value {
                         "cap": b.cap,
                         "free_memory_mb": b.free_memory_mb,
                         "reason": b.reason,
+                        "explain": b.explain,
                     })
                 })
                 .collect();
-            let available = m.backends.iter().any(|b| b.eligible);
             let vips: Vec<String> = m.vips.iter().map(ToString::to_string).collect();
-            (name.clone(), serde_json::json!({ "vips": vips, "available": available, "backends": backends }))
+            (
+                name.clone(),
+                serde_json::json!({
+                    "vips": vips,
+                    "available": m.available,
+                    "weights_held": m.weights_held,
+                    "affinity_ttl": m.affinity_ttl.map(|t| humantime::format_duration(t).to_string()),
+                    "backends": backends,
+                }),
+            )
         })
         .collect();
     serde_json::json!({ "generation": generation, "models": models })
@@ -100,8 +109,9 @@ impl Daemon {
         self.metrics.backend_eligible.clear();
         self.metrics.excluded.clear();
         self.metrics.model_available.clear();
+        self.metrics.invalid_metadata.clear();
         for (model, mp) in &plan {
-            let available = mp.backends.iter().any(|b| b.eligible);
+            let available = mp.available;
             self.metrics.model_available.get_or_create(&ModelLabel { model: model.clone() }).set(available as i64);
             if !available {
                 warn!(model = %model, "no eligible backend: connections to its VIPs are refused (ECONNREFUSED)");
@@ -110,10 +120,14 @@ impl Daemon {
                 let l = BackendLabel { model: model.clone(), backend: b.address.to_string() };
                 self.metrics.backend_weight.get_or_create(&l).set(b.weight as i64);
                 self.metrics.backend_eligible.get_or_create(&l).set(b.eligible as i64);
-                if !b.eligible {
-                    // The reason's first clause ("excluded: gpu_util=...") keeps label values few.
-                    let key = b.reason.split([':', '=']).take(2).collect::<Vec<_>>().join(":");
-                    self.metrics.excluded.get_or_create(&ReasonLabel { reason: key }).inc();
+                if let Some(ex) = &b.explain.excluded_by {
+                    self.metrics.excluded.get_or_create(&ReasonLabel { reason: ex.as_str().to_string() }).inc();
+                }
+                for f in &b.explain.invalid {
+                    self.metrics
+                        .invalid_metadata
+                        .get_or_create(&InvalidLabel { key: f.key.to_string(), effect: f.effect.to_string() })
+                        .inc();
                 }
             }
         }

@@ -2,7 +2,13 @@
 
 use std::{future::Future, pin::Pin, time::Duration};
 
-use crate::{config::ValidConfig, discovery::Snapshot};
+use crate::{
+    config::ValidConfig,
+    discovery::{
+        nacos::{error_chain, NacosSource, ValidNacos},
+        Snapshot,
+    },
+};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -47,10 +53,44 @@ impl SnapshotSource for StaticSource {
     }
 }
 
-/// The Nacos source (wired in once the client lands).
-pub async fn nacos(
-    _n: &crate::discovery::nacos::ValidNacos,
-    _cfg: &ValidConfig,
-) -> anyhow::Result<Box<dyn SnapshotSource>> {
-    anyhow::bail!("discovery.source = \"nacos\" is not wired into the daemon yet")
+/// `(model, its Nacos services)` of the catalog.
+fn catalog(cfg: &ValidConfig) -> Vec<(String, Vec<String>)> {
+    cfg.models.iter().map(|(name, m)| (name.clone(), m.nacos_services.clone())).collect()
+}
+
+/// The Nacos source: polling plus the v1 UDP push.
+pub struct NacosAdapter {
+    src: NacosSource,
+    cfg: ValidNacos,
+}
+
+impl SnapshotSource for NacosAdapter {
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, String>> {
+        Box::pin(async move { self.src.discover().await.map_err(|e| error_chain(&e)) })
+    }
+    fn changed(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(self.src.changed())
+    }
+    fn poll_interval(&self) -> Option<Duration> {
+        Some(self.src.poll_interval())
+    }
+    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String> {
+        match &cfg.source {
+            crate::config::ValidSource::Nacos(n) if **n == self.cfg => {
+                self.src.set_catalog(&catalog(cfg));
+                Ok(())
+            }
+            crate::config::ValidSource::Nacos(_) => {
+                Err("discovery.nacos settings (servers, credentials, ...) need a restart".into())
+            }
+            crate::config::ValidSource::Static => Err("switching discovery.source needs a restart".into()),
+        }
+    }
+}
+
+/// Connects to Nacos. A refused login or an unreadable CA file stops start-up; unreachable
+/// servers do not (the daemon starts fail-static and keeps reading).
+pub async fn nacos(n: &ValidNacos, cfg: &ValidConfig) -> anyhow::Result<Box<dyn SnapshotSource>> {
+    let src = NacosSource::connect(n, &catalog(cfg)).await.map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+    Ok(Box::new(NacosAdapter { src, cfg: n.clone() }))
 }
