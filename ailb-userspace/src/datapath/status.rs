@@ -148,7 +148,8 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         }
         let slot = *st.active_slot();
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
-        if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
+        // An unavailable model's last table is kept but not used: no backend has a share.
+        if st.flags & MODEL_AVAILABLE != 0 && slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
             let row = maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
             for &id in &row.slots[..slot.size as usize] {
                 *slots.entry(id).or_default() += 1;
