@@ -45,6 +45,10 @@ pub struct TestConfig {
     /// `(model, vip)` pairs.
     pub services: Vec<(String, String)>,
     pub backends: Vec<BackendCfg>,
+    /// `daemon.listen` (the HTTP endpoint), if any.
+    pub listen: Option<String>,
+    /// Raw TOML appended at the end (e.g. `[[models]]`, `[discovery]` and `[policy]` tables).
+    pub extra: String,
 }
 
 impl TestConfig {
@@ -61,6 +65,8 @@ impl TestConfig {
             seed: 0,
             services: Vec::new(),
             backends: Vec::new(),
+            listen: None,
+            extra: String::new(),
         }
     }
 
@@ -85,7 +91,11 @@ impl TestConfig {
     pub fn to_toml(&self) -> String {
         let mut s = String::new();
         let q = quote;
-        let _ = writeln!(s, "[daemon]\nbpffs = {}\ncgroup = {}\n", q(&self.bpffs), q(&self.cgroup));
+        let _ = writeln!(s, "[daemon]\nbpffs = {}\ncgroup = {}", q(&self.bpffs), q(&self.cgroup));
+        if let Some(l) = &self.listen {
+            let _ = writeln!(s, "listen = {}", q(l));
+        }
+        s.push('\n');
         let _ = writeln!(
             s,
             "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\naffinity_ttl = {}\nseed = {}\n",
@@ -118,6 +128,7 @@ impl TestConfig {
             }
             s.push('\n');
         }
+        s.push_str(&self.extra);
         s
     }
 }

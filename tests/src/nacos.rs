@@ -6,6 +6,7 @@
 //!
 //! Nothing sleeps to wait: readiness is polled with a deadline.
 
+use std::path::Path;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},
@@ -102,6 +103,8 @@ impl NacosInstance {
 pub struct RnacosServer {
     child: Child,
     pub http_port: u16,
+    grpc_port: u16,
+    env: Vec<(String, String)>,
     token: Option<String>,
     dir: TempDir,
 }
@@ -132,13 +135,15 @@ impl RnacosServer {
         panic!("rnacos did not become ready in 3 starts of 15s each; last log:\n{last_log}");
     }
 
-    fn try_start(env: &[(&str, &str)]) -> Result<Self, String> {
+    fn spawn(dir: &Path, http_port: u16, grpc_port: u16, env: &[(String, String)]) -> Child {
         let bin = rnacos_bin();
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let (data, cwd) = (dir.path().join("data"), dir.path().join("cwd"));
+        let (data, cwd) = (dir.join("data"), dir.join("cwd"));
         std::fs::create_dir_all(&cwd).unwrap_or_else(|e| panic!("mkdir {}: {e}", cwd.display()));
-        let (http_port, grpc_port) = (free_port(), free_port());
-        let log = std::fs::File::create(dir.path().join("rnacos.log")).unwrap_or_else(|e| panic!("log file: {e}"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("rnacos.log"))
+            .unwrap_or_else(|e| panic!("log file: {e}"));
         let mut cmd = Command::new(&bin);
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("RNACOS_") {
@@ -156,34 +161,62 @@ impl RnacosServer {
             // Readiness is polled by logging in, and failed logins before the admin user exists
             // count against rnacos' per-user login limit (100 a minute): lift it.
             .env("RNACOS_API_LOGIN_ONE_MINUTE_LIMIT", "1000000")
-            .envs(env.iter().copied())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
-        // From here on, dropping `s` kills the child.
-        let mut s = Self { child, http_port, token: None, dir };
-        let auth = env.iter().any(|(k, v)| *k == "RNACOS_ENABLE_OPEN_API_AUTH" && *v == "true");
-        let user = env.iter().find(|(k, _)| *k == "RNACOS_INIT_ADMIN_USERNAME").map_or("admin", |(_, v)| v);
-        let pass = env.iter().find(|(k, _)| *k == "RNACOS_INIT_ADMIN_PASSWORD").map_or("admin", |(_, v)| v);
-        // Ready when a login answers with a token (it goes through raft, so naming writes work too).
-        let deadline = Instant::now() + Duration::from_secs(15);
+        cmd.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()))
+    }
+
+    /// Polls until a login answers with a token (it goes through raft, so naming writes work
+    /// too), or returns the log tail after `timeout`.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let env = &self.env;
+        let auth = env.iter().any(|(k, v)| k == "RNACOS_ENABLE_OPEN_API_AUTH" && v == "true");
+        let user = env.iter().find(|(k, _)| k == "RNACOS_INIT_ADMIN_USERNAME").map_or("admin", |(_, v)| v).to_string();
+        let pass = env.iter().find(|(k, _)| k == "RNACOS_INIT_ADMIN_PASSWORD").map_or("admin", |(_, v)| v).to_string();
+        let deadline = Instant::now() + timeout;
         let token = loop {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("rnacos exited at start-up ({status}); log:\n{}", s.log_tail());
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("rnacos exited at start-up ({status}); log:\n{}", self.log_tail());
             }
-            if let Some(t) = s.login(user, pass) {
+            if let Some(t) = self.login(&user, &pass) {
                 break t;
             }
             if Instant::now() >= deadline {
-                return Err(s.log_tail());
+                return Err(self.log_tail());
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        if auth {
-            s.token = Some(token);
-        }
+        self.token = auth.then_some(token);
+        Ok(())
+    }
+
+    fn try_start(env: &[(&str, &str)]) -> Result<Self, String> {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let (http_port, grpc_port) = (free_port(), free_port());
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let child = Self::spawn(dir.path(), http_port, grpc_port, &env);
+        // From here on, dropping `s` kills the child.
+        let mut s = Self { child, http_port, grpc_port, env, token: None, dir };
+        s.wait_ready(Duration::from_secs(15))?;
         Ok(s)
+    }
+
+    /// Kills the server (by pid) and reaps it: a registry outage.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same ports with the same data directory (persistent
+    /// instances survive) and waits until it is ready.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = Self::spawn(self.dir.path(), self.http_port, self.grpc_port, &self.env);
+        if let Err(log) = self.wait_ready(Duration::from_secs(30)) {
+            panic!("rnacos did not come back on port {} within 30s; log:\n{log}", self.http_port);
+        }
     }
 
     /// `http://127.0.0.1:<port>`.
