@@ -42,6 +42,7 @@ pub struct InvalidLabel {
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub discovery_errors: Counter,
+    pub discovery_dropped: Counter,
     pub discovery_stale_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub propagation_seconds: Histogram,
     pub applies: Counter,
@@ -57,6 +58,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self {
             discovery_errors: Counter::default(),
+            discovery_dropped: Counter::default(),
             discovery_stale_seconds: Gauge::default(),
             // 1 ms .. ~16 s
             propagation_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -74,6 +76,11 @@ impl Metrics {
             "ailb_discovery_errors",
             "Discovery reads that failed (the last good tables stay)",
             m.discovery_errors.clone(),
+        );
+        registry.register(
+            "ailb_discovery_dropped_instances",
+            "Registry instances dropped because their entry was unusable (bad ip, port, types)",
+            m.discovery_dropped.clone(),
         );
         registry.register(
             "ailb_discovery_stale_seconds",

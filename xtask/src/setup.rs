@@ -35,6 +35,7 @@ pub(crate) fn setup() -> Result<()> {
     let mut r = Report { done: vec![], present: vec![], skipped: vec![] };
     rust_components(&mut r)?;
     bpf_linker(&mut r)?;
+    rnacos(&mut r)?;
     apt_tools(&mut r)?;
     bpffs(&mut r)?;
 
@@ -87,6 +88,30 @@ fn bpf_linker_works() -> Option<String> {
     })?;
     let out = util::probe(&bin, &["--version"])?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The rnacos version the Nacos tests ran against (a Nacos-compatible server, HTTP Open API).
+const RNACOS_VERSION: &str = "0.8.8";
+
+/// rnacos for the Nacos integration tests: reused when installed (building it takes 10 to 25
+/// minutes on 2 cores), else `cargo install rnacos --version 0.8.8 --locked`.
+fn rnacos(r: &mut Report) -> Result<()> {
+    let installed = util::which("rnacos").or_else(|| {
+        let p = home().ok()?.join(".cargo/bin/rnacos");
+        p.is_file().then_some(p)
+    });
+    if let Some(bin) = installed {
+        r.present.push(format!("rnacos ({})", bin.display()));
+        return Ok(());
+    }
+    let step = crate::util::Step::start(format!(
+        "building rnacos {RNACOS_VERSION} (Nacos-compatible server for the tests; 10-25 min on 2 cores, once)"
+    ));
+    util::run(util::cargo().args(["install", "rnacos", "--version", RNACOS_VERSION, "--locked"]))
+        .context("cargo install rnacos")?;
+    step.done();
+    r.done.push(format!("installed rnacos {RNACOS_VERSION}"));
+    Ok(())
 }
 
 fn home() -> Result<PathBuf> {

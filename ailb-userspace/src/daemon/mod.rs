@@ -166,7 +166,13 @@ impl Daemon {
 
     /// One discovery read; plans and writes only when the answer differs from the last one.
     async fn refresh(&mut self) {
-        match self.source.discover().await {
+        let result = self.source.discover().await;
+        let dropped = self.source.dropped_total();
+        let seen = self.metrics.discovery_dropped.get();
+        if dropped > seen {
+            self.metrics.discovery_dropped.inc_by(dropped - seen);
+        }
+        match result {
             Ok(snapshot) => {
                 let answered = Instant::now();
                 self.last_ok = answered;

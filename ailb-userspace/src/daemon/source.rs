@@ -23,6 +23,10 @@ pub trait SnapshotSource: Send {
     fn poll_interval(&self) -> Option<Duration>;
     /// Takes the discovery settings of a reloaded config.
     fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String>;
+    /// Instances dropped so far because the registry's answer for them was unusable.
+    fn dropped_total(&self) -> u64 {
+        0
+    }
 }
 
 /// The config's `[[backends]]`.
@@ -73,6 +77,9 @@ impl SnapshotSource for NacosAdapter {
     }
     fn poll_interval(&self) -> Option<Duration> {
         Some(self.src.poll_interval())
+    }
+    fn dropped_total(&self) -> u64 {
+        self.src.dropped_total()
     }
     fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String> {
         match &cfg.source {
