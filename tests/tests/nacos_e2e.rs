@@ -189,3 +189,37 @@ fn nacos_changes_reach_the_kernel_and_an_outage_keeps_the_tables() {
         "recovery rebuilt a table although the fleet is unchanged"
     );
 }
+
+/// `ailb run` against a Nacos with auth on and a wrong password stops at start-up with an
+/// error naming the server and the refusal, and pins nothing.
+#[test]
+fn a_wrong_nacos_password_stops_the_daemon_at_start_up() {
+    let bin = preflight();
+    let nacos = RnacosServer::start_with(&[
+        ("RNACOS_ENABLE_OPEN_API_AUTH", "true"),
+        ("RNACOS_INIT_ADMIN_USERNAME", "ailb"),
+        ("RNACOS_INIT_ADMIN_PASSWORD", "s3cret-pw"),
+    ]);
+    let cg = CgroupGuard::new("nacos-auth");
+    let mut cfg = base_config("nacos-auth", &cg);
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n[discovery]\nsource = \"nacos\"\n\
+         [discovery.nacos]\nservers = [\"{}\"]\nusername = \"ailb\"\npassword = \"not-the-password\"\n",
+        nacos.url()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ailb.toml");
+    std::fs::write(&path, cfg.to_toml()).expect("write config");
+    let out = ailb_tests::run_cmd(
+        std::process::Command::new(&bin).arg("run").arg("--config").arg(&path),
+        Duration::from_secs(30),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ailb run must fail with a wrong password; stderr:\n{stderr}");
+    assert!(
+        stderr.contains("login") && stderr.contains(&nacos.url().replace("http://", "")),
+        "the error names the login and the server: {stderr}"
+    );
+    assert!(!stderr.contains("not-the-password"), "the password must not be printed: {stderr}");
+    assert!(!std::path::Path::new(&cfg.bpffs).exists(), "nothing may be pinned after a failed start");
+}
