@@ -65,7 +65,8 @@ pub struct NacosConfig {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<Secret>,
-    /// How often every service is read; at least 10ms. Default `"250ms"`.
+    /// How often every service is read; at least 10ms. Default `"100ms"`: with one small HTTP
+    /// read per service it keeps metadata propagation p99 near 100 ms (the goal is <= 250 ms).
     #[serde(default = "default_poll_interval")]
     pub poll_interval: String,
     /// Per HTTP request, connecting and reading the whole answer. Default `"2s"`.
@@ -83,7 +84,7 @@ fn default_group() -> String {
     DEFAULT_GROUP.to_string()
 }
 fn default_poll_interval() -> String {
-    "250ms".to_string()
+    "100ms".to_string()
 }
 fn default_timeout() -> String {
     "2s".to_string()
@@ -269,7 +270,7 @@ mod tests {
         assert_eq!(v.api, NacosApi::Auto);
         assert_eq!(v.group, "DEFAULT_GROUP");
         assert_eq!(v.namespace, "");
-        assert_eq!(v.poll_interval, Duration::from_millis(250));
+        assert_eq!(v.poll_interval, Duration::from_millis(100));
         assert_eq!(v.timeout, Duration::from_secs(2));
         assert!(v.udp_push && v.credentials.is_none() && v.clusters.is_empty());
     }
