@@ -55,6 +55,8 @@ pub struct Writer {
     retired: HashMap<(u32, SocketAddrV4), u32>,
     /// Active table and members per model index, as last written or read back.
     tables: HashMap<u32, (Vec<u32>, Vec<u32>)>,
+    /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
+    built: HashMap<u32, Vec<MaglevBackend>>,
     generation: u64,
 }
 
@@ -69,6 +71,7 @@ impl Writer {
             written: HashMap::new(),
             retired: HashMap::new(),
             tables: HashMap::new(),
+            built: HashMap::new(),
         };
         for idx in 0..MAX_MODELS {
             let st = w.maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
@@ -239,6 +242,7 @@ impl Writer {
         for (name, idx) in gone {
             self.maps.models.set(idx, ModelState::default(), 0).map_err(map_err(maps::MODELS))?;
             self.tables.remove(&idx);
+            self.built.remove(&idx);
             self.models.remove(&name);
             info!(model = %name, "model removed");
         }
@@ -293,6 +297,20 @@ impl Writer {
                 info!(model = name, "no live backend: connections to its VIPs are refused");
             }
             self.tables.remove(&midx);
+            self.built.remove(&midx);
+            return Ok(());
+        }
+        if st.affinity_ttl_ns != affinity_ttl_ns && st.flags & MODEL_AVAILABLE != 0 {
+            // Only the TTL changed: one update of the model entry, no table swap.
+            st.affinity_ttl_ns = affinity_ttl_ns;
+            self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
+        }
+        // Same builder inputs as the table in the kernel: nothing to build or write.
+        if st.flags & MODEL_AVAILABLE != 0
+            && self.tables.contains_key(&midx)
+            && self.built.get(&midx).is_some_and(|b| b.as_slice() == members)
+        {
+            debug!(model = name, "table inputs unchanged");
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -300,14 +318,10 @@ impl Writer {
         let table =
             maglev::build(members, size).map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
         let built = started.elapsed();
-        if st.affinity_ttl_ns != affinity_ttl_ns && st.flags & MODEL_AVAILABLE != 0 {
-            // Only the TTL changed: one update of the model entry, no table swap.
-            st.affinity_ttl_ns = affinity_ttl_ns;
-            self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
-        }
         let unchanged = self.tables.get(&midx).is_some_and(|(t, m)| *t == table && *m == ids)
             && st.flags & MODEL_AVAILABLE != 0
             && st.active_slot().total_weight == total_weight;
+        self.built.insert(midx, members.to_vec());
         if unchanged {
             debug!(model = name, "table unchanged");
             return Ok(());
