@@ -9,3 +9,4 @@ pub mod datapath;
 pub mod discovery;
 pub mod metrics;
 pub mod policy;
+pub mod telemetry;

@@ -1,0 +1,30 @@
+//! Telemetry of one GPU node, read by `ailb agent`: NVML (GPU memory and utilisation) and the
+//! model server's Prometheus metrics (running / waiting requests, KV-cache usage) and health.
+//! Sources are async only at their I/O edge; the types here are plain data.
+
+/// One GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub memory_total_mb: u64,
+    pub memory_free_mb: u64,
+    pub memory_used_mb: u64,
+    /// GPU utilisation, 0..=100 %.
+    pub util_pct: u32,
+}
+
+/// What a model server's metrics and health endpoint said.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct ServerSample {
+    /// Requests being processed (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`).
+    pub running: Option<f64>,
+    /// Requests waiting (vLLM `vllm:num_requests_waiting`, SGLang `sglang:num_queue_reqs`).
+    pub waiting: Option<f64>,
+    /// KV-cache usage 0..=1 (vLLM `vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
+    /// SGLang `sglang:token_usage`).
+    pub kv_cache_usage: Option<f64>,
+    /// Whether the health endpoint answered 2xx.
+    pub healthy: bool,
+}
