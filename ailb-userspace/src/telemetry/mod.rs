@@ -2,6 +2,13 @@
 //! model server's Prometheus metrics (running / waiting requests, KV-cache usage) and health.
 //! Sources are async only at their I/O edge; the types here are plain data.
 
+mod error;
+mod exposition;
+pub mod model_server;
+pub mod nvml;
+
+pub use error::TelemetryError;
+
 /// One GPU as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct GpuSample {
