@@ -125,6 +125,24 @@ fn inflight_add(index: u32, delta: u64) {
     }
 }
 
+/// This socket's `AILB_SOCK` entry, created (zeroed) when absent; `None` when the kernel
+/// cannot allocate it.
+///
+/// # Safety
+/// `sk` must be the program context's full socket (PTR_TO_SOCKET).
+#[inline(always)]
+unsafe fn sock_state_create(sk: *mut c_void) -> Option<&'static mut SockState> {
+    // SAFETY: the map pointer is the address of the BTF map definition, which the loader
+    // relocates to the map; `sk` is valid per this function's contract.
+    let p = unsafe {
+        bpf_sk_storage_get(addr_of!(AILB_SOCK) as *mut c_void, sk, ptr::null_mut(), BPF_SK_STORAGE_GET_F_CREATE.into())
+    }
+    .cast::<SockState>();
+    // SAFETY: a non-null sk_storage value of this socket, valid for the program run; only this
+    // socket's hooks touch it and they run under the socket lock.
+    (!p.is_null()).then(|| unsafe { &mut *p })
+}
+
 /// Removes a counted socket from the backend and model in-flight counters.
 #[inline(always)]
 fn uncount(sock: &mut SockState) {
@@ -255,23 +273,10 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
     let service = unsafe { ptr::read(service) };
 
-    // SAFETY: `sk` in bpf_sock_addr is a valid full socket (PTR_TO_SOCKET); the map pointer
-    // is the address of the BTF map definition, which the loader relocates to the map.
-    let sock = unsafe {
-        bpf_sk_storage_get(
-            addr_of!(AILB_SOCK) as *mut c_void,
-            sa.__bindgen_anon_1.sk.cast(),
-            ptr::null_mut(),
-            BPF_SK_STORAGE_GET_F_CREATE.into(),
-        )
-    }
-    .cast::<SockState>();
-    if sock.is_null() {
+    // SAFETY: `sk` in bpf_sock_addr is a valid full socket (PTR_TO_SOCKET).
+    let Some(sock) = (unsafe { sock_state_create(sa.__bindgen_anon_1.sk.cast()) }) else {
         return refuse(ENOMEM);
-    }
-    // SAFETY: non-null sk_storage value of this socket; only this socket's hooks touch it and
-    // they run under the socket lock.
-    let sock = unsafe { &mut *sock };
+    };
 
     let model = if service.flags & SERVICE_SHARED != 0 {
         if sock.flags & SOCK_HAS_MODEL == 0 {
@@ -472,22 +477,10 @@ fn try_setsockopt(ctx: &SockoptContext) -> i32 {
         _ => return bad_sockopt(ENOPROTOOPT),
     };
 
-    // SAFETY: `sk` in bpf_sockopt is a valid full socket; the map pointer is the BTF map
-    // definition that the loader relocates.
-    let sock = unsafe {
-        bpf_sk_storage_get(
-            addr_of!(AILB_SOCK) as *mut c_void,
-            so.__bindgen_anon_1.sk.cast(),
-            ptr::null_mut(),
-            BPF_SK_STORAGE_GET_F_CREATE.into(),
-        )
-    }
-    .cast::<SockState>();
-    if sock.is_null() {
+    // SAFETY: `sk` in bpf_sockopt is a valid full socket.
+    let Some(sock) = (unsafe { sock_state_create(so.__bindgen_anon_1.sk.cast()) }) else {
         return refuse(ENOMEM);
-    }
-    // SAFETY: non-null sk_storage value of this socket, used under the socket lock.
-    let sock = unsafe { &mut *sock };
+    };
     match opt {
         Opt::Conversation(h) => {
             sock.conversation = h;

@@ -18,12 +18,11 @@
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ailb_tests::client::spawn_in_cgroup;
 use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon};
 
 const ROUNDS: usize = 3;
@@ -60,38 +59,22 @@ impl Netns {
         ns
     }
 
-    /// `ip netns exec NS program args...`, optionally moved into `cgroup` before exec.
-    fn command(&self, program: &str, args: &[&str], cgroup: Option<&CgroupGuard>) -> Command {
+    /// `ip netns exec NS program args...`.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name, program]).args(args);
-        if let Some(cg) = cgroup {
-            let procs: File = cg.open_procs();
-            // SAFETY: the closure only calls async-signal-safe functions (getpid, write) on an
-            // fd opened before the fork; it allocates nothing.
-            unsafe {
-                c.pre_exec(move || {
-                    let mut buf = [0u8; 16];
-                    let pid = libc::getpid();
-                    let mut n = pid as u32;
-                    let mut i = buf.len();
-                    loop {
-                        i -= 1;
-                        buf[i] = b'0' + (n % 10) as u8;
-                        n /= 10;
-                        if n == 0 {
-                            break;
-                        }
-                    }
-                    let len = buf.len() - i;
-                    if libc::write(procs.as_raw_fd(), buf[i..].as_ptr().cast(), len) != len as isize {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
         c
     }
+}
+
+/// Runs `cmd` to completion, inside `cgroup` when given (moved in between fork and exec).
+fn output_in(mut cmd: Command, cgroup: Option<&CgroupGuard>) -> std::process::Output {
+    let Some(cg) = cgroup else {
+        return cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    };
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = spawn_in_cgroup(&mut cmd, cg.path());
+    child.wait_with_output().unwrap_or_else(|e| panic!("waiting for {cmd:?}: {e}"))
 }
 
 impl Drop for Netns {
@@ -157,7 +140,7 @@ fn nginx_conf(dir: &Path, name: &str, http: &str) -> PathBuf {
 
 fn start_nginx(ns: &Netns, conf: &Path, what: &str) -> Proc {
     let child = ns
-        .command("nginx", &["-c", conf.to_str().expect("utf-8 path")], None)
+        .command("nginx", &["-c", conf.to_str().expect("utf-8 path")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -169,10 +152,7 @@ fn start_nginx(ns: &Netns, conf: &Path, what: &str) -> Proc {
 fn wrk(ns: &Netns, url: &str, cgroup: Option<&CgroupGuard>) -> (f64, String) {
     let d = format!("{WRK_SECONDS}s");
     let c = WRK_CONNECTIONS.to_string();
-    let out = ns
-        .command("wrk", &["-t1", "-c", &c, "-d", &d, "-H", "Connection: close", url], cgroup)
-        .output()
-        .unwrap_or_else(|e| panic!("running wrk: {e}"));
+    let out = output_in(ns.command("wrk", &["-t1", "-c", &c, "-d", &d, "-H", "Connection: close", url]), cgroup);
     let text = String::from_utf8_lossy(&out.stdout);
     let rps = text
         .lines()
@@ -276,10 +256,7 @@ fn spawn_loop(ns: &Netns, cg: &CgroupGuard, vip: &str, count: usize, convs: usiz
     let c = count.to_string();
     let v = convs.to_string();
     let args = ["--connect-loop", vip, &c, &v, prefix];
-    let out = ns
-        .command(me.to_str().expect("utf-8"), &args, Some(cg))
-        .output()
-        .unwrap_or_else(|e| panic!("connect loop: {e}"));
+    let out = output_in(ns.command(me.to_str().expect("utf-8"), &args), Some(cg));
     assert!(out.status.success(), "connect loop failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -338,7 +315,7 @@ fn main() {
     )
     .expect("write haproxy.cfg");
     let _haproxy = Proc(
-        ns.command("haproxy", &["-db", "-f", hconf.to_str().expect("utf-8 path")], None)
+        ns.command("haproxy", &["-db", "-f", hconf.to_str().expect("utf-8 path")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
