@@ -11,7 +11,9 @@
 
 use std::time::Duration;
 
-use reqwest::{Client, Response, Url};
+/// The URL type of [`ModelServerSource::new`] (reqwest's), re-exported for callers.
+pub use reqwest::Url;
+use reqwest::{Client, Response};
 
 use super::{exposition, ServerSample, TelemetryError};
 
