@@ -2,6 +2,7 @@
 //! `unsafe` is denied everywhere except the raw system calls in `datapath::sys`.
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod daemon;

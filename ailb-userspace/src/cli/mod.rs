@@ -1,5 +1,6 @@
 //! Command line: one file per subcommand.
 
+pub mod agent;
 pub mod explain;
 pub mod run;
 pub mod status;
@@ -60,6 +61,12 @@ enum Command {
     },
     /// Print the kernel's hash of a conversation id (what `setsockopt(SOL_AILB, AILB_CONVERSATION)` stores).
     Hash { conversation: String },
+    /// Run the GPU node agent: register local model-server instances in Nacos and publish
+    /// their telemetry as metadata (SIGTERM drains).
+    Agent {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Detach every program and remove every pin (the directory too).
     Teardown {
         #[arg(long, default_value = DEFAULT_BPFFS)]
@@ -90,6 +97,7 @@ pub fn main() -> ExitCode {
             println!("{:#018x}", ailb_common::hash::conversation_hash(conversation.as_bytes()));
             Ok(())
         }
+        Command::Agent { config } => agent::agent(&config),
         Command::Teardown { bpffs } => crate::datapath::teardown(&bpffs)
             .map(|n| {
                 if n == 0 {

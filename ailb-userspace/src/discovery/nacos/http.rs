@@ -13,6 +13,8 @@ pub const MAX_BODY: usize = 16 * 1024 * 1024;
 pub enum Method {
     Get,
     Post,
+    Put,
+    Delete,
 }
 
 /// One HTTP request. The URL carries the query; `form` is sent url-encoded in the body.
@@ -99,6 +101,8 @@ impl Transport for ReqwestTransport {
         let mut rb = match req.method {
             Method::Get => self.client.get(req.url),
             Method::Post => self.client.post(req.url),
+            Method::Put => self.client.put(req.url),
+            Method::Delete => self.client.delete(req.url),
         };
         for (k, v) in &req.headers {
             rb = rb.header(*k, v);

@@ -1,0 +1,289 @@
+//! What an instance publishes and when: pure functions, no I/O.
+//!
+//! [`Values`] are the dynamic readings of one sample; [`metadata`] turns them and the static
+//! fields into the contract's string map (docs/metadata.md); [`moved`] decides whether a new
+//! sample differs enough from the last published one to be worth a Nacos write.
+
+use std::collections::BTreeMap;
+
+use super::config::{Thresholds, ValidInstance};
+use crate::telemetry::{GpuSample, ServerSample};
+
+/// The agent's version, published as `agent_version`.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One sample of one instance: its GPUs (empty without NVML) and its model server.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeSample {
+    pub gpus: Vec<GpuSample>,
+    pub server: ServerSample,
+}
+
+/// The dynamic values published; `None` is "not known" (the key is left out).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Values {
+    pub free_mb: Option<u64>,
+    pub total_mb: Option<u64>,
+    pub util_pct: Option<f64>,
+    pub running: Option<f64>,
+    pub waiting: Option<f64>,
+    pub kv_cache: Option<f64>,
+    pub healthy: bool,
+    pub draining: bool,
+    /// NVML's name of the first GPU (used when the config names no `gpu_type`).
+    pub gpu_name: Option<String>,
+}
+
+fn finite_nonneg(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite() && *x >= 0.0)
+}
+
+impl Values {
+    /// Memory is summed over the instance's GPUs, utilisation averaged.
+    pub fn from_sample(s: &NodeSample, draining: bool) -> Self {
+        let (free_mb, total_mb, util_pct) = if s.gpus.is_empty() {
+            (None, None, None)
+        } else {
+            let n = s.gpus.len() as f64;
+            (
+                Some(s.gpus.iter().map(|g| g.memory_free_mb).sum()),
+                Some(s.gpus.iter().map(|g| g.memory_total_mb).sum()),
+                Some(s.gpus.iter().map(|g| f64::from(g.util_pct.min(100))).sum::<f64>() / n),
+            )
+        };
+        Self {
+            free_mb,
+            total_mb,
+            util_pct,
+            running: finite_nonneg(s.server.running),
+            waiting: finite_nonneg(s.server.waiting),
+            kv_cache: finite_nonneg(s.server.kv_cache_usage).map(|k| k.min(1.0)),
+            healthy: s.server.healthy,
+            draining,
+            gpu_name: s.gpus.first().map(|g| g.name.clone()).filter(|n| !n.trim().is_empty()),
+        }
+    }
+
+    /// `healthy`, `unhealthy` or `draining`.
+    pub fn health_status(&self) -> &'static str {
+        match (self.draining, self.healthy) {
+            (true, _) => "draining",
+            (false, true) => "healthy",
+            (false, false) => "unhealthy",
+        }
+    }
+
+    /// Running plus waiting requests, when the server reported them.
+    pub fn in_flight(&self) -> Option<f64> {
+        match (self.running, self.waiting) {
+            (None, None) => None,
+            (r, w) => Some(r.unwrap_or(0.0) + w.unwrap_or(0.0)),
+        }
+    }
+}
+
+/// Whether `new` must be published, given the last published `old` (`None`: nothing published
+/// yet). Health, draining and a value appearing or disappearing always count; numbers count
+/// when they moved by at least their threshold.
+pub fn moved(old: Option<&Values>, new: &Values, t: &Thresholds) -> bool {
+    let Some(old) = old else { return true };
+    fn num(a: Option<f64>, b: Option<f64>, th: f64) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => (a - b).abs() >= th,
+            (None, None) => false,
+            _ => true,
+        }
+    }
+    let mb = |v: Option<u64>| v.map(|x| x as f64);
+    old.healthy != new.healthy
+        || old.draining != new.draining
+        || old.gpu_name != new.gpu_name
+        || num(mb(old.free_mb), mb(new.free_mb), t.memory_mb as f64)
+        || num(mb(old.total_mb), mb(new.total_mb), t.memory_mb as f64)
+        || num(old.util_pct, new.util_pct, t.util_pct)
+        || num(old.running, new.running, t.requests)
+        || num(old.waiting, new.waiting, t.requests)
+        || num(old.kv_cache, new.kv_cache, t.kv_cache)
+}
+
+/// A number as the contract reads it: whole numbers without a fraction, else up to 3 decimals.
+fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// GB (= 1024 MiB) rounded *down* to 0.1, so that the article's key never claims more free
+/// memory than `remaining_memory_mb`.
+fn fmt_gb(mb: u64) -> String {
+    let tenths = mb * 10 / 1024;
+    format!("{}.{}", tenths / 10, tenths % 10)
+}
+
+/// The full metadata map of an instance (Nacos replaces the map on every registration).
+pub fn metadata(inst: &ValidInstance, v: &Values, updated_at_ms: u64) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, val: String| {
+        m.insert(k.to_string(), val);
+    };
+    put("model_id", inst.model_id.clone());
+    if let Some(mv) = &inst.model_version {
+        put("model_version", mv.clone());
+    }
+    if let Some(g) = inst.gpu_type.clone().or_else(|| v.gpu_name.clone()) {
+        put("gpu_type", g);
+    }
+    if !inst.supported_tasks.is_empty() {
+        put("supported_tasks", inst.supported_tasks.join(","));
+    }
+    if let Some(free) = v.free_mb {
+        put("remaining_memory_mb", free.to_string());
+        put("remaining_memory", fmt_gb(free));
+    }
+    if let Some(total) = v.total_mb {
+        put("gpu_memory_total_mb", total.to_string());
+    }
+    if let Some(u) = v.util_pct {
+        put("gpu_util", fmt_num(u.clamp(0.0, 100.0)));
+    }
+    if let Some(r) = v.running {
+        put("current_requests", fmt_num(r.min(1e6)));
+    }
+    if let Some(w) = v.waiting {
+        put("queue_length", fmt_num(w.min(1e6)));
+    }
+    if let Some(k) = v.kv_cache {
+        put("kv_cache_usage", fmt_num(k));
+    }
+    put("health_status", v.health_status().to_string());
+    put("updated_at_ms", updated_at_ms.to_string());
+    put("agent_version", AGENT_VERSION.to_string());
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::config::{ServerKind, ValidInstance};
+
+    fn inst() -> ValidInstance {
+        ValidInstance {
+            service: "m".into(),
+            ip: "10.0.0.7".parse().unwrap(),
+            port: 8000,
+            cluster: "DEFAULT".into(),
+            weight: 1.0,
+            model_id: "m".into(),
+            model_version: Some("v1".into()),
+            gpu_type: None,
+            supported_tasks: vec!["chat".into(), "embed".into()],
+            gpus: vec![],
+            metrics_url: "http://127.0.0.1:1/metrics".parse().unwrap(),
+            health_url: "http://127.0.0.1:1/health".parse().unwrap(),
+            server: ServerKind::Vllm,
+            nvml: true,
+        }
+    }
+
+    fn gpu(free: u64, util: u32) -> GpuSample {
+        GpuSample {
+            index: 0,
+            name: "NVIDIA H100".into(),
+            uuid: "GPU-1".into(),
+            memory_total_mb: 81920,
+            memory_free_mb: free,
+            memory_used_mb: 81920 - free,
+            util_pct: util,
+        }
+    }
+
+    fn sample(free: u64, util: u32, running: f64) -> NodeSample {
+        NodeSample {
+            gpus: vec![gpu(free, util)],
+            server: ServerSample {
+                running: Some(running),
+                waiting: Some(0.0),
+                kv_cache_usage: Some(0.25),
+                healthy: true,
+            },
+        }
+    }
+
+    #[test]
+    fn metadata_uses_the_contract_keys_and_units() {
+        let v = Values::from_sample(&sample(12800, 40, 3.0), false);
+        let m = metadata(&inst(), &v, 1234);
+        let get = |k: &str| m.get(k).map(String::as_str);
+        assert_eq!(get("model_id"), Some("m"));
+        assert_eq!(get("model_version"), Some("v1"));
+        assert_eq!(get("gpu_type"), Some("NVIDIA H100"));
+        assert_eq!(get("supported_tasks"), Some("chat,embed"));
+        assert_eq!(get("remaining_memory_mb"), Some("12800"));
+        assert_eq!(get("remaining_memory"), Some("12.5"));
+        assert_eq!(get("gpu_memory_total_mb"), Some("81920"));
+        assert_eq!(get("gpu_util"), Some("40"));
+        assert_eq!(get("current_requests"), Some("3"));
+        assert_eq!(get("queue_length"), Some("0"));
+        assert_eq!(get("kv_cache_usage"), Some("0.25"));
+        assert_eq!(get("health_status"), Some("healthy"));
+        assert_eq!(get("updated_at_ms"), Some("1234"));
+        assert_eq!(get("agent_version"), Some(AGENT_VERSION));
+    }
+
+    #[test]
+    fn the_policy_reads_what_the_agent_writes() {
+        // GB is rounded down: 12.49 GB free must not read as 12.5 GB.
+        assert_eq!(fmt_gb(12_790), "12.4");
+        assert_eq!(fmt_gb(0), "0.0");
+        assert_eq!(fmt_num(2.5), "2.5");
+        assert_eq!(fmt_num(1.0 / 3.0), "0.333");
+    }
+
+    #[test]
+    fn without_gpus_memory_and_util_are_left_out() {
+        let s = NodeSample { gpus: vec![], server: ServerSample { healthy: false, ..Default::default() } };
+        let m = metadata(&inst(), &Values::from_sample(&s, false), 1);
+        assert!(!m.contains_key("remaining_memory") && !m.contains_key("gpu_util") && !m.contains_key("gpu_type"));
+        assert_eq!(m["health_status"], "unhealthy");
+        assert_eq!(metadata(&inst(), &Values::from_sample(&s, true), 1)["health_status"], "draining");
+    }
+
+    #[test]
+    fn only_moves_past_a_threshold_publish() {
+        let t = Thresholds::default();
+        let a = Values::from_sample(&sample(20000, 40, 3.0), false);
+        assert!(moved(None, &a, &t));
+        assert!(!moved(Some(&a), &a, &t));
+        assert!(!moved(Some(&a), &Values::from_sample(&sample(20000 - 511, 44, 3.0), false), &t));
+        assert!(moved(Some(&a), &Values::from_sample(&sample(20000 - 512, 40, 3.0), false), &t));
+        assert!(moved(Some(&a), &Values::from_sample(&sample(20000, 45, 3.0), false), &t));
+        assert!(moved(Some(&a), &Values::from_sample(&sample(20000, 40, 4.0), false), &t));
+        assert!(moved(Some(&a), &Values::from_sample(&sample(20000, 40, 3.0), true), &t));
+        let mut dead = sample(20000, 40, 3.0);
+        dead.server.healthy = false;
+        assert!(moved(Some(&a), &Values::from_sample(&dead, false), &t));
+        let mut gone = sample(20000, 40, 3.0);
+        gone.server.running = None;
+        assert!(moved(Some(&a), &Values::from_sample(&gone, false), &t));
+    }
+
+    #[test]
+    fn slow_drift_is_measured_against_the_last_publish() {
+        // Each step is below the threshold, but they add up against the last published value.
+        let t = Thresholds::default();
+        let last = Values::from_sample(&sample(20000, 40, 3.0), false);
+        let mut published = 0;
+        let mut last_pub = last;
+        for step in 1..=10u32 {
+            let v = Values::from_sample(&sample(20000, 40 + step, 3.0), false);
+            if moved(Some(&last_pub), &v, &t) {
+                published += 1;
+                last_pub = v;
+            }
+        }
+        assert_eq!(published, 2, "40 -> 45 -> 50 with a 5-point threshold");
+    }
+}

@@ -1,0 +1,82 @@
+//! `ailb agent --config FILE`: the GPU node agent (see `crate::agent`). SIGTERM or SIGINT
+//! drains and exits 0.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use axum::{extract::State, http::header, response::IntoResponse, routing::get, Router};
+use prometheus_client::registry::Registry;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::info;
+
+use crate::{
+    agent::{config::AgentConfig, metrics::AgentMetrics, source::ServerSource, Agent},
+    discovery::nacos::http::ReqwestTransport,
+};
+
+async fn metrics(State(r): State<Arc<Registry>>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &r) {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+            .into_response(),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}")).into_response(),
+    }
+}
+
+pub fn agent(config_path: &Path) -> anyhow::Result<()> {
+    let cfg = AgentConfig::load(config_path)?.validate()?;
+    if let Some(i) = cfg.instances.iter().find(|i| i.nvml) {
+        anyhow::bail!(
+            "instance {}: nvml = true, but this build reads no NVML yet; set nvml = false \
+             (memory and utilisation are then not published)",
+            i.name()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
+    rt.block_on(async move {
+        let mut registry = Registry::default();
+        let m = AgentMetrics::new(&mut registry);
+        let registry = Arc::new(registry);
+        if let Some(addr) = cfg.listen {
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listen {addr}: cannot bind"))?;
+            let bound = listener.local_addr()?;
+            let app = Router::new()
+                .route("/metrics", get(metrics))
+                .route("/healthz", get(|| async { "ok\n" }))
+                .with_state(registry.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "agent: http endpoint stopped");
+                }
+            });
+            info!(listen = %bound, "agent: /metrics, /healthz");
+        }
+        let nacos = ReqwestTransport::new(cfg.nacos.timeout, cfg.nacos.tls_ca_file.as_deref())?;
+        // A hung model server must not hold the loop for more than about one interval.
+        let scrape_timeout = cfg.publish_interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let scrape = ReqwestTransport::new(scrape_timeout, None)?;
+        let sources = cfg
+            .instances
+            .iter()
+            .map(|i| ServerSource {
+                transport: scrape.clone(),
+                metrics_url: i.metrics_url.clone(),
+                health_url: i.health_url.clone(),
+                kind: i.server,
+            })
+            .collect();
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => info!("agent: SIGTERM"),
+                _ = int.recv() => info!("agent: SIGINT"),
+            }
+        };
+        info!(instances = cfg.instances.len(), interval = ?cfg.publish_interval, "agent: started");
+        Agent::new(cfg, nacos, sources, m).run(shutdown).await;
+        info!("agent: exiting");
+        anyhow::Ok(())
+    })
+}
