@@ -5,6 +5,7 @@
 //! heartbeat_interval = "5s"    # Nacos beats for ephemeral instances
 //! drain_timeout = "30s"        # SIGTERM: longest wait for in-flight requests to finish
 //! listen = "127.0.0.1:9464"    # the agent's /metrics (optional)
+//! nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"   # optional
 //!
 //! [nacos]                      # the gateway's [discovery.nacos] (poll_interval, udp_push, clusters unused)
 //! servers = ["http://10.0.0.5:8848"]
@@ -26,12 +27,12 @@
 //! supported_tasks = ["chat"]
 //! gpus = [0, 1]                # NVML indices or UUIDs ("GPU-...")
 //! metrics_url = "http://127.0.0.1:8000/metrics"
-//! health_url = "http://127.0.0.1:8000/health"
+//! health_url = "http://127.0.0.1:8000/health"   # optional: default, metrics answering 2xx
 //! server = "vllm"              # or "sglang"
 //! nvml = true                  # false: no NVML; memory and utilisation are not published
 //! ```
 
-use std::{net::Ipv4Addr, net::SocketAddr, time::Duration};
+use std::{net::Ipv4Addr, net::SocketAddr, path::PathBuf, time::Duration};
 
 use reqwest::Url;
 use serde::Deserialize;
@@ -59,6 +60,10 @@ pub struct AgentConfig {
     pub listen: Option<SocketAddr>,
     #[serde(default)]
     pub thresholds: Thresholds,
+    /// The NVML library; default `libnvidia-ml.so.1` on the loader's path. Opened once at
+    /// start-up when any instance has `nvml = true`; missing: a start-up error.
+    #[serde(default)]
+    pub nvml_library: Option<PathBuf>,
     pub instances: Vec<InstanceConfig>,
 }
 
@@ -121,7 +126,9 @@ pub struct InstanceConfig {
     #[serde(default)]
     pub gpus: Vec<GpuRef>,
     pub metrics_url: String,
-    pub health_url: String,
+    /// Health is a 2xx here; default none: health is "the metrics endpoint answered 2xx".
+    #[serde(default)]
+    pub health_url: Option<String>,
     #[serde(default)]
     pub server: ServerKind,
     /// Default true: NVML must be present at start-up.
@@ -157,6 +164,7 @@ pub struct ValidAgent {
     pub drain_timeout: Duration,
     pub listen: Option<SocketAddr>,
     pub thresholds: Thresholds,
+    pub nvml_library: Option<PathBuf>,
     pub instances: Vec<ValidInstance>,
 }
 
@@ -173,7 +181,7 @@ pub struct ValidInstance {
     pub supported_tasks: Vec<String>,
     pub gpus: Vec<GpuRef>,
     pub metrics_url: Url,
-    pub health_url: Url,
+    pub health_url: Option<Url>,
     pub server: ServerKind,
     pub nvml: bool,
 }
@@ -284,7 +292,7 @@ impl AgentConfig {
                 supported_tasks: c.supported_tasks.iter().map(|s| s.trim().to_string()).collect(),
                 gpus: c.gpus.clone(),
                 metrics_url: http_url(&f("metrics_url"), &c.metrics_url)?,
-                health_url: http_url(&f("health_url"), &c.health_url)?,
+                health_url: c.health_url.as_ref().map(|u| http_url(&f("health_url"), u)).transpose()?,
                 server: c.server,
                 nvml: c.nvml,
             });
@@ -296,6 +304,7 @@ impl AgentConfig {
             drain_timeout,
             listen: self.listen,
             thresholds: self.thresholds,
+            nvml_library: self.nvml_library.clone(),
             instances,
         })
     }

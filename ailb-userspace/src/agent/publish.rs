@@ -182,7 +182,7 @@ mod tests {
             supported_tasks: vec!["chat".into(), "embed".into()],
             gpus: vec![],
             metrics_url: "http://127.0.0.1:1/metrics".parse().unwrap(),
-            health_url: "http://127.0.0.1:1/health".parse().unwrap(),
+            health_url: Some("http://127.0.0.1:1/health".parse().unwrap()),
             server: ServerKind::Vllm,
             nvml: true,
         }

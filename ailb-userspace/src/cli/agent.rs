@@ -10,8 +10,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
 use crate::{
-    agent::{config::AgentConfig, metrics::AgentMetrics, source::ServerSource, Agent},
+    agent::{config::AgentConfig, metrics::AgentMetrics, source::NodeSource, Agent},
     discovery::nacos::http::ReqwestTransport,
+    telemetry::{model_server::ModelServerSource, nvml::NvmlSource},
 };
 
 async fn metrics(State(r): State<Arc<Registry>>) -> impl IntoResponse {
@@ -25,13 +26,15 @@ async fn metrics(State(r): State<Arc<Registry>>) -> impl IntoResponse {
 
 pub fn agent(config_path: &Path) -> anyhow::Result<()> {
     let cfg = AgentConfig::load(config_path)?.validate()?;
-    if let Some(i) = cfg.instances.iter().find(|i| i.nvml) {
-        anyhow::bail!(
-            "instance {}: nvml = true, but this build reads no NVML yet; set nvml = false \
-             (memory and utilisation are then not published)",
-            i.name()
-        );
-    }
+    let nvml = match cfg.instances.iter().find(|i| i.nvml) {
+        Some(i) => {
+            let n = NvmlSource::open(cfg.nvml_library.as_deref())
+                .with_context(|| format!("instance {}: nvml = true", i.name()))?;
+            info!(lib = n.lib(), "agent: NVML opened");
+            Some(Arc::new(n))
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
         let mut registry = Registry::default();
@@ -55,17 +58,23 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
         let nacos = ReqwestTransport::new(cfg.nacos.timeout, cfg.nacos.tls_ca_file.as_deref())?;
         // A hung model server must not hold the loop for more than about one interval.
         let scrape_timeout = cfg.publish_interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
-        let scrape = ReqwestTransport::new(scrape_timeout, None)?;
         let sources = cfg
             .instances
             .iter()
-            .map(|i| ServerSource {
-                transport: scrape.clone(),
-                metrics_url: i.metrics_url.clone(),
-                health_url: i.health_url.clone(),
-                kind: i.server,
+            .map(|i| {
+                let server = ModelServerSource::new(
+                    i.metrics_url.clone(),
+                    i.health_url.clone(),
+                    NodeSource::kind(i.server),
+                    scrape_timeout,
+                )?;
+                let nvml = match (&nvml, i.nvml) {
+                    (Some(n), true) => Some((n.clone(), i.gpus.iter().map(NodeSource::selector).collect())),
+                    _ => None,
+                };
+                anyhow::Ok(NodeSource { server, nvml })
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let shutdown = async move {
