@@ -20,6 +20,7 @@ const APT_TOOLS: &[(&str, &str, &str)] = &[
     ("nginx-light", "nginx", "benchmarks"),
     ("ipvsadm", "ipvsadm", "benchmarks (IPVS baseline)"),
     ("haproxy", "haproxy", "benchmarks (L4 proxy baseline)"),
+    ("openssl", "openssl", "certificates for the Nacos TLS test"),
 ];
 
 const BPFFS: &str = "/sys/fs/bpf";
