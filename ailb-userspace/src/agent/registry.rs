@@ -67,6 +67,9 @@ pub struct Registration {
     pub enabled: bool,
 }
 
+/// One request as built per API: method, path under the context root, query, form.
+type Built = (Method, &'static str, Vec<(&'static str, String)>, Vec<(&'static str, String)>);
+
 pub struct Registry<T: Transport> {
     cfg: ValidNacos,
     transport: T,
@@ -113,9 +116,9 @@ impl<T: Transport> Registry<T> {
         form.push(("enabled", reg.enabled.to_string()));
         form.push(("healthy", "true".to_string()));
         form.push(("metadata", meta));
-        self.call("register", Method::Post, |api| match api {
-            Api::V1 => ("v1/ns/instance", Vec::new(), form.clone()),
-            Api::V3 => ("v3/client/ns/instance", Vec::new(), form.clone()),
+        self.call("register", |api| match api {
+            Api::V1 => (Method::Post, "v1/ns/instance", Vec::new(), form.clone()),
+            Api::V3 => (Method::Post, "v3/client/ns/instance", Vec::new(), form.clone()),
         })
         .await
         .map(drop)
@@ -135,16 +138,16 @@ impl<T: Transport> Registry<T> {
         .to_string();
         let base = self.base(inst);
         let (api, body) = self
-            .call("beat", Method::Put, |api| match api {
+            .call("beat", |api| match api {
                 Api::V1 => {
                     let mut q = base.clone();
                     q.push(("beat", beat.clone()));
-                    ("v1/ns/instance/beat", q, Vec::new())
+                    (Method::Put, "v1/ns/instance/beat", q, Vec::new())
                 }
                 Api::V3 => {
                     let mut q = base.clone();
                     q.push(("heartBeat", "true".to_string()));
-                    ("v3/client/ns/instance", q, Vec::new())
+                    (Method::Post, "v3/client/ns/instance", q, Vec::new())
                 }
             })
             .await?;
@@ -160,24 +163,24 @@ impl<T: Transport> Registry<T> {
     /// Removes the instance.
     pub async fn deregister(&mut self, inst: &ValidInstance) -> Result<(), RegistryError> {
         let q = self.base(inst);
-        self.call("deregister", Method::Delete, |api| match api {
-            Api::V1 => ("v1/ns/instance", q.clone(), Vec::new()),
-            Api::V3 => ("v3/client/ns/instance", q.clone(), Vec::new()),
+        self.call("deregister", |api| match api {
+            Api::V1 => (Method::Delete, "v1/ns/instance", q.clone(), Vec::new()),
+            Api::V3 => (Method::Delete, "v3/client/ns/instance", q.clone(), Vec::new()),
         })
         .await
         .map(drop)
     }
 
     /// Sends to the preferred server, failing over in order; answers the API used and the body.
-    async fn call<F>(&mut self, what: &'static str, method: Method, build: F) -> Result<(Api, Vec<u8>), RegistryError>
+    async fn call<F>(&mut self, what: &'static str, build: F) -> Result<(Api, Vec<u8>), RegistryError>
     where
-        F: Fn(Api) -> (&'static str, Vec<(&'static str, String)>, Vec<(&'static str, String)>),
+        F: Fn(Api) -> Built,
     {
         let n = self.servers.len();
         let mut last = None;
         for k in 0..n {
             let i = (self.preferred + k) % n;
-            match self.call_one(i, what, method, &build).await {
+            match self.call_one(i, what, &build).await {
                 Ok(r) => {
                     self.preferred = i;
                     return Ok(r);
@@ -188,22 +191,16 @@ impl<T: Transport> Registry<T> {
         Err(last.unwrap_or(RegistryError::NoServers))
     }
 
-    async fn call_one<F>(
-        &mut self,
-        i: usize,
-        what: &'static str,
-        method: Method,
-        build: &F,
-    ) -> Result<(Api, Vec<u8>), RegistryError>
+    async fn call_one<F>(&mut self, i: usize, what: &'static str, build: &F) -> Result<(Api, Vec<u8>), RegistryError>
     where
-        F: Fn(Api) -> (&'static str, Vec<(&'static str, String)>, Vec<(&'static str, String)>),
+        F: Fn(Api) -> Built,
     {
         let server = self.servers[i].root.to_string();
         let mut relogged = false;
         loop {
             let token = self.token(i).await?;
             let api = self.servers[i].api.unwrap_or(Api::V3);
-            let (path, query, form) = build(api);
+            let (method, path, query, form) = build(api);
             let mut url = self.servers[i].root.join(path).unwrap_or_else(|_| self.servers[i].root.clone());
             {
                 let mut q = url.query_pairs_mut();

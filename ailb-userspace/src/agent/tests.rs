@@ -22,6 +22,8 @@ struct FakeNacos {
     log: Arc<Mutex<Vec<Request>>>,
     down: Arc<AtomicBool>,
     forget: Arc<AtomicBool>,
+    /// Answers the v3 client API (else 404 there, as a v1-only server).
+    v3: Arc<AtomicBool>,
 }
 
 impl FakeNacos {
@@ -49,7 +51,16 @@ impl Transport for FakeNacos {
             return Err(TransportError::Other("connection refused".into()));
         }
         let beat = req.url.path().ends_with("/beat");
+        let v3 = req.url.path().contains("/v3/");
+        let v3_beat = v3 && req.url.query_pairs().any(|(k, v)| k == "heartBeat" && v == "true");
         self.log.lock().unwrap().push(req);
+        if v3 && !self.v3.load(Ordering::SeqCst) {
+            return Ok(Response { status: 404, body: b"not found".to_vec() });
+        }
+        if v3 {
+            let code = if v3_beat && self.forget.load(Ordering::SeqCst) { 21001 } else { 0 };
+            return Ok(Response { status: 200, body: format!(r#"{{"code":{code},"data":"ok"}}"#).into_bytes() });
+        }
         let body = if beat && self.forget.load(Ordering::SeqCst) {
             br#"{"code":20404}"#.to_vec()
         } else if beat {
@@ -91,13 +102,13 @@ fn sampled(free_mb: u64, util: u32, running: f64) -> Sampled {
     }
 }
 
-fn cfg(heartbeat: &str) -> ValidAgent {
+fn cfg(heartbeat: &str, api: &str) -> ValidAgent {
     let c: AgentConfig = toml::from_str(&format!(
         r#"
 heartbeat_interval = "{heartbeat}"
 [nacos]
 servers = ["http://127.0.0.1:8848"]
-api = "v1"
+api = "{api}"
 [[instances]]
 service = "llama"
 ip = "10.0.0.7"
@@ -113,9 +124,13 @@ health_url = "http://127.0.0.1:8000/health"
 }
 
 fn agent(heartbeat: &str) -> (Agent<FakeNacos, FakeTelemetry>, FakeNacos, Arc<Mutex<Sampled>>) {
+    agent_api(heartbeat, "v1")
+}
+
+fn agent_api(heartbeat: &str, api: &str) -> (Agent<FakeNacos, FakeTelemetry>, FakeNacos, Arc<Mutex<Sampled>>) {
     let nacos = FakeNacos::default();
     let tel = Arc::new(Mutex::new(sampled(40_000, 50, 2.0)));
-    let a = Agent::new(cfg(heartbeat), nacos.clone(), vec![FakeTelemetry(tel.clone())], AgentMetrics::default());
+    let a = Agent::new(cfg(heartbeat, api), nacos.clone(), vec![FakeTelemetry(tel.clone())], AgentMetrics::default());
     (a, nacos, tel)
 }
 
@@ -233,5 +248,45 @@ fn drain_disables_then_waits_for_zero_then_deregisters() {
         assert_eq!(del.len(), 1);
         let q: Vec<(String, String)> = del[0].url.query_pairs().into_owned().collect();
         assert!(q.contains(&("ip".into(), "10.0.0.7".into())) && q.contains(&("port".into(), "8000".into())));
+    });
+}
+
+#[test]
+fn v3_registers_and_beats_through_the_client_api() {
+    rt().block_on(async {
+        let (mut a, nacos, _tel) = agent_api("100ms", "v3");
+        nacos.v3.store(true, Ordering::SeqCst);
+        a.tick().await;
+        let reg = nacos.calls(Method::Post, "/v3/client/ns/instance");
+        assert_eq!(reg.len(), 1);
+        assert!(reg[0].form.iter().any(|(k, v)| *k == "ephemeral" && v == "true"));
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        a.tick().await;
+        let posts = nacos.calls(Method::Post, "/v3/client/ns/instance");
+        assert_eq!(posts.len(), 2);
+        assert!(posts[1].url.query_pairs().any(|(k, v)| k == "heartBeat" && v == "true"), "{:?}", posts[1].url);
+        assert_eq!(a.metrics.beats.get(), 1);
+        // A beat refused (instance unknown): registered again.
+        nacos.forget.store(true, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        a.tick().await;
+        a.tick().await;
+        assert_eq!(a.metrics.beat_not_found.get(), 1);
+        assert_eq!(a.metrics.publishes.get(), 2);
+    });
+}
+
+#[test]
+fn auto_falls_back_to_v1_on_a_server_without_v3() {
+    rt().block_on(async {
+        let (mut a, nacos, _tel) = agent_api("60s", "auto");
+        a.tick().await;
+        assert_eq!(nacos.calls(Method::Post, "/v3/client/ns/instance").len(), 1, "v3 tried first");
+        assert_eq!(nacos.registrations().iter().filter(|r| r.url.path().contains("/v1/")).count(), 1);
+        a.tick().await;
+        a.start_drain();
+        a.tick().await;
+        assert_eq!(nacos.calls(Method::Post, "/v3/client/ns/instance").len(), 1, "decided once per server");
+        assert_eq!(a.metrics.publishes.get(), 2);
     });
 }
