@@ -144,3 +144,28 @@ fn agent_survives_a_nacos_outage_and_registers_again() {
     assert_eq!(meta(&nacos, port, "model_id").as_deref(), Some(SERVICE));
     assert!(agent.alive());
 }
+
+#[test]
+fn agent_logs_in_and_picks_v1_with_api_auto_on_rnacos_with_auth() {
+    let nacos = RnacosServer::start_with(&[
+        ("RNACOS_ENABLE_OPEN_API_AUTH", "true"),
+        ("RNACOS_INIT_ADMIN_USERNAME", "ailb"),
+        ("RNACOS_INIT_ADMIN_PASSWORD", "s3cret-pw"),
+    ]);
+    let vllm = FakeVllm::start();
+    let creds = "api = \"auto\"\nusername = \"ailb\"\npassword = \"s3cret-pw\"";
+    let agent = Agent::spawn_full(&nacos, &vllm, "1s", "", creds, "nvml = false").ready();
+    let port = agent.instance_port;
+    let token = nacos.login("ailb", "s3cret-pw").expect("test login");
+    let listed_auth = || {
+        let path = format!("/nacos/v1/ns/instance/list?serviceName={SERVICE}&healthyOnly=false&accessToken={token}");
+        let (status, body) = ailb_tests::nacos::http_request(nacos.http_port, "GET", &path, &[]).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        (status == 200).then(|| v["hosts"].as_array()?.iter().find(|h| h["port"] == port).cloned()).flatten()
+    };
+    let host = wait_until("the instance registered with a token", Duration::from_secs(5), listed_auth);
+    assert_eq!(host["metadata"]["current_requests"], "2", "{host}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(agent.metric("ailb_agent_beats_total") >= 1.0, "beats carry the token too; log:\n{}", agent.log());
+    assert_eq!(agent.metric("ailb_agent_errors_total{source=\"nacos\"}"), 0.0, "log:\n{}", agent.log());
+}

@@ -128,6 +128,18 @@ impl Agent {
     /// Writes a config (`top` before the tables, `instance` at the end of the instance) and
     /// spawns the agent without waiting.
     pub(crate) fn spawn(nacos: &RnacosServer, vllm: &FakeVllm, heartbeat: &str, top: &str, instance: &str) -> Self {
+        Self::spawn_full(nacos, vllm, heartbeat, top, "api = \"v1\"", instance)
+    }
+
+    /// [`Self::spawn`] with `nacos_extra` lines in `[nacos]` (the API choice, credentials).
+    pub(crate) fn spawn_full(
+        nacos: &RnacosServer,
+        vllm: &FakeVllm,
+        heartbeat: &str,
+        top: &str,
+        nacos_extra: &str,
+        instance: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (metrics_port, instance_port) = (free_port(), free_port());
         let cfg = format!(
@@ -140,7 +152,7 @@ listen = "127.0.0.1:{metrics_port}"
 
 [nacos]
 servers = ["{nacos}"]
-api = "v1"
+{nacos_extra}
 timeout = "500ms"
 
 [[instances]]
@@ -182,14 +194,19 @@ server = "vllm"
         top: &str,
         instance: &str,
     ) -> Self {
-        let mut a = Self::spawn(nacos, vllm, heartbeat, top, instance);
+        Self::spawn(nacos, vllm, heartbeat, top, instance).ready()
+    }
+
+    /// Waits for the agent's `/metrics` (panics if it exits first).
+    pub(crate) fn ready(mut self) -> Self {
+        let a = &mut self;
         wait_until("the agent's /metrics", Duration::from_secs(10), || {
             if !a.alive() {
                 panic!("the agent exited at start-up; log:\n{}", a.log());
             }
             a.metrics().ok()
         });
-        a
+        self
     }
 
     /// Waits for the agent to exit.
