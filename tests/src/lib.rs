@@ -17,6 +17,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod nacos;
+pub mod sim;
 pub mod status;
 
 use std::io::Read;

@@ -1,0 +1,347 @@
+//! Replays one request: a TCP socket tagged through the ailb client ABI before `connect()`,
+//! `POST /v1/chat/completions` with `"stream": true` and the `ailb_sim` extension, and the SSE
+//! stream read to the end, timing the first token and the last byte.
+//!
+//! What the client reads back from the server, all optional: the standard OpenAI usage chunk
+//! (`usage.completion_tokens`, `usage.prompt_tokens_details.cached_tokens`, asked for with
+//! `stream_options.include_usage`), and the backend that served the request, from the response
+//! header `x-ailb-backend` or else a chunk's `system_fingerprint`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// `setsockopt` level of the ailb client ABI ("AIL"); see `docs/client/ailb.h`.
+pub const SOL_AILB: libc::c_int = 0x41494c;
+pub const AILB_CONVERSATION: libc::c_int = 1;
+pub const AILB_REQUIRED_MEMORY_MB: libc::c_int = 2;
+pub const AILB_MAX_CONVERSATION_LEN: usize = 128;
+/// Largest response header block accepted.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Longest SSE line accepted.
+const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestSpec {
+    /// Position in the replay (send order).
+    pub index: usize,
+    /// Trace line, when replaying a trace.
+    pub line: Option<usize>,
+    /// Planned send time, ms after the replay started.
+    pub at_ms: u64,
+    pub conversation: String,
+    pub memory_mb: u32,
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    pub hash_ids: Vec<u64>,
+    pub model: String,
+}
+
+impl RequestSpec {
+    /// The JSON body: an OpenAI chat completion request, streamed, plus `ailb_sim`.
+    pub fn body(&self) -> Value {
+        json!({
+            "model": self.model,
+            "messages": [{"role": "user", "content": format!("replayed request {} of {}", self.index, self.conversation)}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": self.max_tokens,
+            "ailb_sim": {"prompt_tokens": self.prompt_tokens, "hash_ids": self.hash_ids, "max_tokens": self.max_tokens},
+        })
+    }
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestRecord {
+    pub index: usize,
+    pub line: Option<usize>,
+    pub conversation: String,
+    pub at_ms: u64,
+    /// Actual send time, ms after the replay started.
+    pub sent_ms: f64,
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    pub memory_mb: u32,
+    /// Whether ailb accepted the tags (`false`: `ENOPROTOOPT`, no balancer for this cgroup).
+    pub tagged: bool,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    /// From the start of `connect()` to the first chunk with content.
+    pub ttft_ms: Option<f64>,
+    /// From the start of `connect()` to the end of the stream.
+    pub e2e_ms: f64,
+    /// Output tokens: the server's `usage.completion_tokens`, else the chunks with content.
+    pub tokens: u32,
+    pub cached_tokens: Option<u32>,
+    pub backend: Option<String>,
+}
+
+impl RequestRecord {
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.status == Some(200)
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "index": self.index, "line": self.line, "conversation": self.conversation, "at_ms": self.at_ms,
+            "sent_ms": self.sent_ms, "prompt_tokens": self.prompt_tokens, "max_tokens": self.max_tokens,
+            "memory_mb": self.memory_mb, "tagged": self.tagged, "status": self.status, "error": self.error,
+            "ttft_ms": self.ttft_ms, "e2e_ms": self.e2e_ms, "tokens": self.tokens,
+            "cached_tokens": self.cached_tokens, "backend": self.backend,
+        })
+    }
+}
+
+/// Sends `spec` to `vip` and reads the stream, giving up after `timeout` in all.
+/// Never panics on a network or protocol error: it is recorded in `error`.
+pub fn send(vip: SocketAddrV4, spec: &RequestSpec, timeout: Duration) -> RequestRecord {
+    let mut rec = RequestRecord {
+        index: spec.index,
+        line: spec.line,
+        conversation: spec.conversation.clone(),
+        at_ms: spec.at_ms,
+        prompt_tokens: spec.prompt_tokens,
+        max_tokens: spec.max_tokens,
+        memory_mb: spec.memory_mb,
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let res = exchange(vip, spec, timeout, start, &mut rec);
+    rec.e2e_ms = ms(start.elapsed());
+    if let Err(e) = res {
+        rec.error = Some(e);
+    }
+    rec
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn exchange(
+    vip: SocketAddrV4,
+    spec: &RequestSpec,
+    timeout: Duration,
+    start: Instant,
+    rec: &mut RequestRecord,
+) -> Result<(), String> {
+    let deadline = start + timeout;
+    let mut stream = connect_tagged(vip, &spec.conversation, spec.memory_mb, timeout, &mut rec.tagged)?;
+    let body = spec.body().to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {vip}\r\nContent-Type: application/json\r\n\
+         Accept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .map_err(|e| format!("send: {e}"))?;
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = read_head(&mut reader)?;
+    rec.status = Some(status);
+    rec.backend = header(&headers, "x-ailb-backend").map(str::to_string);
+    let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let body: Box<dyn Read> = if chunked { Box::new(Chunked::new(reader)) } else { Box::new(reader) };
+    let mut body = BufReader::new(body);
+    if status != 200 {
+        let mut text = String::new();
+        let _ = body.by_ref().take(512).read_to_string(&mut text);
+        return Err(format!("HTTP {status}: {}", text.trim()));
+    }
+    let (mut chunks, mut usage_tokens, mut done) = (0u32, None, false);
+    let mut line = String::new();
+    loop {
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} reading the stream"));
+        }
+        line.clear();
+        let n = body.by_ref().take(MAX_LINE_BYTES).read_line(&mut line).map_err(|e| format!("read stream: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        let Some(data) = line.trim_end().strip_prefix("data:") else { continue };
+        let data = data.trim();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| format!("bad SSE chunk {data:?}: {e}"))?;
+        if let Some(err) = v.get("error") {
+            return Err(format!("server error in stream: {err}"));
+        }
+        let content = v.pointer("/choices/0/delta/content").or_else(|| v.pointer("/choices/0/text"));
+        if content.and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+            if rec.ttft_ms.is_none() {
+                rec.ttft_ms = Some(ms(start.elapsed()));
+            }
+            chunks += 1;
+        }
+        if rec.backend.is_none() {
+            rec.backend = v.get("system_fingerprint").and_then(Value::as_str).map(str::to_string);
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage_tokens = u.get("completion_tokens").and_then(Value::as_u64).map(|t| t as u32);
+            rec.cached_tokens =
+                u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).map(|t| t as u32);
+        }
+    }
+    rec.tokens = usage_tokens.unwrap_or(chunks);
+    if !done {
+        return Err("stream ended without data: [DONE]".to_string());
+    }
+    Ok(())
+}
+
+/// A TCP socket tagged with the conversation and the memory need, connected to `vip`.
+/// `ENOPROTOOPT` from `setsockopt` means ailb is not loaded here: the socket is used untagged
+/// and `tagged` stays false.
+pub fn connect_tagged(
+    vip: SocketAddrV4,
+    conversation: &str,
+    memory_mb: u32,
+    timeout: Duration,
+    tagged: &mut bool,
+) -> Result<TcpStream, String> {
+    // SAFETY: socket() has no memory preconditions; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a fresh socket that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let conv = conversation.as_bytes();
+    let conv = &conv[..conv.len().min(AILB_MAX_CONVERSATION_LEN)];
+    *tagged = false;
+    if !conv.is_empty() {
+        *tagged = tag(&fd, AILB_CONVERSATION, conv, "AILB_CONVERSATION")?;
+    }
+    if memory_mb > 0 {
+        *tagged |= tag(&fd, AILB_REQUIRED_MEMORY_MB, &memory_mb.to_ne_bytes(), "AILB_REQUIRED_MEMORY_MB")?;
+    }
+    let stream = TcpStream::from(fd);
+    // On Linux SO_SNDTIMEO also bounds connect().
+    stream.set_write_timeout(Some(timeout)).map_err(|e| format!("set timeout: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| format!("set timeout: {e}"))?;
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: vip.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*vip.ip()).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: addr is a valid sockaddr_in that outlives the call, with its exact length.
+    let rc = unsafe {
+        libc::connect(
+            stream.as_raw_fd(),
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(format!("connect {}: {}", SocketAddr::V4(vip), std::io::Error::last_os_error()));
+    }
+    stream.set_nodelay(true).map_err(|e| format!("set nodelay: {e}"))?;
+    Ok(stream)
+}
+
+/// One ABI `setsockopt`: `Ok(true)` when ailb took it, `Ok(false)` on `ENOPROTOOPT`.
+fn tag(fd: &OwnedFd, name: libc::c_int, value: &[u8], what: &str) -> Result<bool, String> {
+    // SAFETY: value points to value.len() readable bytes for the duration of the call.
+    let rc = unsafe {
+        libc::setsockopt(fd.as_raw_fd(), SOL_AILB, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
+        Ok(false)
+    } else {
+        Err(format!("setsockopt {what}: {err}"))
+    }
+}
+
+fn read_head<R: BufRead>(r: &mut R) -> Result<(u16, Vec<(String, String)>), String> {
+    let mut total = 0usize;
+    let mut line = String::new();
+    let mut status = None;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).map_err(|e| format!("read response head: {e}"))?;
+        if n == 0 {
+            return Err("connection closed before the end of the response head".to_string());
+        }
+        total += n;
+        if total > MAX_HEADER_BYTES {
+            return Err(format!("response head over {MAX_HEADER_BYTES} bytes"));
+        }
+        let l = line.trim_end();
+        match status {
+            None => {
+                let code = l.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
+                status = Some(code.ok_or_else(|| format!("bad status line {l:?}"))?);
+            }
+            Some(_) if l.is_empty() => break,
+            Some(_) => {
+                if let Some((k, v)) = l.split_once(':') {
+                    headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                }
+            }
+        }
+    }
+    Ok((status.unwrap_or_default(), headers))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// A `Transfer-Encoding: chunked` body decoder.
+struct Chunked<R> {
+    inner: R,
+    left: u64,
+    done: bool,
+}
+
+impl<R: BufRead> Chunked<R> {
+    fn new(inner: R) -> Self {
+        Self { inner, left: 0, done: false }
+    }
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        while self.left == 0 {
+            if self.done {
+                return Ok(0);
+            }
+            let mut size = String::new();
+            if self.inner.by_ref().take(1024).read_line(&mut size)? == 0 {
+                return Err(bad("chunked body: connection closed mid-body".into()));
+            }
+            let s = size.trim();
+            if s.is_empty() {
+                continue; // the CRLF after a chunk's data
+            }
+            let hex = s.split(';').next().unwrap_or("");
+            self.left = u64::from_str_radix(hex, 16).map_err(|_| bad(format!("chunked body: bad size {s:?}")))?;
+            if self.left == 0 {
+                self.done = true;
+            }
+        }
+        let want = buf.len().min(self.left as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(bad("chunked body: connection closed mid-chunk".into()));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
