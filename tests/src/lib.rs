@@ -18,6 +18,7 @@ pub mod config;
 pub mod daemon;
 pub mod nacos;
 pub mod sim;
+pub mod replay;
 pub mod status;
 
 use std::io::Read;
