@@ -139,8 +139,13 @@ pub fn run(specs: &[RequestSpec], opts: &RunOpts) -> (Vec<RequestRecord>, Summar
     let progress = opts.progress.then(|| {
         let (records, finished, total) = (records.clone(), finished.clone(), specs.len());
         std::thread::spawn(move || {
+            let mut next = Instant::now() + Duration::from_secs(1);
             while !finished.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_secs(1));
+                std::thread::sleep(Duration::from_millis(50));
+                if Instant::now() < next {
+                    continue;
+                }
+                next += Duration::from_secs(1);
                 let recs = records.lock().unwrap_or_else(|p| p.into_inner());
                 let fails = recs.iter().filter(|r| !r.ok()).count();
                 let e2e: Vec<f64> = recs.iter().filter(|r| r.ok()).map(|r| r.e2e_ms).collect();
