@@ -11,14 +11,15 @@
 //! The tests need root, the `ailb` binary (`AILB_BIN` or `target/debug/ailb`) and the eBPF
 //! object embedded in it: `cargo xtask test` provides all three.
 
+pub mod agent_harness;
 pub mod backend;
 pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod nacos;
-pub mod sim;
 pub mod replay;
+pub mod sim;
 pub mod status;
 
 use std::io::Read;

@@ -7,38 +7,11 @@
 
 mod agent_support;
 
-use std::{path::Path, process::Command, time::Duration};
+use std::time::Duration;
 
-use agent_support::{listed, meta, Agent, FakeVllm};
+use agent_support::{listed, meta, Agent, FakeNvml, FakeVllm};
 use ailb_tests::nacos::RnacosServer;
 use ailb_tests::wait_until;
-
-struct FakeNvml {
-    dir: tempfile::TempDir,
-}
-
-impl FakeNvml {
-    fn build(state: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake_nvml.c");
-        let out = Command::new("gcc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(dir.path().join("libnvidia-ml.so"))
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("gcc (needed to build the fake NVML): {e}"));
-        assert!(out.status.success(), "gcc {}: {}", src.display(), String::from_utf8_lossy(&out.stderr));
-        let f = Self { dir };
-        f.set(state);
-        f
-    }
-    fn lib(&self) -> String {
-        self.dir.path().join("libnvidia-ml.so").display().to_string()
-    }
-    fn set(&self, state: &str) {
-        std::fs::write(self.dir.path().join("state"), state).expect("write fake NVML state");
-    }
-}
 
 /// Two GPUs of 80 GiB; `used0` MiB used on the first, 10000 on the second.
 fn state(used0: u64, extra: &str) -> String {

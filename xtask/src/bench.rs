@@ -6,6 +6,9 @@
 //!    VIP vs directly vs nginx vs HAProxy (IPVS where the kernel has it), BPF run time per
 //!    connection with 1000 backends and 100,000 affinity entries, table swap time. Its report is
 //!    written to `target/bench/datapath.md`; `docs/benchmarks.md` quotes a run of it.
+//! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the tests crate: time from a changed
+//!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
+//!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
 
 use anyhow::{bail, Context, Result};
 
@@ -45,6 +48,15 @@ pub(crate) fn bench() -> Result<()> {
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
+
+    let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
+    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tests", "--bin", "ailb-agent-bench"]))
+        .context("building ailb-agent-bench")?;
+    let bin = util::target_dir().join("release/ailb-agent-bench");
+    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
+        .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
     say!("data-plane report: {}", util::target_dir().join("bench/datapath.md").display());
+    say!("agent report: {}", util::target_dir().join("bench/agent.md").display());
     Ok(())
 }
