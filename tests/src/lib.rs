@@ -11,6 +11,7 @@
 //! The tests need root, the `ailb` binary (`AILB_BIN` or `target/debug/ailb`) and the eBPF
 //! object embedded in it: `cargo xtask test` provides all three.
 
+pub mod agent_harness;
 pub mod backend;
 pub mod cgroup;
 pub mod client;
