@@ -87,7 +87,18 @@ impl Drop for Netns {
 struct Proc(Child);
 
 impl Drop for Proc {
+    /// SIGTERM first, so that a master process (nginx) stops its own workers; SIGKILL only if
+    /// it is still there after 5 s. Both by the child's pid.
     fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of our own child, not reaped yet.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
