@@ -48,6 +48,11 @@ impl FakeNvml {
         self.dir.path().join("libnvidia-ml.so").display().to_string()
     }
 
+    /// Removes the state file: the fake then answers init with DRIVER_NOT_LOADED.
+    pub fn clear_state(&self) {
+        std::fs::remove_file(self.dir.path().join("state")).expect("remove fake NVML state");
+    }
+
     /// Replaces the state atomically (write a temp file, rename), so no NVML call reads half a file.
     pub fn set(&self, state: &str) {
         let tmp = self.dir.path().join("state.tmp");

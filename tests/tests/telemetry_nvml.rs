@@ -5,48 +5,23 @@
 //! What this shows: our calls through nvml-wrapper, MiB conversion, selection and error mapping.
 //! Nothing here says how a real driver behaves.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::Path;
+
+use ailb_tests::agent_harness::FakeNvml;
 
 use ailb_userspace::telemetry::{
     nvml::{DeviceSelector, NvmlSource},
     GpuSample, TelemetryError,
 };
 
-/// Compiles the fake NVML into a fresh directory; `state` there is its state file.
-struct FakeNvml {
-    dir: tempfile::TempDir,
+/// The fake NVML of the shared harness, opened through `NvmlSource`.
+trait OpenFake {
+    fn open(&self) -> NvmlSource;
 }
 
-impl FakeNvml {
-    fn build(state: &str) -> FakeNvml {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake_nvml.c");
-        let out = Command::new("gcc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(dir.path().join("libnvidia-ml.so"))
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("gcc (needed to build the fake NVML): {e}"));
-        assert!(out.status.success(), "gcc {}: {}", src.display(), String::from_utf8_lossy(&out.stderr));
-        let fake = FakeNvml { dir };
-        fake.set(state);
-        fake
-    }
-
-    fn lib(&self) -> PathBuf {
-        self.dir.path().join("libnvidia-ml.so")
-    }
-
-    fn set(&self, state: &str) {
-        fs::write(self.dir.path().join("state"), state).expect("write fake NVML state");
-    }
-
+impl OpenFake for FakeNvml {
     fn open(&self) -> NvmlSource {
-        NvmlSource::open(Some(&self.lib())).unwrap_or_else(|e| panic!("open fake NVML: {e}"))
+        NvmlSource::open(Some(Path::new(&self.lib()))).unwrap_or_else(|e| panic!("open fake NVML: {e}"))
     }
 }
 
@@ -163,12 +138,12 @@ fn a_missing_library_is_a_plain_words_error() {
 #[test]
 fn a_driver_that_does_not_initialise_is_a_plain_words_error() {
     let fake = FakeNvml::build("");
-    fs::remove_file(fake.dir.path().join("state")).unwrap(); // fake: no state = driver not loaded
-    let e = NvmlSource::open(Some(&fake.lib())).expect_err("driver not loaded");
+    fake.clear_state(); // fake: no state = driver not loaded
+    let e = NvmlSource::open(Some(Path::new(&fake.lib()))).expect_err("driver not loaded");
     assert!(matches!(e, TelemetryError::NvmlInit { .. }), "{e:?}");
     assert!(e.to_string().contains("did not initialise: load the NVIDIA driver"), "{e}");
     fake.set(&format!("{TWO_GPUS}fail init\n"));
-    assert!(matches!(NvmlSource::open(Some(&fake.lib())), Err(TelemetryError::NvmlInit { .. })));
+    assert!(matches!(NvmlSource::open(Some(Path::new(&fake.lib()))), Err(TelemetryError::NvmlInit { .. })));
 }
 
 #[test]
