@@ -1,0 +1,588 @@
+//! `ailb-compare` (root): balancing policies compared in one run, on the same simulated GPU
+//! fleet and the same request list (issue 5).
+//!
+//! For each policy it starts a fresh fleet of `ailb-sim` processes on 127.0.10.x (so every
+//! policy begins with empty KV caches and idle GPUs), a fresh `ailb run` attached to a child
+//! cgroup created here, and runs `ailb-replay` inside that cgroup against the VIP, sampling
+//! every GPU's `/sim/state` while it runs. Then it writes a Markdown report (and an SVG of the
+//! end-to-end latency CDFs) under `--out-dir` and prints the report.
+//!
+//! ```text
+//! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
+//!              [--a100 2] [--rtx3090 4] [--policies random,least-conn,ailb]
+//!              [--out-dir target/bench] [--json FILE] [--trace PATH]
+//!              [--sim-bin PATH] [--replay-bin PATH]
+//! ```
+//!
+//! Policies:
+//! - `random`: "random L4": equal weights, no affinity, no load bound: the Maglev table hashed
+//!   by socket cookie, so each connection lands on a uniformly random backend.
+//! - `least-conn`: equal weights, no affinity, bounded loads with `load_factor = 1.01`: a
+//!   backend is skipped once its in-flight count exceeds 1.01 x the mean, which with c ~ 1 is
+//!   least-loaded placement.
+//! - `ailb`: weights by GPU capability (A100 3, RTX 3090 1), each backend's `free_memory_mb`
+//!   set to its KV budget (so the replay client's memory hints take effect), conversation
+//!   affinity on, load bound 1.25.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddrV4, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::replay::percentile;
+use ailb_tests::sim::GpuProfile;
+use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon};
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::{json, Value};
+
+const MODEL: &str = "sim-7b";
+const VIP: &str = "127.77.10.1:8000";
+
+#[derive(Debug, Parser)]
+#[command(name = "ailb-compare", about = "Balancing policies compared on one simulated GPU fleet (root)")]
+struct Args {
+    /// Requests to replay (the first N of the trace, or N synthetic ones).
+    #[arg(long, default_value_t = 300)]
+    limit: usize,
+    /// Offered load relative to the trace's own rate (the replay runs at
+    /// `--speed = load x time-scale`, so the trace's clock and the GPUs' clock agree at 1.0).
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
+    /// Simulated seconds per real second, for every GPU.
+    #[arg(long, default_value_t = 20.0)]
+    time_scale: f64,
+    /// The synthetic mix instead of the Mooncake trace.
+    #[arg(long)]
+    synthetic: bool,
+    /// New synthetic conversations per (simulated) second.
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Number of simulated A100-80GB GPUs.
+    #[arg(long, default_value_t = 2)]
+    a100: usize,
+    /// Number of simulated RTX 3090 24GB GPUs.
+    #[arg(long, default_value_t = 4)]
+    rtx3090: usize,
+    /// Comma-separated policies, run in this order: random, least-conn, ailb.
+    #[arg(long, default_value = "random,least-conn,ailb")]
+    policies: String,
+    /// Where `replay.md` and `replay-cdf.svg` go.
+    #[arg(long, default_value = "target/bench")]
+    out_dir: PathBuf,
+    /// Also write the numbers as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Mooncake trace (default: `ailb-replay`'s, `$AILB_TRACE` or `../shared/traces/...`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// `ailb-sim` binary (default: next to this one).
+    #[arg(long)]
+    sim_bin: Option<PathBuf>,
+    /// `ailb-replay` binary (default: next to this one).
+    #[arg(long)]
+    replay_bin: Option<PathBuf>,
+    /// Limit of the replay of one policy, real seconds.
+    #[arg(long, default_value_t = 300.0)]
+    deadline_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Policy {
+    Random,
+    LeastConn,
+    Ailb,
+}
+
+impl Policy {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s.trim() {
+            "random" => Self::Random,
+            "least-conn" => Self::LeastConn,
+            "ailb" => Self::Ailb,
+            other => bail!("unknown policy {other:?} (random, least-conn, ailb)"),
+        })
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::LeastConn => "least-conn",
+            Self::Ailb => "ailb",
+        }
+    }
+    fn title(self) -> &'static str {
+        match self {
+            Self::Random => "random L4",
+            Self::LeastConn => "least connections",
+            Self::Ailb => "ailb",
+        }
+    }
+}
+
+/// One simulated GPU server; killed by pid on drop.
+struct Sim {
+    child: Child,
+    addr: SocketAddrV4,
+    profile: &'static str,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill(); // SIGKILL to this child's pid only
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `GET path` on `addr` (HTTP/1.1, Connection: close): status and body, or `None`.
+fn http_get(addr: SocketAddrV4, path: &str) -> Option<(u16, String)> {
+    let t = Duration::from_millis(500);
+    let mut s = TcpStream::connect_timeout(&addr.into(), t).ok()?;
+    s.set_read_timeout(Some(t)).ok()?;
+    s.set_write_timeout(Some(t)).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut buf = Vec::new();
+    s.take(1 << 20).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    Some((status, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+/// Decodes an HTTP/1.1 chunked body (already complete).
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    for _ in 0..10_000 {
+        let Some((size, rest)) = s.split_once("\r\n") else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn sibling_bin(name: &str) -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from(name));
+    me.with_file_name(name)
+}
+
+/// Starts the fleet on port `port` and waits for every `/health`.
+fn start_fleet(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<Sim>> {
+    let mut sims = Vec::new();
+    let profiles = std::iter::repeat_n("a100-80gb", args.a100).chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090));
+    for (i, profile) in profiles.enumerate() {
+        let addr = SocketAddrV4::new([127, 0, 10, (i + 1) as u8].into(), port);
+        let child = Command::new(sim_bin)
+            .args(["--listen", &addr.to_string(), "--profile", profile, "--model", MODEL])
+            .args(["--time-scale", &args.time_scale.to_string(), "--sample-interval-ms", "100"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning {}", sim_bin.display()))?;
+        sims.push(Sim { child, addr, profile });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for s in &mut sims {
+        loop {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                bail!("ailb-sim on {} exited ({st}) before answering /health", s.addr);
+            }
+            if matches!(http_get(s.addr, "/health"), Some((200, _))) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("ailb-sim on {} did not answer /health within 30 s", s.addr);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(sims)
+}
+
+/// What one policy measured.
+struct Outcome {
+    policy: Policy,
+    summary: Value,
+    /// E2E of the successful requests, ms, sorted.
+    e2e_sorted: Vec<f64>,
+    /// Per request index: E2E ms when it succeeded.
+    e2e_by_index: BTreeMap<u64, f64>,
+    /// Per GPU: (address, profile, mean sampled utilisation, busy fraction, prefix hit share).
+    gpus: Vec<(String, &'static str, f64, f64, Option<f64>)>,
+    wall_s: f64,
+}
+
+impl Outcome {
+    fn util_mean(&self) -> f64 {
+        self.gpus.iter().map(|g| g.2).sum::<f64>() / self.gpus.len().max(1) as f64
+    }
+    fn util_spread(&self) -> f64 {
+        let max = self.gpus.iter().map(|g| g.2).fold(f64::MIN, f64::max);
+        let min = self.gpus.iter().map(|g| g.2).fold(f64::MAX, f64::min);
+        if self.gpus.is_empty() {
+            0.0
+        } else {
+            max - min
+        }
+    }
+    fn failures(&self) -> u64 {
+        self.summary["failures"].as_u64().unwrap_or(0)
+    }
+    fn requests(&self) -> u64 {
+        self.summary["requests"].as_u64().unwrap_or(0)
+    }
+    fn pct(&self, what: &str, p: &str) -> Option<f64> {
+        self.summary[what][p].as_f64()
+    }
+}
+
+fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::TestConfig {
+    let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
+    match policy {
+        Policy::Random => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+        }
+        Policy::LeastConn => {
+            cfg.affinity = false;
+            cfg.load_bound = true;
+            cfg.load_factor = 1.01;
+        }
+        Policy::Ailb => {
+            cfg.affinity = true;
+            cfg.load_bound = true;
+            cfg.load_factor = 1.25;
+        }
+    }
+    for s in sims {
+        let addr = s.addr.to_string();
+        let b = match policy {
+            Policy::Ailb => {
+                let p = GpuProfile::preset(s.profile).expect("preset");
+                let kv_mb = ((p.kv_blocks() * p.block_bytes()) >> 20) as u32;
+                let w = if s.profile.starts_with("a100") { 3 } else { 1 };
+                BackendCfg::new(MODEL, &addr, w).free_memory_mb(kv_mb)
+            }
+            _ => BackendCfg::new(MODEL, &addr, 1),
+        };
+        cfg = cfg.backend(b);
+    }
+    cfg
+}
+
+fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: u16) -> anyhow::Result<Outcome> {
+    let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
+    let replay_bin = args.replay_bin.clone().unwrap_or_else(|| sibling_bin("ailb-replay"));
+    let sims = start_fleet(args, &sim_bin, port)?;
+    let daemon = Daemon::start(ailb, &config_for(policy, cg, &sims));
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let out = dir.path().join("replay.json");
+    let speed = args.load * args.time_scale;
+    let mut cmd = Command::new(&replay_bin);
+    cmd.args(["--vip", VIP, "--model", MODEL, "--quiet", "--concurrency", "512"])
+        .args(["--limit", &args.limit.to_string(), "--speed", &speed.to_string()])
+        .args(["--seed", &args.seed.to_string(), "--deadline-s", &args.deadline_s.to_string()])
+        .args(["--timeout-s", &(args.deadline_s / 2.0).to_string()])
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if args.synthetic {
+        cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
+    } else if let Some(t) = &args.trace {
+        cmd.arg("--trace").arg(t);
+    }
+    eprintln!("ailb-compare: {}: replaying {} requests at speed {speed}", policy.title(), args.limit);
+    let start = Instant::now();
+    let mut child = spawn_in_cgroup(&mut cmd, cg.path());
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut util: Vec<Vec<f64>> = vec![Vec::new(); sims.len()];
+    let hard = start + Duration::from_secs_f64(args.deadline_s + args.deadline_s / 2.0 + 30.0);
+    let mut next = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for ailb-replay")? {
+            break st;
+        }
+        if Instant::now() >= hard {
+            let _ = child.kill(); // SIGKILL to this child's pid only
+            let _ = child.wait();
+            bail!("ailb-replay did not finish in time");
+        }
+        if Instant::now() >= next {
+            next += Duration::from_millis(250);
+            for (i, s) in sims.iter().enumerate() {
+                if let Some(v) =
+                    http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+                {
+                    util[i].push(v["utilization"].as_f64().unwrap_or(0.0));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let wall_s = start.elapsed().as_secs_f64();
+    let err_text = err_thread.join().unwrap_or_default();
+    if !status.success() {
+        bail!("ailb-replay failed ({status}): {err_text}");
+    }
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).context("reading the replay report")?)
+        .context("parsing the replay report")?;
+    let mut gpus = Vec::new();
+    for (i, s) in sims.iter().enumerate() {
+        let st = http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok());
+        let busy = st.as_ref().and_then(|v| v["busy_fraction"].as_f64()).unwrap_or(0.0);
+        let hit = st.as_ref().and_then(|v| {
+            let q = v["counters"]["prefix_query_tokens"].as_f64()?;
+            let h = v["counters"]["prefix_hit_tokens"].as_f64()?;
+            (q > 0.0).then(|| h / q)
+        });
+        let mean = if util[i].is_empty() { 0.0 } else { util[i].iter().sum::<f64>() / util[i].len() as f64 };
+        gpus.push((s.addr.to_string(), s.profile, mean, busy, hit));
+    }
+    drop(daemon);
+    drop(sims);
+    let mut e2e_by_index = BTreeMap::new();
+    for r in report["requests"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        if r["status"].as_u64() == Some(200) && r["error"].is_null() {
+            if let (Some(i), Some(e)) = (r["index"].as_u64(), r["e2e_ms"].as_f64()) {
+                e2e_by_index.insert(i, e);
+            }
+        }
+    }
+    let mut e2e_sorted: Vec<f64> = e2e_by_index.values().copied().collect();
+    e2e_sorted.sort_by(f64::total_cmp);
+    Ok(Outcome { policy, summary: report["summary"].clone(), e2e_sorted, e2e_by_index, gpus, wall_s })
+}
+
+fn f1(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"))
+}
+
+fn pct1(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0))
+}
+
+/// P95 E2E over the requests every policy served (the same request set for all).
+fn common_p95(outs: &[Outcome], o: &Outcome) -> Option<f64> {
+    let common: Vec<f64> = o
+        .e2e_by_index
+        .iter()
+        .filter(|(i, _)| outs.iter().all(|x| x.e2e_by_index.contains_key(i)))
+        .map(|(_, e)| *e)
+        .collect();
+    percentile(&common, 95.0)
+}
+
+fn report(args: &Args, outs: &[Outcome]) -> String {
+    let mut s = String::new();
+    let workload = if args.synthetic {
+        format!("synthetic mix, {} requests, {} conversations/s (seed {})", args.limit, args.rate, args.seed)
+    } else {
+        format!("Mooncake conversation trace, first {} requests", args.limit)
+    };
+    let _ = writeln!(s, "# Policies compared on one simulated fleet\n");
+    let _ = writeln!(
+        s,
+        "Fleet: {} x A100-80GB + {} x RTX 3090 24GB (`ailb-sim`, 7B fp16 model), time scale x{}. \
+         Workload: {workload}, offered at {} x the trace's rate (replay speed {}). Every policy gets a \
+         freshly started fleet (empty KV caches) and a fresh `ailb run`; the replay client runs in the \
+         attached child cgroup.\n",
+        args.a100,
+        args.rtx3090,
+        args.time_scale,
+        args.load,
+        args.load * args.time_scale
+    );
+    let _ = writeln!(
+        s,
+        "| policy | TTFT p50 / p95 / p99 (ms) | E2E p50 / p95 / p99 (ms) | E2E p95, requests all served (ms) | \
+         failures | prefix-cache hits | affinity hits | tokens/s | GPU util mean | util spread (max-min) |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for o in outs {
+        let _ = writeln!(
+            s,
+            "| {} | {} / {} / {} | {} / {} / {} | {} | {} of {} ({}) | {} | {} | {:.0} | {:.1} % | {:.1} pts |",
+            o.policy.title(),
+            f1(o.pct("ttft_ms", "p50")),
+            f1(o.pct("ttft_ms", "p95")),
+            f1(o.pct("ttft_ms", "p99")),
+            f1(o.pct("e2e_ms", "p50")),
+            f1(o.pct("e2e_ms", "p95")),
+            f1(o.pct("e2e_ms", "p99")),
+            f1(common_p95(outs, o)),
+            o.failures(),
+            o.requests(),
+            pct1(o.summary["failure_rate"].as_f64()),
+            pct1(o.summary["prefix_cache_hit_rate"].as_f64()),
+            o.summary["affinity_hit_rate"].as_f64().map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0)),
+            o.summary["token_throughput"].as_f64().unwrap_or(0.0),
+            o.util_mean() * 100.0,
+            o.util_spread() * 100.0,
+        );
+    }
+    let get = |p: Policy| outs.iter().find(|o| o.policy == p);
+    if let (Some(a), Some(r)) = (get(Policy::Ailb), get(Policy::Random)) {
+        let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+            (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
+            _ => "n/a".into(),
+        };
+        let fr = |o: &Outcome| o.summary["failure_rate"].as_f64();
+        let _ = writeln!(
+            s,
+            "\nailb / random L4: E2E p95 {}, E2E p95 over the requests all served {}, TTFT p95 {}, failure rate {}.",
+            ratio(a.pct("e2e_ms", "p95"), r.pct("e2e_ms", "p95")),
+            ratio(common_p95(outs, a), common_p95(outs, r)),
+            ratio(a.pct("ttft_ms", "p95"), r.pct("ttft_ms", "p95")),
+            ratio(fr(a), fr(r)),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nLatencies are of the successful requests; a policy that fails the largest requests drops them from \
+         its own percentiles, so the column \"requests all served\" takes P95 over the requests that every \
+         policy served. Affinity hits are n/a: `ailb-sim` does not name itself in its responses, so the client \
+         cannot tell which backend served a turn. GPU utilisation: `/sim/state` `utilization` sampled every \
+         250 ms during the replay, mean per GPU, then mean and max - min over the GPUs.\n"
+    );
+    let _ = writeln!(s, "Per GPU (sampled utilisation mean / busy share since start / prefix-cache hit share):\n");
+    let _ = write!(s, "| GPU |");
+    for o in outs {
+        let _ = write!(s, " {} |", o.policy.title());
+    }
+    let _ = writeln!(s, "\n|---|{}", "---:|".repeat(outs.len()));
+    if let Some(first) = outs.first() {
+        for (i, g) in first.gpus.iter().enumerate() {
+            let host = g.0.split(':').next().unwrap_or_default();
+            let _ = write!(s, "| {host} {} |", g.1);
+            for o in outs {
+                if let Some(g) = o.gpus.get(i) {
+                    let _ = write!(s, " {:.0} % / {:.0} % / {} |", g.2 * 100.0, g.3 * 100.0, pct1(g.4));
+                }
+            }
+            let _ = writeln!(s);
+        }
+    }
+    let _ = writeln!(s, "\nWall time per policy: {}.", {
+        outs.iter().map(|o| format!("{} {:.1} s", o.policy.title(), o.wall_s)).collect::<Vec<_>>().join(", ")
+    });
+    s
+}
+
+/// A hand-written SVG: the E2E latency CDF of every policy (log x axis).
+fn cdf_svg(outs: &[Outcome]) -> String {
+    let (w, h, ml, mb) = (720.0, 420.0, 60.0, 40.0);
+    let all: Vec<f64> = outs.iter().flat_map(|o| o.e2e_sorted.iter().copied()).filter(|v| *v > 0.0).collect();
+    let lo = all.iter().copied().fold(f64::MAX, f64::min).max(1.0).log10().floor();
+    let hi = all.iter().copied().fold(1.0, f64::max).log10().ceil().max(lo + 1.0);
+    let x = |v: f64| ml + (v.max(1.0).log10() - lo) / (hi - lo) * (w - ml - 20.0);
+    let y = |q: f64| h - mb - q * (h - mb - 20.0);
+    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <line x1=\"{ml}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{ml}\" y1=\"20\" x2=\"{ml}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - mb,
+        w - 20.0,
+        h - mb,
+        h - mb
+    );
+    let mut e = lo;
+    while e <= hi {
+        let px = x(10f64.powf(e));
+        let _ =
+            writeln!(s, "<text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", h - mb + 16.0, 10f64.powf(e));
+        e += 1.0;
+    }
+    for q in [0.0, 0.5, 0.95, 1.0] {
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{q}</text>", ml - 6.0, y(q) + 4.0);
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">end-to-end latency, ms (log), successful requests; y: share of all requests</text>",
+        w / 2.0,
+        h - 6.0
+    );
+    for (k, o) in outs.iter().enumerate() {
+        let n = o.requests().max(1) as f64;
+        let pts: Vec<String> = o
+            .e2e_sorted
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1}", x(*v), y((i + 1) as f64 / n)))
+            .collect();
+        let c = colors[k % colors.len()];
+        let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>", pts.join(" "));
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>",
+            ml + 10.0,
+            30.0 + 16.0 * k as f64,
+            o.policy.title()
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !(args.load > 0.0 && args.time_scale > 0.0 && args.deadline_s > 0.0) {
+        bail!("--load, --time-scale and --deadline-s must be positive");
+    }
+    if args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 250 {
+        bail!("the fleet needs 1..=250 GPUs");
+    }
+    let policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let ailb = preflight();
+    let cg = CgroupGuard::new("compare");
+    let mut outs = Vec::new();
+    for (k, p) in policies.iter().enumerate() {
+        // A port per policy, so that a new fleet never waits for the old one's sockets.
+        let out = run_policy(&args, &ailb, &cg, *p, 18_100 + k as u16)?;
+        eprintln!(
+            "ailb-compare: {}: {} failures of {}, e2e p95 {:?} ms",
+            p.title(),
+            out.failures(),
+            out.requests(),
+            out.pct("e2e_ms", "p95")
+        );
+        outs.push(out);
+    }
+    let md = report(&args, &outs);
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
+    std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
+    std::fs::write(args.out_dir.join("replay-cdf.svg"), cdf_svg(&outs)).context("writing replay-cdf.svg")?;
+    if let Some(j) = &args.json {
+        let v: Vec<Value> = outs
+            .iter()
+            .map(|o| {
+                json!({
+                    "policy": o.policy.key(), "summary": o.summary, "e2e_p95_common_ms": common_p95(&outs, o),
+                    "util_mean": o.util_mean(), "util_spread": o.util_spread(), "wall_s": o.wall_s,
+                })
+            })
+            .collect();
+        std::fs::write(j, format!("{:#}\n", json!({ "policies": v }))).context("writing the JSON")?;
+    }
+    println!("{md}");
+    Ok(())
+}
