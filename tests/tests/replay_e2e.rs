@@ -1,0 +1,91 @@
+//! Issue 5, short version of `ailb-compare`: on the same simulated fleet (2 x A100-80GB +
+//! 4 x RTX 3090) and the same 120 requests (the first of the Mooncake trace), ailb (capability weights, memory fit with the client's
+//! hints, affinity, load bound 1.25) beats random L4 on P95 end-to-end latency and fails no
+//! more requests.
+//!
+//! Margin: in full-size runs (docs/replay.md) ailb's P95 is about 0.3x random's; on 120
+//! requests four runs read 0.42x to 0.48x (random L4 itself repeats almost exactly: 16 failures,
+//! P95 9.7 s). The test asks for < 0.8x, so it fails if ailb is not clearly better
+//! but tolerates the noise of a small run on a busy 2-core machine.
+//!
+//! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
+//! request too large for a 3090, and on 120 of its requests one run read 0.71x, too close to
+//! the margin to assert on.
+
+use std::process::Command;
+use std::time::Duration;
+
+use ailb_tests::{preflight, replay, run_cmd};
+use serde_json::Value;
+
+/// ailb's E2E P95 must be below this share of random L4's.
+const P95_RATIO_MAX: f64 = 0.8;
+
+#[test]
+fn ailb_beats_random_l4_on_p95_and_failures() {
+    let ailb = preflight();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = dir.path().join("compare.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ailb-compare"));
+    cmd.env("AILB_BIN", &ailb)
+        .args(["--policies", "random,ailb", "--limit", "120", "--time-scale", "20", "--load", "1.0"])
+        .args(["--deadline-s", "90"])
+        .arg("--sim-bin")
+        .arg(env!("CARGO_BIN_EXE_ailb-sim"))
+        .arg("--replay-bin")
+        .arg(env!("CARGO_BIN_EXE_ailb-replay"))
+        .arg("--out-dir")
+        .arg(dir.path())
+        .arg("--json")
+        .arg(&json);
+    let trace = replay::default_trace_path();
+    if !trace.is_file() {
+        eprintln!("SKIPPED: trace {} is absent (set AILB_TRACE)", trace.display());
+        return;
+    }
+    cmd.arg("--trace").arg(&trace);
+    let workload = format!("trace {}", trace.display());
+    let out = run_cmd(&mut cmd, Duration::from_secs(600));
+    let report = std::fs::read_to_string(dir.path().join("replay.md")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "ailb-compare failed ({}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    eprintln!("{report}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("compare JSON")).expect("JSON");
+    let pol = |k: &str| -> &Value {
+        v["policies"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["policy"] == k))
+            .unwrap_or_else(|| panic!("policy {k} missing in {v}"))
+    };
+    let (random, ours) = (pol("random"), pol("ailb"));
+    for p in [random, ours] {
+        assert_eq!(p["summary"]["requests"], 120, "every request is accounted for: {p}");
+    }
+    let p95 =
+        |p: &Value| p["summary"]["e2e_ms"]["p95"].as_f64().unwrap_or_else(|| panic!("no successful request in {p}"));
+    let fails = |p: &Value| p["summary"]["failures"].as_u64().expect("failures");
+    let (r95, a95) = (p95(random), p95(ours));
+    assert!(
+        a95 < P95_RATIO_MAX * r95,
+        "{workload}: ailb's E2E P95 {a95:.0} ms is not below {P95_RATIO_MAX} x random L4's {r95:.0} ms\n{report}"
+    );
+    let common = |p: &Value| p["e2e_p95_common_ms"].as_f64().expect("a request every policy served");
+    assert!(
+        common(ours) < P95_RATIO_MAX * common(random),
+        "{workload}: on the requests both served, ailb's E2E P95 {:.0} ms is not below {P95_RATIO_MAX} x random's \
+         {:.0} ms\n{report}",
+        common(ours),
+        common(random)
+    );
+    assert!(
+        fails(ours) <= fails(random),
+        "{workload}: ailb failed {} requests, random L4 {}\n{report}",
+        fails(ours),
+        fails(random)
+    );
+}
