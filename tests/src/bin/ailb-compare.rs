@@ -70,8 +70,9 @@ struct Args {
     /// Number of simulated RTX 3090 24GB GPUs.
     #[arg(long, default_value_t = 4)]
     rtx3090: usize,
-    /// Comma-separated policies, run in this order: random, least-conn, ailb.
-    #[arg(long, default_value = "random,least-conn,ailb")]
+    /// Comma-separated policies, run in this order: random, least-conn, ailb, nginx (nginx L7
+    /// round robin, `proxy_buffering off`; needs `nginx` on PATH).
+    #[arg(long, default_value = "random,least-conn,ailb,nginx")]
     policies: String,
     /// Where `replay.md` and `replay-cdf.svg` go.
     #[arg(long, default_value = "target/bench")]
@@ -98,6 +99,7 @@ enum Policy {
     Random,
     LeastConn,
     Ailb,
+    Nginx,
 }
 
 impl Policy {
@@ -106,7 +108,8 @@ impl Policy {
             "random" => Self::Random,
             "least-conn" => Self::LeastConn,
             "ailb" => Self::Ailb,
-            other => bail!("unknown policy {other:?} (random, least-conn, ailb)"),
+            "nginx" => Self::Nginx,
+            other => bail!("unknown policy {other:?} (random, least-conn, ailb, nginx)"),
         })
     }
     fn key(self) -> &'static str {
@@ -114,6 +117,7 @@ impl Policy {
             Self::Random => "random",
             Self::LeastConn => "least-conn",
             Self::Ailb => "ailb",
+            Self::Nginx => "nginx",
         }
     }
     fn title(self) -> &'static str {
@@ -121,6 +125,7 @@ impl Policy {
             Self::Random => "random L4",
             Self::LeastConn => "least connections",
             Self::Ailb => "ailb",
+            Self::Nginx => "nginx L7 round robin",
         }
     }
 }
@@ -211,6 +216,58 @@ fn start_fleet(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<Sim
     Ok(sims)
 }
 
+/// A single-process nginx (`master_process off`), killed by pid on drop.
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill(); // SIGKILL to this child's pid only
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered.
+fn start_nginx(dir: &Path, listen: &str, sims: &[Sim]) -> anyhow::Result<Nginx> {
+    let servers: String = sims.iter().map(|s| format!("    server {};\n", s.addr)).collect();
+    let d = dir.display();
+    let conf = format!(
+        "master_process off;\ndaemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n\
+         proxy_temp_path {d}/proxy;\n  upstream sims {{\n{servers}  }}\n  server {{\n    listen {listen};\n\
+         location / {{\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n\
+         proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 600s;\n    }}\n  }}\n}}\n"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).context("writing nginx.conf")?;
+    let mut child = Command::new("nginx")
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawning nginx (is nginx-light installed?)")?;
+    let addr: SocketAddrV4 = listen.parse().context("nginx listen address")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200)).is_err() {
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+            bail!("nginx exited ({st}): {log}");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("nginx did not listen on {listen} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Nginx(child))
+}
+
 /// What one policy measured.
 struct Outcome {
     policy: Policy,
@@ -260,7 +317,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::Tes
             cfg.load_bound = true;
             cfg.load_factor = 1.01;
         }
-        Policy::Ailb => {
+        Policy::Ailb | Policy::Nginx => {
             cfg.affinity = true;
             cfg.load_bound = true;
             cfg.load_factor = 1.25;
@@ -286,12 +343,17 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
     let replay_bin = args.replay_bin.clone().unwrap_or_else(|| sibling_bin("ailb-replay"));
     let sims = start_fleet(args, &sim_bin, port)?;
-    let daemon = Daemon::start(ailb, &config_for(policy, cg, &sims));
     let dir = tempfile::tempdir().context("temp dir")?;
+    let (daemon, nginx, vip) = if policy == Policy::Nginx {
+        let vip = format!("127.0.10.250:{port}");
+        (None, Some(start_nginx(dir.path(), &vip, &sims)?), vip)
+    } else {
+        (Some(Daemon::start(ailb, &config_for(policy, cg, &sims))), None, VIP.to_string())
+    };
     let out = dir.path().join("replay.json");
     let speed = args.load * args.time_scale;
     let mut cmd = Command::new(&replay_bin);
-    cmd.args(["--vip", VIP, "--model", MODEL, "--quiet", "--concurrency", "512"])
+    cmd.args(["--vip", &vip, "--model", MODEL, "--quiet", "--concurrency", "512"])
         .args(["--limit", &args.limit.to_string(), "--speed", &speed.to_string()])
         .args(["--seed", &args.seed.to_string(), "--deadline-s", &args.deadline_s.to_string()])
         .args(["--timeout-s", &(args.deadline_s / 2.0).to_string()])
@@ -358,6 +420,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         gpus.push((s.addr.to_string(), s.profile, mean, busy, hit));
     }
     drop(daemon);
+    drop(nginx);
     drop(sims);
     let mut e2e_by_index = BTreeMap::new();
     for r in report["requests"].as_array().map(Vec::as_slice).unwrap_or_default() {
@@ -403,7 +466,7 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         s,
         "Fleet: {} x A100-80GB + {} x RTX 3090 24GB (`ailb-sim`, 7B fp16 model), time scale x{}. \
          Workload: {workload}, offered at {} x the trace's rate (replay speed {}). Every policy gets a \
-         freshly started fleet (empty KV caches) and a fresh `ailb run`; the replay client runs in the \
+         freshly started fleet (empty KV caches) and a fresh `ailb run` (nginx: a fresh nginx and no ailb); the replay client runs in the \
          attached child cgroup.\n",
         args.a100,
         args.rtx3090,
@@ -551,7 +614,12 @@ fn main() -> anyhow::Result<()> {
     if args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 250 {
         bail!("the fleet needs 1..=250 GPUs");
     }
-    let policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let have_nginx = Command::new("nginx").arg("-v").stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if policies.contains(&Policy::Nginx) && !have_nginx {
+        eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");
+        policies.retain(|p| *p != Policy::Nginx);
+    }
     let ailb = preflight();
     let cg = CgroupGuard::new("compare");
     let mut outs = Vec::new();
