@@ -15,8 +15,10 @@
 //! ```
 //!
 //! Policies:
-//! - `random`: "random L4": equal weights, no affinity, no load bound: the Maglev table hashed
-//!   by socket cookie, so each connection lands on a uniformly random backend.
+//! - `random`: "random L4": equal weights, no affinity, no load bound: one stateless Maglev
+//!   lookup per connection. The key is the conversation hash of a tagged socket (the cookie of
+//!   an untagged one) and `ailb-replay` always tags, so conversations stay together; on the
+//!   trace nearly every request starts its conversation, so it is close to uniform there.
 //! - `least-conn`: equal weights, no affinity, bounded loads with `load_factor = 1.01`: a
 //!   backend is skipped once its in-flight count exceeds 1.01 x the mean, which with c ~ 1 is
 //!   least-loaded placement.
@@ -523,7 +525,8 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         "\nLatencies are of the successful requests; a policy that fails the largest requests drops them from \
          its own percentiles, so the column \"requests all served\" takes P95 over the requests that every \
          policy served. Affinity hits are n/a: `ailb-sim` does not name itself in its responses, so the client \
-         cannot tell which backend served a turn. GPU utilisation: `/sim/state` `utilization` sampled every \
+         cannot tell which backend served a turn. Random L4 and least connections hash a tagged socket by its \
+         conversation (`ailb-replay` always tags), not by connection. GPU utilisation: `/sim/state` `utilization` sampled every \
          250 ms during the replay, mean per GPU, then mean and max - min over the GPUs.\n"
     );
     let _ = writeln!(s, "Per GPU (sampled utilisation mean / busy share since start / prefix-cache hit share):\n");
