@@ -3,7 +3,8 @@
 //!
 //! For each policy it starts a fresh fleet of `ailb-sim` processes on 127.0.10.x (so every
 //! policy begins with empty KV caches and idle GPUs), a fresh `ailb run` attached to a child
-//! cgroup created here, and runs `ailb-replay` inside that cgroup against the VIP, sampling
+//! cgroup created here, and runs the replay (`ailb_tests::replay`, the library of
+//! `ailb-replay`, in a re-exec of this binary) inside that cgroup against the VIP, sampling
 //! every GPU's `/sim/state` while it runs. Then it writes a Markdown report (and an SVG of the
 //! end-to-end latency CDFs) under `--out-dir` and prints the report.
 //!
@@ -11,20 +12,22 @@
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
 //!              [--a100 2] [--rtx3090 4] [--policies random,least-conn,ailb]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH]
-//!              [--sim-bin PATH] [--replay-bin PATH]
+//!              [--sim-bin PATH]
 //! ```
 //!
 //! Policies:
 //! - `random`: "random L4": equal weights, no affinity, no load bound: one stateless Maglev
-//!   lookup per connection. The key is the conversation hash of a tagged socket (the cookie of
-//!   an untagged one) and `ailb-replay` always tags, so conversations stay together; on the
-//!   trace nearly every request starts its conversation, so it is close to uniform there.
+//!   lookup per connection. The replay does not tag these sockets (an L4 balancer knows no
+//!   conversation and no memory need), so the key is the socket cookie: a uniformly random
+//!   backend per connection. (A tagged socket would be hashed by its conversation.)
 //! - `least-conn`: equal weights, no affinity, bounded loads with `load_factor = 1.01`: a
 //!   backend is skipped once its in-flight count exceeds 1.01 x the mean, which with c ~ 1 is
-//!   least-loaded placement.
+//!   least-loaded placement. Untagged, like `random`.
 //! - `ailb`: weights by GPU capability (A100 3, RTX 3090 1), each backend's `free_memory_mb`
 //!   set to its KV budget (so the replay client's memory hints take effect), conversation
-//!   affinity on, load bound 1.25.
+//!   affinity on, load bound 1.25. The only policy whose sockets carry the conversation and
+//!   memory tags.
+//! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -35,7 +38,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::replay::percentile;
+use ailb_tests::replay::synthetic::SyntheticOpts;
+use ailb_tests::replay::{self, percentile, trace, RunOpts, TraceSelect};
 use ailb_tests::sim::GpuProfile;
 use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
@@ -88,9 +92,15 @@ struct Args {
     /// `ailb-sim` binary (default: next to this one).
     #[arg(long)]
     sim_bin: Option<PathBuf>,
-    /// `ailb-replay` binary (default: next to this one).
-    #[arg(long)]
-    replay_bin: Option<PathBuf>,
+    /// Internal: run the replay against this VIP (inside the cgroup) and exit.
+    #[arg(long, hide = true)]
+    replay_worker: Option<String>,
+    /// Internal: where the replay worker writes its JSON report.
+    #[arg(long, hide = true)]
+    worker_out: Option<PathBuf>,
+    /// Internal: the replay worker sends no conversation or memory tag.
+    #[arg(long, hide = true)]
+    untagged: bool,
     /// Limit of the replay of one policy, real seconds.
     #[arg(long, default_value_t = 300.0)]
     deadline_s: f64,
@@ -343,7 +353,6 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::Tes
 
 fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: u16) -> anyhow::Result<Outcome> {
     let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
-    let replay_bin = args.replay_bin.clone().unwrap_or_else(|| sibling_bin("ailb-replay"));
     let sims = start_fleet(args, &sim_bin, port)?;
     let dir = tempfile::tempdir().context("temp dir")?;
     let (daemon, nginx, vip) = if policy == Policy::Nginx {
@@ -354,12 +363,12 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     };
     let out = dir.path().join("replay.json");
     let speed = args.load * args.time_scale;
-    let mut cmd = Command::new(&replay_bin);
-    cmd.args(["--vip", &vip, "--model", MODEL, "--quiet", "--concurrency", "512"])
-        .args(["--limit", &args.limit.to_string(), "--speed", &speed.to_string()])
-        .args(["--seed", &args.seed.to_string(), "--deadline-s", &args.deadline_s.to_string()])
-        .args(["--timeout-s", &(args.deadline_s / 2.0).to_string()])
-        .arg("--out")
+    let me = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(me);
+    cmd.args(["--replay-worker", &vip, "--limit", &args.limit.to_string(), "--load", &args.load.to_string()])
+        .args(["--time-scale", &args.time_scale.to_string(), "--seed", &args.seed.to_string()])
+        .args(["--deadline-s", &args.deadline_s.to_string()])
+        .arg("--worker-out")
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -368,6 +377,9 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
     } else if let Some(t) = &args.trace {
         cmd.arg("--trace").arg(t);
+    }
+    if policy != Policy::Ailb {
+        cmd.arg("--untagged");
     }
     eprintln!("ailb-compare: {}: replaying {} requests at speed {speed}", policy.title(), args.limit);
     let start = Instant::now();
@@ -382,13 +394,13 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     let hard = start + Duration::from_secs_f64(args.deadline_s + args.deadline_s / 2.0 + 30.0);
     let mut next = Instant::now();
     let status = loop {
-        if let Some(st) = child.try_wait().context("waiting for ailb-replay")? {
+        if let Some(st) = child.try_wait().context("waiting for the replay")? {
             break st;
         }
         if Instant::now() >= hard {
             let _ = child.kill(); // SIGKILL to this child's pid only
             let _ = child.wait();
-            bail!("ailb-replay did not finish in time");
+            bail!("the replay did not finish in time");
         }
         if Instant::now() >= next {
             next += Duration::from_millis(250);
@@ -405,7 +417,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     let wall_s = start.elapsed().as_secs_f64();
     let err_text = err_thread.join().unwrap_or_default();
     if !status.success() {
-        bail!("ailb-replay failed ({status}): {err_text}");
+        bail!("the replay failed ({status}): {err_text}");
     }
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).context("reading the replay report")?)
         .context("parsing the replay report")?;
@@ -525,8 +537,8 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         "\nLatencies are of the successful requests; a policy that fails the largest requests drops them from \
          its own percentiles, so the column \"requests all served\" takes P95 over the requests that every \
          policy served. Affinity hits are n/a: `ailb-sim` does not name itself in its responses, so the client \
-         cannot tell which backend served a turn. Random L4 and least connections hash a tagged socket by its \
-         conversation (`ailb-replay` always tags), not by connection. GPU utilisation: `/sim/state` `utilization` sampled every \
+         cannot tell which backend served a turn. Only ailb's sockets carry the conversation and memory \
+         tags; the others connect untagged, as to an L4 or L7 balancer that knows neither. GPU utilisation: `/sim/state` `utilization` sampled every \
          250 ms during the replay, mean per GPU, then mean and max - min over the GPUs.\n"
     );
     let _ = writeln!(s, "Per GPU (sampled utilisation mean / busy share since start / prefix-cache hit share):\n");
@@ -609,8 +621,50 @@ fn cdf_svg(outs: &[Outcome]) -> String {
     s
 }
 
+/// The replay of one policy, run inside the cgroup: the same requests as `ailb-replay` would
+/// send for these options, untagged when asked.
+fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
+    let mut specs = if args.synthetic {
+        let opts = SyntheticOpts {
+            requests: args.limit,
+            conversations_per_s: args.rate,
+            seed: args.seed,
+            ..Default::default()
+        };
+        replay::synthetic_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, MODEL)
+    } else {
+        let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
+        let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+        let (requests, _issues) = trace::parse(std::io::BufReader::new(file));
+        let (convs, _stats) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
+        let sel = TraceSelect { limit: Some(args.limit), model: MODEL.to_string(), ..Default::default() };
+        replay::trace_specs(&requests, &convs, &sel)
+    };
+    if args.untagged {
+        for s in &mut specs {
+            s.conversation.clear();
+            s.memory_mb = 0;
+        }
+    }
+    let opts = RunOpts {
+        vip: vip.parse().with_context(|| format!("--replay-worker {vip}"))?,
+        speed: args.load * args.time_scale,
+        concurrency: 512,
+        request_timeout: Duration::from_secs_f64(args.deadline_s / 2.0),
+        deadline: Duration::from_secs_f64(args.deadline_s),
+        progress: false,
+    };
+    let (records, summary) = replay::run(&specs, &opts);
+    std::fs::write(out, format!("{:#}\n", replay::report_json(&summary, &records))).context("writing the report")?;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(vip) = &args.replay_worker {
+        let out = args.worker_out.clone().context("--replay-worker needs --worker-out")?;
+        return replay_worker(&args, vip, &out);
+    }
     if !(args.load > 0.0 && args.time_scale > 0.0 && args.deadline_s > 0.0) {
         bail!("--load, --time-scale and --deadline-s must be positive");
     }
