@@ -11,8 +11,7 @@
 //!
 //! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
 //! request too large for a 3090, and on 120 of its requests one run (random still hashed by
-//! conversation then) read 0.71x, too close to
-//! the margin to assert on.
+//! conversation then) read 0.71x, too close to the margin to assert on.
 
 use std::process::Command;
 use std::time::Duration;
