@@ -201,6 +201,7 @@ fn cached_prefix_skips_prefill_and_sse_is_well_formed() {
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(first.header("content-type"), Some("text/event-stream"));
     assert_eq!(first.header("x-ailb-sim-cached-tokens"), Some("0"));
+    assert_eq!(first.header("x-ailb-backend"), Some(sim.addr.as_str()), "the server names itself");
     let (events, done) = sse_events(&first.body);
     assert!(done, "stream must end with data: [DONE]: {}", first.body);
     assert_eq!(events.len(), 4, "3 tokens and a usage chunk: {events:?}");

@@ -70,6 +70,9 @@ struct App {
     clock: Clock,
     cfg: SimConfig,
     next_chat: AtomicU64,
+    /// This server's `ip:port`, sent as `x-ailb-backend` so that a client can tell which GPU
+    /// served it (the affinity hit rate of a replay).
+    addr: String,
 }
 
 impl App {
@@ -145,6 +148,7 @@ impl Drop for WaitGuard {
 
 /// Serves until the listener fails.
 pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io::Result<()> {
+    let addr = listener.local_addr()?.to_string();
     let app = Arc::new(App {
         inner: Mutex::new(Inner {
             gpu: Gpu::new(cfg.profile.clone()),
@@ -156,6 +160,7 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         clock: Clock { start: Instant::now(), scale: cfg.time_scale },
         cfg,
         next_chat: AtomicU64::new(0),
+        addr,
     });
     tokio::spawn(sampler(app.clone()));
     let router = Router::new()
@@ -348,6 +353,7 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
         queued_s: app.clock.now() - t0,
     };
     let sim_headers = [
+        ("x-ailb-backend", app.addr.clone()),
         ("x-ailb-sim-cached-tokens", gen.started.cached_tokens.to_string()),
         ("x-ailb-sim-queued-s", format!("{:.6}", gen.queued_s)),
     ];
