@@ -538,8 +538,8 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         s,
         "\nLatencies are of the successful requests; a policy that fails the largest requests drops them from \
          its own percentiles, so the column \"requests all served\" takes P95 over the requests that every \
-         policy served. Affinity hits are n/a: `ailb-sim` does not name itself in its responses, so the client \
-         cannot tell which backend served a turn. Only ailb's sockets carry the conversation and memory \
+         policy served. Affinity hits: the share of a conversation's later turns served by the same GPU as \
+         the turn before (`ailb-sim` names itself in `x-ailb-backend`). Only ailb's sockets carry the conversation and memory \
          tags; the others connect untagged, as to an L4 or L7 balancer that knows neither. GPU utilisation: `/sim/state` `utilization` sampled every \
          250 ms during the replay, mean per GPU, then mean and max - min over the GPUs.\n"
     );
