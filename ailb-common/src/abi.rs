@@ -260,6 +260,7 @@ pub struct GlobalConfig {
 /// `AILB_STATS` value (per-CPU, one entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
 pub struct Stats {
     /// Connects to a VIP that got a backend.
     pub picks: u64,
@@ -286,6 +287,7 @@ pub struct Stats {
 /// `AILB_BACKEND_STATS` value (per-CPU, indexed by backend id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
 pub struct BackendStats {
     pub picks: u64,
     pub affinity_hits: u64,
@@ -295,6 +297,37 @@ pub struct BackendStats {
     /// Sum of smoothed RTT samples (microseconds) taken when connections were established.
     pub rtt_us_sum: u64,
     pub rtt_samples: u64,
+}
+
+impl Stats {
+    /// Adds another CPU's counters (userspace sums the per-CPU values).
+    pub fn merge(&mut self, o: &Self) {
+        self.picks += o.picks;
+        self.affinity_hits += o.affinity_hits;
+        self.affinity_breaks += o.affinity_breaks;
+        self.spills += o.spills;
+        self.fallbacks += o.fallbacks;
+        self.no_backend += o.no_backend;
+        self.no_fit += o.no_fit;
+        self.established += o.established;
+        self.closed += o.closed;
+        self.connect_failures += o.connect_failures;
+        self.sockopts += o.sockopts;
+        self.bad_sockopts += o.bad_sockopts;
+    }
+}
+
+impl BackendStats {
+    /// Adds another CPU's counters.
+    pub fn merge(&mut self, o: &Self) {
+        self.picks += o.picks;
+        self.affinity_hits += o.affinity_hits;
+        self.established += o.established;
+        self.closed += o.closed;
+        self.connect_failures += o.connect_failures;
+        self.rtt_us_sum += o.rtt_us_sum;
+        self.rtt_samples += o.rtt_samples;
+    }
 }
 
 #[cfg(feature = "user")]

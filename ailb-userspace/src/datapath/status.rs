@@ -20,7 +20,7 @@ pub struct Status {
     pub abi_version: u32,
     pub generation: u64,
     pub config: ConfigStatus,
-    pub stats: StatsStatus,
+    pub stats: Stats,
     pub models: Vec<ModelStatus>,
 }
 
@@ -31,22 +31,6 @@ pub struct ConfigStatus {
     pub affinity: bool,
     pub load_bound: bool,
     pub affinity_ttl_ms: u64,
-}
-
-#[derive(Debug, Serialize, Default)]
-pub struct StatsStatus {
-    pub picks: u64,
-    pub affinity_hits: u64,
-    pub affinity_breaks: u64,
-    pub spills: u64,
-    pub fallbacks: u64,
-    pub no_backend: u64,
-    pub no_fit: u64,
-    pub established: u64,
-    pub closed: u64,
-    pub connect_failures: u64,
-    pub sockopts: u64,
-    pub bad_sockopts: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -79,39 +63,17 @@ pub struct BackendStatus {
     pub rtt_us_avg: Option<f64>,
 }
 
-fn sum_stats(maps: &Maps) -> Result<StatsStatus, DatapathError> {
+fn sum_stats(maps: &Maps) -> Result<Stats, DatapathError> {
     let per_cpu = maps.stats.get(&0, 0).map_err(map_err(maps::STATS))?;
-    let mut s = StatsStatus::default();
-    for v in per_cpu.iter() {
-        let v: &Stats = v;
-        s.picks += v.picks;
-        s.affinity_hits += v.affinity_hits;
-        s.affinity_breaks += v.affinity_breaks;
-        s.spills += v.spills;
-        s.fallbacks += v.fallbacks;
-        s.no_backend += v.no_backend;
-        s.no_fit += v.no_fit;
-        s.established += v.established;
-        s.closed += v.closed;
-        s.connect_failures += v.connect_failures;
-        s.sockopts += v.sockopts;
-        s.bad_sockopts += v.bad_sockopts;
-    }
+    let mut s = Stats::default();
+    per_cpu.iter().for_each(|v| s.merge(v));
     Ok(s)
 }
 
 fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
     let per_cpu = maps.backend_stats.get(&id, 0).map_err(map_err(maps::BACKEND_STATS))?;
     let mut s = BackendStats::default();
-    for v in per_cpu.iter() {
-        s.picks += v.picks;
-        s.affinity_hits += v.affinity_hits;
-        s.established += v.established;
-        s.closed += v.closed;
-        s.connect_failures += v.connect_failures;
-        s.rtt_us_sum += v.rtt_us_sum;
-        s.rtt_samples += v.rtt_samples;
-    }
+    per_cpu.iter().for_each(|v| s.merge(v));
     Ok(s)
 }
 
