@@ -97,19 +97,26 @@ impl RequestRecord {
     }
 }
 
+impl RequestRecord {
+    /// A record of `spec` with no outcome yet.
+    pub fn for_spec(spec: &RequestSpec) -> Self {
+        Self {
+            index: spec.index,
+            line: spec.line,
+            conversation: spec.conversation.clone(),
+            at_ms: spec.at_ms,
+            prompt_tokens: spec.prompt_tokens,
+            max_tokens: spec.max_tokens,
+            memory_mb: spec.memory_mb,
+            ..Default::default()
+        }
+    }
+}
+
 /// Sends `spec` to `vip` and reads the stream, giving up after `timeout` in all.
 /// Never panics on a network or protocol error: it is recorded in `error`.
 pub fn send(vip: SocketAddrV4, spec: &RequestSpec, timeout: Duration) -> RequestRecord {
-    let mut rec = RequestRecord {
-        index: spec.index,
-        line: spec.line,
-        conversation: spec.conversation.clone(),
-        at_ms: spec.at_ms,
-        prompt_tokens: spec.prompt_tokens,
-        max_tokens: spec.max_tokens,
-        memory_mb: spec.memory_mb,
-        ..Default::default()
-    };
+    let mut rec = RequestRecord::for_spec(spec);
     let start = Instant::now();
     let res = exchange(vip, spec, timeout, start, &mut rec);
     rec.e2e_ms = ms(start.elapsed());

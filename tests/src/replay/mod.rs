@@ -184,15 +184,8 @@ pub fn run(specs: &[RequestSpec], opts: &RunOpts) -> (Vec<RequestRecord>, Summar
     let mut recs = std::mem::take(&mut *records.lock().unwrap_or_else(|p| p.into_inner()));
     for spec in unsent {
         recs.push(RequestRecord {
-            index: spec.index,
-            line: spec.line,
-            conversation: spec.conversation.clone(),
-            at_ms: spec.at_ms,
-            prompt_tokens: spec.prompt_tokens,
-            max_tokens: spec.max_tokens,
-            memory_mb: spec.memory_mb,
             error: Some(format!("not sent: replay deadline of {:?} reached", opts.deadline)),
-            ..Default::default()
+            ..RequestRecord::for_spec(spec)
         });
     }
     recs.sort_by_key(|r| r.index);
