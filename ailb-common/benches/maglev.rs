@@ -7,12 +7,25 @@ use ailb_common::{
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
-fn fleet(n: u32, weighted: bool) -> Vec<MaglevBackend> {
+/// Weights: equal, 1..7, or spread like the policy's (33..1000: GPU capability x load x
+/// utilisation factors).
+#[derive(Clone, Copy)]
+enum Weights {
+    Equal,
+    Small,
+    Policy,
+}
+
+fn fleet(n: u32, weights: Weights) -> Vec<MaglevBackend> {
     (0..n)
         .map(|i| MaglevBackend {
             id: i,
             key: backend_key(0x0000_007f + (i << 8), 8000u16.to_be(), 0),
-            weight: if weighted { 1 + i % 7 } else { 1 },
+            weight: match weights {
+                Weights::Equal => 1,
+                Weights::Small => 1 + i % 7,
+                Weights::Policy => 1000 / (1 + (i * 7919) % 30),
+            },
         })
         .collect()
 }
@@ -20,10 +33,24 @@ fn fleet(n: u32, weighted: bool) -> Vec<MaglevBackend> {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("maglev_build");
     g.sample_size(20);
-    for &(n, weighted) in &[(10u32, false), (100, true), (1000, false), (1000, true)] {
-        let backends = fleet(n, weighted);
+    let cases = [
+        (10u32, Weights::Equal),
+        (100, Weights::Small),
+        (90, Weights::Policy),
+        (1000, Weights::Equal),
+        (1000, Weights::Small),
+    ];
+    for (n, weights) in cases {
+        let backends = fleet(n, weights);
         let m = table_size_for(n as usize);
-        let label = format!("{n}{}_M{m}", if weighted { "_weighted" } else { "" });
+        let label = format!(
+            "{n}{}_M{m}",
+            match weights {
+                Weights::Equal => "",
+                Weights::Small => "_weighted",
+                Weights::Policy => "_policy_weights",
+            }
+        );
         g.bench_with_input(BenchmarkId::from_parameter(label), &backends, |b, backends| {
             b.iter(|| build(backends, m).expect("table"))
         });

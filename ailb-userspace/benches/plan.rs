@@ -5,10 +5,11 @@ use std::{collections::BTreeMap, net::SocketAddrV4};
 
 use ailb_common::{
     hash::backend_key,
-    maglev::{build, table_size_for, MaglevBackend},
+    maglev::{table_size_for, MaglevBackend},
 };
 use ailb_userspace::{
     config::Config,
+    datapath::tables::build_all,
     discovery::{Instance, Snapshot},
     policy::{plan, PolicyState},
 };
@@ -68,28 +69,30 @@ fn bench(c: &mut Criterion) {
             plan(&snap, &cfg, &mut state).len()
         })
     });
+    // As the daemon does it: the policy, then every model's table through `build_all` (on all
+    // cores; this machine has 2).
     g.bench_function("policy_and_tables", |b| {
         b.iter(|| {
             let mut state = PolicyState::default();
             let p = plan(&snap, &cfg, &mut state);
-            let mut slots = 0usize;
-            for mp in p.values() {
-                let members: Vec<MaglevBackend> = mp
-                    .backends
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.eligible && b.weight > 0)
-                    .map(|(i, b)| MaglevBackend {
-                        id: i as u32,
-                        key: backend_key(u32::from_ne_bytes(b.address.ip().octets()), b.address.port().to_be(), 0),
-                        weight: b.weight,
-                    })
-                    .collect();
-                if !members.is_empty() {
-                    slots += build(&members, table_size_for(members.len())).expect("table").len();
-                }
-            }
-            slots
+            let members: Vec<Vec<MaglevBackend>> = p
+                .values()
+                .map(|mp| {
+                    mp.backends
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, b)| b.eligible && b.weight > 0)
+                        .map(|(i, b)| MaglevBackend {
+                            id: i as u32,
+                            key: backend_key(u32::from_ne_bytes(b.address.ip().octets()), b.address.port().to_be(), 0),
+                            weight: b.weight,
+                        })
+                        .collect()
+                })
+                .collect();
+            let jobs: Vec<(&[MaglevBackend], u32)> =
+                members.iter().filter(|m| !m.is_empty()).map(|m| (m.as_slice(), table_size_for(m.len()))).collect();
+            build_all(&jobs).into_iter().map(|b| b.table.expect("table").len()).sum::<usize>()
         })
     });
     g.finish();

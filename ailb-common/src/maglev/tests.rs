@@ -153,3 +153,130 @@ proptest! {
         }
     }
 }
+
+/// The fill as first written: every backend visited every round, one look per credit of
+/// `w_max`. [`build`] skips the idle visits and finishes the last slots by claims; both must
+/// give byte-identical tables.
+fn reference_build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevError> {
+    if !is_prime(size) {
+        return Err(MaglevError::SizeNotPrime(size));
+    }
+    if backends.len() > MAX_MEMBERS as usize {
+        return Err(MaglevError::TooManyBackends { count: backends.len(), max: MAX_MEMBERS as usize });
+    }
+    let mut order: Vec<MaglevBackend> = backends.iter().copied().filter(|b| b.weight > 0).collect();
+    order.sort_by_key(|b| (b.key, b.id));
+    for pair in order.windows(2) {
+        if pair[0].key == pair[1].key {
+            return Err(MaglevError::Duplicate { id: pair[1].id, key: pair[1].key });
+        }
+    }
+    let mut ids: Vec<u32> = order.iter().map(|b| b.id).collect();
+    ids.sort_unstable();
+    for pair in ids.windows(2) {
+        if pair[0] == pair[1] {
+            return Err(MaglevError::Duplicate { id: pair[0], key: 0 });
+        }
+    }
+    let m = size as u64;
+    let mut table = vec![NO_BACKEND; size as usize];
+    if order.is_empty() {
+        return Ok(table);
+    }
+    let (floors, caps) = capacities(&order, m);
+    let offset: Vec<u64> = order.iter().map(|b| b.key % m).collect();
+    let skip: Vec<u64> = order.iter().map(|b| 1 + rehash(b.key) % (m - 1).max(1)).collect();
+    let slot_of = |i: usize, rank: u64| ((offset[i] + rank * skip[i]) % m) as usize;
+    let w_max = order.iter().map(|b| b.weight as u64).max().unwrap_or(1);
+    // `owner` holds indices into `order` while building.
+    let mut owner = vec![usize::MAX; size as usize];
+    let mut next = vec![0u64; order.len()];
+    let mut credit = vec![0u64; order.len()];
+    let mut got = vec![0u64; order.len()];
+    let mut filled = 0u64;
+    // Rank-synchronous rounds: every backend looks at as many of its next preferred slots as
+    // its weight earns (w / w_max per round) and takes those still free while under its
+    // capacity. A backend walks its whole permutation at most once (next < m), and the
+    // capacities add up to at least m, so the loop ends with every slot filled.
+    while filled < m {
+        for (i, b) in order.iter().enumerate() {
+            credit[i] += b.weight as u64;
+            while credit[i] >= w_max {
+                credit[i] -= w_max;
+                if got[i] >= caps[i] || next[i] >= m {
+                    continue;
+                }
+                let c = slot_of(i, next[i]);
+                next[i] += 1;
+                if owner[c] == usize::MAX {
+                    owner[c] = i;
+                    got[i] += 1;
+                    filled += 1;
+                }
+            }
+        }
+    }
+    // Repair: the slack lets some backends end above their exact share, so a slow (light)
+    // backend can end more than `slack` below it. Each backend below its floor takes back, in
+    // its own preference order, slots of backends that are above theirs. Since the floors
+    // add up to at most m, this ends with every backend at or above its floor.
+    for i in 0..order.len() {
+        let mut rank = 0u64;
+        while got[i] < floors[i] && rank < m {
+            let c = slot_of(i, rank);
+            rank += 1;
+            let o = owner[c];
+            if o != i && got[o] > floors[o] {
+                owner[c] = i;
+                got[o] -= 1;
+                got[i] += 1;
+            }
+        }
+    }
+    for (t, &o) in table.iter_mut().zip(&owner) {
+        *t = order[o].id;
+    }
+    Ok(table)
+}
+
+fn weighted(weights: &[u32], salt: u32) -> Vec<MaglevBackend> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| MaglevBackend {
+            id: i as u32,
+            key: backend_key(0x0a00_0000u32 + (i as u32) * 7919 + salt, 8000u16.to_be(), 0),
+            weight: w,
+        })
+        .collect()
+}
+
+#[test]
+fn fast_fill_matches_the_reference_on_wide_weight_ranges() {
+    // Policy-like weights (33..1000), extreme ratios (a calendar turn wraps), and equal ones.
+    let cases: Vec<Vec<u32>> = vec![
+        (0..90).map(|i| 33 + (i * 131) % 968).collect(),
+        vec![1, 1_000_000, 3, 70_000, 5],
+        vec![1; 300],
+        vec![u32::MAX, 1, u32::MAX / 3],
+    ];
+    for (n, w) in cases.iter().enumerate() {
+        let b = weighted(w, n as u32);
+        for m in [13, 4093, 16381] {
+            if m < 16 && w.len() > 4 {
+                continue;
+            }
+            assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap(), "case {n}, m {m}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn fast_fill_matches_the_reference(weights in prop::collection::vec(0u32..5000, 1..120), salt: u32, big in any::<bool>()) {
+        let b = weighted(&weights, salt);
+        let m = if big { 16381 } else { 4093 };
+        prop_assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap());
+    }
+}

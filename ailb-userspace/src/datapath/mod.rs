@@ -8,6 +8,7 @@ pub mod explain;
 pub mod load;
 pub mod status;
 mod sys;
+pub mod tables;
 pub mod teardown;
 pub mod writer;
 

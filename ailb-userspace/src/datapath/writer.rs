@@ -19,7 +19,7 @@ use ailb_common::{
 };
 use tracing::{debug, info};
 
-use super::{map_err, DatapathError, Maps};
+use super::{map_err, tables, DatapathError, Maps};
 use crate::{config::ValidConfig, policy::Plan};
 
 pub fn addr_be(a: &SocketAddrV4) -> (u32, u16) {
@@ -187,7 +187,9 @@ impl Writer {
             }
         }
 
-        // Tables, one model at a time, each swapped atomically.
+        // Tables: the ones whose builder inputs changed are built together (on all cores), then
+        // each model's table is swapped atomically, one model at a time.
+        let mut inputs = Vec::with_capacity(plan.len());
         for (name, mp) in plan {
             let midx = self.models[name];
             let mut members: Vec<MaglevBackend> = mp
@@ -205,7 +207,23 @@ impl Writer {
                 .collect();
             members.sort_by_key(|m| m.id);
             let ttl_ns = mp.affinity_ttl.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64);
-            self.write_model(name, midx, &members, ttl_ns, generation, &mut report)?;
+            inputs.push((name, midx, members, ttl_ns));
+        }
+        let stale: Vec<usize> = (0..inputs.len())
+            .filter(|&k| {
+                let (_, midx, members, _) = &inputs[k];
+                !members.is_empty() && self.built.get(midx).is_none_or(|b| b != members)
+            })
+            .collect();
+        let jobs: Vec<(&[MaglevBackend], u32)> =
+            stale.iter().map(|&k| (inputs[k].2.as_slice(), maglev::table_size_for(inputs[k].2.len()))).collect();
+        let started = std::time::Instant::now();
+        let mut prebuilt: HashMap<usize, tables::Built> = stale.iter().copied().zip(tables::build_all(&jobs)).collect();
+        if !jobs.is_empty() {
+            debug!(tables = jobs.len(), build_us = started.elapsed().as_micros() as u64, "tables built");
+        }
+        for (k, (name, _, members, ttl_ns)) in inputs.iter().enumerate() {
+            self.write_model(name, members, prebuilt.remove(&k), *ttl_ns, generation, &mut report)?;
         }
 
         // VIPs and model names.
@@ -277,12 +295,13 @@ impl Writer {
     fn write_model(
         &mut self,
         name: &str,
-        midx: u32,
         members: &[MaglevBackend],
+        prebuilt: Option<tables::Built>,
         affinity_ttl_ns: u64,
         generation: u64,
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
+        let midx = self.models[name];
         let mut st = self.maps.models.get(&midx, 0).map_err(map_err(maps::MODELS))?;
         let mut name_bytes = [0u8; MAX_MODEL_NAME_LEN];
         name_bytes[..name.len()].copy_from_slice(name.as_bytes());
@@ -313,11 +332,11 @@ impl Writer {
             debug!(model = name, "table inputs unchanged");
             return Ok(());
         }
-        let started = std::time::Instant::now();
         let size = maglev::table_size_for(members.len());
-        let table =
-            maglev::build(members, size).map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
-        let built = started.elapsed();
+        let tables::Built { table, took: built } =
+            prebuilt.unwrap_or_else(|| tables::build_all(&[(members, size)]).remove(0));
+        let table = table.map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
+        let started = std::time::Instant::now();
         let unchanged = self.tables.get(&midx).is_some_and(|(t, m)| *t == table && *m == ids)
             && st.flags & MODEL_AVAILABLE != 0
             && st.active_slot().total_weight == total_weight;
@@ -343,7 +362,7 @@ impl Writer {
         st.flags = MODEL_AVAILABLE;
         self.maps.models.set(midx, st, 0).map_err(map_err(maps::MODELS))?;
         let build_us = built.as_micros() as u64;
-        let swap_us = (started.elapsed() - built).as_micros() as u64;
+        let swap_us = started.elapsed().as_micros() as u64;
         info!(model = name, backends = ids.len(), table_size = size, generation, build_us, swap_us, "table swapped");
         report.tables_rebuilt.push(name.to_string());
         self.tables.insert(midx, (table, ids));

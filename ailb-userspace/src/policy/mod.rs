@@ -29,7 +29,7 @@ mod weights;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddrV4,
     time::Duration,
 };
@@ -137,11 +137,16 @@ pub fn plan(snapshot: &Snapshot, config: &ValidConfig, state: &mut PolicyState) 
     let pc = &config.policy;
     let mut seen: BTreeSet<(String, SocketAddrV4)> = BTreeSet::new();
     let mut plan = Plan::new();
+    // Instances per model, grouped once (not one pass over the snapshot per model).
+    let mut of_model: HashMap<&str, Vec<&Instance>> = HashMap::new();
+    for inst in &snapshot.instances {
+        of_model.entry(inst.model.as_str()).or_default().push(inst);
+    }
     for (name, vm) in &config.models {
         // The model's instances by address; duplicates (several services or clusters listing
         // one address) resolved by `instance_order`.
         let mut by_addr: BTreeMap<(u32, u16), Vec<&Instance>> = BTreeMap::new();
-        for inst in snapshot.instances.iter().filter(|i| &i.model == name) {
+        for &inst in of_model.get(name.as_str()).into_iter().flatten() {
             by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
         }
         let mut evaluated = Vec::with_capacity(by_addr.len());

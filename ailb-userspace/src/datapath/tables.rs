@@ -1,0 +1,88 @@
+//! Builds many Maglev tables at once on the machine's cores (a full recompute at start-up or
+//! after a fleet-wide change rebuilds every model's table). Each table is built by one thread
+//! from its own inputs, so the tables are the same as built one by one.
+
+use std::{
+    num::NonZeroUsize,
+    sync::atomic::{AtomicUsize, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use ailb_common::maglev::{self, MaglevBackend, MaglevError};
+
+/// Below this many table slots in all, threads cost more than they save (a thread starts in
+/// tens of microseconds; a table of 16381 slots builds in about one millisecond).
+const PARALLEL_MIN_SLOTS: usize = 32 * 1024;
+
+/// One built table and the time its build took (on its thread).
+#[derive(Debug, PartialEq)]
+pub struct Built {
+    pub table: Result<Vec<u32>, MaglevError>,
+    pub took: Duration,
+}
+
+fn build_one(members: &[MaglevBackend], size: u32) -> Built {
+    let started = Instant::now();
+    let table = maglev::build(members, size);
+    Built { table, took: started.elapsed() }
+}
+
+/// The table of each job (`members`, table size), in job order.
+pub fn build_all(jobs: &[(&[MaglevBackend], u32)]) -> Vec<Built> {
+    let threads = thread::available_parallelism().map_or(1, NonZeroUsize::get).min(jobs.len());
+    let slots: usize = jobs.iter().map(|(_, size)| *size as usize).sum();
+    if threads <= 1 || slots < PARALLEL_MIN_SLOTS {
+        return jobs.iter().map(|(members, size)| build_one(members, *size)).collect();
+    }
+    // Jobs are taken from a shared counter, so a thread that got small tables takes more.
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, Built)> = thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((members, size)) = jobs.get(j) else { break out };
+                        out.push((j, build_one(members, *size)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a table builder thread panicked")).collect()
+    });
+    done.sort_unstable_by_key(|(j, _)| *j);
+    done.into_iter().map(|(_, t)| t).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ailb_common::maglev::table_size_for;
+
+    #[test]
+    fn parallel_builds_equal_serial_ones_in_job_order() {
+        let fleets: Vec<Vec<MaglevBackend>> = (1..40u32)
+            .map(|n| {
+                (0..n)
+                    .map(|i| MaglevBackend {
+                        id: i,
+                        key: u64::from(n) << 32 | u64::from(i.wrapping_mul(2654435761)),
+                        weight: 1 + i % 5,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut jobs: Vec<(&[MaglevBackend], u32)> =
+            fleets.iter().map(|f| (f.as_slice(), table_size_for(f.len()))).collect();
+        // One bad job: its error comes back in its place, the others are unaffected.
+        jobs.insert(3, (fleets[5].as_slice(), 4096));
+        let all = build_all(&jobs);
+        assert_eq!(all.len(), jobs.len());
+        for ((members, size), got) in jobs.iter().zip(&all) {
+            assert_eq!(got.table, maglev::build(members, *size));
+        }
+        assert!(matches!(all[3].table, Err(MaglevError::SizeNotPrime(4096))));
+    }
+}
