@@ -12,7 +12,7 @@ use std::{
 };
 
 use ailb_userspace::telemetry::{
-    model_server::{ModelServerSource, ServerKind, Url, MAX_BODY},
+    model_server::{GpuMetrics, KvCapacity, MemoryUnit, ModelServerSource, ServerKind, Url, UtilUnit, MAX_BODY},
     ServerSample, TelemetryError,
 };
 
@@ -141,21 +141,48 @@ fn routes(metrics: &'static str) -> impl Fn(&str) -> (u16, Vec<u8>) + Send + 'st
 async fn vllm_counts_are_summed_over_models() {
     let server = FakeServer::start(routes(VLLM));
     let s = source(&server, true, ServerKind::Vllm).sample().await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s, ServerSample { running: Some(5.0), waiting: Some(8.0), kv_cache_usage: Some(0.42), healthy: true });
+    assert_eq!(
+        s,
+        ServerSample {
+            running: Some(5.0),
+            waiting: Some(8.0),
+            kv_cache_usage: Some(0.42),
+            healthy: true,
+            ..ServerSample::default()
+        }
+    );
 }
 
 #[tokio::test]
 async fn vllm_before_0_10_uses_gpu_cache_usage() {
     let server = FakeServer::start(routes(VLLM_OLD));
     let s = source(&server, false, ServerKind::Vllm).sample().await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s, ServerSample { running: Some(1.0), waiting: Some(0.0), kv_cache_usage: Some(0.25), healthy: true });
+    assert_eq!(
+        s,
+        ServerSample {
+            running: Some(1.0),
+            waiting: Some(0.0),
+            kv_cache_usage: Some(0.25),
+            healthy: true,
+            ..ServerSample::default()
+        }
+    );
 }
 
 #[tokio::test]
 async fn sglang_counts() {
     let server = FakeServer::start(routes(SGLANG));
     let s = source(&server, true, ServerKind::Sglang).sample().await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s, ServerSample { running: Some(12.0), waiting: Some(4.0), kv_cache_usage: Some(0.8), healthy: true });
+    assert_eq!(
+        s,
+        ServerSample {
+            running: Some(12.0),
+            waiting: Some(4.0),
+            kv_cache_usage: Some(0.8),
+            healthy: true,
+            ..ServerSample::default()
+        }
+    );
 }
 
 #[tokio::test]
@@ -168,7 +195,16 @@ async fn custom_names_and_absent_metrics() {
         kv_cache_usage: None,
     };
     let s = source(&server, false, kind).sample().await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s, ServerSample { running: Some(6.0), waiting: Some(2.0), kv_cache_usage: None, healthy: true });
+    assert_eq!(
+        s,
+        ServerSample {
+            running: Some(6.0),
+            waiting: Some(2.0),
+            kv_cache_usage: None,
+            healthy: true,
+            ..ServerSample::default()
+        }
+    );
     // vLLM names on an SGLang body: nothing known, not an error (the body is valid).
     server.set(routes(SGLANG));
     let s = source(&server, true, ServerKind::Vllm).sample().await.unwrap_or_else(|e| panic!("{e}"));
@@ -254,4 +290,161 @@ async fn a_server_that_never_answers_is_healthy_false_within_the_timeout() {
     assert!(!s.healthy);
     // Bound: the 300 ms timeout plus scheduling slack far below the next second.
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+fn with_names(server: &FakeServer, names: ailb_userspace::telemetry::model_server::MetricNames) -> ModelServerSource {
+    ModelServerSource::with_names(server.url("/metrics"), None, names, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("source: {e}"))
+}
+
+/// vLLM with two data-parallel engines: its info gauge per engine, usage per engine (two
+/// model-name label sets on engine 0, as with a LoRA adapter: one cache, so averaged).
+const VLLM_DP: &str = r#"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="4096"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2048"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="0",model_name="sql-lora"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+"#;
+
+#[tokio::test]
+async fn vllm_free_kv_tokens_from_cache_config_info() {
+    let server = FakeServer::start(routes(VLLM_DP));
+    let mut names = ServerKind::Vllm.names();
+    names.kv_capacity = KvCapacity::VllmCacheConfig;
+    let src = with_names(&server, names.clone());
+    let s = src.sample().await.unwrap_or_else(|e| panic!("{e}"));
+    // 4096 x 16 x (1 - 0.25) + 2048 x 16 x (1 - 0.5) = 49152 + 16384.
+    assert_eq!(s.kv_free_tokens, Some(65536.0), "{s:?}");
+    assert!(s.unknown.is_empty(), "{s:?}");
+
+    // One info sample without an engine label (older vLLM): it is every engine's capacity.
+    server.set(routes(
+        "vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"1000\"} 1.0\nvllm:gpu_cache_usage_perc 0.1\n",
+    ));
+    let s = src.sample().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.kv_free_tokens, Some(32000.0 * 0.9), "{s:?}");
+
+    // Absent or not yet initialised: unknown, with the reason.
+    for (body, reason) in [
+        (VLLM, "vllm:cache_config_info absent"),
+        (
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0\nvllm:kv_cache_usage_perc 0.1\n",
+            "not whole numbers",
+        ),
+        ("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1.0\n", "no KV-cache usage gauge"),
+    ] {
+        server.set(routes(body));
+        let s = src.sample().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.kv_free_tokens, None, "{body}");
+        assert!(s.unknown.len() == 1 && s.unknown[0].contains(reason), "{body}: {:?}", s.unknown);
+    }
+    // Without KvCapacity nothing is read and nothing is reported.
+    let s = source(&server, false, ServerKind::Vllm).sample().await.unwrap();
+    assert_eq!((s.kv_free_tokens, s.unknown.len()), (None, 0));
+}
+
+#[tokio::test]
+async fn sglang_free_kv_tokens_from_max_total_num_tokens() {
+    let body = format!(
+        "{SGLANG}# TYPE sglang:max_total_num_tokens gauge\n\
+         sglang:max_total_num_tokens{{model_name=\"Qwen/Qwen2.5-7B-Instruct\",tp_rank=\"0\"}} 471258.0\n\
+         # TYPE sglang:num_used_tokens gauge\n\
+         sglang:num_used_tokens{{tp_rank=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"}} 100000.0\n"
+    );
+    let server = FakeServer::start(move |_| ok(&body));
+    let mut names = ServerKind::Sglang.names();
+    names.kv_capacity = KvCapacity::SglangTokens;
+    let s = with_names(&server, names.clone()).sample().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.kv_free_tokens, Some(371258.0), "{s:?}");
+    server.set(routes(SGLANG));
+    let s = with_names(&server, names).sample().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.kv_free_tokens, None);
+    assert!(s.unknown[0].contains("sglang:max_total_num_tokens absent"), "{:?}", s.unknown);
+}
+
+/// The DCGM exporter: one sample per GPU, `gpu` index and `UUID` labels, memory in MiB, util in %.
+const DCGM: &str = r#"# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 30000
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-b",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 20000
+DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-c",device="nvidia2",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 80000
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 30
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 60
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c",device="nvidia2",modelName="NVIDIA A100-SXM4-80GB",Hostname="n1"} 0
+"#;
+
+/// Triton: utilisation 0..1, memory in bytes, `gpu_uuid` label.
+const TRITON: &str = r#"# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="GPU-c06bbf33"} 0.250000
+# HELP nv_gpu_memory_total_bytes GPU total memory, in bytes
+# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-c06bbf33"} 42949672960.000000
+# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-c06bbf33"} 33763098624.000000
+"#;
+
+#[tokio::test]
+async fn mapped_gpu_gauges_in_their_units() {
+    let server = FakeServer::start(routes(DCGM));
+    let mut names = ServerKind::Vllm.names();
+    names.gpu = Some(GpuMetrics {
+        memory_free: Some("DCGM_FI_DEV_FB_FREE".into()),
+        memory_total: None,
+        memory_used: None,
+        memory_unit: MemoryUnit::MiB,
+        util: Some("DCGM_FI_DEV_GPU_UTIL".into()),
+        util_unit: UtilUnit::Percent,
+        labels: vec![("gpu".into(), vec!["0".into(), "1".into()])],
+    });
+    let s = with_names(&server, names.clone()).sample().await.unwrap_or_else(|e| panic!("{e}"));
+    // GPUs 0 and 1 only: 30000 + 20000 MiB, (30 + 60) / 2 %.
+    assert_eq!((s.memory_free_mb, s.gpu_util_pct, s.memory_total_mb), (Some(50000.0), Some(45.0), None), "{s:?}");
+    assert!(s.unknown.is_empty(), "{:?}", s.unknown);
+
+    // A filter that matches nothing: unknown, not zero.
+    let mut none = names.clone();
+    none.gpu.as_mut().unwrap().labels = vec![("gpu".into(), vec!["7".into()])];
+    let s = with_names(&server, none).sample().await.unwrap();
+    assert_eq!((s.memory_free_mb, s.gpu_util_pct), (None, None));
+    assert_eq!(s.unknown.len(), 2, "{:?}", s.unknown);
+    assert!(
+        s.unknown[0].contains("DCGM_FI_DEV_FB_FREE absent") && s.unknown[0].contains("gpu_labels"),
+        "{:?}",
+        s.unknown
+    );
+
+    // A fraction declared for a percent gauge: 3000 % is refused, not clamped.
+    let mut wrong = names.clone();
+    wrong.gpu.as_mut().unwrap().util_unit = UtilUnit::Fraction;
+    let s = with_names(&server, wrong).sample().await.unwrap();
+    assert_eq!(s.gpu_util_pct, None);
+    assert!(s.unknown.iter().any(|u| u.contains("outside 0..100")), "{:?}", s.unknown);
+
+    server.set(routes(TRITON));
+    let mut triton = ServerKind::Vllm.names();
+    triton.gpu = Some(GpuMetrics {
+        memory_free: None,
+        memory_total: Some("nv_gpu_memory_total_bytes".into()),
+        memory_used: Some("nv_gpu_memory_used_bytes".into()),
+        memory_unit: MemoryUnit::Bytes,
+        util: Some("nv_gpu_utilization".into()),
+        util_unit: UtilUnit::Fraction,
+        labels: vec![],
+    });
+    let s = with_names(&server, triton).sample().await.unwrap_or_else(|e| panic!("{e}"));
+    // (42949672960 - 33763098624) B = 8761 MiB (exactly 8761.0); 40960 MiB total; 25 %.
+    assert_eq!(
+        (s.memory_free_mb, s.memory_total_mb, s.gpu_util_pct),
+        (Some(8761.0), Some(40960.0), Some(25.0)),
+        "{s:?}"
+    );
 }

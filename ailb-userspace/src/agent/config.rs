@@ -32,7 +32,7 @@
 //! nvml = true                  # false: no NVML; memory and utilisation are not published
 //! ```
 
-use std::{net::Ipv4Addr, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddr, path::PathBuf, time::Duration};
 
 use reqwest::Url;
 use serde::Deserialize;
@@ -40,6 +40,7 @@ use serde::Deserialize;
 use crate::{
     config::{parse_duration, ConfigError},
     discovery::nacos::{NacosConfig, ValidNacos},
+    telemetry::model_server::{self, GpuMetrics, KvCapacity, MemoryUnit, MetricNames, UtilUnit},
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -94,6 +95,37 @@ pub enum ServerKind {
     #[default]
     Vllm,
     Sglang,
+    /// Names from `[instances.metrics]` (`running` and `waiting` required).
+    Custom,
+}
+
+/// `[instances.metrics]`: metric names read from `metrics_url`. For `server = "custom"`,
+/// `running` and `waiting` are required; for vLLM and SGLang every entry overrides or adds to
+/// the built-in names. The memory and utilisation gauges are for `nvml = false` only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Running requests (summed over label sets).
+    pub running: Option<String>,
+    /// Waiting requests (summed).
+    pub waiting: Option<String>,
+    /// KV-cache usage, fraction 0..1 (mean over label sets).
+    pub kv_cache_usage: Option<String>,
+    /// Free GPU memory (summed over the selected samples, one per GPU).
+    pub memory_free: Option<String>,
+    /// Total GPU memory; with `memory_used`, free = total - used.
+    pub memory_total: Option<String>,
+    pub memory_used: Option<String>,
+    /// `bytes`, `KiB`, `MiB` or `GiB`; required with any memory gauge.
+    pub memory_unit: Option<String>,
+    /// GPU utilisation (mean over the selected samples).
+    pub gpu_util: Option<String>,
+    /// `percent` (0..100) or `fraction` (0..1); required with `gpu_util`.
+    pub gpu_util_unit: Option<String>,
+    /// Only samples of the memory and utilisation gauges whose label has one of the values
+    /// (every entry must match), e.g. `{ gpu = ["0", "1"] }` for the DCGM exporter.
+    #[serde(default)]
+    pub gpu_labels: BTreeMap<String, Vec<String>>,
 }
 
 /// A GPU by NVML index or UUID.
@@ -134,6 +166,13 @@ pub struct InstanceConfig {
     /// Default true: NVML must be present at start-up.
     #[serde(default = "yes")]
     pub nvml: bool,
+    /// vLLM / SGLang with `nvml = false`: bytes of KV cache one token takes in the whole model
+    /// (layers x KV heads x head dim x 2 x dtype bytes); the free KV cache is then published as
+    /// free memory. Default none.
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<u64>,
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
 }
 
 fn default_publish() -> String {
@@ -184,6 +223,9 @@ pub struct ValidInstance {
     pub health_url: Option<Url>,
     pub server: ServerKind,
     pub nvml: bool,
+    /// What a scrape reads (built-in names, `[instances.metrics]`, KV capacity).
+    pub names: MetricNames,
+    pub kv_bytes_per_token: Option<u64>,
 }
 
 impl ValidInstance {
@@ -195,6 +237,194 @@ impl ValidInstance {
 
 fn text_ok(s: &str) -> bool {
     !s.trim().is_empty() && s.len() <= 256 && !s.chars().any(char::is_control)
+}
+
+/// The largest `kv_bytes_per_token`: 64 MiB, far above any model (Llama 3.1 405B in bf16 takes
+/// 126 layers x 8 KV heads x 128 x 2 x 2 bytes = 504 KiB).
+pub const MAX_KV_BYTES_PER_TOKEN: u64 = 64 << 20;
+
+fn metric_name_ok(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        && s.len() <= 200
+}
+
+fn label_name_ok(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The names an instance's scrape reads, from its `server`, `[instances.metrics]`, `nvml` and
+/// `kv_bytes_per_token`; `f` names a field (`instances[i].<name>`).
+fn metric_names(c: &InstanceConfig, f: &dyn Fn(&str) -> String) -> Result<MetricNames, ConfigError> {
+    let empty = MetricsConfig::default();
+    let m = c.metrics.as_ref().unwrap_or(&empty);
+    let names = [
+        ("running", &m.running),
+        ("waiting", &m.waiting),
+        ("kv_cache_usage", &m.kv_cache_usage),
+        ("memory_free", &m.memory_free),
+        ("memory_total", &m.memory_total),
+        ("memory_used", &m.memory_used),
+        ("gpu_util", &m.gpu_util),
+    ];
+    for (name, v) in names {
+        if let Some(v) = v.as_ref().filter(|v| !metric_name_ok(v)) {
+            return Err(ConfigError::invalid(
+                f(&format!("metrics.{name}")),
+                v,
+                "not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*, at most 200 bytes)",
+            ));
+        }
+    }
+    let mut out = match c.server {
+        ServerKind::Vllm => model_server::ServerKind::Vllm.names(),
+        ServerKind::Sglang => model_server::ServerKind::Sglang.names(),
+        ServerKind::Custom => {
+            for (name, v) in [("running", &m.running), ("waiting", &m.waiting)] {
+                if v.is_none() {
+                    return Err(ConfigError::invalid(
+                        f(&format!("metrics.{name}")),
+                        "(none)",
+                        format!("server = \"custom\" needs [instances.metrics] {name} = \"<gauge name>\""),
+                    ));
+                }
+            }
+            model_server::ServerKind::Custom { running: String::new(), waiting: String::new(), kv_cache_usage: None }
+                .names()
+        }
+    };
+    if let Some(r) = &m.running {
+        out.running = r.clone();
+    }
+    if let Some(w) = &m.waiting {
+        out.waiting = w.clone();
+    }
+    if let Some(k) = &m.kv_cache_usage {
+        out.kv_cache_usage = vec![k.clone()];
+    }
+
+    let memory = m.memory_free.is_some() || m.memory_total.is_some() || m.memory_used.is_some();
+    let nvml_conflict = |name: &str, v: &dyn ToString| {
+        ConfigError::invalid(
+            f(name),
+            v.to_string(),
+            "with nvml = true, NVML gives memory and utilisation; set nvml = false to take them from metrics",
+        )
+    };
+    if c.nvml {
+        if let Some(b) = c.kv_bytes_per_token {
+            return Err(nvml_conflict("kv_bytes_per_token", &b));
+        }
+        for (name, v) in [("metrics.memory_free", &m.memory_free), ("metrics.memory_total", &m.memory_total)]
+            .into_iter()
+            .chain([("metrics.memory_used", &m.memory_used), ("metrics.gpu_util", &m.gpu_util)])
+        {
+            if let Some(v) = v {
+                return Err(nvml_conflict(name, v));
+            }
+        }
+    }
+    if let Some(b) = c.kv_bytes_per_token {
+        if c.server == ServerKind::Custom {
+            return Err(ConfigError::invalid(
+                f("kv_bytes_per_token"),
+                b,
+                "only for server = \"vllm\" or \"sglang\" (their KV-cache capacity metrics); map memory_free instead",
+            ));
+        }
+        if !(1..=MAX_KV_BYTES_PER_TOKEN).contains(&b) {
+            return Err(ConfigError::invalid(
+                f("kv_bytes_per_token"),
+                b,
+                format!("must be 1 to {MAX_KV_BYTES_PER_TOKEN}"),
+            ));
+        }
+        if memory {
+            return Err(ConfigError::invalid(
+                f("kv_bytes_per_token"),
+                b,
+                "one memory source: the memory gauges of [instances.metrics] or kv_bytes_per_token, not both",
+            ));
+        }
+        out.kv_capacity = match c.server {
+            ServerKind::Sglang => KvCapacity::SglangTokens,
+            _ => KvCapacity::VllmCacheConfig,
+        };
+    }
+    if m.memory_free.is_some() && m.memory_used.is_some() {
+        return Err(ConfigError::invalid(
+            f("metrics.memory_used"),
+            m.memory_used.as_deref().unwrap_or_default(),
+            "give memory_free, or memory_total and memory_used, not both",
+        ));
+    }
+    if m.memory_used.is_some() && m.memory_total.is_none() {
+        return Err(ConfigError::invalid(
+            f("metrics.memory_used"),
+            m.memory_used.as_deref().unwrap_or_default(),
+            "needs memory_total (free = total - used)",
+        ));
+    }
+    let memory_unit = match (&m.memory_unit, memory) {
+        (Some(u), true) => Some(MemoryUnit::parse(u).ok_or_else(|| {
+            ConfigError::invalid(f("metrics.memory_unit"), u, "one of \"bytes\", \"KiB\", \"MiB\", \"GiB\"")
+        })?),
+        (None, true) => {
+            return Err(ConfigError::invalid(
+                f("metrics.memory_unit"),
+                "(none)",
+                "required with memory gauges: \"bytes\", \"KiB\", \"MiB\" or \"GiB\" (no guessing)",
+            ))
+        }
+        (Some(u), false) => {
+            return Err(ConfigError::invalid(f("metrics.memory_unit"), u, "no memory gauge is mapped"));
+        }
+        (None, false) => None,
+    };
+    let util_unit = match (&m.gpu_util_unit, &m.gpu_util) {
+        (Some(u), Some(_)) => Some(UtilUnit::parse(u).ok_or_else(|| {
+            ConfigError::invalid(f("metrics.gpu_util_unit"), u, "\"percent\" (0..100) or \"fraction\" (0..1)")
+        })?),
+        (None, Some(_)) => {
+            return Err(ConfigError::invalid(
+                f("metrics.gpu_util_unit"),
+                "(none)",
+                "required with gpu_util: \"percent\" (0..100) or \"fraction\" (0..1)",
+            ))
+        }
+        (Some(u), None) => return Err(ConfigError::invalid(f("metrics.gpu_util_unit"), u, "no gpu_util is mapped")),
+        (None, None) => None,
+    };
+    for (k, vals) in &m.gpu_labels {
+        let field = f(&format!("metrics.gpu_labels.{k}"));
+        if !label_name_ok(k) {
+            return Err(ConfigError::invalid(field, k, "not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"));
+        }
+        if vals.is_empty() {
+            return Err(ConfigError::invalid(field, "[]", "at least one value"));
+        }
+        if memory_unit.is_none() && util_unit.is_none() {
+            return Err(ConfigError::invalid(
+                field,
+                vals.join(","),
+                "filters the memory and utilisation gauges; none is mapped",
+            ));
+        }
+    }
+    if memory_unit.is_some() || util_unit.is_some() {
+        out.gpu = Some(GpuMetrics {
+            memory_free: m.memory_free.clone(),
+            memory_total: m.memory_total.clone(),
+            memory_used: m.memory_used.clone(),
+            memory_unit: memory_unit.unwrap_or(MemoryUnit::MiB),
+            util: m.gpu_util.clone(),
+            util_unit: util_unit.unwrap_or(UtilUnit::Percent),
+            labels: m.gpu_labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        });
+    }
+    Ok(out)
 }
 
 fn http_url(field: &str, s: &str) -> Result<Url, ConfigError> {
@@ -295,6 +525,8 @@ impl AgentConfig {
                 health_url: c.health_url.as_ref().map(|u| http_url(&f("health_url"), u)).transpose()?,
                 server: c.server,
                 nvml: c.nvml,
+                names: metric_names(c, &f)?,
+                kv_bytes_per_token: c.kv_bytes_per_token,
             });
         }
         Ok(ValidAgent {
@@ -363,5 +595,130 @@ nvml = false
     fn gpus_by_index_or_uuid() {
         let v = parse(&MIN.replace("nvml = false", "nvml = true\ngpus = [0, \"GPU-abc\"]")).unwrap();
         assert_eq!(v.instances[0].gpus, vec![GpuRef::Index(0), GpuRef::Uuid("GPU-abc".into())]);
+    }
+
+    /// `MIN` with `lines` added to the instance (before any table of it).
+    fn with(lines: &str) -> String {
+        format!("{MIN}{lines}\n")
+    }
+
+    #[test]
+    fn custom_server_takes_its_names_from_the_mapping() {
+        let v = parse(&with(
+            "server = \"custom\"\n[instances.metrics]\nrunning = \"tgi_batch_current_size\"\nwaiting = \"tgi_queue_size\"",
+        ))
+        .unwrap();
+        let n = &v.instances[0].names;
+        assert_eq!((n.running.as_str(), n.waiting.as_str()), ("tgi_batch_current_size", "tgi_queue_size"));
+        assert!(n.kv_cache_usage.is_empty() && n.gpu.is_none() && n.kv_capacity == KvCapacity::None, "{n:?}");
+        // vLLM keeps its names; the table overrides one of them.
+        let v = parse(&with("[instances.metrics]\nkv_cache_usage = \"vllm:gpu_cache_usage_perc\"")).unwrap();
+        let n = &v.instances[0].names;
+        assert_eq!(n.running, "vllm:num_requests_running");
+        assert_eq!(n.kv_cache_usage, vec!["vllm:gpu_cache_usage_perc".to_string()]);
+    }
+
+    #[test]
+    fn kv_bytes_per_token_reads_the_servers_capacity() {
+        let v = parse(&with("kv_bytes_per_token = 131072")).unwrap();
+        assert_eq!(v.instances[0].kv_bytes_per_token, Some(131072));
+        assert_eq!(v.instances[0].names.kv_capacity, KvCapacity::VllmCacheConfig);
+        let v = parse(&with("server = \"sglang\"\nkv_bytes_per_token = 131072")).unwrap();
+        assert_eq!(v.instances[0].names.kv_capacity, KvCapacity::SglangTokens);
+        assert_eq!(v.instances[0].names.running, "sglang:num_running_reqs");
+        // Without it, no capacity is read (and no reason is logged for it).
+        assert_eq!(parse(MIN).unwrap().instances[0].names.kv_capacity, KvCapacity::None);
+    }
+
+    #[test]
+    fn dcgm_and_triton_gauges_map_with_their_units() {
+        let v = parse(&with(
+            "[instances.metrics]\nmemory_free = \"DCGM_FI_DEV_FB_FREE\"\nmemory_unit = \"MiB\"\n\
+             gpu_util = \"DCGM_FI_DEV_GPU_UTIL\"\ngpu_util_unit = \"percent\"\n\
+             [instances.metrics.gpu_labels]\ngpu = [\"0\", \"1\"]",
+        ))
+        .unwrap();
+        let g = v.instances[0].names.gpu.clone().expect("gpu metrics");
+        assert_eq!(g.memory_free.as_deref(), Some("DCGM_FI_DEV_FB_FREE"));
+        assert_eq!((g.memory_unit, g.util_unit), (MemoryUnit::MiB, UtilUnit::Percent));
+        assert_eq!(g.labels, vec![("gpu".to_string(), vec!["0".to_string(), "1".to_string()])]);
+        let v = parse(&with(
+            "[instances.metrics]\nmemory_total = \"nv_gpu_memory_total_bytes\"\n\
+             memory_used = \"nv_gpu_memory_used_bytes\"\nmemory_unit = \"bytes\"\n\
+             gpu_util = \"nv_gpu_utilization\"\ngpu_util_unit = \"fraction\"",
+        ))
+        .unwrap();
+        let g = v.instances[0].names.gpu.clone().expect("gpu metrics");
+        assert_eq!((g.memory_unit, g.util_unit, g.memory_free), (MemoryUnit::Bytes, UtilUnit::Fraction, None));
+    }
+
+    #[test]
+    fn bad_mappings_name_the_field_and_value() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("server = \"custom\"", "instances[0].metrics.running", "(none)"),
+            ("server = \"custom\"\n[instances.metrics]\nrunning = \"r\"", "instances[0].metrics.waiting", "(none)"),
+            ("[instances.metrics]\nrunning = \"bad name\"", "instances[0].metrics.running", "bad name"),
+            ("[instances.metrics]\ngpu_util = \"9lives\"", "instances[0].metrics.gpu_util", "9lives"),
+            (
+                "[instances.metrics]\nmemory_free = \"DCGM_FI_DEV_FB_FREE\"",
+                "instances[0].metrics.memory_unit",
+                "(none)",
+            ),
+            (
+                "[instances.metrics]\nmemory_free = \"m\"\nmemory_unit = \"MB\"",
+                "instances[0].metrics.memory_unit",
+                "MB",
+            ),
+            ("[instances.metrics]\nmemory_unit = \"MiB\"", "instances[0].metrics.memory_unit", "MiB"),
+            ("[instances.metrics]\ngpu_util = \"u\"\ngpu_util_unit = \"%\"", "instances[0].metrics.gpu_util_unit", "%"),
+            ("[instances.metrics]\ngpu_util = \"u\"", "instances[0].metrics.gpu_util_unit", "(none)"),
+            (
+                "[instances.metrics]\nmemory_used = \"u\"\nmemory_unit = \"MiB\"",
+                "instances[0].metrics.memory_used",
+                "u",
+            ),
+            (
+                "[instances.metrics]\nmemory_free = \"f\"\nmemory_total = \"t\"\nmemory_used = \"u\"\n\
+                 memory_unit = \"MiB\"",
+                "instances[0].metrics.memory_used",
+                "u",
+            ),
+            ("[instances.metrics.gpu_labels]\ngpu = [\"0\"]", "instances[0].metrics.gpu_labels.gpu", "0"),
+            (
+                "[instances.metrics]\ngpu_util = \"u\"\ngpu_util_unit = \"percent\"\n\
+                 [instances.metrics.gpu_labels]\ngpu = []",
+                "instances[0].metrics.gpu_labels.gpu",
+                "[]",
+            ),
+            ("kv_bytes_per_token = 0", "instances[0].kv_bytes_per_token", "0"),
+            ("kv_bytes_per_token = 999999999999", "instances[0].kv_bytes_per_token", "999999999999"),
+            (
+                "server = \"custom\"\nkv_bytes_per_token = 2\n[instances.metrics]\nrunning = \"r\"\nwaiting = \"w\"",
+                "instances[0].kv_bytes_per_token",
+                "2",
+            ),
+            (
+                "kv_bytes_per_token = 2\n[instances.metrics]\nmemory_free = \"f\"\nmemory_unit = \"MiB\"",
+                "instances[0].kv_bytes_per_token",
+                "2",
+            ),
+        ];
+        for (lines, field, value) in cases {
+            let e = parse(&with(lines)).expect_err(lines);
+            assert!(e.contains(&format!("`{field}`")) && e.contains(value), "{lines}: {e}");
+        }
+        // With NVML on, memory and utilisation come from NVML only.
+        let on = MIN.replace("nvml = false", "nvml = true\ngpus = [0]");
+        let e = parse(&format!("{on}kv_bytes_per_token = 131072\n")).unwrap_err();
+        assert!(
+            e.contains("`instances[0].kv_bytes_per_token`") && e.contains("131072") && e.contains("nvml = false"),
+            "{e}"
+        );
+        let e =
+            parse(&format!("{on}[instances.metrics]\ngpu_util = \"u\"\ngpu_util_unit = \"percent\"\n")).unwrap_err();
+        assert!(e.contains("`instances[0].metrics.gpu_util`"), "{e}");
+        // Unknown keys in the table are refused.
+        assert!(parse(&with("[instances.metrics]\nrunnning = \"r\"")).is_err());
+        assert!(parse(&with("server = \"tgi\"")).is_err());
     }
 }

@@ -45,6 +45,8 @@ pub struct InstanceState<S> {
     last_publish: Option<Instant>,
     /// The last error per source, logged once until it changes or clears.
     last_error: [Option<String>; 3],
+    /// Why derived values are unknown (the last reasons logged).
+    last_unknown: Vec<String>,
 }
 
 pub struct Agent<T: Transport, S: Telemetry> {
@@ -77,6 +79,19 @@ impl<S> InstanceState<S> {
         }
     }
 
+    /// Logs why values are left out when the reasons change, and when they clear.
+    fn unknown(&mut self, reasons: &[String]) {
+        if self.last_unknown == reasons {
+            return;
+        }
+        if reasons.is_empty() {
+            info!(instance = %self.inst.name(), "agent: derived values known again");
+        } else {
+            warn!(instance = %self.inst.name(), reasons = %reasons.join("; "), "agent: values left out of the metadata (unknown)");
+        }
+        self.last_unknown = reasons.to_vec();
+    }
+
     fn ok(&mut self, s: ErrorSource) {
         if self.last_error[slot(s)].take().is_some() {
             info!(instance = %self.inst.name(), source = s.label(), "agent: recovered");
@@ -102,6 +117,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
                 last_contact: None,
                 last_publish: None,
                 last_error: [None, None, None],
+                last_unknown: Vec::new(),
             })
             .collect();
         Self { cfg, registry, instances, metrics, draining: false }
@@ -131,7 +147,13 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
                     st.ok(src);
                 }
             }
-            let values = Values::from_sample(&sampled.sample, self.draining);
+            // Reasons for values left out, when the metrics were read (a scrape error or a
+            // server that did not answer says nothing about them).
+            let server = &sampled.sample.server;
+            if !failed[slot(ErrorSource::Scrape)] && (server.healthy || !server.unknown.is_empty()) {
+                st.unknown(&server.unknown);
+            }
+            let values = Values::derive(&sampled.sample, st.inst.kv_bytes_per_token, self.draining);
             st.latest = Some(values.clone());
             if st.need_register || publish::moved(st.published.as_ref(), &values, &t) {
                 let reg = Registration {

@@ -5,14 +5,11 @@
 
 use std::{future::Future, sync::Arc};
 
-use super::{
-    config::{GpuRef, ServerKind},
-    publish::NodeSample,
-};
+use super::{config::GpuRef, publish::NodeSample};
 use crate::{
     discovery::nacos::error_chain,
     telemetry::{
-        model_server::{self, ModelServerSource},
+        model_server::ModelServerSource,
         nvml::{DeviceSelector, NvmlSource},
         ServerSample,
     },
@@ -56,13 +53,6 @@ pub struct NodeSource {
 }
 
 impl NodeSource {
-    pub fn kind(k: ServerKind) -> model_server::ServerKind {
-        match k {
-            ServerKind::Vllm => model_server::ServerKind::Vllm,
-            ServerKind::Sglang => model_server::ServerKind::Sglang,
-        }
-    }
-
     pub fn selector(g: &GpuRef) -> DeviceSelector {
         match g {
             GpuRef::Index(i) => DeviceSelector::Index(*i),

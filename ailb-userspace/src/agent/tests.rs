@@ -96,6 +96,7 @@ fn sampled(free_mb: u64, util: u32, running: f64) -> Sampled {
                 waiting: Some(0.0),
                 kv_cache_usage: Some(0.1),
                 healthy: true,
+                ..Default::default()
             },
         },
         errors: Vec::new(),

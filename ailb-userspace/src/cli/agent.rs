@@ -62,10 +62,10 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
             .instances
             .iter()
             .map(|i| {
-                let server = ModelServerSource::new(
+                let server = ModelServerSource::with_names(
                     i.metrics_url.clone(),
                     i.health_url.clone(),
-                    NodeSource::kind(i.server),
+                    i.names.clone(),
                     scrape_timeout,
                 )?;
                 let nvml = match (&nvml, i.nvml) {

@@ -34,4 +34,15 @@ pub struct ServerSample {
     pub kv_cache_usage: Option<f64>,
     /// Whether the health endpoint answered 2xx.
     pub healthy: bool,
+    /// Free KV-cache capacity in tokens, when asked for ([`model_server::KvCapacity`]).
+    pub kv_free_tokens: Option<f64>,
+    /// Free GPU memory, MiB, from mapped gauges ([`model_server::GpuMetrics`]).
+    pub memory_free_mb: Option<f64>,
+    /// Total GPU memory, MiB, from mapped gauges.
+    pub memory_total_mb: Option<f64>,
+    /// GPU utilisation, 0..=100 %, from a mapped gauge.
+    pub gpu_util_pct: Option<f64>,
+    /// Why a value asked for (KV capacity, mapped GPU gauges) is not known in this scrape, one
+    /// line each.
+    pub unknown: Vec<String>,
 }
