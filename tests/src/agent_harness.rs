@@ -69,6 +69,9 @@ pub struct ServerState {
     pub kv: f64,
     pub healthy: bool,
     pub garbage: bool,
+    /// More exposition text appended to `/metrics` (other gauges: `vllm:cache_config_info`,
+    /// an exporter's GPU gauges, another server's names).
+    pub extra: String,
 }
 
 /// A vLLM stand-in: `/metrics` and `/health` from a shared state, one thread per connection.
@@ -82,8 +85,14 @@ impl FakeVllm {
     pub fn start() -> Self {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("fake vllm bind: {e}"));
         let port = l.local_addr().expect("addr").port();
-        let state =
-            Arc::new(Mutex::new(ServerState { running: 2.0, waiting: 1.0, kv: 0.25, healthy: true, garbage: false }));
+        let state = Arc::new(Mutex::new(ServerState {
+            running: 2.0,
+            waiting: 1.0,
+            kv: 0.25,
+            healthy: true,
+            garbage: false,
+            extra: String::new(),
+        }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
         std::thread::spawn(move || {
@@ -138,8 +147,8 @@ fn serve(conn: TcpStream, state: &Mutex<ServerState>) {
             format!(
                 "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {}\n\
                  # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
-                 # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n",
-                s.running, s.waiting, s.kv
+                 # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n{}",
+                s.running, s.waiting, s.kv, s.extra
             ),
         ),
         _ => (404, String::new()),
@@ -166,7 +175,8 @@ impl Agent {
         Self::start_with(nacos, vllm, heartbeat, "", "nvml = false")
     }
 
-    /// Writes a config (`top` before the tables, `instance` at the end of the instance) and
+    /// Writes a config (`top` before the tables, `instance` at the end of the instance, which may
+    /// open `[instances.metrics]`; `server` is not set, vLLM by default) and
     /// spawns the agent without waiting.
     pub fn spawn(nacos: &RnacosServer, vllm: &FakeVllm, heartbeat: &str, top: &str, instance: &str) -> Self {
         Self::spawn_full(nacos, vllm, heartbeat, top, "api = \"v1\"", instance)
@@ -220,7 +230,6 @@ gpu_type = "A100-80GB"
 supported_tasks = ["chat", "completion"]
 metrics_url = "http://127.0.0.1:{vllm}/metrics"
 health_url = "http://127.0.0.1:{vllm}/health"
-server = "vllm"
 {instance}
 "#,
             nacos = nacos.url(),

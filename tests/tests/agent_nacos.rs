@@ -169,3 +169,116 @@ fn agent_logs_in_and_picks_v1_with_api_auto_on_rnacos_with_auth() {
     assert!(agent.metric("ailb_agent_beats_total") >= 1.0, "beats carry the token too; log:\n{}", agent.log());
     assert_eq!(agent.metric("ailb_agent_errors_total{source=\"nacos\"}"), 0.0, "log:\n{}", agent.log());
 }
+
+/// vLLM's info gauge for the fake: `blocks` KV blocks of 16 tokens (labels as vLLM writes them).
+fn cache_config_info(blocks: u64) -> String {
+    format!(
+        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",\
+         enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"{blocks}\"}} 1.0\n"
+    )
+}
+
+#[test]
+fn agent_without_nvml_publishes_vllm_free_kv_cache_as_memory() {
+    let nacos = RnacosServer::start();
+    let vllm = FakeVllm::start();
+    vllm.set(|s| {
+        s.kv = 0.25;
+        s.extra = cache_config_info(4096);
+    });
+    // Llama 3 8B in bf16: 32 layers x 8 KV heads x 128 x 2 x 2 bytes = 131072 bytes per token.
+    let agent = Agent::start_with(&nacos, &vllm, "1s", "", "nvml = false\nkv_bytes_per_token = 131072");
+    let port = agent.instance_port;
+    let host = wait_until("the instance in rnacos", Duration::from_secs(5), || listed(&nacos, port));
+    let m = &host["metadata"];
+    // 4096 x 16 x (1 - 0.25) = 49152 tokens x 128 KiB = 6144 MiB = 6.0 GB.
+    assert_eq!(m["remaining_memory_mb"], "6144", "{m}");
+    assert_eq!(m["remaining_memory"], "6.0", "{m}");
+    assert_eq!(m["memory_source"], "kv_cache", "{m}");
+    assert!(m.get("gpu_util").is_none() && m.get("gpu_memory_total_mb").is_none(), "vLLM exports neither: {m}");
+
+    // The cache fills: 4096 x 16 x 0.5 = 32768 tokens = 4096 MiB.
+    vllm.set(|s| s.kv = 0.5);
+    wait_until("remaining_memory_mb=4096", Duration::from_secs(2), || {
+        (meta(&nacos, port, "remaining_memory_mb").as_deref() == Some("4096")).then_some(())
+    });
+
+    // The info gauge disappears: memory is unknown again (left out), with the reason logged.
+    vllm.set(|s| s.extra.clear());
+    wait_until("remaining_memory_mb left out", Duration::from_secs(2), || {
+        let h = listed(&nacos, port)?;
+        (h["metadata"].get("remaining_memory_mb").is_none() && h["metadata"].get("memory_source").is_none())
+            .then_some(())
+    });
+    assert_eq!(meta(&nacos, port, "current_requests").as_deref(), Some("2"), "the load is still published");
+    assert!(agent.log().contains("vllm:cache_config_info absent"), "the reason is logged:\n{}", agent.log());
+}
+
+#[test]
+fn agent_with_a_custom_mapping_publishes_exporter_gpu_gauges() {
+    let nacos = RnacosServer::start();
+    let vllm = FakeVllm::start();
+    // Another server's load gauges, and DCGM-exporter-style GPU gauges (MiB, %) for 3 GPUs of
+    // which the instance has 0 and 1.
+    vllm.set(|s| {
+        s.extra = "tgi_batch_current_size 6\ntgi_queue_size 3\n\
+                   DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-a\"} 30000\n\
+                   DCGM_FI_DEV_FB_FREE{gpu=\"1\",UUID=\"GPU-b\"} 20000\n\
+                   DCGM_FI_DEV_FB_FREE{gpu=\"2\",UUID=\"GPU-c\"} 80000\n\
+                   DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\"} 30\n\
+                   DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-b\"} 60\n\
+                   DCGM_FI_DEV_GPU_UTIL{gpu=\"2\",UUID=\"GPU-c\"} 0\n"
+            .to_string();
+    });
+    let instance = r#"nvml = false
+server = "custom"
+[instances.metrics]
+running = "tgi_batch_current_size"
+waiting = "tgi_queue_size"
+memory_free = "DCGM_FI_DEV_FB_FREE"
+memory_unit = "MiB"
+gpu_util = "DCGM_FI_DEV_GPU_UTIL"
+gpu_util_unit = "percent"
+[instances.metrics.gpu_labels]
+gpu = ["0", "1"]
+"#;
+    let agent = Agent::start_with(&nacos, &vllm, "1s", "", instance);
+    let port = agent.instance_port;
+    let host = wait_until("the instance in rnacos", Duration::from_secs(5), || listed(&nacos, port));
+    let m = &host["metadata"];
+    for (k, v) in [
+        ("current_requests", "6"),
+        ("queue_length", "3"),
+        ("remaining_memory_mb", "50000"),
+        ("remaining_memory", "48.8"),
+        ("memory_source", "metrics"),
+        ("gpu_util", "45"),
+    ] {
+        assert_eq!(m[k], v, "metadata {k}: {m}");
+    }
+    assert!(m.get("kv_cache_usage").is_none(), "no KV gauge mapped: {m}");
+
+    // GPU 1 fills up and gets busy: 30000 + 4000 MiB, (30 + 90) / 2 = 60 %.
+    vllm.set(|s| {
+        s.extra = s
+            .extra
+            .replace("UUID=\"GPU-b\"} 20000", "UUID=\"GPU-b\"} 4000")
+            .replace("UUID=\"GPU-b\"} 60", "UUID=\"GPU-b\"} 90");
+    });
+    wait_until("the new memory and util in rnacos", Duration::from_secs(2), || {
+        let h = listed(&nacos, port)?;
+        (h["metadata"]["remaining_memory_mb"] == "34000" && h["metadata"]["gpu_util"] == "60").then_some(())
+    });
+    assert_eq!(agent.metric("ailb_agent_errors_total{source=\"scrape\"}"), 0.0, "log:\n{}", agent.log());
+}
+
+#[test]
+fn agent_refuses_a_custom_server_without_its_gauges() {
+    let nacos = RnacosServer::start();
+    let vllm = FakeVllm::start();
+    let mut agent = Agent::spawn(&nacos, &vllm, "1s", "", "nvml = false\nserver = \"custom\"");
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert!(!status.success(), "a custom server without [instances.metrics] must not start");
+    let log = agent.log();
+    assert!(log.contains("instances[0].metrics.running") && log.contains("custom"), "{log}");
+}
