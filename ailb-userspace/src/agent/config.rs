@@ -28,9 +28,23 @@
 //! gpus = [0, 1]                # NVML indices or UUIDs ("GPU-...")
 //! metrics_url = "http://127.0.0.1:8000/metrics"
 //! health_url = "http://127.0.0.1:8000/health"   # optional: default, metrics answering 2xx
-//! server = "vllm"              # or "sglang"
-//! nvml = true                  # false: no NVML; memory and utilisation are not published
+//! server = "vllm"              # "sglang", or "custom": names from [instances.metrics]
+//! nvml = true                  # false: no NVML; memory and utilisation from metrics (below) or left out
+//! # kv_bytes_per_token = 131072 # nvml = false, vllm / sglang: free KV cache x this = free memory
+//!
+//! # [instances.metrics]          # optional for vllm / sglang (overrides); custom: running, waiting
+//! # running = "tgi_batch_current_size"
+//! # waiting = "tgi_queue_size"
+//! # kv_cache_usage = "my_kv_usage"            # optional, fraction 0..1
+//! # nvml = false only, one memory source (not with kv_bytes_per_token):
+//! # memory_free = "DCGM_FI_DEV_FB_FREE"       # or memory_total + memory_used (free = total - used)
+//! # memory_unit = "MiB"                       # "bytes", "KiB", "MiB", "GiB": required with memory gauges
+//! # gpu_util = "DCGM_FI_DEV_GPU_UTIL"
+//! # gpu_util_unit = "percent"                 # or "fraction" (0..1): required with gpu_util
+//! # gpu_labels = { gpu = ["0", "1"] }         # only these samples of the memory / util gauges
 //! ```
+//!
+//! docs/metadata.md ("Where the agent's values come from") says what each source means.
 
 use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddr, path::PathBuf, time::Duration};
 

@@ -8,6 +8,11 @@
 //!   a server that answers is up and the problem is the configuration or the server's metrics.
 //!
 //! Without a health URL, health is "the metrics endpoint answered 2xx".
+//!
+//! Asked for by [`MetricNames`], a scrape also derives the free KV cache in tokens
+//! ([`KvCapacity`]: vLLM's `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`) and
+//! GPU memory and utilisation from mapped gauges ([`GpuMetrics`], in their stated units). A value
+//! that cannot be derived is `None`, with its reason in [`ServerSample::unknown`].
 
 use std::time::Duration;
 
