@@ -14,7 +14,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 pub const MAX_MODELS: u32 = 32;
 pub const MAX_BACKENDS: u32 = 4096;
@@ -37,7 +37,10 @@ pub const NO_CAP: u32 = 0;
 
 /// Index of the first per-model counter in `AILB_INFLIGHT` (backends use `0..MAX_BACKENDS`).
 pub const INFLIGHT_MODEL_BASE: u32 = MAX_BACKENDS;
-pub const INFLIGHT_ENTRIES: u32 = MAX_BACKENDS + MAX_MODELS;
+/// Index of the first per-model round-robin turn counter in `AILB_INFLIGHT` (used with
+/// [`CONFIG_ROUND_ROBIN`]; one atomic add per connect).
+pub const INFLIGHT_TURN_BASE: u32 = MAX_BACKENDS + MAX_MODELS;
+pub const INFLIGHT_ENTRIES: u32 = MAX_BACKENDS + 2 * MAX_MODELS;
 
 /// Pinned map names (also their ELF symbol names).
 pub mod maps {
@@ -240,6 +243,9 @@ pub struct SockState {
 pub const CONFIG_AFFINITY: u32 = 1;
 /// The bounded-load check is used (off: first table slot always).
 pub const CONFIG_LOAD_BOUND: u32 = 2;
+/// Connections without a usable affinity entry take the model's members in turn (plain round
+/// robin: weights, loads and memory hints ignored; a baseline for comparisons).
+pub const CONFIG_ROUND_ROBIN: u32 = 4;
 pub const CONFIG_DEFAULT_FLAGS: u32 = CONFIG_AFFINITY | CONFIG_LOAD_BOUND;
 
 /// `AILB_CONFIG` value (one entry).

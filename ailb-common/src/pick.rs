@@ -6,6 +6,7 @@
 //! 2. Bounded-load probing of the weighted Maglev table: up to `probes` slots
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
+//!    (With `CONFIG_ROUND_ROBIN`, a baseline, step 2 is instead "the member whose turn it is".)
 //! 3. Otherwise the least loaded member (in-flight / weight) that fits and is under its cap.
 //!    Without a memory filter such a member is always under its load bound: if every backend
 //!    were at or over `c * (T + 1) * w / W`, the in-flight counts would sum to more than T.
@@ -120,6 +121,8 @@ pub struct PickRequest {
     pub now_ns: u64,
     /// In-flight connections of the whole model.
     pub model_inflight: u64,
+    /// With [`CONFIG_ROUND_ROBIN`]: the model's turn counter before this connect.
+    pub turn: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,6 +221,16 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
                 return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);
+        }
+    }
+
+    // Round robin (a baseline): the member whose turn it is, if still live.
+    if cfg.flags & CONFIG_ROUND_ROBIN != 0 {
+        let index = (req.turn % slot.members as u64) as u32;
+        if let Some(id) = maps.member(row, index) {
+            if maps.backend(id).is_some_and(|b| b.is_live()) {
+                return PickResult { backend: id, outcome: Outcome::Primary, affinity_break };
+            }
         }
     }
 

@@ -4,8 +4,8 @@ use ailb_common::{
     hash::{backend_key, fmix64},
     maglev::{build, table_size_for, MaglevBackend},
     pick::{load_bound, pick, Outcome, PickMaps, PickRequest},
-    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE,
-    CONFIG_DEFAULT_FLAGS, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY,
+    CONFIG_DEFAULT_FLAGS, CONFIG_ROUND_ROBIN, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
 
@@ -94,6 +94,7 @@ impl Fleet {
             affinity: None,
             now_ns: 1_000,
             model_inflight: self.total(),
+            turn: 0,
         }
     }
 
@@ -188,6 +189,30 @@ fn unavailable_model_and_no_fit_are_refused() {
         b.state = 0;
     }
     assert_eq!(f.pick(&r).outcome, Outcome::NoBackend);
+}
+
+#[test]
+fn round_robin_takes_members_in_turn_and_skips_dead_ones() {
+    let mut f = Fleet::new(&[1, 5, 1, 9], &[]);
+    f.cfg.flags = CONFIG_ROUND_ROBIN;
+    let picks: Vec<u32> = (0..8u64)
+        .map(|turn| {
+            let r = f.pick(&PickRequest { turn, ..f.req(fmix64(turn)) });
+            assert_eq!(r.outcome, Outcome::Primary);
+            r.backend
+        })
+        .collect();
+    assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3], "weights are not used: each member in turn");
+    // A member that died since the table was written: the table pick decides instead.
+    f.backends[2].state = 0;
+    let r = f.pick(&PickRequest { turn: 2, ..f.req(7) });
+    assert_ne!(r.backend, 2);
+    assert_ne!(r.backend, NO_BACKEND);
+    // An affinity entry still wins when affinity is on.
+    f.cfg.flags = CONFIG_ROUND_ROBIN | CONFIG_AFFINITY;
+    let aff = AffinityValue { backend: 3, _pad: 0, last_seen_ns: 900 };
+    let r = f.pick(&PickRequest { turn: 0, has_conversation: true, affinity: Some(aff), ..f.req(7) });
+    assert_eq!((r.backend, r.outcome), (3, Outcome::AffinityHit));
 }
 
 #[test]

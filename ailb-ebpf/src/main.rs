@@ -125,6 +125,27 @@ fn inflight_add(index: u32, delta: u64) {
     }
 }
 
+/// The model's round-robin turn counter, then incremented (`AILB_INFLIGHT`).
+#[inline(always)]
+fn turn_take(model: u32) -> u64 {
+    let index = INFLIGHT_TURN_BASE + model;
+    if index >= INFLIGHT_ENTRIES {
+        return 0;
+    }
+    match AILB_INFLIGHT.get_ptr_mut(index) {
+        // SAFETY: as in `inflight_add`. A read, then an atomic add: the fetching form of the
+        // add needs BPF CPU v3 and this object is built for the generic CPU, so two connects
+        // racing on two CPUs may share a turn (a baseline can live with that; sequential
+        // connects take the members strictly in turn).
+        Some(p) => unsafe {
+            let turn = ptr::read_volatile(p);
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1);
+            turn
+        },
+        None => 0,
+    }
+}
+
 /// This socket's `AILB_SOCK` entry, created (zeroed) when absent; `None` when the kernel
 /// cannot allocate it.
 ///
@@ -326,7 +347,15 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
         Some(p) => unsafe { ptr::read_volatile(p) },
         None => 0,
     };
-    let req = PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight };
+    // Round robin (a baseline): this connect's turn, one atomic fetch-and-add on the model's
+    // counter, only when the mode is on and no affinity entry may decide instead.
+    let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() {
+        turn_take(model)
+    } else {
+        0
+    };
+    let req =
+        PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn };
     let res = pick(&Maps, &state, &cfg, &req);
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return refuse_connect(res.outcome);

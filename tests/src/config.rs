@@ -40,6 +40,7 @@ pub struct TestConfig {
     pub probes: u32,
     pub affinity: bool,
     pub load_bound: bool,
+    pub round_robin: bool,
     pub affinity_ttl: String,
     pub seed: u64,
     /// `(model, vip)` pairs.
@@ -61,6 +62,7 @@ impl TestConfig {
             probes: 4,
             affinity: true,
             load_bound: true,
+            round_robin: false,
             affinity_ttl: "30m".into(),
             seed: 0,
             services: Vec::new(),
@@ -98,11 +100,12 @@ impl TestConfig {
         s.push('\n');
         let _ = writeln!(
             s,
-            "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\naffinity_ttl = {}\nseed = {}\n",
+            "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\nround_robin = {}\naffinity_ttl = {}\nseed = {}\n",
             self.load_factor,
             self.probes,
             self.affinity,
             self.load_bound,
+            self.round_robin,
             q(&self.affinity_ttl),
             self.seed
         );
@@ -162,7 +165,7 @@ mod tests {
             .to_toml();
         assert!(t.contains("[daemon]\nbpffs = \"/sys/fs/bpf/x\"\ncgroup = \"/sys/fs/cgroup/unified/y\""));
         assert!(
-            t.contains("load_factor = 1.25\nprobes = 4\naffinity = true\nload_bound = true\naffinity_ttl = \"30m\"")
+            t.contains("load_factor = 1.25\nprobes = 4\naffinity = true\nload_bound = true\nround_robin = false\naffinity_ttl = \"30m\"")
         );
         assert!(t.contains("[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\""));
         assert!(

@@ -58,3 +58,33 @@ fn unhinted_connections_follow_the_weights() {
     // Every connect was a pick of the data plane (fresh maps, nothing else in the cgroup).
     assert_eq!(stat(&status, "picks"), CONNECTIONS as u64, "stats.picks: {}", status["stats"]);
 }
+
+/// `balancer.round_robin` (the baseline of `ailb-compare`): sequential connections take the
+/// live backends strictly in turn, whatever their weights, so over 3 x 300 connections each
+/// backend gets exactly 300, and consecutive connections never land on the same backend.
+#[test]
+fn round_robin_takes_backends_in_turn() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("distribution-rr");
+    let rr: [(&str, u32); 3] = [("127.0.1.21:18111", 1), ("127.0.1.22:18112", 2), ("127.0.1.23:18113", 5)];
+    let _servers = BackendServer::start_all(&rr.map(|b| b.0));
+    let mut cfg = base_config("distribution-rr", &cg).service(MODEL, VIP);
+    cfg.round_robin = true;
+    cfg.affinity = false;
+    cfg.load_bound = false;
+    for (addr, w) in rr {
+        cfg = cfg.backend(BackendCfg::new(MODEL, addr, w));
+    }
+    let daemon = Daemon::start(&bin, &cfg);
+    let n = 900;
+    let results = TestClient::new(client_bin!()).connect(Some(&cg), &ConnectOpts::new(VIP, n));
+    assert_all_ok(&results, "round-robin connections");
+    let counts = count_by_backend(&results);
+    for (addr, _) in rr {
+        assert_eq!(counts.get(addr).copied().unwrap_or(0), n / 3, "{addr}: counts {counts:?}");
+    }
+    let order: Vec<String> = results.iter().filter_map(|r| r.backend.clone()).collect();
+    assert_eq!(order.len(), n);
+    assert!(order.windows(2).all(|w| w[0] != w[1]), "two consecutive connections on one backend: {order:?}");
+    assert!(daemon.status()["config"]["round_robin"].as_bool().unwrap_or(false), "status shows the mode");
+}

@@ -13,8 +13,14 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
     }
     let s = &st.stats;
     println!(
-        "ailb at {} — generation {}, c = {}, probes {}, affinity {}, load bound {}",
-        st.bpffs, st.generation, st.config.load_factor, st.config.probes, st.config.affinity, st.config.load_bound
+        "ailb at {} — generation {}, c = {}, probes {}, affinity {}, load bound {}{}",
+        st.bpffs,
+        st.generation,
+        st.config.load_factor,
+        st.config.probes,
+        st.config.affinity,
+        st.config.load_bound,
+        if st.config.round_robin { ", round robin (baseline)" } else { "" }
     );
     println!(
         "picks {}  affinity hits {} breaks {}  spills {}  fallbacks {}  refused {} (no backend) {} (no fit)  established {}  closed {}  failed {}",

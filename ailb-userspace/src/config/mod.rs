@@ -143,6 +143,11 @@ pub struct BalancerConfig {
     /// Bounded-load probing. Default on.
     #[serde(default = "yes")]
     pub load_bound: bool,
+    /// Plain round robin over each model's live backends for connections that no affinity
+    /// entry decides: weights, loads and memory hints are not used. A baseline for
+    /// comparisons (`ailb-compare`), not for production. Default off.
+    #[serde(default)]
+    pub round_robin: bool,
     /// Affinity entries unused for longer are ignored; "0s" = never. Default "30m".
     #[serde(default = "default_ttl")]
     pub affinity_ttl: String,
@@ -171,6 +176,7 @@ impl Default for BalancerConfig {
             probes: default_probes(),
             affinity: true,
             load_bound: true,
+            round_robin: false,
             affinity_ttl: default_ttl(),
             seed: 0,
         }

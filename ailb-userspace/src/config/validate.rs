@@ -22,6 +22,7 @@ pub struct ValidConfig {
     pub probes: u32,
     pub affinity: bool,
     pub load_bound: bool,
+    pub round_robin: bool,
     pub affinity_ttl: Duration,
     pub seed: u64,
     /// The model catalog by name (model indices follow this order on a fresh start).
@@ -287,6 +288,7 @@ impl Config {
             probes: b.probes,
             affinity: b.affinity,
             load_bound: b.load_bound,
+            round_robin: b.round_robin,
             affinity_ttl,
             seed: b.seed,
             models,

@@ -113,6 +113,8 @@ pub fn explain_conversation(
         affinity,
         now_ns: now,
         model_inflight,
+        // With round robin: the next connect's turn.
+        turn: maps.inflight.get(&(ailb_common::INFLIGHT_TURN_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?,
     };
     let res = pick(&copy, &state, &gc, &req);
     let addr = |id: u32| -> Option<SocketAddrV4> {

@@ -3,8 +3,8 @@
 use std::{collections::BTreeMap, path::Path};
 
 use ailb_common::{
-    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, INFLIGHT_MODEL_BASE, MAX_BACKENDS,
-    MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MODEL_BASE,
+    MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
 };
 use serde::Serialize;
 
@@ -30,6 +30,7 @@ pub struct ConfigStatus {
     pub probes: u32,
     pub affinity: bool,
     pub load_bound: bool,
+    pub round_robin: bool,
     pub affinity_ttl_ms: u64,
 }
 
@@ -158,6 +159,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             probes: gc.probes,
             affinity: gc.flags & CONFIG_AFFINITY != 0,
             load_bound: gc.flags & CONFIG_LOAD_BOUND != 0,
+            round_robin: gc.flags & CONFIG_ROUND_ROBIN != 0,
             affinity_ttl_ms: gc.affinity_ttl_ns / 1_000_000,
         },
         stats: sum_stats(&maps)?,

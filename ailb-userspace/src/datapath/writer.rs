@@ -14,8 +14,8 @@ use ailb_common::{
     hash::{backend_key, conversation_hash},
     maglev::{self, MaglevBackend},
     maps, row_index, Backend, GlobalConfig, MemberRow, ModelState, Service, ServiceKey, TableRow, TableSlot,
-    ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS,
-    MAX_MODEL_NAME_LEN, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND,
+    ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, MAX_BACKENDS, MAX_MEMBERS,
+    MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND,
 };
 use tracing::{debug, info};
 
@@ -283,7 +283,8 @@ impl Writer {
             load_factor_milli: cfg.load_factor_milli,
             probes: cfg.probes,
             flags: (if cfg.affinity { CONFIG_AFFINITY } else { 0 })
-                | (if cfg.load_bound { CONFIG_LOAD_BOUND } else { 0 }),
+                | (if cfg.load_bound { CONFIG_LOAD_BOUND } else { 0 })
+                | (if cfg.round_robin { CONFIG_ROUND_ROBIN } else { 0 }),
             affinity_ttl_ns: cfg.affinity_ttl.as_nanos().min(u64::MAX as u128) as u64,
             generation,
         };
