@@ -37,13 +37,18 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// Demo on the daemon's embedded default: backends, `ailb run`, a client in the demo
-    /// cgroup, a live table (needs root).
+    /// The demo (needs root): rnacos, simulated GPUs with their agents, `ailb run` on a child
+    /// cgroup, a load generator and a live view; `--simple`: three loopback backends and `ailb
+    /// run` on its embedded default config.
     Run {
-        /// Stop after this many seconds (default: run until Ctrl-C).
+        /// Stop after this many seconds (default: when the load is done, or Ctrl-C; `--simple`:
+        /// until Ctrl-C).
         #[arg(long, value_name = "SECS")]
         duration: Option<u64>,
-        /// Passed to `ailb run`.
+        /// The loopback demo of `ailb run`'s embedded default instead of the fleet.
+        #[arg(long)]
+        simple: bool,
+        /// Passed to `ailb-demo` (e.g. `-- --trace --requests 300`), or with `--simple` to `ailb run`.
         #[arg(last = true)]
         args: Vec<OsString>,
     },
@@ -75,7 +80,8 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Setup => setup::setup(),
         Cmd::Build { release } => build::build(release),
         Cmd::Test { args } => test::test(&args),
-        Cmd::Run { duration, args } => demo::run(duration, &args),
+        Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
+        Cmd::Run { duration, simple: false, args } => demo::fleet::run(duration, &args),
         Cmd::Bench => bench::bench(),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }

@@ -1,4 +1,5 @@
-//! `cargo xtask run`: the demo of the main job on the daemon's embedded default config.
+//! `cargo xtask run --simple`: the loopback demo of the daemon's embedded default config (the
+//! default `cargo xtask run` is the fleet demo, [`fleet`]).
 //!
 //! Three loopback backends, `ailb run` (no --config), a client in the child cgroup `ailb-demo`
 //! that connects to the VIP, and a live table from `ailb status --json` every 2 s. Everything it
@@ -7,6 +8,7 @@
 
 mod backends;
 pub(crate) mod client;
+pub(crate) mod fleet;
 mod table;
 
 use std::ffi::OsString;
@@ -39,13 +41,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const TABLE_EVERY: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(100);
 
-static STOP: AtomicBool = AtomicBool::new(false);
+pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-fn install_stop_handler() -> Result<()> {
+pub(crate) fn install_stop_handler() -> Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let handler = on_stop_signal as extern "C" fn(libc::c_int);
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
