@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: every benchmark, measured side by side in one run.
 //!
-//! 1. The table builder (criterion): `cargo bench -p ailb-common --features std`.
+//! 1. The table builder (criterion): `cargo bench -p ailb-common --features std`, and the policy
+//!    plus table recompute for 100 models x 100 backends: `cargo bench -p ailb-userspace --bench plan`.
 //! 2. Table disruption when a backend goes (a count, not a timing): example `disrupt`.
 //! 3. The data plane (root): `ailb-bench` from the tests crate: requests per second through the
 //!    VIP vs directly vs nginx vs HAProxy (IPVS where the kernel has it), BPF run time per
@@ -9,6 +10,8 @@
 //! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the tests crate: time from a changed
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
+//! 5. The fleet comparison (issue 5): `ailb-compare` on the Mooncake trace and on the synthetic
+//!    mix, five policies each; reports and SVG plots in `docs/results/{trace,synthetic}/`.
 
 use anyhow::{bail, Context, Result};
 
@@ -24,6 +27,12 @@ pub(crate) fn bench() -> Result<()> {
     let step = Step::start("table build time: cargo bench -p ailb-common --features std --bench maglev");
     util::run(util::cargo().args(["bench", "-p", "ailb-common", "--features", "std", "--bench", "maglev"]))
         .context("cargo bench -p ailb-common")?;
+    step.done();
+
+    let step =
+        Step::start("policy + table recompute, 100 models x 100 backends: cargo bench -p ailb-userspace --bench plan");
+    util::run(util::cargo().args(["bench", "-p", "ailb-userspace", "--bench", "plan"]))
+        .context("cargo bench -p ailb-userspace --bench plan")?;
     step.done();
 
     let step = Step::start("table disruption: ailb-common example `disrupt`");
@@ -56,7 +65,58 @@ pub(crate) fn bench() -> Result<()> {
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
+    compare()?;
     say!("data-plane report: {}", util::target_dir().join("bench/datapath.md").display());
     say!("agent report: {}", util::target_dir().join("bench/agent.md").display());
+    say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
+    Ok(())
+}
+
+/// Issue 5: every balancing policy on one simulated GPU fleet, on the Mooncake trace and on the
+/// synthetic mix; the reports and plots go to `docs/results/` (checked in, so that the docs show
+/// the last run).
+fn compare() -> Result<()> {
+    util::run(util::cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "ailb-tests",
+        "--bin",
+        "ailb-compare",
+        "--bin",
+        "ailb-sim",
+    ]))
+    .context("building ailb-compare")?;
+    let bin = util::target_dir().join("release/ailb-compare");
+    let docs = util::workspace_root().join("docs/results");
+    let trace = std::env::var_os("AILB_TRACE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| util::workspace_root().join("../shared/traces/mooncake-conversation.jsonl"));
+    if trace.is_file() {
+        let step = Step::start("fleet comparison on the Mooncake trace: ailb-compare (5 policies; about 5 minutes)");
+        util::run(
+            std::process::Command::new(&bin)
+                .env("AILB_BIN", util::ailb_bin("release"))
+                .arg("--trace")
+                .arg(&trace)
+                .arg("--out-dir")
+                .arg(docs.join("trace")),
+        )
+        .with_context(|| format!("running {}", bin.display()))?;
+        step.done();
+    } else {
+        say!("fleet comparison on the trace skipped: {} is absent (set AILB_TRACE)", trace.display());
+    }
+    let step = Step::start("fleet comparison on the synthetic mix: ailb-compare --synthetic (about 4 minutes)");
+    util::run(
+        std::process::Command::new(&bin)
+            .env("AILB_BIN", util::ailb_bin("release"))
+            .arg("--synthetic")
+            .arg("--out-dir")
+            .arg(docs.join("synthetic")),
+    )
+    .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
     Ok(())
 }

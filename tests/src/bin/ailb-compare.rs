@@ -5,17 +5,21 @@
 //! policy begins with empty KV caches and idle GPUs), a fresh `ailb run` attached to a child
 //! cgroup created here, and runs the replay (`ailb_tests::replay`, the library of
 //! `ailb-replay`, in a re-exec of this binary) inside that cgroup against the VIP, sampling
-//! every GPU's `/sim/state` while it runs. Then it writes a Markdown report (and an SVG of the
-//! end-to-end latency CDFs) under `--out-dir` and prints the report.
+//! every GPU's `/sim/state` while it runs. Then it writes a Markdown report, an SVG of the
+//! end-to-end latency CDFs and an SVG of every GPU's utilisation over time per policy under
+//! `--out-dir`, and prints the report.
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
-//!              [--a100 2] [--rtx3090 4] [--policies random,least-conn,ailb]
+//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,nginx]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH]
 //!              [--sim-bin PATH]
 //! ```
 //!
 //! Policies:
+//! - `round-robin`: "round robin L4", the issue's baseline: equal weights, no affinity, no load
+//!   bound, and `balancer.round_robin`: every connection takes the next backend in turn (in the
+//!   kernel, a per-model turn counter). Untagged.
 //! - `random`: "random L4": equal weights, no affinity, no load bound: one stateless Maglev
 //!   lookup per connection. The replay does not tag these sockets (an L4 balancer knows no
 //!   conversation and no memory need), so the key is the socket cookie: a uniformly random
@@ -77,11 +81,11 @@ struct Args {
     /// Number of simulated RTX 3090 24GB GPUs.
     #[arg(long, default_value_t = 4)]
     rtx3090: usize,
-    /// Comma-separated policies, run in this order: random, least-conn, ailb, nginx (nginx L7
-    /// round robin, `proxy_buffering off`; needs `nginx` on PATH).
-    #[arg(long, default_value = "random,least-conn,ailb,nginx")]
+    /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb, nginx
+    /// (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH).
+    #[arg(long, default_value = "round-robin,random,least-conn,ailb,nginx")]
     policies: String,
-    /// Where `replay.md` and `replay-cdf.svg` go.
+    /// Where `replay.md`, `replay-cdf.svg` and `replay-util.svg` go.
     #[arg(long, default_value = "target/bench")]
     out_dir: PathBuf,
     /// Also write the numbers as JSON here.
@@ -109,6 +113,7 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Policy {
+    RoundRobin,
     Random,
     LeastConn,
     Ailb,
@@ -118,15 +123,17 @@ enum Policy {
 impl Policy {
     fn parse(s: &str) -> anyhow::Result<Self> {
         Ok(match s.trim() {
+            "round-robin" => Self::RoundRobin,
             "random" => Self::Random,
             "least-conn" => Self::LeastConn,
             "ailb" => Self::Ailb,
             "nginx" => Self::Nginx,
-            other => bail!("unknown policy {other:?} (random, least-conn, ailb, nginx)"),
+            other => bail!("unknown policy {other:?} (round-robin, random, least-conn, ailb, nginx)"),
         })
     }
     fn key(self) -> &'static str {
         match self {
+            Self::RoundRobin => "round-robin",
             Self::Random => "random",
             Self::LeastConn => "least-conn",
             Self::Ailb => "ailb",
@@ -135,6 +142,7 @@ impl Policy {
     }
     fn title(self) -> &'static str {
         match self {
+            Self::RoundRobin => "round robin L4",
             Self::Random => "random L4",
             Self::LeastConn => "least connections",
             Self::Ailb => "ailb",
@@ -291,6 +299,11 @@ struct Outcome {
     e2e_by_index: BTreeMap<u64, f64>,
     /// Per GPU: (address, profile, mean sampled utilisation, busy fraction, prefix hit share).
     gpus: Vec<(String, &'static str, f64, f64, Option<f64>)>,
+    /// Utilisation samples over time: (seconds since the replay started, one value per GPU).
+    util_series: Vec<(f64, Vec<f64>)>,
+    /// Real seconds from the first to the last planned arrival: the window in which the
+    /// balancer places requests (after it, GPUs only drain their queues).
+    window_s: f64,
     wall_s: f64,
 }
 
@@ -298,14 +311,27 @@ impl Outcome {
     fn util_mean(&self) -> f64 {
         self.gpus.iter().map(|g| g.2).sum::<f64>() / self.gpus.len().max(1) as f64
     }
+    /// Max - min over the GPUs of their mean utilisation during the whole run.
     fn util_spread(&self) -> f64 {
-        let max = self.gpus.iter().map(|g| g.2).fold(f64::MIN, f64::max);
-        let min = self.gpus.iter().map(|g| g.2).fold(f64::MAX, f64::min);
-        if self.gpus.is_empty() {
-            0.0
-        } else {
-            max - min
-        }
+        spread(self.gpus.iter().map(|g| g.2))
+    }
+    /// Mean utilisation per GPU over the samples taken while requests were still arriving.
+    fn window_means(&self) -> Vec<f64> {
+        let rows: Vec<&Vec<f64>> = self.util_series.iter().filter(|(t, _)| *t <= self.window_s).map(|r| &r.1).collect();
+        (0..self.gpus.len())
+            .map(|g| {
+                let v: Vec<f64> = rows.iter().filter_map(|r| r.get(g).copied().filter(|u| u.is_finite())).collect();
+                v.iter().sum::<f64>() / v.len().max(1) as f64
+            })
+            .collect()
+    }
+    fn window_mean(&self) -> f64 {
+        let m = self.window_means();
+        m.iter().sum::<f64>() / m.len().max(1) as f64
+    }
+    /// The issue's utilisation spread: max - min of the per-GPU means while requests arrive.
+    fn window_spread(&self) -> f64 {
+        spread(self.window_means().into_iter())
     }
     fn failures(&self) -> u64 {
         self.summary["failures"].as_u64().unwrap_or(0)
@@ -318,9 +344,22 @@ impl Outcome {
     }
 }
 
+fn spread(v: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = v.collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
+}
+
 fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::TestConfig {
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
+        Policy::RoundRobin => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+            cfg.round_robin = true;
+        }
         Policy::Random => {
             cfg.affinity = false;
             cfg.load_bound = false;
@@ -394,6 +433,8 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         s
     });
     let mut util: Vec<Vec<f64>> = vec![Vec::new(); sims.len()];
+    let mut util_series: Vec<(f64, Vec<f64>)> = Vec::new();
+    let mut progress = Instant::now() + Duration::from_secs(5);
     let hard = start + Duration::from_secs_f64(args.deadline_s + args.deadline_s / 2.0 + 30.0);
     let mut next = Instant::now();
     let status = loop {
@@ -407,12 +448,29 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         }
         if Instant::now() >= next {
             next += Duration::from_millis(250);
+            let mut row = Vec::with_capacity(sims.len());
             for (i, s) in sims.iter().enumerate() {
-                if let Some(v) =
-                    http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
-                {
-                    util[i].push(v["utilization"].as_f64().unwrap_or(0.0));
+                let u = http_get(s.addr, "/sim/state")
+                    .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+                    .map(|v| v["utilization"].as_f64().unwrap_or(0.0));
+                if let Some(u) = u {
+                    util[i].push(u);
                 }
+                row.push(u.unwrap_or(f64::NAN));
+            }
+            util_series.push((start.elapsed().as_secs_f64(), row));
+            if Instant::now() >= progress {
+                progress += Duration::from_secs(5);
+                let now: Vec<String> = util_series
+                    .last()
+                    .map(|(_, r)| r.iter().map(|u| format!("{:.0}", u * 100.0)).collect())
+                    .unwrap_or_default();
+                eprintln!(
+                    "ailb-compare: {}: {:.0} s, GPU utilisation now [{}] %",
+                    policy.title(),
+                    start.elapsed().as_secs_f64(),
+                    now.join(" ")
+                );
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -449,7 +507,17 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     }
     let mut e2e_sorted: Vec<f64> = e2e_by_index.values().copied().collect();
     e2e_sorted.sort_by(f64::total_cmp);
-    Ok(Outcome { policy, summary: report["summary"].clone(), e2e_sorted, e2e_by_index, gpus, wall_s })
+    let window_s = build_specs(args)?.iter().map(|s| s.at_ms).max().unwrap_or(0) as f64 / 1000.0 / speed;
+    Ok(Outcome {
+        policy,
+        summary: report["summary"].clone(),
+        e2e_sorted,
+        e2e_by_index,
+        gpus,
+        util_series,
+        window_s,
+        wall_s,
+    })
 }
 
 fn f1(v: Option<f64>) -> String {
@@ -494,13 +562,14 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
     let _ = writeln!(
         s,
         "| policy | TTFT p50 / p95 / p99 (ms) | E2E p50 / p95 / p99 (ms) | E2E p95, requests all served (ms) | \
-         failures | prefix-cache hits | affinity hits | tokens/s | GPU util mean | util spread (max-min) |"
+         failures | prefix-cache hits | affinity hits | tokens/s | GPU util mean | util spread (max-min) | \
+         util spread while arriving |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in outs {
         let _ = writeln!(
             s,
-            "| {} | {} / {} / {} | {} / {} / {} | {} | {} of {} ({}) | {} | {} | {:.0} | {:.1} % | {:.1} pts |",
+            "| {} | {} / {} / {} | {} / {} / {} | {} | {} of {} ({}) | {} | {} | {:.0} | {:.1} % | {:.1} pts | {:.1} pts |",
             o.policy.title(),
             f1(o.pct("ttft_ms", "p50")),
             f1(o.pct("ttft_ms", "p95")),
@@ -517,6 +586,7 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
             o.summary["token_throughput"].as_f64().unwrap_or(0.0),
             o.util_mean() * 100.0,
             o.util_spread() * 100.0,
+            o.window_spread() * 100.0,
         );
     }
     if let (Some(oracle), Some(a)) = (
@@ -532,7 +602,8 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         );
     }
     let get = |p: Policy| outs.iter().find(|o| o.policy == p);
-    if let (Some(a), Some(r)) = (get(Policy::Ailb), get(Policy::Random)) {
+    for base in [Policy::RoundRobin, Policy::Random] {
+        let (Some(a), Some(r)) = (get(Policy::Ailb), get(base)) else { continue };
         let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
             (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
             _ => "n/a".into(),
@@ -540,11 +611,17 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         let fr = |o: &Outcome| o.summary["failure_rate"].as_f64();
         let _ = writeln!(
             s,
-            "\nailb / random L4: E2E p95 {}, E2E p95 over the requests all served {}, TTFT p95 {}, failure rate {}.",
+            "\nailb / {}: E2E p95 {}, E2E p95 over the requests all served {}, TTFT p95 {}, failure rate {} \
+             ({} vs {} failures); GPU utilisation spread {:.1} vs {:.1} points.",
+            base.title(),
             ratio(a.pct("e2e_ms", "p95"), r.pct("e2e_ms", "p95")),
             ratio(common_p95(outs, a), common_p95(outs, r)),
             ratio(a.pct("ttft_ms", "p95"), r.pct("ttft_ms", "p95")),
             ratio(fr(a), fr(r)),
+            a.failures(),
+            r.failures(),
+            a.util_spread() * 100.0,
+            r.util_spread() * 100.0,
         );
     }
     let _ = writeln!(
@@ -553,8 +630,10 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
          its own percentiles, so the column \"requests all served\" takes P95 over the requests that every \
          policy served. Affinity hits: the share of a conversation's later turns served by the same GPU as \
          the turn before (`ailb-sim` names itself in `x-ailb-backend`). Only ailb's sockets carry the conversation and memory \
-         tags; the others connect untagged, as to an L4 or L7 balancer that knows neither. GPU utilisation: `/sim/state` `utilization` sampled every \
-         250 ms during the replay, mean per GPU, then mean and max - min over the GPUs.\n"
+         tags; the others connect untagged, as to an L4 or L7 balancer that knows neither. GPU utilisation: `/sim/state` `utilization` (the busy \
+         share of the last sampling interval, as NVML's) sampled every 250 ms from the first request to the last answer, mean per GPU, then mean and max - min over the GPUs (the issue's \
+         spread: a GPU left with a long queue works on alone while others idle). \"While arriving\" takes only the samples up to \
+         the last planned arrival: near 0 for every policy when the offered load saturates all GPUs in that window.\n"
     );
     let _ = writeln!(s, "Per GPU (sampled utilisation mean / busy share since start / prefix-cache hit share):\n");
     let _ = write!(s, "| GPU |");
@@ -631,6 +710,92 @@ fn cdf_svg(outs: &[Outcome]) -> String {
             30.0 + 16.0 * k as f64,
             o.policy.title()
         );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A hand-written SVG: every GPU's sampled utilisation over time, one panel per policy (same
+/// axes), with the spread of the per-GPU means in each panel's title.
+fn util_svg(outs: &[Outcome]) -> String {
+    let (pw, ph, ml, mt, gap) = (640.0, 150.0, 50.0, 30.0, 40.0);
+    let w = ml + pw + 170.0;
+    let h = mt + outs.len() as f64 * (ph + gap) + 20.0;
+    let t_max = outs.iter().filter_map(|o| o.util_series.last().map(|r| r.0)).fold(1.0, f64::max);
+    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{ml}\" y=\"18\">GPU utilisation over time (sampled every 250 ms), per policy; x: seconds of replay</text>\n"
+    );
+    for (k, o) in outs.iter().enumerate() {
+        let top = mt + k as f64 * (ph + gap) + 16.0;
+        let x = |t: f64| ml + t / t_max * pw;
+        let y = |u: f64| top + ph - u.clamp(0.0, 1.0) * ph;
+        let _ = writeln!(
+            s,
+            "<text x=\"{ml}\" y=\"{:.1}\" font-weight=\"bold\">{}: mean {:.0} %, spread of the per-GPU means {:.0} points \
+             (dashed: last arrival)</text>",
+            top - 4.0,
+            o.policy.title(),
+            o.util_mean() * 100.0,
+            o.util_spread() * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{0:.1}\" y1=\"{top:.1}\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/>",
+            x(o.window_s.min(t_max)),
+            top + ph
+        );
+        let _ = writeln!(
+            s,
+            "<rect x=\"{ml}\" y=\"{top:.1}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>"
+        );
+        for u in [0.0, 0.5, 1.0] {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text>",
+                ml - 4.0,
+                y(u) + 4.0,
+                u * 100.0
+            );
+        }
+        let mut t = 0.0;
+        let step = (t_max / 6.0).max(1.0).round();
+        while t <= t_max {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{t:.0}</text>",
+                x(t),
+                top + ph + 14.0
+            );
+            t += step;
+        }
+        for (g, gpu) in o.gpus.iter().enumerate() {
+            let pts: Vec<String> = o
+                .util_series
+                .iter()
+                .filter_map(|(t, row)| {
+                    row.get(g).filter(|u| u.is_finite()).map(|u| format!("{:.1},{:.1}", x(*t), y(*u)))
+                })
+                .collect();
+            let c = colors[g % colors.len()];
+            let _ = writeln!(
+                s,
+                "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.2\" points=\"{}\"/>",
+                pts.join(" ")
+            );
+            if k == 0 {
+                let host = gpu.0.split(':').next().unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{c}\">{host} {}</text>",
+                    ml + pw + 10.0,
+                    top + 12.0 + 14.0 * g as f64,
+                    gpu.1
+                );
+            }
+        }
     }
     s.push_str("</svg>\n");
     s
@@ -733,6 +898,7 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
     std::fs::write(args.out_dir.join("replay-cdf.svg"), cdf_svg(&outs)).context("writing replay-cdf.svg")?;
+    std::fs::write(args.out_dir.join("replay-util.svg"), util_svg(&outs)).context("writing replay-util.svg")?;
     if let Some(j) = &args.json {
         let v: Vec<Value> = outs
             .iter()
@@ -740,6 +906,8 @@ fn main() -> anyhow::Result<()> {
                 json!({
                     "policy": o.policy.key(), "summary": o.summary, "e2e_p95_common_ms": common_p95(&outs, o),
                     "util_mean": o.util_mean(), "util_spread": o.util_spread(), "wall_s": o.wall_s,
+                    "util_mean_arrivals": o.window_mean(), "util_spread_arrivals": o.window_spread(),
+                    "window_s": o.window_s,
                 })
             })
             .collect();
