@@ -119,7 +119,11 @@ pub struct Backend {
     /// Free GPU memory in MB, [`MEM_UNKNOWN`] if not known.
     pub free_mem_mb: u32,
     pub state: u32,
-    pub _pad2: u32,
+    /// Memory the backend has for requests when idle (e.g. its KV-cache pool), MB: a request
+    /// whose hint exceeds `free_mem_mb` but not this can wait in the backend's queue, so when
+    /// no backend fits a hint now, the pick queues it on the least loaded one that will fit
+    /// rather than refusing it. [`MEM_UNKNOWN`]: unknown, assumed to fit; 0: no such fallback.
+    pub mem_capacity_mb: u32,
 }
 
 impl Backend {
@@ -129,6 +133,12 @@ impl Backend {
     /// Whether the backend can take a request that needs `required_mem_mb` (0: no hint).
     pub fn fits(&self, required_mem_mb: u32) -> bool {
         required_mem_mb == 0 || self.free_mem_mb == MEM_UNKNOWN || self.free_mem_mb >= required_mem_mb
+    }
+    /// Whether a request that needs `required_mem_mb` fits once the backend is idle.
+    pub fn fits_when_idle(&self, required_mem_mb: u32) -> bool {
+        self.fits(required_mem_mb)
+            || (self.mem_capacity_mb != 0
+                && (self.mem_capacity_mb == MEM_UNKNOWN || self.mem_capacity_mb >= required_mem_mb))
     }
     pub fn under_cap(&self, inflight: u64) -> bool {
         self.cap == NO_CAP || inflight < self.cap as u64

@@ -7,6 +7,9 @@
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
 //!    (With `CONFIG_ROUND_ROBIN`, a baseline, step 2 is instead "the member whose turn it is".)
+//! 4. If no member fits the memory hint now, the least loaded one that fits it when idle
+//!    (`Backend::mem_capacity_mb`): the request waits in that server's queue. Only a hint that
+//!    no member could ever hold is refused (`NoFit`).
 //! 3. Otherwise the least loaded member (in-flight / weight) that fits and is under its cap.
 //!    Without a memory filter such a member is always under its load bound: if every backend
 //!    were at or over `c * (T + 1) * w / W`, the in-flight counts would sum to more than T.
@@ -54,6 +57,10 @@ pub struct MemberScan {
     pub any_live: bool,
     pub best_load: u64,
     pub best_weight: u64,
+    /// The least loaded member under its cap that does not fit now but fits when idle.
+    pub later: u32,
+    pub later_load: u64,
+    pub later_weight: u64,
 }
 
 impl Default for MemberScan {
@@ -65,7 +72,15 @@ impl Default for MemberScan {
 impl MemberScan {
     #[inline(always)]
     pub const fn new() -> Self {
-        Self { best: NO_BACKEND, any_live: false, best_load: 0, best_weight: 1 }
+        Self {
+            best: NO_BACKEND,
+            any_live: false,
+            best_load: 0,
+            best_weight: 1,
+            later: NO_BACKEND,
+            later_load: 0,
+            later_weight: 1,
+        }
     }
 
     /// Considers member `j` of `row` (in-flight / weight, compared by cross-multiplication).
@@ -82,13 +97,22 @@ impl MemberScan {
         }
         self.any_live = true;
         let inflight = maps.inflight(id);
-        if b.fits(required_mem_mb) && b.under_cap(inflight) {
-            let w = b.weight as u64;
+        if !b.under_cap(inflight) {
+            return;
+        }
+        let w = b.weight as u64;
+        if b.fits(required_mem_mb) {
             if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
                 self.best = id;
                 self.best_load = inflight;
                 self.best_weight = w;
             }
+        } else if b.fits_when_idle(required_mem_mb)
+            && (self.later == NO_BACKEND || sat_mul(inflight, self.later_weight) < sat_mul(self.later_load, w))
+        {
+            self.later = id;
+            self.later_load = inflight;
+            self.later_weight = w;
         }
     }
 }
@@ -272,6 +296,11 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     let any_live = scan.any_live;
     if best != NO_BACKEND {
         return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break };
+    }
+    // 4. No member has the memory free now: queue on the least loaded one that will have it
+    //    (a model server makes such a request wait for KV cache, it does not fail it).
+    if scan.later != NO_BACKEND {
+        return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break };
     }
     let outcome = if any_live { Outcome::NoFit } else { Outcome::NoBackend };
     PickResult { backend: NO_BACKEND, outcome, affinity_break }

@@ -192,6 +192,36 @@ fn unavailable_model_and_no_fit_are_refused() {
 }
 
 #[test]
+fn a_hint_no_backend_has_free_now_waits_on_the_least_loaded_one_that_fits_when_idle() {
+    // Free now 1000 / 2000 / 3000 MB; when idle 10000 / 1500 / 12000 MB.
+    let mut f = Fleet::new(&[1, 1, 2], &[1_000, 2_000, 3_000]);
+    for (b, cap) in f.backends.iter_mut().zip([10_000, 1_500, 12_000]) {
+        b.mem_capacity_mb = cap;
+    }
+    let mut r = f.req(7);
+    r.required_mem_mb = 5_000;
+    f.inflight = vec![4, 0, 6];
+    r.model_inflight = 10;
+    // Loads per weight: 4/1 and 6/2 = 3: the third is less loaded; the second never fits.
+    let p = f.pick(&r);
+    assert_eq!((p.backend, p.outcome), (2, Outcome::Fallback));
+    f.inflight = vec![1, 0, 6];
+    assert_eq!(f.pick(&r).backend, 0);
+    // Something fits now: the normal pick, no waiting.
+    r.required_mem_mb = 2_500;
+    assert_eq!(f.pick(&r).backend, 2);
+    // Larger than any backend ever holds: refused.
+    r.required_mem_mb = 13_000;
+    assert_eq!(f.pick(&r).outcome, Outcome::NoFit);
+    // Capacity 0 means no fallback (the static default).
+    for b in &mut f.backends {
+        b.mem_capacity_mb = 0;
+    }
+    r.required_mem_mb = 5_000;
+    assert_eq!(f.pick(&r).outcome, Outcome::NoFit);
+}
+
+#[test]
 fn round_robin_takes_members_in_turn_and_skips_dead_ones() {
     let mut f = Fleet::new(&[1, 5, 1, 9], &[]);
     f.cfg.flags = CONFIG_ROUND_ROBIN;

@@ -52,6 +52,8 @@ pub struct BackendStatus {
     pub weight: u32,
     pub cap: u32,
     pub free_mem_mb: Option<u32>,
+    /// Memory when idle (the queueing fallback of the memory fit); `None`: no fallback.
+    pub mem_capacity_mb: Option<u32>,
     pub live: bool,
     pub table_slots: u32,
     pub table_share: f64,
@@ -128,6 +130,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
                 weight: b.weight,
                 cap: b.cap,
                 free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),
+                mem_capacity_mb: (b.mem_capacity_mb != 0).then_some(b.mem_capacity_mb),
                 live: b.is_live(),
                 table_slots: n,
                 table_share: if slot.size > 0 { n as f64 / slot.size as f64 } else { 0.0 },

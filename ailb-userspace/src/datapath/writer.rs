@@ -178,6 +178,7 @@ impl Writer {
                 weight: b.weight,
                 cap: b.cap,
                 free_mem_mb: b.free_memory_mb.unwrap_or(MEM_UNKNOWN),
+                mem_capacity_mb: b.memory_capacity_mb.unwrap_or(0),
                 state: if b.eligible && b.weight > 0 { BACKEND_LIVE } else { 0 },
                 ..Default::default()
             };

@@ -21,6 +21,8 @@ pub const MIN_REGISTRY_WEIGHT: f64 = 0.001;
 pub(super) struct Evaluated {
     pub(super) explain: BackendExplain,
     pub(super) free_memory_mb: Option<u32>,
+    /// Set by the caller from the backend's history ([`super::PlannedBackend::memory_capacity_mb`]).
+    pub(super) memory_capacity_mb: Option<u32>,
 }
 
 #[derive(Default)]
@@ -292,6 +294,7 @@ pub(super) fn evaluate(
             excluded_by: n.excluded_by,
         },
         free_memory_mb: md.free_memory_mb.valid().copied(),
+        memory_capacity_mb: None,
     }
 }
 

@@ -69,6 +69,8 @@ pub(crate) struct BackendMemory {
     pub(crate) last_report: Option<u64>,
     /// What was last logged: the excluding rule and the invalid keys.
     logged: Option<(Option<Exclusion>, Vec<&'static str>)>,
+    /// The most free memory (MiB) this backend has reported: what it holds when idle.
+    peak_free_mb: Option<u32>,
 }
 
 impl PolicyState {
@@ -92,6 +94,10 @@ pub struct PlannedBackend {
     pub cap: u32,
     /// `None`: unknown (fits every memory hint).
     pub free_memory_mb: Option<u32>,
+    /// The most free memory the backend has reported since it appeared (what it has when
+    /// idle): a request that needs more than is free now but no more than this is queued there
+    /// when no backend has it free, instead of refused. `None`: never reported.
+    pub memory_capacity_mb: Option<u32>,
     pub eligible: bool,
     /// One line: why excluded, or the product that gave the weight.
     pub reason: String,
@@ -160,6 +166,10 @@ pub fn plan(snapshot: &Snapshot, config: &ValidConfig, state: &mut PolicyState) 
             let key = (name.clone(), inst.address);
             let mem = state.backends.entry(key.clone()).or_default();
             let mut ev = evaluate::evaluate(inst, name, vm, protection, pc, mem);
+            if let Some(f) = ev.free_memory_mb {
+                mem.peak_free_mb = Some(mem.peak_free_mb.map_or(f, |p| p.max(f)));
+            }
+            ev.memory_capacity_mb = mem.peak_free_mb;
             if dups.len() > 1 {
                 ev.explain.reasons.push(format!(
                     "listed {} times; using service {:?} group {:?} cluster {:?}",
@@ -203,6 +213,7 @@ pub fn plan(snapshot: &Snapshot, config: &ValidConfig, state: &mut PolicyState) 
                     weight,
                     cap: explain.cap,
                     free_memory_mb: ev.free_memory_mb,
+                    memory_capacity_mb: ev.memory_capacity_mb,
                     eligible: explain.excluded_by.is_none(),
                     reason: explain.summary(weight),
                     explain,

@@ -449,3 +449,20 @@ proptest! {
         prop_assert_eq!(plan(&snap(next), &cfg, &mut a), plan(&snap(rev), &cfg, &mut b));
     }
 }
+
+#[test]
+fn memory_capacity_is_the_most_free_memory_reported() {
+    let cfg = config("");
+    let mut state = PolicyState::default();
+    let mut cap_after = |free: &str| {
+        let p = plan(&snap(vec![inst(1, &[("remaining_memory_mb", free)])]), &cfg, &mut state);
+        let b = &p["m"].backends[0];
+        (b.free_memory_mb, b.memory_capacity_mb)
+    };
+    assert_eq!(cap_after("20000"), (Some(20000), Some(20000)));
+    assert_eq!(cap_after("3000"), (Some(3000), Some(20000)), "a busy GPU keeps its idle capacity");
+    assert_eq!(cap_after("25000"), (Some(25000), Some(25000)));
+    // Never reported: no capacity, so no queueing fallback in the kernel.
+    let p = run(&cfg, vec![inst(2, &[])]);
+    assert_eq!((p.backends[0].free_memory_mb, p.backends[0].memory_capacity_mb), (None, None));
+}
