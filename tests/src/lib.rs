@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod nacos;
 pub mod replay;
 pub mod sim;

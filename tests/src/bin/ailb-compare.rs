@@ -27,26 +27,31 @@
 //! - `least-conn`: equal weights, no affinity, bounded loads with `load_factor = 1.01`: a
 //!   backend is skipped once its in-flight count exceeds 1.01 x the mean, which with c ~ 1 is
 //!   least-loaded placement. Untagged, like `random`.
-//! - `ailb`: weights by GPU capability (A100 3, RTX 3090 1), each backend's `free_memory_mb`
-//!   set to its KV budget (so the replay client's memory hints take effect), conversation
-//!   affinity on, load bound 1.25. The only policy whose sockets carry the conversation and
-//!   memory tags.
+//! - `ailb`: ailb in full. rnacos, one `ailb agent` per GPU (NVML through the fake library that
+//!   the simulated GPU keeps up to date, load from its vLLM metrics, every 200 ms), and the
+//!   gateway with Nacos discovery and the AI-aware policy (GPU capability A100 3, RTX 3090 1;
+//!   load, utilisation, live free memory and its idle capacity), conversation affinity, load
+//!   bound 1.25. Its sockets carry the conversation and memory tags.
+//! - `ailb-static`: the same data plane on a static config: weights 3 / 1, each backend's
+//!   `free_memory_mb` fixed at its KV budget, no telemetry. Tagged like `ailb`.
 //! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::fleet::{self, sibling_bin, SimGpu, SimOpts};
+use ailb_tests::nacos::RnacosServer;
 use ailb_tests::replay::client::RequestSpec;
 use ailb_tests::replay::synthetic::SyntheticOpts;
 use ailb_tests::replay::{self, percentile, trace, RunOpts, TraceSelect};
 use ailb_tests::sim::GpuProfile;
-use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon};
+use ailb_tests::{base_config, preflight, wait_until, BackendCfg, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::{json, Value};
@@ -83,7 +88,7 @@ struct Args {
     rtx3090: usize,
     /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb, nginx
     /// (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH).
-    #[arg(long, default_value = "round-robin,random,least-conn,ailb,nginx")]
+    #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
     policies: String,
     /// Where `replay.md`, `replay-cdf.svg` and `replay-util.svg` go.
     #[arg(long, default_value = "target/bench")]
@@ -117,6 +122,7 @@ enum Policy {
     Random,
     LeastConn,
     Ailb,
+    AilbStatic,
     Nginx,
 }
 
@@ -127,8 +133,9 @@ impl Policy {
             "random" => Self::Random,
             "least-conn" => Self::LeastConn,
             "ailb" => Self::Ailb,
+            "ailb-static" => Self::AilbStatic,
             "nginx" => Self::Nginx,
-            other => bail!("unknown policy {other:?} (round-robin, random, least-conn, ailb, nginx)"),
+            other => bail!("unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, nginx)"),
         })
     }
     fn key(self) -> &'static str {
@@ -137,6 +144,7 @@ impl Policy {
             Self::Random => "random",
             Self::LeastConn => "least-conn",
             Self::Ailb => "ailb",
+            Self::AilbStatic => "ailb-static",
             Self::Nginx => "nginx",
         }
     }
@@ -146,95 +154,26 @@ impl Policy {
             Self::Random => "random L4",
             Self::LeastConn => "least connections",
             Self::Ailb => "ailb",
+            Self::AilbStatic => "ailb, static config",
             Self::Nginx => "nginx L7 round robin",
         }
     }
 }
 
-/// One simulated GPU server; killed by pid on drop.
-struct Sim {
-    child: Child,
-    addr: SocketAddrV4,
-    profile: &'static str,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill(); // SIGKILL to this child's pid only
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// `GET path` on `addr` (HTTP/1.1, Connection: close): status and body, or `None`.
+/// `GET path` on `addr`: status and body, or `None` (see `ailb_tests::fleet::http_get`).
 fn http_get(addr: SocketAddrV4, path: &str) -> Option<(u16, String)> {
-    let t = Duration::from_millis(500);
-    let mut s = TcpStream::connect_timeout(&addr.into(), t).ok()?;
-    s.set_read_timeout(Some(t)).ok()?;
-    s.set_write_timeout(Some(t)).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut buf = Vec::new();
-    s.take(1 << 20).read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    Some((status, if chunked { dechunk(body) } else { body.to_string() }))
+    fleet::http_get(addr, path)
 }
 
-/// Decodes an HTTP/1.1 chunked body (already complete).
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    for _ in 0..10_000 {
-        let Some((size, rest)) = s.split_once("\r\n") else { break };
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-fn sibling_bin(name: &str) -> PathBuf {
-    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from(name));
-    me.with_file_name(name)
-}
-
-/// Starts the fleet on port `port` and waits for every `/health`.
-fn start_fleet(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<Sim>> {
-    let mut sims = Vec::new();
-    let profiles = std::iter::repeat_n("a100-80gb", args.a100).chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090));
-    for (i, profile) in profiles.enumerate() {
-        let addr = SocketAddrV4::new([127, 0, 10, (i + 1) as u8].into(), port);
-        let child = Command::new(sim_bin)
-            .args(["--listen", &addr.to_string(), "--profile", profile, "--model", MODEL])
-            .args(["--time-scale", &args.time_scale.to_string(), "--sample-interval-ms", "100"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("spawning {}", sim_bin.display()))?;
-        sims.push(Sim { child, addr, profile });
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for s in &mut sims {
-        loop {
-            if let Ok(Some(st)) = s.child.try_wait() {
-                bail!("ailb-sim on {} exited ({st}) before answering /health", s.addr);
-            }
-            if matches!(http_get(s.addr, "/health"), Some((200, _))) {
-                break;
-            }
-            if Instant::now() >= deadline {
-                bail!("ailb-sim on {} did not answer /health within 30 s", s.addr);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    Ok(sims)
+/// Starts the fleet on port `port` (each server keeping its fake NVML state, which the agents
+/// of the full ailb read) and waits for every `/health`.
+fn start_fleet(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<SimGpu>> {
+    let opts = SimOpts { sim_bin, model: MODEL, time_scale: args.time_scale, sample_interval_ms: 100, log: None };
+    std::iter::repeat_n("a100-80gb", args.a100)
+        .chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090))
+        .enumerate()
+        .map(|(i, profile)| SimGpu::start(SocketAddrV4::new([127, 0, 10, (i + 1) as u8].into(), port), profile, &opts))
+        .collect()
 }
 
 /// A single-process nginx (`master_process off`), killed by pid on drop.
@@ -250,7 +189,7 @@ impl Drop for Nginx {
 }
 
 /// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered.
-fn start_nginx(dir: &Path, listen: &str, sims: &[Sim]) -> anyhow::Result<Nginx> {
+fn start_nginx(dir: &Path, listen: &str, sims: &[SimGpu]) -> anyhow::Result<Nginx> {
     let servers: String = sims.iter().map(|s| format!("    server {};\n", s.addr)).collect();
     let d = dir.display();
     let conf = format!(
@@ -299,6 +238,8 @@ struct Outcome {
     e2e_by_index: BTreeMap<u64, f64>,
     /// Per GPU: (address, profile, mean sampled utilisation, busy fraction, prefix hit share).
     gpus: Vec<(String, &'static str, f64, f64, Option<f64>)>,
+    /// Failed requests by kind ("HTTP 400", "connect refused", ...).
+    failure_kinds: BTreeMap<String, usize>,
     /// Utilisation samples over time: (seconds since the replay started, one value per GPU).
     util_series: Vec<(f64, Vec<f64>)>,
     /// Real seconds from the first to the last planned arrival: the window in which the
@@ -344,6 +285,38 @@ impl Outcome {
     }
 }
 
+/// Why a request failed, in a few words; `None` when it succeeded.
+fn failure_kind(r: &Value) -> Option<String> {
+    if r["status"].as_u64() == Some(200) && r["error"].is_null() {
+        return None;
+    }
+    let err = r["error"].as_str().unwrap_or_default();
+    Some(if err.starts_with("connect") && err.contains("refused") {
+        "connect refused (no backend fits)".to_string()
+    } else if err.starts_with("connect") {
+        "connect failed".to_string()
+    } else if let Some(st) = r["status"].as_u64().filter(|&s| s != 200) {
+        format!("HTTP {st}")
+    } else if err.contains("timed out") || err.contains("deadline") {
+        "timed out".to_string()
+    } else {
+        "stream error".to_string()
+    })
+}
+
+/// Live backends of the model in the pinned maps.
+fn live_backends(daemon: &Daemon) -> usize {
+    let st = daemon.status();
+    st["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["name"] == MODEL)
+        .flat_map(|m| m["backends"].as_array().into_iter().flatten())
+        .filter(|b| b["live"].as_bool() == Some(true))
+        .count()
+}
+
 fn spread(v: impl Iterator<Item = f64>) -> f64 {
     let v: Vec<f64> = v.collect();
     if v.is_empty() {
@@ -352,7 +325,23 @@ fn spread(v: impl Iterator<Item = f64>) -> f64 {
     v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
 }
 
-fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::TestConfig {
+/// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
+/// (the AI-aware policy), the same capability ratio as the static config's weights.
+fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer) -> ailb_tests::TestConfig {
+    let mut cfg = base_config("cmp-ailb", cg);
+    cfg.affinity = true;
+    cfg.load_bound = true;
+    cfg.load_factor = 1.25;
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
+         [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
+         [policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n",
+        nacos.url()
+    );
+    cfg
+}
+
+fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu]) -> ailb_tests::TestConfig {
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
         Policy::RoundRobin => {
@@ -369,7 +358,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::Tes
             cfg.load_bound = true;
             cfg.load_factor = 1.01;
         }
-        Policy::Ailb => {
+        Policy::Ailb | Policy::AilbStatic => {
             cfg.affinity = true;
             cfg.load_bound = true;
             cfg.load_factor = 1.25;
@@ -380,7 +369,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[Sim]) -> ailb_tests::Tes
     for s in sims {
         let addr = s.addr.to_string();
         let b = match policy {
-            Policy::Ailb => {
+            Policy::Ailb | Policy::AilbStatic => {
                 let p = GpuProfile::preset(s.profile).expect("preset");
                 let kv_mb = ((p.kv_blocks() * p.block_bytes()) >> 20) as u32;
                 let w = if s.profile.starts_with("a100") { 3 } else { 1 };
@@ -397,11 +386,27 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
     let sims = start_fleet(args, &sim_bin, port)?;
     let dir = tempfile::tempdir().context("temp dir")?;
-    let (daemon, nginx, vip) = if policy == Policy::Nginx {
-        let vip = format!("127.0.10.250:{port}");
-        (None, Some(start_nginx(dir.path(), &vip, &sims)?), vip)
-    } else {
-        (Some(Daemon::start(ailb, &config_for(policy, cg, &sims))), None, VIP.to_string())
+    // The full ailb: rnacos, an agent per GPU, the gateway with Nacos discovery; dropped after
+    // the daemon (agents first, so that they deregister).
+    let mut registry = None;
+    let mut agents = Vec::new();
+    let (daemon, nginx, vip) = match policy {
+        Policy::Nginx => {
+            let vip = format!("127.0.10.250:{port}");
+            (None, Some(start_nginx(dir.path(), &vip, &sims)?), vip)
+        }
+        Policy::Ailb => {
+            let nacos = registry.insert(RnacosServer::start());
+            for s in &sims {
+                agents.push(s.start_agent(MODEL, &nacos.url(), "200ms", dir.path())?);
+            }
+            let daemon = Daemon::start(ailb, &nacos_config(cg, nacos));
+            wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
+                (live_backends(&daemon) == sims.len()).then_some(())
+            });
+            (Some(daemon), None, VIP.to_string())
+        }
+        _ => (Some(Daemon::start(ailb, &config_for(policy, cg, &sims))), None, VIP.to_string()),
     };
     let out = dir.path().join("replay.json");
     let speed = args.load * args.time_scale;
@@ -420,7 +425,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     } else if let Some(t) = &args.trace {
         cmd.arg("--trace").arg(t);
     }
-    if policy != Policy::Ailb {
+    if !matches!(policy, Policy::Ailb | Policy::AilbStatic) {
         cmd.arg("--untagged");
     }
     eprintln!("ailb-compare: {}: replaying {} requests at speed {speed}", policy.title(), args.limit);
@@ -496,9 +501,15 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     }
     drop(daemon);
     drop(nginx);
+    drop(agents);
+    drop(registry);
     drop(sims);
     let mut e2e_by_index = BTreeMap::new();
+    let mut failure_kinds = BTreeMap::new();
     for r in report["requests"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        if let Some(kind) = failure_kind(r) {
+            *failure_kinds.entry(kind).or_insert(0) += 1;
+        }
         if r["status"].as_u64() == Some(200) && r["error"].is_null() {
             if let (Some(i), Some(e)) = (r["index"].as_u64(), r["e2e_ms"].as_f64()) {
                 e2e_by_index.insert(i, e);
@@ -514,6 +525,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         e2e_sorted,
         e2e_by_index,
         gpus,
+        failure_kinds,
         util_series,
         window_s,
         wall_s,
@@ -653,6 +665,15 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
             let _ = writeln!(s);
         }
     }
+    let _ = writeln!(s, "\nFailures by kind: {}.", {
+        outs.iter()
+            .map(|o| {
+                let kinds: Vec<String> = o.failure_kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+                format!("{}: {}", o.policy.title(), if kinds.is_empty() { "none".into() } else { kinds.join(", ") })
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
     let _ = writeln!(s, "\nWall time per policy: {}.", {
         outs.iter().map(|o| format!("{} {:.1} s", o.policy.title(), o.wall_s)).collect::<Vec<_>>().join(", ")
     });

@@ -20,15 +20,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write as _};
-use std::net::{SocketAddrV4, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::Write as _;
+use std::net::SocketAddrV4;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ailb_tests::agent_harness::FakeNvml;
 use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::fleet::{get_ok, sibling_bin, Proc, SimGpu, SimOpts};
 use ailb_tests::nacos::{free_port, RnacosServer};
 use ailb_tests::{base_config, preflight, replay, wait_until, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
@@ -88,157 +88,31 @@ fn say(msg: &str) {
     eprintln!("[demo] {msg}");
 }
 
-/// A child process stopped by its pid on drop (SIGTERM, then SIGKILL after 5 s).
-struct Proc {
-    name: String,
-    child: Child,
-}
-
-impl Proc {
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.exited().is_some() {
-            return;
-        }
-        // SAFETY: kill(2) on the pid of our own child, not yet reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if self.exited().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("[demo] {} did not stop on SIGTERM: SIGKILL", self.name);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One simulated GPU: its server, fake NVML library and agent.
+/// One simulated GPU and its agent (dropped first: it deregisters while the server still runs).
 struct Gpu {
-    addr: SocketAddrV4,
-    profile: &'static str,
-    // Drop order: the agent first (it deregisters), then the server, then the library dir.
     agent: Proc,
-    sim: Proc,
-    _nvml: FakeNvml,
-}
-
-fn http_get(addr: SocketAddrV4, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(1000))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let (head, body) = buf.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((size, tail)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            if n == 0 || tail.len() < n {
-                break;
-            }
-            out.push_str(&tail[..n]);
-            rest = tail[n..].trim_start_matches("\r\n");
-        }
-        return Some(out);
-    }
-    Some(body.to_string())
-}
-
-fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe().map(|p| p.with_file_name(name)).unwrap_or_else(|_| PathBuf::from(name))
+    gpu: SimGpu,
 }
 
 fn start_gpu(i: usize, profile: &'static str, args: &Args, nacos: &RnacosServer, dir: &Path) -> anyhow::Result<Gpu> {
     let addr = SocketAddrV4::new([127, 0, 20, (i + 1) as u8].into(), 8000);
-    let preset = ailb_tests::sim::GpuProfile::preset(profile).context("GPU preset")?;
-    let nvml = FakeNvml::build(&format!(
-        "count 1\n0 name {}\n0 uuid GPU-demo-{i}\n0 total_mb {}\n0 used_mb 0\n0 util 0\n",
-        preset.gpu_type, preset.gpu_memory_mb
-    ));
-    let state = Path::new(&nvml.lib()).with_file_name("state");
-    let sim_log = std::fs::File::create(dir.join(format!("sim-{i}.log")))?;
-    let sim = Command::new(sibling("ailb-sim"))
-        .args(["--listen", &addr.to_string(), "--profile", profile, "--model", MODEL])
-        .args(["--time-scale", &args.time_scale.to_string(), "--sample-interval-ms", "250"])
-        .arg("--nvml-state")
-        .arg(&state)
-        .stdin(Stdio::null())
-        .stdout(sim_log.try_clone()?)
-        .stderr(sim_log)
-        .spawn()
-        .context("starting ailb-sim")?;
-    let mut sim = Proc { name: format!("ailb-sim {addr}"), child: sim };
-    wait_until(&format!("ailb-sim {addr} /health"), Duration::from_secs(20), || {
-        if sim.exited().is_some() {
-            panic!("ailb-sim {addr} exited at start-up; see {}", dir.join(format!("sim-{i}.log")).display());
-        }
-        http_get(addr, "/health").map(|_| ())
-    });
-
-    let metrics_port = free_port();
-    let cfg = format!(
-        r#"publish_interval = "500ms"
-heartbeat_interval = "5s"
-drain_timeout = "5s"
-listen = "127.0.0.1:{metrics_port}"
-nvml_library = "{lib}"
-
-[nacos]
-servers = ["{nacos}"]
-api = "v1"
-timeout = "500ms"
-
-[[instances]]
-service = "{MODEL}"
-ip = "{ip}"
-port = {port}
-model_id = "{MODEL}"
-gpu_type = "{gpu_type}"
-supported_tasks = ["chat"]
-gpus = [0]
-metrics_url = "http://{addr}/metrics"
-health_url = "http://{addr}/health"
-server = "vllm"
-nvml = true
-"#,
-        lib = nvml.lib(),
-        nacos = nacos.url(),
-        ip = addr.ip(),
-        port = addr.port(),
-        gpu_type = preset.gpu_type,
-    );
-    let path = dir.join(format!("agent-{i}.toml"));
-    std::fs::write(&path, cfg)?;
-    let log = std::fs::File::create(dir.join(format!("agent-{i}.log")))?;
-    let agent = Command::new(ailb_tests::ailb_bin())
-        .args(["agent", "--config"])
-        .arg(&path)
-        .env("AILB_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting ailb agent")?;
-    Ok(Gpu { addr, profile, agent: Proc { name: format!("ailb agent {addr}"), child: agent }, sim, _nvml: nvml })
+    let opts = SimOpts {
+        sim_bin: &sibling_bin("ailb-sim"),
+        model: MODEL,
+        time_scale: args.time_scale,
+        sample_interval_ms: 250,
+        log: Some(dir.join(format!("sim-{i}.log"))),
+    };
+    let gpu = SimGpu::start(addr, profile, &opts)?;
+    let agent = gpu.start_agent(MODEL, &nacos.url(), "500ms", dir)?;
+    Ok(Gpu { agent, gpu })
 }
 
 /// The live view: one row per GPU, joined from the gateway's pinned maps and the GPU itself.
 fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
     let replay_done: u64 = gpus
         .iter()
-        .filter_map(|g| http_get(g.addr, "/sim/state"))
+        .filter_map(|g| get_ok(g.gpu.addr, "/sim/state"))
         .filter_map(|t| serde_json::from_str::<Value>(&t).ok())
         .filter_map(|v| v["counters"]["finished_total"].as_u64())
         .sum();
@@ -269,10 +143,10 @@ fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
         "{:<17} {:<13} {:>6} {:>6} {:>8} {:>6} | {:>5} {:>5} {:>7} {:>7} {:>9}",
         "backend", "GPU", "weight", "share", "inflight", "picks", "util", "KV", "running", "waiting", "free MiB"
     );
-    for g in gpus {
+    for Gpu { gpu: g, .. } in gpus {
         let a = g.addr.to_string();
         let b = by_addr.get(&a);
-        let sim: Option<Value> = http_get(g.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok());
+        let sim: Option<Value> = get_ok(g.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok());
         let field = |v: Option<&Value>, k: &str| v.map(|v| v[k].clone()).unwrap_or(Value::Null);
         let pct = |v: Value| v.as_f64().map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
         let int = |v: Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
@@ -318,7 +192,7 @@ fn main() -> anyhow::Result<()> {
     let mut gpus = Vec::new();
     for (i, p) in profiles.enumerate() {
         gpus.push(start_gpu(i, p, &args, &nacos, dir.path())?);
-        say(&format!("GPU {i}: ailb-sim {p} on {} with its agent", gpus[i].addr));
+        say(&format!("GPU {i}: ailb-sim {p} on {} with its agent", gpus[i].gpu.addr));
     }
 
     let listen = format!("127.0.0.1:{}", free_port());
@@ -349,7 +223,7 @@ fn main() -> anyhow::Result<()> {
     say(&format!("all {n} GPUs are in the table; starting the load"));
 
     let out = dir.path().join("replay.json");
-    let mut cmd = Command::new(sibling("ailb-replay"));
+    let mut cmd = Command::new(sibling_bin("ailb-replay"));
     cmd.args(["--vip", VIP, "--model", MODEL, "--limit", &args.requests.to_string()])
         .args(["--speed", &args.time_scale.to_string(), "--concurrency", "256", "--quiet"])
         .arg("--out")
@@ -386,7 +260,7 @@ fn main() -> anyhow::Result<()> {
             break Some(st);
         }
         for g in gpus.iter_mut() {
-            for p in [&mut g.sim, &mut g.agent] {
+            for p in [&mut g.gpu.sim, &mut g.agent] {
                 if let Some(st) = p.exited() {
                     bail!("{} exited ({st}); logs in {}", p.name, dir.path().display());
                 }
