@@ -2,7 +2,7 @@
 //! [`pick`] with map-backed [`PickMaps`]; userspace tests call it with plain arrays).
 //!
 //! 1. Affinity: a remembered backend is reused if it is still live in this model, fits the
-//!    memory hint and is under its hard cap (and the entry is younger than the TTL).
+//!    memory hint (now, or when idle: the request waits there for its cached prefix) and is under its hard cap (and the entry is younger than the TTL).
 //! 2. Bounded-load probing of the weighted Maglev table: up to `probes` slots
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
@@ -204,7 +204,9 @@ fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, aff: &
     b.model == req.model
         && b.is_live()
         && b.weight > 0
-        && b.fits(req.required_mem_mb)
+        // Its free memory may be short now (the conversation's own KV, its prefix, is cached
+        // there): waiting for it beats a cold prefill elsewhere, as long as it will fit.
+        && b.fits_when_idle(req.required_mem_mb)
         && b.under_cap(maps.inflight(aff.backend))
         && (ttl_ns == 0 || req.now_ns.saturating_sub(aff.last_seen_ns) <= ttl_ns)
 }

@@ -1,12 +1,13 @@
 //! Issue 5, short version of `ailb-compare`: on the same simulated fleet (2 x A100-80GB +
-//! 4 x RTX 3090) and the same 200 requests (the first of the Mooncake trace), ailb (capability
-//! weights, memory fit with the client's hints, affinity, load bound 1.25) beats round robin L4
-//! (untagged sockets, `balancer.round_robin`: each connection to the next backend in turn) on
-//! P95 end-to-end latency and fails no more requests.
+//! 4 x RTX 3090) and the same 200 requests (the first of the Mooncake trace), ailb in full
+//! (rnacos, an `ailb agent` per simulated GPU, Nacos discovery and the AI-aware policy, memory fit
+//! with the client's hints, affinity, load bound 1.25) beats round robin L4 (untagged sockets,
+//! `balancer.round_robin`: each connection to the next backend in turn) on P95 end-to-end latency
+//! and fails no more requests.
 //!
-//! Margin: on 200 requests, runs against round robin read 0.58x, 0.53x and 0.51x; against random L4 (the
-//! baseline before round robin existed) 0.50x, 0.58x and 0.66x. The test asks for < 0.8x, so
-//! it fails if ailb is not clearly better. Failures in those runs: round robin 19-20, ailb 0.
+//! Margin: on 200 requests, runs of ailb in full against round robin read 0.61x, 0.58x, 0.58x and
+//! 0.53x (ailb on a static config: 0.58x, 0.53x, 0.51x). The test asks for < 0.8x, so it fails if
+//! ailb is not clearly better. Failures in those runs: round robin 18-20, ailb 0-1.
 //!
 //! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
 //! request too large for a 3090, and on 120 of its requests one run (random still hashed by
