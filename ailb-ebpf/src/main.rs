@@ -349,13 +349,8 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     };
     // Round robin (a baseline): this connect's turn, one atomic fetch-and-add on the model's
     // counter, only when the mode is on and no affinity entry may decide instead.
-    let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() {
-        turn_take(model)
-    } else {
-        0
-    };
-    let req =
-        PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn };
+    let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
+    let req = PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn };
     let res = pick(&Maps, &state, &cfg, &req);
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return refuse_connect(res.outcome);
