@@ -7,8 +7,11 @@
 //! ailb-replay [--trace PATH | --synthetic] [--vip 127.77.0.1:80] [--speed X] [--limit N]
 //!             [--start-ms MS] [--concurrency N] [--timeout-s S] [--deadline-s S]
 //!             [--kv-mb-per-token MB] [--model NAME] [--seed N] [--rate CONV_PER_S]
-//!             [--common-share F] [--out FILE] [--parse-only] [--quiet]
+//!             [--common-share F] [--out FILE] [--parse-only] [--quiet] [--untagged]
 //! ```
+//!
+//! `--untagged` sends the same requests without the conversation and memory tags, as a client
+//! of an L4 or L7 balancer that knows neither would (for baselines).
 
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -18,7 +21,7 @@ use ailb_tests::replay::{self, synthetic::SyntheticOpts, trace, RunOpts, TraceSe
 
 const USAGE: &str = "usage: ailb-replay [--trace PATH | --synthetic] [--vip A:P] [--speed X] [--limit N] \
 [--start-ms MS] [--concurrency N] [--timeout-s S] [--deadline-s S] [--kv-mb-per-token MB] [--model NAME] \
-[--seed N] [--rate CONV_PER_S] [--common-share F] [--out FILE] [--parse-only] [--quiet]";
+[--seed N] [--rate CONV_PER_S] [--common-share F] [--out FILE] [--parse-only] [--quiet] [--untagged]";
 
 struct Args {
     trace: PathBuf,
@@ -38,6 +41,7 @@ struct Args {
     out: Option<PathBuf>,
     parse_only: bool,
     quiet: bool,
+    untagged: bool,
 }
 
 fn value<T: std::str::FromStr>(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<T, String>
@@ -67,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
         out: None,
         parse_only: false,
         quiet: false,
+        untagged: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -88,6 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--out" => a.out = Some(value(&mut it, &flag)?),
             "--parse-only" => a.parse_only = true,
             "--quiet" => a.quiet = true,
+            "--untagged" => a.untagged = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -156,6 +162,13 @@ fn main() {
         };
         replay::trace_specs(&requests, &convs, &sel)
     };
+    let mut specs = specs;
+    if args.untagged {
+        for s in &mut specs {
+            s.conversation.clear();
+            s.memory_mb = 0;
+        }
+    }
     let span_s = specs.last().map_or(0.0, |s| s.at_ms as f64 / 1000.0 / args.speed);
     eprintln!("ailb-replay: {} requests over {span_s:.1} s to {}", specs.len(), args.vip);
     if args.parse_only {
