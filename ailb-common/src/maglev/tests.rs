@@ -245,7 +245,11 @@ fn weighted(weights: &[u32], salt: u32) -> Vec<MaglevBackend> {
         .enumerate()
         .map(|(i, &w)| MaglevBackend {
             id: i as u32,
-            key: backend_key(0x0a00_0000u32 + (i as u32) * 7919 + salt, 8000u16.to_be(), 0),
+            key: backend_key(
+                0x0a00_0000u32.wrapping_add((i as u32).wrapping_mul(7919)).wrapping_add(salt),
+                8000u16.to_be(),
+                0,
+            ),
             weight: w,
         })
         .collect()
