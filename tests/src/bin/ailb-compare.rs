@@ -114,6 +114,9 @@ struct Args {
     /// Limit of the replay of one policy, real seconds.
     #[arg(long, default_value_t = 300.0)]
     deadline_s: f64,
+    /// ailb's (and ailb-static's) load bound factor c (the daemon's default, 1.25).
+    #[arg(long, default_value_t = 1.25)]
+    ailb_load_factor: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -327,11 +330,11 @@ fn spread(v: impl Iterator<Item = f64>) -> f64 {
 
 /// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
 /// (the AI-aware policy), the same capability ratio as the static config's weights.
-fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer) -> ailb_tests::TestConfig {
+fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, load_factor: f64) -> ailb_tests::TestConfig {
     let mut cfg = base_config("cmp-ailb", cg);
     cfg.affinity = true;
     cfg.load_bound = true;
-    cfg.load_factor = 1.25;
+    cfg.load_factor = load_factor;
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
@@ -341,7 +344,7 @@ fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer) -> ailb_tests::TestConfi
     cfg
 }
 
-fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu]) -> ailb_tests::TestConfig {
+fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], ailb_load_factor: f64) -> ailb_tests::TestConfig {
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
         Policy::RoundRobin => {
@@ -361,7 +364,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu]) -> ailb_tests::
         Policy::Ailb | Policy::AilbStatic => {
             cfg.affinity = true;
             cfg.load_bound = true;
-            cfg.load_factor = 1.25;
+            cfg.load_factor = ailb_load_factor;
         }
         // Never started for nginx (it proxies instead of ailb); the defaults would do.
         Policy::Nginx => {}
@@ -400,13 +403,13 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
             for s in &sims {
                 agents.push(s.start_agent(MODEL, &nacos.url(), "200ms", dir.path())?);
             }
-            let daemon = Daemon::start(ailb, &nacos_config(cg, nacos));
+            let daemon = Daemon::start(ailb, &nacos_config(cg, nacos, args.ailb_load_factor));
             wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
                 (live_backends(&daemon) == sims.len()).then_some(())
             });
             (Some(daemon), None, VIP.to_string())
         }
-        _ => (Some(Daemon::start(ailb, &config_for(policy, cg, &sims))), None, VIP.to_string()),
+        _ => (Some(Daemon::start(ailb, &config_for(policy, cg, &sims, args.ailb_load_factor))), None, VIP.to_string()),
     };
     let out = dir.path().join("replay.json");
     let speed = args.load * args.time_scale;
