@@ -117,6 +117,9 @@ struct Args {
     /// ailb's (and ailb-static's) load bound factor c (the daemon's default, 1.25).
     #[arg(long, default_value_t = 1.25)]
     ailb_load_factor: f64,
+    /// The A100's GPU capability (weight) against the RTX 3090's 1, for ailb and ailb-static.
+    #[arg(long, default_value_t = 3.0)]
+    a100_capability: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -330,7 +333,7 @@ fn spread(v: impl Iterator<Item = f64>) -> f64 {
 
 /// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
 /// (the AI-aware policy), the same capability ratio as the static config's weights.
-fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, load_factor: f64) -> ailb_tests::TestConfig {
+fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, load_factor: f64, a100: f64) -> ailb_tests::TestConfig {
     let mut cfg = base_config("cmp-ailb", cg);
     cfg.affinity = true;
     cfg.load_bound = true;
@@ -338,13 +341,13 @@ fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, load_factor: f64) -> ail
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
-         [policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n",
+         [policy.gpu_capability]\n\"A100-80GB\" = {a100:?}\n\"RTX3090-24GB\" = 1.0\n",
         nacos.url()
     );
     cfg
 }
 
-fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], ailb_load_factor: f64) -> ailb_tests::TestConfig {
+fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) -> ailb_tests::TestConfig {
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
         Policy::RoundRobin => {
@@ -364,7 +367,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], ailb_load_facto
         Policy::Ailb | Policy::AilbStatic => {
             cfg.affinity = true;
             cfg.load_bound = true;
-            cfg.load_factor = ailb_load_factor;
+            cfg.load_factor = args.ailb_load_factor;
         }
         // Never started for nginx (it proxies instead of ailb); the defaults would do.
         Policy::Nginx => {}
@@ -375,7 +378,8 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], ailb_load_facto
             Policy::Ailb | Policy::AilbStatic => {
                 let p = GpuProfile::preset(s.profile).expect("preset");
                 let kv_mb = ((p.kv_blocks() * p.block_bytes()) >> 20) as u32;
-                let w = if s.profile.starts_with("a100") { 3 } else { 1 };
+                // Static weights are whole numbers: the capability ratio in tenths.
+                let w = if s.profile.starts_with("a100") { (args.a100_capability * 10.0).round() as u32 } else { 10 };
                 BackendCfg::new(MODEL, &addr, w).free_memory_mb(kv_mb)
             }
             _ => BackendCfg::new(MODEL, &addr, 1),
@@ -403,13 +407,13 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
             for s in &sims {
                 agents.push(s.start_agent(MODEL, &nacos.url(), "200ms", dir.path())?);
             }
-            let daemon = Daemon::start(ailb, &nacos_config(cg, nacos, args.ailb_load_factor));
+            let daemon = Daemon::start(ailb, &nacos_config(cg, nacos, args.ailb_load_factor, args.a100_capability));
             wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
                 (live_backends(&daemon) == sims.len()).then_some(())
             });
             (Some(daemon), None, VIP.to_string())
         }
-        _ => (Some(Daemon::start(ailb, &config_for(policy, cg, &sims, args.ailb_load_factor))), None, VIP.to_string()),
+        _ => (Some(Daemon::start(ailb, &config_for(policy, cg, &sims, args))), None, VIP.to_string()),
     };
     let out = dir.path().join("replay.json");
     let speed = args.load * args.time_scale;
