@@ -94,7 +94,7 @@ fn compare() -> Result<()> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| util::workspace_root().join("../shared/traces/mooncake-conversation.jsonl"));
     if trace.is_file() {
-        let step = Step::start("fleet comparison on the Mooncake trace: ailb-compare (5 policies; about 5 minutes)");
+        let step = Step::start("fleet comparison on the Mooncake trace: ailb-compare (six policies; about 2 minutes)");
         util::run(
             std::process::Command::new(&bin)
                 .env("AILB_BIN", util::ailb_bin("release"))
@@ -108,7 +108,7 @@ fn compare() -> Result<()> {
     } else {
         say!("fleet comparison on the trace skipped: {} is absent (set AILB_TRACE)", trace.display());
     }
-    let step = Step::start("fleet comparison on the synthetic mix: ailb-compare --synthetic (about 4 minutes)");
+    let step = Step::start("fleet comparison on the synthetic mix: ailb-compare --synthetic (about 1 minute)");
     util::run(
         std::process::Command::new(&bin)
             .env("AILB_BIN", util::ailb_bin("release"))
