@@ -97,9 +97,9 @@ pub fn table_size_for(backends: usize) -> u32 {
     TABLE_SIZES[TABLE_SIZES.len() - 1]
 }
 
-/// Builds a table of `size` entries. Backends with weight 0 get no slot. With no positive
-/// weight the table is all [`NO_BACKEND`].
-pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevError> {
+/// Checks the inputs of a table of `size` entries and returns the backends with a positive
+/// weight in key order (the order the fill visits them in).
+fn key_order(backends: &[MaglevBackend], size: u32) -> Result<Vec<MaglevBackend>, MaglevError> {
     if !is_prime(size) {
         return Err(MaglevError::SizeNotPrime(size));
     }
@@ -120,6 +120,13 @@ pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevEr
             return Err(MaglevError::Duplicate { id: pair[0], key: 0 });
         }
     }
+    Ok(order)
+}
+
+/// Builds a table of `size` entries. Backends with weight 0 get no slot. With no positive
+/// weight the table is all [`NO_BACKEND`].
+pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevError> {
+    let order = key_order(backends, size)?;
     let m = size as u64;
     let mut table = vec![NO_BACKEND; size as usize];
     if order.is_empty() {
@@ -141,9 +148,9 @@ pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevEr
         active: vec![true; order.len()],
         live: order.len() as u64,
     };
-    let weights: Vec<u64> = order.iter().map(|b| b.weight as u64).collect();
-    fill.rounds(&weights);
-    fill.claims(&weights, &offset);
+    let pace = Pace::new(&order);
+    fill.rounds(&pace);
+    fill.claims(&pace, &offset);
     let Fill { mut owner, mut got, .. } = fill;
     // Repair: the slack lets some backends end above their exact share, so a slow (light)
     // backend can end more than `slack` below it. Each backend below its floor takes back, in
@@ -171,6 +178,25 @@ pub fn build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevEr
         *t = order.get(o as usize).map_or(NO_BACKEND, |b| b.id);
     }
     Ok(table)
+}
+
+/// The backends' weights in key order and what the rounds derive from them.
+struct Pace {
+    weights: Vec<u64>,
+    w_max: u64,
+    w_min: u64,
+    /// `(w_max / w, w_max % w)` per backend: `k * w_max = (k * q) * w + k * r`.
+    step: Vec<(u64, u64)>,
+}
+
+impl Pace {
+    fn new(order: &[MaglevBackend]) -> Self {
+        let weights: Vec<u64> = order.iter().map(|b| b.weight as u64).collect();
+        let w_max = weights.iter().copied().max().unwrap_or(1);
+        let w_min = weights.iter().copied().min().unwrap_or(1);
+        let step = weights.iter().map(|&w| (w_max / w, w_max % w)).collect();
+        Self { weights, w_max, w_min, step }
+    }
 }
 
 /// The state of [`build`]'s fill: which backend owns each slot, and how far each has looked.
@@ -230,10 +256,9 @@ impl Fill<'_> {
         free == 0 || free * self.live * 4 <= self.m * free.ilog2() as u64
     }
 
-    fn rounds(&mut self, weights: &[u64]) {
-        let n = weights.len();
-        let w_max = weights.iter().copied().max().unwrap_or(1);
-        let w_min = weights.iter().copied().min().unwrap_or(1);
+    fn rounds(&mut self, pace: &Pace) {
+        let Pace { weights, w_max, w_min, step } = pace;
+        let (n, w_max, w_min) = (weights.len(), *w_max, *w_min);
         if w_max <= DENSE_RATIO * w_min {
             // Narrow weights: every backend looks at least every few rounds, so visit all of
             // them each round (the cheapest loop per look), to the end: the tail's looks are
@@ -259,7 +284,6 @@ impl Fill<'_> {
         let mut wheel = vec![0u64; turn * words];
         // `k * w_max = whole[i] * w + part[i]` for the k-th look: its round is
         // `ceil(k * w_max / w) - 1`, advanced per look without a division.
-        let step: Vec<(u64, u64)> = weights.iter().map(|&w| (w_max / w, w_max % w)).collect();
         let mut whole: Vec<u64> = step.iter().map(|s| s.0).collect();
         let mut part: Vec<u64> = step.iter().map(|s| s.1).collect();
         let look_round = |whole: u64, part: u64| whole + (part > 0) as u64 - 1;
@@ -316,13 +340,12 @@ impl Fill<'_> {
     /// each live backend has looked: a free slot it had looked at, it would have taken).
     /// Claims are settled in (round, key order), as the rounds would; the claim of a backend
     /// that filled up meanwhile is recomputed among the others.
-    fn claims(&mut self, weights: &[u64], offset: &[u64]) {
+    fn claims(&mut self, pace: &Pace, offset: &[u64]) {
+        let Pace { weights, step, .. } = pace;
         let (m, n) = (self.m, weights.len());
         if self.filled == m {
             return;
         }
-        let w_max = weights.iter().copied().max().unwrap_or(1);
-        let step: Vec<(u64, u64)> = weights.iter().map(|&w| (w_max / w, w_max % w)).collect();
         let inverse: Vec<u64> = self.skip.iter().map(|&s| pow_mod(s, m - 2, m)).collect();
         let small = m <= 1 << 16;
         let claim = |c: u64, active: &[bool]| {

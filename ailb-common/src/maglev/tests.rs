@@ -158,26 +158,7 @@ proptest! {
 /// `w_max`. [`build`] skips the idle visits and finishes the last slots by claims; both must
 /// give byte-identical tables.
 fn reference_build(backends: &[MaglevBackend], size: u32) -> Result<Vec<u32>, MaglevError> {
-    if !is_prime(size) {
-        return Err(MaglevError::SizeNotPrime(size));
-    }
-    if backends.len() > MAX_MEMBERS as usize {
-        return Err(MaglevError::TooManyBackends { count: backends.len(), max: MAX_MEMBERS as usize });
-    }
-    let mut order: Vec<MaglevBackend> = backends.iter().copied().filter(|b| b.weight > 0).collect();
-    order.sort_by_key(|b| (b.key, b.id));
-    for pair in order.windows(2) {
-        if pair[0].key == pair[1].key {
-            return Err(MaglevError::Duplicate { id: pair[1].id, key: pair[1].key });
-        }
-    }
-    let mut ids: Vec<u32> = order.iter().map(|b| b.id).collect();
-    ids.sort_unstable();
-    for pair in ids.windows(2) {
-        if pair[0] == pair[1] {
-            return Err(MaglevError::Duplicate { id: pair[0], key: 0 });
-        }
-    }
+    let order = key_order(backends, size)?;
     let m = size as u64;
     let mut table = vec![NO_BACKEND; size as usize];
     if order.is_empty() {
