@@ -40,6 +40,22 @@ pub fn backends(status: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// The backend objects of `model`.
+pub fn model_backends<'a>(status: &'a Value, model: &str) -> Vec<&'a Value> {
+    status["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["name"] == model)
+        .flat_map(|m| m["backends"].as_array().into_iter().flatten())
+        .collect()
+}
+
+/// How many backends of `model` are live in the pinned maps.
+pub fn live_backends(status: &Value, model: &str) -> usize {
+    model_backends(status, model).into_iter().filter(|b| b["live"].as_bool() == Some(true)).count()
+}
+
 /// The backend object with `address`, if the status lists it.
 pub fn backend<'a>(status: &'a Value, address: &str) -> Option<&'a Value> {
     backends(status).into_iter().find(|b| b["address"].as_str() == Some(address))

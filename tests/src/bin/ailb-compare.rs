@@ -51,6 +51,7 @@ use ailb_tests::replay::client::RequestSpec;
 use ailb_tests::replay::synthetic::SyntheticOpts;
 use ailb_tests::replay::{self, percentile, trace, RunOpts, TraceSelect};
 use ailb_tests::sim::GpuProfile;
+use ailb_tests::status::live_backends;
 use ailb_tests::{base_config, preflight, wait_until, BackendCfg, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -164,11 +165,6 @@ impl Policy {
             Self::Nginx => "nginx L7 round robin",
         }
     }
-}
-
-/// `GET path` on `addr`: status and body, or `None` (see `ailb_tests::fleet::http_get`).
-fn http_get(addr: SocketAddrV4, path: &str) -> Option<(u16, String)> {
-    fleet::http_get(addr, path)
 }
 
 /// Starts the fleet on port `port` (each server keeping its fake NVML state, which the agents
@@ -310,19 +306,6 @@ fn failure_kind(r: &Value) -> Option<String> {
     })
 }
 
-/// Live backends of the model in the pinned maps.
-fn live_backends(daemon: &Daemon) -> usize {
-    let st = daemon.status();
-    st["models"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["name"] == MODEL)
-        .flat_map(|m| m["backends"].as_array().into_iter().flatten())
-        .filter(|b| b["live"].as_bool() == Some(true))
-        .count()
-}
-
 fn spread(v: impl Iterator<Item = f64>) -> f64 {
     let v: Vec<f64> = v.collect();
     if v.is_empty() {
@@ -389,7 +372,22 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) ->
     cfg
 }
 
-fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: u16) -> anyhow::Result<Outcome> {
+/// What every policy's run shares: the request list's arrival window and the oracle's prefix
+/// hit rate (the trace is parsed once, here and in each replay worker).
+struct Workload {
+    /// Real seconds from the first to the last planned arrival.
+    window_s: f64,
+    oracle_prefix_hit_rate: Option<f64>,
+}
+
+fn run_policy(
+    args: &Args,
+    ailb: &Path,
+    cg: &CgroupGuard,
+    policy: Policy,
+    port: u16,
+    workload: &Workload,
+) -> anyhow::Result<Outcome> {
     let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
     let sims = start_fleet(args, &sim_bin, port)?;
     let dir = tempfile::tempdir().context("temp dir")?;
@@ -409,7 +407,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
             }
             let daemon = Daemon::start(ailb, &nacos_config(cg, nacos, args.ailb_load_factor, args.a100_capability));
             wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
-                (live_backends(&daemon) == sims.len()).then_some(())
+                (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
             });
             (Some(daemon), None, VIP.to_string())
         }
@@ -462,7 +460,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
             next += Duration::from_millis(250);
             let mut row = Vec::with_capacity(sims.len());
             for (i, s) in sims.iter().enumerate() {
-                let u = http_get(s.addr, "/sim/state")
+                let u = fleet::http_get(s.addr, "/sim/state")
                     .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
                     .map(|v| v["utilization"].as_f64().unwrap_or(0.0));
                 if let Some(u) = u {
@@ -496,7 +494,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
         .context("parsing the replay report")?;
     let mut gpus = Vec::new();
     for (i, s) in sims.iter().enumerate() {
-        let st = http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok());
+        let st = fleet::http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok());
         let busy = st.as_ref().and_then(|v| v["busy_fraction"].as_f64()).unwrap_or(0.0);
         let hit = st.as_ref().and_then(|v| {
             let q = v["counters"]["prefix_query_tokens"].as_f64()?;
@@ -525,7 +523,7 @@ fn run_policy(args: &Args, ailb: &Path, cg: &CgroupGuard, policy: Policy, port: 
     }
     let mut e2e_sorted: Vec<f64> = e2e_by_index.values().copied().collect();
     e2e_sorted.sort_by(f64::total_cmp);
-    let window_s = build_specs(args)?.iter().map(|s| s.at_ms).max().unwrap_or(0) as f64 / 1000.0 / speed;
+    let window_s = workload.window_s;
     Ok(Outcome {
         policy,
         summary: report["summary"].clone(),
@@ -558,9 +556,9 @@ fn common_p95(outs: &[Outcome], o: &Outcome) -> Option<f64> {
     percentile(&common, 95.0)
 }
 
-fn report(args: &Args, outs: &[Outcome]) -> String {
+fn report(args: &Args, outs: &[Outcome], workload: &Workload) -> String {
     let mut s = String::new();
-    let workload = if args.synthetic {
+    let described = if args.synthetic {
         format!("synthetic mix, {} requests, {} conversations/s (seed {})", args.limit, args.rate, args.seed)
     } else {
         format!("Mooncake conversation trace, first {} requests", args.limit)
@@ -569,7 +567,7 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
     let _ = writeln!(
         s,
         "Fleet: {} x A100-80GB + {} x RTX 3090 24GB (`ailb-sim`, 7B fp16 model), time scale x{}. \
-         Workload: {workload}, offered at {} x the trace's rate (replay speed {}). Every policy gets a \
+         Workload: {described}, offered at {} x the trace's rate (replay speed {}). Every policy gets a \
          freshly started fleet (empty KV caches) and a fresh `ailb run` (nginx: a fresh nginx and no ailb); the replay client runs in the \
          attached child cgroup.\n",
         args.a100,
@@ -609,7 +607,7 @@ fn report(args: &Args, outs: &[Outcome]) -> String {
         );
     }
     if let (Some(oracle), Some(a)) = (
-        build_specs(args).ok().and_then(|specs| oracle_prefix_hit_rate(&specs)),
+        workload.oracle_prefix_hit_rate,
         outs.iter().find(|o| o.policy == Policy::Ailb).and_then(|o| o.summary["prefix_cache_hit_rate"].as_f64()),
     ) {
         let _ = writeln!(
@@ -907,12 +905,17 @@ fn main() -> anyhow::Result<()> {
         eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");
         policies.retain(|p| *p != Policy::Nginx);
     }
+    let specs = build_specs(&args)?;
+    let workload = Workload {
+        window_s: specs.iter().map(|s| s.at_ms).max().unwrap_or(0) as f64 / 1000.0 / (args.load * args.time_scale),
+        oracle_prefix_hit_rate: oracle_prefix_hit_rate(&specs),
+    };
     let ailb = preflight();
     let cg = CgroupGuard::new("compare");
     let mut outs = Vec::new();
     for (k, p) in policies.iter().enumerate() {
         // A port per policy, so that a new fleet never waits for the old one's sockets.
-        let out = run_policy(&args, &ailb, &cg, *p, 18_100 + k as u16)?;
+        let out = run_policy(&args, &ailb, &cg, *p, 18_100 + k as u16, &workload)?;
         eprintln!(
             "ailb-compare: {}: {} failures of {}, e2e p95 {:?} ms",
             p.title(),
@@ -922,7 +925,7 @@ fn main() -> anyhow::Result<()> {
         );
         outs.push(out);
     }
-    let md = report(&args, &outs);
+    let md = report(&args, &outs, &workload);
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
     std::fs::write(args.out_dir.join("replay-cdf.svg"), cdf_svg(&outs)).context("writing replay-cdf.svg")?;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use ailb_tests::client::spawn_in_cgroup;
 use ailb_tests::fleet::{get_ok, sibling_bin, Proc, SimGpu, SimOpts};
 use ailb_tests::nacos::{free_port, RnacosServer};
+use ailb_tests::status::{live_backends, model_backends};
 use ailb_tests::{base_config, preflight, replay, wait_until, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -110,23 +111,13 @@ fn start_gpu(i: usize, profile: &'static str, args: &Args, nacos: &RnacosServer,
 
 /// The live view: one row per GPU, joined from the gateway's pinned maps and the GPU itself.
 fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
-    let replay_done: u64 = gpus
-        .iter()
-        .filter_map(|g| get_ok(g.gpu.addr, "/sim/state"))
-        .filter_map(|t| serde_json::from_str::<Value>(&t).ok())
-        .filter_map(|v| v["counters"]["finished_total"].as_u64())
-        .sum();
+    // Each GPU's state, read once per view.
+    let sims: Vec<Option<Value>> =
+        gpus.iter().map(|g| get_ok(g.gpu.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok())).collect();
+    let replay_done: u64 = sims.iter().flatten().filter_map(|v| v["counters"]["finished_total"].as_u64()).sum();
     let st = daemon.status();
-    let mut by_addr: BTreeMap<String, &Value> = BTreeMap::new();
-    if let Some(models) = st["models"].as_array() {
-        for m in models.iter().filter(|m| m["name"] == MODEL) {
-            for b in m["backends"].as_array().into_iter().flatten() {
-                if let Some(a) = b["address"].as_str() {
-                    by_addr.insert(a.to_string(), b);
-                }
-            }
-        }
-    }
+    let by_addr: BTreeMap<&str, &Value> =
+        model_backends(&st, MODEL).into_iter().filter_map(|b| Some((b["address"].as_str()?, b))).collect();
     let s = &st["stats"];
     let mut out = String::new();
     let _ = writeln!(
@@ -143,10 +134,9 @@ fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
         "{:<17} {:<13} {:>6} {:>6} {:>8} {:>6} | {:>5} {:>5} {:>7} {:>7} {:>9}",
         "backend", "GPU", "weight", "share", "inflight", "picks", "util", "KV", "running", "waiting", "free MiB"
     );
-    for Gpu { gpu: g, .. } in gpus {
+    for (Gpu { gpu: g, .. }, sim) in gpus.iter().zip(&sims) {
         let a = g.addr.to_string();
-        let b = by_addr.get(&a);
-        let sim: Option<Value> = get_ok(g.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok());
+        let b = by_addr.get(a.as_str());
         let field = |v: Option<&Value>, k: &str| v.map(|v| v[k].clone()).unwrap_or(Value::Null);
         let pct = |v: Value| v.as_f64().map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
         let int = |v: Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
@@ -209,16 +199,7 @@ fn main() -> anyhow::Result<()> {
     say(&format!("gateway `ailb run` ready: VIP {VIP}, metrics http://{listen}/metrics, plan http://{listen}/v1/plan"));
     let n = gpus.len();
     wait_until("every GPU registered by its agent and live in the gateway's table", Duration::from_secs(30), || {
-        let st = daemon.status();
-        let live = st["models"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|m| m["name"] == MODEL)
-            .flat_map(|m| m["backends"].as_array().into_iter().flatten())
-            .filter(|b| b["live"].as_bool() == Some(true))
-            .count();
-        (live == n).then_some(())
+        (live_backends(&daemon.status(), MODEL) == n).then_some(())
     });
     say(&format!("all {n} GPUs are in the table; starting the load"));
 
