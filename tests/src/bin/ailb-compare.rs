@@ -41,11 +41,11 @@ use std::fmt::Write as _;
 use std::io::Read;
 use std::net::{SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::fleet::{self, sibling_bin, SimGpu, SimOpts};
+use ailb_tests::fleet::{self, sibling_bin, Proc, SimGpu, SimOpts};
 use ailb_tests::nacos::RnacosServer;
 use ailb_tests::replay::client::RequestSpec;
 use ailb_tests::replay::synthetic::SyntheticOpts;
@@ -178,20 +178,9 @@ fn start_fleet(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<Sim
         .collect()
 }
 
-/// A single-process nginx (`master_process off`), killed by pid on drop.
-struct Nginx(Child);
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill(); // SIGKILL to this child's pid only
-            let _ = self.0.wait();
-        }
-    }
-}
-
-/// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered.
-fn start_nginx(dir: &Path, listen: &str, sims: &[SimGpu]) -> anyhow::Result<Nginx> {
+/// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered: a
+/// single process (`master_process off`), stopped by pid on drop.
+fn start_nginx(dir: &Path, listen: &str, sims: &[SimGpu]) -> anyhow::Result<Proc> {
     let servers: String = sims.iter().map(|s| format!("    server {};\n", s.addr)).collect();
     let d = dir.display();
     let conf = format!(
@@ -227,7 +216,7 @@ fn start_nginx(dir: &Path, listen: &str, sims: &[SimGpu]) -> anyhow::Result<Ngin
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(Nginx(child))
+    Ok(Proc { name: "nginx".into(), child })
 }
 
 /// What one policy measured.
