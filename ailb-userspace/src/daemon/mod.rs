@@ -3,6 +3,9 @@
 //! A failed discovery read changes nothing in the kernel (the last good tables keep routing);
 //! the staleness gauge grows and a warning is logged. An answer equal to the last one is not
 //! planned again, so a recovered registry that returns the same fleet causes no table flap.
+//! After an outage, a *changed* fleet is applied only once two consecutive reads agree
+//! ([`Settle`]): a registry that has just restarted can serve a stale or partial list for a
+//! moment (rnacos replaying its log, Java Nacos before its clients have re-registered).
 
 pub mod http;
 pub mod source;
@@ -36,6 +39,45 @@ pub struct Daemon {
     policy: PolicyState,
     last_snapshot: Option<Snapshot>,
     last_ok: Instant,
+    settle: Settle,
+}
+
+/// What to do with a successful discovery read.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The fleet is the one in the kernel: nothing to write.
+    Same,
+    /// A change right after an outage: held until the next read confirms it.
+    Hold,
+    Apply,
+}
+
+/// Discovery reads after an outage: a changed fleet must be read twice in a row before it is
+/// applied.
+#[derive(Debug, Default)]
+struct Settle {
+    outage: bool,
+    candidate: Option<Snapshot>,
+}
+
+impl Settle {
+    fn failed(&mut self) {
+        self.outage = true;
+        self.candidate = None;
+    }
+
+    fn answered(&mut self, last: Option<&Snapshot>, new: &Snapshot) -> Verdict {
+        if last == Some(new) {
+            *self = Settle::default();
+            return Verdict::Same;
+        }
+        if !self.outage || self.candidate.as_ref() == Some(new) {
+            *self = Settle::default();
+            return Verdict::Apply;
+        }
+        self.candidate = Some(new.clone());
+        Verdict::Hold
+    }
 }
 
 /// The JSON served at `/v1/plan` and printed by `ailb explain`.
@@ -93,6 +135,7 @@ impl Daemon {
             policy: PolicyState::default(),
             last_snapshot: None,
             last_ok: Instant::now(),
+            settle: Settle::default(),
         }
     }
 
@@ -177,8 +220,13 @@ impl Daemon {
                 let answered = Instant::now();
                 self.last_ok = answered;
                 self.metrics.discovery_stale_seconds.set(0.0);
-                if self.last_snapshot.as_ref() == Some(&snapshot) {
-                    return;
+                match self.settle.answered(self.last_snapshot.as_ref(), &snapshot) {
+                    Verdict::Same => return,
+                    Verdict::Hold => {
+                        info!("discovery is back with a changed fleet; applying it once the next read agrees");
+                        return;
+                    }
+                    Verdict::Apply => {}
                 }
                 match self.apply(&snapshot, answered) {
                     Ok(()) => self.last_snapshot = Some(snapshot),
@@ -188,6 +236,7 @@ impl Daemon {
                 }
             }
             Err(e) => {
+                self.settle.failed();
                 self.metrics.discovery_errors.inc();
                 let stale = self.last_ok.elapsed().as_secs_f64();
                 self.metrics.discovery_stale_seconds.set(stale);
@@ -256,5 +305,50 @@ impl Daemon {
         }
         info!("exiting; programs and maps stay pinned and keep routing (fail-static). `ailb teardown` removes them");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::Instance;
+
+    fn fleet(n: u8) -> Snapshot {
+        let instances = (1..=n)
+            .map(|i| Instance {
+                model: "m".into(),
+                service: "m".into(),
+                group: "DEFAULT_GROUP".into(),
+                cluster: "DEFAULT".into(),
+                address: std::net::SocketAddrV4::new([10, 0, 0, i].into(), 8000),
+                weight: 1.0,
+                healthy: true,
+                enabled: true,
+                metadata: Default::default(),
+            })
+            .collect();
+        Snapshot { instances, services: Vec::new() }
+    }
+
+    #[test]
+    fn changes_apply_at_once_except_right_after_an_outage() {
+        let (one, three) = (fleet(1), fleet(3));
+        let mut s = Settle::default();
+        assert_eq!(s.answered(Some(&one), &one), Verdict::Same);
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Apply, "no outage: a change applies at once");
+        // Outage, then a stale answer, then the real fleet again: nothing is written.
+        s.failed();
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Hold);
+        assert_eq!(s.answered(Some(&one), &one), Verdict::Same);
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Apply, "settled: the next change applies at once");
+        // Outage, then a change that the next read confirms: applied on the second read.
+        s.failed();
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Hold);
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Apply);
+        // A change that keeps changing after an outage waits for two equal reads in a row.
+        s.failed();
+        assert_eq!(s.answered(Some(&one), &three), Verdict::Hold);
+        assert_eq!(s.answered(Some(&one), &fleet(2)), Verdict::Hold);
+        assert_eq!(s.answered(Some(&one), &fleet(2)), Verdict::Apply);
     }
 }
