@@ -287,6 +287,9 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// Streamed tokens due within this much real time of each other are written together.
+const STREAM_BATCH: Duration = Duration::from_millis(10);
+
 struct Gen {
     id: String,
     created: u64,
@@ -370,29 +373,42 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
         });
         return (sim_headers, Json(body)).into_response();
     }
-    // Token k (1-based) leaves at prefill + (k - 1) decode steps: the first comes out of prefill.
+    // Token k (1-based) is due at prefill + (k - 1) decode steps: the first comes out of prefill
+    // and is sent alone at that instant (TTFT); later tokens due within STREAM_BATCH of each
+    // other leave together, one SSE event each, when the last of them is due (so the last token,
+    // the end-to-end time, is exact and no token leaves early). At 20x a decode step is about a
+    // millisecond of real time: a write per token would cost the host more CPU than the whole
+    // balancer, and a busy host delays every timer (the measurement's noise).
     let clock = app.clock;
     let include_usage = req.include_usage;
+    let per_batch =
+        (STREAM_BATCH.as_secs_f64() / clock.real(gen.started.token_s).as_secs_f64().max(1e-9)).floor().max(1.0) as u64;
     let st = (Some(seq), 1u64, gen);
     let stream = futures_util::stream::unfold(st, move |(mut seq, k, gen)| async move {
         let s = gen.started;
-        let bytes = if k <= gen.max_tokens {
-            let at = begin + clock.real(s.prefill_s + (k - 1) as f64 * s.token_s);
+        if k <= gen.max_tokens {
+            let last = if k == 1 { 1 } else { (k + per_batch - 1).min(gen.max_tokens) };
+            let at = begin + clock.real(s.prefill_s + (last - 1) as f64 * s.token_s);
             tokio::time::sleep_until(at.into()).await;
-            let mut delta = json!({"content": "tok "});
-            if k == 1 {
-                delta["role"] = json!("assistant");
+            let mut out = Vec::new();
+            for j in k..=last {
+                let mut delta = json!({"content": "tok "});
+                if j == 1 {
+                    delta["role"] = json!("assistant");
+                }
+                let finish = if j == gen.max_tokens { json!("length") } else { Value::Null };
+                out.extend_from_slice(&gen.chunk(json!([{"index": 0, "delta": delta, "finish_reason": finish}]), None));
             }
-            let finish = if k == gen.max_tokens { json!("length") } else { Value::Null };
-            if k == gen.max_tokens {
+            if last == gen.max_tokens {
                 seq = None;
             }
-            gen.chunk(json!([{"index": 0, "delta": delta, "finish_reason": finish}]), None)
-        } else if k == gen.max_tokens + 1 && include_usage {
+            return Some((Ok::<_, Infallible>(Bytes::from(out)), (seq, last + 1, gen)));
+        }
+        let bytes = if k == gen.max_tokens + 1 && include_usage {
             gen.chunk(json!([]), Some(gen.usage()))
         } else if k <= gen.max_tokens + 2 {
             let done = Bytes::from_static(b"data: [DONE]\n\n");
-            return Some((Ok::<_, Infallible>(done), (seq, gen.max_tokens + 3, gen)));
+            return Some((Ok(done), (seq, gen.max_tokens + 3, gen)));
         } else {
             return None;
         };
