@@ -237,14 +237,34 @@ impl std::fmt::Display for ConversationStats {
 pub const DEFAULT_KV_MB_PER_TOKEN: f64 = 0.5;
 
 /// The `AILB_REQUIRED_MEMORY_MB` hint of a request: its whole context (prompt and output
-/// tokens) times the KV bytes per token, in MB, rounded up and capped at `u32::MAX`.
+/// tokens) rounded up to whole [`BLOCK_TOKENS`]-token KV blocks (the unit a paged KV cache,
+/// and `ailb-sim`, allocates: a context one token over a block boundary holds one more
+/// block), times the KV bytes per token, in MB, rounded up and capped at `u32::MAX`.
 pub fn memory_mb(input_tokens: u32, output_tokens: u32, kv_mb_per_token: f64) -> u32 {
-    let mb = ((input_tokens as f64 + output_tokens as f64) * kv_mb_per_token).ceil();
+    let tokens = (input_tokens as u64 + output_tokens as u64).div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS;
+    let mb = (tokens as f64 * kv_mb_per_token).ceil();
     if mb.is_nan() || mb <= 0.0 {
         0
     } else if mb >= u32::MAX as f64 {
         u32::MAX
     } else {
         mb as u32
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    /// The hint counts whole blocks: 1 token and 512 tokens both hold one 256 MB block.
+    #[test]
+    fn memory_hint_is_whole_blocks() {
+        assert_eq!(memory_mb(0, 0, 0.5), 0);
+        assert_eq!(memory_mb(1, 0, 0.5), 256);
+        assert_eq!(memory_mb(500, 12, 0.5), 256);
+        assert_eq!(memory_mb(500, 13, 0.5), 512);
+        // A 3090's pool is 43 blocks (11,008 MiB): a 43.5-block context must not claim to fit.
+        assert_eq!(memory_mb(21_800, 500, 0.5), 44 * 256);
+        assert_eq!(memory_mb(u32::MAX, u32::MAX, 1e6), u32::MAX);
     }
 }
