@@ -10,8 +10,10 @@
 //! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the tests crate: time from a changed
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
-//! 5. The fleet comparison (issue 5): `ailb-compare` on the Mooncake trace and on the synthetic
-//!    mix, five policies each; reports and SVG plots in `docs/results/{trace,synthetic}/`.
+//! 5. The fleet comparison (issue 5): `ailb-fleet-model` (which offered loads the fleet can carry,
+//!    `docs/results/fleet-model.md`), then `ailb-compare` on the Mooncake trace (1000 requests at
+//!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
+//!    `docs/results/{trace,synthetic}/`.
 
 use anyhow::{bail, Context, Result};
 
@@ -86,6 +88,8 @@ fn compare() -> Result<()> {
         "ailb-compare",
         "--bin",
         "ailb-sim",
+        "--bin",
+        "ailb-fleet-model",
     ]))
     .context("building ailb-compare")?;
     let bin = util::target_dir().join("release/ailb-compare");
@@ -94,7 +98,25 @@ fn compare() -> Result<()> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| util::workspace_root().join("../shared/traces/mooncake-conversation.jsonl"));
     if trace.is_file() {
-        let step = Step::start("fleet comparison on the Mooncake trace: ailb-compare (six policies; about 2 minutes)");
+        let step = Step::start(
+            "fleet capacity model: ailb-fleet-model (offered load vs placement in simulated time; under a minute)",
+        );
+        let model = util::target_dir().join("release/ailb-fleet-model");
+        util::run(
+            std::process::Command::new(&model)
+                .arg("--trace")
+                .arg(&trace)
+                .arg("--loads")
+                .arg("0.25,0.3,0.35,0.4,0.5,0.7,1.0")
+                .arg("--out")
+                .arg(docs.join("fleet-model.md"))
+                .stdout(std::process::Stdio::null()),
+        )
+        .with_context(|| format!("running {}", model.display()))?;
+        step.done();
+        let step = Step::start(
+            "fleet comparison on the Mooncake trace: ailb-compare (1000 requests at load 0.4, six policies; about 7 minutes)",
+        );
         util::run(
             std::process::Command::new(&bin)
                 .env("AILB_BIN", util::ailb_bin("release"))
@@ -113,6 +135,7 @@ fn compare() -> Result<()> {
         std::process::Command::new(&bin)
             .env("AILB_BIN", util::ailb_bin("release"))
             .arg("--synthetic")
+            .args(["--limit", "300", "--load", "1.0"])
             .arg("--out-dir")
             .arg(docs.join("synthetic")),
     )

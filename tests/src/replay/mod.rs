@@ -97,6 +97,23 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
         .collect()
 }
 
+/// The prefix-cache hit rate of an oracle placement: every request served where all earlier
+/// prompts are cached, in a cache that never evicts. A request's cached tokens are the leading
+/// run of its 512-token blocks that were part of an earlier request's prompt (the simulator
+/// always computes at least one token), over all prompt tokens. An upper bound for any placement.
+pub fn oracle_prefix_hit_rate(specs: &[RequestSpec]) -> Option<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for s in specs {
+        let run = s.hash_ids.iter().take_while(|h| seen.contains(*h)).count() as u64;
+        let p = s.prompt_tokens as u64;
+        cached += (run * 512).min(p.saturating_sub(1));
+        prompt += p;
+        seen.extend(s.hash_ids.iter().copied());
+    }
+    (prompt > 0).then(|| cached as f64 / prompt as f64)
+}
+
 /// How to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOpts {

@@ -32,6 +32,7 @@
 //! "type": "BadRequestError", "code": 400}}`: vLLM rejects a prompt longer than the model can
 //! hold with the same 400 before scheduling it, rather than failing mid-run.
 
+pub mod fleet;
 pub mod model;
 pub mod server;
 

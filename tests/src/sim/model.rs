@@ -199,13 +199,13 @@ pub struct Counters {
     pub evicted_blocks: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Block {
     refs: u32,
     tick: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Running {
     ids: Vec<u64>,
     private: u64,
@@ -213,7 +213,7 @@ struct Running {
 }
 
 /// The simulated GPU (see the module doc).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Gpu {
     profile: GpuProfile,
     capacity: u64,

@@ -1,0 +1,156 @@
+//! `ailb-fleet-model`: the capacity question behind the replay benchmark, answered in simulated
+//! time (no kernel, no HTTP, no root): the trace's requests at several offered loads go through
+//! each placement to the same GPU model `ailb-sim` serves ([`ailb_tests::sim::fleet`]), and the
+//! table shows where the fleet is **stable** (a clairvoyant placement's tail does not grow when
+//! the run is twice as long) and where round robin already is not.
+//!
+//! ```text
+//! ailb-fleet-model [--limit N] [--loads 0.25,0.35,0.5,0.7,1.0] [--a100 2] [--rtx3090 4]
+//!                  [--a100-weight 3] [--trace PATH] [--out FILE.md]
+//! ```
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ailb_tests::replay::{self, trace, RequestSpec, TraceSelect};
+use ailb_tests::sim::fleet::{fleet_profiles, run, Placement, RunResult};
+use anyhow::{bail, Context};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(about = "Offered load vs placement on a model of the simulated fleet (simulated time, seconds to run)")]
+struct Args {
+    /// Requests of the trace to replay (from its start); the stability check also runs 2 x N.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+    /// Offered loads, relative to the trace's own arrival rate.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.35,0.5,0.7,1.0")]
+    loads: Vec<f64>,
+    #[arg(long, default_value_t = 2)]
+    a100: usize,
+    #[arg(long, default_value_t = 4)]
+    rtx3090: usize,
+    /// ailb's weight of an A100 against an RTX 3090's 1 (the comparison's GPU capability).
+    #[arg(long, default_value_t = 3)]
+    a100_weight: u32,
+    /// Mooncake trace (default: `$AILB_TRACE` or `../shared/traces/mooncake-conversation.jsonl`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Also write the report (Markdown) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// A placement's tail grows by less than this when the run is twice as long: stable.
+const STABLE_GROWTH: f64 = 1.25;
+
+fn specs(path: &PathBuf, limit: usize) -> anyhow::Result<Vec<RequestSpec>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
+    let (requests, issues) = trace::parse(std::io::BufReader::new(file));
+    if requests.is_empty() {
+        bail!("trace {}: no valid request ({} bad lines)", path.display(), issues.len());
+    }
+    let (convs, _) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
+    Ok(replay::trace_specs(&requests, &convs, &TraceSelect { limit: Some(limit), ..Default::default() }))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.limit == 0 || args.a100 + args.rtx3090 == 0 || args.loads.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
+        bail!("--limit, the fleet and every --loads value must be positive");
+    }
+    let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
+    let short = specs(&path, args.limit)?;
+    let long = specs(&path, args.limit * 2)?;
+    let profiles = fleet_profiles(args.a100, args.rtx3090);
+    let ailb = |live| Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25, live_memory: live };
+    let placements = [
+        Placement::RoundRobin,
+        Placement::LeastConnections,
+        ailb(false),
+        ailb(true),
+        Placement::EarliestFinish,
+        Placement::CacheOracle,
+    ];
+    let unbounded = replay::oracle_prefix_hit_rate(&short).unwrap_or(0.0);
+    let t0 = Instant::now();
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Offered load vs placement, in simulated time\n\n\
+         `ailb-fleet-model --limit {}`: {} x A100-80GB + {} x RTX 3090 (the `ailb-sim` presets), the Mooncake trace's \
+         first {} requests (and {} for the stability check) at each load x the trace's arrival rate. Latencies \
+         are simulated seconds (the real comparison runs the same model 20x faster). ailb: the kernel's pick \
+         (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit, without connection \
+         or telemetry latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
+         the prefix-cache oracle at the same load (every request sent to the GPU holding the longest cached run \
+         of its prompt, the issue's \"placement that always returns a conversation to its cache\"); with caches \
+         that never evict, {:.1} % would be cached.\n\n\
+         Stable: the tail (E2E P95) at {} requests is under {STABLE_GROWTH}x the tail at {}; an unstable \
+         placement's queue grows for as long as the run lasts, so its P95 measures the run's length.\n",
+        args.limit,
+        args.a100,
+        args.rtx3090,
+        short.len(),
+        long.len(),
+        args.a100_weight,
+        unbounded * 100.0,
+        long.len(),
+        short.len(),
+    );
+    let _ = writeln!(
+        md,
+        "| load | placement | E2E p50 / p95 (s) | p95 vs round robin | TTFT p95 (s) | failures | util spread | \
+         prefix hits (vs oracle) | affinity hits | p95 at {} requests | stable |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        long.len()
+    );
+    let mut stable_loads = Vec::new();
+    for &load in &args.loads {
+        let mut rr_p95 = None;
+        let oracle = run(&short, &profiles, load, Placement::CacheOracle).prefix_hit_rate;
+        for p in &placements {
+            let r: RunResult = run(&short, &profiles, load, *p);
+            let l: RunResult = run(&long, &profiles, load, *p);
+            let p95 = r.e2e_percentile(0.95);
+            let rr = *rr_p95.get_or_insert(p95);
+            let stable = l.e2e_percentile(0.95) < STABLE_GROWTH * p95;
+            if *p == Placement::EarliestFinish && stable {
+                stable_loads.push(load);
+            }
+            let _ = writeln!(
+                md,
+                "| {load} | {} | {:.1} / {:.1} | {:.2}x | {:.1} | {} of {} | {:.0} pts | {:.1} % ({:.0} %) | {:.0} % | {:.1} | {} |",
+                p.label(),
+                r.e2e_percentile(0.5),
+                p95,
+                p95 / rr,
+                r.ttft_percentile(0.95),
+                r.failures(),
+                r.outcomes.len(),
+                r.utilisation_spread() * 100.0,
+                r.prefix_hit_rate * 100.0,
+                if oracle > 0.0 { r.prefix_hit_rate / oracle * 100.0 } else { 0.0 },
+                r.affinity_hit_rate * 100.0,
+                l.e2e_percentile(0.95),
+                if stable { "yes" } else { "**no**" },
+            );
+        }
+        eprintln!("ailb-fleet-model: load {load} done ({:.1} s)", t0.elapsed().as_secs_f64());
+    }
+    let _ = writeln!(
+        md,
+        "\nLoads at which the clairvoyant placement is stable (the fleet has the capacity): {}.",
+        if stable_loads.is_empty() {
+            "none".to_string()
+        } else {
+            stable_loads.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+        }
+    );
+    print!("{md}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &md).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
