@@ -14,7 +14,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 pub const MAX_MODELS: u32 = 32;
 pub const MAX_BACKENDS: u32 = 4096;
@@ -40,7 +40,13 @@ pub const INFLIGHT_MODEL_BASE: u32 = MAX_BACKENDS;
 /// Index of the first per-model round-robin turn counter in `AILB_INFLIGHT` (used with
 /// [`CONFIG_ROUND_ROBIN`]; one atomic add per connect).
 pub const INFLIGHT_TURN_BASE: u32 = MAX_BACKENDS + MAX_MODELS;
-pub const INFLIGHT_ENTRIES: u32 = MAX_BACKENDS + 2 * MAX_MODELS;
+/// Index of the first per-backend memory counter in `AILB_INFLIGHT`: the sum of the memory
+/// hints (MB) of the connections in flight to the backend, kept exact by `sock_ops` like the
+/// connection counts. The pick subtracts it from the backend's idle capacity
+/// ([`Backend::free_now_mb`]), so a burst of hinted connects sees each other at once instead
+/// of the free memory the daemon last wrote.
+pub const INFLIGHT_MEM_BASE: u32 = MAX_BACKENDS + 2 * MAX_MODELS;
+pub const INFLIGHT_ENTRIES: u32 = 2 * MAX_BACKENDS + 2 * MAX_MODELS;
 
 /// Pinned map names (also their ELF symbol names).
 pub mod maps {
@@ -133,6 +139,30 @@ impl Backend {
     /// Whether the backend can take a request that needs `required_mem_mb` (0: no hint).
     pub fn fits(&self, required_mem_mb: u32) -> bool {
         required_mem_mb == 0 || self.free_mem_mb == MEM_UNKNOWN || self.free_mem_mb >= required_mem_mb
+    }
+    /// Memory free for one more request while connections hinting `inflight_mem_mb` in all
+    /// are in flight to this backend: the free memory last written, and at most the idle
+    /// capacity less those hints (when the capacity is known). The hints count queued
+    /// requests too, which a GPU's free memory does not show, and they change at connect
+    /// and close, not at the daemon's next write.
+    pub fn free_now_mb(&self, inflight_mem_mb: u64) -> u32 {
+        if self.mem_capacity_mb == 0 || self.mem_capacity_mb == MEM_UNKNOWN {
+            return self.free_mem_mb;
+        }
+        let left = (self.mem_capacity_mb as u64).saturating_sub(inflight_mem_mb);
+        if left < self.free_mem_mb as u64 {
+            left as u32
+        } else {
+            self.free_mem_mb
+        }
+    }
+    /// [`Backend::fits`] against [`Backend::free_now_mb`].
+    pub fn fits_now(&self, required_mem_mb: u32, inflight_mem_mb: u64) -> bool {
+        if required_mem_mb == 0 {
+            return true;
+        }
+        let free = self.free_now_mb(inflight_mem_mb);
+        free == MEM_UNKNOWN || free >= required_mem_mb
     }
     /// Whether a request that needs `required_mem_mb` fits once the backend is idle.
     pub fn fits_when_idle(&self, required_mem_mb: u32) -> bool {
@@ -247,6 +277,10 @@ pub struct SockState {
     pub flags: u32,
     pub backend: u32,
     pub model: u32,
+    /// The memory hint added to the backend's memory counter when the socket was counted
+    /// (subtracted as is when it is uncounted, even if the hint changed since).
+    pub counted_mem_mb: u32,
+    pub _pad: u32,
 }
 
 /// Conversation affinity is used (off: plain weighted pick, e.g. for baselines).
@@ -387,7 +421,7 @@ mod tests {
         assert_eq!(size_of::<ModelState>(), 56 + 64 + 8);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
-        assert_eq!(size_of::<SockState>(), 32);
+        assert_eq!(size_of::<SockState>(), 40);
         assert_eq!(size_of::<GlobalConfig>(), 32);
         assert_eq!(size_of::<Stats>(), 12 * 8);
         assert_eq!(size_of::<BackendStats>(), 7 * 8);

@@ -3,6 +3,10 @@
 //!
 //! 1. Affinity: a remembered backend is reused if it is still live in this model, fits the
 //!    memory hint (now, or when idle: the request waits there for its cached prefix) and is under its hard cap (and the entry is younger than the TTL).
+//!
+//! "Fits now" is [`Backend::fits_now`]: the free memory the daemon wrote, and at most the
+//! backend's idle capacity less the memory hints of its connections in flight
+//! ([`PickMaps::inflight_mem`]), which the kernel counts at connect and close.
 //! 2. Bounded-load probing of the weighted Maglev table: up to `probes` slots
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
@@ -22,6 +26,8 @@ use crate::hash::rehash;
 pub trait PickMaps {
     fn backend(&self, id: u32) -> Option<Backend>;
     fn inflight(&self, id: u32) -> u64;
+    /// The memory hints (MB) of the connections in flight to backend `id`, summed.
+    fn inflight_mem(&self, id: u32) -> u64;
     /// Entry `index` of the Maglev table in `row` (see [`row_index`]).
     fn table_entry(&self, row: u32, index: u32) -> Option<u32>;
     /// Entry `index` of the member row `row`.
@@ -101,7 +107,8 @@ impl MemberScan {
             return;
         }
         let w = b.weight as u64;
-        if b.fits(required_mem_mb) {
+        // The memory counter is read only for a hinted connect.
+        if required_mem_mb == 0 || b.fits_now(required_mem_mb, maps.inflight_mem(id)) {
             if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
                 self.best = id;
                 self.best_load = inflight;
@@ -283,7 +290,11 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
                 let inflight = maps.inflight(id);
                 let bound_ok = !use_bound
                     || inflight < load_bound(cfg.load_factor_milli, req.model_inflight, b.weight, slot.total_weight);
-                if b.is_live() && b.fits(req.required_mem_mb) && b.under_cap(inflight) && bound_ok {
+                if b.is_live()
+                    && b.under_cap(inflight)
+                    && bound_ok
+                    && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(id)))
+                {
                     let outcome = if i == 0 { Outcome::Primary } else { Outcome::Spill };
                     return PickResult { backend: id, outcome, affinity_break };
                 }

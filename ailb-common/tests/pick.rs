@@ -14,6 +14,7 @@ const MODEL: u32 = 3;
 struct Fleet {
     backends: Vec<Backend>,
     inflight: Vec<u64>,
+    inflight_mem: Vec<u64>,
     table: Vec<u32>,
     members: Vec<u32>,
     state: ModelState,
@@ -26,6 +27,9 @@ impl PickMaps for Fleet {
     }
     fn inflight(&self, id: u32) -> u64 {
         self.inflight.get(id as usize).copied().unwrap_or(0)
+    }
+    fn inflight_mem(&self, id: u32) -> u64 {
+        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
     }
     fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
         assert_eq!(row, row_index(MODEL, self.state.active), "the pick must read the active row");
@@ -66,6 +70,7 @@ impl Fleet {
         state.slots[1] = TableSlot { size, members: weights.len() as u32, total_weight, generation: 1 };
         Self {
             inflight: vec![0; backends.len()],
+            inflight_mem: vec![0; backends.len()],
             members: (0..backends.len() as u32).collect(),
             backends,
             table,
@@ -314,4 +319,49 @@ proptest! {
         let r = f.req(hash);
         prop_assert_eq!(f.pick(&r), f.pick(&r));
     }
+}
+
+/// The memory hints in flight count against a backend's idle capacity at once: a burst of
+/// hinted connects to one backend spreads before the daemon writes new free memory; when no
+/// backend has room now, the request queues on the least loaded one that holds it when idle.
+#[test]
+fn memory_in_flight_counts_against_capacity() {
+    let mut f = Fleet::new(&[1, 1], &[24_000, 24_000]);
+    for b in &mut f.backends {
+        b.mem_capacity_mb = 24_000;
+    }
+    let mut r = f.req(fmix64(3));
+    r.required_mem_mb = 8_000;
+    let first = f.pick(&r).backend as usize;
+    let other = 1 - first;
+    // Two 8 GB requests in flight on the first: 8 GB left, still fits.
+    f.inflight[first] = 2;
+    f.inflight_mem[first] = 16_000;
+    f.cfg.load_factor_milli = 100_000; // no load bound in the way
+    let r2 = PickRequest { model_inflight: f.total(), ..r };
+    assert_eq!(f.pick(&r2).backend as usize, first);
+    // A third: nothing left there now (the written free memory still says 24 GB).
+    f.inflight[first] = 3;
+    f.inflight_mem[first] = 24_000;
+    let r3 = PickRequest { model_inflight: f.total(), ..r };
+    let got = f.pick(&r3);
+    assert_eq!(got.backend as usize, other, "{got:?}");
+    // Both full: the least loaded one that fits when idle takes it (it will wait there).
+    f.inflight[other] = 1;
+    f.inflight_mem[other] = 20_000;
+    let r4 = PickRequest { model_inflight: f.total(), ..r };
+    let got = f.pick(&r4);
+    assert_eq!((got.backend as usize, got.outcome), (other, Outcome::Fallback), "{got:?}");
+    // An unhinted connect ignores the memory counters.
+    let r5 = PickRequest { required_mem_mb: 0, model_inflight: f.total(), ..r };
+    assert_ne!(f.pick(&r5).outcome, Outcome::NoFit);
+    // free_now_mb: the smaller of the written free memory and capacity less the hints.
+    let b = Backend { free_mem_mb: 10_000, mem_capacity_mb: 24_000, ..Default::default() };
+    assert_eq!(b.free_now_mb(0), 10_000);
+    assert_eq!(b.free_now_mb(20_000), 4_000);
+    assert_eq!(b.free_now_mb(30_000), 0);
+    let unknown = Backend { free_mem_mb: MEM_UNKNOWN, mem_capacity_mb: 0, ..Default::default() };
+    assert_eq!(unknown.free_now_mb(1 << 40), MEM_UNKNOWN);
+    let cap_only = Backend { free_mem_mb: MEM_UNKNOWN, mem_capacity_mb: 24_000, ..Default::default() };
+    assert_eq!(cap_only.free_now_mb(4_000), 20_000);
 }

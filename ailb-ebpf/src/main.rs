@@ -6,7 +6,8 @@
 //!   `ECONNREFUSED` when the model has no live backend / none fits the memory hint.
 //! * `ailb_setsockopt` (`cgroup/setsockopt`): consumes `SOL_AILB` options (conversation id,
 //!   required GPU memory, model name) into the socket's `AILB_SOCK` storage.
-//! * `ailb_sockops` (`sockops`): keeps the in-flight counters (`AILB_INFLIGHT`) exact from
+//! * `ailb_sockops` (`sockops`): keeps the in-flight counters (`AILB_INFLIGHT`: connections per
+//!   backend and model, and the memory hints per backend) exact from
 //!   `TCP_CONNECT_CB` to the socket's `TCP_CLOSE`, and counts established / closed /
 //!   failed connections and RTT samples.
 //!
@@ -174,7 +175,11 @@ fn uncount(sock: &mut SockState) {
     if sock.backend < MAX_BACKENDS && sock.model < MAX_MODELS {
         inflight_add(sock.backend, u64::MAX);
         inflight_add(INFLIGHT_MODEL_BASE + sock.model, u64::MAX);
+        if sock.counted_mem_mb != 0 {
+            inflight_add(INFLIGHT_MEM_BASE + sock.backend, (sock.counted_mem_mb as u64).wrapping_neg());
+        }
     }
+    sock.counted_mem_mb = 0;
 }
 
 /// Sets the errno the failing syscall returns (`-errno`), then the verdict is `REJECT`.
@@ -210,6 +215,18 @@ impl PickMaps for Maps {
         }
         match AILB_INFLIGHT.get_ptr(id) {
             // SAFETY: an aligned u64 in an array map value; a 64-bit load is atomic on BPF.
+            Some(p) => unsafe { ptr::read_volatile(p) },
+            None => 0,
+        }
+    }
+
+    #[inline(always)]
+    fn inflight_mem(&self, id: u32) -> u64 {
+        if id >= MAX_BACKENDS {
+            return 0;
+        }
+        match AILB_INFLIGHT.get_ptr(INFLIGHT_MEM_BASE + id) {
+            // SAFETY: as in `inflight`.
             Some(p) => unsafe { ptr::read_volatile(p) },
             None => 0,
         }
@@ -578,6 +595,11 @@ fn try_sockops(ctx: &SockOpsContext) {
         if sock.flags & SOCK_COUNTED == 0 {
             inflight_add(backend, 1);
             inflight_add(INFLIGHT_MODEL_BASE + model, 1);
+            let mem = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
+            if mem != 0 {
+                inflight_add(INFLIGHT_MEM_BASE + backend, mem as u64);
+            }
+            sock.counted_mem_mb = mem;
             sock.flags |= SOCK_COUNTED;
             // SAFETY: `ops` is this program's context; the helper only sets the socket's
             // callback flags (here: call us on every TCP state change).

@@ -101,13 +101,14 @@ impl Daemon {
             let st = self.status();
             let backends = crate::status::inflight_by_address(&st);
             let models = crate::status::model_inflight(&st);
-            if backends.values().all(|&n| n == 0) && models.values().all(|&n| n == 0) {
+            let mem = crate::status::inflight_mem_by_address(&st);
+            if backends.values().all(|&n| n == 0) && models.values().all(|&n| n == 0) && mem.values().all(|&n| n == 0) {
                 return;
             }
             if Instant::now() >= deadline {
                 panic!(
                     "in-flight counts did not return to 0 within {timeout:?} after every connection \
-                     closed: backends {backends:?}, models {models:?}"
+                     closed: backends {backends:?}, models {models:?}, memory hints (MB) {mem:?}"
                 );
             }
             std::thread::sleep(Duration::from_millis(50));

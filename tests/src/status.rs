@@ -73,6 +73,19 @@ pub fn inflight_by_address(status: &Value) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// `backends[].inflight_mem_mb` (memory hints in flight) keyed by address.
+pub fn inflight_mem_by_address(status: &Value) -> BTreeMap<String, u64> {
+    backends(status)
+        .into_iter()
+        .map(|b| {
+            let addr = b["address"].as_str().unwrap_or_else(|| panic!("backend without address: {b}"));
+            let n =
+                b["inflight_mem_mb"].as_u64().unwrap_or_else(|| panic!("backend {addr} without inflight_mem_mb: {b}"));
+            (addr.to_owned(), n)
+        })
+        .collect()
+}
+
 /// `models[].inflight` keyed by model name.
 pub fn model_inflight(status: &Value) -> BTreeMap<String, u64> {
     status["models"]

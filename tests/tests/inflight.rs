@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ailb_tests::client::count_by_backend;
-use ailb_tests::status::{inflight_by_address, model_inflight};
+use ailb_tests::status::{inflight_by_address, inflight_mem_by_address, model_inflight};
 use ailb_tests::{
     base_config, client_bin, preflight, BackendCfg, BackendServer, CgroupGuard, ConnectOpts, Daemon, TestClient,
 };
@@ -64,7 +64,18 @@ fn inflight_counts_return_to_zero() {
     held.release();
     daemon.wait_inflight_zero(SETTLE);
 
-    // 4. Held, then the client process is killed (the kernel closes its sockets).
+    // 4. Held with a memory hint: each backend's hinted memory in flight is 700 MB per held
+    //    connection, and returns to 0 with the counts (`wait_inflight_zero` checks both).
+    let held = client.hold(Some(&cg), &ConnectOpts::new(VIP, 30).memory_mb(700));
+    let ok: Vec<_> = held.results().iter().filter(|r| r.ok).cloned().collect();
+    let mem = inflight_mem_by_address(&daemon.status());
+    for (addr, n) in count_by_backend(&ok) {
+        assert_eq!(mem.get(&addr).copied(), Some(700 * n as u64), "memory hints in flight of {addr}: {mem:?}");
+    }
+    held.release();
+    daemon.wait_inflight_zero(SETTLE);
+
+    // 5. Held, then the client process is killed (the kernel closes its sockets).
     let held = client.hold(Some(&cg), &ConnectOpts::new(VIP, 60));
     drop(held); // SIGKILL to the client's pid
     daemon.wait_inflight_zero(SETTLE);

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use ailb_tests::client::{assert_all_ok, count_by_backend};
-use ailb_tests::status::stat;
+use ailb_tests::status::{inflight_mem_by_address, stat};
 use ailb_tests::{
     base_config, client_bin, preflight, BackendCfg, BackendServer, CgroupGuard, ConnResult, ConnectOpts, Daemon,
     TestClient,
@@ -69,7 +69,29 @@ fn memory_hints_only_land_on_backends_that_fit() {
     assert_all_fit(&hinted, "the same 60 conversations hinted 8000 MB");
     eprintln!("{on_small} of 60 conversations had to leave a backend without enough memory");
 
-    // 3. Under load: 200 held hinted connections push both fitting backends far past their
+    // 3. The hints in flight count against each backend's memory at once, before the daemon
+    //    writes anything: of 4 held connections needing 8,000 MB, the 8,000 MB backend takes
+    //    exactly one and the 24,000 MB backend three (equal weights alone would split them 2/2),
+    //    and `inflight_mem_mb` shows the sums.
+    let four = client.hold(Some(&cg), &ConnectOpts::new(VIP, 4).memory_mb(NEED_MB));
+    assert_all_fit(four.results(), "4 held connections hinted 8000 MB");
+    let per = count_by_backend(four.results());
+    let (small, big) = (BACKENDS[2].0, BACKENDS[3].0);
+    assert_eq!(
+        (per.get(small).copied().unwrap_or(0), per.get(big).copied().unwrap_or(0)),
+        (1, 3),
+        "4 held connections of 8000 MB on backends of 8000 and 24000 MB: {per:?}"
+    );
+    let mem = inflight_mem_by_address(&daemon.status());
+    assert_eq!(mem.get(small).copied(), Some(8000), "memory hints in flight: {mem:?}");
+    assert_eq!(mem.get(big).copied(), Some(24000), "memory hints in flight: {mem:?}");
+    // A fifth fits nowhere now: it queues on a backend that holds it when idle (not refused).
+    let fifth = client.connect(Some(&cg), &ConnectOpts::new(VIP, 1).memory_mb(NEED_MB));
+    assert_all_fit(&fifth, "a fifth 8000 MB connection while both fitting backends are full");
+    four.release();
+    daemon.wait_inflight_zero(std::time::Duration::from_secs(5));
+
+    // 4. Under load: 200 held hinted connections push both fitting backends far past their
     //    load bound (weight 1 of 10 each); spilling or falling back must still respect the
     //    memory filter.
     let held = client.hold(Some(&cg), &ConnectOpts::new(VIP, 200).memory_mb(NEED_MB));
@@ -77,7 +99,7 @@ fn memory_hints_only_land_on_backends_that_fit() {
     eprintln!("held, per backend: {:?}", count_by_backend(held.results()));
     held.release();
 
-    // 4. When nothing fits, the connect is refused (contract: ECONNREFUSED) and counted.
+    // 5. When nothing fits, the connect is refused (contract: ECONNREFUSED) and counted.
     let before = stat(&daemon.status(), "no_fit");
     let too_big = client.connect(Some(&cg), &ConnectOpts::new(VIP, 20).memory_mb(30_000));
     for r in &too_big {
@@ -89,7 +111,7 @@ fn memory_hints_only_land_on_backends_that_fit() {
     let after = stat(&daemon.status(), "no_fit");
     assert_eq!(after - before, 20, "stats.no_fit must count the 20 refused connects");
 
-    // 5. Unhinted connections still use every backend.
+    // 6. Unhinted connections still use every backend.
     let plain = client.connect(Some(&cg), &ConnectOpts::new(VIP, 200));
     assert_all_ok(&plain, "unhinted connections after the hinted ones");
 }

@@ -37,12 +37,22 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
             m.inflight
         );
         println!(
-            "  {:>4} {:<22} {:>6} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
-            "id", "backend", "weight", "share", "free MB", "live", "inflight", "picks", "aff.hits", "rtt us"
+            "  {:>4} {:<22} {:>6} {:>7} {:>9} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9}",
+            "id",
+            "backend",
+            "weight",
+            "share",
+            "free MB",
+            "live",
+            "inflight",
+            "in-fl. MB",
+            "picks",
+            "aff.hits",
+            "rtt us"
         );
         for b in &m.backends {
             println!(
-                "  {:>4} {:<22} {:>6} {:>6.1}% {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                "  {:>4} {:<22} {:>6} {:>6.1}% {:>9} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9}",
                 b.id,
                 b.address,
                 b.weight,
@@ -50,6 +60,7 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
                 b.free_mem_mb.map_or("?".to_string(), |v| v.to_string()),
                 if b.live { "yes" } else { "no" },
                 b.inflight,
+                b.inflight_mem_mb,
                 b.picks,
                 b.affinity_hits,
                 b.rtt_us_avg.map_or("-".to_string(), |v| format!("{v:.0}")),

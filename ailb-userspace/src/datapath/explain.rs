@@ -34,6 +34,7 @@ pub struct ConversationExplain {
 struct Copy {
     backends: Vec<Backend>,
     inflight: Vec<u64>,
+    inflight_mem: Vec<u64>,
     row: u32,
     table: Vec<u32>,
     members: Vec<u32>,
@@ -45,6 +46,9 @@ impl PickMaps for Copy {
     }
     fn inflight(&self, id: u32) -> u64 {
         self.inflight.get(id as usize).copied().unwrap_or(0)
+    }
+    fn inflight_mem(&self, id: u32) -> u64 {
+        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
     }
     fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
         (row == self.row).then(|| self.table.get(index as usize).copied()).flatten()
@@ -90,7 +94,14 @@ pub fn explain_conversation(
     let slot = *state.active_slot();
     let row = row_index(midx, state.active);
     let size = slot.size.min(MAX_TABLE_SIZE) as usize;
-    let mut copy = Copy { backends: Vec::new(), inflight: Vec::new(), row, table: Vec::new(), members: Vec::new() };
+    let mut copy = Copy {
+        backends: Vec::new(),
+        inflight: Vec::new(),
+        inflight_mem: Vec::new(),
+        row,
+        table: Vec::new(),
+        members: Vec::new(),
+    };
     if size > 0 {
         copy.table = maps.tables.get(&row, 0).map_err(map_err(maps::TABLES))?.slots[..size].to_vec();
         let m = maps.members.get(&row, 0).map_err(map_err(maps::MEMBERS))?;
@@ -99,6 +110,8 @@ pub fn explain_conversation(
     for id in 0..MAX_BACKENDS {
         copy.backends.push(maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?);
         copy.inflight.push(maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?);
+        let mem = ailb_common::INFLIGHT_MEM_BASE + id;
+        copy.inflight_mem.push(maps.inflight.get(&mem, 0).map_err(map_err(maps::INFLIGHT))?);
     }
     let model_inflight =
         maps.inflight.get(&(ailb_common::INFLIGHT_MODEL_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?;

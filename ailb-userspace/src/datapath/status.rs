@@ -3,8 +3,8 @@
 use std::{collections::BTreeMap, path::Path};
 
 use ailb_common::{
-    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MODEL_BASE,
-    MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MEM_BASE,
+    INFLIGHT_MODEL_BASE, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
 };
 use serde::Serialize;
 
@@ -58,6 +58,9 @@ pub struct BackendStatus {
     pub table_slots: u32,
     pub table_share: f64,
     pub inflight: u64,
+    /// The memory hints of the connections in flight, summed (MB): the fit subtracts them
+    /// from `mem_capacity_mb`.
+    pub inflight_mem_mb: u64,
     pub picks: u64,
     pub affinity_hits: u64,
     pub established: u64,
@@ -135,6 +138,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
                 table_slots: n,
                 table_share: if slot.size > 0 { n as f64 / slot.size as f64 } else { 0.0 },
                 inflight: maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?,
+                inflight_mem_mb: maps.inflight.get(&(INFLIGHT_MEM_BASE + id), 0).map_err(map_err(maps::INFLIGHT))?,
                 picks: bs.picks,
                 affinity_hits: bs.affinity_hits,
                 established: bs.established,

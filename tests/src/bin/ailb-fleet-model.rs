@@ -64,12 +64,10 @@ fn main() -> anyhow::Result<()> {
     let short = specs(&path, args.limit)?;
     let long = specs(&path, args.limit * 2)?;
     let profiles = fleet_profiles(args.a100, args.rtx3090);
-    let ailb = |live| Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25, live_memory: live };
     let placements = [
         Placement::RoundRobin,
         Placement::LeastConnections,
-        ailb(false),
-        ailb(true),
+        Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25 },
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];
@@ -82,8 +80,8 @@ fn main() -> anyhow::Result<()> {
          `ailb-fleet-model --limit {}`: {} x A100-80GB + {} x RTX 3090 (the `ailb-sim` presets), the Mooncake trace's \
          first {} requests (and {} for the stability check) at each load x the trace's arrival rate. Latencies \
          are simulated seconds (the real comparison runs the same model 20x faster). ailb: the kernel's pick \
-         (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit, without connection \
-         or telemetry latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
+         (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit (free memory: the KV \
+         pool less the memory hints in flight, as the kernel counts them), without connection latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
          the prefix-cache oracle at the same load (every request sent to the GPU holding the longest cached run \
          of its prompt, the issue's \"placement that always returns a conversation to its cache\"); with caches \
          that never evict, {:.1} % would be cached.\n\n\

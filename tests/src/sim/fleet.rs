@@ -7,7 +7,8 @@
 //!
 //! The ailb placement here calls the kernel's own pick ([`ailb_common::pick::pick`]) on
 //! in-memory maps, with the weights and memory the daemon would write, so the model differs
-//! from the real data plane only in what it leaves out: connection and telemetry latency.
+//! from the real data plane only in what it leaves out: connection latency, and the agents (the
+//! free memory written is the KV pool, as in the static config; the in-flight hints make it live).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -33,10 +34,11 @@ pub enum Placement {
     /// The GPU with the fewest requests in flight, untagged.
     LeastConnections,
     /// The kernel's pick with ailb's weights (`a100_weight` : 1 per GPU type), affinity,
-    /// bounded loads (`load_factor`) and the memory fit. `live_memory`: each backend's free
-    /// memory is its GPU's free KV memory at the instant of the pick (a perfect agent); else
-    /// it is the fixed KV pool (the static config).
-    Ailb { a100_weight: u32, load_factor: f64, live_memory: bool },
+    /// bounded loads (`load_factor`) and the memory fit: each backend's free memory is its KV
+    /// pool (as the static config writes it) less the memory hints in flight to it, which the
+    /// kernel counts itself (an agent's live free memory would only be lower when something
+    /// else used the GPU).
+    Ailb { a100_weight: u32, load_factor: f64 },
     /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
     /// (it needs every server's exact queue and future); it shows what placement alone can do.
@@ -54,8 +56,7 @@ impl Placement {
         match self {
             Placement::RoundRobin => "round robin".into(),
             Placement::LeastConnections => "least connections".into(),
-            Placement::Ailb { live_memory: true, .. } => "ailb (live memory)".into(),
-            Placement::Ailb { live_memory: false, .. } => "ailb (static memory)".into(),
+            Placement::Ailb { .. } => "ailb (kernel pick)".into(),
             Placement::EarliestFinish => "earliest finish (clairvoyant bound)".into(),
             Placement::CacheOracle => "prefix-cache oracle".into(),
         }
@@ -122,6 +123,8 @@ fn ns(t: f64) -> u64 {
 struct Maps {
     backends: Vec<Backend>,
     inflight: Vec<u64>,
+    /// Memory hints in flight per backend, MB (the kernel's `INFLIGHT_MEM_BASE` counters).
+    inflight_mem: Vec<u64>,
     table: Vec<u32>,
     state: ModelState,
     cfg: GlobalConfig,
@@ -133,6 +136,9 @@ impl PickMaps for Maps {
     }
     fn inflight(&self, id: u32) -> u64 {
         self.inflight.get(id as usize).copied().unwrap_or(0)
+    }
+    fn inflight_mem(&self, id: u32) -> u64 {
+        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
     }
     fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
         debug_assert_eq!(row, row_index(MODEL, self.state.active));
@@ -180,6 +186,7 @@ impl Maps {
         };
         Maps {
             inflight: vec![0; backends.len()],
+            inflight_mem: vec![0; backends.len()],
             backends,
             table,
             state,
@@ -199,6 +206,9 @@ struct Fleet {
     gpus: Vec<Gpu>,
     /// Requests placed on each GPU and not finished (running or queued): the kernel's in-flight.
     inflight: Vec<u64>,
+    /// Their memory hints, MB.
+    inflight_mb: Vec<u64>,
+    hint_mb: Vec<u64>,
     /// (end ns, sequence) -> (gpu, request id).
     ends: BTreeMap<(u64, u64), (usize, ReqId)>,
     seq: u64,
@@ -227,8 +237,9 @@ impl Fleet {
             }
             self.ends.remove(&(t_ns, seq));
             let now = t_ns as f64 / 1e9;
-            self.owner.remove(&(gpu, id));
+            let req = self.owner.remove(&(gpu, id)).expect("every started request has an owner");
             self.inflight[gpu] -= 1;
+            self.inflight_mb[gpu] -= self.hint_mb[req];
             for s in self.gpus[gpu].finish(id, now) {
                 self.started(gpu, s, now);
             }
@@ -267,6 +278,8 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
     let mut fleet = Fleet {
         gpus: profiles.iter().cloned().map(Gpu::new).collect(),
         inflight: vec![0; profiles.len()],
+        inflight_mb: vec![0; profiles.len()],
+        hint_mb: specs.iter().map(|s| s.memory_mb as u64).collect(),
         ends: BTreeMap::new(),
         seq: 0,
         owner: HashMap::new(),
@@ -315,15 +328,11 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
                     .max_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)))
                     .map_or(0, |(_, _, g)| g)
             }
-            Placement::Ailb { live_memory, .. } => {
+            Placement::Ailb { .. } => {
                 let maps = maps.as_mut().expect("built for ailb");
-                for (g, b) in maps.backends.iter_mut().enumerate() {
-                    if live_memory {
-                        let gpu = &fleet.gpus[g];
-                        let free = (gpu.kv_blocks_total() - gpu.kv_blocks_in_use()) * gpu.profile().block_bytes() / MIB;
-                        b.free_mem_mb = free as u32;
-                    }
+                for g in 0..profiles.len() {
                     maps.inflight[g] = fleet.inflight[g];
+                    maps.inflight_mem[g] = fleet.inflight_mb[g];
                 }
                 let hash = if spec.conversation.is_empty() {
                     fmix64(i as u64 + 1)
@@ -364,11 +373,13 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         match fleet.gpus[gpu].admit(req, now) {
             Admission::Start(s) => {
                 fleet.inflight[gpu] += 1;
+                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
                 fleet.owner.insert((gpu, s.id), i);
                 fleet.started(gpu, s, now);
             }
             Admission::Queued(id) => {
                 fleet.inflight[gpu] += 1;
+                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
                 fleet.owner.insert((gpu, id), i);
             }
             Admission::Reject(_) => fleet.outcomes[i].failed = true,
@@ -463,8 +474,7 @@ mod tests {
         let profiles = fleet_profiles(1, 1);
         let rr = run(&specs, &profiles, 1.0, Placement::RoundRobin);
         assert_eq!(rr.failures(), 2, "both big prompts land on the 3090: {:?}", rr.outcomes);
-        let ailb =
-            run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25, live_memory: true });
+        let ailb = run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25 });
         assert_eq!(ailb.failures(), 0, "{:?}", ailb.outcomes);
         assert_eq!(ailb.outcomes[1].gpu, 0);
         assert_eq!(ailb.outcomes[3].gpu, 0);
