@@ -21,9 +21,10 @@ pub struct PolicyConfig {
     /// interconnect), so ailb does not guess one.
     #[serde(default)]
     pub gpu_capability: BTreeMap<String, f64>,
-    /// Requests at which the load factor is 0.5: `load = 1 / (1 + L / load_scale)`.
-    /// Default 1.0: the article's `1 / (1 + current_requests)`. Raise it for servers that
-    /// batch many requests without slowing down (e.g. to vLLM's useful batch size).
+    /// Requests per unit of GPU capability at which the load factor is 0.5:
+    /// `load = 1 / (1 + L / (load_scale * gpu_capability))`. Default 1.0: for capability 1, the
+    /// article's `1 / (1 + current_requests)`. Raise it for servers that batch many requests
+    /// without slowing down (e.g. to vLLM's useful batch size).
     #[serde(default = "default_load_scale")]
     pub load_scale: f64,
     /// What one queued request counts in `L = current_requests + queue_weight * queue_length`.

@@ -195,7 +195,7 @@ pub(super) fn evaluate(
     let load = LoadExplain {
         current_requests,
         queue_length,
-        factor: load_factor(current_requests.unwrap_or(0.0), queue_length.unwrap_or(0.0), cfg),
+        factor: load_factor(current_requests.unwrap_or(0.0), queue_length.unwrap_or(0.0), gpu_capability, cfg),
     };
 
     // 7. GPU utilisation: a new report moves the EWMA; the same report seen again (identical

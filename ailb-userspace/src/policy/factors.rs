@@ -65,11 +65,18 @@ pub(super) fn smooth(prev: Option<f64>, sample: f64, alpha: f64) -> f64 {
     }
 }
 
-/// `L = current + queue_weight * queued`, `load = 1 / (1 + L / load_scale)`: 1.0 when idle,
-/// 0.5 at `load_scale` requests. Always in (0, 1].
-pub(super) fn load_factor(current: f64, queued: f64, c: &PolicyConfig) -> f64 {
+/// `L = current + queue_weight * queued`, `load = 1 / (1 + L / (load_scale * capability))`:
+/// 1.0 when idle, 0.5 at `load_scale x capability` requests. Always in (0, 1].
+///
+/// The load counts against the GPU's capability because the capability already says that the
+/// GPU carries that many times the requests: a GPU of capability 3 with 30 requests is as loaded
+/// as one of capability 1 with 10. Counted against `load_scale` alone, the bigger GPU's factor
+/// fell 3x faster and, at the loads the weights aim for, cancelled its capability (measured:
+/// ailb in full sent the tail of the trace to the RTX 3090s, `docs/replay.md`).
+pub(super) fn load_factor(current: f64, queued: f64, capability: f64, c: &PolicyConfig) -> f64 {
     let l = current.max(0.0) + c.queue_weight * queued.max(0.0);
-    let f = 1.0 / (1.0 + l / c.load_scale);
+    let scale = c.load_scale * if capability.is_finite() && capability > 0.0 { capability } else { 1.0 };
+    let f = 1.0 / (1.0 + l / scale);
     if f.is_finite() && f > 0.0 {
         f
     } else {
@@ -129,12 +136,31 @@ mod tests {
     #[test]
     fn load_factor_examples() {
         let c = PolicyConfig::default();
-        assert_eq!(load_factor(0.0, 0.0, &c), 1.0);
-        assert!(load_factor(2.0, 0.0, &c) > load_factor(5.0, 0.0, &c));
-        assert_eq!(load_factor(2.0, 0.0, &c), 1.0 / 3.0);
+        assert_eq!(load_factor(0.0, 0.0, 1.0, &c), 1.0);
+        assert!(load_factor(2.0, 0.0, 1.0, &c) > load_factor(5.0, 0.0, 1.0, &c));
+        assert_eq!(load_factor(2.0, 0.0, 1.0, &c), 1.0 / 3.0);
         // One queued request costs as much as two running ones.
-        assert_eq!(load_factor(0.0, 1.0, &c), load_factor(2.0, 0.0, &c));
-        let f = load_factor(1e6, 1e6, &PolicyConfig { load_scale: 0.01, queue_weight: 100.0, ..c });
+        assert_eq!(load_factor(0.0, 1.0, 1.0, &c), load_factor(2.0, 0.0, 1.0, &c));
+        let f = load_factor(1e6, 1e6, 1.0, &PolicyConfig { load_scale: 0.01, queue_weight: 100.0, ..c.clone() });
         assert!(f > 0.0 && f.is_finite());
+        // A capability that is not a positive number counts as 1.
+        for bad in [0.0, -2.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(load_factor(2.0, 0.0, bad, &c), 1.0 / 3.0);
+        }
+    }
+
+    /// Loads in proportion to the capabilities keep the capability ratio of the weights: a
+    /// capability-3 GPU with 30 requests and a capability-1 GPU with 10 get the same factor, so
+    /// their composed weights stay 3 : 1. (Against `load_scale` alone they were 3/31 : 1/11, the
+    /// bigger GPU below the smaller one.)
+    #[test]
+    fn load_counts_against_capability() {
+        let c = PolicyConfig::default();
+        let big = 3.0 * load_factor(30.0, 0.0, 3.0, &c);
+        let small = 1.0 * load_factor(10.0, 0.0, 1.0, &c);
+        assert!((big / small - 3.0).abs() < 1e-12, "{big} : {small}");
+        // More than its share still lowers the bigger GPU below its capability ratio.
+        let over = 3.0 * load_factor(60.0, 0.0, 3.0, &c);
+        assert!(over / small < 3.0);
     }
 }

@@ -9,7 +9,7 @@
 //! 2. resource match: free memory >= the model's `required_memory_mb`;
 //! 3. health: Nacos `enabled` and `healthy`, the agent's `health_status`;
 //! 4. weight `registry x gpu_capability x load x util` where
-//!    `load = 1 / (1 + (current_requests + queue_weight * queue_length) / load_scale)` and
+//!    `load = 1 / (1 + (current_requests + queue_weight * queue_length) / (load_scale * gpu_capability))` and
 //!    `util` is `util_down_factor` / 1 / `util_up_factor` by the band of the smoothed
 //!    `gpu_util` (EWMA, bands with hysteresis; `factors`).
 //!

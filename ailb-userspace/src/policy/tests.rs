@@ -201,12 +201,13 @@ fn composition_capability_cap_and_one_line_reason() {
             inst(3, &[("gpu_type", "T4")]),
         ],
     );
-    // 1 x 2 x 1/3 x 1.25 = 0.833 ; 1 ; 1  -> scaled to max 1000.
-    assert_eq!(outcome(&p), [(true, 833), (true, 1000), (true, 1000)]);
+    // 1 x 2 x 1/(1 + 2/2) x 1.25 = 1.25 ; 1 ; 1  -> scaled to max 1000 (the load counts
+    // against the capability: 2 running on a capability-2 GPU is half its load scale).
+    assert_eq!(outcome(&p), [(true, 1000), (true, 800), (true, 800)]);
     assert_eq!(p.backends[0].cap, 16);
     assert_eq!(
         p.backends[0].reason,
-        "eligible: weight 833 ~ 0.833 = 1 (registry) x 2 (a100-80gb) x 0.333 (load: 2 running, 0 queued) x 1.25 \
+        "eligible: weight 1000 ~ 1.25 = 1 (registry) x 2 (a100-80gb) x 0.5 (load: 2 running, 0 queued) x 1.25 \
          (util 25% low)"
     );
     assert!(p.backends[2].explain.reasons.iter().any(|r| r.contains("\"T4\" is not in [policy.gpu_capability]")));
