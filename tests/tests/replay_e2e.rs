@@ -1,13 +1,16 @@
 //! Issue 5, short version of `ailb-compare`: on the same simulated fleet (2 x A100-80GB +
-//! 4 x RTX 3090) and the same 200 requests (the first of the Mooncake trace), ailb in full
+//! 4 x RTX 3090) and the same 300 requests (the first of the Mooncake trace) at the benchmark's
+//! load, 0.4 x the trace's rate (the highest load the fleet carries, see `ailb-fleet-model`), ailb in full
 //! (rnacos, an `ailb agent` per simulated GPU, Nacos discovery and the AI-aware policy, memory fit
 //! with the client's hints, affinity, load bound 1.25) beats round robin L4 (untagged sockets,
 //! `balancer.round_robin`: each connection to the next backend in turn) on P95 end-to-end latency
-//! and fails no more requests.
+//! and fails no more requests, at most 1 % (the issue's goal).
 //!
-//! Margin: on 200 requests, runs of ailb in full against round robin read 0.61x, 0.58x, 0.58x and
-//! 0.53x (ailb on a static config: 0.58x, 0.53x, 0.51x). The test asks for < 0.8x, so it fails if
-//! ailb is not clearly better. Failures in those runs: round robin 18-20, ailb 0-1.
+//! Margin: on these 300 requests, runs of ailb in full against round robin read 0.35x, 0.32x,
+//! 0.47x, 0.42x and 0.38x (debug build; the fleet model predicts 0.25x for the kernel's pick
+//! without telemetry lag). The test asks for < 0.6x, so it fails if ailb is not clearly better.
+//! Failures in those runs: round robin 33-36, ailb 0. (Over 1000 requests, as `cargo xtask bench` runs it, round robin's queue
+//! keeps growing and the ratio reaches the issue's 0.2x; a CI run that long would take 5 minutes.)
 //!
 //! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
 //! request too large for a 3090, and on 120 of its requests one run (random still hashed by
@@ -20,7 +23,10 @@ use ailb_tests::{preflight, replay, run_cmd};
 use serde_json::Value;
 
 /// ailb's E2E P95 must be below this share of round robin's.
-const P95_RATIO_MAX: f64 = 0.8;
+const P95_RATIO_MAX: f64 = 0.6;
+/// ailb's failure rate must be at most this (the issue's goal).
+const FAILURE_RATE_MAX: f64 = 0.01;
+const REQUESTS: u64 = 300;
 
 #[test]
 fn ailb_beats_round_robin_on_p95_and_failures() {
@@ -29,7 +35,16 @@ fn ailb_beats_round_robin_on_p95_and_failures() {
     let json = dir.path().join("compare.json");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ailb-compare"));
     cmd.env("AILB_BIN", &ailb)
-        .args(["--policies", "round-robin,ailb", "--limit", "200", "--time-scale", "20", "--load", "1.0"])
+        .args([
+            "--policies",
+            "round-robin,ailb",
+            "--limit",
+            &REQUESTS.to_string(),
+            "--time-scale",
+            "20",
+            "--load",
+            "0.4",
+        ])
         .args(["--deadline-s", "90"])
         .arg("--sim-bin")
         .arg(env!("CARGO_BIN_EXE_ailb-sim"))
@@ -63,7 +78,7 @@ fn ailb_beats_round_robin_on_p95_and_failures() {
     };
     let (rr, ours) = (pol("round-robin"), pol("ailb"));
     for p in [rr, ours] {
-        assert_eq!(p["summary"]["requests"], 200, "every request is accounted for: {p}");
+        assert_eq!(p["summary"]["requests"], REQUESTS, "every request is accounted for: {p}");
     }
     let p95 =
         |p: &Value| p["summary"]["e2e_ms"]["p95"].as_f64().unwrap_or_else(|| panic!("no successful request in {p}"));
@@ -80,6 +95,11 @@ fn ailb_beats_round_robin_on_p95_and_failures() {
          {:.0} ms\n{report}",
         common(ours),
         common(rr)
+    );
+    assert!(
+        fails(ours) as f64 <= FAILURE_RATE_MAX * REQUESTS as f64,
+        "{workload}: ailb failed {} of {REQUESTS} requests (goal: at most {FAILURE_RATE_MAX})\n{report}",
+        fails(ours)
     );
     assert!(
         fails(ours) <= fails(rr),
