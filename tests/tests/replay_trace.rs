@@ -126,7 +126,7 @@ fn trace_selection_scales_start_and_limit_and_tags_memory() {
     assert_eq!(specs.iter().map(|s| s.at_ms).collect::<Vec<_>>(), vec![50, 150, 250]);
     assert_eq!(specs.iter().map(|s| s.line).collect::<Vec<_>>(), vec![Some(4), Some(5), Some(6)]);
     assert_eq!(specs.iter().map(|s| s.index).collect::<Vec<_>>(), vec![0, 1, 2]);
-    assert_eq!(specs[0].memory_mb, 64, "(100 + 28) tokens x 0.5 MB");
+    assert_eq!(specs[0].memory_mb, 256, "(100 + 28) tokens -> one 512-token block x 0.5 MB");
     let body = specs[0].body();
     assert_eq!(body["stream"], true);
     assert_eq!(body["ailb_sim"]["prompt_tokens"], 100);
@@ -134,10 +134,15 @@ fn trace_selection_scales_start_and_limit_and_tags_memory() {
     assert_eq!(body["ailb_sim"]["hash_ids"], serde_json::json!([3]));
 }
 
+/// The hint counts whole 512-token KV blocks, the unit a paged KV cache (and `ailb-sim`) allocates.
 #[test]
-fn memory_need_is_context_times_kv_size_rounded_up() {
-    assert_eq!(memory_mb(6758, 500, 0.5), 3629);
-    assert_eq!(memory_mb(1, 0, 0.5), 1, "rounded up");
+fn memory_need_is_whole_kv_blocks_times_kv_size() {
+    assert_eq!(memory_mb(6758, 500, 0.5), 15 * 256, "7258 tokens hold 15 blocks");
+    assert_eq!(memory_mb(1, 0, 0.5), 256, "one token holds a block");
+    assert_eq!(memory_mb(500, 12, 0.5), 256);
+    assert_eq!(memory_mb(500, 13, 0.5), 512);
+    // A 3090's pool is 43 blocks (11,008 MiB): a 43.5-block context must not claim to fit.
+    assert_eq!(memory_mb(21_800, 500, 0.5), 44 * 256);
     assert_eq!(memory_mb(0, 0, 0.5), 0);
     assert_eq!(memory_mb(u32::MAX, u32::MAX, 1e6), u32::MAX, "capped");
     assert_eq!(memory_mb(100, 0, 0.0), 0);

@@ -251,20 +251,3 @@ pub fn memory_mb(input_tokens: u32, output_tokens: u32, kv_mb_per_token: f64) ->
         mb as u32
     }
 }
-
-#[cfg(test)]
-mod memory_tests {
-    use super::*;
-
-    /// The hint counts whole blocks: 1 token and 512 tokens both hold one 256 MB block.
-    #[test]
-    fn memory_hint_is_whole_blocks() {
-        assert_eq!(memory_mb(0, 0, 0.5), 0);
-        assert_eq!(memory_mb(1, 0, 0.5), 256);
-        assert_eq!(memory_mb(500, 12, 0.5), 256);
-        assert_eq!(memory_mb(500, 13, 0.5), 512);
-        // A 3090's pool is 43 blocks (11,008 MiB): a 43.5-block context must not claim to fit.
-        assert_eq!(memory_mb(21_800, 500, 0.5), 44 * 256);
-        assert_eq!(memory_mb(u32::MAX, u32::MAX, 1e6), u32::MAX);
-    }
-}
