@@ -125,6 +125,10 @@ struct Args {
     /// The A100's GPU capability (weight) against the RTX 3090's 1, for ailb and ailb-static.
     #[arg(long, default_value_t = 3.0)]
     a100_capability: f64,
+    /// How often each `ailb agent` of ailb in full publishes (real time; its default on real
+    /// GPUs is 1 s, which is 50 ms at the default time scale of 20).
+    #[arg(long, default_value = "200ms")]
+    agent_interval: String,
     /// Also keep every request's record (the replay's JSON report) as `records-<policy>.json`
     /// in the output directory.
     #[arg(long)]
@@ -410,7 +414,7 @@ fn run_policy(
         Policy::Ailb => {
             let nacos = registry.insert(RnacosServer::start());
             for s in &sims {
-                agents.push(s.start_agent(MODEL, &nacos.url(), "200ms", dir.path())?);
+                agents.push(s.start_agent(MODEL, &nacos.url(), &args.agent_interval, dir.path())?);
             }
             let daemon = Daemon::start(ailb, &nacos_config(cg, nacos, args));
             wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
