@@ -130,7 +130,8 @@ struct Args {
     #[arg(long, default_value = "200ms")]
     agent_interval: String,
     /// Also keep every request's record (the replay's JSON report) as `records-<policy>.json`
-    /// in the output directory.
+    /// in the output directory, with the gateway's log (`daemon-<policy>.log`) and, for ailb in
+    /// full, the agents' logs.
     #[arg(long)]
     keep_records: bool,
     /// A `[policy]` setting of ailb in full, `KEY=VALUE` in TOML (repeatable), e.g.
@@ -506,6 +507,17 @@ fn run_policy(
         std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
         let keep = args.out_dir.join(format!("records-{}.json", policy.key()));
         std::fs::write(&keep, &text).with_context(|| format!("writing {}", keep.display()))?;
+        // And the logs: the gateway's, and for ailb in full the agents'.
+        if let Some(d) = &daemon {
+            let keep = args.out_dir.join(format!("daemon-{}.log", policy.key()));
+            std::fs::write(&keep, d.log()).with_context(|| format!("writing {}", keep.display()))?;
+        }
+        for entry in std::fs::read_dir(dir.path()).context("listing the run's directory")?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("agent-") && name.ends_with(".log") {
+                let _ = std::fs::copy(entry.path(), args.out_dir.join(format!("{}-{name}", policy.key())));
+            }
+        }
     }
     let report: Value = serde_json::from_str(&text).context("parsing the replay report")?;
     let mut gpus = Vec::new();
