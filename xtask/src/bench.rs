@@ -11,7 +11,7 @@
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
 //! 5. The fleet comparison (issue 5): `ailb-fleet-model` (which offered loads the fleet can carry,
-//!    `docs/results/fleet-model.md`), then `ailb-compare` on the Mooncake trace (1000 requests at
+//!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
 
@@ -110,6 +110,8 @@ fn compare() -> Result<()> {
                 .arg("0.25,0.3,0.35,0.4,0.5,0.7,1.0")
                 .arg("--out")
                 .arg(docs.join("fleet-model.md"))
+                .arg("--svg")
+                .arg(docs.join("fleet-model.svg"))
                 .stdout(std::process::Stdio::null()),
         )
         .with_context(|| format!("running {}", model.display()))?;
