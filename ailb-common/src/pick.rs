@@ -54,6 +54,39 @@ pub trait PickMaps {
     }
 }
 
+/// The pick's maps as plain vectors, for userspace (`ailb explain` over a copy of the pinned
+/// maps, the fleet model): backend `id` at index `id`; `table` and `members` are the rows of
+/// `row`, and any other row reads as absent.
+#[cfg(feature = "std")]
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VecMaps {
+    pub backends: Vec<Backend>,
+    pub inflight: Vec<u64>,
+    pub inflight_mem: Vec<u64>,
+    pub row: u32,
+    pub table: Vec<u32>,
+    pub members: Vec<u32>,
+}
+
+#[cfg(feature = "std")]
+impl PickMaps for VecMaps {
+    fn backend(&self, id: u32) -> Option<Backend> {
+        self.backends.get(id as usize).copied()
+    }
+    fn inflight(&self, id: u32) -> u64 {
+        self.inflight.get(id as usize).copied().unwrap_or(0)
+    }
+    fn inflight_mem(&self, id: u32) -> u64 {
+        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
+    }
+    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
+        (row == self.row).then(|| self.table.get(index as usize).copied()).flatten()
+    }
+    fn member(&self, row: u32, index: u32) -> Option<u32> {
+        (row == self.row).then(|| self.members.get(index as usize).copied()).flatten()
+    }
+}
+
 /// State of the least-loaded member scan (step 3 of the pick).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemberScan {

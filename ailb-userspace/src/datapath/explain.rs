@@ -6,8 +6,8 @@ use std::{net::SocketAddrV4, path::Path};
 use ailb_common::{
     hash::conversation_hash,
     maps,
-    pick::{pick, Outcome, PickMaps, PickRequest},
-    row_index, AffinityKey, Backend, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
+    pick::{pick, Outcome, PickRequest, VecMaps},
+    row_index, AffinityKey, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
 };
 use serde::Serialize;
 
@@ -29,33 +29,6 @@ pub struct ConversationExplain {
     /// The affinity entry in the kernel, if any.
     pub affinity_backend: Option<String>,
     pub affinity_age_ms: Option<u64>,
-}
-
-struct Copy {
-    backends: Vec<Backend>,
-    inflight: Vec<u64>,
-    inflight_mem: Vec<u64>,
-    row: u32,
-    table: Vec<u32>,
-    members: Vec<u32>,
-}
-
-impl PickMaps for Copy {
-    fn backend(&self, id: u32) -> Option<Backend> {
-        self.backends.get(id as usize).copied()
-    }
-    fn inflight(&self, id: u32) -> u64 {
-        self.inflight.get(id as usize).copied().unwrap_or(0)
-    }
-    fn inflight_mem(&self, id: u32) -> u64 {
-        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
-    }
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        (row == self.row).then(|| self.table.get(index as usize).copied()).flatten()
-    }
-    fn member(&self, row: u32, index: u32) -> Option<u32> {
-        (row == self.row).then(|| self.members.get(index as usize).copied()).flatten()
-    }
 }
 
 fn monotonic_ns() -> u64 {
@@ -94,14 +67,7 @@ pub fn explain_conversation(
     let slot = *state.active_slot();
     let row = row_index(midx, state.active);
     let size = slot.size.min(MAX_TABLE_SIZE) as usize;
-    let mut copy = Copy {
-        backends: Vec::new(),
-        inflight: Vec::new(),
-        inflight_mem: Vec::new(),
-        row,
-        table: Vec::new(),
-        members: Vec::new(),
-    };
+    let mut copy = VecMaps { row, ..Default::default() };
     if size > 0 {
         copy.table = maps.tables.get(&row, 0).map_err(map_err(maps::TABLES))?.slots[..size].to_vec();
         let m = maps.members.get(&row, 0).map_err(map_err(maps::MEMBERS))?;

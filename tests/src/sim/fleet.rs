@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use ailb_common::{
     hash::{backend_key, conversation_hash, fmix64},
     maglev::{build, table_size_for, MaglevBackend},
-    pick::{pick, PickMaps, PickRequest},
+    pick::{pick, PickRequest, VecMaps},
     row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE,
     CONFIG_DEFAULT_FLAGS, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
@@ -119,39 +119,16 @@ fn ns(t: f64) -> u64 {
     (t * 1e9).round() as u64
 }
 
-/// The kernel maps of one model, in memory.
-struct Maps {
-    backends: Vec<Backend>,
-    inflight: Vec<u64>,
-    /// Memory hints in flight per backend, MB (the kernel's `INFLIGHT_MEM_BASE` counters).
-    inflight_mem: Vec<u64>,
-    table: Vec<u32>,
+/// The kernel maps of one model, in memory (its table in row 0), with the model's state and
+/// the global config.
+struct Kernel {
+    maps: VecMaps,
     state: ModelState,
     cfg: GlobalConfig,
 }
 
-impl PickMaps for Maps {
-    fn backend(&self, id: u32) -> Option<Backend> {
-        self.backends.get(id as usize).copied()
-    }
-    fn inflight(&self, id: u32) -> u64 {
-        self.inflight.get(id as usize).copied().unwrap_or(0)
-    }
-    fn inflight_mem(&self, id: u32) -> u64 {
-        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
-    }
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        debug_assert_eq!(row, row_index(MODEL, self.state.active));
-        self.table.get(index as usize).copied()
-    }
-    fn member(&self, row: u32, index: u32) -> Option<u32> {
-        debug_assert_eq!(row, row_index(MODEL, self.state.active));
-        (index < self.backends.len() as u32).then_some(index)
-    }
-}
-
-impl Maps {
-    fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64) -> Maps {
+impl Kernel {
+    fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64) -> Kernel {
         let backends: Vec<Backend> = profiles
             .iter()
             .enumerate()
@@ -184,11 +161,15 @@ impl Maps {
             total_weight: backends.iter().map(|b| b.weight as u64).sum(),
             generation: 1,
         };
-        Maps {
-            inflight: vec![0; backends.len()],
-            inflight_mem: vec![0; backends.len()],
-            backends,
-            table,
+        Kernel {
+            maps: VecMaps {
+                inflight: vec![0; backends.len()],
+                inflight_mem: vec![0; backends.len()],
+                members: (0..backends.len() as u32).collect(),
+                row: row_index(MODEL, state.active),
+                backends,
+                table,
+            },
             state,
             cfg: GlobalConfig {
                 abi_version: ABI_VERSION,
@@ -286,8 +267,8 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         arrive: vec![0.0; n],
         outcomes: vec![Outcome::default(); n],
     };
-    let mut maps = match placement {
-        Placement::Ailb { a100_weight, load_factor, .. } => Some(Maps::new(profiles, a100_weight, load_factor)),
+    let mut kernel = match placement {
+        Placement::Ailb { a100_weight, load_factor, .. } => Some(Kernel::new(profiles, a100_weight, load_factor)),
         _ => None,
     };
     let shared = shared_blocks(specs);
@@ -329,10 +310,10 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
                     .map_or(0, |(_, _, g)| g)
             }
             Placement::Ailb { .. } => {
-                let maps = maps.as_mut().expect("built for ailb");
+                let kernel = kernel.as_mut().expect("built for ailb");
                 for g in 0..profiles.len() {
-                    maps.inflight[g] = fleet.inflight[g];
-                    maps.inflight_mem[g] = fleet.inflight_mb[g];
+                    kernel.maps.inflight[g] = fleet.inflight[g];
+                    kernel.maps.inflight_mem[g] = fleet.inflight_mb[g];
                 }
                 let hash = if spec.conversation.is_empty() {
                     fmix64(i as u64 + 1)
@@ -349,7 +330,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
                     model_inflight: fleet.inflight.iter().sum(),
                     turn: 0,
                 };
-                let r = pick(&*maps, &maps.state, &maps.cfg, &pick_req);
+                let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
                 if r.backend == NO_BACKEND {
                     fleet.outcomes[i] = Outcome { gpu: usize::MAX, failed: true, ..Default::default() };
                     continue;
