@@ -63,24 +63,21 @@ pub fn backend<'a>(status: &'a Value, address: &str) -> Option<&'a Value> {
 
 /// `models[].backends[].inflight` keyed by address.
 pub fn inflight_by_address(status: &Value) -> BTreeMap<String, u64> {
-    backends(status)
-        .into_iter()
-        .map(|b| {
-            let addr = b["address"].as_str().unwrap_or_else(|| panic!("backend without address: {b}"));
-            let n = b["inflight"].as_u64().unwrap_or_else(|| panic!("backend {addr} without inflight: {b}"));
-            (addr.to_owned(), n)
-        })
-        .collect()
+    backend_numbers(status, "inflight")
 }
 
 /// `backends[].inflight_mem_mb` (memory hints in flight) keyed by address.
 pub fn inflight_mem_by_address(status: &Value) -> BTreeMap<String, u64> {
+    backend_numbers(status, "inflight_mem_mb")
+}
+
+/// The number `key` of every backend, keyed by address.
+fn backend_numbers(status: &Value, key: &str) -> BTreeMap<String, u64> {
     backends(status)
         .into_iter()
         .map(|b| {
             let addr = b["address"].as_str().unwrap_or_else(|| panic!("backend without address: {b}"));
-            let n =
-                b["inflight_mem_mb"].as_u64().unwrap_or_else(|| panic!("backend {addr} without inflight_mem_mb: {b}"));
+            let n = b[key].as_u64().unwrap_or_else(|| panic!("backend {addr} without {key}: {b}"));
             (addr.to_owned(), n)
         })
         .collect()

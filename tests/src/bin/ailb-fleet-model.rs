@@ -198,10 +198,15 @@ fn main() -> anyhow::Result<()> {
         placements.iter().map(|p| Curve { label: p.label(), short: Vec::new(), long: Vec::new() }).collect();
     for &load in &args.loads {
         let mut rr_p95 = None;
-        let oracle = run(&short, &profiles, load, Placement::CacheOracle).prefix_hit_rate;
-        for (k, p) in placements.iter().enumerate() {
-            let r: RunResult = run(&short, &profiles, load, *p);
-            let l: RunResult = run(&long, &profiles, load, *p);
+        // Every placement's runs first: the rows compare prefix hits with the oracle's.
+        let runs: Vec<(RunResult, RunResult)> =
+            placements.iter().map(|p| (run(&short, &profiles, load, *p), run(&long, &profiles, load, *p))).collect();
+        let oracle = placements
+            .iter()
+            .zip(&runs)
+            .find(|(p, _)| **p == Placement::CacheOracle)
+            .map_or(0.0, |(_, (r, _))| r.prefix_hit_rate);
+        for (k, (p, (r, l))) in placements.iter().zip(&runs).enumerate() {
             let p95 = r.e2e_percentile(0.95);
             curves[k].short.push(p95);
             curves[k].long.push(l.e2e_percentile(0.95));
