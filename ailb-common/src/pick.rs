@@ -69,6 +69,42 @@ pub struct VecMaps {
 }
 
 #[cfg(feature = "std")]
+impl VecMaps {
+    /// The maps of one model whose members are `backends` (ids `0..n`, nothing in flight), with
+    /// its weighted Maglev table in slot `active` of the returned state (`MODEL_AVAILABLE`).
+    pub fn one_model(model: u32, active: u32, backends: Vec<Backend>) -> (VecMaps, ModelState) {
+        let keyed: Vec<crate::maglev::MaglevBackend> = backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| crate::maglev::MaglevBackend {
+                id: i as u32,
+                key: crate::hash::backend_key(b.addr, b.port, 0),
+                weight: b.weight,
+            })
+            .collect();
+        let size = crate::maglev::table_size_for(keyed.len());
+        let table = crate::maglev::build(&keyed, size).expect("ids 0..n and their keys are distinct");
+        let mut state = ModelState { active, flags: MODEL_AVAILABLE, ..Default::default() };
+        state.slots[(active & 1) as usize] = TableSlot {
+            size,
+            members: backends.len() as u32,
+            total_weight: backends.iter().map(|b| b.weight as u64).sum(),
+            generation: 1,
+        };
+        let n = backends.len();
+        let maps = VecMaps {
+            inflight: vec![0; n],
+            inflight_mem: vec![0; n],
+            row: row_index(model, active),
+            table,
+            members: (0..n as u32).collect(),
+            backends,
+        };
+        (maps, state)
+    }
+}
+
+#[cfg(feature = "std")]
 impl PickMaps for VecMaps {
     fn backend(&self, id: u32) -> Option<Backend> {
         self.backends.get(id as usize).copied()

@@ -1,10 +1,9 @@
 //! The per-connection pick against in-memory maps: the same code the kernel runs.
 
 use ailb_common::{
-    hash::{backend_key, fmix64},
-    maglev::{build, table_size_for, MaglevBackend},
-    pick::{load_bound, pick, Outcome, PickMaps, PickRequest},
-    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY,
+    hash::fmix64,
+    pick::{load_bound, pick, Outcome, PickMaps, PickRequest, VecMaps},
+    row_index, AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY,
     CONFIG_DEFAULT_FLAGS, CONFIG_ROUND_ROBIN, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
@@ -12,32 +11,29 @@ use proptest::prelude::*;
 const MODEL: u32 = 3;
 
 struct Fleet {
-    backends: Vec<Backend>,
-    inflight: Vec<u64>,
-    inflight_mem: Vec<u64>,
-    table: Vec<u32>,
-    members: Vec<u32>,
+    maps: VecMaps,
     state: ModelState,
     cfg: GlobalConfig,
 }
 
+/// The in-memory maps, checking that the pick reads only the active row.
 impl PickMaps for Fleet {
     fn backend(&self, id: u32) -> Option<Backend> {
-        self.backends.get(id as usize).copied()
+        self.maps.backend(id)
     }
     fn inflight(&self, id: u32) -> u64 {
-        self.inflight.get(id as usize).copied().unwrap_or(0)
+        self.maps.inflight(id)
     }
     fn inflight_mem(&self, id: u32) -> u64 {
-        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
+        self.maps.inflight_mem(id)
     }
     fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
         assert_eq!(row, row_index(MODEL, self.state.active), "the pick must read the active row");
-        self.table.get(index as usize).copied()
+        self.maps.table_entry(row, index)
     }
     fn member(&self, row: u32, index: u32) -> Option<u32> {
         assert_eq!(row, row_index(MODEL, self.state.active));
-        self.members.get(index as usize).copied()
+        self.maps.member(row, index)
     }
 }
 
@@ -58,22 +54,9 @@ impl Fleet {
                 ..Default::default()
             })
             .collect();
-        let mb: Vec<MaglevBackend> = backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| MaglevBackend { id: i as u32, key: backend_key(b.addr, b.port, 0), weight: b.weight })
-            .collect();
-        let size = table_size_for(mb.len());
-        let table = build(&mb, size).unwrap();
-        let total_weight = weights.iter().map(|&w| w as u64).sum();
-        let mut state = ModelState { active: 1, flags: MODEL_AVAILABLE, ..Default::default() };
-        state.slots[1] = TableSlot { size, members: weights.len() as u32, total_weight, generation: 1 };
+        let (maps, state) = VecMaps::one_model(MODEL, 1, backends);
         Self {
-            inflight: vec![0; backends.len()],
-            inflight_mem: vec![0; backends.len()],
-            members: (0..backends.len() as u32).collect(),
-            backends,
-            table,
+            maps,
             state,
             cfg: GlobalConfig {
                 abi_version: ABI_VERSION,
@@ -87,7 +70,7 @@ impl Fleet {
     }
 
     fn total(&self) -> u64 {
-        self.inflight.iter().sum()
+        self.maps.inflight.iter().sum()
     }
 
     fn req(&self, hash: u64) -> PickRequest {
@@ -144,23 +127,23 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     r.required_mem_mb = 0;
 
     // Backend drained (not live): break, and never the drained one.
-    f.backends[1].state = 0;
+    f.maps.backends[1].state = 0;
     let p = f.pick(&r);
     assert!(p.affinity_break && p.backend != 1, "{p:?}");
-    f.backends[1].state = BACKEND_LIVE;
+    f.maps.backends[1].state = BACKEND_LIVE;
 
     // Over its hard cap: break.
-    f.backends[1].cap = 2;
-    f.inflight[1] = 2;
+    f.maps.backends[1].cap = 2;
+    f.maps.inflight[1] = 2;
     let p = f.pick(&r);
     assert!(p.affinity_break && p.backend != 1, "{p:?}");
-    f.backends[1].cap = NO_CAP;
-    f.inflight[1] = 0;
+    f.maps.backends[1].cap = NO_CAP;
+    f.maps.inflight[1] = 0;
 
     // Backend of another model (id reused): break.
-    f.backends[1].model = MODEL + 1;
+    f.maps.backends[1].model = MODEL + 1;
     assert!(f.pick(&r).affinity_break);
-    f.backends[1].model = MODEL;
+    f.maps.backends[1].model = MODEL;
 
     // Expired entry: a miss, not a break.
     f.cfg.affinity_ttl_ns = 50;
@@ -190,7 +173,7 @@ fn unavailable_model_and_no_fit_are_refused() {
     f.state.flags = 0;
     assert_eq!(f.pick(&r).outcome, Outcome::NoBackend);
     f.state.flags = MODEL_AVAILABLE;
-    for b in &mut f.backends {
+    for b in &mut f.maps.backends {
         b.state = 0;
     }
     assert_eq!(f.pick(&r).outcome, Outcome::NoBackend);
@@ -200,17 +183,17 @@ fn unavailable_model_and_no_fit_are_refused() {
 fn a_hint_no_backend_has_free_now_waits_on_the_least_loaded_one_that_fits_when_idle() {
     // Free now 1000 / 2000 / 3000 MB; when idle 10000 / 1500 / 12000 MB.
     let mut f = Fleet::new(&[1, 1, 2], &[1_000, 2_000, 3_000]);
-    for (b, cap) in f.backends.iter_mut().zip([10_000, 1_500, 12_000]) {
+    for (b, cap) in f.maps.backends.iter_mut().zip([10_000, 1_500, 12_000]) {
         b.mem_capacity_mb = cap;
     }
     let mut r = f.req(7);
     r.required_mem_mb = 5_000;
-    f.inflight = vec![4, 0, 6];
+    f.maps.inflight = vec![4, 0, 6];
     r.model_inflight = 10;
     // Loads per weight: 4/1 and 6/2 = 3: the third is less loaded; the second never fits.
     let p = f.pick(&r);
     assert_eq!((p.backend, p.outcome), (2, Outcome::Fallback));
-    f.inflight = vec![1, 0, 6];
+    f.maps.inflight = vec![1, 0, 6];
     assert_eq!(f.pick(&r).backend, 0);
     // Something fits now: the normal pick, no waiting.
     r.required_mem_mb = 2_500;
@@ -219,7 +202,7 @@ fn a_hint_no_backend_has_free_now_waits_on_the_least_loaded_one_that_fits_when_i
     r.required_mem_mb = 13_000;
     assert_eq!(f.pick(&r).outcome, Outcome::NoFit);
     // Capacity 0 means no fallback (the static default).
-    for b in &mut f.backends {
+    for b in &mut f.maps.backends {
         b.mem_capacity_mb = 0;
     }
     r.required_mem_mb = 5_000;
@@ -239,7 +222,7 @@ fn round_robin_takes_members_in_turn_and_skips_dead_ones() {
         .collect();
     assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3], "weights are not used: each member in turn");
     // A member that died since the table was written: the table pick decides instead.
-    f.backends[2].state = 0;
+    f.maps.backends[2].state = 0;
     let r = f.pick(&PickRequest { turn: 2, ..f.req(7) });
     assert_ne!(r.backend, 2);
     assert_ne!(r.backend, NO_BACKEND);
@@ -279,11 +262,11 @@ proptest! {
             let r = f.req(fmix64(seed ^ i as u64));
             let p = f.pick(&r);
             prop_assert!(p.backend != NO_BACKEND);
-            f.inflight[p.backend as usize] += 1;
+            f.maps.inflight[p.backend as usize] += 1;
             let t = f.total();
             for (b, &w) in weights.iter().enumerate() {
                 let bound = load_bound(c, t - 1, w, total_w);
-                prop_assert!(f.inflight[b] <= bound, "backend {} has {} > bound {} (T={})", b, f.inflight[b], bound, t);
+                prop_assert!(f.maps.inflight[b] <= bound, "backend {} has {} > bound {} (T={})", b, f.maps.inflight[b], bound, t);
             }
         }
     }
@@ -299,7 +282,7 @@ proptest! {
         let weights = vec![1; free.len()];
         let mut f = Fleet::new(&weights, &free);
         for (i, h) in held.iter().enumerate().take(free.len()) {
-            f.inflight[i] = *h;
+            f.maps.inflight[i] = *h;
         }
         let mut r = f.req(hash);
         r.required_mem_mb = need;
@@ -327,7 +310,7 @@ proptest! {
 #[test]
 fn memory_in_flight_counts_against_capacity() {
     let mut f = Fleet::new(&[1, 1], &[24_000, 24_000]);
-    for b in &mut f.backends {
+    for b in &mut f.maps.backends {
         b.mem_capacity_mb = 24_000;
     }
     let mut r = f.req(fmix64(3));
@@ -335,20 +318,20 @@ fn memory_in_flight_counts_against_capacity() {
     let first = f.pick(&r).backend as usize;
     let other = 1 - first;
     // Two 8 GB requests in flight on the first: 8 GB left, still fits.
-    f.inflight[first] = 2;
-    f.inflight_mem[first] = 16_000;
+    f.maps.inflight[first] = 2;
+    f.maps.inflight_mem[first] = 16_000;
     f.cfg.load_factor_milli = 100_000; // no load bound in the way
     let r2 = PickRequest { model_inflight: f.total(), ..r };
     assert_eq!(f.pick(&r2).backend as usize, first);
     // A third: nothing left there now (the written free memory still says 24 GB).
-    f.inflight[first] = 3;
-    f.inflight_mem[first] = 24_000;
+    f.maps.inflight[first] = 3;
+    f.maps.inflight_mem[first] = 24_000;
     let r3 = PickRequest { model_inflight: f.total(), ..r };
     let got = f.pick(&r3);
     assert_eq!(got.backend as usize, other, "{got:?}");
     // Both full: the least loaded one that fits when idle takes it (it will wait there).
-    f.inflight[other] = 1;
-    f.inflight_mem[other] = 20_000;
+    f.maps.inflight[other] = 1;
+    f.maps.inflight_mem[other] = 20_000;
     let r4 = PickRequest { model_inflight: f.total(), ..r };
     let got = f.pick(&r4);
     assert_eq!((got.backend as usize, got.outcome), (other, Outcome::Fallback), "{got:?}");

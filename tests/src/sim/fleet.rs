@@ -13,11 +13,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ailb_common::{
-    hash::{backend_key, conversation_hash, fmix64},
-    maglev::{build, table_size_for, MaglevBackend},
+    hash::{conversation_hash, fmix64},
     pick::{pick, PickRequest, VecMaps},
-    row_index, AffinityValue, Backend, GlobalConfig, ModelState, TableSlot, ABI_VERSION, BACKEND_LIVE,
-    CONFIG_DEFAULT_FLAGS, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, NO_BACKEND,
+    NO_CAP,
 };
 
 use super::model::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
@@ -147,29 +146,9 @@ impl Kernel {
                 }
             })
             .collect();
-        let mb: Vec<MaglevBackend> = backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| MaglevBackend { id: i as u32, key: backend_key(b.addr, b.port, 0), weight: b.weight })
-            .collect();
-        let size = table_size_for(mb.len());
-        let table = build(&mb, size).expect("valid weights");
-        let mut state = ModelState { active: 0, flags: MODEL_AVAILABLE, ..Default::default() };
-        state.slots[0] = TableSlot {
-            size,
-            members: backends.len() as u32,
-            total_weight: backends.iter().map(|b| b.weight as u64).sum(),
-            generation: 1,
-        };
+        let (maps, state) = VecMaps::one_model(MODEL, 0, backends);
         Kernel {
-            maps: VecMaps {
-                inflight: vec![0; backends.len()],
-                inflight_mem: vec![0; backends.len()],
-                members: (0..backends.len() as u32).collect(),
-                row: row_index(MODEL, state.active),
-                backends,
-                table,
-            },
+            maps,
             state,
             cfg: GlobalConfig {
                 abi_version: ABI_VERSION,
