@@ -127,8 +127,8 @@ pub struct Backend {
     pub state: u32,
     /// Memory the backend has for requests when idle (e.g. its KV-cache pool), MB: a request
     /// whose hint exceeds `free_mem_mb` but not this can wait in the backend's queue, so when
-    /// no backend fits a hint now, the pick queues it on the least loaded one that will fit
-    /// rather than refusing it. [`MEM_UNKNOWN`]: unknown, assumed to fit; 0: no such fallback.
+    /// no backend fits a hint now, the pick queues it on one that will fit (where it should
+    /// finish first) rather than refusing it. [`MEM_UNKNOWN`]: unknown, assumed to fit; 0: no such fallback.
     pub mem_capacity_mb: u32,
 }
 

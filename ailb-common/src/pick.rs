@@ -1,22 +1,27 @@
 //! The per-connection pick, exactly as `cgroup/connect4` runs it (the eBPF program calls
 //! [`pick`] with map-backed [`PickMaps`]; userspace tests call it with plain arrays).
 //!
-//! 1. Affinity: a remembered backend is reused if it is still live in this model, fits the
-//!    memory hint (now, or when idle: the request waits there for its cached prefix) and is under its hard cap (and the entry is younger than the TTL).
-//!
 //! "Fits now" is [`Backend::fits_now`]: the free memory the daemon wrote, and at most the
 //! backend's idle capacity less the memory hints of its connections in flight
 //! ([`PickMaps::inflight_mem`]), which the kernel counts at connect and close.
+//!
+//! 1. Affinity: a remembered backend is reused if it is still live in this model, fits the
+//!    memory hint now, is under its hard cap, and the entry is younger than the TTL. A backend
+//!    that would only fit the hint once requests ahead of it finish is not waited for: on the
+//!    Mooncake trace a conversation's next turn comes a median 72 s later and finds its prefix
+//!    evicted far more often than not, so queueing behind a full server for it lengthened the
+//!    tail (fleet model, `docs/replay.md`) without buying cache hits.
 //! 2. Bounded-load probing of the weighted Maglev table: up to `probes` slots
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
 //!    (With `CONFIG_ROUND_ROBIN`, a baseline, step 2 is instead "the member whose turn it is".)
-//! 4. If no member fits the memory hint now, the least loaded one that fits it when idle
-//!    (`Backend::mem_capacity_mb`): the request waits in that server's queue. Only a hint that
-//!    no member could ever hold is refused (`NoFit`).
 //! 3. Otherwise the least loaded member (in-flight / weight) that fits and is under its cap.
 //!    Without a memory filter such a member is always under its load bound: if every backend
 //!    were at or over `c * (T + 1) * w / W`, the in-flight counts would sum to more than T.
+//! 4. If no member fits the memory hint now, the request waits in the queue of a member that
+//!    fits it when idle (`Backend::mem_capacity_mb`): the one where it should finish first,
+//!    estimated as `(hinted MB in flight + its own) / (capacity x weight)` (see
+//!    [`MemberScan::later`]). Only a hint that no member could ever hold is refused (`NoFit`).
 
 use crate::abi::*;
 use crate::hash::rehash;
@@ -132,10 +137,20 @@ pub struct MemberScan {
     pub any_live: bool,
     pub best_load: u64,
     pub best_weight: u64,
-    /// The least loaded member under its cap that does not fit now but fits when idle.
+    /// Of the members under their cap that do not fit now but fit when idle, the one where
+    /// the request should finish first: the smallest `later_work / later_rate`.
+    ///
+    /// Why that ratio: memory frees at a rate proportional to the backend's capacity `C` times
+    /// its speed, for which its weight `w` stands; with `m` MB of hints in flight, a request
+    /// of `r` MB starts after about `(m + r - C) / (C w)` and then runs for about `1 / w`, so
+    /// it finishes after about `(m + r) / (C w)`. The connection count, which the earlier rule
+    /// compared, says nothing about how much memory the queue ahead of it holds.
     pub later: u32,
-    pub later_load: u64,
-    pub later_weight: u64,
+    /// `m + r`, MB.
+    pub later_work: u64,
+    /// `C x w`; a capacity of [`MEM_UNKNOWN`] counts as `r` (the backend is assumed to fit
+    /// the request, and nothing more).
+    pub later_rate: u64,
 }
 
 impl Default for MemberScan {
@@ -153,8 +168,8 @@ impl MemberScan {
             best_load: 0,
             best_weight: 1,
             later: NO_BACKEND,
-            later_load: 0,
-            later_weight: 1,
+            later_work: 0,
+            later_rate: 1,
         }
     }
 
@@ -176,19 +191,32 @@ impl MemberScan {
             return;
         }
         let w = b.weight as u64;
+        if required_mem_mb == 0 {
+            self.consider_now(id, inflight, w);
+            return;
+        }
         // The memory counter is read only for a hinted connect.
-        if required_mem_mb == 0 || b.fits_now(required_mem_mb, maps.inflight_mem(id)) {
-            if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
-                self.best = id;
-                self.best_load = inflight;
-                self.best_weight = w;
+        let inflight_mem = maps.inflight_mem(id);
+        if b.fits_now(required_mem_mb, inflight_mem) {
+            self.consider_now(id, inflight, w);
+        } else if b.fits_when_idle(required_mem_mb) {
+            let capacity = if b.mem_capacity_mb == MEM_UNKNOWN { required_mem_mb } else { b.mem_capacity_mb };
+            let work = inflight_mem.saturating_add(required_mem_mb as u64);
+            let rate = sat_mul(capacity as u64, w);
+            if self.later == NO_BACKEND || sat_mul(work, self.later_rate) < sat_mul(self.later_work, rate) {
+                self.later = id;
+                self.later_work = work;
+                self.later_rate = rate;
             }
-        } else if b.fits_when_idle(required_mem_mb)
-            && (self.later == NO_BACKEND || sat_mul(inflight, self.later_weight) < sat_mul(self.later_load, w))
-        {
-            self.later = id;
-            self.later_load = inflight;
-            self.later_weight = w;
+        }
+    }
+
+    #[inline(always)]
+    fn consider_now(&mut self, id: u32, inflight: u64, w: u64) {
+        if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
+            self.best = id;
+            self.best_load = inflight;
+            self.best_weight = w;
         }
     }
 }
@@ -280,9 +308,9 @@ fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, aff: &
     b.model == req.model
         && b.is_live()
         && b.weight > 0
-        // Its free memory may be short now (the conversation's own KV, its prefix, is cached
-        // there): waiting for it beats a cold prefill elsewhere, as long as it will fit.
-        && b.fits_when_idle(req.required_mem_mb)
+        // It must fit now: waiting in a full server's queue for a prefix that is more often
+        // evicted than not costs more than a cold prefill elsewhere (module docs, step 1).
+        && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(aff.backend)))
         && b.under_cap(maps.inflight(aff.backend))
         && (ttl_ns == 0 || req.now_ns.saturating_sub(aff.last_seen_ns) <= ttl_ns)
 }
@@ -379,8 +407,8 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     if best != NO_BACKEND {
         return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break };
     }
-    // 4. No member has the memory free now: queue on the least loaded one that will have it
-    //    (a model server makes such a request wait for KV cache, it does not fail it).
+    // 4. No member has the memory free now: queue where it should finish first, on one that
+    //    will have it (a model server makes such a request wait for KV cache, it does not fail it).
     if scan.later != NO_BACKEND {
         return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break };
     }

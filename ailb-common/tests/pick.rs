@@ -126,6 +126,19 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     assert!(p.affinity_break && p.backend == 0, "{p:?}");
     r.required_mem_mb = 0;
 
+    // It would fit once its requests in flight finish, but not now: not waited for (a break),
+    // taken by a backend with room now.
+    f.maps.backends[1].mem_capacity_mb = 24_000;
+    f.maps.inflight_mem[1] = 20_000;
+    r.required_mem_mb = 8_000;
+    let p = f.pick(&r);
+    assert!(p.affinity_break && p.backend != 1 && p.outcome != Outcome::Fallback, "{p:?}");
+    // Room again: the entry holds.
+    f.maps.inflight_mem[1] = 16_000;
+    assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
+    f.maps.inflight_mem[1] = 0;
+    r.required_mem_mb = 0;
+
     // Backend drained (not live): break, and never the drained one.
     f.maps.backends[1].state = 0;
     let p = f.pick(&r);
@@ -180,21 +193,31 @@ fn unavailable_model_and_no_fit_are_refused() {
 }
 
 #[test]
-fn a_hint_no_backend_has_free_now_waits_on_the_least_loaded_one_that_fits_when_idle() {
-    // Free now 1000 / 2000 / 3000 MB; when idle 10000 / 1500 / 12000 MB.
+fn a_hint_no_backend_has_free_now_waits_where_it_should_finish_first() {
+    // Free now 1000 / 2000 / 3000 MB; when idle 10000 / 1500 / 12000 MB; weights 1 / 1 / 2.
     let mut f = Fleet::new(&[1, 1, 2], &[1_000, 2_000, 3_000]);
     for (b, cap) in f.maps.backends.iter_mut().zip([10_000, 1_500, 12_000]) {
         b.mem_capacity_mb = cap;
     }
     let mut r = f.req(7);
     r.required_mem_mb = 5_000;
-    f.maps.inflight = vec![4, 0, 6];
-    r.model_inflight = 10;
-    // Loads per weight: 4/1 and 6/2 = 3: the third is less loaded; the second never fits.
+    f.maps.inflight = vec![1, 0, 6];
+    r.model_inflight = 7;
+    // (hinted MB in flight + 5000) / (capacity x weight): 14000 / 10000 = 1.4 against
+    // 11000 / 24000 = 0.46. The third, although its connections per weight (6 / 2) are three
+    // times the first's, holds less memory per capacity and is twice as fast; the second never fits.
+    f.maps.inflight_mem = vec![9_000, 0, 6_000];
     let p = f.pick(&r);
     assert_eq!((p.backend, p.outcome), (2, Outcome::Fallback));
-    f.maps.inflight = vec![1, 0, 6];
+    // A longer memory queue there: 35000 / 24000 = 1.46 > 1.4, the first.
+    f.maps.inflight_mem = vec![9_000, 0, 30_000];
     assert_eq!(f.pick(&r).backend, 0);
+    // A capacity that is not known counts as the request's own size: 35000 / 10000 > 1.4.
+    f.maps.backends[2].mem_capacity_mb = MEM_UNKNOWN;
+    f.maps.inflight_mem = vec![9_000, 0, 30_000];
+    assert_eq!(f.pick(&r).backend, 0);
+    f.maps.backends[2].mem_capacity_mb = 12_000;
+    f.maps.inflight_mem = vec![0; 3];
     // Something fits now: the normal pick, no waiting.
     r.required_mem_mb = 2_500;
     assert_eq!(f.pick(&r).backend, 2);
@@ -306,7 +329,7 @@ proptest! {
 
 /// The memory hints in flight count against a backend's idle capacity at once: a burst of
 /// hinted connects to one backend spreads before the daemon writes new free memory; when no
-/// backend has room now, the request queues on the least loaded one that holds it when idle.
+/// backend has room now, the request queues on one that holds it when idle.
 #[test]
 fn memory_in_flight_counts_against_capacity() {
     let mut f = Fleet::new(&[1, 1], &[24_000, 24_000]);
@@ -329,7 +352,8 @@ fn memory_in_flight_counts_against_capacity() {
     let r3 = PickRequest { model_inflight: f.total(), ..r };
     let got = f.pick(&r3);
     assert_eq!(got.backend as usize, other, "{got:?}");
-    // Both full: the least loaded one that fits when idle takes it (it will wait there).
+    // Both full: it waits where its memory queue is shorter, (20000 + 8000) / 24000 against
+    // (24000 + 8000) / 24000.
     f.maps.inflight[other] = 1;
     f.maps.inflight_mem[other] = 20_000;
     let r4 = PickRequest { model_inflight: f.total(), ..r };

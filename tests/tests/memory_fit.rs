@@ -85,9 +85,13 @@ fn memory_hints_only_land_on_backends_that_fit() {
     let mem = inflight_mem_by_address(&daemon.status());
     assert_eq!(mem.get(small).copied(), Some(8000), "memory hints in flight: {mem:?}");
     assert_eq!(mem.get(big).copied(), Some(24000), "memory hints in flight: {mem:?}");
-    // A fifth fits nowhere now: it queues on a backend that holds it when idle (not refused).
+    // A fifth fits nowhere now: it queues (it is not refused) where it should finish first,
+    // the smaller (hinted MB in flight + its own) / (capacity x weight): 32000 / 24000 on the
+    // big backend against 16000 / 8000 on the small one, although the big one holds three
+    // connections to the small one's one.
     let fifth = client.connect(Some(&cg), &ConnectOpts::new(VIP, 1).memory_mb(NEED_MB));
     assert_all_fit(&fifth, "a fifth 8000 MB connection while both fitting backends are full");
+    assert_eq!(fifth[0].backend.as_deref(), Some(big), "the fifth queues where its memory queue is shortest");
     four.release();
     daemon.wait_inflight_zero(std::time::Duration::from_secs(5));
 

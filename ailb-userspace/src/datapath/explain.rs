@@ -109,7 +109,9 @@ pub fn explain_conversation(
             "the first probed slot could not take it (load bound, cap or memory hint); a later probe was taken"
                 .to_string()
         }
-        Outcome::Fallback => "no probed slot qualified; the least loaded member that fits was taken".to_string(),
+        Outcome::Fallback => "no probed slot qualified; the least loaded member that fits was taken (or, when \
+                              none has the hinted memory free now, the one where it should finish first: it waits there)"
+            .to_string(),
         Outcome::NoBackend => "the model has no live backend: connects are refused (ECONNREFUSED)".to_string(),
         Outcome::NoFit => {
             "no live backend fits the memory hint or is under its cap: refused (ECONNREFUSED)".to_string()
