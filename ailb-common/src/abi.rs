@@ -14,7 +14,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 pub const MAX_MODELS: u32 = 32;
 pub const MAX_BACKENDS: u32 = 4096;
@@ -302,9 +302,15 @@ pub struct GlobalConfig {
     /// Table slots probed per pick, 1..=[`MAX_PROBES`].
     pub probes: u32,
     pub flags: u32,
-    /// Affinity entries older than this are ignored; 0: no expiry.
+    /// Affinity entries older than this are ignored; 0: no expiry. An entry's age counts from
+    /// its conversation's last connect or close.
     pub affinity_ttl_ns: u64,
     pub generation: u64,
+    /// An affinity entry whose backend lacks the hinted memory now (but holds it when idle) is
+    /// still honoured, the request waiting there for its cached prefix, if the conversation's
+    /// last connect or close is at most this old; older, its prefix is likely evicted and the
+    /// request is placed afresh. 0: never wait.
+    pub affinity_wait_ns: u64,
 }
 
 /// `AILB_STATS` value (per-CPU, one entry).
@@ -422,7 +428,7 @@ mod tests {
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(size_of::<SockState>(), 40);
-        assert_eq!(size_of::<GlobalConfig>(), 32);
+        assert_eq!(size_of::<GlobalConfig>(), 40);
         assert_eq!(size_of::<Stats>(), 12 * 8);
         assert_eq!(size_of::<BackendStats>(), 7 * 8);
         assert_eq!(size_of::<TableRow>(), MAX_TABLE_SIZE as usize * 4);

@@ -5,12 +5,14 @@
 //! backend's idle capacity less the memory hints of its connections in flight
 //! ([`PickMaps::inflight_mem`]), which the kernel counts at connect and close.
 //!
-//! 1. Affinity: a remembered backend is reused if it is still live in this model, fits the
-//!    memory hint now, is under its hard cap, and the entry is younger than the TTL. A backend
-//!    that would only fit the hint once requests ahead of it finish is not waited for: on the
-//!    Mooncake trace a conversation's next turn comes a median 72 s later and finds its prefix
-//!    evicted far more often than not, so queueing behind a full server for it lengthened the
-//!    tail (fleet model, `docs/replay.md`) without buying cache hits.
+//! 1. Affinity: a remembered backend is reused if it is still live in this model, is under its
+//!    hard cap, the entry is younger than the TTL, and it fits the memory hint now, or fits it
+//!    when idle and the conversation was active (connected or closed) within
+//!    `GlobalConfig::affinity_wait_ns`: then its prefix is likely still cached there, and the
+//!    request waits in that server's queue for it. An older conversation's prefix is likely
+//!    evicted (on the Mooncake trace the next turn comes a median 72 s later, after the GPUs'
+//!    caches have turned over many times), so queueing behind a full server for it only
+//!    lengthens the tail (fleet model, `docs/replay.md`); it is placed afresh.
 //! 2. Bounded-load probing of the weighted Maglev table: up to `probes` slots
 //!    `(h + i * step) mod M`; the first backend whose in-flight count is under
 //!    `ceil(c * (total + 1) * w / W)` (and its cap) and that fits the memory hint is taken.
@@ -301,18 +303,19 @@ pub fn sat_mul(a: u64, b: u64) -> u64 {
 }
 
 #[inline(always)]
-fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, aff: &AffinityValue) -> bool {
+fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, wait_ns: u64, aff: &AffinityValue) -> bool {
     let Some(b) = maps.backend(aff.backend) else {
         return false;
     };
     b.model == req.model
         && b.is_live()
         && b.weight > 0
-        // It must fit now: waiting in a full server's queue for a prefix that is more often
-        // evicted than not costs more than a cold prefill elsewhere (module docs, step 1).
-        && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(aff.backend)))
         && b.under_cap(maps.inflight(aff.backend))
         && (ttl_ns == 0 || req.now_ns.saturating_sub(aff.last_seen_ns) <= ttl_ns)
+        // It fits now, or it will and the prefix is likely still cached (module docs, step 1).
+        && (req.required_mem_mb == 0
+            || b.fits_now(req.required_mem_mb, maps.inflight_mem(aff.backend))
+            || (b.fits_when_idle(req.required_mem_mb) && req.now_ns.saturating_sub(aff.last_seen_ns) <= wait_ns))
 }
 
 /// Whether an affinity entry is older than the TTL (an expiry, not a break).
@@ -347,7 +350,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     if cfg.flags & CONFIG_AFFINITY != 0 && req.has_conversation {
         if let Some(aff) = &req.affinity {
             let ttl_ns = affinity_ttl_ns(state, cfg);
-            if affinity_usable(maps, req, ttl_ns, aff) {
+            if affinity_usable(maps, req, ttl_ns, cfg.affinity_wait_ns, aff) {
                 return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);

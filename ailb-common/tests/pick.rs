@@ -65,6 +65,7 @@ impl Fleet {
                 flags: CONFIG_DEFAULT_FLAGS,
                 affinity_ttl_ns: 0,
                 generation: 1,
+                affinity_wait_ns: 0,
             },
         }
     }
@@ -126,14 +127,28 @@ fn affinity_is_kept_while_usable_and_broken_otherwise() {
     assert!(p.affinity_break && p.backend == 0, "{p:?}");
     r.required_mem_mb = 0;
 
-    // It would fit once its requests in flight finish, but not now: not waited for (a break),
-    // taken by a backend with room now.
+    // It would fit once its requests in flight finish, but not now. Active 100 ns ago
+    // (last_seen 900, now 1000): waited for while the affinity wait is at least that long
+    // (its prefix is likely still cached there).
     f.maps.backends[1].mem_capacity_mb = 24_000;
     f.maps.inflight_mem[1] = 20_000;
     r.required_mem_mb = 8_000;
+    f.cfg.affinity_wait_ns = 100;
+    assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
+    // Active longer ago than the wait: not waited for (a break), taken by a backend with room now.
+    f.cfg.affinity_wait_ns = 99;
     let p = f.pick(&r);
     assert!(p.affinity_break && p.backend != 1 && p.outcome != Outcome::Fallback, "{p:?}");
-    // Room again: the entry holds.
+    // Never waiting (0) either.
+    f.cfg.affinity_wait_ns = 0;
+    assert!(f.pick(&r).affinity_break);
+    // A hint it could never hold breaks the entry however recent.
+    f.cfg.affinity_wait_ns = u64::MAX;
+    r.required_mem_mb = 30_000;
+    assert!(f.pick(&r).affinity_break);
+    r.required_mem_mb = 8_000;
+    f.cfg.affinity_wait_ns = 0;
+    // Room again: the entry holds, whatever the wait.
     f.maps.inflight_mem[1] = 16_000;
     assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
     f.maps.inflight_mem[1] = 0;

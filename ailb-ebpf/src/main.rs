@@ -648,6 +648,21 @@ fn try_sockops(ctx: &SockOpsContext) {
                 b.closed += 1;
             }
         }
+        // The conversation's affinity entry counts its age from this close too: its prefix
+        // was cached on the backend when the answer ended, not when the request began
+        // (`GlobalConfig::affinity_wait_ns`, the TTL).
+        if !failed && sock.flags & SOCK_HAS_CONVERSATION != 0 {
+            let key = AffinityKey { model, _pad: 0, conversation: sock.conversation };
+            if let Some(p) = AILB_AFFINITY.get_ptr_mut(key) {
+                // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); a racing
+                // writer can only make the entry another recent value.
+                unsafe {
+                    if (*p).backend == backend {
+                        (*p).last_seen_ns = bpf_ktime_get_ns();
+                    }
+                }
+            }
+        }
     }
 }
 

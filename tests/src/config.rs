@@ -42,6 +42,7 @@ pub struct TestConfig {
     pub load_bound: bool,
     pub round_robin: bool,
     pub affinity_ttl: String,
+    pub affinity_wait: String,
     pub seed: u64,
     /// `(model, vip)` pairs.
     pub services: Vec<(String, String)>,
@@ -53,7 +54,8 @@ pub struct TestConfig {
 }
 
 impl TestConfig {
-    /// The contract's defaults (c = 1.25, 4 probes, affinity and load bound on, 30 min TTL).
+    /// The contract's defaults (c = 1.25, 4 probes, affinity and load bound on, 30 min TTL,
+    /// 20 s affinity wait).
     pub fn new(bpffs: &str, cgroup: &str) -> Self {
         Self {
             bpffs: bpffs.to_owned(),
@@ -64,6 +66,7 @@ impl TestConfig {
             load_bound: true,
             round_robin: false,
             affinity_ttl: "30m".into(),
+            affinity_wait: "20s".into(),
             seed: 0,
             services: Vec::new(),
             backends: Vec::new(),
@@ -100,13 +103,14 @@ impl TestConfig {
         s.push('\n');
         let _ = writeln!(
             s,
-            "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\nround_robin = {}\naffinity_ttl = {}\nseed = {}\n",
+            "[balancer]\nload_factor = {:?}\nprobes = {}\naffinity = {}\nload_bound = {}\nround_robin = {}\naffinity_ttl = {}\naffinity_wait = {}\nseed = {}\n",
             self.load_factor,
             self.probes,
             self.affinity,
             self.load_bound,
             self.round_robin,
             q(&self.affinity_ttl),
+            q(&self.affinity_wait),
             self.seed
         );
         for (model, vip) in &self.services {

@@ -151,6 +151,12 @@ pub struct BalancerConfig {
     /// Affinity entries unused for longer are ignored; "0s" = never. Default "30m".
     #[serde(default = "default_ttl")]
     pub affinity_ttl: String,
+    /// How long after a conversation's last connect or close a request of it still waits for
+    /// its backend when that backend lacks the hinted memory now (its prefix is likely still
+    /// cached there); "0s" = never wait. About the time the model servers' prefix cache keeps
+    /// an idle conversation: KV pool tokens / prompt tokens per second. Default "20s".
+    #[serde(default = "default_wait")]
+    pub affinity_wait: String,
     /// Seed of the table layout; gateways that share it build identical tables. Default 0.
     #[serde(default)]
     pub seed: u64,
@@ -168,6 +174,9 @@ fn yes() -> bool {
 fn default_ttl() -> String {
     "30m".to_string()
 }
+fn default_wait() -> String {
+    "20s".to_string()
+}
 
 impl Default for BalancerConfig {
     fn default() -> Self {
@@ -178,6 +187,7 @@ impl Default for BalancerConfig {
             load_bound: true,
             round_robin: false,
             affinity_ttl: default_ttl(),
+            affinity_wait: default_wait(),
             seed: 0,
         }
     }

@@ -24,6 +24,7 @@ pub struct ValidConfig {
     pub load_bound: bool,
     pub round_robin: bool,
     pub affinity_ttl: Duration,
+    pub affinity_wait: Duration,
     pub seed: u64,
     /// The model catalog by name (model indices follow this order on a fresh start).
     pub models: BTreeMap<String, ValidModel>,
@@ -106,6 +107,7 @@ impl Config {
             return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
         }
         let affinity_ttl = super::parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?;
+        let affinity_wait = super::parse_duration("balancer.affinity_wait", &b.affinity_wait)?;
 
         // The catalog: [[models]], then VIPs from [[services]].
         let mut models: BTreeMap<String, ValidModel> = BTreeMap::new();
@@ -290,6 +292,7 @@ impl Config {
             load_bound: b.load_bound,
             round_robin: b.round_robin,
             affinity_ttl,
+            affinity_wait,
             seed: b.seed,
             models,
             backends,
@@ -335,6 +338,7 @@ address = "127.0.0.11:18001"
         assert_eq!(c.cgroup, "ailb");
         assert_eq!((c.probes, c.affinity, c.load_bound), (4, true, true));
         assert_eq!(c.affinity_ttl.as_secs(), 1800);
+        assert_eq!(c.affinity_wait.as_secs(), 20);
         assert_eq!(c.backends[0].weight, 1);
     }
 
@@ -357,6 +361,8 @@ address = "127.0.0.11:18001"
         assert!(e.contains("balancer.probes"), "{e}");
         let e = err(&format!("[balancer]\naffinity_ttl = \"soon\"\n{OK}"));
         assert!(e.contains("balancer.affinity_ttl") && e.contains("soon"), "{e}");
+        let e = err(&format!("[balancer]\naffinity_wait = \"-1s\"\n{OK}"));
+        assert!(e.contains("balancer.affinity_wait") && e.contains("-1s"), "{e}");
         let e = err(&OK.replace("model = \"m\"\naddress", "model = \"other\"\naddress"));
         assert!(e.contains("backends[0].model") && e.contains("other"), "{e}");
         let e = err(&format!("{OK}{}", &OK[OK.find("[[backends]]").unwrap()..]));

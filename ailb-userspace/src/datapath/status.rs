@@ -32,6 +32,7 @@ pub struct ConfigStatus {
     pub load_bound: bool,
     pub round_robin: bool,
     pub affinity_ttl_ms: u64,
+    pub affinity_wait_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -168,6 +169,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             load_bound: gc.flags & CONFIG_LOAD_BOUND != 0,
             round_robin: gc.flags & CONFIG_ROUND_ROBIN != 0,
             affinity_ttl_ms: gc.affinity_ttl_ns / 1_000_000,
+            affinity_wait_ms: gc.affinity_wait_ns / 1_000_000,
         },
         stats: sum_stats(&maps)?,
         models,

@@ -288,6 +288,7 @@ impl Writer {
                 | (if cfg.round_robin { CONFIG_ROUND_ROBIN } else { 0 }),
             affinity_ttl_ns: cfg.affinity_ttl.as_nanos().min(u64::MAX as u128) as u64,
             generation,
+            affinity_wait_ns: cfg.affinity_wait.as_nanos().min(u64::MAX as u128) as u64,
         };
         self.maps.config.set(0, gc, 0).map_err(map_err(maps::CONFIG))?;
         self.generation = generation;

@@ -122,6 +122,10 @@ struct Args {
     /// ailb's (and ailb-static's) load bound factor c (the daemon's default, 1.25).
     #[arg(long, default_value_t = 1.25)]
     ailb_load_factor: f64,
+    /// ailb's (and ailb-static's) `affinity_wait` in simulated seconds (the daemon's default,
+    /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
+    #[arg(long, default_value_t = 20.0)]
+    ailb_affinity_wait_s: f64,
     /// The A100's GPU capability (weight) against the RTX 3090's 1, for ailb and ailb-static.
     #[arg(long, default_value_t = 3.0)]
     a100_capability: f64,
@@ -320,6 +324,12 @@ fn spread(v: impl Iterator<Item = f64>) -> f64 {
     v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
 }
 
+/// `balancer.affinity_wait` in real time: the simulated GPUs run `time_scale` times faster, and
+/// so do their prefix caches turn over.
+fn affinity_wait(args: &Args) -> String {
+    format!("{}ms", (args.ailb_affinity_wait_s * 1000.0 / args.time_scale).round() as u64)
+}
+
 /// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
 /// (the AI-aware policy), the same capability ratio as the static config's weights.
 fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> ailb_tests::TestConfig {
@@ -328,6 +338,7 @@ fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> ailb_tes
     cfg.affinity = true;
     cfg.load_bound = true;
     cfg.load_factor = args.ailb_load_factor;
+    cfg.affinity_wait = affinity_wait(args);
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
@@ -359,6 +370,7 @@ fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) ->
             cfg.affinity = true;
             cfg.load_bound = true;
             cfg.load_factor = args.ailb_load_factor;
+            cfg.affinity_wait = affinity_wait(args);
         }
         // Never started for nginx (it proxies instead of ailb); the defaults would do.
         Policy::Nginx => {}
@@ -923,6 +935,9 @@ fn main() -> anyhow::Result<()> {
     }
     if !(args.load > 0.0 && args.time_scale > 0.0 && args.deadline_s > 0.0) {
         bail!("--load, --time-scale and --deadline-s must be positive");
+    }
+    if !(args.ailb_affinity_wait_s >= 0.0 && args.ailb_affinity_wait_s.is_finite()) {
+        bail!("--ailb-affinity-wait-s must be a finite number of seconds >= 0, not {}", args.ailb_affinity_wait_s);
     }
     if args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 250 {
         bail!("the fleet needs 1..=250 GPUs");

@@ -34,6 +34,9 @@ struct Args {
     /// ailb's weight of an A100 against an RTX 3090's 1 (the comparison's GPU capability).
     #[arg(long, default_value_t = 3)]
     a100_weight: u32,
+    /// ailb's `affinity_wait`, simulated seconds (the daemon's default, 20 s).
+    #[arg(long, default_value_t = 20.0)]
+    affinity_wait_s: f64,
     /// Mooncake trace (default: `$AILB_TRACE` or `../shared/traces/mooncake-conversation.jsonl`).
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -240,7 +243,7 @@ fn main() -> anyhow::Result<()> {
     let placements = [
         Placement::RoundRobin,
         Placement::LeastConnections,
-        Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25 },
+        Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25, affinity_wait_s: args.affinity_wait_s },
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];

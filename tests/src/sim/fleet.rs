@@ -36,8 +36,8 @@ pub enum Placement {
     /// bounded loads (`load_factor`) and the memory fit: each backend's free memory is its KV
     /// pool (as the static config writes it) less the memory hints in flight to it, which the
     /// kernel counts itself (an agent's live free memory would only be lower when something
-    /// else used the GPU).
-    Ailb { a100_weight: u32, load_factor: f64 },
+    /// else used the GPU). `affinity_wait_s`: the balancer's `affinity_wait`, simulated seconds.
+    Ailb { a100_weight: u32, load_factor: f64, affinity_wait_s: f64 },
     /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
     /// (it needs every server's exact queue and future); it shows what placement alone can do.
@@ -127,7 +127,7 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64) -> Kernel {
+    fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64, affinity_wait_s: f64) -> Kernel {
         let backends: Vec<Backend> = profiles
             .iter()
             .enumerate()
@@ -157,6 +157,7 @@ impl Kernel {
                 flags: CONFIG_DEFAULT_FLAGS,
                 affinity_ttl_ns: 0,
                 generation: 1,
+                affinity_wait_ns: ns(affinity_wait_s),
             },
         }
     }
@@ -175,6 +176,10 @@ struct Fleet {
     owner: HashMap<(usize, ReqId), usize>,
     arrive: Vec<f64>,
     outcomes: Vec<Outcome>,
+    /// Each request's conversation hash (ailb only: `None` untagged).
+    conversation: Vec<Option<u64>>,
+    /// The kernel's affinity map: conversation hash -> backend and last connect or close.
+    affinity: HashMap<u64, AffinityValue>,
 }
 
 impl Fleet {
@@ -200,6 +205,12 @@ impl Fleet {
             let req = self.owner.remove(&(gpu, id)).expect("every started request has an owner");
             self.inflight[gpu] -= 1;
             self.inflight_mb[gpu] -= self.hint_mb[req];
+            // The close refreshes the conversation's affinity entry, as `sock_ops` does.
+            if let Some(aff) = self.conversation[req].and_then(|h| self.affinity.get_mut(&h)) {
+                if aff.backend as usize == gpu {
+                    aff.last_seen_ns = t_ns;
+                }
+            }
             for s in self.gpus[gpu].finish(id, now) {
                 self.started(gpu, s, now);
             }
@@ -245,13 +256,16 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         owner: HashMap::new(),
         arrive: vec![0.0; n],
         outcomes: vec![Outcome::default(); n],
+        conversation: vec![None; n],
+        affinity: HashMap::new(),
     };
     let mut kernel = match placement {
-        Placement::Ailb { a100_weight, load_factor, .. } => Some(Kernel::new(profiles, a100_weight, load_factor)),
+        Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
+            Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
+        }
         _ => None,
     };
     let shared = shared_blocks(specs);
-    let mut affinity: HashMap<u64, AffinityValue> = HashMap::new();
     let mut last_gpu: HashMap<&str, usize> = HashMap::new();
     let (mut turns_after, mut same) = (0u64, 0u64);
     for (i, spec) in specs.iter().enumerate() {
@@ -304,7 +318,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
                     hash,
                     has_conversation: !spec.conversation.is_empty(),
                     required_mem_mb: spec.memory_mb,
-                    affinity: affinity.get(&hash).copied(),
+                    affinity: fleet.affinity.get(&hash).copied(),
                     now_ns: ns(now),
                     model_inflight: fleet.inflight.iter().sum(),
                     turn: 0,
@@ -315,7 +329,8 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
                     continue;
                 }
                 if pick_req.has_conversation {
-                    affinity.insert(
+                    fleet.conversation[i] = Some(hash);
+                    fleet.affinity.insert(
                         hash,
                         AffinityValue { backend: r.backend, last_seen_ns: ns(now), ..Default::default() },
                     );
@@ -434,7 +449,8 @@ mod tests {
         let profiles = fleet_profiles(1, 1);
         let rr = run(&specs, &profiles, 1.0, Placement::RoundRobin);
         assert_eq!(rr.failures(), 2, "both big prompts land on the 3090: {:?}", rr.outcomes);
-        let ailb = run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25 });
+        let ailb =
+            run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25, affinity_wait_s: 20.0 });
         assert_eq!(ailb.failures(), 0, "{:?}", ailb.outcomes);
         assert_eq!(ailb.outcomes[1].gpu, 0);
         assert_eq!(ailb.outcomes[3].gpu, 0);
