@@ -6,11 +6,12 @@
 //! `balancer.round_robin`: each connection to the next backend in turn) on P95 end-to-end latency
 //! and fails no more requests, at most 1 % (the goal).
 //!
-//! Margin: on these 300 requests, runs of ailb in full against round robin read 0.35x, 0.32x,
-//! 0.47x, 0.42x and 0.38x (debug build; the fleet model predicts 0.25x for the kernel's pick
-//! without telemetry lag). The test asks for < 0.6x, so it fails if ailb is not clearly better.
-//! Failures in those runs: round robin 33-36, ailb 0. (Over 1000 requests, as `cargo xtask bench` runs it, round robin's queue
-//! keeps growing and the ratio reaches the 0.2x; a CI run that long would take 5 minutes.)
+//! Margin: on these 300 requests, runs of ailb in full against round robin read 0.23x, 0.25x and
+//! 0.22x (debug build), round robin failing 34-37 requests and ailb none. The test asks for
+//! < 0.4x, 1.6 times the worst of those, so it fails if ailb is not clearly better; before the
+//! pick queued a request that fits nowhere now where it should finish first, runs read
+//! 0.32x-0.47x. (Over 1000 requests, as `cargo xtask bench` runs it, round robin's queue keeps
+//! growing and the ratio is lower, 0.12x-0.14x; a CI run that long would take 5 minutes.)
 //!
 //! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
 //! request too large for a 3090, and on 120 of its requests one run (random still hashed by
@@ -23,7 +24,7 @@ use ailb_tests::{preflight, replay, run_cmd};
 use serde_json::Value;
 
 /// ailb's E2E P95 must be below this share of round robin's.
-const P95_RATIO_MAX: f64 = 0.6;
+const P95_RATIO_MAX: f64 = 0.4;
 /// ailb's failure rate must be at most this (the goal).
 const FAILURE_RATE_MAX: f64 = 0.01;
 const REQUESTS: u64 = 300;
