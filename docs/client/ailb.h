@@ -30,10 +30,12 @@
 #define SOL_AILB 0x41494c
 
 /* Conversation id: 1..AILB_MAX_CONVERSATION_LEN raw bytes. Connections of one conversation
- * go to the same backend while it stays live, fits and is under its cap (affinity). */
+ * go to the same backend while it stays live, under its cap and fits the memory hint (affinity;
+ * see affinity_wait in the README). */
 #define AILB_CONVERSATION 1
 /* GPU memory this request needs, in MB: a native-endian uint32_t, length 4. Only backends
- * with at least that much free memory (or unknown free memory) are picked. */
+ * with at least that much free memory (or unknown free memory) are picked; when none has it
+ * free now, the request queues on one that holds it when idle. */
 #define AILB_REQUIRED_MEMORY_MB 2
 /* Model name, 1..AILB_MAX_MODEL_NAME_LEN bytes, for a VIP shared by several models. */
 #define AILB_MODEL 3

@@ -100,7 +100,9 @@ pub fn explain_conversation(
         copy.backends.get(id as usize).filter(|_| id != NO_BACKEND).map(|b| addr_from_be(b.addr, b.port))
     };
     let why = match res.outcome {
-        Outcome::AffinityHit => "its affinity entry's backend is live, fits and is under its cap".to_string(),
+        Outcome::AffinityHit => "its affinity entry's backend is live, under its cap and fits the hint (now, or \
+                                 once idle while the conversation is within affinity_wait)"
+            .to_string(),
         Outcome::Primary => format!(
             "{}the first table slot for its hash is under its load bound",
             if res.affinity_break { "affinity broken (backend no longer usable); " } else { "no affinity entry; " }
