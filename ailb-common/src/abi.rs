@@ -325,7 +325,8 @@ pub struct Stats {
     pub affinity_breaks: u64,
     /// The first probed slot was over its load bound and a later one was taken.
     pub spills: u64,
-    /// No probed slot qualified; the least loaded member was taken.
+    /// No probed slot qualified; the member scan chose (least loaded that fits now, or the
+    /// shortest memory queue for a hint that fits nowhere now).
     pub fallbacks: u64,
     /// Connects refused: the model has no live backend.
     pub no_backend: u64,

@@ -230,7 +230,7 @@ pub enum Outcome {
     Primary,
     /// A later probed slot was taken because earlier ones were over their bound.
     Spill,
-    /// No probed slot qualified: the least loaded member was taken.
+    /// No probed slot qualified: the member scan chose (steps 3 and 4).
     Fallback,
     /// The model has no live backend.
     NoBackend,

@@ -142,7 +142,7 @@ impl Collector for KernelCollector {
             ("ailb_kernel_affinity_hits", "Picks that reused the conversation's backend", s.affinity_hits),
             ("ailb_kernel_affinity_breaks", "Affinity entries that could not be honoured", s.affinity_breaks),
             ("ailb_kernel_spills", "Picks that skipped an over-bound first slot", s.spills),
-            ("ailb_kernel_fallbacks", "Picks that fell back to the least loaded member", s.fallbacks),
+            ("ailb_kernel_fallbacks", "Picks that fell back to the member scan (the least loaded member that fits now, or where a request that fits nowhere now should finish first)", s.fallbacks),
             ("ailb_kernel_refused_no_backend", "Connects refused: no live backend", s.no_backend),
             ("ailb_kernel_refused_no_fit", "Connects refused: no backend fits the memory hint", s.no_fit),
             ("ailb_kernel_established", "Balanced connections established", s.established),
