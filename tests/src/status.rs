@@ -20,6 +20,19 @@ pub fn ailb_status(bin: &Path, bpffs: &Path) -> Result<Value, String> {
         .map_err(|e| format!("status output is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// `ailb explain --json --model MODEL --listen LISTEN --bpffs DIR [args]`, parsed; panics with
+/// stderr when it fails.
+pub fn ailb_explain(bin: &Path, model: &str, listen: &str, bpffs: &str, args: &[&str]) -> Value {
+    let out = crate::run_cmd(
+        Command::new(bin)
+            .args(["explain", "--json", "--model", model, "--listen", listen, "--bpffs", bpffs])
+            .args(args),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "ailb explain failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"))
+}
+
 /// The `generation` field.
 pub fn generation(status: &Value) -> u64 {
     status["generation"].as_u64().unwrap_or_else(|| panic!("status without a numeric generation: {status}"))

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use ailb_tests::client::count_by_backend;
 use ailb_tests::nacos::free_port;
-use ailb_tests::status::stat;
+use ailb_tests::status::{ailb_explain, stat};
 use ailb_tests::{
-    base_config, client_bin, preflight, run_cmd, wait_until, BackendCfg, BackendServer, CgroupGuard, ConnectOpts,
-    Daemon, TestClient,
+    base_config, client_bin, preflight, wait_until, BackendCfg, BackendServer, CgroupGuard, ConnectOpts, Daemon,
+    TestClient,
 };
 
 const MODEL: &str = "wait-7b";
@@ -24,24 +24,8 @@ const CONVERSATION: &str = "wait";
 /// The conversation's affinity entry as `ailb explain` reads it from the pinned maps:
 /// (backend, age in ms).
 fn entry(bin: &std::path::Path, listen: &str, bpffs: &str) -> (String, u64) {
-    let out = run_cmd(
-        std::process::Command::new(bin).args([
-            "explain",
-            "--json",
-            "--model",
-            MODEL,
-            "--listen",
-            listen,
-            "--bpffs",
-            bpffs,
-            "--conversation",
-            &format!("{CONVERSATION}-0"),
-        ]),
-        Duration::from_secs(30),
-    );
-    assert!(out.status.success(), "ailb explain failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"));
+    let conversation = format!("{CONVERSATION}-0");
+    let v = ailb_explain(bin, MODEL, listen, bpffs, &["--conversation", &conversation]);
     let c = &v["conversation"];
     let backend = c["affinity_backend"].as_str().unwrap_or_else(|| panic!("no affinity entry: {c}")).to_string();
     let age = c["affinity_age_ms"].as_u64().unwrap_or_else(|| panic!("no affinity age: {c}"));

@@ -3,26 +3,17 @@
 
 use ailb_tests::client::backends_by_conversation;
 use ailb_tests::nacos::free_port;
+use ailb_tests::status::ailb_explain;
 use ailb_tests::{
-    base_config, client_bin, preflight, run_cmd, BackendCfg, BackendServer, CgroupGuard, ConnectOpts, Daemon,
-    TestClient,
+    base_config, client_bin, preflight, BackendCfg, BackendServer, CgroupGuard, ConnectOpts, Daemon, TestClient,
 };
-use std::process::Command;
-use std::time::Duration;
 
 const MODEL: &str = "explain-7b";
 const VIP: &str = "127.77.6.1:8000";
 const ADDRS: [&str; 3] = ["127.0.6.11:18601", "127.0.6.12:18602", "127.0.6.13:18603"];
 
 fn explain(bin: &std::path::Path, listen: &str, bpffs: &str, args: &[&str]) -> serde_json::Value {
-    let out = run_cmd(
-        Command::new(bin)
-            .args(["explain", "--json", "--model", MODEL, "--listen", listen, "--bpffs", bpffs])
-            .args(args),
-        Duration::from_secs(30),
-    );
-    assert!(out.status.success(), "ailb explain failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"))
+    ailb_explain(bin, MODEL, listen, bpffs, args)
 }
 
 #[test]
