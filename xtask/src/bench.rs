@@ -3,11 +3,11 @@
 //! 1. The table builder (criterion): `cargo bench -p ailb-common --features std`, and the policy
 //!    plus table recompute for 100 models x 100 backends: `cargo bench -p ailb-userspace --bench plan`.
 //! 2. Table disruption when a backend goes (a count, not a timing): example `disrupt`.
-//! 3. The data plane (root): `ailb-bench` from the tests crate: requests per second through the
+//! 3. The data plane (root): `ailb-bench` from the `ailb-tools` package: requests per second through the
 //!    VIP vs directly vs nginx vs HAProxy (IPVS where the kernel has it), BPF run time per
 //!    connection with 1000 backends and 100,000 affinity entries, table swap time. Its report is
 //!    written to `target/bench/datapath.md`; `docs/benchmarks.md` quotes a run of it.
-//! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the tests crate: time from a changed
+//! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the `ailb-tools` package: time from a changed
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
 //! 5. The fleet comparison (issue 5): `ailb-fleet-model` (which offered loads the fleet can carry,
@@ -53,7 +53,7 @@ pub(crate) fn bench() -> Result<()> {
     step.done();
 
     let step = Step::start("data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)");
-    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tests", "--bin", "ailb-bench"]))
+    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-bench"]))
         .context("building ailb-bench")?;
     let bin = util::target_dir().join("release/ailb-bench");
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
@@ -61,7 +61,7 @@ pub(crate) fn bench() -> Result<()> {
     step.done();
 
     let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
-    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tests", "--bin", "ailb-agent-bench"]))
+    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-agent-bench"]))
         .context("building ailb-agent-bench")?;
     let bin = util::target_dir().join("release/ailb-agent-bench");
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
@@ -78,12 +78,15 @@ pub(crate) fn bench() -> Result<()> {
 /// synthetic mix; the reports and plots go to `docs/results/` (checked in, so that the docs show
 /// the last run).
 fn compare() -> Result<()> {
+    // ailb-compare finds ailb-sim next to itself: one build puts both there.
     util::run(util::cargo().args([
         "build",
         "--quiet",
         "--release",
         "-p",
-        "ailb-tests",
+        "ailb-tools",
+        "-p",
+        "ailb-sim",
         "--bin",
         "ailb-compare",
         "--bin",

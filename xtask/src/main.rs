@@ -81,7 +81,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Build { release } => build::build(release),
         Cmd::Test { args } => test::test(&args),
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
-        Cmd::Run { duration, simple: false, args } => demo::fleet::run(duration, &args),
+        Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
         Cmd::Bench => bench::bench(),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }

@@ -36,6 +36,13 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     .context("unit tests failed")?;
     step.done();
 
+    // `replay_e2e` and `demo` run these binaries of other packages, which cargo does not build
+    // for `ailb-tests` (see `ailb_tests::workspace_bin`).
+    let step = Step::start("binaries the integration tests run (ailb-sim, ailb-tools)");
+    util::run(util::cargo().args(["build", "-p", "ailb-sim", "-p", "ailb-tools", "--bins"]))
+        .context("building the ailb-sim and ailb-tools binaries")?;
+    step.done();
+
     let step = Step::start(format!("integration tests ({INTEGRATION_PKG}, one at a time)"));
     util::run(
         util::cargo()

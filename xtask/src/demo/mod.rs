@@ -1,5 +1,5 @@
 //! `cargo xtask run --simple`: the loopback demo of the daemon's embedded default config (the
-//! default `cargo xtask run` is the fleet demo, [`fleet`]).
+//! default `cargo xtask run` is the fleet demo, [`full`]).
 //!
 //! Three loopback backends, `ailb run` (no --config), a client in the child cgroup `ailb-demo`
 //! that connects to the VIP, and a live table from `ailb status --json` every 2 s. Everything it
@@ -8,7 +8,7 @@
 
 mod backends;
 pub(crate) mod client;
-pub(crate) mod fleet;
+pub(crate) mod full;
 mod table;
 
 use std::ffi::OsString;

@@ -1,0 +1,113 @@
+//! Issue 5, the demo (`cargo xtask run` runs `ailb-demo`): rnacos, simulated GPUs with their
+//! agents, the gateway on Nacos discovery, and the load generator in the child cgroup, end to
+//! end; and a Ctrl-C in the middle of the load that tears everything down.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+use ailb_tests::{preflight, run_cmd, workspace_bin};
+
+fn demo(ailb: &Path) -> Command {
+    let mut cmd = Command::new(workspace_bin("ailb-tools", "ailb-demo"));
+    cmd.env("AILB_BIN", ailb).args(["--a100", "1", "--rtx3090", "1", "--time-scale", "20", "--every-s", "1"]);
+    cmd
+}
+
+/// What a demo run left behind: its pin directory and its cgroup (both named after its pid).
+fn leftovers(pid: u32) -> Vec<String> {
+    let name = format!("ailb-test-demo-{pid}");
+    let mut left = Vec::new();
+    if Path::new("/sys/fs/bpf").join(&name).exists() {
+        left.push(format!("/sys/fs/bpf/{name}"));
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for m in mounts.lines().filter(|l| l.split_whitespace().nth(2) == Some("cgroup2")) {
+        if let Some(dir) = m.split_whitespace().nth(1) {
+            if Path::new(dir).join(&name).exists() {
+                left.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    left
+}
+
+#[test]
+fn the_demo_runs_the_whole_system_and_cleans_up() {
+    let ailb = preflight();
+    let mut cmd = demo(&ailb);
+    cmd.args(["--requests", "40"]);
+    let out = run_cmd(&mut cmd, Duration::from_secs(240));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "ailb-demo failed ({}):\n{stderr}\n{stdout}", out.status);
+    assert!(stderr.contains("all 2 GPUs are in the table"), "both agents registered and went live:\n{stderr}");
+    assert!(
+        stderr.contains("load done: 40 requests, 0 failed"),
+        "the synthetic mix fits every GPU, so nothing fails:\n{stderr}"
+    );
+    // The live view shows both GPUs with a policy weight (not "out"), from the pinned maps.
+    for gpu in ["127.0.20.1:8000   a100-80gb", "127.0.20.2:8000   rtx3090-24gb"] {
+        let row =
+            stdout.lines().rev().find(|l| l.starts_with(gpu)).unwrap_or_else(|| panic!("no row {gpu}:\n{stdout}"));
+        let weight: u32 = row.split_whitespace().nth(2).and_then(|w| w.parse().ok()).unwrap_or(0);
+        assert!(weight > 0, "{gpu} has a table weight: {row}");
+    }
+    assert!(stderr.contains("done: nothing left running"), "{stderr}");
+}
+
+#[test]
+fn ctrl_c_in_the_middle_tears_everything_down() {
+    let ailb = preflight();
+    let mut child = demo(&ailb)
+        .args(["--requests", "100000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ailb-demo");
+    let pid = child.id();
+    let (tx, rx) = channel();
+    let stderr = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    // Wait for the load to run (readiness from the demo's own output), then Ctrl-C.
+    let started = loop {
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) if l.contains("load: ailb-replay") => break true,
+            Ok(_) => continue,
+            Err(_) => break false,
+        }
+    };
+    if !started {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the demo never started its load:\n{}", reader.join().unwrap_or_default());
+    }
+    // SAFETY: kill(2) on our own child's pid, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill(); // SIGKILL to our own child only
+            let _ = child.wait();
+            panic!("the demo did not exit within 60 s of SIGINT:\n{}", reader.join().unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = reader.join().unwrap_or_default();
+    assert!(status.success(), "the demo exits cleanly on Ctrl-C ({status}):\n{log}");
+    assert!(log.contains("Ctrl-C: stopping") && log.contains("done: nothing left running"), "{log}");
+    assert_eq!(leftovers(pid), Vec::<String>::new(), "pins or cgroup left behind:\n{log}");
+}

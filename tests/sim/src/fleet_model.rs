@@ -1,0 +1,495 @@
+//! A whole fleet of simulated GPUs in simulated time, without kernel, HTTP or clocks: the
+//! requests of a replay go through a placement [`Placement`] to the pure GPU model [`gpu`](crate::gpu),
+//! event by event. It answers in milliseconds what a real comparison (`ailb-compare`) takes
+//! minutes to measure, which is what a capacity question needs: at which offered load is the
+//! fleet stable under a good placement, and where does round robin already overload the small
+//! GPUs (`ailb-fleet-model`).
+//!
+//! The ailb placement here calls the kernel's own pick ([`ailb_common::pick::pick`]) on
+//! in-memory maps, with the weights and memory the daemon would write, so the model differs
+//! from the real data plane only in what it leaves out: connection latency, and the agents (the
+//! free memory written is the KV pool, as in the static config; the in-flight hints make it live).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ailb_common::{
+    hash::{conversation_hash, fmix64},
+    pick::{pick, PickRequest, VecMaps},
+    AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, NO_BACKEND,
+    NO_CAP,
+};
+
+use crate::gpu::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
+use crate::replay::RequestSpec;
+
+const MODEL: u32 = 1;
+const MIB: u64 = 1024 * 1024;
+
+/// How requests are placed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Placement {
+    /// Each GPU in turn, untagged (no memory hint): the L4 round robin baseline.
+    RoundRobin,
+    /// The GPU with the fewest requests in flight, untagged.
+    LeastConnections,
+    /// The kernel's pick with ailb's weights (`a100_weight` : 1 per GPU type), affinity,
+    /// bounded loads (`load_factor`) and the memory fit: each backend's free memory is its KV
+    /// pool (as the static config writes it) less the memory hints in flight to it, which the
+    /// kernel counts itself (an agent's live free memory would only be lower when something
+    /// else used the GPU). `affinity_wait_s`: the balancer's `affinity_wait`, simulated seconds.
+    Ailb { a100_weight: u32, load_factor: f64, affinity_wait_s: f64 },
+    /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
+    /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
+    /// (it needs every server's exact queue and future); it shows what placement alone can do.
+    EarliestFinish,
+    /// The prefix-cache oracle: every request goes to the GPU that holds the longest
+    /// cached run of its prompt's leading blocks, counting only blocks of its own conversation
+    /// (a later turn returns to its conversation's cache wherever it still is), ties (and
+    /// requests cached nowhere) to the earliest finish. The caches are the GPUs' own, so an
+    /// evicted prefix is lost to the oracle too.
+    CacheOracle,
+}
+
+impl Placement {
+    pub fn label(&self) -> String {
+        match self {
+            Placement::RoundRobin => "round robin".into(),
+            Placement::LeastConnections => "least connections".into(),
+            Placement::Ailb { .. } => "ailb (kernel pick)".into(),
+            Placement::EarliestFinish => "earliest finish (clairvoyant bound)".into(),
+            Placement::CacheOracle => "prefix-cache oracle".into(),
+        }
+    }
+}
+
+/// What happened to one request (simulated seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Outcome {
+    pub gpu: usize,
+    pub failed: bool,
+    /// Arrival to first token.
+    pub ttft_s: f64,
+    /// Arrival to last token.
+    pub e2e_s: f64,
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub outcomes: Vec<Outcome>,
+    /// Per GPU: busy seconds / run length (first arrival to last answer).
+    pub utilisation: Vec<f64>,
+    /// Prompt tokens found cached over all prompt tokens started.
+    pub prefix_hit_rate: f64,
+    /// Later turns of a conversation served by the GPU of its turn before.
+    pub affinity_hit_rate: f64,
+    pub length_s: f64,
+}
+
+impl RunResult {
+    /// `p` (0..=1) percentile of the successful requests' end-to-end latency, nearest rank.
+    pub fn e2e_percentile(&self, p: f64) -> f64 {
+        percentile(self.outcomes.iter().filter(|o| !o.failed).map(|o| o.e2e_s).collect(), p)
+    }
+    pub fn ttft_percentile(&self, p: f64) -> f64 {
+        percentile(self.outcomes.iter().filter(|o| !o.failed).map(|o| o.ttft_s).collect(), p)
+    }
+    pub fn failures(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.failed).count()
+    }
+    /// Max - min of the per-GPU utilisation, 0..=1.
+    pub fn utilisation_spread(&self) -> f64 {
+        let max = self.utilisation.iter().copied().fold(0.0, f64::max);
+        let min = self.utilisation.iter().copied().fold(1.0, f64::min);
+        (max - min).max(0.0)
+    }
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Time as integer nanoseconds, so that events order exactly.
+fn ns(t: f64) -> u64 {
+    (t * 1e9).round() as u64
+}
+
+/// The kernel maps of one model, in memory (its table in row 0), with the model's state and
+/// the global config.
+struct Kernel {
+    maps: VecMaps,
+    state: ModelState,
+    cfg: GlobalConfig,
+}
+
+impl Kernel {
+    fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64, affinity_wait_s: f64) -> Kernel {
+        let backends: Vec<Backend> = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let kv_mb = (p.kv_blocks() * p.block_bytes() / MIB) as u32;
+                Backend {
+                    addr: u32::from(std::net::Ipv4Addr::new(127, 0, 10, i as u8 + 1)).to_be(),
+                    port: 8000u16.to_be(),
+                    model: MODEL,
+                    weight: if p.gpu_type.starts_with("A100") { a100_weight } else { 1 },
+                    cap: NO_CAP,
+                    free_mem_mb: kv_mb,
+                    state: BACKEND_LIVE,
+                    mem_capacity_mb: kv_mb,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let (maps, state) = VecMaps::one_model(MODEL, 0, backends);
+        Kernel {
+            maps,
+            state,
+            cfg: GlobalConfig {
+                abi_version: ABI_VERSION,
+                load_factor_milli: (load_factor * 1000.0).round() as u32,
+                probes: 4,
+                flags: CONFIG_DEFAULT_FLAGS,
+                affinity_ttl_ns: 0,
+                generation: 1,
+                affinity_wait_ns: ns(affinity_wait_s),
+            },
+        }
+    }
+}
+
+struct Fleet {
+    gpus: Vec<Gpu>,
+    /// Requests placed on each GPU and not finished (running or queued): the kernel's in-flight.
+    inflight: Vec<u64>,
+    /// Their memory hints, MB.
+    inflight_mb: Vec<u64>,
+    hint_mb: Vec<u64>,
+    /// (end ns, sequence) -> (gpu, request id).
+    ends: BTreeMap<(u64, u64), (usize, ReqId)>,
+    seq: u64,
+    owner: HashMap<(usize, ReqId), usize>,
+    arrive: Vec<f64>,
+    outcomes: Vec<Outcome>,
+    /// Each request's conversation hash (ailb only: `None` untagged).
+    conversation: Vec<Option<u64>>,
+    /// The kernel's affinity map: conversation hash -> backend and last connect or close.
+    affinity: HashMap<u64, AffinityValue>,
+}
+
+impl Fleet {
+    fn started(&mut self, gpu: usize, s: Started, now: f64) {
+        let req = self.owner[&(gpu, s.id)];
+        let end = now + s.prefill_s + s.decode_s;
+        self.seq += 1;
+        self.ends.insert((ns(end), self.seq), (gpu, s.id));
+        let o = &mut self.outcomes[req];
+        o.ttft_s = now + s.prefill_s - self.arrive[req];
+        o.e2e_s = end - self.arrive[req];
+    }
+
+    /// Runs every request end up to and including `until`.
+    fn advance(&mut self, until: f64) {
+        let limit = ns(until);
+        while let Some((&(t_ns, seq), &(gpu, id))) = self.ends.first_key_value() {
+            if t_ns > limit {
+                break;
+            }
+            self.ends.remove(&(t_ns, seq));
+            let now = t_ns as f64 / 1e9;
+            let req = self.owner.remove(&(gpu, id)).expect("every started request has an owner");
+            self.inflight[gpu] -= 1;
+            self.inflight_mb[gpu] -= self.hint_mb[req];
+            // The close refreshes the conversation's affinity entry, as `sock_ops` does.
+            if let Some(aff) = self.conversation[req].and_then(|h| self.affinity.get_mut(&h)) {
+                if aff.backend as usize == gpu {
+                    aff.last_seen_ns = t_ns;
+                }
+            }
+            for s in self.gpus[gpu].finish(id, now) {
+                self.started(gpu, s, now);
+            }
+        }
+    }
+
+    /// Seconds from `now` until `req` would finish on `gpu` if nothing else arrived.
+    fn finish_if_placed(&self, gpu: usize, req: &SimRequest, now: f64) -> f64 {
+        let mut g = self.gpus[gpu].clone();
+        let mut ends: BTreeMap<(u64, u64), ReqId> =
+            self.ends.iter().filter(|(_, (gg, _))| *gg == gpu).map(|(k, (_, id))| (*k, *id)).collect();
+        let me = match g.admit(req.clone(), now) {
+            Admission::Start(s) => return s.prefill_s + s.decode_s,
+            Admission::Queued(id) => id,
+            Admission::Reject(_) => return f64::INFINITY,
+        };
+        let mut seq = u64::MAX / 2;
+        while let Some(((t_ns, _), id)) = ends.pop_first() {
+            let t = t_ns as f64 / 1e9;
+            for s in g.finish(id, t) {
+                if s.id == me {
+                    return t + s.prefill_s + s.decode_s - now;
+                }
+                seq += 1;
+                ends.insert((ns(t + s.prefill_s + s.decode_s), seq), s.id);
+            }
+        }
+        f64::INFINITY
+    }
+}
+
+/// Replays `specs` (sorted by `at_ms`) at `load` x their rate on a fleet of `profiles`.
+pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement: Placement) -> RunResult {
+    assert!(load > 0.0 && !profiles.is_empty(), "load > 0 and at least one GPU");
+    let n = specs.len();
+    let mut fleet = Fleet {
+        gpus: profiles.iter().cloned().map(Gpu::new).collect(),
+        inflight: vec![0; profiles.len()],
+        inflight_mb: vec![0; profiles.len()],
+        hint_mb: specs.iter().map(|s| s.memory_mb as u64).collect(),
+        ends: BTreeMap::new(),
+        seq: 0,
+        owner: HashMap::new(),
+        arrive: vec![0.0; n],
+        outcomes: vec![Outcome::default(); n],
+        conversation: vec![None; n],
+        affinity: HashMap::new(),
+    };
+    let mut kernel = match placement {
+        Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
+            Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
+        }
+        _ => None,
+    };
+    let shared = shared_blocks(specs);
+    let mut last_gpu: HashMap<&str, usize> = HashMap::new();
+    let (mut turns_after, mut same) = (0u64, 0u64);
+    for (i, spec) in specs.iter().enumerate() {
+        let now = spec.at_ms as f64 / 1000.0 / load;
+        fleet.advance(now);
+        fleet.arrive[i] = now;
+        let req = SimRequest {
+            prompt_tokens: spec.prompt_tokens as u64,
+            max_tokens: spec.max_tokens as u64,
+            hash_ids: spec.hash_ids.clone(),
+        };
+        let gpu = match placement {
+            Placement::RoundRobin => i % profiles.len(),
+            Placement::LeastConnections => (0..profiles.len()).min_by_key(|&g| (fleet.inflight[g], g)).unwrap_or(0),
+            Placement::EarliestFinish => (0..profiles.len())
+                .map(|g| (fleet.finish_if_placed(g, &req, now), g))
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+                .map_or(0, |(_, g)| g),
+            Placement::CacheOracle => {
+                // Leading cached blocks of the prompt that belong to its conversation (shared
+                // blocks such as a common system prompt are cached everywhere and say nothing).
+                let blocks = req.prompt_tokens.div_ceil(crate::gpu::BLOCK_TOKENS) as usize;
+                let own = |g: usize| {
+                    req.hash_ids
+                        .iter()
+                        .take(blocks)
+                        .take_while(|h| fleet.gpus[g].is_cached(**h))
+                        .filter(|h| !shared.contains(*h))
+                        .count()
+                };
+                (0..profiles.len())
+                    .map(|g| (own(g), fleet.finish_if_placed(g, &req, now), g))
+                    .filter(|(_, finish, _)| finish.is_finite())
+                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)))
+                    .map_or(0, |(_, _, g)| g)
+            }
+            Placement::Ailb { .. } => {
+                let kernel = kernel.as_mut().expect("built for ailb");
+                for g in 0..profiles.len() {
+                    kernel.maps.inflight[g] = fleet.inflight[g];
+                    kernel.maps.inflight_mem[g] = fleet.inflight_mb[g];
+                }
+                let hash = if spec.conversation.is_empty() {
+                    fmix64(i as u64 + 1)
+                } else {
+                    conversation_hash(spec.conversation.as_bytes())
+                };
+                let pick_req = PickRequest {
+                    model: MODEL,
+                    hash,
+                    has_conversation: !spec.conversation.is_empty(),
+                    required_mem_mb: spec.memory_mb,
+                    affinity: fleet.affinity.get(&hash).copied(),
+                    now_ns: ns(now),
+                    model_inflight: fleet.inflight.iter().sum(),
+                    turn: 0,
+                };
+                let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
+                if r.backend == NO_BACKEND {
+                    fleet.outcomes[i] = Outcome { gpu: usize::MAX, failed: true, ..Default::default() };
+                    continue;
+                }
+                if pick_req.has_conversation {
+                    fleet.conversation[i] = Some(hash);
+                    fleet.affinity.insert(
+                        hash,
+                        AffinityValue { backend: r.backend, last_seen_ns: ns(now), ..Default::default() },
+                    );
+                }
+                r.backend as usize
+            }
+        };
+        if !spec.conversation.is_empty() {
+            if let Some(prev) = last_gpu.insert(&spec.conversation, gpu) {
+                turns_after += 1;
+                same += u64::from(prev == gpu);
+            }
+        }
+        fleet.outcomes[i].gpu = gpu;
+        match fleet.gpus[gpu].admit(req, now) {
+            Admission::Start(s) => {
+                fleet.inflight[gpu] += 1;
+                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
+                fleet.owner.insert((gpu, s.id), i);
+                fleet.started(gpu, s, now);
+            }
+            Admission::Queued(id) => {
+                fleet.inflight[gpu] += 1;
+                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
+                fleet.owner.insert((gpu, id), i);
+            }
+            Admission::Reject(_) => fleet.outcomes[i].failed = true,
+        }
+    }
+    fleet.advance(f64::INFINITY);
+    let first = fleet.arrive.first().copied().unwrap_or(0.0);
+    let last = fleet.outcomes.iter().zip(&fleet.arrive).map(|(o, a)| a + o.e2e_s).fold(first, f64::max);
+    let length_s = (last - first).max(f64::MIN_POSITIVE);
+    let (mut hit, mut query) = (0u64, 0u64);
+    for g in &fleet.gpus {
+        hit += g.counters().prefix_hit_tokens;
+        query += g.counters().prefix_query_tokens;
+    }
+    RunResult {
+        utilisation: fleet.gpus.iter().map(|g| (g.busy_seconds(last) / length_s).min(1.0)).collect(),
+        prefix_hit_rate: if query > 0 { hit as f64 / query as f64 } else { 0.0 },
+        affinity_hit_rate: if turns_after > 0 { same as f64 / turns_after as f64 } else { 0.0 },
+        outcomes: fleet.outcomes,
+        length_s,
+    }
+}
+
+/// Blocks in the prompts of more than one conversation (a common system prompt).
+fn shared_blocks(specs: &[RequestSpec]) -> HashSet<u64> {
+    let mut first: HashMap<u64, &str> = HashMap::new();
+    let mut shared = HashSet::new();
+    for s in specs {
+        for h in &s.hash_ids {
+            if *first.entry(*h).or_insert(&s.conversation) != s.conversation {
+                shared.insert(*h);
+            }
+        }
+    }
+    shared
+}
+
+/// The fleet: `a100` A100-80GB then `rtx3090` RTX 3090 presets.
+pub fn fleet_profiles(a100: usize, rtx3090: usize) -> Vec<GpuProfile> {
+    let mut v = vec![GpuProfile::preset("a100-80gb").expect("preset"); a100];
+    v.extend(vec![GpuProfile::preset("rtx3090-24gb").expect("preset"); rtx3090]);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec {
+        RequestSpec {
+            index: i,
+            line: None,
+            at_ms,
+            conversation: conv.into(),
+            memory_mb: (prompt + out) / 2,
+            prompt_tokens: prompt,
+            max_tokens: out,
+            hash_ids: vec![],
+            model: "m".into(),
+        }
+    }
+
+    /// One request alone on one A100: TTFT is its prefill, E2E adds `out - 1` decode steps.
+    #[test]
+    fn a_lone_request_takes_prefill_plus_decode() {
+        let r = run(&[spec(0, 0, 8000, 41, "")], &fleet_profiles(1, 0), 1.0, Placement::RoundRobin);
+        assert!((r.outcomes[0].ttft_s - 1.0).abs() < 1e-9, "{:?}", r.outcomes[0]);
+        assert!((r.outcomes[0].e2e_s - 2.0).abs() < 1e-9, "{:?}", r.outcomes[0]);
+        assert!((r.utilisation[0] - 1.0).abs() < 1e-9);
+    }
+
+    /// A 3090 with one batch slot queues the second request behind the first; the load
+    /// factor stretches arrival times (load 0.5: the second comes at 2 s, after the first ended).
+    #[test]
+    fn queueing_and_load_scale() {
+        let mut p = fleet_profiles(0, 1);
+        p[0].max_seqs = 1;
+        let specs = [spec(0, 0, 3000, 26, ""), spec(1, 500, 3000, 26, "")];
+        let busy = run(&specs, &p, 1.0, Placement::RoundRobin);
+        // First: 1 s prefill + 1 s decode. Second arrives at 0.5 s, starts at 2 s, ends at 4 s.
+        assert!((busy.outcomes[1].e2e_s - 3.5).abs() < 1e-9, "{:?}", busy.outcomes[1]);
+        let calm = run(&specs, &p, 0.25, Placement::RoundRobin);
+        assert!((calm.outcomes[1].e2e_s - 2.0).abs() < 1e-9, "{:?}", calm.outcomes[1]);
+    }
+
+    /// Round robin sends a prompt larger than a 3090's KV pool to a 3090, where it fails; ailb's
+    /// memory fit sends it to the A100, and keeps a conversation's turns on one GPU.
+    #[test]
+    fn ailb_fits_memory_and_keeps_affinity() {
+        let big = spec(1, 0, 30_000, 10, "c1");
+        let specs = [spec(0, 0, 1000, 10, "c0"), big, spec(2, 100, 1000, 10, "c0"), spec(3, 200, 31_000, 10, "c1")];
+        let profiles = fleet_profiles(1, 1);
+        let rr = run(&specs, &profiles, 1.0, Placement::RoundRobin);
+        assert_eq!(rr.failures(), 2, "both big prompts land on the 3090: {:?}", rr.outcomes);
+        let ailb =
+            run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25, affinity_wait_s: 20.0 });
+        assert_eq!(ailb.failures(), 0, "{:?}", ailb.outcomes);
+        assert_eq!(ailb.outcomes[1].gpu, 0);
+        assert_eq!(ailb.outcomes[3].gpu, 0);
+        assert_eq!(ailb.outcomes[2].gpu, ailb.outcomes[0].gpu);
+        assert_eq!(ailb.affinity_hit_rate, 1.0);
+    }
+
+    /// The clairvoyant bound puts a request where it ends first: an idle A100 over a busy one.
+    #[test]
+    fn earliest_finish_avoids_the_queue() {
+        let mut p = fleet_profiles(2, 0);
+        p[0].max_seqs = 1;
+        p[1].max_seqs = 1;
+        let specs = [spec(0, 0, 8000, 400, ""), spec(1, 10, 8000, 400, "")];
+        let r = run(&specs, &p, 1.0, Placement::EarliestFinish);
+        assert_ne!(r.outcomes[0].gpu, r.outcomes[1].gpu);
+        assert!(r.e2e_percentile(1.0) < 12.0);
+    }
+
+    /// The cache oracle returns a later turn to the GPU that holds its prefix even when another
+    /// GPU would finish it sooner; the earliest-finish bound does not.
+    #[test]
+    fn cache_oracle_returns_to_the_cached_prefix() {
+        let mut p = fleet_profiles(2, 0);
+        p[0].max_seqs = 1;
+        p[1].max_seqs = 1;
+        let mut turn1 = spec(0, 0, 1536, 2, "a");
+        turn1.hash_ids = vec![1, 2, 3];
+        let mut other = spec(1, 1000, 500, 400, "b");
+        other.hash_ids = vec![10];
+        let mut turn2 = spec(2, 2000, 2048, 2, "a");
+        turn2.hash_ids = vec![1, 2, 3, 4];
+        let specs = [turn1, other, turn2];
+        let oracle = run(&specs, &p, 1.0, Placement::CacheOracle);
+        assert_eq!(oracle.outcomes[1].gpu, oracle.outcomes[0].gpu, "ties go to the first GPU");
+        assert_eq!(oracle.outcomes[2].gpu, oracle.outcomes[0].gpu, "{:?}", oracle.outcomes);
+        // 3 of turn 2's 2048 prompt tokens' blocks were cached: 1536 of 1536 + 500 + 2048 tokens.
+        assert!((oracle.prefix_hit_rate - 1536.0 / 4084.0).abs() < 1e-9, "{}", oracle.prefix_hit_rate);
+        let eft = run(&specs, &p, 1.0, Placement::EarliestFinish);
+        assert_ne!(eft.outcomes[2].gpu, eft.outcomes[0].gpu, "{:?}", eft.outcomes);
+    }
+}

@@ -1,0 +1,512 @@
+//! The HTTP face of the simulated GPU: an OpenAI-compatible server (axum) over one
+//! [`Gpu`](crate::gpu::Gpu). Everything the model answers in simulated seconds becomes a
+//! sleep of `seconds / time_scale`.
+//!
+//! Routes: `POST /v1/chat/completions` (SSE when `"stream": true`), `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (vLLM names), `GET /sim/state` (JSON for reports).
+//! See [the crate docs](crate) for the request extension and the error format.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::gpu::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
+
+/// How to run one simulated server.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub profile: GpuProfile,
+    /// The served model name (`/v1/models`, the `model_name` label).
+    pub model: String,
+    /// Simulated seconds per real second (10 = ten times faster than real).
+    pub time_scale: f64,
+    /// Fake-NVML state file to keep up to date (`tests/integration/fixtures/fake_nvml.c` format).
+    pub nvml_state: Option<PathBuf>,
+    /// UUID written to the NVML state file.
+    pub gpu_uuid: String,
+    /// Real time between utilisation samples (and NVML state writes).
+    pub sample_interval: Duration,
+}
+
+/// Converts between real and simulated time.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    start: Instant,
+    scale: f64,
+}
+
+impl Clock {
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() * self.scale
+    }
+    fn real(&self, sim_s: f64) -> Duration {
+        Duration::from_secs_f64((sim_s / self.scale).max(0.0))
+    }
+}
+
+struct Inner {
+    gpu: Gpu,
+    waiters: HashMap<ReqId, oneshot::Sender<Started>>,
+    /// Busy fraction (0..=1) of the last sample window.
+    util: f64,
+    last_sample: (f64, f64),
+    nvml_write_errors: u64,
+}
+
+struct App {
+    inner: Mutex<Inner>,
+    clock: Clock,
+    cfg: SimConfig,
+    next_chat: AtomicU64,
+    /// This server's `ip:port`, sent as `x-ailb-backend` so that a client can tell which GPU
+    /// served it (the affinity hit rate of a replay).
+    addr: String,
+}
+
+impl App {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves a consistent model (every mutation completes
+        // before any await), so keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Hands newly started requests to their waiting handlers; a handler that is gone frees its
+/// slot again at once.
+fn wake(inner: &mut Inner, mut started: Vec<Started>, now: f64) {
+    while let Some(s) = started.pop() {
+        let delivered = match inner.waiters.remove(&s.id) {
+            Some(tx) => tx.send(s).is_ok(),
+            None => false,
+        };
+        if !delivered {
+            started.extend(inner.gpu.finish(s.id, now));
+        }
+    }
+}
+
+/// Ends a running sequence when dropped (generation done or client gone).
+struct SeqGuard {
+    app: Arc<App>,
+    id: ReqId,
+}
+
+impl Drop for SeqGuard {
+    fn drop(&mut self) {
+        let now = self.app.clock.now();
+        let mut inner = self.app.lock();
+        let started = inner.gpu.finish(self.id, now);
+        wake(&mut inner, started, now);
+    }
+}
+
+/// A queued request; dropping it before it starts leaves the queue.
+struct WaitGuard {
+    app: Arc<App>,
+    id: ReqId,
+    rx: Option<oneshot::Receiver<Started>>,
+}
+
+impl WaitGuard {
+    async fn wait(mut self) -> Started {
+        let rx = self.rx.as_mut().expect("receiver present until wait ends");
+        let started = rx.await.expect("the sender lives in App until it sends");
+        self.rx = None;
+        started
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        let now = self.app.clock.now();
+        let mut inner = self.app.lock();
+        inner.waiters.remove(&self.id);
+        match inner.gpu.cancel(self.id, now) {
+            Some(started) => wake(&mut inner, started, now),
+            None => {
+                if let Ok(s) = rx.try_recv() {
+                    let started = inner.gpu.finish(s.id, now);
+                    wake(&mut inner, started, now);
+                }
+            }
+        }
+    }
+}
+
+/// Serves until the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io::Result<()> {
+    let addr = listener.local_addr()?.to_string();
+    let app = Arc::new(App {
+        inner: Mutex::new(Inner {
+            gpu: Gpu::new(cfg.profile.clone()),
+            waiters: HashMap::new(),
+            util: 0.0,
+            last_sample: (0.0, 0.0),
+            nvml_write_errors: 0,
+        }),
+        clock: Clock { start: Instant::now(), scale: cfg.time_scale },
+        cfg,
+        next_chat: AtomicU64::new(0),
+        addr,
+    });
+    tokio::spawn(sampler(app.clone()));
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(metrics))
+        .route("/sim/state", get(state))
+        .with_state(app);
+    axum::serve(listener, router).await
+}
+
+/// Samples utilisation every interval and rewrites the NVML state file.
+async fn sampler(app: Arc<App>) {
+    let mut tick = tokio::time::interval(app.cfg.sample_interval);
+    loop {
+        tick.tick().await;
+        let now = app.clock.now();
+        let text = {
+            let mut inner = app.lock();
+            let busy = inner.gpu.busy_seconds(now);
+            let (t0, b0) = inner.last_sample;
+            if now > t0 {
+                inner.util = ((busy - b0) / (now - t0)).clamp(0.0, 1.0);
+                inner.last_sample = (now, busy);
+            }
+            nvml_state_text(&app.cfg, &inner)
+        };
+        if let Some(path) = &app.cfg.nvml_state {
+            let tmp = path.with_extension("tmp");
+            let res = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+            if let Err(e) = res {
+                app.lock().nvml_write_errors += 1;
+                eprintln!("ailb-sim: writing NVML state {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+fn nvml_state_text(cfg: &SimConfig, inner: &Inner) -> String {
+    let p = inner.gpu.profile();
+    format!(
+        "count 1\n0 name {}\n0 uuid {}\n0 total_mb {}\n0 used_mb {}\n0 util {}\n",
+        p.gpu_type,
+        cfg.gpu_uuid,
+        p.gpu_memory_mb,
+        inner.gpu.memory_used_mb(),
+        (inner.util * 100.0).round() as u64
+    )
+}
+
+/// A parsed chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub sim: SimRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Default `max_tokens` when a request names none.
+pub const DEFAULT_MAX_TOKENS: u64 = 16;
+
+/// Reads an OpenAI chat request with the optional `ailb_sim` extension (see [the crate docs](crate)).
+pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body is not JSON: {e}"))?;
+    let uint = |v: &Value, what: &str| -> Result<Option<u64>, String> {
+        match v {
+            Value::Null => Ok(None),
+            v => v.as_u64().map(Some).ok_or_else(|| format!("{what}: {v} is not a non-negative integer")),
+        }
+    };
+    let top_max = match uint(&v["max_tokens"], "max_tokens")? {
+        Some(m) => Some(m),
+        None => uint(&v["max_completion_tokens"], "max_completion_tokens")?,
+    };
+    let sim = match &v["ailb_sim"] {
+        Value::Null => {
+            let Some(msgs) = v["messages"].as_array() else {
+                return Err("messages: missing or not an array".into());
+            };
+            let bytes: usize = msgs.iter().map(|m| content_len(&m["content"])).sum();
+            SimRequest {
+                prompt_tokens: (bytes as u64 / 4).max(1),
+                max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
+                hash_ids: Vec::new(),
+            }
+        }
+        ext @ Value::Object(_) => {
+            let prompt_tokens =
+                uint(&ext["prompt_tokens"], "ailb_sim.prompt_tokens")?.ok_or("ailb_sim.prompt_tokens: missing")?;
+            let max_tokens = uint(&ext["max_tokens"], "ailb_sim.max_tokens")?.or(top_max).unwrap_or(DEFAULT_MAX_TOKENS);
+            let hash_ids = match &ext["hash_ids"] {
+                Value::Null => Vec::new(),
+                Value::Array(a) => a
+                    .iter()
+                    .map(|h| h.as_u64().ok_or_else(|| format!("ailb_sim.hash_ids: {h} is not a non-negative integer")))
+                    .collect::<Result<_, _>>()?,
+                other => return Err(format!("ailb_sim.hash_ids: {other} is not an array")),
+            };
+            SimRequest { prompt_tokens, max_tokens, hash_ids }
+        }
+        other => return Err(format!("ailb_sim: {other} is not an object")),
+    };
+    let sim = SimRequest { max_tokens: sim.max_tokens.max(1), ..sim };
+    Ok(ChatRequest {
+        sim,
+        stream: v["stream"].as_bool().unwrap_or(false),
+        include_usage: v["stream_options"]["include_usage"].as_bool().unwrap_or(false),
+    })
+}
+
+fn content_len(c: &Value) -> usize {
+    match c {
+        Value::String(s) => s.len(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).map(str::len).sum(),
+        _ => 0,
+    }
+}
+
+/// An OpenAI-style error body, as vLLM sends it.
+fn error(status: StatusCode, message: String) -> Response {
+    let kind = if status == StatusCode::BAD_REQUEST { "BadRequestError" } else { "InternalServerError" };
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+    (status, Json(body)).into_response()
+}
+
+/// Streamed tokens due within this much real time of each other are written together.
+const STREAM_BATCH: Duration = Duration::from_millis(10);
+
+struct Gen {
+    id: String,
+    created: u64,
+    model: String,
+    started: Started,
+    prompt_tokens: u64,
+    max_tokens: u64,
+    queued_s: f64,
+}
+
+impl Gen {
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.max_tokens,
+            "total_tokens": self.prompt_tokens + self.max_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.started.cached_tokens},
+        })
+    }
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let req = match parse_chat(&body) {
+        Ok(r) => r,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+    };
+    let t0 = app.clock.now();
+    let admission = {
+        let mut inner = app.lock();
+        match inner.gpu.admit(req.sim.clone(), t0) {
+            Admission::Start(s) => Ok(s),
+            Admission::Queued(id) => {
+                let (tx, rx) = oneshot::channel();
+                inner.waiters.insert(id, tx);
+                Err(Ok(WaitGuard { app: app.clone(), id, rx: Some(rx) }))
+            }
+            Admission::Reject(oom) => Err(Err(oom)),
+        }
+    };
+    let started = match admission {
+        Ok(s) => s,
+        Err(Ok(wait)) => wait.wait().await,
+        Err(Err(oom)) => return error(StatusCode::BAD_REQUEST, oom.to_string()),
+    };
+    let seq = SeqGuard { app: app.clone(), id: started.id };
+    let begin = Instant::now();
+    let gen = Gen {
+        id: format!("chatcmpl-sim-{}", app.next_chat.fetch_add(1, Ordering::Relaxed)),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: app.cfg.model.clone(),
+        started,
+        prompt_tokens: req.sim.prompt_tokens,
+        max_tokens: req.sim.max_tokens,
+        queued_s: app.clock.now() - t0,
+    };
+    let sim_headers = [
+        ("x-ailb-backend", app.addr.clone()),
+        ("x-ailb-sim-cached-tokens", gen.started.cached_tokens.to_string()),
+        ("x-ailb-sim-queued-s", format!("{:.6}", gen.queued_s)),
+    ];
+    if !req.stream {
+        let s = gen.started;
+        tokio::time::sleep_until((begin + app.clock.real(s.prefill_s + s.decode_s)).into()).await;
+        drop(seq);
+        let text = "tok ".repeat(gen.max_tokens as usize);
+        let body = json!({
+            "id": gen.id, "object": "chat.completion", "created": gen.created, "model": gen.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": gen.usage(),
+            "ailb_sim": {"cached_tokens": s.cached_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s, "queued_s": gen.queued_s},
+        });
+        return (sim_headers, Json(body)).into_response();
+    }
+    // Token k (1-based) is due at prefill + (k - 1) decode steps: the first comes out of prefill
+    // and is sent alone at that instant (TTFT); later tokens due within STREAM_BATCH of each
+    // other leave together, one SSE event each, when the last of them is due (so the last token,
+    // the end-to-end time, is exact and no token leaves early). At 20x a decode step is about a
+    // millisecond of real time: a write per token would cost the host more CPU than the whole
+    // balancer, and a busy host delays every timer (the measurement's noise).
+    let clock = app.clock;
+    let include_usage = req.include_usage;
+    let per_batch =
+        (STREAM_BATCH.as_secs_f64() / clock.real(gen.started.token_s).as_secs_f64().max(1e-9)).floor().max(1.0) as u64;
+    let st = (Some(seq), 1u64, gen);
+    let stream = futures_util::stream::unfold(st, move |(mut seq, k, gen)| async move {
+        let s = gen.started;
+        if k <= gen.max_tokens {
+            let last = if k == 1 { 1 } else { (k + per_batch - 1).min(gen.max_tokens) };
+            let at = begin + clock.real(s.prefill_s + (last - 1) as f64 * s.token_s);
+            tokio::time::sleep_until(at.into()).await;
+            let mut out = Vec::new();
+            for j in k..=last {
+                let mut delta = json!({"content": "tok "});
+                if j == 1 {
+                    delta["role"] = json!("assistant");
+                }
+                let finish = if j == gen.max_tokens { json!("length") } else { Value::Null };
+                out.extend_from_slice(&gen.chunk(json!([{"index": 0, "delta": delta, "finish_reason": finish}]), None));
+            }
+            if last == gen.max_tokens {
+                seq = None;
+            }
+            return Some((Ok::<_, Infallible>(Bytes::from(out)), (seq, last + 1, gen)));
+        }
+        let bytes = if k == gen.max_tokens + 1 && include_usage {
+            gen.chunk(json!([]), Some(gen.usage()))
+        } else if k <= gen.max_tokens + 2 {
+            let done = Bytes::from_static(b"data: [DONE]\n\n");
+            return Some((Ok(done), (seq, gen.max_tokens + 3, gen)));
+        } else {
+            return None;
+        };
+        Some((Ok(bytes), (seq, k + 1, gen)))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    for (k, v) in sim_headers {
+        h.insert(k, v.parse().expect("digits are a header value"));
+    }
+    resp
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    let max_len = app.cfg.profile.kv_blocks() * crate::gpu::BLOCK_TOKENS;
+    Json(json!({"object": "list", "data": [
+        {"id": app.cfg.model, "object": "model", "created": 0, "owned_by": "ailb-sim", "max_model_len": max_len}
+    ]}))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let inner = app.lock();
+    let c = inner.gpu.counters();
+    let label = format!("{{model_name=\"{}\"}}", app.cfg.model.replace('\\', "\\\\").replace('"', "\\\""));
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, help: &str, value: String| {
+        let sample = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{sample}{label} {value}\n"));
+    };
+    put(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        inner.gpu.running().to_string(),
+    );
+    put(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        inner.gpu.waiting().to_string(),
+    );
+    put(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        format!("{}", inner.gpu.kv_usage()),
+    );
+    put(
+        "vllm:prefix_cache_queries",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        c.prefix_query_tokens.to_string(),
+    );
+    put(
+        "vllm:prefix_cache_hits",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        c.prefix_hit_tokens.to_string(),
+    );
+    put("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", c.prompt_tokens_total.to_string());
+    put(
+        "vllm:generation_tokens",
+        "counter",
+        "Number of generation tokens processed.",
+        c.generation_tokens_total.to_string(),
+    );
+    put("vllm:request_success", "counter", "Count of successfully processed requests.", c.finished_total.to_string());
+    let mut resp = out.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    resp
+}
+
+async fn state(State(app): State<Arc<App>>) -> Json<Value> {
+    let now = app.clock.now();
+    let inner = app.lock();
+    let g = &inner.gpu;
+    let p = g.profile();
+    Json(json!({
+        "gpu_type": p.gpu_type,
+        "model": app.cfg.model,
+        "time_scale": app.cfg.time_scale,
+        "sim_time_s": now,
+        "running": g.running(),
+        "waiting": g.waiting(),
+        "max_seqs": p.max_seqs,
+        "kv_blocks_total": g.kv_blocks_total(),
+        "kv_blocks_in_use": g.kv_blocks_in_use(),
+        "kv_blocks_cached": g.kv_blocks_cached(),
+        "kv_cache_usage": g.kv_usage(),
+        "memory_total_mb": p.gpu_memory_mb,
+        "memory_used_mb": g.memory_used_mb(),
+        "busy_seconds": g.busy_seconds(now),
+        "busy_fraction": if now > 0.0 { g.busy_seconds(now) / now } else { 0.0 },
+        "utilization": inner.util,
+        "nvml_write_errors": inner.nvml_write_errors,
+        "counters": g.counters(),
+    }))
+}

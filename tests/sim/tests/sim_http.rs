@@ -1,0 +1,365 @@
+//! `ailb-sim` over HTTP on loopback: the binary is spawned on a free port, polled for
+//! `/health`, and killed by pid when the test ends. Timing bounds are derived from the
+//! profile: with prefill at 1000 tok/s and a time scale of 10, 8192 uncached tokens take
+//! 0.82 s of real time, a fully cached prompt 0.1 ms; the asserts split the difference.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Polls `f` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Sim {
+    child: Child,
+    addr: String,
+}
+
+impl Sim {
+    fn start(args: &[&str]) -> Sim {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_ailb-sim"))
+            .args(["--listen", &addr])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning ailb-sim: {e}"));
+        let mut sim = Sim { child, addr };
+        wait_until("ailb-sim /health to answer 200", Duration::from_secs(10), || {
+            if let Ok(Some(st)) = sim.child.try_wait() {
+                panic!("ailb-sim exited early: {st}");
+            }
+            sim.try_get("/health").ok().filter(|r| r.status == 200)
+        });
+        sim
+    }
+
+    fn try_get(&self, path: &str) -> std::io::Result<Resp> {
+        request(&self.addr, "GET", path, None)
+    }
+
+    fn get(&self, path: &str) -> Resp {
+        self.try_get(path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    fn chat(&self, body: &Value) -> Resp {
+        request(&self.addr, "POST", "/v1/chat/completions", Some(body))
+            .unwrap_or_else(|e| panic!("POST /v1/chat/completions: {e}"))
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").body;
+        parse_exposition(&text)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+            .1
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Err(e) = self.child.kill() {
+            eprintln!("killing ailb-sim pid {}: {e}", self.child.id());
+        }
+        let _ = self.child.wait(); // reaping a killed child cannot fail in a way that matters here
+    }
+}
+
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+    /// Real time from sending the request to the first `data:` event of the body.
+    first_event: Option<Duration>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+    }
+}
+
+/// A minimal HTTP/1.1 client (Connection: close; chunked bodies decoded).
+fn request(addr: &str, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<Resp> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let t0 = Instant::now();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    let mut first_event = None;
+    let mut buf = [0u8; 16384];
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if first_event.is_none() && raw.windows(6).any(|w| w == b"data: ") {
+            first_event = Some(t0.elapsed());
+        }
+    }
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end in {text:?}"));
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status =
+        status_line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{status_line:?}"));
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
+    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    Ok(Resp { status, headers, body, first_event })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").unwrap_or_else(|| panic!("bad chunk framing at {s:?}"));
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+/// Samples of a Prometheus text exposition; panics on a line that is neither a comment nor
+/// `name{labels} value`.
+fn parse_exposition(text: &str) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(c) = line.strip_prefix('#') {
+            let c = c.trim_start();
+            assert!(c.starts_with("HELP ") || c.starts_with("TYPE "), "bad comment line {line:?}");
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        let name = match series.split_once('{') {
+            Some((n, labels)) => {
+                assert!(labels.ends_with('}') && labels.contains("=\""), "bad labels in {line:?}");
+                n
+            }
+            None => series,
+        };
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        let v: f64 = value.parse().unwrap_or_else(|e| panic!("bad value in {line:?}: {e}"));
+        out.push((name.to_string(), v));
+    }
+    out
+}
+
+/// SSE events of a streamed body: the JSON chunks, and whether `[DONE]` ended it.
+fn sse_events(body: &str) -> (Vec<Value>, bool) {
+    let mut events = Vec::new();
+    let mut done = false;
+    for block in body.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let data = block.strip_prefix("data: ").unwrap_or_else(|| panic!("SSE event without data: {block:?}"));
+        assert!(!done, "event after [DONE]: {block:?}");
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            events.push(serde_json::from_str(data).unwrap_or_else(|e| panic!("event {data:?}: {e}")));
+        }
+    }
+    (events, done)
+}
+
+fn sim_body(prompt_tokens: u64, hash_ids: &[u64], max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "model": "sim-llama-7b",
+        "messages": [{"role": "user", "content": "replayed"}],
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+        "ailb_sim": {"prompt_tokens": prompt_tokens, "hash_ids": hash_ids, "max_tokens": max_tokens},
+    })
+}
+
+#[test]
+fn cached_prefix_skips_prefill_and_sse_is_well_formed() {
+    let sim = Sim::start(&["--prefill-tps", "1000", "--decode-tps", "1000", "--time-scale", "10"]);
+    let ids: Vec<u64> = (0..16).collect();
+    let first = sim.chat(&sim_body(16 * 512, &ids, 3, true));
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("content-type"), Some("text/event-stream"));
+    assert_eq!(first.header("x-ailb-sim-cached-tokens"), Some("0"));
+    assert_eq!(first.header("x-ailb-backend"), Some(sim.addr.as_str()), "the server names itself");
+    let (events, done) = sse_events(&first.body);
+    assert!(done, "stream must end with data: [DONE]: {}", first.body);
+    assert_eq!(events.len(), 4, "3 tokens and a usage chunk: {events:?}");
+    for e in &events[..3] {
+        assert_eq!(e["object"], "chat.completion.chunk");
+        assert_eq!(e["choices"][0]["delta"]["content"], "tok ");
+    }
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[3]["usage"]["completion_tokens"], 3);
+    let ttft1 = first.first_event.expect("a first event");
+    assert!(ttft1 >= Duration::from_millis(800), "8192 tokens at 1000 tok/s / 10 = 819 ms, got {ttft1:?}");
+
+    let second = sim.chat(&sim_body(16 * 512, &ids, 3, true));
+    assert_eq!(second.header("x-ailb-sim-cached-tokens"), Some("8192"));
+    let ttft2 = second.first_event.expect("a first event");
+    assert!(ttft2 < Duration::from_millis(400), "cached prefix: ~0.1 ms modelled, got {ttft2:?}");
+    let (events, done) = sse_events(&second.body);
+    assert!(done);
+    assert_eq!(events[3]["usage"]["prompt_tokens_details"]["cached_tokens"], 8192);
+
+    // Not streamed: one JSON with usage and the model's numbers.
+    let third = sim.chat(&sim_body(17 * 512, &(0..17).collect::<Vec<_>>(), 2, false));
+    let v = third.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 17 * 512);
+    assert_eq!(v["ailb_sim"]["cached_tokens"], 16 * 512);
+    assert!((v["ailb_sim"]["prefill_s"].as_f64().expect("prefill_s") - 0.512).abs() < 1e-9);
+
+    assert_eq!(sim.metric("vllm:prefix_cache_queries_total"), (16 * 512 * 2 + 17 * 512) as f64);
+    assert_eq!(sim.metric("vllm:prefix_cache_hits_total"), (16 * 512 * 2) as f64);
+    let state = sim.get("/sim/state").json();
+    assert_eq!(state["counters"]["prefix_hit_blocks"], 32);
+    assert_eq!(state["kv_blocks_cached"], 17);
+}
+
+#[test]
+fn request_that_can_never_fit_is_a_400_out_of_memory_error() {
+    let sim = Sim::start(&["--profile", "rtx3090-24gb", "--time-scale", "100"]);
+    // 43 blocks of 512 tokens = 22,016 tokens.
+    let r = sim.chat(&sim_body(22_000, &[], 100, false));
+    assert_eq!(r.status, 400, "{r:?}");
+    let e = &r.json()["error"];
+    assert_eq!(e["type"], "BadRequestError");
+    assert_eq!(e["code"], 400);
+    let msg = e["message"].as_str().expect("message");
+    assert!(msg.contains("exceeds the KV cache capacity") && msg.contains("22016"), "message: {msg}");
+    let state = sim.get("/sim/state").json();
+    assert_eq!(state["counters"]["oom_total"], 1);
+    assert_eq!(state["gpu_type"], "RTX3090-24GB");
+    // The server goes on serving; one that fits runs.
+    assert_eq!(sim.chat(&sim_body(21_000, &[], 1, false)).status, 200);
+    // A body it cannot read is a 400 too.
+    let bad = sim.chat(&json!({"ailb_sim": {"prompt_tokens": "many"}}));
+    assert_eq!(bad.status, 400);
+}
+
+#[test]
+fn full_batch_queues_the_next_request_until_a_slot_frees() {
+    // One slot; 20 tokens at 20 tok/s keep it for ~1 s.
+    let sim = Sim::start(&["--max-seqs", "1", "--decode-tps", "20"]);
+    let addr = sim.addr.clone();
+    let long =
+        std::thread::spawn(move || request(&addr, "POST", "/v1/chat/completions", Some(&sim_body(10, &[], 20, true))));
+    wait_until("the first request to run", Duration::from_secs(5), || {
+        (sim.metric("vllm:num_requests_running") == 1.0).then_some(())
+    });
+    let addr = sim.addr.clone();
+    let queued =
+        std::thread::spawn(move || request(&addr, "POST", "/v1/chat/completions", Some(&sim_body(10, &[], 1, false))));
+    wait_until("the second request to wait", Duration::from_secs(5), || {
+        (sim.metric("vllm:num_requests_waiting") == 1.0).then_some(())
+    });
+    assert_eq!(sim.metric("vllm:num_requests_running"), 1.0);
+    assert!(sim.metric("vllm:kv_cache_usage_perc") > 0.0);
+
+    let long = long.join().expect("thread").expect("first request");
+    assert!(sse_events(&long.body).1, "first stream completes");
+    let queued = queued.join().expect("thread").expect("second request");
+    assert_eq!(queued.status, 200);
+    let waited = queued.json()["ailb_sim"]["queued_s"].as_f64().expect("queued_s");
+    assert!(waited > 0.2, "the second request waited for the first (~0.95 s of decode), queued_s = {waited}");
+    assert_eq!(sim.metric("vllm:num_requests_running"), 0.0);
+    assert_eq!(sim.metric("vllm:num_requests_waiting"), 0.0);
+    assert_eq!(sim.metric("vllm:request_success_total"), 2.0);
+}
+
+#[test]
+fn plain_openai_request_models_health_metrics_and_nvml_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nvml = dir.path().join("state");
+    let nvml_arg = nvml.to_str().expect("UTF-8 path");
+    let sim = Sim::start(&["--time-scale", "100", "--model", "m\"x", "--nvml-state", nvml_arg]);
+    let r =
+        sim.chat(&json!({"model": "m", "messages": [{"role": "user", "content": "a".repeat(400)}], "max_tokens": 2}));
+    let v = r.json();
+    assert_eq!(v["usage"]["prompt_tokens"], 100, "400 bytes / 4");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+
+    let models = sim.get("/v1/models").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "m\"x");
+
+    let text = sim.get("/metrics").body;
+    let samples = parse_exposition(&text);
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ] {
+        assert!(samples.iter().any(|(n, _)| n == name), "{name} missing from:\n{text}");
+    }
+    assert!(text.contains(r#"model_name="m\"x""#), "label value escaped:\n{text}");
+
+    let state = wait_until("the NVML state file", Duration::from_secs(5), || std::fs::read_to_string(&nvml).ok());
+    let lines: Vec<&str> = state.lines().collect();
+    assert_eq!(lines[..4], ["count 1", "0 name A100-80GB", lines[2], "0 total_mb 81920"], "{state}");
+    assert!(lines[2].starts_with("0 uuid GPU-"), "{state}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("0 used_mb ")) && lines.iter().any(|l| l.starts_with("0 util ")),
+        "{state}"
+    );
+}
+
+#[test]
+fn hundreds_of_concurrent_streams_all_complete() {
+    // 300 streams over 64 slots: most queue, all finish; the model ends idle.
+    let sim = Sim::start(&["--time-scale", "100"]);
+    let threads: Vec<_> = (0..300u64)
+        .map(|i| {
+            let addr = sim.addr.clone();
+            std::thread::spawn(move || {
+                request(&addr, "POST", "/v1/chat/completions", Some(&sim_body(600, &[i], 5, true)))
+            })
+        })
+        .collect();
+    for t in threads {
+        let r = t.join().expect("thread").expect("request");
+        assert_eq!(r.status, 200);
+        let (events, done) = sse_events(&r.body);
+        assert!(done && events.len() == 6, "5 tokens, usage, [DONE]: {}", r.body);
+    }
+    assert_eq!(sim.metric("vllm:request_success_total"), 300.0);
+    assert_eq!(sim.metric("vllm:num_requests_running") + sim.metric("vllm:num_requests_waiting"), 0.0);
+}
