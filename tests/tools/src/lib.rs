@@ -5,4 +5,5 @@
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
 
+pub mod compare;
 pub mod sim_gpus;

@@ -1,0 +1,110 @@
+//! The command line of `ailb-compare`.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "ailb-compare", about = "Balancing policies compared on one simulated GPU fleet (root)")]
+pub struct Args {
+    /// Requests to replay (the first N of the trace, or N synthetic ones).
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// Offered load relative to the trace's own rate (the replay runs at
+    /// `--speed = load x time-scale`, so the trace's clock and the GPUs' clock agree at 1.0).
+    /// The default, 0.4, is the highest load at which the default fleet is stable under a
+    /// clairvoyant placement (`ailb-fleet-model`): a fleet provisioned for its traffic. At 0.5
+    /// and above no placement keeps the queues from growing for as long as the run lasts.
+    #[arg(long, default_value_t = 0.4)]
+    pub load: f64,
+    /// Simulated seconds per real second, for every GPU.
+    #[arg(long, default_value_t = 20.0)]
+    pub time_scale: f64,
+    /// The synthetic mix instead of the Mooncake trace.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// New synthetic conversations per (simulated) second.
+    #[arg(long, default_value_t = 5.0)]
+    pub rate: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Number of simulated A100-80GB GPUs.
+    #[arg(long, default_value_t = 2)]
+    pub a100: usize,
+    /// Number of simulated RTX 3090 24GB GPUs.
+    #[arg(long, default_value_t = 4)]
+    pub rtx3090: usize,
+    /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb, nginx
+    /// (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH).
+    #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
+    pub policies: String,
+    /// Where `replay.md`, `replay-cdf.svg` and `replay-util.svg` go.
+    #[arg(long, default_value = "target/bench")]
+    pub out_dir: PathBuf,
+    /// Also write the numbers as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Mooncake trace (default: `ailb-replay`'s, `$AILB_TRACE` or `../shared/traces/...`).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// `ailb-sim` binary (default: next to this one).
+    #[arg(long)]
+    pub sim_bin: Option<PathBuf>,
+    /// Internal: run the replay against this VIP (inside the cgroup) and exit.
+    #[arg(long, hide = true)]
+    pub replay_worker: Option<String>,
+    /// Internal: where the replay worker writes its JSON report.
+    #[arg(long, hide = true)]
+    pub worker_out: Option<PathBuf>,
+    /// Internal: the replay worker sends no conversation or memory tag.
+    #[arg(long, hide = true)]
+    pub untagged: bool,
+    /// Limit of the replay of one policy, real seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub deadline_s: f64,
+    /// ailb's (and ailb-static's) load bound factor c (the daemon's default, 1.25).
+    #[arg(long, default_value_t = 1.25)]
+    pub ailb_load_factor: f64,
+    /// ailb's (and ailb-static's) `affinity_wait` in simulated seconds (the daemon's default,
+    /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
+    #[arg(long, default_value_t = 20.0)]
+    pub ailb_affinity_wait_s: f64,
+    /// The A100's GPU capability (weight) against the RTX 3090's 1, for ailb and ailb-static.
+    #[arg(long, default_value_t = 3.0)]
+    pub a100_capability: f64,
+    /// How often each `ailb agent` of ailb in full publishes (real time; its default on real
+    /// GPUs is 1 s, which is 50 ms at the default time scale of 20).
+    #[arg(long, default_value = "200ms")]
+    pub agent_interval: String,
+    /// Also keep every request's record (the replay's JSON report) as `records-<policy>.json`
+    /// in the output directory, with the gateway's log (`daemon-<policy>.log`) and, for ailb in
+    /// full, the agents' logs.
+    #[arg(long)]
+    pub keep_records: bool,
+    /// A `[policy]` setting of ailb in full, `KEY=VALUE` in TOML (repeatable), e.g.
+    /// `--ailb-policy load_scale=16`.
+    #[arg(long = "ailb-policy", value_name = "KEY=VALUE")]
+    pub ailb_policy: Vec<String>,
+}
+
+impl Args {
+    /// Rejects option values no run can use.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(self.load > 0.0 && self.time_scale > 0.0 && self.deadline_s > 0.0) {
+            bail!("--load, --time-scale and --deadline-s must be positive");
+        }
+        if !(self.ailb_affinity_wait_s >= 0.0 && self.ailb_affinity_wait_s.is_finite()) {
+            bail!("--ailb-affinity-wait-s must be a finite number of seconds >= 0, not {}", self.ailb_affinity_wait_s);
+        }
+        if self.a100 + self.rtx3090 == 0 || self.a100 + self.rtx3090 > 250 {
+            bail!("the fleet needs 1..=250 GPUs");
+        }
+        Ok(())
+    }
+
+    /// The replay speed: the offered load on the GPUs' clock.
+    pub fn speed(&self) -> f64 {
+        self.load * self.time_scale
+    }
+}

@@ -1,0 +1,187 @@
+//! `ailb-compare` (root): balancing policies compared in one run, on the same simulated GPU
+//! fleet and the same request list (issue 5).
+//!
+//! For each policy it starts a fresh fleet of `ailb-sim` processes on 127.0.10.x (so every
+//! policy begins with empty KV caches and idle GPUs), a fresh `ailb run` attached to a child
+//! cgroup created here, and runs the replay (`ailb_sim::replay`, the library of
+//! `ailb-replay`, in a re-exec of this binary) inside that cgroup against the VIP, sampling
+//! every GPU's `/sim/state` while it runs. Then it writes a Markdown report, an SVG of the
+//! end-to-end latency CDFs and an SVG of every GPU's utilisation over time per policy under
+//! `--out-dir`, and prints the report.
+//!
+//! ```text
+//! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
+//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,nginx]
+//!              [--out-dir target/bench] [--json FILE] [--trace PATH]
+//!              [--sim-bin PATH]
+//! ```
+//!
+//! Policies:
+//! - `round-robin`: "round robin L4", the issue's baseline: equal weights, no affinity, no load
+//!   bound, and `balancer.round_robin`: every connection takes the next backend in turn (in the
+//!   kernel, a per-model turn counter). Untagged.
+//! - `random`: "random L4": equal weights, no affinity, no load bound: one stateless Maglev
+//!   lookup per connection. The replay does not tag these sockets (an L4 balancer knows no
+//!   conversation and no memory need), so the key is the socket cookie: a uniformly random
+//!   backend per connection. (A tagged socket would be hashed by its conversation.)
+//! - `least-conn`: equal weights, no affinity, bounded loads with `load_factor = 1.01`: a
+//!   backend is skipped once its in-flight count exceeds 1.01 x the mean, which with c ~ 1 is
+//!   least-loaded placement. Untagged, like `random`.
+//! - `ailb`: ailb in full. rnacos, one `ailb agent` per GPU (NVML through the fake library that
+//!   the simulated GPU keeps up to date, load from its vLLM metrics, every 200 ms), and the
+//!   gateway with Nacos discovery and the AI-aware policy (GPU capability A100 3, RTX 3090 1;
+//!   load, utilisation, live free memory and its idle capacity), conversation affinity, load
+//!   bound 1.25. Its sockets carry the conversation and memory tags.
+//! - `ailb-static`: the same data plane on a static config: weights 3 / 1, each backend's
+//!   `free_memory_mb` fixed at its KV budget, no telemetry. Tagged like `ailb`.
+//! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
+
+pub mod args;
+pub mod outcome;
+pub mod plots;
+pub mod policy;
+pub mod report;
+pub mod run;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ailb_sim::fleet_model;
+use ailb_sim::replay::synthetic::SyntheticOpts;
+use ailb_sim::replay::{self, trace, RequestSpec, RunOpts, TraceSelect};
+use ailb_tests::{preflight, CgroupGuard};
+use anyhow::Context;
+
+use self::args::Args;
+use self::outcome::Outcome;
+use self::policy::Policy;
+
+/// The model every simulated GPU serves.
+pub const MODEL: &str = "sim-7b";
+/// The gateway's VIP for the model (nginx listens elsewhere, on the fleet's port).
+pub const VIP: &str = "127.77.10.1:8000";
+
+/// `ailb-compare`: either the replay worker of one policy (`--replay-worker`), or the whole
+/// comparison.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    if let Some(vip) = &args.replay_worker {
+        let out = args.worker_out.clone().context("--replay-worker needs --worker-out")?;
+        return replay_worker(&args, vip, &out);
+    }
+    args.validate()?;
+    let policies = policies(&args)?;
+    let specs = build_specs(&args)?;
+    let workload = Workload::of(&specs, &args);
+    let ailb = preflight();
+    let cg = CgroupGuard::new("compare");
+    let mut outs = Vec::new();
+    for (k, p) in policies.iter().enumerate() {
+        // A port per policy, so that a new fleet never waits for the old one's sockets.
+        let out = run::run_policy(&args, &ailb, &cg, *p, 18_100 + k as u16, &workload)?;
+        eprintln!(
+            "ailb-compare: {}: {} failures of {}, e2e p95 {:?} ms",
+            p.title(),
+            out.failures(),
+            out.requests(),
+            out.pct("e2e_ms", "p95")
+        );
+        outs.push(out);
+    }
+    let md = write_reports(&args, &outs, &workload)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// `--policies`, without nginx when it is not installed.
+fn policies(args: &Args) -> anyhow::Result<Vec<Policy>> {
+    let mut policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let have_nginx = Command::new("nginx").arg("-v").stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if policies.contains(&Policy::Nginx) && !have_nginx {
+        eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");
+        policies.retain(|p| *p != Policy::Nginx);
+    }
+    Ok(policies)
+}
+
+/// Writes `replay.md`, `replay-cdf.svg` and `replay-util.svg` under `--out-dir` (and `--json`);
+/// returns the Markdown.
+fn write_reports(args: &Args, outs: &[Outcome], workload: &Workload) -> anyhow::Result<String> {
+    let md = report::markdown(args, outs, workload);
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
+    std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
+    std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)).context("writing replay-cdf.svg")?;
+    std::fs::write(args.out_dir.join("replay-util.svg"), plots::util_svg(outs)).context("writing replay-util.svg")?;
+    if let Some(j) = &args.json {
+        std::fs::write(j, format!("{:#}\n", report::json(outs, workload))).context("writing the JSON")?;
+    }
+    Ok(md)
+}
+
+/// What every policy's run shares: the request list's arrival window and the oracles' prefix
+/// hit rates (the trace is parsed once, here and in each replay worker).
+pub struct Workload {
+    /// Real seconds from the first to the last planned arrival.
+    pub window_s: f64,
+    /// Caches that never evict: an upper bound no placement reaches on finite GPUs.
+    pub unbounded_prefix_hit_rate: Option<f64>,
+    /// The issue's oracle: the placement that sends every request to the GPU holding its
+    /// conversation's longest cached prefix, on the same GPUs and load, in the fleet model.
+    pub oracle_prefix_hit_rate: f64,
+}
+
+impl Workload {
+    /// The window and the oracles of `specs` replayed as `args` say.
+    pub fn of(specs: &[RequestSpec], args: &Args) -> Self {
+        let profiles = fleet_model::fleet_profiles(args.a100, args.rtx3090);
+        Workload {
+            window_s: specs.iter().map(|s| s.at_ms).max().unwrap_or(0) as f64 / 1000.0 / args.speed(),
+            unbounded_prefix_hit_rate: replay::oracle_prefix_hit_rate(specs),
+            oracle_prefix_hit_rate: fleet_model::run(specs, &profiles, args.load, fleet_model::Placement::CacheOracle)
+                .prefix_hit_rate,
+        }
+    }
+}
+
+/// The request list of a run (the same in every policy's replay and in the report).
+fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
+    Ok(if args.synthetic {
+        let opts = SyntheticOpts {
+            requests: args.limit,
+            conversations_per_s: args.rate,
+            seed: args.seed,
+            ..Default::default()
+        };
+        replay::synthetic_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, MODEL)
+    } else {
+        let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
+        let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
+        let (requests, _issues) = trace::parse(std::io::BufReader::new(file));
+        let (convs, _stats) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
+        let sel = TraceSelect { limit: Some(args.limit), model: MODEL.to_string(), ..Default::default() };
+        replay::trace_specs(&requests, &convs, &sel)
+    })
+}
+
+/// The replay of one policy, run inside the cgroup: the same requests as `ailb-replay` would
+/// send for these options, untagged when asked.
+fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
+    let mut specs = build_specs(args)?;
+    if args.untagged {
+        for s in &mut specs {
+            s.conversation.clear();
+            s.memory_mb = 0;
+        }
+    }
+    let opts = RunOpts {
+        vip: vip.parse().with_context(|| format!("--replay-worker {vip}"))?,
+        speed: args.speed(),
+        concurrency: 512,
+        request_timeout: Duration::from_secs_f64(args.deadline_s / 2.0),
+        deadline: Duration::from_secs_f64(args.deadline_s),
+        progress: false,
+    };
+    let (records, summary) = replay::run(&specs, &opts);
+    std::fs::write(out, format!("{:#}\n", replay::report_json(&summary, &records))).context("writing the report")?;
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The balancing policies compared, and the config of the `ailb run` gateway for each.
+
+use ailb_sim::GpuProfile;
+use ailb_tests::nacos::RnacosServer;
+use ailb_tests::{base_config, BackendCfg, CgroupGuard, TestConfig};
+use anyhow::bail;
+
+use super::args::Args;
+use super::{MODEL, VIP};
+use crate::sim_gpus::SimGpu;
+
+/// A balancing policy under comparison (see the [module docs](super)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    RoundRobin,
+    Random,
+    LeastConn,
+    Ailb,
+    AilbStatic,
+    Nginx,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s.trim() {
+            "round-robin" => Self::RoundRobin,
+            "random" => Self::Random,
+            "least-conn" => Self::LeastConn,
+            "ailb" => Self::Ailb,
+            "ailb-static" => Self::AilbStatic,
+            "nginx" => Self::Nginx,
+            other => bail!("unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, nginx)"),
+        })
+    }
+    /// Whether the replay tags this policy's sockets with the conversation and memory need:
+    /// only ailb reads them; the others are as an L4 or L7 balancer that knows neither.
+    pub fn tagged(self) -> bool {
+        matches!(self, Self::Ailb | Self::AilbStatic)
+    }
+
+    /// The policy's name on the command line and in file names.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Random => "random",
+            Self::LeastConn => "least-conn",
+            Self::Ailb => "ailb",
+            Self::AilbStatic => "ailb-static",
+            Self::Nginx => "nginx",
+        }
+    }
+    /// The policy's name in the report.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round robin L4",
+            Self::Random => "random L4",
+            Self::LeastConn => "least connections",
+            Self::Ailb => "ailb",
+            Self::AilbStatic => "ailb, static config",
+            Self::Nginx => "nginx L7 round robin",
+        }
+    }
+}
+
+/// `balancer.affinity_wait` in real time: the simulated GPUs run `time_scale` times faster, and
+/// so do their prefix caches turn over.
+fn affinity_wait(args: &Args) -> String {
+    format!("{}ms", (args.ailb_affinity_wait_s * 1000.0 / args.time_scale).round() as u64)
+}
+
+/// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
+/// (the AI-aware policy), the same capability ratio as the static config's weights.
+pub fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> TestConfig {
+    let a100 = args.a100_capability;
+    let mut cfg = base_config("cmp-ailb", cg);
+    cfg.affinity = true;
+    cfg.load_bound = true;
+    cfg.load_factor = args.ailb_load_factor;
+    cfg.affinity_wait = affinity_wait(args);
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
+         [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
+         [policy]\n{}\n[policy.gpu_capability]\n\"A100-80GB\" = {a100:?}\n\"RTX3090-24GB\" = 1.0\n",
+        nacos.url(),
+        args.ailb_policy.join("\n"),
+    );
+    cfg
+}
+
+/// The static config of `policy`'s gateway over `sims` (every policy but ailb in full and nginx).
+pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) -> TestConfig {
+    let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
+    match policy {
+        Policy::RoundRobin => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+            cfg.round_robin = true;
+        }
+        Policy::Random => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+        }
+        Policy::LeastConn => {
+            cfg.affinity = false;
+            cfg.load_bound = true;
+            cfg.load_factor = 1.01;
+        }
+        Policy::Ailb | Policy::AilbStatic => {
+            cfg.affinity = true;
+            cfg.load_bound = true;
+            cfg.load_factor = args.ailb_load_factor;
+            cfg.affinity_wait = affinity_wait(args);
+        }
+        // Never started for nginx (it proxies instead of ailb); the defaults would do.
+        Policy::Nginx => {}
+    }
+    for s in sims {
+        let addr = s.addr.to_string();
+        let b = match policy {
+            Policy::Ailb | Policy::AilbStatic => {
+                let p = GpuProfile::preset(s.profile).expect("preset");
+                let kv_mb = ((p.kv_blocks() * p.block_bytes()) >> 20) as u32;
+                // Static weights are whole numbers: the capability ratio in tenths.
+                let w = if s.profile.starts_with("a100") { (args.a100_capability * 10.0).round() as u32 } else { 10 };
+                BackendCfg::new(MODEL, &addr, w).free_memory_mb(kv_mb)
+            }
+            _ => BackendCfg::new(MODEL, &addr, 1),
+        };
+        cfg = cfg.backend(b);
+    }
+    cfg
+}

@@ -1,0 +1,310 @@
+//! One policy's run: a fresh simulated fleet, the balancer under test in front of it, the
+//! replay (a re-exec of `ailb-compare` inside the cgroup) while every GPU's utilisation is
+//! sampled, and the [`Outcome`] read back.
+
+use std::io::Read;
+use std::net::{SocketAddrV4, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::nacos::RnacosServer;
+use ailb_tests::status::live_backends;
+use ailb_tests::{wait_until, CgroupGuard, Daemon};
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use super::args::Args;
+use super::outcome::{GpuOutcome, Outcome};
+use super::policy::{config_for, nacos_config, Policy};
+use super::{Workload, MODEL, VIP};
+use crate::sim_gpus::{self, sibling_bin, Proc, SimGpu, SimOpts};
+
+/// Runs `policy` on a fleet of its own on `port` and returns what it measured.
+pub fn run_policy(
+    args: &Args,
+    ailb: &Path,
+    cg: &CgroupGuard,
+    policy: Policy,
+    port: u16,
+    workload: &Workload,
+) -> anyhow::Result<Outcome> {
+    let sim_bin = args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim"));
+    let sims = start_gpus(args, &sim_bin, port)?;
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let balancer = Balancer::start(args, ailb, cg, policy, port, &sims, dir.path())?;
+    let out = dir.path().join("replay.json");
+    let mut cmd = replay_command(args, policy, &balancer.vip, &out)?;
+    eprintln!("ailb-compare: {}: replaying {} requests at speed {}", policy.title(), args.limit, args.speed());
+    let start = Instant::now();
+    let replayed = sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, policy, args, start)?;
+    if !replayed.status.success() {
+        bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
+    }
+    let text = std::fs::read_to_string(&out).context("reading the replay report")?;
+    if args.keep_records {
+        keep_records(args, policy, &text, balancer.daemon.as_ref(), dir.path())?;
+    }
+    let report: Value = serde_json::from_str(&text).context("parsing the replay report")?;
+    let gpus = gpu_outcomes(&sims, &replayed.samples.per_gpu);
+    drop(balancer);
+    drop(sims);
+    Ok(Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s))
+}
+
+/// Starts the fleet on port `port` (each server keeping its fake NVML state, which the agents
+/// of the full ailb read) and waits for every `/health`.
+fn start_gpus(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<SimGpu>> {
+    let opts = SimOpts { sim_bin, model: MODEL, time_scale: args.time_scale, sample_interval_ms: 100, log: None };
+    std::iter::repeat_n("a100-80gb", args.a100)
+        .chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090))
+        .enumerate()
+        .map(|(i, profile)| SimGpu::start(SocketAddrV4::new([127, 0, 10, (i + 1) as u8].into(), port), profile, &opts))
+        .collect()
+}
+
+/// The balancer under test and what it needs running, held only to be stopped on drop. The
+/// fields drop in order: the gateway (or nginx) first, then the agents (so that they
+/// deregister), then rnacos.
+struct Balancer {
+    daemon: Option<Daemon>,
+    _nginx: Option<Proc>,
+    _agents: Vec<Proc>,
+    _registry: Option<RnacosServer>,
+    /// Where the replay sends its requests.
+    vip: String,
+}
+
+impl Balancer {
+    /// nginx for `Nginx`; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
+    /// discovery (ready once every GPU is live in its table); else the gateway on a static config.
+    fn start(
+        args: &Args,
+        ailb: &Path,
+        cg: &CgroupGuard,
+        policy: Policy,
+        port: u16,
+        sims: &[SimGpu],
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let none = Balancer { daemon: None, _nginx: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
+        Ok(match policy {
+            Policy::Nginx => {
+                let vip = format!("127.0.10.250:{port}");
+                Balancer { _nginx: Some(start_nginx(dir, &vip, sims)?), vip, ..none }
+            }
+            Policy::Ailb => {
+                let nacos = RnacosServer::start();
+                let mut agents = Vec::new();
+                for s in sims {
+                    agents.push(s.start_agent(MODEL, &nacos.url(), &args.agent_interval, dir)?);
+                }
+                let daemon = Daemon::start(ailb, &nacos_config(cg, &nacos, args));
+                wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
+                    (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
+                });
+                Balancer { daemon: Some(daemon), _agents: agents, _registry: Some(nacos), ..none }
+            }
+            _ => Balancer { daemon: Some(Daemon::start(ailb, &config_for(policy, cg, sims, args))), ..none },
+        })
+    }
+}
+
+/// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered: a
+/// single process (`master_process off`), stopped by pid on drop.
+fn start_nginx(dir: &Path, listen: &str, sims: &[SimGpu]) -> anyhow::Result<Proc> {
+    let servers: String = sims.iter().map(|s| format!("    server {};\n", s.addr)).collect();
+    let d = dir.display();
+    let conf = format!(
+        "master_process off;\ndaemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n\
+         proxy_temp_path {d}/proxy;\n  upstream sims {{\n{servers}  }}\n  server {{\n    listen {listen};\n\
+         location / {{\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n\
+         proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 600s;\n    }}\n  }}\n}}\n"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).context("writing nginx.conf")?;
+    let mut child = Command::new("nginx")
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawning nginx (is nginx-light installed?)")?;
+    let addr: SocketAddrV4 = listen.parse().context("nginx listen address")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200)).is_err() {
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+            bail!("nginx exited ({st}): {log}");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("nginx did not listen on {listen} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Proc { name: "nginx".into(), child })
+}
+
+/// The replay worker's command line: this binary again, with the options that decide the
+/// request list, writing its JSON report to `out`; untagged unless the policy reads the tags.
+fn replay_command(args: &Args, policy: Policy, vip: &str, out: &Path) -> anyhow::Result<Command> {
+    let me = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(me);
+    cmd.args(["--replay-worker", vip, "--limit", &args.limit.to_string(), "--load", &args.load.to_string()])
+        .args(["--time-scale", &args.time_scale.to_string(), "--seed", &args.seed.to_string()])
+        .args(["--deadline-s", &args.deadline_s.to_string()])
+        .arg("--worker-out")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if args.synthetic {
+        cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
+    } else if let Some(t) = &args.trace {
+        cmd.arg("--trace").arg(t);
+    }
+    if !policy.tagged() {
+        cmd.arg("--untagged");
+    }
+    Ok(cmd)
+}
+
+/// Every GPU's utilisation sampled while the replay ran.
+struct Samples {
+    /// Per GPU, the samples it answered.
+    per_gpu: Vec<Vec<f64>>,
+    /// (seconds since the replay started, one value per GPU, NaN where it did not answer).
+    series: Vec<(f64, Vec<f64>)>,
+}
+
+/// The replay worker, finished.
+struct Replayed {
+    status: ExitStatus,
+    stderr: String,
+    /// Real seconds from its start to its exit.
+    wall_s: f64,
+    samples: Samples,
+}
+
+/// Waits for the replay `child` (started at `start`), sampling every GPU's `/sim/state` every
+/// 250 ms and printing the utilisation every 5 s; kills it (by its pid) when it outlives the
+/// deadline.
+fn sample_replay(
+    mut child: Child,
+    sims: &[SimGpu],
+    policy: Policy,
+    args: &Args,
+    start: Instant,
+) -> anyhow::Result<Replayed> {
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut samples = Samples { per_gpu: vec![Vec::new(); sims.len()], series: Vec::new() };
+    let mut progress = Instant::now() + Duration::from_secs(5);
+    let hard = start + Duration::from_secs_f64(args.deadline_s + args.deadline_s / 2.0 + 30.0);
+    let mut next = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for the replay")? {
+            break st;
+        }
+        if Instant::now() >= hard {
+            let _ = child.kill(); // SIGKILL to this child's pid only
+            let _ = child.wait();
+            bail!("the replay did not finish in time");
+        }
+        if Instant::now() >= next {
+            next += Duration::from_millis(250);
+            samples.take(sims, start);
+            if Instant::now() >= progress {
+                progress += Duration::from_secs(5);
+                samples.print_last(policy, start);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let wall_s = start.elapsed().as_secs_f64();
+    Ok(Replayed { status, stderr: err_thread.join().unwrap_or_default(), wall_s, samples })
+}
+
+impl Samples {
+    /// One sample of every GPU's `/sim/state` `utilization`.
+    fn take(&mut self, sims: &[SimGpu], start: Instant) {
+        let mut row = Vec::with_capacity(sims.len());
+        for (i, s) in sims.iter().enumerate() {
+            let u = sim_state(s).map(|v| v["utilization"].as_f64().unwrap_or(0.0));
+            if let Some(u) = u {
+                self.per_gpu[i].push(u);
+            }
+            row.push(u.unwrap_or(f64::NAN));
+        }
+        self.series.push((start.elapsed().as_secs_f64(), row));
+    }
+
+    /// The progress line: the last sample, in percent.
+    fn print_last(&self, policy: Policy, start: Instant) {
+        let now: Vec<String> = self
+            .series
+            .last()
+            .map(|(_, r)| r.iter().map(|u| format!("{:.0}", u * 100.0)).collect())
+            .unwrap_or_default();
+        eprintln!(
+            "ailb-compare: {}: {:.0} s, GPU utilisation now [{}] %",
+            policy.title(),
+            start.elapsed().as_secs_f64(),
+            now.join(" ")
+        );
+    }
+}
+
+/// A GPU's `/sim/state` JSON, or `None` when it does not answer.
+fn sim_state(s: &SimGpu) -> Option<Value> {
+    sim_gpus::http_get(s.addr, "/sim/state").and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+}
+
+/// Every GPU after the replay: its mean sampled utilisation (`util`, per GPU), busy share and
+/// prefix-cache hit share.
+fn gpu_outcomes(sims: &[SimGpu], util: &[Vec<f64>]) -> Vec<GpuOutcome> {
+    sims.iter()
+        .zip(util)
+        .map(|(s, util)| {
+            let st = sim_state(s);
+            let busy = st.as_ref().and_then(|v| v["busy_fraction"].as_f64()).unwrap_or(0.0);
+            let prefix_hit = st.as_ref().and_then(|v| {
+                let q = v["counters"]["prefix_query_tokens"].as_f64()?;
+                let h = v["counters"]["prefix_hit_tokens"].as_f64()?;
+                (q > 0.0).then(|| h / q)
+            });
+            let util_mean = if util.is_empty() { 0.0 } else { util.iter().sum::<f64>() / util.len() as f64 };
+            GpuOutcome { addr: s.addr.to_string(), profile: s.profile, util_mean, busy, prefix_hit }
+        })
+        .collect()
+}
+
+/// `--keep-records`: the replay's JSON report as `records-<policy>.json` in the output
+/// directory, with the gateway's log and, for ailb in full, the agents' logs (from `dir`).
+fn keep_records(args: &Args, policy: Policy, text: &str, daemon: Option<&Daemon>, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let keep = args.out_dir.join(format!("records-{}.json", policy.key()));
+    std::fs::write(&keep, text).with_context(|| format!("writing {}", keep.display()))?;
+    if let Some(d) = daemon {
+        let keep = args.out_dir.join(format!("daemon-{}.log", policy.key()));
+        std::fs::write(&keep, d.log()).with_context(|| format!("writing {}", keep.display()))?;
+    }
+    for entry in std::fs::read_dir(dir).context("listing the run's directory")?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("agent-") && name.ends_with(".log") {
+            let _ = std::fs::copy(entry.path(), args.out_dir.join(format!("{}-{name}", policy.key())));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! `ailb-compare`'s outputs (the Markdown report, both SVG plots, the `--json` numbers) for a
+//! fixed set of made-up outcomes, byte for byte against `golden/`: a change of the report's
+//! format shows here first. Pure: no root, no fleet, no clock.
+//!
+//! After an intended change of the format, `AILB_BLESS=1 cargo test -p ailb-tools --test
+//! compare_report` rewrites the golden files; review their diff.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ailb_tools::compare::args::Args;
+use ailb_tools::compare::outcome::{GpuOutcome, Outcome};
+use ailb_tools::compare::policy::Policy;
+use ailb_tools::compare::{plots, report, Workload};
+use clap::Parser;
+use serde_json::{json, Value};
+
+/// A policy's made-up outcome: 20 requests, a few of them failed, latencies scaled by `k`, two
+/// GPUs of which one misses some samples.
+fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
+    let e2e_by_index: BTreeMap<u64, f64> =
+        (0..20u64).filter(|i| (*i as f64 * k) as u64 % 7 != 3).map(|i| (i, 10.0 + i as f64 * 37.5 * k)).collect();
+    let mut e2e_sorted: Vec<f64> = e2e_by_index.values().copied().collect();
+    e2e_sorted.sort_by(f64::total_cmp);
+    let mut failure_kinds = BTreeMap::new();
+    if fails > 0 {
+        failure_kinds.insert("HTTP 400".to_string(), fails as usize);
+        failure_kinds.insert("timed out".to_string(), 1);
+    }
+    let affinity = if k > 1.0 { Value::Null } else { json!(0.9) };
+    Outcome {
+        policy,
+        summary: json!({"requests": 20, "failures": fails, "failure_rate": fails as f64 / 20.0,
+            "ttft_ms": {"p50": 12.5 * k, "p95": 99.0 * k, "p99": 150.25 * k},
+            "e2e_ms": {"p50": 300.0 * k, "p95": 700.5 * k, "p99": 800.0 * k},
+            "prefix_cache_hit_rate": 0.42 / k, "affinity_hit_rate": affinity,
+            "token_throughput": 1234.5 * k}),
+        e2e_sorted,
+        e2e_by_index,
+        gpus: vec![
+            GpuOutcome {
+                addr: "127.0.10.1:18100".into(),
+                profile: "a100-80gb",
+                util_mean: 0.5 * k,
+                busy: 0.6,
+                prefix_hit: Some(0.3),
+            },
+            GpuOutcome {
+                addr: "127.0.10.2:18100".into(),
+                profile: "rtx3090-24gb",
+                util_mean: 0.25,
+                busy: 0.3 * k,
+                prefix_hit: None,
+            },
+        ],
+        failure_kinds,
+        util_series: (0..30)
+            .map(|t| (t as f64 * 0.25, vec![(t as f64 / 30.0) * k, if t % 5 == 0 { f64::NAN } else { 0.5 }]))
+            .collect(),
+        window_s: 5.0,
+        wall_s: 12.3 * k,
+    }
+}
+
+fn outcomes() -> Vec<Outcome> {
+    vec![
+        outcome(Policy::RoundRobin, 1.7, 3),
+        outcome(Policy::Random, 1.3, 0),
+        outcome(Policy::Ailb, 0.5, 0),
+        outcome(Policy::Nginx, 1.1, 1),
+    ]
+}
+
+/// Caches that never evict hold much more than the oracle (`a`), or about as much (`b`): the
+/// report explains each differently.
+fn workloads() -> [(&'static str, Workload); 2] {
+    [
+        ("a", Workload { window_s: 5.0, unbounded_prefix_hit_rate: Some(0.6), oracle_prefix_hit_rate: 0.4 }),
+        ("b", Workload { window_s: 5.0, unbounded_prefix_hit_rate: Some(0.41), oracle_prefix_hit_rate: 0.4 }),
+    ]
+}
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
+}
+
+/// `actual` must equal the golden file `name` (or replaces it under `AILB_BLESS=1`).
+fn check(name: &str, actual: &str) {
+    let path = golden(name);
+    if std::env::var_os("AILB_BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    if want != actual {
+        let line = want.lines().zip(actual.lines()).position(|(w, a)| w != a).map_or(0, |i| i + 1);
+        panic!(
+            "{name} differs from {} (first at line {line}; AILB_BLESS=1 rewrites it):\n--- golden\n{want}\n--- now\n{actual}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn the_markdown_report_is_unchanged() {
+    let outs = outcomes();
+    let runs = [("trace", vec!["ailb-compare"]), ("synth", vec!["ailb-compare", "--synthetic", "--load", "1.0"])];
+    for (name, argv) in runs {
+        let args = Args::parse_from(argv.iter().chain(&["--limit", if name == "trace" { "1000" } else { "300" }]));
+        for (w, workload) in workloads() {
+            check(&format!("compare-{name}-{w}.md"), &report::markdown(&args, &outs, &workload));
+        }
+    }
+}
+
+#[test]
+fn the_plots_are_unchanged() {
+    let outs = outcomes();
+    check("compare-cdf.svg", &plots::cdf_svg(&outs));
+    check("compare-util.svg", &plots::util_svg(&outs));
+}
+
+#[test]
+fn the_json_numbers_are_unchanged() {
+    let (_, workload) = workloads().into_iter().next().expect("a workload");
+    check("compare.json", &format!("{:#}\n", report::json(&outcomes(), &workload)));
+}
