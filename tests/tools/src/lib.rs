@@ -5,5 +5,20 @@
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
 
+pub mod bench;
 pub mod compare;
 pub mod sim_gpus;
+
+use std::path::{Path, PathBuf};
+
+/// The cargo target directory this binary was built into: the parent of its profile directory
+/// (`target/release/ailb-bench` -> `target`), so that it follows `CARGO_TARGET_DIR`. When the
+/// running binary cannot be found, `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().ok();
+    exe.as_deref()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}

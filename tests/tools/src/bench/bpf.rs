@@ -1,0 +1,154 @@
+//! Section 2: the ailb programs' run time per connection from the kernel's BPF statistics,
+//! with a 1,000-backend model and 100,000 affinity entries; and the connect loop (a child mode of
+//! this binary, run inside the bench's cgroup) that makes the connections.
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use ailb_tests::{CgroupGuard, Daemon};
+
+use super::netns::{output_in, run, Netns};
+use super::{say, AFFINITY_ENTRIES, BIG_VIP, MEASURE_CONNECTS, VIP};
+
+/// One measured case: its label, connect4 runs, connect4 ns per run, all programs' ns per
+/// connection.
+type Row = (&'static str, u64, f64, f64);
+
+/// Creates the affinity entries, measures each case and writes the table.
+pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, report: &mut String) {
+    let progs = program_ids(cg);
+    let stats = BpfStats::enable();
+    say(&format!("creating {AFFINITY_ENTRIES} affinity entries on the 1000-backend model"));
+    spawn_loop(ns, cg, BIG_VIP, AFFINITY_ENTRIES, AFFINITY_ENTRIES, "c");
+    let st = daemon.status();
+    let mut rows: Vec<Row> = Vec::new();
+    for (label, vip, convs, prefix) in [
+        ("1000 backends, conversation with an affinity entry (hit)", BIG_VIP, AFFINITY_ENTRIES, "c"),
+        ("1000 backends, new conversation (miss, entry written)", BIG_VIP, MEASURE_CONNECTS, "new"),
+        ("1000 backends, no conversation (socket cookie)", BIG_VIP, 0, "-"),
+        ("3 backends, no conversation", VIP, 0, "-"),
+    ] {
+        rows.push(measure(ns, cg, progs, label, vip, convs, prefix));
+    }
+    drop(stats);
+    let _ = writeln!(
+        report,
+        "\n## connect4 run time (kernel BPF statistics)\n\n`kernel.bpf_stats_enabled=1`, average of `run_time_ns / run_cnt` \
+         over {MEASURE_CONNECTS} connects per row, {AFFINITY_ENTRIES} affinity entries present (affinity hits before: {}).\n\n\
+         The last column adds the setsockopt and sock_ops programs' time (tagging, in-flight \
+         counting, close) per connection.\n\n| case | connect4 runs | connect4 ns per run | all ailb programs, ns per connection |\n|---|---:|---:|---:|",
+        st["stats"]["affinity_hits"]
+    );
+    for (label, runs, avg, per_conn) in rows {
+        let _ = writeln!(report, "| {label} | {runs} | {avg:.0} | {per_conn:.0} |");
+    }
+}
+
+/// `MEASURE_CONNECTS` connects to `vip` (conversations as in [`connect_loop`]) between two
+/// reads of the programs' statistics.
+fn measure(
+    ns: &Netns,
+    cg: &CgroupGuard,
+    progs: [u64; 3],
+    label: &'static str,
+    vip: &str,
+    convs: usize,
+    prefix: &str,
+) -> Row {
+    let before = progs.map(connect4_stats);
+    spawn_loop(ns, cg, vip, MEASURE_CONNECTS, convs, prefix);
+    let after = progs.map(connect4_stats);
+    let runs = after[0].0 - before[0].0;
+    let avg = if runs > 0 { (after[0].1 - before[0].1) as f64 / runs as f64 } else { f64::NAN };
+    // All three programs' time for this phase, per connect.
+    let total: u64 = (0..3).map(|i| after[i].1 - before[i].1).sum();
+    let per_conn = total as f64 / MEASURE_CONNECTS as f64;
+    say(&format!("{label}: {avg:.0} ns per connect4 run ({runs} runs), {per_conn:.0} ns of BPF per connection"));
+    (label, runs, avg, per_conn)
+}
+
+/// (run_cnt, run_time_ns) of the loaded `ailb_connect4` program(s) attached by this bench.
+fn connect4_stats(prog_id: u64) -> (u64, u64) {
+    let out =
+        run(Command::new("bpftool").args(["prog", "show", "id", &prog_id.to_string(), "--json"]), "bpftool prog show");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bpftool json");
+    (v["run_cnt"].as_u64().unwrap_or(0), v["run_time_ns"].as_u64().unwrap_or(0))
+}
+
+/// The ids of the (connect4, setsockopt, sock_ops) programs attached to `cg`.
+fn program_ids(cg: &CgroupGuard) -> [u64; 3] {
+    let out = run(
+        Command::new("bpftool").args(["cgroup", "show", cg.path().to_str().expect("utf-8"), "--json"]),
+        "bpftool cgroup show",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bpftool json");
+    ["cgroup_inet4_connect", "cgroup_setsockopt", "cgroup_sock_ops"].map(|t| {
+        v.as_array()
+            .and_then(|a| a.iter().find(|p| p["attach_type"] == t))
+            .and_then(|p| p["id"].as_u64())
+            .unwrap_or_else(|| panic!("no {t} program attached to {}: {out}", cg.path().display()))
+    })
+}
+
+/// Restores `kernel.bpf_stats_enabled` on drop.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Self {
+        let old = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_else(|_| "0".into());
+        std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").expect("enable kernel.bpf_stats_enabled");
+        Self(old.trim().to_string())
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+/// Child mode: `ailb-bench --connect-loop VIP COUNT CONVERSATIONS PREFIX` makes COUNT connects
+/// (conversation `PREFIX-<i % CONVERSATIONS>`, none when CONVERSATIONS is 0) and closes each.
+pub(super) fn connect_loop(args: &[String]) {
+    let vip: std::net::SocketAddrV4 = args[0].parse().expect("vip");
+    let count: usize = args[1].parse().expect("count");
+    let convs: usize = args[2].parse().expect("conversations");
+    let prefix = &args[3];
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: vip.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(vip.ip().octets()) },
+        sin_zero: [0; 8],
+    };
+    let (mut ok, mut refused, mut other) = (0u64, 0u64, 0u64);
+    for i in 0..count {
+        // SAFETY: plain socket calls on a fd we own and close; buffers outlive the calls.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            if convs > 0 {
+                let id = format!("{prefix}-{}", i % convs);
+                libc::setsockopt(fd, 0x41494c, 1, id.as_ptr().cast(), id.len() as u32);
+            }
+            let r = libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&sa) as u32);
+            if r == 0 {
+                ok += 1;
+            } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED) {
+                refused += 1;
+            } else {
+                other += 1;
+            }
+            libc::close(fd);
+        }
+    }
+    println!("{ok} {refused} {other}");
+}
+
+fn spawn_loop(ns: &Netns, cg: &CgroupGuard, vip: &str, count: usize, convs: usize, prefix: &str) {
+    let me = std::env::current_exe().expect("current exe");
+    let c = count.to_string();
+    let v = convs.to_string();
+    let args = ["--connect-loop", vip, &c, &v, prefix];
+    let out = output_in(ns.command(me.to_str().expect("utf-8"), &args), Some(cg));
+    assert!(out.status.success(), "connect loop failed: {}", String::from_utf8_lossy(&out.stderr));
+}
