@@ -245,20 +245,7 @@ impl Fleet {
 /// Replays `specs` (sorted by `at_ms`) at `load` x their rate on a fleet of `profiles`.
 pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement: Placement) -> RunResult {
     assert!(load > 0.0 && !profiles.is_empty(), "load > 0 and at least one GPU");
-    let n = specs.len();
-    let mut fleet = Fleet {
-        gpus: profiles.iter().cloned().map(Gpu::new).collect(),
-        inflight: vec![0; profiles.len()],
-        inflight_mb: vec![0; profiles.len()],
-        hint_mb: specs.iter().map(|s| s.memory_mb as u64).collect(),
-        ends: BTreeMap::new(),
-        seq: 0,
-        owner: HashMap::new(),
-        arrive: vec![0.0; n],
-        outcomes: vec![Outcome::default(); n],
-        conversation: vec![None; n],
-        affinity: HashMap::new(),
-    };
+    let mut fleet = Fleet::new(profiles, specs);
     let mut kernel = match placement {
         Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
             Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
@@ -266,8 +253,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         _ => None,
     };
     let shared = shared_blocks(specs);
-    let mut last_gpu: HashMap<&str, usize> = HashMap::new();
-    let (mut turns_after, mut same) = (0u64, 0u64);
+    let mut turns = Turns::default();
     for (i, spec) in specs.iter().enumerate() {
         let now = spec.at_ms as f64 / 1000.0 / load;
         fleet.advance(now);
@@ -279,102 +265,174 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         };
         let gpu = match placement {
             Placement::RoundRobin => i % profiles.len(),
-            Placement::LeastConnections => (0..profiles.len()).min_by_key(|&g| (fleet.inflight[g], g)).unwrap_or(0),
-            Placement::EarliestFinish => (0..profiles.len())
-                .map(|g| (fleet.finish_if_placed(g, &req, now), g))
-                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-                .map_or(0, |(_, g)| g),
-            Placement::CacheOracle => {
-                // Leading cached blocks of the prompt that belong to its conversation (shared
-                // blocks such as a common system prompt are cached everywhere and say nothing).
-                let blocks = req.prompt_tokens.div_ceil(crate::gpu::BLOCK_TOKENS) as usize;
-                let own = |g: usize| {
-                    req.hash_ids
-                        .iter()
-                        .take(blocks)
-                        .take_while(|h| fleet.gpus[g].is_cached(**h))
-                        .filter(|h| !shared.contains(*h))
-                        .count()
-                };
-                (0..profiles.len())
-                    .map(|g| (own(g), fleet.finish_if_placed(g, &req, now), g))
-                    .filter(|(_, finish, _)| finish.is_finite())
-                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)))
-                    .map_or(0, |(_, _, g)| g)
-            }
+            Placement::LeastConnections => fleet.least_connections(),
+            Placement::EarliestFinish => fleet.earliest_finish(&req, now),
+            Placement::CacheOracle => fleet.cache_oracle(&req, now, &shared),
             Placement::Ailb { .. } => {
-                let kernel = kernel.as_mut().expect("built for ailb");
-                for g in 0..profiles.len() {
-                    kernel.maps.inflight[g] = fleet.inflight[g];
-                    kernel.maps.inflight_mem[g] = fleet.inflight_mb[g];
-                }
-                let hash = if spec.conversation.is_empty() {
-                    fmix64(i as u64 + 1)
-                } else {
-                    conversation_hash(spec.conversation.as_bytes())
-                };
-                let pick_req = PickRequest {
-                    model: MODEL,
-                    hash,
-                    has_conversation: !spec.conversation.is_empty(),
-                    required_mem_mb: spec.memory_mb,
-                    affinity: fleet.affinity.get(&hash).copied(),
-                    now_ns: ns(now),
-                    model_inflight: fleet.inflight.iter().sum(),
-                    turn: 0,
-                };
-                let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
-                if r.backend == NO_BACKEND {
+                let Some(gpu) = fleet.kernel_pick(kernel.as_mut().expect("built for ailb"), i, spec, now) else {
                     fleet.outcomes[i] = Outcome { gpu: usize::MAX, failed: true, ..Default::default() };
                     continue;
-                }
-                if pick_req.has_conversation {
-                    fleet.conversation[i] = Some(hash);
-                    fleet.affinity.insert(
-                        hash,
-                        AffinityValue { backend: r.backend, last_seen_ns: ns(now), ..Default::default() },
-                    );
-                }
-                r.backend as usize
+                };
+                gpu
             }
         };
-        if !spec.conversation.is_empty() {
-            if let Some(prev) = last_gpu.insert(&spec.conversation, gpu) {
-                turns_after += 1;
-                same += u64::from(prev == gpu);
-            }
-        }
+        turns.served(&spec.conversation, gpu);
         fleet.outcomes[i].gpu = gpu;
-        match fleet.gpus[gpu].admit(req, now) {
-            Admission::Start(s) => {
-                fleet.inflight[gpu] += 1;
-                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
-                fleet.owner.insert((gpu, s.id), i);
-                fleet.started(gpu, s, now);
-            }
-            Admission::Queued(id) => {
-                fleet.inflight[gpu] += 1;
-                fleet.inflight_mb[gpu] += fleet.hint_mb[i];
-                fleet.owner.insert((gpu, id), i);
-            }
-            Admission::Reject(_) => fleet.outcomes[i].failed = true,
-        }
+        fleet.admit(i, gpu, req, now);
     }
     fleet.advance(f64::INFINITY);
-    let first = fleet.arrive.first().copied().unwrap_or(0.0);
-    let last = fleet.outcomes.iter().zip(&fleet.arrive).map(|(o, a)| a + o.e2e_s).fold(first, f64::max);
-    let length_s = (last - first).max(f64::MIN_POSITIVE);
-    let (mut hit, mut query) = (0u64, 0u64);
-    for g in &fleet.gpus {
-        hit += g.counters().prefix_hit_tokens;
-        query += g.counters().prefix_query_tokens;
+    fleet.result(&turns)
+}
+
+/// Which GPU served each conversation's last turn, and how many later turns went to the same.
+#[derive(Default)]
+struct Turns<'a> {
+    last_gpu: HashMap<&'a str, usize>,
+    /// Turns of a conversation after its first.
+    after_first: u64,
+    /// Those served by the GPU of the turn before.
+    same_gpu: u64,
+}
+
+impl<'a> Turns<'a> {
+    fn served(&mut self, conversation: &'a str, gpu: usize) {
+        if conversation.is_empty() {
+            return;
+        }
+        if let Some(prev) = self.last_gpu.insert(conversation, gpu) {
+            self.after_first += 1;
+            self.same_gpu += u64::from(prev == gpu);
+        }
     }
-    RunResult {
-        utilisation: fleet.gpus.iter().map(|g| (g.busy_seconds(last) / length_s).min(1.0)).collect(),
-        prefix_hit_rate: if query > 0 { hit as f64 / query as f64 } else { 0.0 },
-        affinity_hit_rate: if turns_after > 0 { same as f64 / turns_after as f64 } else { 0.0 },
-        outcomes: fleet.outcomes,
-        length_s,
+}
+
+impl Fleet {
+    fn new(profiles: &[GpuProfile], specs: &[RequestSpec]) -> Fleet {
+        let n = specs.len();
+        Fleet {
+            gpus: profiles.iter().cloned().map(Gpu::new).collect(),
+            inflight: vec![0; profiles.len()],
+            inflight_mb: vec![0; profiles.len()],
+            hint_mb: specs.iter().map(|s| s.memory_mb as u64).collect(),
+            ends: BTreeMap::new(),
+            seq: 0,
+            owner: HashMap::new(),
+            arrive: vec![0.0; n],
+            outcomes: vec![Outcome::default(); n],
+            conversation: vec![None; n],
+            affinity: HashMap::new(),
+        }
+    }
+
+    /// The GPU with the fewest requests in flight (the lowest index of those).
+    fn least_connections(&self) -> usize {
+        (0..self.gpus.len()).min_by_key(|&g| (self.inflight[g], g)).unwrap_or(0)
+    }
+
+    /// The GPU where `req` would finish first if nothing else arrived (the lowest index of those).
+    fn earliest_finish(&self, req: &SimRequest, now: f64) -> usize {
+        (0..self.gpus.len())
+            .map(|g| (self.finish_if_placed(g, req, now), g))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map_or(0, |(_, g)| g)
+    }
+
+    /// [`Placement::CacheOracle`]: the GPU that can take `req` and holds the longest cached run
+    /// of its own conversation's leading blocks; ties to the earliest finish, then the lowest index.
+    fn cache_oracle(&self, req: &SimRequest, now: f64, shared: &HashSet<u64>) -> usize {
+        // Leading cached blocks of the prompt that belong to its conversation (shared
+        // blocks such as a common system prompt are cached everywhere and say nothing).
+        let blocks = req.prompt_tokens.div_ceil(crate::gpu::BLOCK_TOKENS) as usize;
+        let own = |g: usize| {
+            req.hash_ids
+                .iter()
+                .take(blocks)
+                .take_while(|h| self.gpus[g].is_cached(**h))
+                .filter(|h| !shared.contains(*h))
+                .count()
+        };
+        (0..self.gpus.len())
+            .map(|g| (own(g), self.finish_if_placed(g, req, now), g))
+            .filter(|(_, finish, _)| finish.is_finite())
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)))
+            .map_or(0, |(_, _, g)| g)
+    }
+
+    /// [`Placement::Ailb`]: the kernel's pick for request `i` over the fleet's in-flight counts
+    /// and memory, writing the conversation's affinity entry as the kernel does; `None` when no
+    /// backend fits (the connect is refused).
+    fn kernel_pick(&mut self, kernel: &mut Kernel, i: usize, spec: &RequestSpec, now: f64) -> Option<usize> {
+        for g in 0..self.gpus.len() {
+            kernel.maps.inflight[g] = self.inflight[g];
+            kernel.maps.inflight_mem[g] = self.inflight_mb[g];
+        }
+        let hash = if spec.conversation.is_empty() {
+            fmix64(i as u64 + 1)
+        } else {
+            conversation_hash(spec.conversation.as_bytes())
+        };
+        let pick_req = PickRequest {
+            model: MODEL,
+            hash,
+            has_conversation: !spec.conversation.is_empty(),
+            required_mem_mb: spec.memory_mb,
+            affinity: self.affinity.get(&hash).copied(),
+            now_ns: ns(now),
+            model_inflight: self.inflight.iter().sum(),
+            turn: 0,
+        };
+        let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
+        if r.backend == NO_BACKEND {
+            return None;
+        }
+        if pick_req.has_conversation {
+            self.conversation[i] = Some(hash);
+            self.affinity
+                .insert(hash, AffinityValue { backend: r.backend, last_seen_ns: ns(now), ..Default::default() });
+        }
+        Some(r.backend as usize)
+    }
+
+    /// Request `i` (`req`) arrives at `gpu`: it starts, queues (both count in flight) or is
+    /// rejected (failed).
+    fn admit(&mut self, i: usize, gpu: usize, req: SimRequest, now: f64) {
+        match self.gpus[gpu].admit(req, now) {
+            Admission::Start(s) => {
+                self.inflight[gpu] += 1;
+                self.inflight_mb[gpu] += self.hint_mb[i];
+                self.owner.insert((gpu, s.id), i);
+                self.started(gpu, s, now);
+            }
+            Admission::Queued(id) => {
+                self.inflight[gpu] += 1;
+                self.inflight_mb[gpu] += self.hint_mb[i];
+                self.owner.insert((gpu, id), i);
+            }
+            Admission::Reject(_) => self.outcomes[i].failed = true,
+        }
+    }
+
+    /// The run's figures, once every request has ended.
+    fn result(self, turns: &Turns) -> RunResult {
+        let first = self.arrive.first().copied().unwrap_or(0.0);
+        let last = self.outcomes.iter().zip(&self.arrive).map(|(o, a)| a + o.e2e_s).fold(first, f64::max);
+        let length_s = (last - first).max(f64::MIN_POSITIVE);
+        let (mut hit, mut query) = (0u64, 0u64);
+        for g in &self.gpus {
+            hit += g.counters().prefix_hit_tokens;
+            query += g.counters().prefix_query_tokens;
+        }
+        RunResult {
+            utilisation: self.gpus.iter().map(|g| (g.busy_seconds(last) / length_s).min(1.0)).collect(),
+            prefix_hit_rate: if query > 0 { hit as f64 / query as f64 } else { 0.0 },
+            affinity_hit_rate: if turns.after_first > 0 {
+                turns.same_gpu as f64 / turns.after_first as f64
+            } else {
+                0.0
+            },
+            outcomes: self.outcomes,
+            length_s,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::gpu::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
+use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started};
 
 /// How to run one simulated server.
 #[derive(Debug, Clone)]
@@ -321,28 +321,18 @@ impl Gen {
     }
 }
 
+/// The headers every answer carries: who served it, its cached tokens, its time in the queue.
+type SimHeaders = [(&'static str, String); 3];
+
 async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let req = match parse_chat(&body) {
         Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
     let t0 = app.clock.now();
-    let admission = {
-        let mut inner = app.lock();
-        match inner.gpu.admit(req.sim.clone(), t0) {
-            Admission::Start(s) => Ok(s),
-            Admission::Queued(id) => {
-                let (tx, rx) = oneshot::channel();
-                inner.waiters.insert(id, tx);
-                Err(Ok(WaitGuard { app: app.clone(), id, rx: Some(rx) }))
-            }
-            Admission::Reject(oom) => Err(Err(oom)),
-        }
-    };
-    let started = match admission {
+    let started = match admit(&app, &req, t0).await {
         Ok(s) => s,
-        Err(Ok(wait)) => wait.wait().await,
-        Err(Err(oom)) => return error(StatusCode::BAD_REQUEST, oom.to_string()),
+        Err(oom) => return error(StatusCode::BAD_REQUEST, oom.to_string()),
     };
     let seq = SeqGuard { app: app.clone(), id: started.id };
     let begin = Instant::now();
@@ -360,27 +350,66 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
         ("x-ailb-sim-cached-tokens", gen.started.cached_tokens.to_string()),
         ("x-ailb-sim-queued-s", format!("{:.6}", gen.queued_s)),
     ];
-    if !req.stream {
-        let s = gen.started;
-        tokio::time::sleep_until((begin + app.clock.real(s.prefill_s + s.decode_s)).into()).await;
-        drop(seq);
-        let text = "tok ".repeat(gen.max_tokens as usize);
-        let body = json!({
-            "id": gen.id, "object": "chat.completion", "created": gen.created, "model": gen.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
-            "usage": gen.usage(),
-            "ailb_sim": {"cached_tokens": s.cached_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s, "queued_s": gen.queued_s},
-        });
-        return (sim_headers, Json(body)).into_response();
+    if req.stream {
+        streamed(app.clock, req.include_usage, gen, seq, begin, sim_headers)
+    } else {
+        whole(app.clock, gen, seq, begin, sim_headers).await
     }
+}
+
+/// Admits the request to the GPU at `t0`, waiting while it is queued; the GPU's refusal when
+/// its KV cache can never hold it.
+async fn admit(app: &Arc<App>, req: &ChatRequest, t0: f64) -> Result<Started, OutOfMemory> {
+    let admission = {
+        let mut inner = app.lock();
+        match inner.gpu.admit(req.sim.clone(), t0) {
+            Admission::Start(s) => Ok(s),
+            Admission::Queued(id) => {
+                let (tx, rx) = oneshot::channel();
+                inner.waiters.insert(id, tx);
+                Err(Ok(WaitGuard { app: app.clone(), id, rx: Some(rx) }))
+            }
+            Admission::Reject(oom) => Err(Err(oom)),
+        }
+    };
+    match admission {
+        Ok(s) => Ok(s),
+        Err(Ok(wait)) => Ok(wait.wait().await),
+        Err(Err(oom)) => Err(oom),
+    }
+}
+
+/// Not streamed: one `chat.completion` when the last token is due (the sequence ends then).
+async fn whole(clock: Clock, gen: Gen, seq: SeqGuard, begin: Instant, sim_headers: SimHeaders) -> Response {
+    let s = gen.started;
+    tokio::time::sleep_until((begin + clock.real(s.prefill_s + s.decode_s)).into()).await;
+    drop(seq);
+    let text = "tok ".repeat(gen.max_tokens as usize);
+    let body = json!({
+        "id": gen.id, "object": "chat.completion", "created": gen.created, "model": gen.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+        "usage": gen.usage(),
+        "ailb_sim": {"cached_tokens": s.cached_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s, "queued_s": gen.queued_s},
+    });
+    (sim_headers, Json(body)).into_response()
+}
+
+/// Streamed: one SSE chunk per token at its time, then the usage chunk when asked for, then
+/// `[DONE]`; the sequence ends with its last token.
+fn streamed(
+    clock: Clock,
+    include_usage: bool,
+    gen: Gen,
+    seq: SeqGuard,
+    begin: Instant,
+    sim_headers: SimHeaders,
+) -> Response {
     // Token k (1-based) is due at prefill + (k - 1) decode steps: the first comes out of prefill
     // and is sent alone at that instant (TTFT); later tokens due within STREAM_BATCH of each
     // other leave together, one SSE event each, when the last of them is due (so the last token,
     // the end-to-end time, is exact and no token leaves early). At 20x a decode step is about a
     // millisecond of real time: a write per token would cost the host more CPU than the whole
     // balancer, and a busy host delays every timer (the measurement's noise).
-    let clock = app.clock;
-    let include_usage = req.include_usage;
     let per_batch =
         (STREAM_BATCH.as_secs_f64() / clock.real(gen.started.token_s).as_secs_f64().max(1e-9)).floor().max(1.0) as u64;
     let st = (Some(seq), 1u64, gen);
