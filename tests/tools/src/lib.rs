@@ -2,11 +2,22 @@
 //! (`ailb-tests`: cgroups, the daemon, rnacos, the fake NVML library) and on the simulated GPUs
 //! and the replay (`ailb-sim`). Each binary in `src/bin/` is a thin `main` over the modules here.
 //!
+//! | module | binary |
+//! | --- | --- |
+//! | [`agent_bench`] | `ailb-agent-bench`: NVML change -> Nacos metadata (no root) |
+//! | [`bench`] | `ailb-bench`: the data plane (root) |
+//! | [`capacity`] | `ailb-fleet-model`: which offered loads the fleet carries, in simulated time (no root) |
+//! | [`compare`] | `ailb-compare`: balancing policies on one simulated fleet (root) |
+//! | [`demo`] | `ailb-demo`: the whole system, live (root; `cargo xtask run`) |
+//!
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
 
+pub mod agent_bench;
 pub mod bench;
+pub mod capacity;
 pub mod compare;
+pub mod demo;
 pub mod sim_gpus;
 
 use std::path::{Path, PathBuf};

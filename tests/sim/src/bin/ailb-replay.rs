@@ -17,152 +17,144 @@ use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ailb_sim::replay::{self, synthetic::SyntheticOpts, trace, RunOpts, TraceSelect};
+use ailb_sim::replay::{self, synthetic::SyntheticOpts, trace, RequestSpec, RunOpts, TraceSelect};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 
-const USAGE: &str = "usage: ailb-replay [--trace PATH | --synthetic] [--vip A:P] [--speed X] [--limit N] \
-[--start-ms MS] [--concurrency N] [--timeout-s S] [--deadline-s S] [--kv-mb-per-token MB] [--model NAME] \
-[--seed N] [--rate CONV_PER_S] [--common-share F] [--out FILE] [--parse-only] [--quiet] [--untagged]";
-
+#[derive(Debug, Parser)]
+#[command(
+    name = "ailb-replay",
+    about = "Replays the Mooncake conversation trace (or a synthetic mix) against a model VIP through the ailb client ABI"
+)]
 struct Args {
-    trace: PathBuf,
+    /// The Mooncake trace, JSON lines (default: `$AILB_TRACE`, else
+    /// `../shared/traces/mooncake-conversation.jsonl` next to the repository).
+    #[arg(long, conflicts_with = "synthetic")]
+    trace: Option<PathBuf>,
+    /// The synthetic mix of short questions and long generations instead of the trace.
+    #[arg(long)]
     synthetic: bool,
+    /// The model's VIP (a loopback address: the replay stays on this host).
+    #[arg(long, default_value = "127.77.0.1:80")]
     vip: SocketAddrV4,
+    /// Time scale: 2 sends the trace twice as fast.
+    #[arg(long, default_value_t = 1.0)]
     speed: f64,
+    /// At most this many requests (synthetic: this many, default 500).
+    #[arg(long)]
     limit: Option<usize>,
+    /// Skip the trace's requests before this time (ms); the first replayed one is sent at once.
+    #[arg(long, default_value_t = 0)]
     start_ms: u64,
+    /// Client threads, so at most this many requests in flight.
+    #[arg(long, default_value_t = 256)]
     concurrency: usize,
+    /// Limit of one request, seconds.
+    #[arg(long, default_value_t = 120.0)]
     timeout_s: f64,
+    /// Limit of the whole replay, seconds: requests not sent by then count as failures.
+    #[arg(long, default_value_t = 600.0)]
     deadline_s: f64,
+    /// KV-cache MB per token of the served model, for each request's memory tag.
+    #[arg(long, default_value_t = trace::DEFAULT_KV_MB_PER_TOKEN)]
     kv_mb_per_token: f64,
+    /// Model name sent in the request body.
+    #[arg(long, default_value = replay::DEFAULT_MODEL)]
     model: String,
+    /// Seed of the synthetic mix.
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// New synthetic conversations per second.
+    #[arg(long, default_value_t = SyntheticOpts::default().conversations_per_s)]
     rate: f64,
+    /// A block in more than this share of the trace's requests is a common prefix (a system
+    /// prompt), not part of one conversation, when grouping turns into conversations.
+    #[arg(long, default_value_t = trace::DEFAULT_COMMON_SHARE)]
     common_share: f64,
+    /// Also write every request's record and the summary as JSON here.
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// Parse and select the requests, print what would be sent, and exit.
+    #[arg(long)]
     parse_only: bool,
+    /// No progress line every second.
+    #[arg(long)]
     quiet: bool,
+    /// Send no conversation or memory tag (a client of an L4 or L7 balancer).
+    #[arg(long)]
     untagged: bool,
 }
 
-fn value<T: std::str::FromStr>(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-    v.parse().map_err(|e| format!("{flag}: invalid value {v:?}: {e}"))
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        trace: replay::default_trace_path(),
-        synthetic: false,
-        vip: "127.77.0.1:80".parse().expect("constant address"),
-        speed: 1.0,
-        limit: None,
-        start_ms: 0,
-        concurrency: 256,
-        timeout_s: 120.0,
-        deadline_s: 600.0,
-        kv_mb_per_token: trace::DEFAULT_KV_MB_PER_TOKEN,
-        model: replay::DEFAULT_MODEL.to_string(),
-        seed: 1,
-        rate: SyntheticOpts::default().conversations_per_s,
-        common_share: trace::DEFAULT_COMMON_SHARE,
-        out: None,
-        parse_only: false,
-        quiet: false,
-        untagged: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--trace" => a.trace = value(&mut it, &flag)?,
-            "--synthetic" => a.synthetic = true,
-            "--vip" => a.vip = value(&mut it, &flag)?,
-            "--speed" => a.speed = value(&mut it, &flag)?,
-            "--limit" => a.limit = Some(value(&mut it, &flag)?),
-            "--start-ms" => a.start_ms = value(&mut it, &flag)?,
-            "--concurrency" => a.concurrency = value(&mut it, &flag)?,
-            "--timeout-s" => a.timeout_s = value(&mut it, &flag)?,
-            "--deadline-s" => a.deadline_s = value(&mut it, &flag)?,
-            "--kv-mb-per-token" => a.kv_mb_per_token = value(&mut it, &flag)?,
-            "--model" => a.model = value(&mut it, &flag)?,
-            "--seed" => a.seed = value(&mut it, &flag)?,
-            "--rate" => a.rate = value(&mut it, &flag)?,
-            "--common-share" => a.common_share = value(&mut it, &flag)?,
-            "--out" => a.out = Some(value(&mut it, &flag)?),
-            "--parse-only" => a.parse_only = true,
-            "--quiet" => a.quiet = true,
-            "--untagged" => a.untagged = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
+impl Args {
+    /// Rejects values no replay can use (clap has checked the types).
+    fn validate(&self) -> Result<(), String> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name}: must be a positive number, got {v}"))
             }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        };
+        positive("--speed", self.speed)?;
+        positive("--timeout-s", self.timeout_s)?;
+        positive("--deadline-s", self.deadline_s)?;
+        positive("--rate", self.rate)?;
+        if !(self.kv_mb_per_token.is_finite() && self.kv_mb_per_token >= 0.0) {
+            return Err(format!("--kv-mb-per-token: must be >= 0, got {}", self.kv_mb_per_token));
         }
-    }
-    let positive = |name: &str, v: f64| {
-        if v.is_finite() && v > 0.0 {
-            Ok(())
-        } else {
-            Err(format!("{name}: must be a positive number, got {v}"))
+        if !(0.0..=1.0).contains(&self.common_share) {
+            return Err(format!("--common-share: must be in 0..=1, got {}", self.common_share));
         }
-    };
-    positive("--speed", a.speed)?;
-    positive("--timeout-s", a.timeout_s)?;
-    positive("--deadline-s", a.deadline_s)?;
-    positive("--rate", a.rate)?;
-    if !(a.kv_mb_per_token.is_finite() && a.kv_mb_per_token >= 0.0) {
-        return Err(format!("--kv-mb-per-token: must be >= 0, got {}", a.kv_mb_per_token));
+        if !self.vip.ip().is_loopback() {
+            return Err(format!("--vip: {} is not a loopback address (the replay stays on this host)", self.vip));
+        }
+        if self.concurrency == 0 {
+            return Err("--concurrency: must be at least 1".to_string());
+        }
+        Ok(())
     }
-    if !(0.0..=1.0).contains(&a.common_share) {
-        return Err(format!("--common-share: must be in 0..=1, got {}", a.common_share));
-    }
-    if !a.vip.ip().is_loopback() {
-        return Err(format!("--vip: {} is not a loopback address (the replay stays on this host)", a.vip));
-    }
-    if a.concurrency == 0 {
-        return Err("--concurrency: must be at least 1".to_string());
-    }
-    Ok(a)
 }
 
-fn main() {
-    let args = parse_args().unwrap_or_else(|e| {
-        eprintln!("ailb-replay: {e}");
-        std::process::exit(2);
-    });
-    let specs = if args.synthetic {
+/// The requests to send: the synthetic mix, or the trace's (its bad lines reported).
+fn specs(args: &Args) -> Vec<RequestSpec> {
+    if args.synthetic {
         let opts = SyntheticOpts {
             requests: args.limit.unwrap_or(SyntheticOpts::default().requests),
             conversations_per_s: args.rate,
             seed: args.seed,
             ..SyntheticOpts::default()
         };
-        replay::synthetic_specs(&opts, args.kv_mb_per_token, &args.model)
-    } else {
-        let file = std::fs::File::open(&args.trace).unwrap_or_else(|e| {
-            eprintln!("ailb-replay: opening trace {}: {e} (set --trace or AILB_TRACE)", args.trace.display());
-            std::process::exit(1);
-        });
-        let (requests, issues) = trace::parse(std::io::BufReader::new(file));
-        for issue in issues.iter().take(20) {
-            eprintln!("ailb-replay: {}: skipped {issue}", args.trace.display());
-        }
-        if issues.len() > 20 {
-            eprintln!("ailb-replay: ... and {} more bad lines", issues.len() - 20);
-        }
-        let (convs, stats) = trace::conversations(&requests, args.common_share);
-        eprintln!("ailb-replay: {}: {} bad lines; {stats}", args.trace.display(), issues.len());
-        let sel = TraceSelect {
-            start_ms: args.start_ms,
-            limit: args.limit,
-            kv_mb_per_token: args.kv_mb_per_token,
-            model: args.model.clone(),
-        };
-        replay::trace_specs(&requests, &convs, &sel)
+        return replay::synthetic_specs(&opts, args.kv_mb_per_token, &args.model);
+    }
+    let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| {
+        eprintln!("ailb-replay: opening trace {}: {e} (set --trace or AILB_TRACE)", path.display());
+        std::process::exit(1);
+    });
+    let (requests, issues) = trace::parse(std::io::BufReader::new(file));
+    for issue in issues.iter().take(20) {
+        eprintln!("ailb-replay: {}: skipped {issue}", path.display());
+    }
+    if issues.len() > 20 {
+        eprintln!("ailb-replay: ... and {} more bad lines", issues.len() - 20);
+    }
+    let (convs, stats) = trace::conversations(&requests, args.common_share);
+    eprintln!("ailb-replay: {}: {} bad lines; {stats}", path.display(), issues.len());
+    let sel = TraceSelect {
+        start_ms: args.start_ms,
+        limit: args.limit,
+        kv_mb_per_token: args.kv_mb_per_token,
+        model: args.model.clone(),
     };
-    let mut specs = specs;
+    replay::trace_specs(&requests, &convs, &sel)
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = args.validate() {
+        Args::command().error(ErrorKind::ValueValidation, e).exit();
+    }
+    let mut specs = specs(&args);
     if args.untagged {
         for s in &mut specs {
             s.conversation.clear();

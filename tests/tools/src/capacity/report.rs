@@ -1,0 +1,172 @@
+//! The tables of `ailb-fleet-model`: the setup, every placement at every load, and the
+//! comparison over stretches spread across the trace.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use ailb_sim::fleet_model::{fleet_profiles, run, Placement, RunResult};
+use ailb_sim::replay::{self, RequestSpec};
+use ailb_sim::GpuProfile;
+
+use super::plot::Curve;
+use super::{Args, Trace, STABLE_GROWTH};
+
+/// The title and how to read the table, for `short` requests (and `long` for the stability
+/// check).
+pub(super) fn intro(md: &mut String, args: &Args, short: &[RequestSpec], long: &[RequestSpec]) {
+    let unbounded = replay::oracle_prefix_hit_rate(short).unwrap_or(0.0);
+    let _ = writeln!(
+        md,
+        "# Offered load vs placement, in simulated time\n\n\
+         `ailb-fleet-model --limit {}`: {} x A100-80GB + {} x RTX 3090 (the `ailb-sim` presets), the Mooncake trace's \
+         first {} requests (and {} for the stability check) at each load x the trace's arrival rate. Latencies \
+         are simulated seconds (the real comparison runs the same model 20x faster). ailb: the kernel's pick \
+         (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit (free memory: the KV \
+         pool less the memory hints in flight, as the kernel counts them), without connection latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
+         the prefix-cache oracle at the same load (every request sent to the GPU holding the longest cached run \
+         of its prompt, the issue's \"placement that always returns a conversation to its cache\"); with caches \
+         that never evict, {:.1} % would be cached.\n\n\
+         Stable: the tail (E2E P95) at {} requests is under {STABLE_GROWTH}x the tail at {}; an unstable \
+         placement's queue grows for as long as the run lasts, so its P95 measures the run's length.\n",
+        args.limit,
+        args.a100,
+        args.rtx3090,
+        short.len(),
+        long.len(),
+        args.a100_weight,
+        unbounded * 100.0,
+        long.len(),
+        short.len(),
+    );
+}
+
+/// The table: every placement at every load of `--loads`, on `short` and `long` requests; then
+/// the loads at which the clairvoyant placement is stable. Returns the plot's curves and those
+/// loads.
+pub(super) fn loads(
+    md: &mut String,
+    args: &Args,
+    profiles: &[GpuProfile],
+    placements: &[Placement],
+    (short, long): (&[RequestSpec], &[RequestSpec]),
+) -> (Vec<Curve>, Vec<f64>) {
+    let t0 = Instant::now();
+    let _ = writeln!(
+        md,
+        "| load | placement | E2E p50 / p95 (s) | p95 vs round robin | TTFT p95 (s) | failures | util spread | \
+         prefix hits (vs oracle) | affinity hits | p95 at {} requests | stable |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        long.len()
+    );
+    let mut stable_loads = Vec::new();
+    let mut curves: Vec<Curve> =
+        placements.iter().map(|p| Curve { label: p.label(), short: Vec::new(), long: Vec::new() }).collect();
+    for &load in &args.loads {
+        let mut rr_p95 = None;
+        // Every placement's runs first: the rows compare prefix hits with the oracle's.
+        let runs: Vec<(RunResult, RunResult)> =
+            placements.iter().map(|p| (run(short, profiles, load, *p), run(long, profiles, load, *p))).collect();
+        let oracle = placements
+            .iter()
+            .zip(&runs)
+            .find(|(p, _)| **p == Placement::CacheOracle)
+            .map_or(0.0, |(_, (r, _))| r.prefix_hit_rate);
+        for (k, (p, (r, l))) in placements.iter().zip(&runs).enumerate() {
+            let p95 = r.e2e_percentile(0.95);
+            curves[k].short.push(p95);
+            curves[k].long.push(l.e2e_percentile(0.95));
+            let rr = *rr_p95.get_or_insert(p95);
+            let stable = l.e2e_percentile(0.95) < STABLE_GROWTH * p95;
+            if *p == Placement::EarliestFinish && stable {
+                stable_loads.push(load);
+            }
+            let _ = writeln!(
+                md,
+                "| {load} | {} | {:.1} / {:.1} | {:.2}x | {:.1} | {} of {} | {:.0} pts | {:.1} % ({:.0} %) | {:.0} % | {:.1} | {} |",
+                p.label(),
+                r.e2e_percentile(0.5),
+                p95,
+                p95 / rr,
+                r.ttft_percentile(0.95),
+                r.failures(),
+                r.outcomes.len(),
+                r.utilisation_spread() * 100.0,
+                r.prefix_hit_rate * 100.0,
+                if oracle > 0.0 { r.prefix_hit_rate / oracle * 100.0 } else { 0.0 },
+                r.affinity_hit_rate * 100.0,
+                l.e2e_percentile(0.95),
+                if stable { "yes" } else { "**no**" },
+            );
+        }
+        eprintln!("ailb-fleet-model: load {load} done ({:.1} s)", t0.elapsed().as_secs_f64());
+    }
+    let _ = writeln!(
+        md,
+        "\nLoads at which the clairvoyant placement is stable (the fleet has the capacity): {}.",
+        if stable_loads.is_empty() {
+            "none".to_string()
+        } else {
+            stable_loads.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+        }
+    );
+    (curves, stable_loads)
+}
+
+/// The P95 ratios of each placement against round robin and against the clairvoyant bound
+/// over `windows` stretches of `limit` requests spread over the trace, at each load: the
+/// first `limit` requests alone (the table above, the real comparison) are one sample of a
+/// chaotic system, where one burst decides a tail.
+pub(super) fn windows(md: &mut String, tr: &Trace, args: &Args, loads: &[f64], placements: &[Placement]) {
+    let profiles = fleet_profiles(args.a100, args.rtx3090);
+    let starts = tr.window_starts(args.windows);
+    let _ = writeln!(
+        md,
+        "\n## Across the trace\n\n{} stretches of {} requests, starting at {} equally spaced times of the trace (the \
+         first is the table's), at each load where the clairvoyant placement is stable: every placement's E2E P95 \
+         against round robin's and against the clairvoyant bound's on the same stretch, mean and worst (largest) \
+         over the stretches, and its failures summed.\n\n\
+         | load | placement | p95 vs round robin, mean / worst | p95 vs clairvoyant, mean / worst | failures |\n\
+         |---:|---|---:|---:|---:|",
+        starts.len(),
+        args.limit,
+        starts.len(),
+    );
+    for &load in loads {
+        // Per placement: (ratios to round robin, ratios to the bound, failures).
+        let mut rows: Vec<(Vec<f64>, Vec<f64>, usize)> = vec![(Vec::new(), Vec::new(), 0); placements.len()];
+        for &start in &starts {
+            let specs = tr.specs(start, args.limit);
+            let results: Vec<RunResult> = placements.iter().map(|p| run(&specs, &profiles, load, *p)).collect();
+            let p95 = |want: Placement| {
+                placements.iter().zip(&results).find(|(p, _)| **p == want).map(|(_, r)| r.e2e_percentile(0.95))
+            };
+            let (Some(rr), Some(bound)) = (p95(Placement::RoundRobin), p95(Placement::EarliestFinish)) else {
+                return;
+            };
+            for (row, r) in rows.iter_mut().zip(&results) {
+                let own = r.e2e_percentile(0.95);
+                row.0.push(own / rr);
+                row.1.push(own / bound);
+                row.2 += r.failures();
+            }
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let worst = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        for (p, (to_rr, to_bound, failures)) in placements.iter().zip(&rows) {
+            if matches!(p, Placement::RoundRobin | Placement::EarliestFinish) {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {load} | {} | {:.2}x / {:.2}x | {:.2}x / {:.2}x | {failures} of {} |",
+                p.label(),
+                mean(to_rr),
+                worst(to_rr),
+                mean(to_bound),
+                worst(to_bound),
+                args.limit * starts.len(),
+            );
+        }
+        eprintln!("ailb-fleet-model: {} stretches at load {load} done", starts.len());
+    }
+}

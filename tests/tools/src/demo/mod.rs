@@ -1,0 +1,273 @@
+//! `ailb-demo` (root; `cargo xtask run` builds and starts it): the whole system on this machine.
+//!
+//! - **rnacos**, a Nacos-compatible registry, on free loopback ports with its own data dir;
+//! - a **simulated GPU fleet**: one `ailb-sim` per GPU (A100-80GB and RTX 3090 profiles, a 7B
+//!   model) on 127.0.20.x:8000, each keeping a fake-NVML state file up to date;
+//! - one **`ailb agent`** per GPU, reading that GPU through a fake `libnvidia-ml.so` (built here
+//!   with gcc from `tests/integration/fixtures/fake_nvml.c`) and the server's vLLM metrics, and registering
+//!   the instance in rnacos with its metadata;
+//! - the **gateway**, `ailb run` with Nacos discovery and the AI-aware policy, attached to a child
+//!   cgroup created here (never the cgroup2 root);
+//! - a **load generator**, `ailb-replay` (the synthetic mix of short questions and long
+//!   generations, or `--trace` for the Mooncake trace), inside that cgroup, tagging each
+//!   connection with its conversation and memory need;
+//! - a **live view** every `--every-s` seconds: per backend its policy weight, table share,
+//!   in-flight connections, picks, and the GPU's utilisation, KV-cache use and queue.
+//!
+//! Traffic stays on loopback. Ctrl-C (or the replay finishing, or `--duration-s`) stops
+//! everything: each process by its pid, the pins (`ailb teardown`), the cgroup, the temp dirs
+//! (RAII guards, also on a panic).
+
+mod view;
+
+use std::io::Write as _;
+use std::net::SocketAddrV4;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ailb_sim::replay;
+use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::nacos::{free_port, RnacosServer};
+use ailb_tests::status::live_backends;
+use ailb_tests::{base_config, preflight, wait_until, CgroupGuard, Daemon};
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::Value;
+
+use self::view::view;
+use crate::sim_gpus::{sibling_bin, Proc, SimGpu, SimOpts};
+
+const MODEL: &str = "sim-7b";
+const VIP: &str = "127.77.20.1:8000";
+
+#[derive(Debug, Parser)]
+#[command(name = "ailb-demo", about = "rnacos + simulated GPUs + agents + ailb + load, live (root)")]
+pub struct Args {
+    /// Simulated A100-80GB GPUs.
+    #[arg(long, default_value_t = 2)]
+    pub a100: usize,
+    /// Simulated RTX 3090 24GB GPUs.
+    #[arg(long, default_value_t = 2)]
+    pub rtx3090: usize,
+    /// Simulated seconds per real second (GPUs and load together).
+    #[arg(long, default_value_t = 10.0)]
+    pub time_scale: f64,
+    /// Requests the load generator sends.
+    #[arg(long, default_value_t = 1500)]
+    pub requests: usize,
+    /// New synthetic conversations per simulated second.
+    #[arg(long, default_value_t = 2.0)]
+    pub rate: f64,
+    /// Replay the Mooncake trace instead of the synthetic mix.
+    #[arg(long)]
+    pub trace: bool,
+    /// Stop after this many seconds even if the load is not done (0: when it is done).
+    #[arg(long, default_value_t = 0)]
+    pub duration_s: u64,
+    /// Seconds between two live views.
+    #[arg(long, default_value_t = 2)]
+    pub every_s: u64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_stop_handler() -> anyhow::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let handler = on_signal as extern "C" fn(libc::c_int);
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        if unsafe { libc::signal(sig, handler as libc::sighandler_t) } == libc::SIG_ERR {
+            bail!("installing the SIGINT handler: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn say(msg: &str) {
+    eprintln!("[demo] {msg}");
+}
+
+/// One simulated GPU and its agent (dropped first: it deregisters while the server still runs).
+pub(super) struct Gpu {
+    pub(super) agent: Proc,
+    pub(super) gpu: SimGpu,
+}
+
+fn start_gpu(i: usize, profile: &'static str, args: &Args, nacos: &RnacosServer, dir: &Path) -> anyhow::Result<Gpu> {
+    let addr = SocketAddrV4::new([127, 0, 20, (i + 1) as u8].into(), 8000);
+    let opts = SimOpts {
+        sim_bin: &sibling_bin("ailb-sim"),
+        model: MODEL,
+        time_scale: args.time_scale,
+        sample_interval_ms: 250,
+        log: Some(dir.join(format!("sim-{i}.log"))),
+    };
+    let gpu = SimGpu::start(addr, profile, &opts)?;
+    let agent = gpu.start_agent(MODEL, &nacos.url(), "500ms", dir)?;
+    Ok(Gpu { agent, gpu })
+}
+
+/// `ailb-demo`: starts everything, shows the live view until the load is done (or Ctrl-C, or
+/// `--duration-s`), reports the load and stops everything in order.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    if args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 200 {
+        bail!("--a100 + --rtx3090: 1 to 200 GPUs");
+    }
+    if !(args.time_scale > 0.0 && args.rate > 0.0) {
+        bail!("--time-scale and --rate must be positive");
+    }
+    let ailb = preflight();
+    install_stop_handler()?;
+    let dir = tempfile::Builder::new().prefix("ailb-demo-").tempdir().context("temp dir")?;
+    say(&format!("logs and configs: {} (removed at exit)", dir.path().display()));
+
+    let cg = CgroupGuard::new("demo");
+    say(&format!("child cgroup {} (the programs attach here only)", cg.path().display()));
+    let nacos = RnacosServer::start();
+    say(&format!("rnacos at {}", nacos.url()));
+
+    let profiles = std::iter::repeat_n("a100-80gb", args.a100).chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090));
+    let mut gpus = Vec::new();
+    for (i, p) in profiles.enumerate() {
+        gpus.push(start_gpu(i, p, &args, &nacos, dir.path())?);
+        say(&format!("GPU {i}: ailb-sim {p} on {} with its agent", gpus[i].gpu.addr));
+    }
+    let daemon = start_gateway(&ailb, &cg, &nacos, gpus.len());
+
+    let out = dir.path().join("replay.json");
+    let mut load = start_load(&args, &cg, dir.path(), &out)?;
+    let started = Instant::now();
+    let finished = watch(&args, &daemon, &mut gpus, &mut load, dir.path(), started)?;
+    print!("{}", view(&daemon, &gpus, started));
+    if let Some(st) = finished {
+        load_done(st, dir.path(), &out)?;
+    }
+    say("tearing down: load, agents (they deregister), GPUs, gateway (pins removed), rnacos, cgroup");
+    drop(load);
+    drop(gpus);
+    drop(daemon);
+    drop(nacos);
+    drop(cg);
+    say("done: nothing left running, no pins, no cgroup");
+    Ok(())
+}
+
+/// The gateway, `ailb run` with Nacos discovery and the AI-aware policy, ready once all `n`
+/// GPUs are live in its table.
+fn start_gateway(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize) -> Daemon {
+    let listen = format!("127.0.0.1:{}", free_port());
+    // GPU capability: the simulated A100 prefills 2.7x and decodes 1.6x as fast as the 3090.
+    let mut cfg = base_config("demo", cg);
+    cfg.listen = Some(listen.clone());
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\nrequired_memory_mb = 2048\naffinity_ttl = \"10m\"\n\n\
+         [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"200ms\"\n\n\
+         [policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n",
+        nacos.url()
+    );
+    let daemon = Daemon::start(ailb, &cfg);
+    say(&format!("gateway `ailb run` ready: VIP {VIP}, metrics http://{listen}/metrics, plan http://{listen}/v1/plan"));
+    wait_until("every GPU registered by its agent and live in the gateway's table", Duration::from_secs(30), || {
+        (live_backends(&daemon.status(), MODEL) == n).then_some(())
+    });
+    say(&format!("all {n} GPUs are in the table; starting the load"));
+    daemon
+}
+
+/// The load generator, `ailb-replay` in the cgroup, writing its report to `out` and its output
+/// to `dir`.
+fn start_load(args: &Args, cg: &CgroupGuard, dir: &Path, out: &Path) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(sibling_bin("ailb-replay"));
+    cmd.args(["--vip", VIP, "--model", MODEL, "--limit", &args.requests.to_string()])
+        .args(["--speed", &args.time_scale.to_string(), "--concurrency", "256", "--quiet"])
+        .arg("--out")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("replay.log"))?)
+        .stderr(std::fs::File::create(dir.join("replay.err"))?);
+    if args.trace {
+        cmd.arg("--trace").arg(replay::default_trace_path());
+    } else {
+        cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
+    }
+    let load = Proc { name: "ailb-replay".into(), child: spawn_in_cgroup(&mut cmd, cg.path()) };
+    say(&format!(
+        "load: ailb-replay ({}, {} requests, speed x{}) in the cgroup; Ctrl-C stops the demo",
+        if args.trace { "Mooncake trace" } else { "synthetic mix" },
+        args.requests,
+        args.time_scale
+    ));
+    Ok(load)
+}
+
+/// Shows the live view every `--every-s` until the load exits (its status), or Ctrl-C or
+/// `--duration-s` (`None`); an error when a GPU or an agent exits first.
+fn watch(
+    args: &Args,
+    daemon: &Daemon,
+    gpus: &mut [Gpu],
+    load: &mut Proc,
+    dir: &Path,
+    started: Instant,
+) -> anyhow::Result<Option<ExitStatus>> {
+    let every = Duration::from_secs(args.every_s.max(1));
+    let mut next = started;
+    let finished = loop {
+        if STOP.load(Ordering::SeqCst) {
+            say("Ctrl-C: stopping");
+            break None;
+        }
+        if args.duration_s > 0 && started.elapsed() >= Duration::from_secs(args.duration_s) {
+            say("--duration-s reached: stopping");
+            break None;
+        }
+        if let Some(st) = load.exited() {
+            break Some(st);
+        }
+        for g in gpus.iter_mut() {
+            for p in [&mut g.gpu.sim, &mut g.agent] {
+                if let Some(st) = p.exited() {
+                    bail!("{} exited ({st}); logs in {}", p.name, dir.display());
+                }
+            }
+        }
+        if Instant::now() >= next {
+            next += every;
+            print!("{}", view(daemon, gpus, started));
+            let _ = std::io::stdout().flush();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Ok(finished)
+}
+
+/// The load's summary line, from its report at `out` (or its stderr in `dir` when it failed).
+fn load_done(st: ExitStatus, dir: &Path, out: &Path) -> anyhow::Result<()> {
+    if !st.success() {
+        let err = std::fs::read_to_string(dir.join("replay.err")).unwrap_or_default();
+        bail!("the load generator failed ({st}): {err}");
+    }
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(out).context("reading the replay report")?)
+        .context("parsing the replay report")?;
+    let s = &v["summary"];
+    let ms = |k: &str, p: &str| s[k][p].as_f64().map_or("-".into(), |x| format!("{x:.0} ms"));
+    let pc = |k: &str| s[k].as_f64().map_or("-".into(), |x| format!("{:.1} %", x * 100.0));
+    say(&format!(
+        "load done: {} requests, {} failed; TTFT p50 {} p95 {}; end-to-end p50 {} p95 {}; affinity hits {}, \
+         prefix-cache hits {}",
+        s["requests"],
+        s["failures"],
+        ms("ttft_ms", "p50"),
+        ms("ttft_ms", "p95"),
+        ms("e2e_ms", "p50"),
+        ms("e2e_ms", "p95"),
+        pc("affinity_hit_rate"),
+        pc("prefix_cache_hit_rate"),
+    ));
+    Ok(())
+}
