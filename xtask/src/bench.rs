@@ -98,43 +98,43 @@ fn compare() -> Result<()> {
     let bin = util::target_dir().join("release/ailb-compare");
     let docs = util::workspace_root().join("docs/results");
     let trace = std::env::var_os("AILB_TRACE")
+        .filter(|t| !t.is_empty())
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| util::workspace_root().join("../shared/traces/mooncake-conversation.jsonl"));
-    if trace.is_file() {
-        let step = Step::start(
-            "fleet capacity model: ailb-fleet-model (offered load vs placement in simulated time; under a minute)",
-        );
-        let model = util::target_dir().join("release/ailb-fleet-model");
-        util::run(
-            std::process::Command::new(&model)
-                .arg("--trace")
-                .arg(&trace)
-                .arg("--loads")
-                .arg("0.25,0.3,0.35,0.4,0.5,0.7,1.0")
-                .arg("--out")
-                .arg(docs.join("fleet-model.md"))
-                .arg("--svg")
-                .arg(docs.join("fleet-model.svg"))
-                .stdout(std::process::Stdio::null()),
-        )
-        .with_context(|| format!("running {}", model.display()))?;
-        step.done();
-        let step = Step::start(
-            "fleet comparison on the Mooncake trace: ailb-compare (1000 requests at load 0.4, six policies; about 7 minutes)",
-        );
-        util::run(
-            std::process::Command::new(&bin)
-                .env("AILB_BIN", util::ailb_bin("release"))
-                .arg("--trace")
-                .arg(&trace)
-                .arg("--out-dir")
-                .arg(docs.join("trace")),
-        )
-        .with_context(|| format!("running {}", bin.display()))?;
-        step.done();
-    } else {
-        say!("fleet comparison on the trace skipped: {} is absent (set AILB_TRACE)", trace.display());
+        .unwrap_or_else(|| util::workspace_root().join("tests/data/mooncake-conversation.jsonl.gz"));
+    if !trace.is_file() {
+        bail!("the Mooncake trace {} is absent (it ships in tests/data/; or set AILB_TRACE)", trace.display());
     }
+    let step = Step::start(
+        "fleet capacity model: ailb-fleet-model (offered load vs placement in simulated time; under a minute)",
+    );
+    let model = util::target_dir().join("release/ailb-fleet-model");
+    util::run(
+        std::process::Command::new(&model)
+            .arg("--trace")
+            .arg(&trace)
+            .arg("--loads")
+            .arg("0.25,0.3,0.35,0.4,0.5,0.7,1.0")
+            .arg("--out")
+            .arg(docs.join("fleet-model.md"))
+            .arg("--svg")
+            .arg(docs.join("fleet-model.svg"))
+            .stdout(std::process::Stdio::null()),
+    )
+    .with_context(|| format!("running {}", model.display()))?;
+    step.done();
+    let step = Step::start(
+        "fleet comparison on the Mooncake trace: ailb-compare (1000 requests at load 0.4, six policies; about 7 minutes)",
+    );
+    util::run(
+        std::process::Command::new(&bin)
+            .env("AILB_BIN", util::ailb_bin("release"))
+            .arg("--trace")
+            .arg(&trace)
+            .arg("--out-dir")
+            .arg(docs.join("trace")),
+    )
+    .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
     let step = Step::start("fleet comparison on the synthetic mix: ailb-compare --synthetic (about 1 minute)");
     util::run(
         std::process::Command::new(&bin)

@@ -13,10 +13,12 @@
 //! 0.32x-0.47x. (Over 1000 requests, as `cargo xtask bench` runs it, round robin's queue keeps
 //! growing and the ratio is lower, 0.12x-0.14x; a CI run that long would take 5 minutes.)
 //!
-//! Without the trace the test is skipped (like `replay_trace.rs`): the synthetic mix has no
-//! request too large for a 3090, and on 120 of its requests one run (random still hashed by
-//! conversation then) read 0.71x, too close to the margin to assert on.
+//! It needs the Mooncake trace shipped in `tests/data/` and fails, naming it, without it: the
+//! synthetic mix is no substitute (it has no request too large for a 3090, and on 120 of its
+//! requests one run, random still hashed by conversation then, read 0.71x, too close to the
+//! margin to assert on).
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -54,12 +56,13 @@ fn ailb_beats_round_robin_on_p95_and_failures() {
         .arg(dir.path())
         .arg("--json")
         .arg(&json);
-    let trace = replay::default_trace_path();
-    if !trace.is_file() {
-        eprintln!("SKIPPED: trace {} is absent (set AILB_TRACE)", trace.display());
-        return;
-    }
-    cmd.arg("--trace").arg(&trace);
+    let trace = Path::new(replay::SHIPPED_TRACE);
+    assert!(
+        trace.is_file(),
+        "the Mooncake trace {} is absent (it ships in the repository: see tests/data/README.md)",
+        trace.display()
+    );
+    cmd.arg("--trace").arg(trace);
     let workload = format!("trace {}", trace.display());
     let out = run_cmd(&mut cmd, Duration::from_secs(600));
     let report = std::fs::read_to_string(dir.path().join("replay.md")).unwrap_or_default();

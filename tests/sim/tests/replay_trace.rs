@@ -1,11 +1,14 @@
 //! The trace parser, conversation grouping, memory hint, percentiles and synthetic workload
-//! of `ailb-replay` (pure: no root, no network).
+//! of `ailb-replay`, and the Mooncake trace shipped in `tests/data/` (pure: no root, no network).
 
-use std::io::Cursor;
+use std::io::{Cursor, Write};
+use std::path::Path;
 
 use ailb_sim::replay::synthetic::{generate, SyntheticOpts};
 use ailb_sim::replay::trace::{self, conversations, memory_mb, parse};
 use ailb_sim::replay::{self, percentile, Percentiles, RequestRecord, Summary, TraceSelect};
+use flate2::write::GzEncoder;
+use flate2::Compression;
 
 fn parse_str(s: &str) -> (Vec<trace::TraceRequest>, Vec<trace::ParseIssue>) {
     parse(Cursor::new(s.as_bytes().to_vec()))
@@ -68,12 +71,10 @@ fn every_kind_of_bad_line_is_reported_with_its_line_number_and_parsing_goes_on()
 
 #[test]
 fn the_mooncake_trace_parses_with_no_issues() {
-    let path = replay::default_trace_path();
-    let Ok(file) = std::fs::File::open(&path) else {
-        eprintln!("SKIPPED: trace {} is absent (set AILB_TRACE)", path.display());
-        return;
-    };
-    let (reqs, issues) = parse(std::io::BufReader::new(file));
+    let path = Path::new(replay::SHIPPED_TRACE);
+    let (reqs, issues) = trace::load(path).unwrap_or_else(|e| {
+        panic!("{} (the trace ships in the repository: see tests/data/README.md)", error_chain(&e))
+    });
     assert!(issues.is_empty(), "{} issues in {}, first: {:?}", issues.len(), path.display(), issues.first());
     assert_eq!(reqs.len(), 12_031, "the README says 12,031 requests");
     assert!(reqs.windows(2).all(|w| w[0].timestamp_ms <= w[1].timestamp_ms), "timestamps are sorted");
@@ -84,6 +85,44 @@ fn the_mooncake_trace_parses_with_no_issues() {
     assert_eq!(stats.shared_blocks, 1, "{stats}");
     assert!(stats.conversations > 1000 && stats.multi_turn_conversations > 100, "{stats}");
     eprintln!("{stats}");
+}
+
+#[test]
+fn a_trace_file_reads_the_same_gzipped_or_plain_and_a_missing_one_is_named() {
+    let text = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n\
+                {\"timestamp\": 40, \"input_length\": 1100, \"output_length\": 7, \"hash_ids\": [0, 1, 2]}\n";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plain = dir.path().join("trace.jsonl");
+    std::fs::write(&plain, text).expect("write the plain trace");
+    // Named without .gz on purpose: the format is recognised by the file's first bytes.
+    let gz = dir.path().join("trace-gz.jsonl");
+    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
+    enc.write_all(text.as_bytes()).expect("compress");
+    std::fs::write(&gz, enc.finish().expect("compress")).expect("write the gzipped trace");
+    let from_plain = trace::load(&plain).expect("plain trace");
+    let from_gz = trace::load(&gz).expect("gzipped trace");
+    assert_eq!(from_plain, parse_str(text));
+    assert_eq!(from_gz, from_plain);
+    assert_eq!(from_gz.0.len(), 2);
+
+    let missing = dir.path().join("absent.jsonl.gz");
+    let err = trace::load(&missing).expect_err("a missing file is an error");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "the error names the file: {}",
+        error_chain(&err)
+    );
+}
+
+/// The error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(&format!(": {c}"));
+        src = c.source();
+    }
+    s
 }
 
 #[test]

@@ -27,8 +27,8 @@ use clap::{CommandFactory, Parser};
     about = "Replays the Mooncake conversation trace (or a synthetic mix) against a model VIP through the ailb client ABI"
 )]
 struct Args {
-    /// The Mooncake trace, JSON lines (default: `$AILB_TRACE`, else
-    /// `../shared/traces/mooncake-conversation.jsonl` next to the repository).
+    /// The Mooncake trace, JSON lines, gzipped or plain (default: `$AILB_TRACE`, else the one
+    /// shipped in the repository, `tests/data/mooncake-conversation.jsonl.gz`).
     #[arg(long, conflicts_with = "synthetic")]
     trace: Option<PathBuf>,
     /// The synthetic mix of short questions and long generations instead of the trace.
@@ -127,11 +127,11 @@ fn specs(args: &Args) -> Vec<RequestSpec> {
         return replay::synthetic_specs(&opts, args.kv_mb_per_token, &args.model);
     }
     let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
-    let file = std::fs::File::open(&path).unwrap_or_else(|e| {
-        eprintln!("ailb-replay: opening trace {}: {e} (set --trace or AILB_TRACE)", path.display());
+    let (requests, issues) = trace::load(&path).unwrap_or_else(|e| {
+        let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+        eprintln!("ailb-replay: {e}{cause} (set --trace or AILB_TRACE)");
         std::process::exit(1);
     });
-    let (requests, issues) = trace::parse(std::io::BufReader::new(file));
     for issue in issues.iter().take(20) {
         eprintln!("ailb-replay: {}: skipped {issue}", path.display());
     }

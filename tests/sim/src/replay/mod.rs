@@ -24,11 +24,15 @@ pub use trace::{ParseIssue, TraceRequest};
 /// Default model name sent in the request body.
 pub const DEFAULT_MODEL: &str = "sim-7b";
 
-/// The trace file: `$AILB_TRACE`, else `<repo>/../shared/traces/mooncake-conversation.jsonl`.
+/// The Mooncake conversation trace shipped in the repository (gzipped; see `tests/data/README.md`).
+pub const SHIPPED_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake-conversation.jsonl.gz");
+
+/// The trace file: `$AILB_TRACE` (gzipped or plain JSON lines), else [`SHIPPED_TRACE`]. Read it
+/// with [`trace::load`].
 pub fn default_trace_path() -> PathBuf {
-    match std::env::var_os("AILB_TRACE") {
+    match std::env::var_os("AILB_TRACE").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/mooncake-conversation.jsonl"),
+        None => PathBuf::from(SHIPPED_TRACE),
     }
 }
 

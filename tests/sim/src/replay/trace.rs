@@ -6,7 +6,11 @@
 //! leading run of `hash_ids` share that prompt prefix).
 
 use std::collections::HashMap;
-use std::io::BufRead;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use flate2::bufread::MultiGzDecoder;
 
 use serde_json::Value;
 
@@ -45,6 +49,45 @@ impl std::fmt::Display for ParseIssue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "line {}: {}", self.line, self.reason)
     }
+}
+
+/// Why a trace file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceFileError {
+    #[error("opening trace {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading the start of trace {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The first bytes of a gzip stream (RFC 1952).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// Opens a trace file for [`parse`]: gzip-compressed (the shipped `.jsonl.gz`; recognised by its
+/// first bytes, whatever its name) or plain JSON lines.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceFileError> {
+    let file = File::open(path).map_err(|source| TraceFileError::Open { path: path.to_path_buf(), source })?;
+    let mut reader = BufReader::new(file);
+    let head = reader.fill_buf().map_err(|source| TraceFileError::Read { path: path.to_path_buf(), source })?;
+    Ok(if head.starts_with(&GZIP_MAGIC) {
+        Box::new(BufReader::new(MultiGzDecoder::new(reader)))
+    } else {
+        Box::new(reader)
+    })
+}
+
+/// [`open`] and [`parse`]: the trace's requests and its bad lines. A stream that stops
+/// decoding midway ends with a `read error` issue.
+pub fn load(path: &Path) -> Result<(Vec<TraceRequest>, Vec<ParseIssue>), TraceFileError> {
+    Ok(parse(open(path)?))
 }
 
 /// Parses a trace line by line. Blank lines are ignored; every other line that is not a valid

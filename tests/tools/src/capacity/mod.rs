@@ -12,7 +12,7 @@
 pub mod plot;
 mod report;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ailb_sim::fleet_model::{fleet_profiles, Placement};
 use ailb_sim::replay::{self, trace, RequestSpec, TraceSelect};
@@ -38,7 +38,8 @@ pub struct Args {
     /// ailb's `affinity_wait`, simulated seconds (the daemon's default, 20 s).
     #[arg(long, default_value_t = 20.0)]
     pub affinity_wait_s: f64,
-    /// Mooncake trace (default: `$AILB_TRACE` or `../shared/traces/mooncake-conversation.jsonl`).
+    /// Mooncake trace, gzipped or plain (default: `$AILB_TRACE` or the one shipped in
+    /// `tests/data/mooncake-conversation.jsonl.gz`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Also write the report (Markdown) here.
@@ -97,9 +98,8 @@ struct Trace {
 }
 
 impl Trace {
-    fn load(path: &PathBuf) -> anyhow::Result<Trace> {
-        let file = std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
-        let (requests, issues) = trace::parse(std::io::BufReader::new(file));
+    fn load(path: &Path) -> anyhow::Result<Trace> {
+        let (requests, issues) = trace::load(path)?;
         if requests.is_empty() {
             bail!("trace {}: no valid request ({} bad lines)", path.display(), issues.len());
         }

@@ -45,7 +45,8 @@ pub struct Args {
     /// Also write the numbers as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Mooncake trace (default: `ailb-replay`'s, `$AILB_TRACE` or `../shared/traces/...`).
+    /// Mooncake trace, gzipped or plain (default: `ailb-replay`'s, `$AILB_TRACE` or the one shipped
+    /// in `tests/data/`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// `ailb-sim` binary (default: next to this one).

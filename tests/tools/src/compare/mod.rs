@@ -155,8 +155,7 @@ fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
         replay::synthetic_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, MODEL)
     } else {
         let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
-        let file = std::fs::File::open(&path).with_context(|| format!("opening trace {}", path.display()))?;
-        let (requests, _issues) = trace::parse(std::io::BufReader::new(file));
+        let (requests, _issues) = trace::load(&path)?;
         let (convs, _stats) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
         let sel = TraceSelect { limit: Some(args.limit), model: MODEL.to_string(), ..Default::default() };
         replay::trace_specs(&requests, &convs, &sel)
