@@ -52,9 +52,9 @@ use reqwest::Url;
 use serde::Deserialize;
 
 use crate::{
-    config::{parse_duration, ConfigError},
     discovery::nacos::{NacosConfig, ValidNacos},
     telemetry::model_server::{self, GpuMetrics, KvCapacity, MemoryUnit, MetricNames, UtilUnit},
+    validate::{parse_duration, ConfigError},
 };
 
 #[derive(Debug, Clone, Deserialize)]

@@ -141,7 +141,7 @@ impl Daemon {
 
     /// Plans `snapshot` and writes it. `answered` is when the source's answer arrived.
     pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
-        let plan = policy::plan(snapshot, &self.cfg, &mut self.policy);
+        let plan = policy::plan(snapshot, &self.cfg.models, &self.cfg.policy, &mut self.policy);
         let report = self.writer.apply(&plan, &self.cfg)?;
         self.metrics.applies.inc();
         self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());

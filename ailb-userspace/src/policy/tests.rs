@@ -6,9 +6,14 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    config::Config,
+    config::{Config, ValidConfig},
     discovery::{from_static, Instance, ServiceInfo, Snapshot},
 };
+
+/// [`super::plan`] over a whole config's catalog and `[policy]`.
+fn plan(snapshot: &Snapshot, cfg: &ValidConfig, state: &mut PolicyState) -> Plan {
+    super::plan(snapshot, &cfg.models, &cfg.policy, state)
+}
 
 const CATALOG: &str = r#"
 [[models]]
