@@ -34,7 +34,7 @@ use std::{
     time::Duration,
 };
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use self::evaluate::Evaluated;
@@ -102,7 +102,7 @@ impl PolicyState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedBackend {
     pub address: SocketAddrV4,
     /// Table weight, 0..=65535 (0 when not eligible).
@@ -121,12 +121,13 @@ pub struct PlannedBackend {
     pub explain: BackendExplain,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ModelPlan {
     pub vips: Vec<SocketAddrV4>,
     /// Sorted by address, so that equal inputs give equal plans whatever their order.
     pub backends: Vec<PlannedBackend>,
-    #[serde(serialize_with = "human_duration")]
+    /// Shown as humantime writes it (`"10m"`); `null`: the balancer's TTL.
+    #[serde(with = "human_duration")]
     pub affinity_ttl: Option<Duration>,
     /// At least one eligible backend. When false the kernel refuses connects to the model's
     /// VIPs with ECONNREFUSED.
@@ -136,12 +137,33 @@ pub struct ModelPlan {
     pub weights_held: bool,
 }
 
-fn human_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    d.map(|d| humantime::format_duration(d).to_string()).serialize(s)
+/// An optional duration as humantime writes and reads it (`"10m"`, `"1h 30m"`).
+mod human_duration {
+    use std::time::Duration;
+
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| humantime::format_duration(d).to_string()).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| humantime::parse_duration(&t).map_err(|e| D::Error::custom(format!("duration {t:?}: {e}"))))
+            .transpose()
+    }
 }
 
 /// Model name -> plan.
 pub type Plan = BTreeMap<String, ModelPlan>;
+
+/// The JSON contract of the daemon's `/v1/plan`, which `ailb explain` reads: the last plan and
+/// the generation of the tables written from it. The daemon serves `null` until its first plan.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PlanView {
+    pub generation: u64,
+    pub models: Plan,
+}
 
 fn addr_key(a: &SocketAddrV4) -> (u32, u16) {
     (u32::from(*a.ip()), a.port())
