@@ -11,3 +11,4 @@ pub mod discovery;
 pub mod metrics;
 pub mod policy;
 pub mod telemetry;
+pub mod validate;
