@@ -53,7 +53,7 @@ use serde::Deserialize;
 
 use crate::{
     config::{parse_duration, ConfigError},
-    discovery::nacos::{NacosConfig, ValidNacos},
+    nacos::{NacosConfig, ValidNacos},
     telemetry::model_server::{self, GpuMetrics, KvCapacity, MemoryUnit, MetricNames, UtilUnit},
 };
 

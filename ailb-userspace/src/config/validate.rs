@@ -49,7 +49,7 @@ pub struct ValidModel {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ValidSource {
     Static,
-    Nacos(Box<crate::discovery::nacos::ValidNacos>),
+    Nacos(Box<crate::nacos::ValidNacos>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use super::{
     config::PolicyConfig,
     explain::{num, BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
     factors::{load_factor, smooth, UtilBand},
-    metadata::{keys, shorten, Field, HealthStatus, InvalidField, Metadata},
+    metadata::{keys, shorten, Field, HealthStatus, InvalidField},
     BackendMemory,
 };
 use crate::{config::ValidModel, discovery::Instance};
@@ -59,7 +59,7 @@ pub(super) fn evaluate(
     cfg: &PolicyConfig,
     mem: &mut BackendMemory,
 ) -> Evaluated {
-    let md = Metadata::parse(&inst.metadata);
+    let md = inst.metadata.contract();
     let mut n = Notes::default();
 
     // 1. Model affinity.
