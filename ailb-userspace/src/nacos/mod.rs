@@ -9,8 +9,12 @@
 //!   [`http::MAX_BODY`] and parsed from `serde_json::Value` by hand; nothing panics on input).
 //! - [`config`]: the `[nacos]` / `[discovery.nacos]` table, shared by both configs.
 //!
-//! Only the HTTP APIs are spoken (the gRPC protocol of Nacos 2.x/3.x is not): the gateway
-//! polls, and the agent keeps its instance alive with beats.
+//! Only the HTTP APIs are spoken, not the gRPC protocol of Nacos 2.x/3.x: the gateway polls
+//! and the agent keeps its instance alive with beats. Measured against rnacos 0.8.8 with the
+//! official Rust SDK (nacos-sdk 0.5.3): a gRPC subscriber got each metadata change 0.75 to
+//! 0.85 s after it was written (p50 0.81 s), while the 100 ms poll saw it after 5 to 100 ms
+//! (p50 0.05 s; the server shows it within 3 ms); and registering again over gRPC with new
+//! metadata left the stored metadata unchanged, which would freeze what the agent publishes.
 
 pub mod config;
 mod error;
