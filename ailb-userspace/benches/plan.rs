@@ -52,7 +52,7 @@ fn fleet() -> (ailb_userspace::config::ValidConfig, Snapshot) {
                 weight: 1.0,
                 healthy: true,
                 enabled: true,
-                metadata: md,
+                metadata: md.into(),
             });
         }
     }

@@ -74,7 +74,7 @@ pub struct DiscoveryConfig {
     #[serde(default)]
     pub source: SourceKind,
     #[serde(default)]
-    pub nacos: Option<crate::discovery::nacos::NacosConfig>,
+    pub nacos: Option<crate::nacos::NacosConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -54,7 +54,7 @@ impl AsRef<ModelSpec> for ValidModel {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ValidSource {
     Static,
-    Nacos(Box<crate::discovery::nacos::ValidNacos>),
+    Nacos(Box<crate::nacos::ValidNacos>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -204,7 +204,7 @@ impl Daemon {
                 self.metrics.discovery_errors.inc();
                 let stale = self.last_ok.elapsed().as_secs_f64();
                 self.metrics.discovery_stale_seconds.set(stale);
-                warn!(error = %e, stale_seconds = stale, "discovery failed; the last good tables stay in the kernel");
+                warn!(error = %crate::error_chain(&e), stale_seconds = stale, "discovery failed; the last good tables stay in the kernel");
             }
         }
     }
@@ -222,7 +222,7 @@ impl Daemon {
             return;
         }
         if let Err(e) = self.source.reconfigure(&new) {
-            error!(error = %e, "reload: discovery settings rejected; keeping the previous config");
+            error!(error = %crate::error_chain(&e), "reload: discovery settings rejected; keeping the previous config");
             return;
         }
         self.cfg = new;

@@ -61,19 +61,19 @@ pub(super) fn evaluate(
     cfg: &PolicyConfig,
     mem: &mut BackendMemory,
 ) -> Evaluated {
-    let md = Metadata::parse(&inst.metadata);
+    let md = inst.metadata.contract();
     let mut n = Notes::default();
     // The steps in the order of the chain; each leaves its lines in `n`.
-    model_affinity(&mut n, &md, inst, model, spec);
-    let fits = resource_match(&mut n, &md, inst, spec);
-    health(&mut n, &md, inst, protection_threshold);
+    model_affinity(&mut n, md, inst, model, spec);
+    let fits = resource_match(&mut n, md, inst, spec);
+    health(&mut n, md, inst, protection_threshold);
     let w = inst.weight;
     registry_weight(&mut n, w);
-    let gpu_capability = gpu_capability(&mut n, &md, cfg);
-    let load = load(&mut n, &md, gpu_capability, cfg);
-    let util = utilisation(&mut n, &md, report_id(inst), cfg, mem);
-    let cap = cap(&mut n, &md);
-    informational(&mut n, &md);
+    let gpu_capability = gpu_capability(&mut n, md, cfg);
+    let load = load(&mut n, md, gpu_capability, cfg);
+    let util = utilisation(&mut n, md, report_id(inst), cfg, mem);
+    let cap = cap(&mut n, md);
+    informational(&mut n, md);
 
     let composed = if n.excluded_by.is_none() { w * gpu_capability * load.factor * util.factor } else { 0.0 };
     Evaluated {

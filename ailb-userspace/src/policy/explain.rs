@@ -110,31 +110,11 @@ pub struct BackendExplain {
     pub excluded_by: Option<Exclusion>,
 }
 
-/// The metadata keys an explanation names ([`MemoryExplain::key`], [`InvalidField::key`]).
-/// They are `&'static str` (safe as metric labels, no allocation per plan), so reading an
-/// explanation back maps each name to its constant; a name outside the contract is an error.
-const KEYS: [&str; 16] = [
-    keys::MODEL_ID,
-    keys::SUPPORTED_MODELS,
-    keys::MODEL_VERSION,
-    keys::SUPPORTED_TASKS,
-    keys::GPU_TYPE,
-    keys::REMAINING_MEMORY,
-    keys::REMAINING_MEMORY_MB,
-    keys::GPU_MEMORY_TOTAL_MB,
-    keys::GPU_UTIL,
-    keys::CURRENT_REQUESTS,
-    keys::QUEUE_LENGTH,
-    keys::HEALTH_STATUS,
-    keys::MAX_INFLIGHT,
-    keys::KV_CACHE_USAGE,
-    keys::AGENT_VERSION,
-    keys::UPDATED_AT_MS,
-];
-
 /// What the policy did about an invalid value ([`InvalidField::effect`]).
 const EFFECTS: [&str; 2] = ["excluded", "ignored"];
 
+/// Reading an explanation back maps each name to its `&'static str` constant (names are metric
+/// labels, kept without an allocation per plan); a name outside `names` is an error.
 fn known<E: de::Error>(what: &str, name: &str, names: &[&'static str]) -> Result<&'static str, E> {
     names.iter().copied().find(|k| *k == name).ok_or_else(|| E::custom(format!("unknown {what} {name:?}")))
 }
@@ -152,7 +132,7 @@ impl<'de> Deserialize<'de> for MemoryExplain {
         let o = Owned::deserialize(d)?;
         Ok(MemoryExplain {
             free_mb: o.free_mb,
-            key: known("metadata key", &o.key, &KEYS)?,
+            key: known("metadata key", &o.key, &keys::ALL)?,
             required_mb: o.required_mb,
             fits: o.fits,
         })
@@ -171,7 +151,7 @@ impl<'de> Deserialize<'de> for InvalidField {
         }
         let o = Owned::deserialize(d)?;
         Ok(InvalidField {
-            key: known("metadata key", &o.key, &KEYS)?,
+            key: known("metadata key", &o.key, &keys::ALL)?,
             value: o.value,
             reason: o.reason,
             effect: known("effect", &o.effect, &EFFECTS)?,

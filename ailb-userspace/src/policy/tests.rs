@@ -374,7 +374,7 @@ fn arb_instance() -> impl Strategy<Value = Instance> {
             healthy: healthy || i % 3 != 0,
             enabled: enabled || i % 4 != 0,
             weight,
-            metadata,
+            metadata: metadata.into(),
             ..inst(i, &[])
         })
 }

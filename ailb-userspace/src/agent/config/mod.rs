@@ -52,7 +52,7 @@ use reqwest::Url;
 use serde::Deserialize;
 
 use crate::{
-    discovery::nacos::{NacosConfig, ValidNacos},
+    nacos::{NacosConfig, ValidNacos},
     telemetry::model_server::MetricNames,
     validate::{parse_duration, ConfigError},
 };
