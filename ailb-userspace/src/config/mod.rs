@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Transitional: [`crate::validate`]'s items under their old paths, for code not yet moved.
-pub use crate::validate::{parse_duration, ConfigError};
+use crate::validate::ConfigError;
+
 pub use validate::{ValidBackend, ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
