@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
-pub use validate::{ValidBackend, ValidConfig, ValidModel, ValidSource};
+pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
 pub const DEFAULT_TOML: &str = include_str!("default.toml");

@@ -11,6 +11,7 @@ use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX
 
 use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
 use crate::{
+    discovery::StaticBackend,
     policy::{ModelSpec, MAX_WEIGHT},
     validate::{parse_duration, ConfigError},
 };
@@ -30,7 +31,7 @@ pub struct ValidConfig {
     /// The model catalog by name (model indices follow this order on a fresh start).
     pub models: BTreeMap<String, ValidModel>,
     /// The static source's backends (empty with Nacos).
-    pub backends: Vec<ValidBackend>,
+    pub backends: Vec<StaticBackend>,
     pub source: ValidSource,
     /// HTTP endpoint (`/metrics`, `/v1/plan`).
     pub listen: Option<std::net::SocketAddr>,
@@ -55,17 +56,6 @@ impl AsRef<ModelSpec> for ValidModel {
 pub enum ValidSource {
     Static,
     Nacos(Box<crate::nacos::ValidNacos>),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidBackend {
-    pub model: String,
-    pub address: SocketAddrV4,
-    pub weight: u32,
-    pub gpu_type: Option<String>,
-    pub free_memory_mb: Option<u32>,
-    pub max_inflight: u32,
-    pub healthy: bool,
 }
 
 fn parse_v4(field: &str, value: &str) -> Result<SocketAddrV4, ConfigError> {
@@ -188,7 +178,7 @@ fn check_backend(
     models: &BTreeMap<String, ValidModel>,
     vips: &HashSet<SocketAddrV4>,
     seen: &mut HashSet<(String, SocketAddrV4)>,
-) -> Result<ValidBackend, ConfigError> {
+) -> Result<StaticBackend, ConfigError> {
     let field = |f: &str| format!("backends[{i}].{f}");
     check_model_name(&field("model"), &c.model)?;
     if !models.contains_key(&c.model) {
@@ -207,7 +197,7 @@ fn check_backend(
     if c.free_memory_mb == Some(u32::MAX) {
         return Err(ConfigError::invalid(field("free_memory_mb"), u32::MAX, "reserved for 'unknown': omit the field"));
     }
-    Ok(ValidBackend {
+    Ok(StaticBackend {
         model: c.model.clone(),
         address,
         weight: c.weight,
@@ -313,7 +303,7 @@ impl Config {
     }
 
     /// The static source's `[[backends]]`, within the per-model and total limits.
-    fn static_backends(&self, models: &BTreeMap<String, ValidModel>) -> Result<Vec<ValidBackend>, ConfigError> {
+    fn static_backends(&self, models: &BTreeMap<String, ValidModel>) -> Result<Vec<StaticBackend>, ConfigError> {
         let vips: HashSet<SocketAddrV4> = models.values().flat_map(|m| m.spec.vips.iter().copied()).collect();
         let mut backends = Vec::with_capacity(self.backends.len());
         let mut seen = HashSet::new();

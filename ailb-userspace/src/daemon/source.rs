@@ -60,7 +60,7 @@ impl StaticSource {
 
 impl SnapshotSource for StaticSource {
     fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
-        let snap = crate::discovery::from_static(&self.cfg);
+        let snap = crate::discovery::from_static(&self.cfg.backends);
         Box::pin(async move { Ok(snap) })
     }
     fn poll_interval(&self) -> Option<Duration> {

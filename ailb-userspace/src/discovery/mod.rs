@@ -7,7 +7,7 @@ mod static_source;
 
 use std::net::SocketAddrV4;
 
-pub use static_source::from_static;
+pub use static_source::{from_static, StaticBackend};
 
 use crate::policy::metadata::InstanceMetadata;
 

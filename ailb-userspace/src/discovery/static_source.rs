@@ -1,16 +1,26 @@
 //! The static source: the config's `[[backends]]`, turned into instances that declare the
 //! contract's keys typed, so that the policy treats them like registry instances.
 
-use super::{Instance, Snapshot};
-use crate::{
-    config::ValidConfig,
-    policy::metadata::{Declared, InstanceMetadata},
-};
+use std::net::SocketAddrV4;
 
-pub fn from_static(config: &ValidConfig) -> Snapshot {
+use super::{Instance, Snapshot};
+use crate::policy::metadata::{Declared, InstanceMetadata};
+
+/// One `[[backends]]` entry of the config, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticBackend {
+    pub model: String,
+    pub address: SocketAddrV4,
+    pub weight: u32,
+    pub gpu_type: Option<String>,
+    pub free_memory_mb: Option<u32>,
+    pub max_inflight: u32,
+    pub healthy: bool,
+}
+
+pub fn from_static(backends: &[StaticBackend]) -> Snapshot {
     Snapshot {
-        instances: config
-            .backends
+        instances: backends
             .iter()
             .map(|b| Instance {
                 model: b.model.clone(),

@@ -225,7 +225,7 @@ fn composition_capability_cap_and_one_line_reason() {
 fn static_weights_reach_the_table_unchanged() {
     // The embedded default: weights 1, 2, 5, no telemetry.
     let cfg = crate::config::load_valid(None).unwrap();
-    let p = plan(&from_static(&cfg), &cfg, &mut PolicyState::default());
+    let p = plan(&from_static(&cfg.backends), &cfg, &mut PolicyState::default());
     let m = &p["demo-7b"];
     assert_eq!(outcome(m), [(true, 1), (true, 2), (true, 5)]);
     assert_eq!(
