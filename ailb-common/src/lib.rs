@@ -5,10 +5,16 @@
 //!   computes from `setsockopt(SOL_AILB, AILB_CONVERSATION, ..)` bytes and that `ailb hash` prints.
 //! * [`pick`]: the per-connection backend pick, exactly as `cgroup/connect4` runs it.
 //! * [`maglev`] (feature `std`): the deterministic weighted Maglev table builder.
+//! * `client` (feature `client`): the safe Rust client of the socket ABI, the twin of
+//!   `docs/client/ailb.h`: tag a socket with a conversation id, a memory need and a model
+//!   (`client::Tags`, `client::tag`), connect to a VIP and read back the backend the kernel
+//!   chose (`client::connect`); `ENOPROTOOPT` (ailb not loaded) is `client::Tagging::NoBalancer`.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(unsafe_code)]
 
 pub mod abi;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod hash;
 #[cfg(feature = "std")]
 pub mod maglev;

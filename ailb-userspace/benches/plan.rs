@@ -11,7 +11,7 @@ use ailb_userspace::{
     config::Config,
     datapath::tables::build_all,
     discovery::{Instance, Snapshot},
-    policy::{plan, PolicyState},
+    policy::{self, PolicyState},
 };
 use criterion::{criterion_group, criterion_main, Criterion};
 
@@ -26,7 +26,7 @@ fn fleet() -> (ailb_userspace::config::ValidConfig, Snapshot) {
     let template = cfg.models["model-0"].clone();
     for m in 1..MODELS {
         let mut model = template.clone();
-        model.vips = vec![SocketAddrV4::new([127, 77, (m / 200) as u8, (m % 200 + 1) as u8].into(), 8000)];
+        model.spec.vips = vec![SocketAddrV4::new([127, 77, (m / 200) as u8, (m % 200 + 1) as u8].into(), 8000)];
         model.nacos_services = vec![format!("model-{m}")];
         cfg.models.insert(format!("model-{m}"), model);
     }
@@ -52,7 +52,7 @@ fn fleet() -> (ailb_userspace::config::ValidConfig, Snapshot) {
                 weight: 1.0,
                 healthy: true,
                 enabled: true,
-                metadata: md,
+                metadata: md.into(),
             });
         }
     }
@@ -66,7 +66,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("policy_only", |b| {
         b.iter(|| {
             let mut state = PolicyState::default();
-            plan(&snap, &cfg, &mut state).len()
+            policy::plan(&snap, &cfg.models, &cfg.policy, &mut state).len()
         })
     });
     // As the daemon does it: the policy, then every model's table through `build_all` (on all
@@ -74,7 +74,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("policy_and_tables", |b| {
         b.iter(|| {
             let mut state = PolicyState::default();
-            let p = plan(&snap, &cfg, &mut state);
+            let p = policy::plan(&snap, &cfg.models, &cfg.policy, &mut state);
             let members: Vec<Vec<MaglevBackend>> = p
                 .values()
                 .map(|mp| {

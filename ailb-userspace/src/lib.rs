@@ -9,5 +9,19 @@ pub mod daemon;
 pub mod datapath;
 pub mod discovery;
 pub mod metrics;
+pub mod nacos;
 pub mod policy;
 pub mod telemetry;
+pub mod validate;
+
+/// `e: cause: cause` on one line, for logs.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -7,6 +7,7 @@
  *   if (ailb_tag_conversation(fd, "conversation-42", 15) < 0 && errno != ENOPROTOOPT)
  *       perror("ailb_tag_conversation");      // EINVAL: bad length
  *   connect(fd, (struct sockaddr *)&vip, sizeof vip);
+ *   getpeername(fd, ...);                      // the backend ailb picked (connect4 rewrote the destination)
  *
  * Errors:
  *   ENOPROTOOPT  ailb is not loaded for this process's cgroup (the kernel does not know the
@@ -15,7 +16,9 @@
  *   connect() -> ECONNREFUSED: the VIP's model has no live backend, or no backend has the
  *                free GPU memory given with AILB_REQUIRED_MEMORY_MB.
  *
- * Must match ailb-common/src/abi.rs.
+ * Must match ailb-common/src/abi.rs. Rust: ailb_common::client (cargo feature `client` of
+ * ailb-common) is this header's twin: Tags, tag() and connect(), which reports the backend and
+ * whether ailb was loaded (ENOPROTOOPT: Tagging::NoBalancer).
  */
 #ifndef AILB_H
 #define AILB_H

@@ -41,11 +41,16 @@ pub(crate) fn build_ebpf() -> Result<()> {
         }
     }
 
+    let ebpf_target = crate_dir.join("target");
     let step = Step::start(format!("building eBPF object (nightly, {BPF_TARGET})"));
     util::run(
         util::cargo_nightly()
             .current_dir(&crate_dir)
             .args(["build", "--release", "--target", BPF_TARGET, "-Z", "build-std=core"])
+            // The object is read back from the crate's own target dir below, also when a
+            // CARGO_TARGET_DIR set for the workspace would send the build elsewhere.
+            .arg("--target-dir")
+            .arg(&ebpf_target)
             .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", BPF_RUSTFLAGS),
     )
     .context(
@@ -54,7 +59,7 @@ pub(crate) fn build_ebpf() -> Result<()> {
     )?;
 
     let bin = ebpf_bin_name(&crate_dir)?;
-    let built = crate_dir.join("target").join(BPF_TARGET).join("release").join(&bin);
+    let built = ebpf_target.join(BPF_TARGET).join("release").join(&bin);
     let bytes = std::fs::read(&built).with_context(|| format!("reading the eBPF object {}", built.display()))?;
     if !bytes.starts_with(b"\x7fELF") {
         bail!("{} is not an ELF object", built.display());

@@ -5,15 +5,15 @@
 //! drains: disabled first, then deregistered once in-flight requests reach zero or the
 //! deadline passes.
 //!
-//! The loop is [`Agent::tick`]: sample, decide ([`publish::moved`], pure), write or beat. Any
-//! error (NVML, scrape, Nacos) is logged when it starts or changes, counted, and retried on
-//! the next tick; a Nacos error makes the next contact a full registration, which also covers
-//! a server that lost its state (restart) or answers a beat with 20404.
+//! The loop is [`Agent::tick`]: sample, decide ([`publish::moved`], pure), write or beat
+//! through the one Nacos client ([`crate::nacos::Session`]). Any error (NVML, scrape, Nacos) is
+//! logged when it starts or changes, counted, and retried on the next tick; a Nacos error
+//! makes the next contact a full registration, which also covers a server that lost its
+//! state (restart) or answers a beat with 20404.
 
 pub mod config;
 pub mod metrics;
 pub mod publish;
-pub mod registry;
 pub mod source;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -24,10 +24,12 @@ use self::{
     config::{ValidAgent, ValidInstance},
     metrics::AgentMetrics,
     publish::Values,
-    registry::{Beat, Registration, Registry},
     source::{ErrorSource, Telemetry},
 };
-use crate::discovery::nacos::{error_chain, http::Transport};
+use crate::{
+    error_chain,
+    nacos::{http::Transport, Beat, Endpoint, Registration, Session},
+};
 
 /// One instance's state.
 pub struct InstanceState<S> {
@@ -51,7 +53,7 @@ pub struct InstanceState<S> {
 
 pub struct Agent<T: Transport, S: Telemetry> {
     cfg: ValidAgent,
-    registry: Registry<T>,
+    nacos: Session<T>,
     pub instances: Vec<InstanceState<S>>,
     pub metrics: AgentMetrics,
     draining: bool,
@@ -59,6 +61,11 @@ pub struct Agent<T: Transport, S: Telemetry> {
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The instance's identity in Nacos.
+fn endpoint(i: &ValidInstance) -> Endpoint {
+    Endpoint { service: i.service.clone(), ip: i.ip, port: i.port, cluster: i.cluster.clone() }
 }
 
 fn slot(s: ErrorSource) -> usize {
@@ -101,7 +108,7 @@ impl<S> InstanceState<S> {
 
 impl<T: Transport, S: Telemetry> Agent<T, S> {
     pub fn new(cfg: ValidAgent, transport: T, sources: Vec<S>, metrics: AgentMetrics) -> Self {
-        let registry = Registry::new(&cfg.nacos, transport);
+        let nacos = Session::with_transport(&cfg.nacos, transport);
         let instances = cfg
             .instances
             .iter()
@@ -120,7 +127,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
                 last_unknown: Vec::new(),
             })
             .collect();
-        Self { cfg, registry, instances, metrics, draining: false }
+        Self { cfg, nacos, instances, metrics, draining: false }
     }
 
     pub fn draining(&self) -> bool {
@@ -161,7 +168,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
                     weight: st.inst.weight,
                     enabled: !self.draining,
                 };
-                match self.registry.register(&st.inst, &reg).await {
+                match self.nacos.register(&endpoint(&st.inst), &reg).await {
                     Ok(()) => {
                         m.publishes.inc();
                         if st.published.is_none() || st.last_error[slot(ErrorSource::Nacos)].is_some() {
@@ -183,7 +190,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
             }
             let due = st.last_contact.is_none_or(|c| c.elapsed() >= hb);
             if let (true, Some(reg)) = (due, st.last_reg.clone()) {
-                match self.registry.beat(&st.inst, &reg).await {
+                match self.nacos.beat(&endpoint(&st.inst), &reg).await {
                     Ok(Beat::Ok) => {
                         m.beats.inc();
                         st.ok(ErrorSource::Nacos);
@@ -228,7 +235,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
     /// Deregisters every instance (errors are logged and counted; the agent exits anyway).
     pub async fn deregister_all(&mut self) {
         for st in &mut self.instances {
-            match self.registry.deregister(&st.inst).await {
+            match self.nacos.deregister(&endpoint(&st.inst)).await {
                 Ok(()) => info!(instance = %st.inst.name(), "agent: deregistered"),
                 Err(e) => {
                     self.metrics.error(ErrorSource::Nacos);

@@ -1,13 +1,17 @@
 //! What an instance publishes and when: pure functions, no I/O.
 //!
 //! [`Values`] are the dynamic readings of one sample; [`metadata`] turns them and the static
-//! fields into the contract's string map (docs/metadata.md); [`moved`] decides whether a new
-//! sample differs enough from the last published one to be worth a Nacos write.
+//! fields into the contract's string map (keys and formats from [`crate::policy::metadata`],
+//! docs/metadata.md); [`moved`] decides whether a new sample differs enough from the last
+//! published one to be worth a Nacos write.
 
 use std::collections::BTreeMap;
 
 use super::config::{Thresholds, ValidInstance};
-use crate::telemetry::{GpuSample, ServerSample};
+use crate::{
+    policy::metadata::{format_gb, format_number, keys},
+    telemetry::{GpuSample, ServerSample},
+};
 
 /// The agent's version, published as `agent_version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -156,64 +160,47 @@ pub fn moved(old: Option<&Values>, new: &Values, t: &Thresholds) -> bool {
         || num(old.kv_cache, new.kv_cache, t.kv_cache)
 }
 
-/// A number as the contract reads it: whole numbers without a fraction, else up to 3 decimals.
-fn fmt_num(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
-}
-
-/// GB (= 1024 MiB) rounded *down* to 0.1, so that the article's key never claims more free
-/// memory than `remaining_memory_mb`.
-fn fmt_gb(mb: u64) -> String {
-    let tenths = mb * 10 / 1024;
-    format!("{}.{}", tenths / 10, tenths % 10)
-}
-
 /// The full metadata map of an instance (Nacos replaces the map on every registration).
 pub fn metadata(inst: &ValidInstance, v: &Values, updated_at_ms: u64) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, val: String| {
         m.insert(k.to_string(), val);
     };
-    put("model_id", inst.model_id.clone());
+    put(keys::MODEL_ID, inst.model_id.clone());
     if let Some(mv) = &inst.model_version {
-        put("model_version", mv.clone());
+        put(keys::MODEL_VERSION, mv.clone());
     }
     if let Some(g) = inst.gpu_type.clone().or_else(|| v.gpu_name.clone()) {
-        put("gpu_type", g);
+        put(keys::GPU_TYPE, g);
     }
     if !inst.supported_tasks.is_empty() {
-        put("supported_tasks", inst.supported_tasks.join(","));
+        put(keys::SUPPORTED_TASKS, inst.supported_tasks.join(","));
     }
     if let Some(free) = v.free_mb {
-        put("remaining_memory_mb", free.to_string());
-        put("remaining_memory", fmt_gb(free));
+        put(keys::REMAINING_MEMORY_MB, free.to_string());
+        put(keys::REMAINING_MEMORY, format_gb(free));
         if let Some(src) = v.memory_source {
-            put("memory_source", src.label().to_string());
+            put(keys::MEMORY_SOURCE, src.label().to_string());
         }
     }
     if let Some(total) = v.total_mb {
-        put("gpu_memory_total_mb", total.to_string());
+        put(keys::GPU_MEMORY_TOTAL_MB, total.to_string());
     }
     if let Some(u) = v.util_pct {
-        put("gpu_util", fmt_num(u.clamp(0.0, 100.0)));
+        put(keys::GPU_UTIL, format_number(u.clamp(0.0, 100.0)));
     }
     if let Some(r) = v.running {
-        put("current_requests", fmt_num(r.min(1e6)));
+        put(keys::CURRENT_REQUESTS, format_number(r.min(1e6)));
     }
     if let Some(w) = v.waiting {
-        put("queue_length", fmt_num(w.min(1e6)));
+        put(keys::QUEUE_LENGTH, format_number(w.min(1e6)));
     }
     if let Some(k) = v.kv_cache {
-        put("kv_cache_usage", fmt_num(k));
+        put(keys::KV_CACHE_USAGE, format_number(k));
     }
-    put("health_status", v.health_status().to_string());
-    put("updated_at_ms", updated_at_ms.to_string());
-    put("agent_version", AGENT_VERSION.to_string());
+    put(keys::HEALTH_STATUS, v.health_status().to_string());
+    put(keys::UPDATED_AT_MS, updated_at_ms.to_string());
+    put(keys::AGENT_VERSION, AGENT_VERSION.to_string());
     m
 }
 
@@ -288,15 +275,6 @@ mod tests {
         assert_eq!(get("health_status"), Some("healthy"));
         assert_eq!(get("updated_at_ms"), Some("1234"));
         assert_eq!(get("agent_version"), Some(AGENT_VERSION));
-    }
-
-    #[test]
-    fn the_policy_reads_what_the_agent_writes() {
-        // GB is rounded down: 12.49 GB free must not read as 12.5 GB.
-        assert_eq!(fmt_gb(12_790), "12.4");
-        assert_eq!(fmt_gb(0), "0.0");
-        assert_eq!(fmt_num(2.5), "2.5");
-        assert_eq!(fmt_num(1.0 / 3.0), "0.333");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::{future::Future, sync::Arc};
 
 use super::{config::GpuRef, publish::NodeSample};
 use crate::{
-    discovery::nacos::error_chain,
+    error_chain,
     telemetry::{
         model_server::ModelServerSource,
         nvml::{DeviceSelector, NvmlSource},

@@ -13,7 +13,7 @@ use super::{
     Agent,
 };
 use crate::{
-    discovery::nacos::http::{Method, Request, Response, Transport, TransportError},
+    nacos::http::{Method, Request, Response, Transport, TransportError},
     telemetry::{GpuSample, ServerSample},
 };
 

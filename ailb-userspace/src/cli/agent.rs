@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::{
     agent::{config::AgentConfig, metrics::AgentMetrics, source::NodeSource, Agent},
-    discovery::nacos::http::ReqwestTransport,
+    nacos::http::ReqwestTransport,
     telemetry::{model_server::ModelServerSource, nvml::NvmlSource},
 };
 

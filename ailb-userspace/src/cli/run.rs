@@ -32,7 +32,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
-        let shared = Arc::new(http::Shared { registry, plan: RwLock::new(serde_json::Value::Null) });
+        let shared = Arc::new(http::Shared { registry, plan: RwLock::new(None) });
         if let Some(addr) = cfg.listen {
             http::serve(addr, shared.clone()).await.with_context(|| format!("daemon.listen {addr}: cannot bind"))?;
         }

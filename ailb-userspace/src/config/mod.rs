@@ -8,34 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use validate::{ValidBackend, ValidConfig, ValidModel, ValidSource, MAX_WEIGHT};
+use crate::validate::ConfigError;
+
+pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config {path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config {origin}: {source}")]
-    Parse {
-        origin: String,
-        #[source]
-        source: Box<toml::de::Error>,
-    },
-    #[error("config: field `{field}`: invalid value {value:?}: {reason}")]
-    InvalidValue { field: String, value: String, reason: String },
-}
-
-impl ConfigError {
-    pub(crate) fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
-        Self::InvalidValue { field: field.into(), value: value.to_string(), reason: reason.into() }
-    }
-}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,7 +74,7 @@ pub struct DiscoveryConfig {
     #[serde(default)]
     pub source: SourceKind,
     #[serde(default)]
-    pub nacos: Option<crate::discovery::nacos::NacosConfig>,
+    pub nacos: Option<crate::nacos::NacosConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -239,11 +217,6 @@ impl Config {
     pub fn embedded_default() -> Self {
         Self::parse(DEFAULT_TOML, "<embedded default>").expect("the embedded default config parses")
     }
-}
-
-pub(crate) fn parse_duration(field: &str, value: &str) -> Result<std::time::Duration, ConfigError> {
-    humantime::parse_duration(value)
-        .map_err(|e| ConfigError::invalid(field, value, format!("expected a duration like \"30m\" or \"250ms\" ({e})")))
 }
 
 /// Loads and validates: from `path`, or the embedded default.

@@ -9,10 +9,12 @@ use std::{
 
 use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_PROBES, MAX_SERVICES};
 
-use super::{Config, ConfigError};
-
-/// Largest accepted backend weight (keeps the kernel's load-bound arithmetic in u64).
-pub const MAX_WEIGHT: u32 = 65_535;
+use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
+use crate::{
+    discovery::StaticBackend,
+    policy::{ModelSpec, MAX_WEIGHT},
+    validate::{parse_duration, ConfigError},
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidConfig {
@@ -29,38 +31,31 @@ pub struct ValidConfig {
     /// The model catalog by name (model indices follow this order on a fresh start).
     pub models: BTreeMap<String, ValidModel>,
     /// The static source's backends (empty with Nacos).
-    pub backends: Vec<ValidBackend>,
+    pub backends: Vec<StaticBackend>,
     pub source: ValidSource,
     /// HTTP endpoint (`/metrics`, `/v1/plan`).
     pub listen: Option<std::net::SocketAddr>,
     pub policy: crate::policy::PolicyConfig,
 }
 
+/// One model of the catalog: what the policy plans it with, and where discovery finds it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ValidModel {
-    pub vips: Vec<SocketAddrV4>,
-    pub required_memory_mb: Option<u32>,
-    pub model_version: Option<String>,
-    pub affinity_ttl: Option<Duration>,
+    pub spec: ModelSpec,
     /// Nacos services that serve the model (at least one: default `[name]`).
     pub nacos_services: Vec<String>,
+}
+
+impl AsRef<ModelSpec> for ValidModel {
+    fn as_ref(&self) -> &ModelSpec {
+        &self.spec
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ValidSource {
     Static,
-    Nacos(Box<crate::discovery::nacos::ValidNacos>),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidBackend {
-    pub model: String,
-    pub address: SocketAddrV4,
-    pub weight: u32,
-    pub gpu_type: Option<String>,
-    pub free_memory_mb: Option<u32>,
-    pub max_inflight: u32,
-    pub healthy: bool,
+    Nacos(Box<crate::nacos::ValidNacos>),
 }
 
 fn parse_v4(field: &str, value: &str) -> Result<SocketAddrV4, ConfigError> {
@@ -82,207 +77,155 @@ fn check_model_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Records a VIP of a model; a VIP used twice (by any model) is refused.
+fn add_vip(
+    vips: &mut HashSet<SocketAddrV4>,
+    field: String,
+    value: &str,
+    model: &mut ModelSpec,
+) -> Result<(), ConfigError> {
+    let vip = parse_v4(&field, value)?;
+    if !vips.insert(vip) {
+        return Err(ConfigError::invalid(field, value, "this VIP is used twice"));
+    }
+    model.vips.push(vip);
+    Ok(())
+}
+
+/// `daemon.bpffs` and `daemon.cgroup` (`daemon.listen` is checked with the rest, later).
+fn check_daemon_paths(d: &DaemonConfig) -> Result<(), ConfigError> {
+    if !d.bpffs.is_absolute() || d.bpffs.as_os_str().is_empty() {
+        return Err(ConfigError::invalid("daemon.bpffs", d.bpffs.display(), "must be an absolute path in bpffs"));
+    }
+    if d.cgroup.is_empty() || d.cgroup.split('/').any(|c| c == "..") {
+        return Err(ConfigError::invalid("daemon.cgroup", &d.cgroup, "must be non-empty and must not contain `..`"));
+    }
+    Ok(())
+}
+
+/// `[balancer]`: the load factor and probes; returns the affinity TTL and wait.
+fn check_balancer(b: &BalancerConfig) -> Result<(Duration, Duration), ConfigError> {
+    if !(b.load_factor.is_finite() && b.load_factor > 1.0 && b.load_factor <= 10.0) {
+        return Err(ConfigError::invalid(
+            "balancer.load_factor",
+            b.load_factor,
+            "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
+        ));
+    }
+    if b.probes == 0 || b.probes > MAX_PROBES {
+        return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
+    }
+    let affinity_ttl = parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?;
+    let affinity_wait = parse_duration("balancer.affinity_wait", &b.affinity_wait)?;
+    Ok((affinity_ttl, affinity_wait))
+}
+
+/// `models[i]`, with its VIPs recorded in `vips`.
+fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> Result<ValidModel, ConfigError> {
+    let field = |f: &str| format!("models[{i}].{f}");
+    let mut vm = ValidModel {
+        spec: ModelSpec {
+            required_memory_mb: m.required_memory_mb,
+            model_version: m.model_version.clone(),
+            affinity_ttl: m.affinity_ttl.as_deref().map(|t| parse_duration(&field("affinity_ttl"), t)).transpose()?,
+            ..Default::default()
+        },
+        nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
+    };
+    for (j, v) in m.vips.iter().enumerate() {
+        add_vip(vips, format!("models[{i}].vips[{j}]"), v, &mut vm.spec)?;
+    }
+    for (j, svc) in vm.nacos_services.iter().enumerate() {
+        if svc.is_empty() || svc.len() > 512 || svc.chars().any(|c| c.is_control() || c == '@') {
+            return Err(ConfigError::invalid(
+                format!("models[{i}].nacos_services[{j}]"),
+                svc,
+                "not a valid Nacos service name",
+            ));
+        }
+    }
+    Ok(vm)
+}
+
+/// The catalog's size limits, and a VIP for every model.
+fn check_catalog_size(models: &BTreeMap<String, ValidModel>) -> Result<(), ConfigError> {
+    if models.is_empty() {
+        return Err(ConfigError::invalid(
+            "models",
+            "[]",
+            "at least one model with a VIP is needed ([[models]] or [[services]])",
+        ));
+    }
+    if models.len() > MAX_MODELS as usize {
+        return Err(ConfigError::invalid("models", models.len(), format!("at most {MAX_MODELS} models")));
+    }
+    let n_vips: usize = models.values().map(|m| m.spec.vips.len()).sum();
+    if n_vips > MAX_SERVICES as usize {
+        return Err(ConfigError::invalid("models", n_vips, format!("at most {MAX_SERVICES} VIPs in all")));
+    }
+    for (name, m) in models {
+        if m.spec.vips.is_empty() {
+            return Err(ConfigError::invalid("models", name, "this model has no VIP (models[].vips or [[services]])"));
+        }
+    }
+    Ok(())
+}
+
+/// `backends[i]`; `seen` holds the (model, address) pairs before it.
+fn check_backend(
+    i: usize,
+    c: &BackendConfig,
+    models: &BTreeMap<String, ValidModel>,
+    vips: &HashSet<SocketAddrV4>,
+    seen: &mut HashSet<(String, SocketAddrV4)>,
+) -> Result<StaticBackend, ConfigError> {
+    let field = |f: &str| format!("backends[{i}].{f}");
+    check_model_name(&field("model"), &c.model)?;
+    if !models.contains_key(&c.model) {
+        return Err(ConfigError::invalid(field("model"), &c.model, "no service (VIP) is configured for this model"));
+    }
+    let address = parse_v4(&field("address"), &c.address)?;
+    if vips.contains(&address) {
+        return Err(ConfigError::invalid(field("address"), &c.address, "a backend cannot be a VIP"));
+    }
+    if !seen.insert((c.model.clone(), address)) {
+        return Err(ConfigError::invalid(field("address"), &c.address, "this backend is listed twice for the model"));
+    }
+    if c.weight > MAX_WEIGHT {
+        return Err(ConfigError::invalid(field("weight"), c.weight, format!("must be 0..={MAX_WEIGHT}")));
+    }
+    if c.free_memory_mb == Some(u32::MAX) {
+        return Err(ConfigError::invalid(field("free_memory_mb"), u32::MAX, "reserved for 'unknown': omit the field"));
+    }
+    Ok(StaticBackend {
+        model: c.model.clone(),
+        address,
+        weight: c.weight,
+        gpu_type: c.gpu_type.clone(),
+        free_memory_mb: c.free_memory_mb,
+        max_inflight: c.max_inflight,
+        healthy: c.healthy,
+    })
+}
+
 impl Config {
     pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
         let d = &self.daemon;
-        if !d.bpffs.is_absolute() || d.bpffs.as_os_str().is_empty() {
-            return Err(ConfigError::invalid("daemon.bpffs", d.bpffs.display(), "must be an absolute path in bpffs"));
-        }
-        if d.cgroup.is_empty() || d.cgroup.split('/').any(|c| c == "..") {
-            return Err(ConfigError::invalid(
-                "daemon.cgroup",
-                &d.cgroup,
-                "must be non-empty and must not contain `..`",
-            ));
-        }
+        check_daemon_paths(d)?;
         let b = &self.balancer;
-        if !(b.load_factor.is_finite() && b.load_factor > 1.0 && b.load_factor <= 10.0) {
-            return Err(ConfigError::invalid(
-                "balancer.load_factor",
-                b.load_factor,
-                "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
-            ));
-        }
-        if b.probes == 0 || b.probes > MAX_PROBES {
-            return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
-        }
-        let affinity_ttl = super::parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?;
-        let affinity_wait = super::parse_duration("balancer.affinity_wait", &b.affinity_wait)?;
-
-        // The catalog: [[models]], then VIPs from [[services]].
-        let mut models: BTreeMap<String, ValidModel> = BTreeMap::new();
-        let mut vips = HashSet::new();
-        let mut add_vip = |field: String, value: &str, model: &mut ValidModel| -> Result<(), ConfigError> {
-            let vip = parse_v4(&field, value)?;
-            if !vips.insert(vip) {
-                return Err(ConfigError::invalid(field, value, "this VIP is used twice"));
-            }
-            model.vips.push(vip);
-            Ok(())
-        };
-        for (i, m) in self.models.iter().enumerate() {
-            let field = |f: &str| format!("models[{i}].{f}");
-            check_model_name(&field("name"), &m.name)?;
-            if models.contains_key(&m.name) {
-                return Err(ConfigError::invalid(field("name"), &m.name, "this model is listed twice"));
-            }
-            let mut vm = ValidModel {
-                required_memory_mb: m.required_memory_mb,
-                model_version: m.model_version.clone(),
-                affinity_ttl: m
-                    .affinity_ttl
-                    .as_deref()
-                    .map(|t| super::parse_duration(&field("affinity_ttl"), t))
-                    .transpose()?,
-                nacos_services: if m.nacos_services.is_empty() {
-                    vec![m.name.clone()]
-                } else {
-                    m.nacos_services.clone()
-                },
-                ..Default::default()
-            };
-            for (j, v) in m.vips.iter().enumerate() {
-                add_vip(format!("models[{i}].vips[{j}]"), v, &mut vm)?;
-            }
-            for (j, svc) in vm.nacos_services.iter().enumerate() {
-                if svc.is_empty() || svc.len() > 512 || svc.chars().any(|c| c.is_control() || c == '@') {
-                    return Err(ConfigError::invalid(
-                        format!("models[{i}].nacos_services[{j}]"),
-                        svc,
-                        "not a valid Nacos service name",
-                    ));
-                }
-            }
-            models.insert(m.name.clone(), vm);
-        }
-        for (i, s) in self.services.iter().enumerate() {
-            check_model_name(&format!("services[{i}].model"), &s.model)?;
-            let model = models
-                .entry(s.model.clone())
-                .or_insert_with(|| ValidModel { nacos_services: vec![s.model.clone()], ..Default::default() });
-            add_vip(format!("services[{i}].vip"), &s.vip, model)?;
-        }
-        if models.is_empty() {
-            return Err(ConfigError::invalid(
-                "models",
-                "[]",
-                "at least one model with a VIP is needed ([[models]] or [[services]])",
-            ));
-        }
-        if models.len() > MAX_MODELS as usize {
-            return Err(ConfigError::invalid("models", models.len(), format!("at most {MAX_MODELS} models")));
-        }
-        let n_vips: usize = models.values().map(|m| m.vips.len()).sum();
-        if n_vips > MAX_SERVICES as usize {
-            return Err(ConfigError::invalid("models", n_vips, format!("at most {MAX_SERVICES} VIPs in all")));
-        }
-        for (name, m) in &models {
-            if m.vips.is_empty() {
-                return Err(ConfigError::invalid(
-                    "models",
-                    name,
-                    "this model has no VIP (models[].vips or [[services]])",
-                ));
-            }
-        }
-        let vips: HashSet<SocketAddrV4> = models.values().flat_map(|m| m.vips.iter().copied()).collect();
-        let source = match self.discovery.source {
-            super::SourceKind::Static => {
-                if self.discovery.nacos.is_some() && !self.backends.is_empty() {
-                    // Both given: say which one is used rather than guess.
-                    return Err(ConfigError::invalid(
-                        "discovery.source",
-                        "static",
-                        "[discovery.nacos] is set but the source is static; set source = \"nacos\" or remove it",
-                    ));
-                }
-                ValidSource::Static
-            }
-            super::SourceKind::Nacos => {
-                if !self.backends.is_empty() {
-                    return Err(ConfigError::invalid(
-                        "backends",
-                        self.backends.len(),
-                        "static [[backends]] are not used with discovery.source = \"nacos\"; remove them",
-                    ));
-                }
-                let Some(n) = &self.discovery.nacos else {
-                    return Err(ConfigError::invalid(
-                        "discovery.nacos",
-                        "absent",
-                        "source = \"nacos\" needs a [discovery.nacos] table",
-                    ));
-                };
-                ValidSource::Nacos(Box::new(n.validate()?))
-            }
-        };
+        let (affinity_ttl, affinity_wait) = check_balancer(b)?;
+        let models = self.catalog()?;
+        let source = self.source()?;
         let listen = d
             .listen
             .as_deref()
             .map(|l| {
-                l.parse::<std::net::SocketAddr>()
+                l.parse::<SocketAddr>()
                     .map_err(|e| ConfigError::invalid("daemon.listen", l, format!("expected ip:port ({e})")))
             })
             .transpose()?;
         self.policy.validate()?;
-
-        let mut backends = Vec::with_capacity(self.backends.len());
-        let mut seen = HashSet::new();
-        let mut per_model: BTreeMap<&str, usize> = BTreeMap::new();
-        for (i, c) in self.backends.iter().enumerate() {
-            let field = |f: &str| format!("backends[{i}].{f}");
-            check_model_name(&field("model"), &c.model)?;
-            if !models.contains_key(&c.model) {
-                return Err(ConfigError::invalid(
-                    field("model"),
-                    &c.model,
-                    "no service (VIP) is configured for this model",
-                ));
-            }
-            let address = parse_v4(&field("address"), &c.address)?;
-            if vips.contains(&address) {
-                return Err(ConfigError::invalid(field("address"), &c.address, "a backend cannot be a VIP"));
-            }
-            if !seen.insert((c.model.clone(), address)) {
-                return Err(ConfigError::invalid(
-                    field("address"),
-                    &c.address,
-                    "this backend is listed twice for the model",
-                ));
-            }
-            if c.weight > MAX_WEIGHT {
-                return Err(ConfigError::invalid(field("weight"), c.weight, format!("must be 0..={MAX_WEIGHT}")));
-            }
-            if c.free_memory_mb == Some(u32::MAX) {
-                return Err(ConfigError::invalid(
-                    field("free_memory_mb"),
-                    u32::MAX,
-                    "reserved for 'unknown': omit the field",
-                ));
-            }
-            let n = per_model.entry(c.model.as_str()).or_default();
-            *n += 1;
-            if *n > MAX_MEMBERS as usize {
-                return Err(ConfigError::invalid(
-                    field("model"),
-                    &c.model,
-                    format!("at most {MAX_MEMBERS} backends per model"),
-                ));
-            }
-            backends.push(ValidBackend {
-                model: c.model.clone(),
-                address,
-                weight: c.weight,
-                gpu_type: c.gpu_type.clone(),
-                free_memory_mb: c.free_memory_mb,
-                max_inflight: c.max_inflight,
-                healthy: c.healthy,
-            });
-        }
-        if backends.len() > MAX_BACKENDS as usize / 2 {
-            // Half the id space stays free for backends removed while connections still use them.
-            return Err(ConfigError::invalid("backends", backends.len(), format!("at most {}", MAX_BACKENDS / 2)));
-        }
+        let backends = self.static_backends(&models)?;
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -300,6 +243,89 @@ impl Config {
             listen,
             policy: self.policy.clone(),
         })
+    }
+
+    /// The catalog: `[[models]]`, then VIPs from `[[services]]`.
+    fn catalog(&self) -> Result<BTreeMap<String, ValidModel>, ConfigError> {
+        let mut models: BTreeMap<String, ValidModel> = BTreeMap::new();
+        let mut vips = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            check_model_name(&format!("models[{i}].name"), &m.name)?;
+            if models.contains_key(&m.name) {
+                return Err(ConfigError::invalid(format!("models[{i}].name"), &m.name, "this model is listed twice"));
+            }
+            let vm = check_model(i, m, &mut vips)?;
+            models.insert(m.name.clone(), vm);
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            check_model_name(&format!("services[{i}].model"), &s.model)?;
+            let model = models
+                .entry(s.model.clone())
+                .or_insert_with(|| ValidModel { nacos_services: vec![s.model.clone()], ..Default::default() });
+            add_vip(&mut vips, format!("services[{i}].vip"), &s.vip, &mut model.spec)?;
+        }
+        check_catalog_size(&models)?;
+        Ok(models)
+    }
+
+    /// `[discovery]`: the static `[[backends]]` or `[discovery.nacos]`, never both.
+    fn source(&self) -> Result<ValidSource, ConfigError> {
+        match self.discovery.source {
+            SourceKind::Static => {
+                if self.discovery.nacos.is_some() && !self.backends.is_empty() {
+                    // Both given: say which one is used rather than guess.
+                    return Err(ConfigError::invalid(
+                        "discovery.source",
+                        "static",
+                        "[discovery.nacos] is set but the source is static; set source = \"nacos\" or remove it",
+                    ));
+                }
+                Ok(ValidSource::Static)
+            }
+            SourceKind::Nacos => {
+                if !self.backends.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "backends",
+                        self.backends.len(),
+                        "static [[backends]] are not used with discovery.source = \"nacos\"; remove them",
+                    ));
+                }
+                let Some(n) = &self.discovery.nacos else {
+                    return Err(ConfigError::invalid(
+                        "discovery.nacos",
+                        "absent",
+                        "source = \"nacos\" needs a [discovery.nacos] table",
+                    ));
+                };
+                Ok(ValidSource::Nacos(Box::new(n.validate()?)))
+            }
+        }
+    }
+
+    /// The static source's `[[backends]]`, within the per-model and total limits.
+    fn static_backends(&self, models: &BTreeMap<String, ValidModel>) -> Result<Vec<StaticBackend>, ConfigError> {
+        let vips: HashSet<SocketAddrV4> = models.values().flat_map(|m| m.spec.vips.iter().copied()).collect();
+        let mut backends = Vec::with_capacity(self.backends.len());
+        let mut seen = HashSet::new();
+        let mut per_model: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, c) in self.backends.iter().enumerate() {
+            let backend = check_backend(i, c, models, &vips, &mut seen)?;
+            let n = per_model.entry(c.model.as_str()).or_default();
+            *n += 1;
+            if *n > MAX_MEMBERS as usize {
+                return Err(ConfigError::invalid(
+                    format!("backends[{i}].model"),
+                    &c.model,
+                    format!("at most {MAX_MEMBERS} backends per model"),
+                ));
+            }
+            backends.push(backend);
+        }
+        if backends.len() > MAX_BACKENDS as usize / 2 {
+            // Half the id space stays free for backends removed while connections still use them.
+            return Err(ConfigError::invalid("backends", backends.len(), format!("at most {}", MAX_BACKENDS / 2)));
+        }
+        Ok(backends)
     }
 }
 

@@ -10,10 +10,12 @@ use axum::{extract::State, http::header, response::IntoResponse, routing::get, R
 use prometheus_client::registry::Registry;
 use tracing::{error, info};
 
+use crate::policy::PlanView;
+
 pub struct Shared {
     pub registry: Registry,
-    /// JSON of the last plan (see `daemon::plan_view`).
-    pub plan: RwLock<serde_json::Value>,
+    /// The last plan, served at `/v1/plan`; `None` (served as `null`) before the first one.
+    pub plan: RwLock<Option<PlanView>>,
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
@@ -26,8 +28,11 @@ async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 async fn plan(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    let v = s.plan.read().map(|v| v.clone()).unwrap_or(serde_json::Value::Null);
-    axum::Json(v)
+    match s.plan.read() {
+        Ok(p) => axum::Json(&*p).into_response(),
+        // A writer panicked mid-update: serve no plan rather than a torn one.
+        Err(_) => axum::Json(None::<PlanView>).into_response(),
+    }
 }
 
 /// Binds `addr` (an error here stops start-up) and serves in the background.

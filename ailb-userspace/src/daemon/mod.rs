@@ -25,7 +25,7 @@ use crate::{
     datapath::Writer,
     discovery::Snapshot,
     metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ReasonLabel},
-    policy::{self, Plan, PolicyState},
+    policy::{self, PlanView, PolicyState},
 };
 pub use source::{SnapshotSource, StaticSource};
 
@@ -80,42 +80,6 @@ impl Settle {
     }
 }
 
-/// The JSON served at `/v1/plan` and printed by `ailb explain`.
-pub fn plan_view(plan: &Plan, generation: u64) -> serde_json::Value {
-    let models: serde_json::Map<String, serde_json::Value> = plan
-        .iter()
-        .map(|(name, m)| {
-            let backends: Vec<serde_json::Value> = m
-                .backends
-                .iter()
-                .map(|b| {
-                    serde_json::json!({
-                        "address": b.address.to_string(),
-                        "eligible": b.eligible,
-                        "weight": b.weight,
-                        "cap": b.cap,
-                        "free_memory_mb": b.free_memory_mb,
-                        "reason": b.reason,
-                        "explain": b.explain,
-                    })
-                })
-                .collect();
-            let vips: Vec<String> = m.vips.iter().map(ToString::to_string).collect();
-            (
-                name.clone(),
-                serde_json::json!({
-                    "vips": vips,
-                    "available": m.available,
-                    "weights_held": m.weights_held,
-                    "affinity_ttl": m.affinity_ttl.map(|t| humantime::format_duration(t).to_string()),
-                    "backends": backends,
-                }),
-            )
-        })
-        .collect();
-    serde_json::json!({ "generation": generation, "models": models })
-}
-
 impl Daemon {
     pub fn new(
         writer: Writer,
@@ -141,7 +105,7 @@ impl Daemon {
 
     /// Plans `snapshot` and writes it. `answered` is when the source's answer arrived.
     pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
-        let plan = policy::plan(snapshot, &self.cfg, &mut self.policy);
+        let plan = policy::plan(snapshot, &self.cfg.models, &self.cfg.policy, &mut self.policy);
         let report = self.writer.apply(&plan, &self.cfg)?;
         self.metrics.applies.inc();
         self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());
@@ -176,7 +140,7 @@ impl Daemon {
         }
         if let Some(shared) = &self.shared {
             if let Ok(mut v) = shared.plan.write() {
-                *v = plan_view(&plan, report.generation);
+                *v = Some(PlanView { generation: report.generation, models: plan });
             }
         }
         info!(
@@ -240,7 +204,7 @@ impl Daemon {
                 self.metrics.discovery_errors.inc();
                 let stale = self.last_ok.elapsed().as_secs_f64();
                 self.metrics.discovery_stale_seconds.set(stale);
-                warn!(error = %e, stale_seconds = stale, "discovery failed; the last good tables stay in the kernel");
+                warn!(error = %crate::error_chain(&e), stale_seconds = stale, "discovery failed; the last good tables stay in the kernel");
             }
         }
     }
@@ -258,7 +222,7 @@ impl Daemon {
             return;
         }
         if let Err(e) = self.source.reconfigure(&new) {
-            error!(error = %e, "reload: discovery settings rejected; keeping the previous config");
+            error!(error = %crate::error_chain(&e), "reload: discovery settings rejected; keeping the previous config");
             return;
         }
         self.cfg = new;

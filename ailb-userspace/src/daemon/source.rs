@@ -3,18 +3,36 @@
 use std::{future::Future, pin::Pin, time::Duration};
 
 use crate::{
-    config::ValidConfig,
-    discovery::{
-        nacos::{error_chain, NacosSource, ValidNacos},
-        Snapshot,
-    },
+    config::{ValidConfig, ValidSource},
+    discovery::{nacos::NacosSource, Snapshot},
+    nacos::{NacosError, ValidNacos},
 };
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why a source could not read, or refused a reloaded config.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A Nacos read (or the login before it) failed.
+    #[error("nacos source")]
+    Nacos(#[source] NacosError),
+    #[error("switching discovery.source from {from} to {to} needs a restart")]
+    SwitchSource { from: &'static str, to: &'static str },
+    #[error("discovery.nacos settings (servers, credentials, ...) changed: they need a restart")]
+    NacosSettings,
+}
+
+/// `discovery.source` as written in the config.
+fn kind(s: &ValidSource) -> &'static str {
+    match s {
+        ValidSource::Static => "static",
+        ValidSource::Nacos(_) => "nacos",
+    }
+}
+
 pub trait SnapshotSource: Send {
     /// One full read of the fleet; an error keeps the last good tables.
-    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, String>>;
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>>;
     /// Completes when the source pushes a change (never, for sources without push).
     fn changed(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::pending())
@@ -22,7 +40,7 @@ pub trait SnapshotSource: Send {
     /// How often to read; `None`: only at start and on reload (the static source).
     fn poll_interval(&self) -> Option<Duration>;
     /// Takes the discovery settings of a reloaded config.
-    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String>;
+    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), SourceError>;
     /// Instances dropped so far because the registry's answer for them was unusable.
     fn dropped_total(&self) -> u64 {
         0
@@ -41,16 +59,16 @@ impl StaticSource {
 }
 
 impl SnapshotSource for StaticSource {
-    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, String>> {
-        let snap = crate::discovery::from_static(&self.cfg);
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
+        let snap = crate::discovery::from_static(&self.cfg.backends);
         Box::pin(async move { Ok(snap) })
     }
     fn poll_interval(&self) -> Option<Duration> {
         None
     }
-    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String> {
-        if !matches!(cfg.source, crate::config::ValidSource::Static) {
-            return Err("switching discovery.source needs a restart".into());
+    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), SourceError> {
+        if !matches!(cfg.source, ValidSource::Static) {
+            return Err(SourceError::SwitchSource { from: "static", to: kind(&cfg.source) });
         }
         self.cfg = cfg.clone();
         Ok(())
@@ -69,8 +87,8 @@ pub struct NacosAdapter {
 }
 
 impl SnapshotSource for NacosAdapter {
-    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, String>> {
-        Box::pin(async move { self.src.discover().await.map_err(|e| error_chain(&e)) })
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
+        Box::pin(async move { self.src.discover().await.map_err(SourceError::Nacos) })
     }
     fn changed(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(self.src.changed())
@@ -81,23 +99,38 @@ impl SnapshotSource for NacosAdapter {
     fn dropped_total(&self) -> u64 {
         self.src.dropped_total()
     }
-    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), String> {
+    fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), SourceError> {
         match &cfg.source {
-            crate::config::ValidSource::Nacos(n) if **n == self.cfg => {
+            ValidSource::Nacos(n) if **n == self.cfg => {
                 self.src.set_catalog(&catalog(cfg));
                 Ok(())
             }
-            crate::config::ValidSource::Nacos(_) => {
-                Err("discovery.nacos settings (servers, credentials, ...) need a restart".into())
-            }
-            crate::config::ValidSource::Static => Err("switching discovery.source needs a restart".into()),
+            ValidSource::Nacos(_) => Err(SourceError::NacosSettings),
+            ValidSource::Static => Err(SourceError::SwitchSource { from: "nacos", to: "static" }),
         }
     }
 }
 
 /// Connects to Nacos. A refused login or an unreadable CA file stops start-up; unreachable
 /// servers do not (the daemon starts fail-static and keeps reading).
-pub async fn nacos(n: &ValidNacos, cfg: &ValidConfig) -> anyhow::Result<Box<dyn SnapshotSource>> {
-    let src = NacosSource::connect(n, &catalog(cfg)).await.map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+pub async fn nacos(n: &ValidNacos, cfg: &ValidConfig) -> Result<Box<dyn SnapshotSource>, SourceError> {
+    let src = NacosSource::connect(n, &catalog(cfg)).await.map_err(SourceError::Nacos)?;
     Ok(Box::new(NacosAdapter { src, cfg: n.clone() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_refuses_a_switch_to_nacos_by_name() {
+        let cfg = crate::config::load_valid(None).unwrap();
+        let mut src = StaticSource::new(&cfg);
+        let mut nacos = cfg.clone();
+        let n = crate::nacos::NacosConfig::with_servers(["http://127.0.0.1:1"]).validate().unwrap();
+        nacos.source = ValidSource::Nacos(Box::new(n));
+        let e = src.reconfigure(&nacos).unwrap_err();
+        assert!(matches!(e, SourceError::SwitchSource { from: "static", to: "nacos" }), "{e}");
+        assert!(src.reconfigure(&cfg).is_ok());
+    }
 }

@@ -2,14 +2,23 @@
 //! links under one bpffs directory, attaches to the configured cgroup, writes tables
 //! atomically, reopens the pins after a restart (fail-static), reads them for `status`, and
 //! tears everything down.
+//!
+//! The writer ([`writer`]) keeps its logic apart from aya: it reaches the maps through
+//! [`WriterMaps`] only (`store.rs` implements it for [`Maps`]; the tests use the in-memory
+//! `fake.rs`), takes ids from `ids.rs` and the map values from [`values`].
 
 pub mod cgroup;
 pub mod explain;
+#[cfg(test)]
+mod fake;
+mod ids;
 pub mod load;
 pub mod status;
+mod store;
 mod sys;
 pub mod tables;
 pub mod teardown;
+pub mod values;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +32,7 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 pub use cgroup::resolve_cgroup;
 pub use load::open_or_load;
 pub use status::read_status;
+pub use store::WriterMaps;
 pub use teardown::teardown;
 pub use writer::Writer;
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{
     map_err,
-    writer::{addr_from_be, model_name},
+    values::{addr_from_be, model_name},
     DatapathError, Maps,
 };
 

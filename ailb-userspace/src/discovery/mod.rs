@@ -1,13 +1,15 @@
 //! Where backends come from. Output: an immutable [`Snapshot`] of instances with their
-//! registry flags and string metadata, exactly as the source reported them: parsing the
-//! metadata and deciding eligibility is the policy's job.
+//! registry flags and metadata, as the source reported it and typed by the metadata contract
+//! ([`crate::policy::metadata`]): deciding eligibility is the policy's job.
 
 pub mod nacos;
 mod static_source;
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::net::SocketAddrV4;
 
-pub use static_source::from_static;
+pub use static_source::{from_static, StaticBackend};
+
+use crate::policy::metadata::InstanceMetadata;
 
 /// One backend instance as discovered, before any policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,8 +25,9 @@ pub struct Instance {
     pub weight: f64,
     pub healthy: bool,
     pub enabled: bool,
-    /// String metadata, keys as documented in `docs/metadata.md`.
-    pub metadata: BTreeMap<String, String>,
+    /// Metadata, keys as documented in `docs/metadata.md`: the strings as reported and the
+    /// contract's keys typed.
+    pub metadata: InstanceMetadata,
 }
 
 /// Per registry service: what the registry said about the service as a whole.

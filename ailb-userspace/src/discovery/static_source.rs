@@ -1,39 +1,42 @@
-//! The static source: the config's `[[backends]]`, turned into instances with the metadata
-//! keys of the contract so that the policy treats them like registry instances.
+//! The static source: the config's `[[backends]]`, turned into instances that declare the
+//! contract's keys typed, so that the policy treats them like registry instances.
 
-use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
 
 use super::{Instance, Snapshot};
-use crate::config::ValidConfig;
+use crate::policy::metadata::{Declared, InstanceMetadata};
 
-pub fn from_static(config: &ValidConfig) -> Snapshot {
+/// One `[[backends]]` entry of the config, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticBackend {
+    pub model: String,
+    pub address: SocketAddrV4,
+    pub weight: u32,
+    pub gpu_type: Option<String>,
+    pub free_memory_mb: Option<u32>,
+    pub max_inflight: u32,
+    pub healthy: bool,
+}
+
+pub fn from_static(backends: &[StaticBackend]) -> Snapshot {
     Snapshot {
-        instances: config
-            .backends
+        instances: backends
             .iter()
-            .map(|b| {
-                let mut metadata = BTreeMap::new();
-                metadata.insert("model_id".to_string(), b.model.clone());
-                if let Some(g) = &b.gpu_type {
-                    metadata.insert("gpu_type".to_string(), g.clone());
-                }
-                if let Some(m) = b.free_memory_mb {
-                    metadata.insert("remaining_memory_mb".to_string(), m.to_string());
-                }
-                if b.max_inflight > 0 {
-                    metadata.insert("max_inflight".to_string(), b.max_inflight.to_string());
-                }
-                Instance {
-                    model: b.model.clone(),
-                    service: "static".to_string(),
-                    group: String::new(),
-                    cluster: String::new(),
-                    address: b.address,
-                    weight: b.weight as f64,
-                    healthy: b.healthy,
-                    enabled: true,
-                    metadata,
-                }
+            .map(|b| Instance {
+                model: b.model.clone(),
+                service: "static".to_string(),
+                group: String::new(),
+                cluster: String::new(),
+                address: b.address,
+                weight: b.weight as f64,
+                healthy: b.healthy,
+                enabled: true,
+                metadata: InstanceMetadata::declared(Declared {
+                    model_id: &b.model,
+                    gpu_type: b.gpu_type.as_deref(),
+                    free_memory_mb: b.free_memory_mb,
+                    max_inflight: (b.max_inflight > 0).then_some(b.max_inflight),
+                }),
             })
             .collect(),
         services: Vec::new(),

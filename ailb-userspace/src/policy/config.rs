@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::validate::ConfigError;
 
 /// `[policy]`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -1,5 +1,6 @@
-//! One backend through the chain of DESIGN.md: model affinity -> resource match -> health ->
-//! registry weight x GPU capability x load x GPU utilisation. Every decision leaves a line.
+//! One backend through the chain: model affinity -> resource match -> health -> registry
+//! weight x GPU capability x load x GPU utilisation, one function per step. Every decision
+//! leaves a line.
 
 use std::fmt::Display;
 
@@ -8,12 +9,13 @@ use super::{
     explain::{num, BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
     factors::{load_factor, smooth, UtilBand},
     metadata::{keys, shorten, Field, HealthStatus, InvalidField, Metadata},
-    BackendMemory,
+    weights::MAX_WEIGHT,
+    BackendMemory, ModelSpec,
 };
-use crate::{config::ValidModel, discovery::Instance};
+use crate::discovery::Instance;
 
 /// Smallest registry weight ailb resolves (the table holds 3 significant digits); below it,
-/// drain with 0. Largest: [`crate::config::MAX_WEIGHT`], the static source's limit and above
+/// drain with 0. Largest: [`MAX_WEIGHT`], the static source's limit and above
 /// Nacos' own (10000).
 pub const MIN_REGISTRY_WEIGHT: f64 = 0.001;
 
@@ -54,15 +56,57 @@ impl Notes {
 pub(super) fn evaluate(
     inst: &Instance,
     model: &str,
-    vm: &ValidModel,
+    spec: &ModelSpec,
     protection_threshold: bool,
     cfg: &PolicyConfig,
     mem: &mut BackendMemory,
 ) -> Evaluated {
-    let md = Metadata::parse(&inst.metadata);
+    let md = inst.metadata.contract();
     let mut n = Notes::default();
+    // The steps in the order of the chain; each leaves its lines in `n`.
+    model_affinity(&mut n, md, inst, model, spec);
+    let fits = resource_match(&mut n, md, inst, spec);
+    health(&mut n, md, inst, protection_threshold);
+    let w = inst.weight;
+    registry_weight(&mut n, w);
+    let gpu_capability = gpu_capability(&mut n, md, cfg);
+    let load = load(&mut n, md, gpu_capability, cfg);
+    let util = utilisation(&mut n, md, report_id(inst), cfg, mem);
+    let cap = cap(&mut n, md);
+    informational(&mut n, md);
 
-    // 1. Model affinity.
+    let composed = if n.excluded_by.is_none() { w * gpu_capability * load.factor * util.factor } else { 0.0 };
+    Evaluated {
+        explain: BackendExplain {
+            service: shorten(&inst.service),
+            gpu_type: md.gpu_type.valid().cloned(),
+            registry_weight: w.is_finite().then_some(w),
+            protection_threshold,
+            gpu_capability,
+            load,
+            util,
+            memory: MemoryExplain {
+                free_mb: md.free_memory_mb.valid().copied(),
+                key: md.free_memory_key,
+                required_mb: spec.required_memory_mb,
+                fits,
+            },
+            composed,
+            candidate_weight: 0,
+            held: false,
+            cap,
+            invalid: n.invalid,
+            reasons: n.reasons,
+            excluded_by: n.excluded_by,
+        },
+        free_memory_mb: md.free_memory_mb.valid().copied(),
+        memory_capacity_mb: None,
+    }
+}
+
+/// Step 1, model affinity: `model_id` / `supported_models` must name the model (none: trusted from
+/// the registry service); a pinned `model_version` must match.
+fn model_affinity(n: &mut Notes, md: &Metadata, inst: &Instance, model: &str, spec: &ModelSpec) {
     let mut claims: Vec<&str> = Vec::new();
     let mut claim_invalid = false;
     match &md.model_id {
@@ -91,7 +135,7 @@ pub(super) fn evaluate(
             n.exclude(Exclusion::ModelId, format!("model_id/supported_models {shown:?} do not include {model:?}"));
         }
     }
-    if let Some(want) = &vm.model_version {
+    if let Some(want) = &spec.model_version {
         match &md.model_version {
             Field::Valid(v) if v == want => n.line(format!("model_version: {v:?} as pinned")),
             Field::Valid(v) => n.exclude(Exclusion::ModelVersion, format!("model_version={v:?} is not {want:?}")),
@@ -105,12 +149,15 @@ pub(super) fn evaluate(
     } else if let Field::Invalid { raw, reason } = &md.model_version {
         n.invalid(keys::MODEL_VERSION, raw, reason, None);
     }
+}
 
-    // 2. Resource match.
+/// Step 2, resource match: free memory against the model's `required_memory_mb`. Returns whether
+/// it fits (`None`: not checked).
+fn resource_match(n: &mut Notes, md: &Metadata, inst: &Instance, spec: &ModelSpec) -> Option<bool> {
     let key = md.free_memory_key;
     let raw_mem = inst.metadata.get(key).map_or(String::new(), |r| shorten(r));
     let mut fits = None;
-    match (vm.required_memory_mb, &md.free_memory_mb) {
+    match (spec.required_memory_mb, &md.free_memory_mb) {
         (Some(req), Field::Valid(free)) => {
             fits = Some(*free >= req);
             if *free >= req {
@@ -129,8 +176,11 @@ pub(super) fn evaluate(
         (None, Field::Invalid { raw, reason }) => n.invalid(key, raw, &format!("{reason}; free memory unknown"), None),
         (None, Field::Absent) => {}
     }
+    fits
+}
 
-    // 3. Health.
+/// Step 3, health: the registry's `enabled` and `healthy`, the agent's `health_status`.
+fn health(n: &mut Notes, md: &Metadata, inst: &Instance, protection_threshold: bool) {
     if !inst.enabled {
         n.exclude(Exclusion::RegistryDisabled, "nacos enabled=false");
     }
@@ -154,20 +204,22 @@ pub(super) fn evaluate(
         Field::Invalid { raw, reason } => n.invalid(keys::HEALTH_STATUS, raw, reason, Some(Exclusion::HealthStatus)),
         Field::Absent => {}
     }
+}
 
-    // 4. Registry weight.
-    let w = inst.weight;
+/// Step 4, registry weight: 0 or below drains; NaN or outside the table's range excludes.
+fn registry_weight(n: &mut Notes, w: f64) {
     if w.is_nan() {
         n.exclude(Exclusion::RegistryWeight, "nacos weight is NaN");
     } else if w <= 0.0 {
         n.exclude(Exclusion::Drained, format!("nacos weight {} (drained)", num(w)));
-    } else if !(MIN_REGISTRY_WEIGHT..=f64::from(crate::config::MAX_WEIGHT)).contains(&w) {
+    } else if !(MIN_REGISTRY_WEIGHT..=f64::from(MAX_WEIGHT)).contains(&w) {
         n.exclude(Exclusion::RegistryWeight, format!("nacos weight {w} is outside [0.001, 65535]"));
     }
+}
 
-    // 5. GPU capability.
-    let gpu_type = md.gpu_type.valid().cloned();
-    let gpu_capability = match &md.gpu_type {
+/// Step 5, GPU capability from `[policy.gpu_capability]`; unknown or invalid `gpu_type`: 1.
+fn gpu_capability(n: &mut Notes, md: &Metadata, cfg: &PolicyConfig) -> f64 {
+    match &md.gpu_type {
         Field::Valid(g) => cfg.capability(g).unwrap_or_else(|| {
             if !cfg.gpu_capability.is_empty() {
                 n.line(format!("gpu_type {:?} is not in [policy.gpu_capability]: capability 1", shorten(g)));
@@ -179,9 +231,11 @@ pub(super) fn evaluate(
             1.0
         }
         Field::Absent => 1.0,
-    };
+    }
+}
 
-    // 6. Load.
+/// Step 6, load: running and queued requests against the GPU's capability.
+fn load(n: &mut Notes, md: &Metadata, gpu_capability: f64, cfg: &PolicyConfig) -> LoadExplain {
     let mut count = |key: &'static str, f: &Field<f64>| match f {
         Field::Valid(v) => Some(*v),
         Field::Invalid { raw, reason } => {
@@ -192,15 +246,17 @@ pub(super) fn evaluate(
     };
     let current_requests = count(keys::CURRENT_REQUESTS, &md.current_requests);
     let queue_length = count(keys::QUEUE_LENGTH, &md.queue_length);
-    let load = LoadExplain {
+    LoadExplain {
         current_requests,
         queue_length,
         factor: load_factor(current_requests.unwrap_or(0.0), queue_length.unwrap_or(0.0), gpu_capability, cfg),
-    };
+    }
+}
 
-    // 7. GPU utilisation: a new report moves the EWMA; the same report seen again (identical
-    // metadata, `updated_at_ms` included) is not a new sample, so re-planning unchanged
-    // inputs changes nothing.
+/// Step 7, GPU utilisation: a new report (`report`, see [`report_id`]) moves the EWMA; the same
+/// report seen again (identical metadata, `updated_at_ms` included) is not a new sample, so
+/// re-planning unchanged inputs changes nothing.
+fn utilisation(n: &mut Notes, md: &Metadata, report: u64, cfg: &PolicyConfig, mem: &mut BackendMemory) -> UtilExplain {
     let sample = match &md.gpu_util {
         Field::Valid(u) => Some(*u),
         Field::Invalid { raw, reason } => {
@@ -209,9 +265,7 @@ pub(super) fn evaluate(
         }
         Field::Absent => None,
     };
-    let stamp = md.updated_at_ms.valid().copied();
-    let report = report_id(inst);
-    let util = match sample {
+    match sample {
         Some(u) => {
             if mem.last_report != Some(report) {
                 let s = smooth(mem.util_ewma, u, cfg.util_smoothing);
@@ -225,22 +279,28 @@ pub(super) fn evaluate(
             UtilExplain { sample: Some(u), smoothed: mem.util_ewma, band: mem.band, factor: mem.band.factor(cfg) }
         }
         None => UtilExplain { sample: None, smoothed: None, band: UtilBand::Neutral, factor: 1.0 },
-    };
+    }
+}
 
-    // 8. Cap, and what is only shown.
-    let cap = match &md.max_inflight {
+/// Step 8, the in-flight cap (`max_inflight`; invalid: no cap).
+fn cap(n: &mut Notes, md: &Metadata) -> u32 {
+    match &md.max_inflight {
         Field::Valid(c) => *c,
         Field::Invalid { raw, reason } => {
             n.invalid(keys::MAX_INFLIGHT, raw, &format!("{reason}; no cap"), None);
             0
         }
         Field::Absent => 0,
-    };
+    }
+}
+
+/// What is only shown: one `info:` line, and the invalid values of these keys (ignored).
+fn informational(n: &mut Notes, md: &Metadata) {
     let mut agent = Vec::new();
     if let Field::Valid(v) = &md.agent_version {
         agent.push(format!("agent {:?}", shorten(v)));
     }
-    if let Some(t) = stamp {
+    if let Some(t) = md.updated_at_ms.valid() {
         agent.push(format!("updated_at_ms {t}"));
     }
     if let Field::Valid(k) = &md.kv_cache_usage {
@@ -267,34 +327,6 @@ pub(super) fn evaluate(
         if let Some((raw, reason)) = bad {
             n.invalid(key, raw, reason, None);
         }
-    }
-
-    let composed = if n.excluded_by.is_none() { w * gpu_capability * load.factor * util.factor } else { 0.0 };
-    Evaluated {
-        explain: BackendExplain {
-            service: shorten(&inst.service),
-            gpu_type,
-            registry_weight: w.is_finite().then_some(w),
-            protection_threshold,
-            gpu_capability,
-            load,
-            util,
-            memory: MemoryExplain {
-                free_mb: md.free_memory_mb.valid().copied(),
-                key,
-                required_mb: vm.required_memory_mb,
-                fits,
-            },
-            composed,
-            candidate_weight: 0,
-            held: false,
-            cap,
-            invalid: n.invalid,
-            reasons: n.reasons,
-            excluded_by: n.excluded_by,
-        },
-        free_memory_mb: md.free_memory_mb.valid().copied(),
-        memory_capacity_mb: None,
     }
 }
 

@@ -1,12 +1,15 @@
 //! Why a backend got its weight: a structured explanation (served as JSON from `/v1/plan`,
 //! printed by `ailb explain`) and the one-line summary in [`super::PlannedBackend::reason`].
 
-use serde::Serialize;
+use serde::{de, Deserialize, Deserializer, Serialize};
 
-use super::{factors::UtilBand, metadata::InvalidField};
+use super::{
+    factors::UtilBand,
+    metadata::{keys, InvalidField},
+};
 
 /// The rule that excluded a backend. `as_str` is a stable name for logs and metric labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exclusion {
     /// `model_id` / `supported_models` do not name the model (or are invalid).
@@ -46,7 +49,7 @@ impl Exclusion {
 }
 
 /// The load factor and its inputs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadExplain {
     pub current_requests: Option<f64>,
     pub queue_length: Option<f64>,
@@ -54,7 +57,7 @@ pub struct LoadExplain {
 }
 
 /// The GPU-utilisation factor and its inputs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UtilExplain {
     /// This plan's `gpu_util` (%), when valid.
     pub sample: Option<f64>,
@@ -78,7 +81,7 @@ pub struct MemoryExplain {
 }
 
 /// Everything that went into one backend's weight, for `ailb explain` and `/v1/plan`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BackendExplain {
     /// The registry service that listed the instance.
     pub service: String,
@@ -105,6 +108,55 @@ pub struct BackendExplain {
     pub reasons: Vec<String>,
     /// The first rule that excluded the backend.
     pub excluded_by: Option<Exclusion>,
+}
+
+/// What the policy did about an invalid value ([`InvalidField::effect`]).
+const EFFECTS: [&str; 2] = ["excluded", "ignored"];
+
+/// Reading an explanation back maps each name to its `&'static str` constant (names are metric
+/// labels, kept without an allocation per plan); a name outside `names` is an error.
+fn known<E: de::Error>(what: &str, name: &str, names: &[&'static str]) -> Result<&'static str, E> {
+    names.iter().copied().find(|k| *k == name).ok_or_else(|| E::custom(format!("unknown {what} {name:?}")))
+}
+
+impl<'de> Deserialize<'de> for MemoryExplain {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// [`MemoryExplain`] as it reads from JSON.
+        #[derive(Deserialize)]
+        struct Owned {
+            free_mb: Option<u32>,
+            key: String,
+            required_mb: Option<u32>,
+            fits: Option<bool>,
+        }
+        let o = Owned::deserialize(d)?;
+        Ok(MemoryExplain {
+            free_mb: o.free_mb,
+            key: known("metadata key", &o.key, &keys::ALL)?,
+            required_mb: o.required_mb,
+            fits: o.fits,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for InvalidField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// [`InvalidField`] as it reads from JSON.
+        #[derive(Deserialize)]
+        struct Owned {
+            key: String,
+            value: String,
+            reason: String,
+            effect: String,
+        }
+        let o = Owned::deserialize(d)?;
+        Ok(InvalidField {
+            key: known("metadata key", &o.key, &keys::ALL)?,
+            value: o.value,
+            reason: o.reason,
+            effect: known("effect", &o.effect, &EFFECTS)?,
+        })
+    }
 }
 
 /// A factor for display: up to 3 decimals, trailing zeros dropped (`2`, `0.333`, `1.25`).

@@ -1,12 +1,12 @@
 //! The factors of a backend's weight, as pure functions of the metadata, the config and
 //! (for the GPU utilisation) what the policy remembers from earlier samples.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::PolicyConfig;
 
 /// Which utilisation band a backend is in; the band, not the raw utilisation, picks the factor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum UtilBand {
     /// Below `util_low`: up-weighted.

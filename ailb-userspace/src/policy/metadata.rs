@@ -1,13 +1,22 @@
-//! The metadata contract (`docs/metadata.md`): the string keys an instance carries in Nacos,
-//! parsed robustly. Nothing here panics, whatever the strings: every field is
+//! The metadata contract (`docs/metadata.md`), its one home: the string keys an instance
+//! carries in Nacos, how the agent formats its values ([`format_number`], [`format_gb`]), how
+//! the gateway parses them ([`Metadata::parse`]) and how the static source declares them
+//! typed ([`InstanceMetadata::declared`]).
+//!
+//! Parsing is robust: nothing here panics, whatever the strings. Every field is
 //! [`Field::Absent`], [`Field::Valid`] or [`Field::Invalid`] with the raw value and the reason,
 //! and the policy decides per field whether an invalid value excludes or is ignored.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    hash::{Hash, Hasher},
+    ops::Index,
+};
 
 use serde::Serialize;
 
-/// The metadata keys ailb reads. Any other key is ignored.
+/// The contract's keys: the agent writes them, the policy reads them (all but
+/// [`keys::MEMORY_SOURCE`], which is only shown). Any other key is ignored.
 pub mod keys {
     pub const MODEL_ID: &str = "model_id";
     pub const SUPPORTED_MODELS: &str = "supported_models";
@@ -25,6 +34,29 @@ pub mod keys {
     pub const KV_CACHE_USAGE: &str = "kv_cache_usage";
     pub const AGENT_VERSION: &str = "agent_version";
     pub const UPDATED_AT_MS: &str = "updated_at_ms";
+    /// Where `remaining_memory_mb` came from (`nvml`, `kv_cache`, `metrics`); informational.
+    pub const MEMORY_SOURCE: &str = "memory_source";
+
+    /// Every key of the contract, in the order above.
+    pub const ALL: [&str; 17] = [
+        MODEL_ID,
+        SUPPORTED_MODELS,
+        MODEL_VERSION,
+        SUPPORTED_TASKS,
+        GPU_TYPE,
+        REMAINING_MEMORY,
+        REMAINING_MEMORY_MB,
+        GPU_MEMORY_TOTAL_MB,
+        GPU_UTIL,
+        CURRENT_REQUESTS,
+        QUEUE_LENGTH,
+        HEALTH_STATUS,
+        MAX_INFLIGHT,
+        KV_CACHE_USAGE,
+        AGENT_VERSION,
+        UPDATED_AT_MS,
+        MEMORY_SOURCE,
+    ];
 }
 
 /// MiB per GB: GPU memory is sold and reported in binary units (an "80GB" A100 shows
@@ -38,10 +70,14 @@ pub const MAX_MEMORY_MB: f64 = 10.0 * 1024.0 * 1024.0;
 pub const MAX_REQUESTS: f64 = 1e6;
 /// Longest string kept in explanations (values from Nacos can be anything, of any size).
 pub const MAX_SHOWN_CHARS: usize = 64;
+/// The ranges, as invalid values are told.
+const MEMORY_RANGE: &str = "0 to 10 TiB";
+const REQUESTS_RANGE: &str = "0 to 1,000,000";
 
 /// One parsed metadata field.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Field<T> {
+    /// The key is not there.
     Absent,
     Valid(T),
     /// The raw value (shortened to [`MAX_SHOWN_CHARS`]) and why it was refused.
@@ -152,7 +188,7 @@ fn number(raw: &str, units: &[&str], lo: f64, hi: f64, what: &str) -> Field<f64>
 }
 
 fn memory_mb(raw: &str, per_unit: f64, units: &[&str]) -> Field<u32> {
-    match number(raw, units, 0.0, MAX_MEMORY_MB / per_unit, "0 to 10 TiB") {
+    match number(raw, units, 0.0, MAX_MEMORY_MB / per_unit, MEMORY_RANGE) {
         // Floor: a fractional MiB must not make a request look like it fits.
         Field::Valid(v) => Field::Valid((v * per_unit).floor() as u32),
         Field::Invalid { raw, reason } => Field::Invalid { raw, reason },
@@ -229,12 +265,10 @@ impl Metadata {
             free_memory_key,
             gpu_memory_total_mb: field(get(keys::GPU_MEMORY_TOTAL_MB), |r| memory_mb(r, 1.0, &["mib", "mb"])),
             gpu_util: field(get(keys::GPU_UTIL), |r| number(r, &["%"], 0.0, 100.0, "a percentage, 0 to 100")),
-            current_requests: field(get(keys::CURRENT_REQUESTS), |r| {
-                number(r, &[], 0.0, MAX_REQUESTS, "0 to 1,000,000")
-            }),
-            queue_length: field(get(keys::QUEUE_LENGTH), |r| number(r, &[], 0.0, MAX_REQUESTS, "0 to 1,000,000")),
+            current_requests: field(get(keys::CURRENT_REQUESTS), |r| number(r, &[], 0.0, MAX_REQUESTS, REQUESTS_RANGE)),
+            queue_length: field(get(keys::QUEUE_LENGTH), |r| number(r, &[], 0.0, MAX_REQUESTS, REQUESTS_RANGE)),
             health_status: field(get(keys::HEALTH_STATUS), health),
-            max_inflight: as_u32(field(get(keys::MAX_INFLIGHT), |r| integer(r, MAX_REQUESTS, "0 to 1,000,000"))),
+            max_inflight: as_u32(field(get(keys::MAX_INFLIGHT), |r| integer(r, MAX_REQUESTS, REQUESTS_RANGE))),
             kv_cache_usage: field(get(keys::KV_CACHE_USAGE), |r| number(r, &[], 0.0, 1.0, "a fraction, 0 to 1")),
             agent_version: field(get(keys::AGENT_VERSION), text),
             updated_at_ms: match field(get(keys::UPDATED_AT_MS), |r| integer(r, 2f64.powi(53), "0 to 2^53")) {
@@ -243,6 +277,147 @@ impl Metadata {
                 Field::Absent => Field::Absent,
             },
         }
+    }
+}
+
+impl Default for Metadata {
+    /// Every key absent.
+    fn default() -> Self {
+        Self::parse(&BTreeMap::new())
+    }
+}
+
+/// A typed value checked against the same range as its string form.
+fn in_range(v: u32, hi: f64, what: &str) -> Field<u32> {
+    if f64::from(v) <= hi {
+        Field::Valid(v)
+    } else {
+        invalid(&v.to_string(), format!("is out of range: {what}"))
+    }
+}
+
+/// A number as the agent writes it: whole numbers without a fraction, else up to 3 decimals.
+pub fn format_number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// MiB as `remaining_memory`'s GB (= 1024 MiB), rounded *down* to 0.1, so that the GB key
+/// never claims more free memory than `remaining_memory_mb`.
+pub fn format_gb(mb: u64) -> String {
+    let tenths = mb * 10 / 1024;
+    format!("{}.{}", tenths / 10, tenths % 10)
+}
+
+/// What a static backend (`[[backends]]`) declares, typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared<'a> {
+    pub model_id: &'a str,
+    pub gpu_type: Option<&'a str>,
+    pub free_memory_mb: Option<u32>,
+    /// `None`: no cap.
+    pub max_inflight: Option<u32>,
+}
+
+/// An instance's metadata: the string map as its source reported it (what explanations show
+/// and the utilisation report hash covers) and the contract's keys, typed. Compared, ordered
+/// and hashed by the map alone: the typed keys follow from it (a registry's are parsed from
+/// it; a static backend's map only shows its declared values).
+#[derive(Debug, Clone, Default)]
+pub struct InstanceMetadata {
+    raw: BTreeMap<String, String>,
+    contract: Metadata,
+}
+
+impl InstanceMetadata {
+    /// A registry's string map, parsed.
+    pub fn parse(raw: BTreeMap<String, String>) -> Self {
+        let contract = Metadata::parse(&raw);
+        Self { raw, contract }
+    }
+
+    /// A static backend's declared values, checked as the contract checks them (text non-empty
+    /// and printable, numbers in range) without a round trip through strings.
+    pub fn declared(d: Declared<'_>) -> Self {
+        let mut raw = BTreeMap::new();
+        let mut contract = Metadata { model_id: text(d.model_id), ..Metadata::default() };
+        raw.insert(keys::MODEL_ID.to_string(), d.model_id.to_string());
+        if let Some(g) = d.gpu_type {
+            contract.gpu_type = text(g);
+            raw.insert(keys::GPU_TYPE.to_string(), g.to_string());
+        }
+        if let Some(m) = d.free_memory_mb {
+            contract.free_memory_mb = in_range(m, MAX_MEMORY_MB, MEMORY_RANGE);
+            raw.insert(keys::REMAINING_MEMORY_MB.to_string(), m.to_string());
+        }
+        if let Some(c) = d.max_inflight {
+            contract.max_inflight = in_range(c, MAX_REQUESTS, REQUESTS_RANGE);
+            raw.insert(keys::MAX_INFLIGHT.to_string(), c.to_string());
+        }
+        Self { raw, contract }
+    }
+
+    /// The contract's keys, typed.
+    pub fn contract(&self) -> &Metadata {
+        &self.contract
+    }
+
+    /// Every key as reported, the contract's and any other.
+    pub fn raw(&self) -> &BTreeMap<String, String> {
+        &self.raw
+    }
+
+    pub fn get(&self, key: &str) -> Option<&String> {
+        self.raw.get(key)
+    }
+}
+
+impl From<BTreeMap<String, String>> for InstanceMetadata {
+    fn from(raw: BTreeMap<String, String>) -> Self {
+        Self::parse(raw)
+    }
+}
+
+impl FromIterator<(String, String)> for InstanceMetadata {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self::parse(iter.into_iter().collect())
+    }
+}
+
+impl Index<&str> for InstanceMetadata {
+    type Output = String;
+    fn index(&self, key: &str) -> &String {
+        &self.raw[key]
+    }
+}
+
+impl PartialEq for InstanceMetadata {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for InstanceMetadata {}
+
+impl PartialOrd for InstanceMetadata {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for InstanceMetadata {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.raw.cmp(&other.raw)
+    }
+}
+
+impl Hash for InstanceMetadata {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.raw.hash(state);
     }
 }
 
@@ -327,6 +502,54 @@ mod tests {
             assert_eq!(meta(&[("health_status", raw)]).health_status, Field::Valid(want));
         }
         assert!(matches!(meta(&[("supported_models", " , ,")]).supported_models, Field::Invalid { .. }));
+    }
+
+    #[test]
+    fn the_policy_reads_what_the_agent_writes() {
+        // GB is rounded down: 12.49 GB free must not read as 12.5 GB.
+        assert_eq!(format_gb(12_790), "12.4");
+        assert_eq!(format_gb(0), "0.0");
+        assert_eq!(format_number(2.5), "2.5");
+        assert_eq!(format_number(1.0 / 3.0), "0.333");
+        // What the agent writes parses back to what it measured (GB: never more).
+        for mb in [0u64, 1, 1023, 1024, 12_790, 81_920, 10 * 1024 * 1024] {
+            let m = meta(&[("remaining_memory", &format_gb(mb))]);
+            let read = *m.free_memory_mb.valid().expect("valid") as u64;
+            assert!(read <= mb && mb - read < 103, "{mb} MiB -> {:?} -> {read}", format_gb(mb));
+        }
+        for v in [0.0, 3.0, 2.5, 40.125, 99.999, 1e6] {
+            let m = meta(&[("current_requests", &format_number(v))]);
+            assert!((m.current_requests.valid().unwrap() - v).abs() < 1e-3, "{v}");
+        }
+    }
+
+    #[test]
+    fn declared_values_are_typed_as_their_string_form_would_parse() {
+        let cases = [
+            Declared {
+                model_id: "m",
+                gpu_type: Some("A100-80GB"),
+                free_memory_mb: Some(80_000),
+                max_inflight: Some(8),
+            },
+            Declared { model_id: " m ", gpu_type: None, free_memory_mb: None, max_inflight: None },
+            Declared {
+                model_id: "",
+                gpu_type: Some("\u{7}"),
+                free_memory_mb: Some(20_000_000),
+                max_inflight: Some(2_000_000),
+            },
+            Declared { model_id: "m", gpu_type: Some(" "), free_memory_mb: Some(0), max_inflight: Some(1_000_000) },
+        ];
+        for d in cases {
+            let i = InstanceMetadata::declared(d);
+            assert_eq!(i.contract(), &Metadata::parse(i.raw()), "{d:?}");
+        }
+        let i = InstanceMetadata::declared(cases[0]);
+        assert_eq!(i.contract().free_memory_mb, Field::Valid(80_000));
+        assert_eq!(i.contract().free_memory_key, keys::REMAINING_MEMORY_MB);
+        assert_eq!(i[keys::REMAINING_MEMORY_MB], "80000", "shown as the registry would carry it");
+        assert!(matches!(InstanceMetadata::declared(cases[2]).contract().free_memory_mb, Field::Invalid { .. }));
     }
 
     #[test]

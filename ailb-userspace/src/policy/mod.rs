@@ -1,9 +1,9 @@
-//! Pure policy: `(Snapshot, config, previous state) -> per model, per backend {eligible,
+//! Pure policy: `(Snapshot, catalog, [policy], previous state) -> per model, per backend {eligible,
 //! weight, cap, reason, explanation}`. Deterministic: no clock, no randomness; equal inputs
 //! and equal state give equal plans and equal next states, whatever the order of the
 //! instances. The metadata contract it reads is `docs/metadata.md`.
 //!
-//! Per backend, following DESIGN.md (`evaluate`):
+//! Per backend (`evaluate`):
 //! 1. model affinity: `model_id` or `supported_models` must name the model (none: trusted from
 //!    the registry service); a pinned `model_version` must match;
 //! 2. resource match: free memory >= the model's `required_memory_mb`;
@@ -34,21 +34,38 @@ use std::{
     time::Duration,
 };
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use self::evaluate::Evaluated;
 pub use self::{
     config::{PolicyConfig, MAX_GPU_CAPABILITY},
     evaluate::MIN_REGISTRY_WEIGHT,
     explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
     factors::UtilBand,
     metadata::InvalidField,
-    weights::WEIGHT_SCALE,
+    weights::{MAX_WEIGHT, WEIGHT_SCALE},
 };
-use crate::{
-    config::ValidConfig,
-    discovery::{Instance, Snapshot},
-};
+use crate::discovery::{Instance, Snapshot};
+
+/// What the policy needs to know about one model of the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelSpec {
+    /// The model's VIPs.
+    pub vips: Vec<SocketAddrV4>,
+    /// GPU memory (MiB) a backend must have free to be eligible; `None`: no requirement.
+    pub required_memory_mb: Option<u32>,
+    /// Only instances whose `model_version` equals this are eligible.
+    pub model_version: Option<String>,
+    /// The model's affinity TTL; `None`: the balancer's.
+    pub affinity_ttl: Option<Duration>,
+}
+
+impl AsRef<ModelSpec> for ModelSpec {
+    fn as_ref(&self) -> &ModelSpec {
+        self
+    }
+}
 
 /// What the policy remembers between plans. The daemon keeps one for its lifetime; a fresh
 /// one (a restart) only loses the smoothing and the last weights.
@@ -85,7 +102,7 @@ impl PolicyState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedBackend {
     pub address: SocketAddrV4,
     /// Table weight, 0..=65535 (0 when not eligible).
@@ -104,12 +121,13 @@ pub struct PlannedBackend {
     pub explain: BackendExplain,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ModelPlan {
     pub vips: Vec<SocketAddrV4>,
     /// Sorted by address, so that equal inputs give equal plans whatever their order.
     pub backends: Vec<PlannedBackend>,
-    #[serde(serialize_with = "human_duration")]
+    /// Shown as humantime writes it (`"10m"`); `null`: the balancer's TTL.
+    #[serde(with = "human_duration")]
     pub affinity_ttl: Option<Duration>,
     /// At least one eligible backend. When false the kernel refuses connects to the model's
     /// VIPs with ECONNREFUSED.
@@ -119,12 +137,33 @@ pub struct ModelPlan {
     pub weights_held: bool,
 }
 
-fn human_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    d.map(|d| humantime::format_duration(d).to_string()).serialize(s)
+/// An optional duration as humantime writes and reads it (`"10m"`, `"1h 30m"`).
+mod human_duration {
+    use std::time::Duration;
+
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| humantime::format_duration(d).to_string()).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| humantime::parse_duration(&t).map_err(|e| D::Error::custom(format!("duration {t:?}: {e}"))))
+            .transpose()
+    }
 }
 
 /// Model name -> plan.
 pub type Plan = BTreeMap<String, ModelPlan>;
+
+/// The JSON contract of the daemon's `/v1/plan`, which `ailb explain` reads: the last plan and
+/// the generation of the tables written from it. The daemon serves `null` until its first plan.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PlanView {
+    pub generation: u64,
+    pub models: Plan,
+}
 
 fn addr_key(a: &SocketAddrV4) -> (u32, u16) {
     (u32::from(*a.ip()), a.port())
@@ -139,104 +178,149 @@ fn instance_order(a: &Instance, b: &Instance) -> std::cmp::Ordering {
         .then_with(|| a.metadata.cmp(&b.metadata))
 }
 
-pub fn plan(snapshot: &Snapshot, config: &ValidConfig, state: &mut PolicyState) -> Plan {
-    let pc = &config.policy;
+/// Plans every model of `models` (the catalog, by name) over `snapshot`, with the `[policy]`
+/// constants `cfg`; `state` carries the smoothing and the last table weights to the next plan.
+pub fn plan<M: AsRef<ModelSpec>>(
+    snapshot: &Snapshot,
+    models: &BTreeMap<String, M>,
+    cfg: &PolicyConfig,
+    state: &mut PolicyState,
+) -> Plan {
     let mut seen: BTreeSet<(String, SocketAddrV4)> = BTreeSet::new();
-    let mut plan = Plan::new();
     // Instances per model, grouped once (not one pass over the snapshot per model).
     let mut of_model: HashMap<&str, Vec<&Instance>> = HashMap::new();
     for inst in &snapshot.instances {
         of_model.entry(inst.model.as_str()).or_default().push(inst);
     }
-    for (name, vm) in &config.models {
-        // The model's instances by address; duplicates (several services or clusters listing
-        // one address) resolved by `instance_order`.
-        let mut by_addr: BTreeMap<(u32, u16), Vec<&Instance>> = BTreeMap::new();
-        for &inst in of_model.get(name.as_str()).into_iter().flatten() {
-            by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
-        }
-        let mut evaluated = Vec::with_capacity(by_addr.len());
-        for dups in by_addr.values_mut() {
-            dups.sort_by(|a, b| instance_order(a, b));
-            let inst = dups[0];
-            let protection = snapshot
-                .services
-                .iter()
-                .any(|s| &s.model == name && s.service == inst.service && s.reach_protection_threshold);
-            let key = (name.clone(), inst.address);
-            let mem = state.backends.entry(key.clone()).or_default();
-            let mut ev = evaluate::evaluate(inst, name, vm, protection, pc, mem);
-            if let Some(f) = ev.free_memory_mb {
-                mem.peak_free_mb = Some(mem.peak_free_mb.map_or(f, |p| p.max(f)));
-            }
-            ev.memory_capacity_mb = mem.peak_free_mb;
-            if dups.len() > 1 {
-                ev.explain.reasons.push(format!(
-                    "listed {} times; using service {:?} group {:?} cluster {:?}",
-                    dups.len(),
-                    metadata::shorten(&inst.service),
-                    metadata::shorten(&inst.group),
-                    metadata::shorten(&inst.cluster)
-                ));
-            }
-            log_change(name, inst.address, &ev.explain, mem);
-            seen.insert(key);
-            evaluated.push((inst.address, ev));
-        }
-
-        // Table weights for the eligible backends, then the minimum-change rule.
-        let eligible: Vec<usize> =
-            (0..evaluated.len()).filter(|&i| evaluated[i].1.explain.excluded_by.is_none()).collect();
-        let composed: Vec<f64> = eligible.iter().map(|&i| evaluated[i].1.explain.composed).collect();
-        let candidate: BTreeMap<SocketAddrV4, u32> =
-            eligible.iter().map(|&i| evaluated[i].0).zip(weights::quantise(&composed)).collect();
-        // Held: a change was suppressed (an unchanged candidate is simply emitted again).
-        let held = state.last_weights.get(name).is_some_and(|last| {
-            *last != candidate && weights::within_min_change(last, &candidate, pc.min_weight_change)
-        });
-        let emitted = if held { state.last_weights[name].clone() } else { candidate.clone() };
-        if emitted.is_empty() {
-            state.last_weights.remove(name);
-        } else {
-            state.last_weights.insert(name.clone(), emitted.clone());
-        }
-
-        let backends = evaluated
-            .into_iter()
-            .map(|(address, ev)| {
-                let mut explain = ev.explain;
-                let weight = emitted.get(&address).copied().unwrap_or(0);
-                explain.candidate_weight = candidate.get(&address).copied().unwrap_or(0);
-                explain.held = held && weight > 0;
-                PlannedBackend {
-                    address,
-                    weight,
-                    cap: explain.cap,
-                    free_memory_mb: ev.free_memory_mb,
-                    memory_capacity_mb: ev.memory_capacity_mb,
-                    eligible: explain.excluded_by.is_none(),
-                    reason: explain.summary(weight),
-                    explain,
-                }
-            })
-            .collect();
-        let mut vips = vm.vips.clone();
+    let mut plan = Plan::new();
+    for (name, spec) in models {
+        let spec = spec.as_ref();
+        let instances = of_model.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+        let evaluated = evaluate_backends(snapshot, name, spec, instances, cfg, state, &mut seen);
+        let weights = table_weights(name, &evaluated, cfg, state);
+        let mut vips = spec.vips.clone();
         vips.sort_by_key(addr_key);
         plan.insert(
             name.clone(),
             ModelPlan {
                 vips,
-                backends,
-                affinity_ttl: vm.affinity_ttl,
-                available: !emitted.is_empty(),
-                weights_held: held,
+                available: !weights.emitted.is_empty(),
+                weights_held: weights.held,
+                backends: planned_backends(evaluated, &weights),
+                affinity_ttl: spec.affinity_ttl,
             },
         );
     }
     // Forget what is gone, so the state stays as large as the fleet.
     state.backends.retain(|k, _| seen.contains(k));
-    state.last_weights.retain(|m, _| config.models.contains_key(m));
+    state.last_weights.retain(|m, _| models.contains_key(m));
     plan
+}
+
+/// Evaluates each backend (address) of one model, in address order; duplicates (several
+/// services or clusters listing one address) resolved by `instance_order`. Every (model,
+/// backend) evaluated goes into `seen`.
+fn evaluate_backends(
+    snapshot: &Snapshot,
+    name: &str,
+    spec: &ModelSpec,
+    instances: &[&Instance],
+    cfg: &PolicyConfig,
+    state: &mut PolicyState,
+    seen: &mut BTreeSet<(String, SocketAddrV4)>,
+) -> Vec<(SocketAddrV4, Evaluated)> {
+    let mut by_addr: BTreeMap<(u32, u16), Vec<&Instance>> = BTreeMap::new();
+    for &inst in instances {
+        by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
+    }
+    let mut evaluated = Vec::with_capacity(by_addr.len());
+    for dups in by_addr.values_mut() {
+        dups.sort_by(|a, b| instance_order(a, b));
+        let inst = dups[0];
+        let protection = snapshot
+            .services
+            .iter()
+            .any(|s| s.model == name && s.service == inst.service && s.reach_protection_threshold);
+        let key = (name.to_string(), inst.address);
+        let mem = state.backends.entry(key.clone()).or_default();
+        let mut ev = evaluate::evaluate(inst, name, spec, protection, cfg, mem);
+        if let Some(f) = ev.free_memory_mb {
+            mem.peak_free_mb = Some(mem.peak_free_mb.map_or(f, |p| p.max(f)));
+        }
+        ev.memory_capacity_mb = mem.peak_free_mb;
+        if dups.len() > 1 {
+            ev.explain.reasons.push(format!(
+                "listed {} times; using service {:?} group {:?} cluster {:?}",
+                dups.len(),
+                metadata::shorten(&inst.service),
+                metadata::shorten(&inst.group),
+                metadata::shorten(&inst.cluster)
+            ));
+        }
+        log_change(name, inst.address, &ev.explain, mem);
+        seen.insert(key);
+        evaluated.push((inst.address, ev));
+    }
+    evaluated
+}
+
+/// One model's table weights: the candidate from this plan, and what is emitted.
+struct TableWeights {
+    /// Quantised composed weights of the eligible backends.
+    candidate: BTreeMap<SocketAddrV4, u32>,
+    /// The candidate, or the last table when the change is below `min_weight_change`.
+    emitted: BTreeMap<SocketAddrV4, u32>,
+    /// A change was suppressed (an unchanged candidate is simply emitted again).
+    held: bool,
+}
+
+/// Table weights for the eligible backends, then the minimum-change rule; remembers what is
+/// emitted in `state`.
+fn table_weights(
+    name: &str,
+    evaluated: &[(SocketAddrV4, Evaluated)],
+    cfg: &PolicyConfig,
+    state: &mut PolicyState,
+) -> TableWeights {
+    let eligible: Vec<&(SocketAddrV4, Evaluated)> =
+        evaluated.iter().filter(|(_, ev)| ev.explain.excluded_by.is_none()).collect();
+    let composed: Vec<f64> = eligible.iter().map(|(_, ev)| ev.explain.composed).collect();
+    let candidate: BTreeMap<SocketAddrV4, u32> =
+        eligible.iter().map(|(a, _)| *a).zip(weights::quantise(&composed)).collect();
+    let held = state
+        .last_weights
+        .get(name)
+        .is_some_and(|last| *last != candidate && weights::within_min_change(last, &candidate, cfg.min_weight_change));
+    let emitted = if held { state.last_weights[name].clone() } else { candidate.clone() };
+    if emitted.is_empty() {
+        state.last_weights.remove(name);
+    } else {
+        state.last_weights.insert(name.to_string(), emitted.clone());
+    }
+    TableWeights { candidate, emitted, held }
+}
+
+/// The evaluated backends with their table weights and one-line reasons.
+fn planned_backends(evaluated: Vec<(SocketAddrV4, Evaluated)>, w: &TableWeights) -> Vec<PlannedBackend> {
+    evaluated
+        .into_iter()
+        .map(|(address, ev)| {
+            let mut explain = ev.explain;
+            let weight = w.emitted.get(&address).copied().unwrap_or(0);
+            explain.candidate_weight = w.candidate.get(&address).copied().unwrap_or(0);
+            explain.held = w.held && weight > 0;
+            PlannedBackend {
+                address,
+                weight,
+                cap: explain.cap,
+                free_memory_mb: ev.free_memory_mb,
+                memory_capacity_mb: ev.memory_capacity_mb,
+                eligible: explain.excluded_by.is_none(),
+                reason: explain.summary(weight),
+                explain,
+            }
+        })
+        .collect()
 }
 
 /// Logs a backend's exclusion or invalid metadata when it changes (not on every plan).

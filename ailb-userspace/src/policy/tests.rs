@@ -6,9 +6,14 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    config::Config,
+    config::{Config, ValidConfig},
     discovery::{from_static, Instance, ServiceInfo, Snapshot},
 };
+
+/// [`super::plan`] over a whole config's catalog and `[policy]`.
+fn plan(snapshot: &Snapshot, cfg: &ValidConfig, state: &mut PolicyState) -> Plan {
+    super::plan(snapshot, &cfg.models, &cfg.policy, state)
+}
 
 const CATALOG: &str = r#"
 [[models]]
@@ -220,7 +225,7 @@ fn composition_capability_cap_and_one_line_reason() {
 fn static_weights_reach_the_table_unchanged() {
     // The embedded default: weights 1, 2, 5, no telemetry.
     let cfg = crate::config::load_valid(None).unwrap();
-    let p = plan(&from_static(&cfg), &cfg, &mut PolicyState::default());
+    let p = plan(&from_static(&cfg.backends), &cfg, &mut PolicyState::default());
     let m = &p["demo-7b"];
     assert_eq!(outcome(m), [(true, 1), (true, 2), (true, 5)]);
     assert_eq!(
@@ -369,7 +374,7 @@ fn arb_instance() -> impl Strategy<Value = Instance> {
             healthy: healthy || i % 3 != 0,
             enabled: enabled || i % 4 != 0,
             weight,
-            metadata,
+            metadata: metadata.into(),
             ..inst(i, &[])
         })
 }
@@ -466,4 +471,22 @@ fn memory_capacity_is_the_most_free_memory_reported() {
     // Never reported: no capacity, so no queueing fallback in the kernel.
     let p = run(&cfg, vec![inst(2, &[])]);
     assert_eq!((p.backends[0].free_memory_mb, p.backends[0].memory_capacity_mb), (None, None));
+}
+
+#[test]
+fn a_catalog_of_plain_specs_plans_as_the_config_does() {
+    // The policy reads only the spec of each model: a catalog built without a config file
+    // (no Nacos services) plans exactly as the validated config's catalog.
+    let cfg = config_with_model("required_memory_mb = 8192\naffinity_ttl = \"10m\"", "");
+    let specs: BTreeMap<String, ModelSpec> = cfg.models.iter().map(|(n, m)| (n.clone(), m.spec.clone())).collect();
+    assert_eq!(specs["m"].affinity_ttl, Some(std::time::Duration::from_secs(600)));
+    let s = snap(vec![inst(1, &[("remaining_memory_mb", "9000")]), inst(2, &[("remaining_memory_mb", "100")])]);
+    let (mut a, mut b) = (PolicyState::default(), PolicyState::default());
+    let from_specs = super::plan(&s, &specs, &cfg.policy, &mut a);
+    assert_eq!(from_specs, plan(&s, &cfg, &mut b));
+    assert_eq!(a, b);
+    assert_eq!(outcome(&from_specs["m"]), [(true, 1), (false, 0)]);
+    // A model gone from the catalog is forgotten.
+    super::plan(&s, &BTreeMap::<String, ModelSpec>::new(), &cfg.policy, &mut a);
+    assert_eq!(a, PolicyState::default());
 }

@@ -3,7 +3,9 @@
 
 use std::{collections::BTreeMap, net::SocketAddrV4};
 
-use crate::config::MAX_WEIGHT;
+/// Largest table weight, and so the largest registry weight and static `weight` accepted:
+/// keeps the kernel's load-bound arithmetic in u64.
+pub const MAX_WEIGHT: u32 = 65_535;
 
 /// The table weight of a model's heaviest backend when its weights are scaled. Three
 /// significant digits: each factor shows to 0.1 % of the largest backend, finer than any

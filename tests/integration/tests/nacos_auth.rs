@@ -4,7 +4,11 @@
 //! the `accessToken` header or query parameter on every `/nacos/*` request.
 
 use ailb_tests::nacos::{NacosInstance, RnacosServer};
-use ailb_userspace::discovery::nacos::{error_chain, NacosConfig, NacosError, NacosSource, Secret, ValidNacos};
+use ailb_userspace::{
+    discovery::nacos::NacosSource,
+    error_chain,
+    nacos::{NacosConfig, NacosError, Secret, ValidNacos},
+};
 
 const AUTH: &[(&str, &str)] = &[
     ("RNACOS_ENABLE_OPEN_API_AUTH", "true"),

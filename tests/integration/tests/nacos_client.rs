@@ -11,9 +11,9 @@
 use std::time::{Duration, Instant};
 
 use ailb_tests::nacos::{NacosInstance, RnacosServer};
-use ailb_userspace::discovery::{
-    nacos::{NacosConfig, NacosError, NacosSource, ValidNacos},
-    Instance, Snapshot,
+use ailb_userspace::{
+    discovery::{nacos::NacosSource, Instance, Snapshot},
+    nacos::{NacosConfig, NacosError, ValidNacos},
 };
 
 fn config(servers: &[String], f: impl FnOnce(&mut NacosConfig)) -> ValidNacos {
@@ -31,7 +31,7 @@ async fn connect(cfg: &ValidNacos, cat: &[(String, Vec<String>)]) -> NacosSource
 }
 
 async fn discover(src: &mut NacosSource) -> Snapshot {
-    src.discover().await.unwrap_or_else(|e| panic!("discover: {}", ailb_userspace::discovery::nacos::error_chain(&e)))
+    src.discover().await.unwrap_or_else(|e| panic!("discover: {}", ailb_userspace::error_chain(&e)))
 }
 
 fn find<'a>(s: &'a Snapshot, addr: &str) -> &'a Instance {

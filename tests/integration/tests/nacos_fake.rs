@@ -10,7 +10,11 @@ use std::{
 };
 
 use ailb_tests::nacos::{FakeNacos, FakeRequest, FakeResponse};
-use ailb_userspace::discovery::nacos::{error_chain, NacosApi, NacosConfig, NacosError, NacosSource, ValidNacos};
+use ailb_userspace::{
+    discovery::nacos::NacosSource,
+    error_chain,
+    nacos::{NacosApi, NacosConfig, NacosError, ValidNacos},
+};
 use serde_json::json;
 
 fn config(url: String, f: impl FnOnce(&mut NacosConfig)) -> ValidNacos {
@@ -162,7 +166,7 @@ async fn fake_v3_client_api_with_auto_detection_and_v3_login() {
     let with = |pw: &str| {
         config(fake.url(), |c| {
             c.username = Some("nacos".into());
-            c.password = Some(ailb_userspace::discovery::nacos::Secret::new(pw));
+            c.password = Some(ailb_userspace::nacos::Secret::new(pw));
         })
     };
     let mut src = NacosSource::connect(&with("right"), &catalog()).await.unwrap();

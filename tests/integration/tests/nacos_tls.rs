@@ -6,7 +6,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ailb_userspace::discovery::nacos::{error_chain, NacosApi, NacosConfig, NacosSource};
+use ailb_userspace::{
+    discovery::nacos::NacosSource,
+    error_chain,
+    nacos::{NacosApi, NacosConfig},
+};
 
 struct Server(Child);
 
@@ -105,7 +109,7 @@ fn start(dir: &Path) -> (Server, u16) {
     (server, port)
 }
 
-fn config(port: u16, ca: Option<&Path>) -> ailb_userspace::discovery::nacos::ValidNacos {
+fn config(port: u16, ca: Option<&Path>) -> ailb_userspace::nacos::ValidNacos {
     let mut c = NacosConfig::with_servers([format!("https://127.0.0.1:{port}")]);
     c.api = NacosApi::V1;
     c.udp_push = false;

@@ -3,14 +3,13 @@
 //! conversation id, each sending one GET. Prints a summary line every 6 s.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ailb_common::abi::{AILB_CONVERSATION, SOL_AILB};
+use ailb_common::client::{self, Tagging, Tags};
 use anyhow::{Context, Result};
 
 /// Distinct conversation ids the client cycles through (so that ids repeat and affinity shows).
@@ -99,56 +98,16 @@ fn request(vip: SocketAddrV4, conv: Option<&str>, warned_no_ailb: &AtomicBool) -
     Ok(body)
 }
 
-/// socket(2), the optional conversation tag, connect(2): the tag must be set before connect.
+/// A socket tagged with the conversation (if any) before connect, connected to the VIP.
 fn connect(vip: SocketAddrV4, conv: Option<&str>, warned_no_ailb: &AtomicBool) -> Result<TcpStream> {
-    // SAFETY: socket(2) with constant arguments; the result is checked before use.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error()).context("socket");
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-
-    if let Some(id) = conv {
-        let id = id.as_bytes();
-        // SAFETY: `id` points to `id.len()` readable bytes for the duration of the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                SOL_AILB,
-                AILB_CONVERSATION,
-                id.as_ptr().cast(),
-                id.len() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ENOPROTOOPT) {
-                return Err(err).context("setsockopt(SOL_AILB, AILB_CONVERSATION)");
-            }
-            // No balancer: the ABI says carry on untagged.
-            if !warned_no_ailb.swap(true, Ordering::Relaxed) {
-                println!("[client] setsockopt(SOL_AILB): ENOPROTOOPT, ailb is not loaded for this cgroup");
-            }
-        }
-    }
-
-    let addr = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: vip.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*vip.ip()).to_be() },
-        sin_zero: [0; 8],
+    let tags = match conv {
+        Some(id) => Tags::new().conversation(id),
+        None => Tags::new(),
     };
-    // SAFETY: `addr` is a valid sockaddr_in and its exact size is passed.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error()).with_context(|| format!("connect {vip}"));
+    let (stream, outcome) = client::connect(vip, &tags, None)?;
+    // No balancer: the ABI says carry on untagged.
+    if outcome.tagging == Tagging::NoBalancer && !warned_no_ailb.swap(true, Ordering::Relaxed) {
+        println!("[client] setsockopt(SOL_AILB): ENOPROTOOPT, ailb is not loaded for this cgroup");
     }
-    Ok(TcpStream::from(fd))
+    Ok(stream)
 }

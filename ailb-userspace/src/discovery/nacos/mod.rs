@@ -1,81 +1,36 @@
-//! Nacos source: reads every instance (healthy or not) of the catalog's services through the
-//! v1 Open API (`/nacos/v1/ns/instance/list`) or the v3 client API
-//! (`/nacos/v3/client/ns/instance/list`), written to the Nacos documentation.
+//! The Nacos source: every instance (healthy or not) of the catalog's services, read through
+//! the one Nacos client ([`crate::nacos`]) and turned into a [`Snapshot`].
 //!
-//! - **Connect** ([`NacosSource::connect`]) builds the HTTP client and, with credentials, logs
-//!   in (v3 `/nacos/v3/auth/user/login`, then v1 `/nacos/v1/auth/login`). A server that refuses
-//!   the credentials (401/403) is a start-up error. A server that cannot be reached is *not*:
-//!   the daemon starts fail-static, and login is retried on the next read.
-//! - **Read** ([`NacosSource::discover`]) reads every service with `healthyOnly=false`
-//!   explicitly (servers differ in the default), from the server that answered last, failing
-//!   over to the others in configured order. Any service that no server could read makes the
-//!   whole read an error, so the caller keeps its last good snapshot. Hosts with an unusable
-//!   address or field are dropped (logged when the set changes, counted in
-//!   [`NacosSource::dropped_total`]). The configured clusters are sent as the documented
-//!   filter *and* applied to the answer, so a server that ignores the filter changes nothing.
-//! - **Tokens** are per server, renewed at 80% of `tokenTtl` and after a 401/403.
+//! - **Connect** ([`NacosSource::connect`]) builds the client and, with credentials, logs in.
+//!   A server that refuses the credentials (401/403) is a start-up error. A server that cannot
+//!   be reached is *not*: the daemon starts fail-static, and login is retried on the next read.
+//! - **Read** ([`NacosSource::discover`]) reads every service, failing over between servers as
+//!   the session does. Any service that no server could read makes the whole read an error,
+//!   so the caller keeps its last good snapshot. Hosts with an unusable address or field are
+//!   dropped (logged when the set changes, counted in [`NacosSource::dropped_total`]). The
+//!   configured clusters are sent as the documented filter *and* applied to the answer, so a
+//!   server that ignores the filter changes nothing.
 //! - **Watch**: the caller polls every `poll_interval` and compares snapshots (`PartialEq`);
-//!   [`NacosSource::changed`] completes early on a v1 UDP push (see [`push`]).
-//! - **Never panics on input**: answers are bounded to [`http::MAX_BODY`] and parsed from
-//!   `serde_json::Value` by hand ([`wire`]).
+//!   [`NacosSource::changed`] completes early on a v1 UDP push (see [`crate::nacos::push`]).
 
-mod config;
-mod error;
-pub mod http;
-mod push;
-mod wire;
-
-use std::{
-    collections::HashMap,
-    net::Ipv4Addr,
-    time::{Duration, Instant},
-};
-
-use reqwest::Url;
-
-pub use config::{
-    Credentials, NacosApi, NacosConfig, Secret, ValidNacos, DEFAULT_GROUP, MAX_TIMEOUT, MIN_POLL_INTERVAL,
-};
-pub use error::NacosError;
-use http::{Method, Request, ReqwestTransport, Response, Transport};
+use std::{collections::HashMap, time::Duration};
 
 use super::{Instance, ServiceInfo, Snapshot};
-
-/// A token is renewed when this fraction of its `tokenTtl` has passed.
-const TOKEN_RENEW_AT: f64 = 0.8;
-/// `tokenTtl` assumed when a login answer has none.
-const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(60);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Api {
-    V1,
-    V3,
-}
-
-struct Token {
-    value: String,
-    renew_at: Instant,
-}
-
-struct Server {
-    root: Url,
-    /// The list API this server speaks (decided on the first answer with `api = "auto"`).
-    api: Option<Api>,
-    token: Option<Token>,
-    /// Sent as `clientIP` for the UDP push.
-    client_ip: Option<Ipv4Addr>,
-}
+use crate::{
+    nacos::{
+        http::{ReqwestTransport, Transport},
+        push::PushReceiver,
+        NacosApi, NacosError, Session, ValidNacos,
+    },
+    policy::metadata::InstanceMetadata,
+};
 
 /// The Nacos discovery source. `T` is the HTTP seam; the daemon uses the default.
 pub struct NacosSource<T: Transport = ReqwestTransport> {
-    cfg: ValidNacos,
-    transport: T,
+    session: Session<T>,
     /// `(model, nacos services)`.
     catalog: Vec<(String, Vec<String>)>,
-    servers: Vec<Server>,
-    /// Index of the server that answered last: tried first.
-    preferred: usize,
-    push: Option<push::PushReceiver>,
+    push: Option<PushReceiver>,
     dropped_total: u64,
     /// Hosts dropped per service at the last read (a warning only when this changes).
     last_dropped: HashMap<String, Vec<String>>,
@@ -86,8 +41,7 @@ impl NacosSource<ReqwestTransport> {
     /// an unreadable CA file, or a server that refused the credentials. Unreachable servers
     /// are logged and retried by [`Self::discover`].
     pub async fn connect(cfg: &ValidNacos, catalog: &[(String, Vec<String>)]) -> Result<Self, NacosError> {
-        let transport = ReqwestTransport::new(cfg.timeout, cfg.tls_ca_file.as_deref())?;
-        Self::with_transport(cfg, catalog, transport).await
+        Self::from_session(Session::new(cfg)?, catalog).await
     }
 }
 
@@ -98,8 +52,13 @@ impl<T: Transport> NacosSource<T> {
         catalog: &[(String, Vec<String>)],
         transport: T,
     ) -> Result<Self, NacosError> {
+        Self::from_session(Session::with_transport(cfg, transport), catalog).await
+    }
+
+    async fn from_session(mut session: Session<T>, catalog: &[(String, Vec<String>)]) -> Result<Self, NacosError> {
+        let cfg = session.config();
         let push = if cfg.udp_push && cfg.api != NacosApi::V3 {
-            match push::PushReceiver::bind() {
+            match PushReceiver::bind() {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "nacos: cannot bind the udp push socket; polling only");
@@ -109,34 +68,10 @@ impl<T: Transport> NacosSource<T> {
         } else {
             None
         };
-        let servers = cfg
-            .servers
-            .iter()
-            .map(|root| Server {
-                root: root.clone(),
-                api: match cfg.api {
-                    NacosApi::Auto => None,
-                    NacosApi::V1 => Some(Api::V1),
-                    NacosApi::V3 => Some(Api::V3),
-                },
-                token: None,
-                client_ip: None,
-            })
-            .collect();
-        let mut src = Self {
-            cfg: cfg.clone(),
-            transport,
-            catalog: Vec::new(),
-            servers,
-            preferred: 0,
-            push,
-            dropped_total: 0,
-            last_dropped: HashMap::new(),
-        };
+        session.set_push_port(push.as_ref().map(PushReceiver::port));
+        let mut src = Self { session, catalog: Vec::new(), push, dropped_total: 0, last_dropped: HashMap::new() };
         src.set_catalog(catalog);
-        if src.cfg.credentials.is_some() {
-            src.first_login().await?;
-        }
+        src.session.login_first().await?;
         Ok(src)
     }
 
@@ -144,13 +79,13 @@ impl<T: Transport> NacosSource<T> {
     pub fn set_catalog(&mut self, catalog: &[(String, Vec<String>)]) {
         self.catalog = catalog.to_vec();
         if let Some(p) = &mut self.push {
-            p.watch(&self.cfg.group, catalog.iter().flat_map(|(_, s)| s.iter().cloned()));
+            p.watch(&self.session.config().group, catalog.iter().flat_map(|(_, s)| s.iter().cloned()));
         }
     }
 
     /// How often the caller should call [`Self::discover`].
     pub fn poll_interval(&self) -> Duration {
-        self.cfg.poll_interval
+        self.session.config().poll_interval
     }
 
     /// Hosts dropped so far (counted at every read that drops them).
@@ -160,12 +95,12 @@ impl<T: Transport> NacosSource<T> {
 
     /// The local UDP port offered for pushes, if push is on.
     pub fn push_port(&self) -> Option<u16> {
-        self.push.as_ref().map(push::PushReceiver::port)
+        self.push.as_ref().map(PushReceiver::port)
     }
 
     /// Push datagrams received and understood so far.
     pub fn pushes_received(&self) -> u64 {
-        self.push.as_ref().map_or(0, push::PushReceiver::received)
+        self.push.as_ref().map_or(0, PushReceiver::received)
     }
 
     /// Completes when a UDP push for a watched service arrives (after acking it); never when
@@ -184,7 +119,7 @@ impl<T: Transport> NacosSource<T> {
         let catalog = self.catalog.clone();
         for (model, services) in &catalog {
             for service in services {
-                let list = self.read_service(service).await?;
+                let list = self.session.list_instances(service).await?;
                 let dropped_before = self.last_dropped.insert(service.clone(), list.dropped.clone());
                 if !list.dropped.is_empty() {
                     self.dropped_total += list.dropped.len() as u64;
@@ -192,19 +127,20 @@ impl<T: Transport> NacosSource<T> {
                         tracing::warn!(model = %model, service = %service, dropped = ?list.dropped, "nacos: hosts dropped");
                     }
                 }
-                let clusters = &self.cfg.clusters;
+                let cfg = self.session.config();
+                let clusters = &cfg.clusters;
                 snap.instances.extend(
                     list.hosts.into_iter().filter(|h| clusters.is_empty() || clusters.contains(&h.cluster)).map(|h| {
                         Instance {
                             model: model.clone(),
                             service: service.clone(),
-                            group: self.cfg.group.clone(),
+                            group: cfg.group.clone(),
                             cluster: h.cluster,
                             address: h.address,
                             weight: h.weight,
                             healthy: h.healthy,
                             enabled: h.enabled,
-                            metadata: h.metadata,
+                            metadata: InstanceMetadata::parse(h.metadata),
                         }
                     }),
                 );
@@ -220,206 +156,6 @@ impl<T: Transport> NacosSource<T> {
         });
         Ok(snap)
     }
-
-    async fn first_login(&mut self) -> Result<(), NacosError> {
-        for i in 0..self.servers.len() {
-            match self.login(i).await {
-                Ok(()) => return Ok(()),
-                Err(e @ NacosError::LoginRefused { .. }) => return Err(e),
-                Err(e) => tracing::warn!(error = %error_chain(&e), "nacos: login failed; trying the next server"),
-            }
-        }
-        tracing::warn!("nacos: no server answered the login; retrying at every read");
-        Ok(())
-    }
-
-    async fn login(&mut self, i: usize) -> Result<(), NacosError> {
-        let Some(creds) = self.cfg.credentials.clone() else { return Ok(()) };
-        let server = self.servers[i].root.to_string();
-        let paths: &[&'static str] = match self.cfg.api {
-            NacosApi::V1 => &["v1/auth/login"],
-            NacosApi::V3 => &["v3/auth/user/login"],
-            NacosApi::Auto => &["v3/auth/user/login", "v1/auth/login"],
-        };
-        for (k, path) in paths.iter().enumerate() {
-            let req = Request {
-                method: Method::Post,
-                url: self.url(i, path),
-                headers: Vec::new(),
-                form: vec![("username", creds.username.clone()), ("password", creds.password.expose().to_string())],
-            };
-            let resp = self.transport.send(req).await.map_err(|source| NacosError::Transport {
-                server: server.clone(),
-                path,
-                source,
-            })?;
-            match resp.status {
-                404 | 405 | 501 if k + 1 < paths.len() => continue,
-                401 | 403 => {
-                    return Err(NacosError::LoginRefused {
-                        server,
-                        username: creds.username,
-                        status: resp.status,
-                        message: wire::printable(&resp.body),
-                    })
-                }
-                200..=299 => {
-                    let login = wire::parse_login(&resp.body)
-                        .map_err(|reason| NacosError::LoginAnswer { server: server.clone(), reason })?;
-                    let ttl = login.token_ttl.map_or(DEFAULT_TOKEN_TTL, |s| Duration::from_secs(s.min(86_400 * 365)));
-                    self.servers[i].token = Some(Token {
-                        value: login.access_token,
-                        renew_at: Instant::now() + ttl.mul_f64(TOKEN_RENEW_AT),
-                    });
-                    tracing::debug!(server = %server, ttl_s = ttl.as_secs(), "nacos: logged in");
-                    return Ok(());
-                }
-                status => {
-                    return Err(NacosError::LoginAnswer {
-                        server,
-                        reason: format!("http {status}: {}", wire::printable(&resp.body)),
-                    })
-                }
-            }
-        }
-        Err(NacosError::LoginAnswer { server, reason: "no login endpoint".into() })
-    }
-
-    fn url(&self, i: usize, path: &str) -> Url {
-        // The root ends in '/' and the paths are relative: join only appends.
-        self.servers[i].root.join(path).unwrap_or_else(|_| self.servers[i].root.clone())
-    }
-
-    async fn read_service(&mut self, service: &str) -> Result<wire::ServiceList, NacosError> {
-        let n = self.servers.len();
-        let mut last = None;
-        for k in 0..n {
-            let i = (self.preferred + k) % n;
-            match self.read_from(i, service).await {
-                Ok(list) => {
-                    if i != self.preferred {
-                        tracing::info!(server = %self.servers[i].root, "nacos: failing over to this server");
-                        self.preferred = i;
-                    }
-                    return Ok(list);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %error_chain(&e), "nacos: read failed");
-                    last = Some(e);
-                }
-            }
-        }
-        let Some(last) = last else { return Err(NacosError::NoServers) };
-        if n == 1 {
-            Err(last)
-        } else {
-            Err(NacosError::AllServersFailed { service: service.to_string(), servers: n, last: Box::new(last) })
-        }
-    }
-
-    async fn read_from(&mut self, i: usize, service: &str) -> Result<wire::ServiceList, NacosError> {
-        let has_creds = self.cfg.credentials.is_some();
-        if has_creds && self.servers[i].token.as_ref().is_none_or(|t| t.renew_at <= Instant::now()) {
-            self.login(i).await?;
-        }
-        let mut relogged = false;
-        loop {
-            let api = self.servers[i].api.unwrap_or(Api::V3);
-            let mut resp = self.list(i, api, service).await?;
-            let mut api_used = api;
-            if self.servers[i].api.is_none() {
-                if matches!(resp.status, 404 | 405 | 501) && wire::v3_envelope(&resp.body).is_none() {
-                    tracing::info!(server = %self.servers[i].root, status = resp.status, "nacos: no v3 client api; using v1");
-                    self.servers[i].api = Some(Api::V1);
-                    api_used = Api::V1;
-                    resp = self.list(i, Api::V1, service).await?;
-                } else if (200..300).contains(&resp.status) {
-                    self.servers[i].api = Some(Api::V3);
-                }
-            }
-            if matches!(resp.status, 401 | 403) && has_creds && !relogged {
-                relogged = true;
-                self.servers[i].token = None;
-                self.login(i).await?;
-                continue;
-            }
-            return self.interpret(i, api_used, service, resp);
-        }
-    }
-
-    async fn list(&mut self, i: usize, api: Api, service: &str) -> Result<Response, NacosError> {
-        if api == Api::V1 && self.push.is_some() && self.servers[i].client_ip.is_none() {
-            let root = self.servers[i].root.clone();
-            self.servers[i].client_ip =
-                tokio::time::timeout(self.cfg.timeout, push::local_ip_towards(&root)).await.ok().flatten();
-        }
-        let path = match api {
-            Api::V1 => "v1/ns/instance/list",
-            Api::V3 => "v3/client/ns/instance/list",
-        };
-        let mut url = self.url(i, path);
-        let token = self.servers[i].token.as_ref().map(|t| t.value.clone());
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("serviceName", service).append_pair("groupName", &self.cfg.group);
-            if !self.cfg.namespace.is_empty() {
-                q.append_pair("namespaceId", &self.cfg.namespace);
-            }
-            if !self.cfg.clusters.is_empty() {
-                let key = if api == Api::V1 { "clusters" } else { "clusterName" };
-                q.append_pair(key, &self.cfg.clusters.join(","));
-            }
-            q.append_pair("healthyOnly", "false");
-            if api == Api::V1 {
-                if let (Some(p), Some(ip)) = (&self.push, self.servers[i].client_ip) {
-                    q.append_pair("udpPort", &p.port().to_string()).append_pair("clientIP", &ip.to_string());
-                }
-                if let Some(t) = &token {
-                    q.append_pair("accessToken", t);
-                }
-            }
-        }
-        let headers = token.map(|t| vec![("accessToken", t)]).unwrap_or_default();
-        let server = self.servers[i].root.to_string();
-        self.transport
-            .send(Request { method: Method::Get, url, headers, form: Vec::new() })
-            .await
-            .map_err(|source| NacosError::Transport { server, path, source })
-    }
-
-    fn interpret(&self, i: usize, api: Api, service: &str, resp: Response) -> Result<wire::ServiceList, NacosError> {
-        let server = self.servers[i].root.to_string();
-        let ok = (200..300).contains(&resp.status);
-        let answer = |reason| NacosError::Answer { server: server.clone(), service: service.to_string(), reason };
-        match api {
-            Api::V1 if ok => wire::parse_v1_list(&resp.body).map_err(answer),
-            Api::V3 if ok => match wire::parse_v3_list(&resp.body).map_err(answer)? {
-                Ok(list) => Ok(list),
-                Err(f) => Err(NacosError::Api { server, service: service.into(), code: f.code, message: f.message }),
-            },
-            Api::V3 if let Some(f) = wire::v3_envelope(&resp.body) => {
-                Err(NacosError::Api { server, service: service.into(), code: f.code, message: f.message })
-            }
-            _ => Err(NacosError::Status {
-                server,
-                service: service.into(),
-                status: resp.status,
-                message: wire::printable(&resp.body),
-            }),
-        }
-    }
-}
-
-/// `e: cause: cause` on one line, for logs.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

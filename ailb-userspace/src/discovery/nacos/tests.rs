@@ -1,57 +1,24 @@
-//! The protocol logic over a fake transport: API detection, login and renewal, failover,
-//! errors. The wire formats are tested in `wire/tests.rs`; the real servers in `tests/`.
+//! The source over the one client and a fake transport: API detection, login and renewal,
+//! failover, errors, snapshots. The session's own rules are tested in `nacos/tests.rs`, the
+//! wire formats in `nacos/wire/tests.rs`; the real servers in `tests/`.
 
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 
-use super::http::TransportError;
 use super::*;
+use crate::{
+    error_chain,
+    nacos::{
+        fake::{ok, query, status, unreachable, Fake},
+        NacosConfig, Secret,
+    },
+};
 
-type Handler = dyn Fn(&Request) -> Result<Response, TransportError> + Send + Sync;
-
-/// Answers with `handler` and records every request.
-#[derive(Clone)]
-struct Fake {
-    handler: Arc<Handler>,
-    seen: Arc<Mutex<Vec<Request>>>,
-}
-
-impl Fake {
-    fn new(h: impl Fn(&Request) -> Result<Response, TransportError> + Send + Sync + 'static) -> Self {
-        Self { handler: Arc::new(h), seen: Arc::default() }
-    }
-    fn paths(&self) -> Vec<String> {
-        self.seen.lock().unwrap().iter().map(|r| format!("{}{}", r.url.host_str().unwrap(), r.url.path())).collect()
-    }
-    fn last(&self) -> Request {
-        self.seen.lock().unwrap().last().cloned().unwrap()
-    }
-}
-
-impl Transport for Fake {
-    async fn send(&self, req: Request) -> Result<Response, TransportError> {
-        self.seen.lock().unwrap().push(req.clone());
-        (self.handler)(&req)
-    }
-}
-
-fn ok(v: serde_json::Value) -> Result<Response, TransportError> {
-    Ok(Response { status: 200, body: v.to_string().into_bytes() })
-}
-fn status(s: u16, body: &str) -> Result<Response, TransportError> {
-    Ok(Response { status: s, body: body.as_bytes().to_vec() })
-}
-fn unreachable() -> Result<Response, TransportError> {
-    Err(TransportError::Other("connection refused".into()))
-}
 fn v1_hosts() -> serde_json::Value {
     json!({ "hosts": [
         { "ip": "10.0.0.1", "port": 8000, "clusterName": "a", "weight": 1.0, "healthy": true, "enabled": true },
         { "ip": "10.0.0.2", "port": 8000, "clusterName": "b" } ] })
-}
-fn query(r: &Request, k: &str) -> Option<String> {
-    r.url.query_pairs().find(|(n, _)| n == k).map(|(_, v)| v.into_owned())
 }
 
 fn cfg(servers: &[&str], f: impl FnOnce(&mut NacosConfig)) -> ValidNacos {

@@ -5,7 +5,7 @@ use std::{fmt, path::PathBuf, time::Duration};
 use reqwest::Url;
 use serde::Deserialize;
 
-use crate::config::{parse_duration, ConfigError};
+use crate::validate::{parse_duration, ConfigError};
 
 /// Which Nacos HTTP API reads the instance lists.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]

@@ -40,8 +40,30 @@ pub(crate) struct ApiFailure {
     pub message: String,
 }
 
-/// Why an answer was unusable.
-pub(crate) type Reason = String;
+/// Why an answer (or one host in it) was unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("not JSON")]
+    NotJson(#[source] serde_json::Error),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("no {field}")]
+    Missing { field: &'static str },
+    #[error("{field} is {problem}")]
+    Field { field: &'static str, problem: &'static str },
+    #[error("bad gzip")]
+    Gzip(#[source] std::io::Error),
+    #[error("decompresses to more than {limit} bytes")]
+    TooLarge { limit: u64 },
+}
+
+fn field(field: &'static str, problem: &'static str) -> WireError {
+    WireError::Field { field, problem }
+}
+
+fn missing(field: &'static str) -> WireError {
+    WireError::Missing { field }
+}
 
 /// The login answer (v1 and v3 share it): `{"accessToken": "...", "tokenTtl": 18000, ...}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,18 +73,22 @@ pub(crate) struct Login {
     pub token_ttl: Option<u64>,
 }
 
-fn parse_json(body: &[u8]) -> Result<Value, Reason> {
-    serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))
+fn parse_json(body: &[u8]) -> Result<Value, WireError> {
+    serde_json::from_slice(body).map_err(WireError::NotJson)
 }
 
-pub(crate) fn parse_login(body: &[u8]) -> Result<Login, Reason> {
+fn object(v: &Value) -> Result<&Map<String, Value>, WireError> {
+    v.as_object().ok_or(WireError::NotObject)
+}
+
+pub(crate) fn parse_login(body: &[u8]) -> Result<Login, WireError> {
     let v = parse_json(body)?;
-    let o = v.as_object().ok_or("not a JSON object")?;
+    let o = object(&v)?;
     let token = match o.get("accessToken") {
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 8192 && s.bytes().all(|b| b.is_ascii_graphic()) => s,
-        Some(Value::String(_)) => return Err("accessToken is empty, too long or not printable ASCII".into()),
-        Some(_) => return Err("accessToken is not a string".into()),
-        None => return Err("no accessToken".into()),
+        Some(Value::String(_)) => return Err(field("accessToken", "empty, too long or not printable ASCII")),
+        Some(_) => return Err(field("accessToken", "not a string")),
+        None => return Err(missing("accessToken")),
     };
     let token_ttl = match o.get("tokenTtl") {
         Some(Value::Number(n)) => n.as_u64().filter(|&t| t > 0),
@@ -73,13 +99,13 @@ pub(crate) fn parse_login(body: &[u8]) -> Result<Login, Reason> {
 }
 
 /// The v1 Open API answer: `{"name": .., "hosts": [..], "reachProtectionThreshold": false, ..}`.
-pub(crate) fn parse_v1_list(body: &[u8]) -> Result<ServiceList, Reason> {
+pub(crate) fn parse_v1_list(body: &[u8]) -> Result<ServiceList, WireError> {
     let v = parse_json(body)?;
-    let o = v.as_object().ok_or("not a JSON object")?;
+    let o = object(&v)?;
     let hosts = match o.get("hosts") {
         Some(Value::Array(a)) => a,
-        Some(_) => return Err("hosts is not an array".into()),
-        None => return Err("no hosts".into()),
+        Some(_) => return Err(field("hosts", "not an array")),
+        None => return Err(missing("hosts")),
     };
     let reach_protection_threshold = matches!(o.get("reachProtectionThreshold"), Some(Value::Bool(true)));
     let mut list = parse_hosts(hosts);
@@ -89,18 +115,18 @@ pub(crate) fn parse_v1_list(body: &[u8]) -> Result<ServiceList, Reason> {
 
 /// The v3 client API answer: `{"code": 0, "message": "success", "data": [instance, ..]}`.
 /// `Ok(Err(..))`: a well-formed answer with a non-zero code.
-pub(crate) fn parse_v3_list(body: &[u8]) -> Result<Result<ServiceList, ApiFailure>, Reason> {
+pub(crate) fn parse_v3_list(body: &[u8]) -> Result<Result<ServiceList, ApiFailure>, WireError> {
     let v = parse_json(body)?;
-    let o = v.as_object().ok_or("not a JSON object")?;
+    let o = object(&v)?;
     match v3_code(o) {
         Some(0) => {}
         Some(code) => return Ok(Err(ApiFailure { code, message: v3_message(o) })),
-        None => return Err("no integer code".into()),
+        None => return Err(missing("integer code")),
     }
     match o.get("data") {
         Some(Value::Array(a)) => Ok(Ok(parse_hosts(a))),
-        Some(Value::Null) | None => Err("no data".into()),
-        Some(_) => Err("data is not an array".into()),
+        Some(Value::Null) | None => Err(missing("data")),
+        Some(_) => Err(field("data", "not an array")),
     }
 }
 
@@ -140,34 +166,36 @@ fn host_label(h: &Value) -> String {
     format!("{ip}:{port}")
 }
 
-fn parse_host(h: &Value) -> Result<Host, String> {
-    let o = h.as_object().ok_or("not an object")?;
+fn parse_host(h: &Value) -> Result<Host, WireError> {
+    let o = h.as_object().ok_or(field("host", "not an object"))?;
     let ip = match o.get("ip") {
-        Some(Value::String(s)) => s.parse::<Ipv4Addr>().map_err(|_| "ip is not an IPv4 address")?,
-        Some(_) => return Err("ip is not a string".into()),
-        None => return Err("no ip".into()),
+        Some(Value::String(s)) => s.parse::<Ipv4Addr>().map_err(|_| field("ip", "not an IPv4 address"))?,
+        Some(_) => return Err(field("ip", "not a string")),
+        None => return Err(missing("ip")),
     };
     if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-        return Err("ip is not a unicast address".into());
+        return Err(field("ip", "not a unicast address"));
     }
     let port = match o.get("port") {
-        Some(Value::Number(n)) => n.as_u64().filter(|p| (1..=65535).contains(p)).ok_or("port is not 1..=65535")?,
-        Some(_) => return Err("port is not a number".into()),
-        None => return Err("no port".into()),
+        Some(Value::Number(n)) => {
+            n.as_u64().filter(|p| (1..=65535).contains(p)).ok_or(field("port", "not 1..=65535"))?
+        }
+        Some(_) => return Err(field("port", "not a number")),
+        None => return Err(missing("port")),
     };
     let weight = match o.get("weight") {
         None | Some(Value::Null) => 1.0,
         Some(Value::Number(n)) => {
-            n.as_f64().filter(|w| w.is_finite() && *w >= 0.0).ok_or("weight is not a finite number >= 0")?
+            n.as_f64().filter(|w| w.is_finite() && *w >= 0.0).ok_or(field("weight", "not a finite number >= 0"))?
         }
-        Some(_) => return Err("weight is not a number".into()),
+        Some(_) => return Err(field("weight", "not a number")),
     };
     let healthy = opt_bool(o, "healthy", true)?;
     let enabled = opt_bool(o, "enabled", true)?;
     let cluster = match o.get("clusterName") {
         None | Some(Value::Null) => "DEFAULT".to_string(),
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err("clusterName is not a string".into()),
+        Some(_) => return Err(field("clusterName", "not a string")),
     };
     let metadata = match o.get("metadata") {
         None | Some(Value::Null) => BTreeMap::new(),
@@ -181,7 +209,7 @@ fn parse_host(h: &Value) -> Result<Host, String> {
                 (k.clone(), v)
             })
             .collect(),
-        Some(_) => return Err("metadata is not an object".into()),
+        Some(_) => return Err(field("metadata", "not an object")),
     };
     Ok(Host {
         cluster,
@@ -193,11 +221,11 @@ fn parse_host(h: &Value) -> Result<Host, String> {
     })
 }
 
-fn opt_bool(o: &Map<String, Value>, key: &str, default: bool) -> Result<bool, String> {
+fn opt_bool(o: &Map<String, Value>, key: &'static str, default: bool) -> Result<bool, WireError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(format!("{key} is not a boolean")),
+        Some(_) => Err(field(key, "not a boolean")),
     }
 }
 
@@ -227,25 +255,22 @@ pub(crate) struct PushPacket {
 /// Largest decompressed push packet.
 pub(crate) const MAX_PUSH: u64 = 1024 * 1024;
 
-pub(crate) fn parse_push(datagram: &[u8]) -> Result<PushPacket, Reason> {
+pub(crate) fn parse_push(datagram: &[u8]) -> Result<PushPacket, WireError> {
     let mut raw = Vec::new();
     let bytes: &[u8] = if datagram.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(datagram)
-            .take(MAX_PUSH + 1)
-            .read_to_end(&mut raw)
-            .map_err(|e| format!("bad gzip: {e}"))?;
+        flate2::read::GzDecoder::new(datagram).take(MAX_PUSH + 1).read_to_end(&mut raw).map_err(WireError::Gzip)?;
         if raw.len() as u64 > MAX_PUSH {
-            return Err(format!("decompresses to more than {MAX_PUSH} bytes"));
+            return Err(WireError::TooLarge { limit: MAX_PUSH });
         }
         &raw
     } else {
         datagram
     };
     let v = parse_json(bytes)?;
-    let o = v.as_object().ok_or("not a JSON object")?;
+    let o = object(&v)?;
     let kind = match o.get("type") {
         Some(Value::String(s)) => printable(s.as_bytes()),
-        _ => return Err("no type".into()),
+        _ => return Err(missing("type")),
     };
     let last_ref_time = match o.get("lastRefTime") {
         Some(Value::Number(n)) => Some(n.to_string()),

@@ -1,0 +1,391 @@
+//! The client side of the socket ABI (feature `client`): the Rust twin of `docs/client/ailb.h`.
+//!
+//! A client tags a TCP socket with `setsockopt(SOL_AILB, ..)` BEFORE `connect()` to a model's
+//! VIP; ailb's `cgroup/setsockopt` program stores the tags and `cgroup/connect4` picks the
+//! backend at connect time, rewriting the destination. The backend the kernel chose is the
+//! socket's peer address after connect (`getpeername`).
+//!
+//! ```no_run
+//! use std::net::SocketAddrV4;
+//! use std::time::Duration;
+//! use ailb_common::client::{self, Tagging, Tags};
+//!
+//! let vip: SocketAddrV4 = "127.77.0.1:8000".parse()?;
+//! let tags = Tags::new().conversation("conversation-42").required_memory_mb(2048);
+//! let (stream, outcome) = client::connect(vip, &tags, Some(Duration::from_secs(5)))?;
+//! if outcome.tagging == Tagging::NoBalancer {
+//!     println!("ailb is not loaded here; connected directly to {}", outcome.backend);
+//! }
+//! # drop(stream);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `ENOPROTOOPT` from the first option means ailb is not loaded for the socket's cgroup (the
+//! kernel does not know the level): that is [`Tagging::NoBalancer`], not an error, and the
+//! connect goes where it is addressed. Bad lengths are refused here, before any system call,
+//! with the field named ([`ClientError::Length`]); the kernel would answer `EINVAL`.
+//!
+//! For finer control: [`Socket::new`], the one-option calls ([`tag_conversation`],
+//! [`tag_required_memory_mb`], [`tag_model`]) or [`tag`], then [`Socket::connect`].
+//! [`raw`] sends unchecked options, for tests of the kernel's own input checks.
+//!
+//! Every `unsafe` block of the client is in [`raw`].
+
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use crate::abi::{AILB_CONVERSATION, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN, MAX_MODEL_NAME_LEN};
+
+/// Bytes of a rejected value shown in [`ClientError::Length`]'s message.
+const SHOWN_BYTES: usize = 32;
+
+/// One ABI option, named as the field of [`Tags`] that sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Field {
+    Conversation,
+    RequiredMemoryMb,
+    Model,
+}
+
+impl Field {
+    /// The option name (`setsockopt`'s `optname` at level [`crate::abi::SOL_AILB`]).
+    pub const fn optname(self) -> i32 {
+        match self {
+            Field::Conversation => AILB_CONVERSATION,
+            Field::RequiredMemoryMb => AILB_REQUIRED_MEMORY_MB,
+            Field::Model => AILB_MODEL,
+        }
+    }
+
+    /// The option's name in `ailb.h`.
+    pub const fn option_name(self) -> &'static str {
+        match self {
+            Field::Conversation => "AILB_CONVERSATION",
+            Field::RequiredMemoryMb => "AILB_REQUIRED_MEMORY_MB",
+            Field::Model => "AILB_MODEL",
+        }
+    }
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Field::Conversation => "conversation",
+            Field::RequiredMemoryMb => "required_memory_mb",
+            Field::Model => "model",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A conversation id or model name of a length the kernel refuses (`EINVAL`).
+    #[error("tag `{field}`: invalid value \"{shown}\" ({len} bytes): must be 1..={max} bytes")]
+    Length {
+        field: Field,
+        /// The value's first bytes, escaped.
+        shown: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("connect timeout: invalid value 0 s: must be above zero (or none, to wait as long as the kernel does)")]
+    ZeroTimeout,
+    #[error("creating a TCP/IPv4 socket")]
+    Socket {
+        #[source]
+        source: io::Error,
+    },
+    /// `setsockopt` failed with something other than `ENOPROTOOPT`.
+    #[error("setsockopt(SOL_AILB, {}) for tag `{field}`", field.option_name())]
+    SetOption {
+        field: Field,
+        #[source]
+        source: io::Error,
+    },
+    /// `connect()` failed: `ECONNREFUSED` from a VIP means no live backend of its model fits.
+    #[error("connect to {vip}")]
+    Connect {
+        vip: SocketAddrV4,
+        #[source]
+        source: io::Error,
+    },
+    #[error("reading the peer address (the backend) after connect to {vip}")]
+    PeerAddr {
+        vip: SocketAddrV4,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the peer address {peer} after connect to {vip} is not IPv4")]
+    PeerNotIpv4 { vip: SocketAddrV4, peer: SocketAddr },
+}
+
+impl ClientError {
+    /// The errno of a failed system call (`ETIMEDOUT` for a connect that ran past its
+    /// timeout), `None` for errors found before any call.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            ClientError::Socket { source }
+            | ClientError::SetOption { source, .. }
+            | ClientError::Connect { source, .. }
+            | ClientError::PeerAddr { source, .. } => {
+                source.raw_os_error().or((source.kind() == io::ErrorKind::TimedOut).then_some(libc::ETIMEDOUT))
+            }
+            ClientError::Length { .. } | ClientError::ZeroTimeout | ClientError::PeerNotIpv4 { .. } => None,
+        }
+    }
+}
+
+/// What tagging a socket found out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tagging {
+    /// ailb took every option: the connect is routed with them.
+    Accepted,
+    /// `ENOPROTOOPT`: ailb is not loaded for this socket's cgroup (no balancer). The remaining
+    /// options were not tried; the connect goes where it is addressed.
+    NoBalancer,
+    /// There was nothing to tag; whether ailb is loaded is not known.
+    NoTags,
+}
+
+impl Tagging {
+    pub fn is_accepted(self) -> bool {
+        self == Tagging::Accepted
+    }
+}
+
+/// The options to set before connect; each one is optional.
+///
+/// ```
+/// use ailb_common::client::Tags;
+/// let tags = Tags::new().conversation("conversation-42").model("llama-3-8b");
+/// assert!(tags.validate().is_ok());
+/// assert!(Tags::new().conversation("").validate().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tags<'a> {
+    conversation: Option<&'a [u8]>,
+    required_memory_mb: Option<u32>,
+    model: Option<&'a [u8]>,
+}
+
+impl<'a> Tags<'a> {
+    /// No tags.
+    pub const fn new() -> Self {
+        Self { conversation: None, required_memory_mb: None, model: None }
+    }
+
+    /// `AILB_CONVERSATION`: 1..=[`MAX_CONVERSATION_LEN`] raw bytes. Connections of one
+    /// conversation go to the same backend while it can take them (affinity).
+    pub fn conversation<T: AsRef<[u8]> + ?Sized>(mut self, id: &'a T) -> Self {
+        self.conversation = Some(id.as_ref());
+        self
+    }
+
+    /// `AILB_REQUIRED_MEMORY_MB`: the GPU memory (MB) this request needs; 0 fits every backend.
+    pub const fn required_memory_mb(mut self, mb: u32) -> Self {
+        self.required_memory_mb = Some(mb);
+        self
+    }
+
+    /// `AILB_MODEL`: the model name, 1..=[`MAX_MODEL_NAME_LEN`] bytes, for a VIP shared by
+    /// several models.
+    pub fn model<T: AsRef<[u8]> + ?Sized>(mut self, name: &'a T) -> Self {
+        self.model = Some(name.as_ref());
+        self
+    }
+
+    pub const fn is_empty(&self) -> bool {
+        self.conversation.is_none() && self.required_memory_mb.is_none() && self.model.is_none()
+    }
+
+    /// Checks every length as the kernel will, so that a bad value never half-tags a socket.
+    pub fn validate(&self) -> Result<(), ClientError> {
+        if let Some(id) = self.conversation {
+            check_len(Field::Conversation, id, MAX_CONVERSATION_LEN)?;
+        }
+        if let Some(name) = self.model {
+            check_len(Field::Model, name, MAX_MODEL_NAME_LEN)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_len(field: Field, value: &[u8], max: usize) -> Result<(), ClientError> {
+    if (1..=max).contains(&value.len()) {
+        return Ok(());
+    }
+    let mut shown = value[..value.len().min(SHOWN_BYTES)].escape_ascii().to_string();
+    if value.len() > SHOWN_BYTES {
+        shown.push_str("...");
+    }
+    Err(ClientError::Length { field, shown, len: value.len(), max })
+}
+
+/// One option; `ENOPROTOOPT` is [`Tagging::NoBalancer`].
+fn set(fd: BorrowedFd<'_>, field: Field, value: &[u8]) -> Result<Tagging, ClientError> {
+    match raw::setsockopt(fd, crate::abi::SOL_AILB, field.optname(), value) {
+        Ok(()) => Ok(Tagging::Accepted),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(Tagging::NoBalancer),
+        Err(source) => Err(ClientError::SetOption { field, source }),
+    }
+}
+
+/// `ailb_tag_conversation`: tags `fd` with a conversation id of 1..=[`MAX_CONVERSATION_LEN`] bytes.
+pub fn tag_conversation(fd: impl AsFd, id: &[u8]) -> Result<Tagging, ClientError> {
+    check_len(Field::Conversation, id, MAX_CONVERSATION_LEN)?;
+    set(fd.as_fd(), Field::Conversation, id)
+}
+
+/// `ailb_require_memory_mb`: tags `fd` with the GPU memory (MB) the request needs.
+pub fn tag_required_memory_mb(fd: impl AsFd, mb: u32) -> Result<Tagging, ClientError> {
+    set(fd.as_fd(), Field::RequiredMemoryMb, &mb.to_ne_bytes())
+}
+
+/// `ailb_tag_model`: tags `fd` with a model name of 1..=[`MAX_MODEL_NAME_LEN`] bytes.
+pub fn tag_model(fd: impl AsFd, name: &[u8]) -> Result<Tagging, ClientError> {
+    check_len(Field::Model, name, MAX_MODEL_NAME_LEN)?;
+    set(fd.as_fd(), Field::Model, name)
+}
+
+/// Sets every option of `tags` on `fd` (conversation, memory, model), after checking them
+/// all. Stops at the first `ENOPROTOOPT` ([`Tagging::NoBalancer`]); the first other failure
+/// is an error, and the options before it stay set.
+pub fn tag(fd: impl AsFd, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
+    tags.validate()?;
+    let fd = fd.as_fd();
+    let mem = tags.required_memory_mb.map(u32::to_ne_bytes);
+    let options = [
+        (Field::Conversation, tags.conversation),
+        (Field::RequiredMemoryMb, mem.as_ref().map(|b| &b[..])),
+        (Field::Model, tags.model),
+    ];
+    let mut tagging = Tagging::NoTags;
+    for (field, value) in options {
+        let Some(value) = value else { continue };
+        tagging = set(fd, field, value)?;
+        if tagging == Tagging::NoBalancer {
+            break;
+        }
+    }
+    Ok(tagging)
+}
+
+/// How a [`connect`] went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub tagging: Tagging,
+    /// The peer address after connect: the backend ailb picked (the VIP itself without ailb,
+    /// or when the VIP is not ailb's).
+    pub backend: SocketAddrV4,
+}
+
+/// A TCP/IPv4 socket (close-on-exec) not connected yet: tag it, then [`Socket::connect`].
+#[derive(Debug)]
+pub struct Socket(socket2::Socket);
+
+impl Socket {
+    pub fn new() -> Result<Self, ClientError> {
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+            .map(Self)
+            .map_err(|source| ClientError::Socket { source })
+    }
+
+    /// [`tag`] on this socket.
+    pub fn tag(&self, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
+        tag(self, tags)
+    }
+
+    /// Connects to `vip` (waiting at most `timeout`, if given) and returns the stream with
+    /// the backend the kernel chose (the peer address).
+    pub fn connect(
+        self,
+        vip: SocketAddrV4,
+        timeout: Option<Duration>,
+    ) -> Result<(TcpStream, SocketAddrV4), ClientError> {
+        let addr = socket2::SockAddr::from(vip);
+        let res = match timeout {
+            Some(t) if t.is_zero() => return Err(ClientError::ZeroTimeout),
+            Some(t) => self.0.connect_timeout(&addr, t),
+            None => self.0.connect(&addr),
+        };
+        res.map_err(|source| ClientError::Connect { vip, source })?;
+        let stream = TcpStream::from(self.0);
+        match stream.peer_addr() {
+            Ok(SocketAddr::V4(backend)) => Ok((stream, backend)),
+            Ok(peer) => Err(ClientError::PeerNotIpv4 { vip, peer }),
+            Err(source) => Err(ClientError::PeerAddr { vip, source }),
+        }
+    }
+}
+
+impl AsFd for Socket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// A new socket tagged with `tags`, connected to `vip` (waiting at most `timeout`, if given).
+/// Bad tags are refused before the socket is created.
+pub fn connect(
+    vip: SocketAddrV4,
+    tags: &Tags<'_>,
+    timeout: Option<Duration>,
+) -> Result<(TcpStream, Outcome), ClientError> {
+    tags.validate()?;
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err(ClientError::ZeroTimeout);
+    }
+    let socket = Socket::new()?;
+    let tagging = socket.tag(tags)?;
+    let (stream, backend) = socket.connect(vip, timeout)?;
+    Ok((stream, Outcome { tagging, backend }))
+}
+
+/// Unchecked `setsockopt(2)`, for tests of the kernel's input checks (lengths the ABI refuses,
+/// unknown option names, a null buffer) and for options outside the ABI. Tagging goes through
+/// [`tag`] and the `tag_*` functions, which check lengths first.
+pub mod raw {
+    #![allow(unsafe_code)]
+
+    use std::io;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    /// `setsockopt(fd, level, optname, value.as_ptr(), value.len())`, any level and length.
+    pub fn setsockopt(fd: impl AsFd, level: i32, optname: i32, value: &[u8]) -> io::Result<()> {
+        let len = socklen(value.len())?;
+        // SAFETY: `value` points to `len` readable bytes that outlive the call; the kernel
+        // only reads them. `fd` is borrowed, so it stays open during the call.
+        let rc = unsafe { libc::setsockopt(fd.as_fd().as_raw_fd(), level, optname, value.as_ptr().cast(), len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// `setsockopt(fd, level, optname, NULL, len)`: with a nonzero `len` the kernel's copy of
+    /// the buffer fails (`EFAULT`) before any cgroup program sees the option.
+    pub fn setsockopt_null(fd: impl AsFd, level: i32, optname: i32, len: usize) -> io::Result<()> {
+        let len = socklen(len)?;
+        // SAFETY: a null buffer is never dereferenced in this process; the kernel checks
+        // user pointers and fails the copy with EFAULT. `fd` is borrowed for the call.
+        let rc = unsafe { libc::setsockopt(fd.as_fd().as_raw_fd(), level, optname, std::ptr::null(), len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn socklen(len: usize) -> io::Result<libc::socklen_t> {
+        libc::socklen_t::try_from(len).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("option length {len} does not fit a socklen_t"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

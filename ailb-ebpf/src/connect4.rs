@@ -1,0 +1,223 @@
+//! `cgroup/connect4`: a TCP connect to a VIP is rewritten to the backend the pick chooses,
+//! or refused with `ECONNREFUSED`.
+
+use core::ptr;
+
+use ailb_common::{
+    abi::*,
+    hash::fmix64,
+    pick::{pick, Outcome, PickMaps, PickRequest, PickResult},
+};
+use aya_ebpf::{
+    bindings::bpf_sock_addr,
+    helpers::generated::{bpf_get_socket_cookie, bpf_ktime_get_ns},
+    macros::cgroup_sock_addr,
+    programs::SockAddrContext,
+};
+
+use crate::{
+    maps::{
+        backend_stats, inflight_read, sock_state, stats, turn_take, uncount, AILB_AFFINITY, AILB_CONFIG, AILB_MODELS,
+        AILB_MODEL_NAMES, AILB_SERVICES,
+    },
+    pick_maps::Maps,
+    refuse, AF_INET, ALLOW, ECONNREFUSED, ENOMEM, IPPROTO_TCP, SOCK_STREAM,
+};
+
+#[cgroup_sock_addr(connect4)]
+pub fn ailb_connect4(ctx: SockAddrContext) -> i32 {
+    try_connect4(&ctx)
+}
+
+#[inline(always)]
+fn try_connect4(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: the kernel passes a valid bpf_sock_addr context for the whole run.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let Some(service) = vip_service(sa) else {
+        return ALLOW;
+    };
+    // SAFETY: `sk` in bpf_sock_addr is a valid full socket (PTR_TO_SOCKET).
+    let Some(sock) = (unsafe { sock_state(sa.__bindgen_anon_1.sk.cast(), true) }) else {
+        return refuse(ENOMEM);
+    };
+    let Some(model) = model_of(&service, sock) else {
+        return refuse_connect(Outcome::NoBackend);
+    };
+    let Some(cfg) = AILB_CONFIG.get_ptr(0) else {
+        return refuse_connect(Outcome::NoBackend);
+    };
+    // SAFETY: a non-null array map value pointer; copied.
+    let cfg = unsafe { ptr::read(cfg) };
+    let Some(state) = AILB_MODELS.get_ptr(model) else {
+        return refuse_connect(Outcome::NoBackend);
+    };
+    // SAFETY: a non-null array map value pointer; copied so that `active` and the slot it
+    // selects are read once.
+    let state = unsafe { ptr::read(state) };
+
+    let (has_conversation, hash) = conversation(ctx, sock);
+    let entry = AffinityEntry::lookup(model, hash, has_conversation && cfg.flags & CONFIG_AFFINITY != 0);
+    let req = request(&cfg, sock, model, hash, has_conversation, entry.value());
+    let res = pick(&Maps, &state, &cfg, &req);
+    if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
+        return refuse_connect(res.outcome);
+    }
+    let Some(backend) = Maps.backend(res.backend) else {
+        return refuse_connect(Outcome::NoBackend);
+    };
+
+    sa.user_ip4 = backend.addr;
+    sa.user_port = backend.port as u32;
+    entry.remember(&res, req.now_ns);
+    note_pick(sock, res.backend, model);
+    count_pick(&res);
+    ALLOW
+}
+
+/// The VIP entry of a TCP/IPv4 connect's destination; `None` for any other connect.
+#[inline(always)]
+fn vip_service(sa: &bpf_sock_addr) -> Option<Service> {
+    if sa.user_family != AF_INET || sa.type_ != SOCK_STREAM || sa.protocol != IPPROTO_TCP {
+        return None;
+    }
+    let key = ServiceKey { addr: sa.user_ip4, port: sa.user_port as u16, _pad: 0 };
+    let service = AILB_SERVICES.get_ptr(key)?;
+    // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
+    Some(unsafe { ptr::read(service) })
+}
+
+/// The model of a connect to `service`: the VIP's own, or for a shared VIP the one the
+/// socket's `AILB_MODEL` hint names. `None`: no (known) model.
+#[inline(always)]
+fn model_of(service: &Service, sock: &SockState) -> Option<u32> {
+    let model = if service.flags & SERVICE_SHARED != 0 {
+        if sock.flags & SOCK_HAS_MODEL == 0 {
+            return None;
+        }
+        let m = AILB_MODEL_NAMES.get_ptr(sock.model_hash)?;
+        // SAFETY: a non-null hash map value pointer (u32).
+        unsafe { ptr::read(m) }
+    } else {
+        service.model
+    };
+    (model < MAX_MODELS).then_some(model)
+}
+
+/// Whether the socket carries a conversation id, and the hash the pick uses: the id's, else
+/// the socket cookie's (a connection of its own).
+#[inline(always)]
+fn conversation(ctx: &SockAddrContext, sock: &SockState) -> (bool, u64) {
+    if sock.flags & SOCK_HAS_CONVERSATION != 0 {
+        return (true, sock.conversation);
+    }
+    // SAFETY: the helper only reads the context's socket.
+    (false, fmix64(unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) }))
+}
+
+/// The pick's inputs besides the maps. With round robin (a baseline), this connect takes the
+/// model's turn (one atomic add) unless an affinity entry may decide instead.
+#[inline(always)]
+fn request(
+    cfg: &GlobalConfig,
+    sock: &SockState,
+    model: u32,
+    hash: u64,
+    has_conversation: bool,
+    affinity: Option<AffinityValue>,
+) -> PickRequest {
+    let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
+    // SAFETY: no arguments.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let model_inflight = inflight_read(INFLIGHT_MODEL_BASE + model);
+    let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
+    PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn }
+}
+
+/// The conversation's `AILB_AFFINITY` entry, looked up once per connect (only when affinity
+/// applies: the socket has a conversation id and the config enables affinity).
+struct AffinityEntry {
+    key: AffinityKey,
+    used: bool,
+    /// The value in the map, valid for this run (RCU).
+    ptr: Option<*mut AffinityValue>,
+}
+
+impl AffinityEntry {
+    #[inline(always)]
+    fn lookup(model: u32, hash: u64, used: bool) -> Self {
+        let key = AffinityKey { model, _pad: 0, conversation: hash };
+        let ptr = if used { AILB_AFFINITY.get_ptr_mut(key) } else { None };
+        Self { key, used, ptr }
+    }
+
+    /// A copy of the entry's value.
+    #[inline(always)]
+    fn value(&self) -> Option<AffinityValue> {
+        // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); copied at once.
+        self.ptr.map(|p| unsafe { ptr::read(p) })
+    }
+
+    /// Records the pick: a hit refreshes the timestamp in place (no map update, no LRU
+    /// allocation); any other pick of a conversation (re)writes the entry.
+    #[inline(always)]
+    fn remember(&self, res: &PickResult, now_ns: u64) {
+        match (res.outcome, self.ptr) {
+            // SAFETY: the value pointer from the lookup, valid for this run; a racing writer
+            // can only make the timestamp another recent value.
+            (Outcome::AffinityHit, Some(p)) => unsafe { (*p).last_seen_ns = now_ns },
+            _ if self.used => {
+                let value = AffinityValue { backend: res.backend, _pad: 0, last_seen_ns: now_ns };
+                // An LRU map evicts instead of failing when full; a failure only loses affinity.
+                let _ = AILB_AFFINITY.insert(self.key, value, 0);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Records the pick in the socket's storage, for sock_ops to count it.
+#[inline(always)]
+fn note_pick(sock: &mut SockState, backend: u32, model: u32) {
+    // A socket is only connected once from SS_UNCONNECTED, so it is normally not counted
+    // here; if it is, move it off the old backend's counters so they stay exact.
+    uncount(sock);
+    sock.backend = backend;
+    sock.model = model;
+    sock.flags |= SOCK_PICKED;
+}
+
+/// Counts a pick in the global and the backend's counters.
+#[inline(always)]
+fn count_pick(res: &PickResult) {
+    if let Some(s) = stats() {
+        s.picks += 1;
+        match res.outcome {
+            Outcome::AffinityHit => s.affinity_hits += 1,
+            Outcome::Spill => s.spills += 1,
+            Outcome::Fallback => s.fallbacks += 1,
+            _ => {}
+        }
+        if res.affinity_break {
+            s.affinity_breaks += 1;
+        }
+    }
+    if let Some(b) = backend_stats(res.backend) {
+        b.picks += 1;
+        if res.outcome == Outcome::AffinityHit {
+            b.affinity_hits += 1;
+        }
+    }
+}
+
+/// Counts a refused connect and fails it with `ECONNREFUSED`.
+#[inline(always)]
+fn refuse_connect(outcome: Outcome) -> i32 {
+    if let Some(s) = stats() {
+        if outcome == Outcome::NoFit {
+            s.no_fit += 1;
+        } else {
+            s.no_backend += 1;
+        }
+    }
+    refuse(ECONNREFUSED)
+}

@@ -1,0 +1,140 @@
+//! The maps (names and types: `ailb_common::abi::maps` and the ABI notes) and their
+//! accessors shared by the programs.
+
+use core::{
+    ffi::c_void,
+    intrinsics::{atomic_xadd, AtomicOrdering},
+    ptr::{self, addr_of},
+};
+
+use ailb_common::abi::*;
+use aya_ebpf::{
+    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
+    helpers::generated::bpf_sk_storage_get,
+    macros::btf_map,
+};
+
+const MODEL_ROWS: usize = (MAX_MODELS * 2) as usize;
+
+#[btf_map]
+pub(crate) static AILB_SERVICES: HashMap<ServiceKey, Service, { MAX_SERVICES as usize }> = HashMap::new();
+#[btf_map]
+pub(crate) static AILB_BACKENDS: Array<Backend, { MAX_BACKENDS as usize }> = Array::new();
+#[btf_map]
+pub(crate) static AILB_MODELS: Array<ModelState, { MAX_MODELS as usize }> = Array::new();
+#[btf_map]
+pub(crate) static AILB_TABLES: Array<TableRow, MODEL_ROWS> = Array::new();
+#[btf_map]
+pub(crate) static AILB_MEMBERS: Array<MemberRow, MODEL_ROWS> = Array::new();
+#[btf_map]
+pub(crate) static AILB_MODEL_NAMES: HashMap<u64, u32, { MAX_MODELS as usize }> = HashMap::new();
+#[btf_map]
+pub(crate) static AILB_AFFINITY: LruHashMap<AffinityKey, AffinityValue, { MAX_AFFINITY as usize }> = LruHashMap::new();
+#[btf_map]
+pub(crate) static AILB_SOCK: SkStorage<SockState> = SkStorage::new();
+#[btf_map]
+pub(crate) static AILB_INFLIGHT: Array<u64, { INFLIGHT_ENTRIES as usize }> = Array::new();
+#[btf_map]
+pub(crate) static AILB_STATS: PerCpuArray<Stats, 1> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static AILB_BACKEND_STATS: PerCpuArray<BackendStats, { MAX_BACKENDS as usize }> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static AILB_CONFIG: Array<GlobalConfig, 1> = Array::new();
+
+/// The current CPU's global counters.
+#[inline(always)]
+pub(crate) fn stats() -> Option<&'static mut Stats> {
+    // SAFETY: a per-CPU array slot is only touched by the program running on this CPU
+    // (BPF programs run with migration disabled); the pointer is valid for the whole run.
+    AILB_STATS.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
+/// The current CPU's counters for `backend`.
+#[inline(always)]
+pub(crate) fn backend_stats(backend: u32) -> Option<&'static mut BackendStats> {
+    if backend >= MAX_BACKENDS {
+        return None;
+    }
+    // SAFETY: as in `stats`: a per-CPU slot, valid for the program run.
+    AILB_BACKEND_STATS.get_ptr_mut(backend).map(|p| unsafe { &mut *p })
+}
+
+/// `AILB_INFLIGHT[index]`, 0 when out of range.
+#[inline(always)]
+pub(crate) fn inflight_read(index: u32) -> u64 {
+    match AILB_INFLIGHT.get_ptr(index) {
+        // SAFETY: an aligned u64 in an array map value; a 64-bit load is atomic on BPF.
+        Some(p) => unsafe { ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
+/// Atomically adds `delta` (two's complement) to `AILB_INFLIGHT[index]`.
+#[inline(always)]
+pub(crate) fn inflight_add(index: u32, delta: u64) {
+    if index >= INFLIGHT_ENTRIES {
+        return;
+    }
+    if let Some(p) = AILB_INFLIGHT.get_ptr_mut(index) {
+        // SAFETY: `p` points to an 8-byte aligned u64 inside the array map value that lives
+        // as long as the map; every writer (this program on other CPUs, userspace) uses
+        // atomic accesses. The result is unused, so this compiles to a BPF atomic add.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, delta) };
+    }
+}
+
+/// The model's round-robin turn counter, then incremented (`AILB_INFLIGHT`).
+#[inline(always)]
+pub(crate) fn turn_take(model: u32) -> u64 {
+    let index = INFLIGHT_TURN_BASE + model;
+    if index >= INFLIGHT_ENTRIES {
+        return 0;
+    }
+    match AILB_INFLIGHT.get_ptr_mut(index) {
+        // SAFETY: as in `inflight_add`. A read, then an atomic add: the fetching form of the
+        // add needs BPF CPU v3 and this object is built for the generic CPU, so two connects
+        // racing on two CPUs may share a turn (a baseline can live with that; sequential
+        // connects take the members strictly in turn).
+        Some(p) => unsafe {
+            let turn = ptr::read_volatile(p);
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1);
+            turn
+        },
+        None => 0,
+    }
+}
+
+/// This socket's `AILB_SOCK` entry; with `create`, created (zeroed) when absent. `None` when
+/// absent (without `create`) or when the kernel cannot allocate it.
+///
+/// # Safety
+/// `sk` must be a full socket of the program's context (PTR_TO_SOCKET), not NULL.
+#[inline(always)]
+pub(crate) unsafe fn sock_state(sk: *mut c_void, create: bool) -> Option<&'static mut SockState> {
+    let flags = if create { BPF_SK_STORAGE_GET_F_CREATE.into() } else { 0 };
+    // SAFETY: the map pointer is the address of the BTF map definition, which the loader
+    // relocates to the map; `sk` is valid per this function's contract.
+    let p = unsafe { bpf_sk_storage_get(addr_of!(AILB_SOCK) as *mut c_void, sk, ptr::null_mut(), flags) }
+        .cast::<SockState>();
+    // SAFETY: a non-null sk_storage value of this socket, valid for the program run; only this
+    // socket's hooks touch it and they run under the socket lock.
+    (!p.is_null()).then(|| unsafe { &mut *p })
+}
+
+/// Removes a counted socket from the backend and model in-flight counters.
+#[inline(always)]
+pub(crate) fn uncount(sock: &mut SockState) {
+    if sock.flags & SOCK_COUNTED == 0 {
+        return;
+    }
+    sock.flags &= !SOCK_COUNTED;
+    if sock.backend < MAX_BACKENDS && sock.model < MAX_MODELS {
+        inflight_add(sock.backend, u64::MAX);
+        inflight_add(INFLIGHT_MODEL_BASE + sock.model, u64::MAX);
+        if sock.counted_mem_mb != 0 {
+            inflight_add(INFLIGHT_MEM_BASE + sock.backend, (sock.counted_mem_mb as u64).wrapping_neg());
+        }
+    }
+    sock.counted_mem_mb = 0;
+}

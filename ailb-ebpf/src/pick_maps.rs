@@ -1,0 +1,100 @@
+//! The pick's map access: [`PickMaps`] over the kernel maps, with the least-loaded member
+//! scan run through `bpf_loop`.
+
+use core::{
+    ffi::c_void,
+    ptr::{self, addr_of},
+};
+
+use ailb_common::{
+    abi::*,
+    pick::{MemberScan, PickMaps},
+};
+use aya_ebpf::helpers::generated::bpf_loop;
+
+use crate::maps::{inflight_read, AILB_BACKENDS, AILB_MEMBERS, AILB_TABLES};
+
+pub(crate) struct Maps;
+
+impl PickMaps for Maps {
+    #[inline(always)]
+    fn backend(&self, id: u32) -> Option<Backend> {
+        if id >= MAX_BACKENDS {
+            return None;
+        }
+        // SAFETY: a non-null array map value pointer of the right type; a plain copy (a
+        // concurrent userspace update may tear it, which the pick tolerates).
+        AILB_BACKENDS.get_ptr(id).map(|p| unsafe { ptr::read(p) })
+    }
+
+    #[inline(always)]
+    fn inflight(&self, id: u32) -> u64 {
+        if id >= MAX_BACKENDS {
+            return 0;
+        }
+        inflight_read(id)
+    }
+
+    #[inline(always)]
+    fn inflight_mem(&self, id: u32) -> u64 {
+        if id >= MAX_BACKENDS {
+            return 0;
+        }
+        inflight_read(INFLIGHT_MEM_BASE + id)
+    }
+
+    #[inline(always)]
+    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
+        if row >= MAX_MODELS * 2 || index >= MAX_TABLE_SIZE {
+            return None;
+        }
+        let p = AILB_TABLES.get_ptr(row)?;
+        // SAFETY: `p` is a valid TableRow in the map and `index < MAX_TABLE_SIZE` (its length),
+        // so the element pointer is in bounds.
+        Some(unsafe { ptr::read(addr_of!((*p).slots).cast::<u32>().add(index as usize)) })
+    }
+
+    #[inline(always)]
+    fn member(&self, row: u32, index: u32) -> Option<u32> {
+        if row >= MAX_MODELS * 2 || index >= MAX_MEMBERS {
+            return None;
+        }
+        let p = AILB_MEMBERS.get_ptr(row)?;
+        // SAFETY: `p` is a valid MemberRow in the map and `index < MAX_MEMBERS` (its length).
+        Some(unsafe { ptr::read(addr_of!((*p).ids).cast::<u32>().add(index as usize)) })
+    }
+
+    /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a
+    /// 1024-iteration inline loop exceeds the verifier's 1M-instruction budget.
+    #[inline(always)]
+    fn scan_members(&self, row: u32, members: u32, required_mem_mb: u32) -> MemberScan {
+        let mut ctx = ScanCtx { scan: MemberScan::new(), row, required_mem_mb };
+        let n = if members > MAX_MEMBERS { MAX_MEMBERS } else { members };
+        // SAFETY: `scan_member` has the callback signature bpf_loop expects and only uses
+        // its context as the `ScanCtx` passed here, which outlives the call.
+        unsafe {
+            bpf_loop(n, scan_member as *mut c_void, ptr::from_mut(&mut ctx).cast(), 0);
+        }
+        ctx.scan
+    }
+}
+
+/// `bpf_loop` context of [`Maps::scan_members`].
+struct ScanCtx {
+    scan: MemberScan,
+    row: u32,
+    required_mem_mb: u32,
+}
+
+/// `bpf_loop` callback: member `index` of the scan. Returns 0 to continue, 1 to stop.
+#[inline(never)]
+extern "C" fn scan_member(index: u64, ctx: *mut c_void) -> i64 {
+    if index >= MAX_MEMBERS as u64 {
+        return 1;
+    }
+    // SAFETY: bpf_loop passes back the `ScanCtx` pointer given in `scan_members` (on the
+    // caller's stack, alive for the whole loop).
+    let ctx = unsafe { &mut *ctx.cast::<ScanCtx>() };
+    ctx.scan.step(&Maps, ctx.row, index as u32, ctx.required_mem_mb);
+    0
+}

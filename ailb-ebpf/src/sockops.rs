@@ -1,0 +1,155 @@
+//! `sockops`: keeps the in-flight counters (`AILB_INFLIGHT`) exact from `TCP_CONNECT_CB` to
+//! the moment either side starts closing, and counts established / closed / failed
+//! connections and RTT samples.
+
+use ailb_common::abi::*;
+use aya_ebpf::{
+    bindings::{
+        bpf_sock_ops, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_FIN_WAIT1, BPF_TCP_LAST_ACK,
+        BPF_TCP_SYN_SENT,
+    },
+    helpers::generated::{bpf_ktime_get_ns, bpf_sock_ops_cb_flags_set},
+    macros::sock_ops,
+    programs::SockOpsContext,
+};
+
+use crate::maps::{backend_stats, inflight_add, sock_state, stats, uncount, AILB_AFFINITY};
+
+#[sock_ops]
+pub fn ailb_sockops(ctx: SockOpsContext) -> u32 {
+    try_sockops(&ctx);
+    1
+}
+
+#[inline(always)]
+fn try_sockops(ctx: &SockOpsContext) {
+    let op = ctx.op();
+    if op != BPF_SOCK_OPS_TCP_CONNECT_CB && op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_STATE_CB {
+        return;
+    }
+    let Some(sock) = picked_sock(ctx.ops) else {
+        return;
+    };
+    let backend = sock.backend;
+    let model = sock.model;
+    if backend >= MAX_BACKENDS || model >= MAX_MODELS {
+        return;
+    }
+    if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        on_connect(ctx, sock, backend, model);
+    } else if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        on_established(ctx.ops, backend);
+    } else {
+        on_state_change(ctx, sock, backend, model);
+    }
+}
+
+/// The storage of the context's socket, if connect4 picked a backend for it.
+#[inline(always)]
+fn picked_sock(ops: *mut bpf_sock_ops) -> Option<&'static mut SockState> {
+    // SAFETY: reading the context's `sk` field (NULL for request / timewait sockets).
+    let sk = unsafe { (*ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: `sk` is a non-null full socket; lookup only (no create flag).
+    let sock = unsafe { sock_state(sk.cast(), false) }?;
+    (sock.flags & SOCK_PICKED != 0).then_some(sock)
+}
+
+/// `TCP_CONNECT_CB`: counts the socket in flight to its backend and model (once), and asks
+/// for the state changes that end the count.
+#[inline(always)]
+fn on_connect(ctx: &SockOpsContext, sock: &mut SockState, backend: u32, model: u32) {
+    if sock.flags & SOCK_COUNTED != 0 {
+        return;
+    }
+    inflight_add(backend, 1);
+    inflight_add(INFLIGHT_MODEL_BASE + model, 1);
+    let mem = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
+    if mem != 0 {
+        inflight_add(INFLIGHT_MEM_BASE + backend, mem as u64);
+    }
+    sock.counted_mem_mb = mem;
+    sock.flags |= SOCK_COUNTED;
+    // SAFETY: `ops` is this program's context; the helper only sets the socket's callback
+    // flags (here: call us on every TCP state change).
+    unsafe { bpf_sock_ops_cb_flags_set(ctx.ops, (ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32) };
+}
+
+/// `ACTIVE_ESTABLISHED_CB`: counts the connection and its first RTT sample.
+#[inline(always)]
+fn on_established(ops: *mut bpf_sock_ops, backend: u32) {
+    // The kernel keeps srtt in 1/8 us.
+    // SAFETY: reading a field of this program's context.
+    let srtt_us = unsafe { (*ops).srtt_us } >> 3;
+    if let Some(s) = stats() {
+        s.established += 1;
+    }
+    if let Some(b) = backend_stats(backend) {
+        b.established += 1;
+        if srtt_us > 0 {
+            b.rtt_us_sum += srtt_us as u64;
+            b.rtt_samples += 1;
+        }
+    }
+}
+
+/// `STATE_CB` (args[0] = old state, args[1] = new state). A connection stops counting as in
+/// flight as soon as either side starts closing (FIN_WAIT1 or LAST_ACK: we closed;
+/// CLOSE_WAIT: the backend finished and closed), not when the last ACK of the teardown is
+/// processed, which a loaded machine can delay past the next connect.
+#[inline(always)]
+fn on_state_change(ctx: &SockOpsContext, sock: &mut SockState, backend: u32, model: u32) {
+    let new_state = ctx.arg(1);
+    let closing = new_state == BPF_TCP_CLOSE
+        || new_state == BPF_TCP_CLOSE_WAIT
+        || new_state == BPF_TCP_FIN_WAIT1
+        || new_state == BPF_TCP_LAST_ACK;
+    if !closing || sock.flags & SOCK_COUNTED == 0 {
+        return;
+    }
+    let failed = new_state == BPF_TCP_CLOSE && ctx.arg(0) == BPF_TCP_SYN_SENT;
+    uncount(sock);
+    count_close(backend, failed);
+    if !failed && sock.flags & SOCK_HAS_CONVERSATION != 0 {
+        refresh_affinity(model, sock.conversation, backend);
+    }
+}
+
+/// Counts a closed connection, or a connect that failed (closed from SYN_SENT).
+#[inline(always)]
+fn count_close(backend: u32, failed: bool) {
+    if let Some(s) = stats() {
+        if failed {
+            s.connect_failures += 1;
+        } else {
+            s.closed += 1;
+        }
+    }
+    if let Some(b) = backend_stats(backend) {
+        if failed {
+            b.connect_failures += 1;
+        } else {
+            b.closed += 1;
+        }
+    }
+}
+
+/// The conversation's affinity entry counts its age from this close too: its prefix was
+/// cached on the backend when the answer ended, not when the request began
+/// (`GlobalConfig::affinity_wait_ns`, the TTL).
+#[inline(always)]
+fn refresh_affinity(model: u32, conversation: u64, backend: u32) {
+    let key = AffinityKey { model, _pad: 0, conversation };
+    if let Some(p) = AILB_AFFINITY.get_ptr_mut(key) {
+        // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); a racing
+        // writer can only make the entry another recent value.
+        unsafe {
+            if (*p).backend == backend {
+                (*p).last_seen_ns = bpf_ktime_get_ns();
+            }
+        }
+    }
+}

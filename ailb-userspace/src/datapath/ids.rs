@@ -1,0 +1,160 @@
+//! Model indices (`AILB_MODELS`) and backend ids (`AILB_BACKENDS`, the in-flight and stats
+//! counters). A model keeps its index, and a backend (model index, address) its id, across
+//! reloads and restarts; a new one takes the lowest free. A backend that left the plan is
+//! retired: its id stays taken until its in-flight count is 0, so that the counts of the
+//! connections still open to it never mix with those of a backend that would take its id.
+#![forbid(unsafe_code)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::SocketAddrV4,
+};
+
+use ailb_common::{MAX_BACKENDS, MAX_MODELS};
+
+use super::DatapathError;
+
+/// A backend's identity: its model's index and its address.
+pub(crate) type BackendKey = (u32, SocketAddrV4);
+
+#[derive(Debug, Default)]
+pub(crate) struct Ids {
+    /// Model name -> index.
+    models: BTreeMap<String, u32>,
+    /// Backend -> id; includes the retired ones.
+    backends: BTreeMap<BackendKey, u32>,
+    /// Backends that left the plan, whose ids wait for their in-flight count to reach 0.
+    retired: BTreeMap<BackendKey, u32>,
+}
+
+/// The lowest index in `0..max` that `used` does not hold.
+fn lowest_free(used: impl Iterator<Item = u32>, max: u32, what: &'static str) -> Result<u32, DatapathError> {
+    let used: HashSet<u32> = used.collect();
+    (0..max).find(|i| !used.contains(i)).ok_or(DatapathError::Full { what, max })
+}
+
+impl Ids {
+    /// Takes over a model index found in the maps.
+    pub(crate) fn recover_model(&mut self, name: String, index: u32) {
+        self.models.insert(name, index);
+    }
+
+    /// Takes over a backend id found in the maps.
+    pub(crate) fn recover_backend(&mut self, key: BackendKey, id: u32) {
+        self.backends.insert(key, id);
+    }
+
+    pub(crate) fn model_count(&self) -> usize {
+        self.models.len()
+    }
+
+    pub(crate) fn backend_count(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// The index of a known model.
+    pub(crate) fn model(&self, name: &str) -> Option<u32> {
+        self.models.get(name).copied()
+    }
+
+    /// The model's index: its own if known, else the lowest free one.
+    pub(crate) fn assign_model(&mut self, name: &str) -> Result<u32, DatapathError> {
+        if let Some(index) = self.model(name) {
+            return Ok(index);
+        }
+        let index = lowest_free(self.models.values().copied(), MAX_MODELS, "models")?;
+        self.models.insert(name.to_string(), index);
+        Ok(index)
+    }
+
+    /// The known models that `keep` rejects, by name.
+    pub(crate) fn models_except(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, u32)> {
+        self.models.iter().filter(|(n, _)| !keep(n)).map(|(n, &i)| (n.clone(), i)).collect()
+    }
+
+    /// Frees a model's index at once (its backends are retired as the plan no longer has them).
+    pub(crate) fn forget_model(&mut self, name: &str) {
+        self.models.remove(name);
+    }
+
+    /// The id of a known backend (retired ones included).
+    pub(crate) fn backend(&self, key: &BackendKey) -> Option<u32> {
+        self.backends.get(key).copied()
+    }
+
+    /// The backend's id: its own if known (even while retired), else the lowest free one.
+    pub(crate) fn assign_backend(&mut self, key: BackendKey) -> Result<u32, DatapathError> {
+        if let Some(id) = self.backend(&key) {
+            return Ok(id);
+        }
+        let id = lowest_free(self.backends.values().copied(), MAX_BACKENDS, "backends")?;
+        self.backends.insert(key, id);
+        Ok(id)
+    }
+
+    /// Retires every backend that `planned` does not hold (and only those: one that came back
+    /// keeps its id and is live again); returns the retired ids.
+    pub(crate) fn retire_unplanned(&mut self, planned: &BTreeSet<BackendKey>) -> Vec<u32> {
+        self.retired = self.backends.iter().filter(|(k, _)| !planned.contains(k)).map(|(k, &id)| (*k, id)).collect();
+        self.retired.values().copied().collect()
+    }
+
+    /// The retired backends and their ids.
+    pub(crate) fn retired(&self) -> Vec<(BackendKey, u32)> {
+        self.retired.iter().map(|(k, &id)| (*k, id)).collect()
+    }
+
+    /// Frees a retired backend's id.
+    pub(crate) fn free(&mut self, key: &BackendKey) {
+        self.backends.remove(key);
+        self.retired.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(model: u32, last: u8) -> BackendKey {
+        (model, SocketAddrV4::new([10, 1, 0, last].into(), 80))
+    }
+
+    #[test]
+    fn known_names_keep_their_index_and_new_ones_take_the_lowest_free() {
+        let mut ids = Ids::default();
+        ids.recover_model("b".into(), 1);
+        assert_eq!(ids.assign_model("a").unwrap(), 0);
+        assert_eq!(ids.assign_model("b").unwrap(), 1);
+        assert_eq!(ids.assign_model("c").unwrap(), 2);
+        ids.forget_model("a");
+        assert_eq!(ids.assign_model("d").unwrap(), 0);
+        assert_eq!(ids.models_except(|n| n != "b"), vec![("b".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_retired_id_stays_taken_until_freed_and_a_returning_backend_keeps_it() {
+        let mut ids = Ids::default();
+        for last in 1..=3 {
+            ids.assign_backend(key(0, last)).unwrap();
+        }
+        let planned: BTreeSet<_> = [key(0, 1), key(0, 3)].into();
+        assert_eq!(ids.retire_unplanned(&planned), vec![1]);
+        assert_eq!(ids.assign_backend(key(0, 4)).unwrap(), 3, "id 1 is still retired");
+        assert_eq!(ids.assign_backend(key(0, 2)).unwrap(), 1, "a returning backend keeps its id");
+        let planned: BTreeSet<_> = [key(0, 2), key(0, 3), key(0, 4)].into();
+        assert_eq!(ids.retire_unplanned(&planned), vec![0]);
+        ids.free(&key(0, 1));
+        assert!(ids.retired().is_empty());
+        assert_eq!(ids.assign_backend(key(1, 1)).unwrap(), 0, "a freed id is reused");
+    }
+
+    #[test]
+    fn full_maps_are_an_error_naming_the_limit() {
+        let mut ids = Ids::default();
+        for i in 0..MAX_MODELS {
+            ids.assign_model(&format!("m{i}")).unwrap();
+        }
+        let e = ids.assign_model("one-more").unwrap_err();
+        assert_eq!(e.to_string(), format!("models: no free slot (at most {MAX_MODELS})"));
+    }
+}

@@ -1,0 +1,111 @@
+//! The map values computed from the plan and the config (pure: no map access), and their
+//! inverses for the readers (`status`, `explain`).
+#![forbid(unsafe_code)]
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use ailb_common::{
+    hash::backend_key, maglev::MaglevBackend, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE,
+    CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, MAX_MODEL_NAME_LEN, MEM_UNKNOWN,
+};
+
+use crate::{config::ValidConfig, policy::PlannedBackend};
+
+/// An address as the kernel holds it: IPv4 address and port in network byte order.
+pub fn addr_be(a: &SocketAddrV4) -> (u32, u16) {
+    (u32::from_ne_bytes(a.ip().octets()), a.port().to_be())
+}
+
+/// The inverse of [`addr_be`].
+pub fn addr_from_be(addr: u32, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(addr.to_ne_bytes()), u16::from_be(port))
+}
+
+/// The model name of an `AILB_MODELS` entry (empty for an unused entry).
+pub fn model_name(state: &ModelState) -> String {
+    let end = state.name.iter().position(|&b| b == 0).unwrap_or(state.name.len());
+    String::from_utf8_lossy(&state.name[..end]).into_owned()
+}
+
+/// `name`, NUL-padded, as `ModelState::name` holds it. The config admits names of at most
+/// [`MAX_MODEL_NAME_LEN`] bytes.
+pub(crate) fn name_bytes(name: &str) -> [u8; MAX_MODEL_NAME_LEN] {
+    let mut bytes = [0u8; MAX_MODEL_NAME_LEN];
+    bytes[..name.len()].copy_from_slice(name.as_bytes());
+    bytes
+}
+
+/// Whether a planned backend is a member of its model's table.
+pub(crate) fn is_member(b: &PlannedBackend) -> bool {
+    b.eligible && b.weight > 0
+}
+
+/// The `AILB_BACKENDS` entry of a planned backend of model `model`.
+pub(crate) fn backend_entry(model: u32, b: &PlannedBackend) -> Backend {
+    let (addr, port) = addr_be(&b.address);
+    Backend {
+        addr,
+        port,
+        model,
+        weight: b.weight,
+        cap: b.cap,
+        free_mem_mb: b.free_memory_mb.unwrap_or(MEM_UNKNOWN),
+        mem_capacity_mb: b.memory_capacity_mb.unwrap_or(0),
+        state: if is_member(b) { BACKEND_LIVE } else { 0 },
+        ..Default::default()
+    }
+}
+
+/// The Maglev table builder's input for backend `id`: its key hashes its kernel address.
+pub(crate) fn maglev_member(id: u32, b: &PlannedBackend, seed: u64) -> MaglevBackend {
+    let (addr, port) = addr_be(&b.address);
+    MaglevBackend { id, key: backend_key(addr, port, seed), weight: b.weight }
+}
+
+/// A model's affinity TTL in `ModelState::affinity_ttl_ns`: 0 for none (the global one
+/// applies), else at least 1 ns so that a set TTL never reads as unset.
+pub(crate) fn model_ttl_ns(ttl: Option<Duration>) -> u64 {
+    ttl.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
+}
+
+/// The `AILB_CONFIG` entry of a config at `generation`.
+pub(crate) fn global_config(cfg: &ValidConfig, generation: u64) -> GlobalConfig {
+    GlobalConfig {
+        abi_version: ABI_VERSION,
+        load_factor_milli: cfg.load_factor_milli,
+        probes: cfg.probes,
+        flags: (if cfg.affinity { CONFIG_AFFINITY } else { 0 })
+            | (if cfg.load_bound { CONFIG_LOAD_BOUND } else { 0 })
+            | (if cfg.round_robin { CONFIG_ROUND_ROBIN } else { 0 }),
+        affinity_ttl_ns: cfg.affinity_ttl.as_nanos().min(u64::MAX as u128) as u64,
+        generation,
+        affinity_wait_ns: cfg.affinity_wait.as_nanos().min(u64::MAX as u128) as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_in_network_order() {
+        let a = SocketAddrV4::new(Ipv4Addr::new(10, 1, 0, 1), 8080);
+        let (addr, port) = addr_be(&a);
+        assert_eq!(addr.to_ne_bytes(), [10, 1, 0, 1]);
+        assert_eq!(port.to_ne_bytes(), 8080u16.to_be_bytes());
+        assert_eq!(addr_from_be(addr, port), a);
+    }
+
+    #[test]
+    fn model_names_round_trip_and_ttls_never_read_as_unset() {
+        let st = ModelState { name: name_bytes("llama-3"), ..Default::default() };
+        assert_eq!(model_name(&st), "llama-3");
+        assert_eq!(model_name(&ModelState::default()), "");
+        assert_eq!(model_ttl_ns(None), 0);
+        assert_eq!(model_ttl_ns(Some(Duration::ZERO)), 1);
+        assert_eq!(model_ttl_ns(Some(Duration::from_secs(2))), 2_000_000_000);
+    }
+}

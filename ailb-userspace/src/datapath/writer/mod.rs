@@ -1,0 +1,273 @@
+//! Writes a [`Plan`] into the maps. Order matters for readers running concurrently in the
+//! kernel: backend entries first (a new table may only name written backends), then each
+//! changed model's table into its inactive slot, the slot's description, and only then the
+//! flip of `active` (one 4-byte field in one map update: a connect sees the old table or the
+//! new one, never a mix), then VIPs, and finally backends that left are retired. A retired
+//! backend id is reused only once its in-flight count is 0, so counts never mix.
+//!
+//! The writer reaches the maps through [`WriterMaps`] only; [`Writer::new`] reads back the
+//! state a previous daemon left, so that a restart rewrites nothing that did not change.
+#![forbid(unsafe_code)]
+
+mod swap;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ailb_common::{
+    hash::conversation_hash, maglev::MaglevBackend, row_index, Backend, ModelState, Service, ServiceKey, MAX_BACKENDS,
+    MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE,
+};
+use tracing::info;
+
+use super::{
+    ids::{BackendKey, Ids},
+    store::WriterMaps,
+    values::{self, addr_be, addr_from_be, model_name},
+    DatapathError, Maps,
+};
+use crate::{
+    config::ValidConfig,
+    policy::{Plan, PlannedBackend},
+};
+
+#[derive(Debug, Default, Clone)]
+pub struct ApplyReport {
+    pub generation: u64,
+    pub tables_rebuilt: Vec<String>,
+    pub live_backends: usize,
+    /// Ids of removed backends freed by this apply (their in-flight count was 0).
+    pub retired_backends: usize,
+}
+
+/// The table and member ids in a model's active slot, as last written or read back.
+struct ActiveTable {
+    table: Vec<u32>,
+    members: Vec<u32>,
+}
+
+/// A backend of the plan with the id it was given.
+struct Planned<'p> {
+    id: u32,
+    model: u32,
+    backend: &'p PlannedBackend,
+}
+
+pub struct Writer<M: WriterMaps = Maps> {
+    maps: M,
+    ids: Ids,
+    /// Last written entry per backend id.
+    written: HashMap<u32, Backend>,
+    /// Active table and members per model index, as last written or read back.
+    tables: HashMap<u32, ActiveTable>,
+    /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
+    built: HashMap<u32, Vec<MaglevBackend>>,
+    generation: u64,
+}
+
+impl<M: WriterMaps> Writer<M> {
+    /// Takes over the maps, reading back the state a previous daemon left (names, ids, tables).
+    pub fn new(maps: M) -> Result<Self, DatapathError> {
+        let mut w = Self {
+            generation: maps.config()?.generation,
+            maps,
+            ids: Ids::default(),
+            written: HashMap::new(),
+            tables: HashMap::new(),
+            built: HashMap::new(),
+        };
+        w.recover_models()?;
+        w.recover_backends()?;
+        if w.ids.model_count() > 0 {
+            info!(
+                models = w.ids.model_count(),
+                backends = w.ids.backend_count(),
+                generation = w.generation,
+                "recovered state from pinned maps"
+            );
+        }
+        Ok(w)
+    }
+
+    /// Model indices by name, and each model's active table and members.
+    fn recover_models(&mut self) -> Result<(), DatapathError> {
+        for idx in 0..MAX_MODELS {
+            let st = self.maps.model(idx)?;
+            let name = model_name(&st);
+            if name.is_empty() {
+                continue;
+            }
+            let slot = st.active_slot();
+            if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
+                let row = row_index(idx, st.active);
+                let table = self.maps.table(row, slot.size as usize)?;
+                let members = self.maps.members(row, slot.members.min(MAX_MEMBERS) as usize)?;
+                self.tables.insert(idx, ActiveTable { table, members });
+            }
+            self.ids.recover_model(name, idx);
+        }
+        Ok(())
+    }
+
+    /// Backend ids by (model, address), and their entries as written.
+    fn recover_backends(&mut self) -> Result<(), DatapathError> {
+        for id in 0..MAX_BACKENDS {
+            let b = self.maps.backend(id)?;
+            if b.addr != 0 || b.port != 0 {
+                self.ids.recover_backend((b.model, addr_from_be(b.addr, b.port)), id);
+                self.written.insert(id, b);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn maps(&self) -> &M {
+        &self.maps
+    }
+
+    #[cfg(test)]
+    fn maps_mut(&mut self) -> &mut M {
+        &mut self.maps
+    }
+
+    #[cfg(test)]
+    fn into_maps(self) -> M {
+        self.maps
+    }
+
+    pub fn apply(&mut self, plan: &Plan, cfg: &ValidConfig) -> Result<ApplyReport, DatapathError> {
+        let generation = self.generation + 1;
+        let mut report = ApplyReport { generation, ..Default::default() };
+        let planned = self.allocate_ids(plan)?;
+        report.live_backends = self.write_backends(&planned)?;
+        self.write_tables(plan, cfg.seed, generation, &mut report)?;
+        self.write_services(plan)?;
+        self.write_model_names(plan)?;
+        self.remove_gone_models(plan)?;
+        let keys: BTreeSet<BackendKey> = planned.iter().map(|p| (p.model, p.backend.address)).collect();
+        report.retired_backends = self.retire_backends(&keys)?;
+        // Knobs and the generation last: a reader that sees the new generation sees all of the above.
+        self.maps.set_config(values::global_config(cfg, generation))?;
+        self.generation = generation;
+        Ok(report)
+    }
+
+    /// The index of a model of the plan being applied ([`Self::allocate_ids`] gave it one).
+    fn model_index(&self, name: &str) -> u32 {
+        self.ids.model(name).expect("allocate_ids gives every planned model an index")
+    }
+
+    /// Model indices (known names keep theirs, new ones take the lowest free), then backend
+    /// ids likewise, in (model, address) order; a backend listed twice in a model counts once.
+    fn allocate_ids<'p>(&mut self, plan: &'p Plan) -> Result<Vec<Planned<'p>>, DatapathError> {
+        for name in plan.keys() {
+            self.ids.assign_model(name)?;
+        }
+        let mut by_key: BTreeMap<BackendKey, &PlannedBackend> = BTreeMap::new();
+        for (name, mp) in plan {
+            let model = self.model_index(name);
+            for b in &mp.backends {
+                by_key.insert((model, b.address), b);
+            }
+        }
+        by_key
+            .into_iter()
+            .map(|(key, backend)| Ok(Planned { id: self.ids.assign_backend(key)?, model: key.0, backend }))
+            .collect()
+    }
+
+    /// Writes each planned backend's entry; returns how many are live.
+    fn write_backends(&mut self, planned: &[Planned<'_>]) -> Result<usize, DatapathError> {
+        let mut live = 0;
+        for p in planned {
+            let entry = values::backend_entry(p.model, p.backend);
+            self.write_backend(p.id, entry)?;
+            live += usize::from(entry.is_live());
+        }
+        Ok(live)
+    }
+
+    /// Writes a backend entry unless it is the one last written.
+    fn write_backend(&mut self, id: u32, b: Backend) -> Result<(), DatapathError> {
+        if self.written.get(&id) != Some(&b) {
+            self.maps.set_backend(id, b)?;
+            self.written.insert(id, b);
+        }
+        Ok(())
+    }
+
+    /// The plan's VIPs, each to its model: VIPs that left are removed, changed ones written.
+    fn write_services(&mut self, plan: &Plan) -> Result<(), DatapathError> {
+        let order = |k: &ServiceKey| (k.addr, k.port, k._pad);
+        let mut want: BTreeMap<(u32, u16, u16), (ServiceKey, Service)> = BTreeMap::new();
+        for (name, mp) in plan {
+            let model = self.model_index(name);
+            for vip in &mp.vips {
+                let (addr, port) = addr_be(vip);
+                let key = ServiceKey { addr, port, _pad: 0 };
+                want.insert(order(&key), (key, Service { model, flags: 0 }));
+            }
+        }
+        for key in self.maps.service_keys().iter().filter(|k| !want.contains_key(&order(k))) {
+            self.maps.remove_service(key)?;
+        }
+        for (key, value) in want.values() {
+            if self.maps.service(key).as_ref() != Some(value) {
+                self.maps.insert_service(key, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Model name hash -> index (for the `AILB_MODEL` hint of a shared VIP).
+    fn write_model_names(&mut self, plan: &Plan) -> Result<(), DatapathError> {
+        let want: BTreeMap<u64, u32> =
+            plan.keys().map(|name| (conversation_hash(name.as_bytes()), self.model_index(name))).collect();
+        for hash in self.maps.model_name_keys().into_iter().filter(|k| !want.contains_key(k)) {
+            self.maps.remove_model_name(hash)?;
+        }
+        for (&hash, &model) in &want {
+            self.maps.insert_model_name(hash, model)?;
+        }
+        Ok(())
+    }
+
+    /// Models that left the plan: their entry cleared (unavailable, nameless), then forgotten.
+    fn remove_gone_models(&mut self, plan: &Plan) -> Result<(), DatapathError> {
+        for (name, idx) in self.ids.models_except(|n| plan.contains_key(n)) {
+            self.maps.set_model(idx, ModelState::default())?;
+            self.tables.remove(&idx);
+            self.built.remove(&idx);
+            self.ids.forget_model(&name);
+            info!(model = %name, "model removed");
+        }
+        Ok(())
+    }
+
+    /// Backends that left the plan: not live at once; their id is freed when nothing is in
+    /// flight. Returns how many ids were freed now.
+    fn retire_backends(&mut self, planned: &BTreeSet<BackendKey>) -> Result<usize, DatapathError> {
+        for id in self.ids.retire_unplanned(planned) {
+            let mut entry = self.written.get(&id).copied().unwrap_or_default();
+            entry.state = 0;
+            entry.weight = 0;
+            self.write_backend(id, entry)?;
+        }
+        self.reap()
+    }
+
+    /// Frees the ids of removed backends whose in-flight count has reached 0; returns how many.
+    pub fn reap(&mut self) -> Result<usize, DatapathError> {
+        let mut freed = 0;
+        for (key, id) in self.ids.retired() {
+            if self.maps.inflight(id)? == 0 {
+                self.write_backend(id, Backend::default())?;
+                self.ids.free(&key);
+                self.written.remove(&id);
+                freed += 1;
+            }
+        }
+        Ok(freed)
+    }
+}

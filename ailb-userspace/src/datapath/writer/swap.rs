@@ -1,0 +1,194 @@
+//! Each model's Maglev table. The tables whose builder inputs changed are built together (on
+//! all cores), then swapped in one model at a time: the inactive slot's table and member rows
+//! first, then the slot's description, then the flip of `active`.
+
+use std::{collections::HashMap, time::Instant};
+
+use ailb_common::{
+    maglev::{self, MaglevBackend},
+    row_index, MemberRow, ModelState, TableRow, TableSlot, MAX_MEMBERS, MAX_TABLE_SIZE, MODEL_AVAILABLE, NO_BACKEND,
+};
+use tracing::{debug, info};
+
+use super::{ActiveTable, ApplyReport, Writer};
+use crate::{
+    datapath::{
+        store::WriterMaps,
+        tables::{self, Built},
+        values::{is_member, maglev_member, model_ttl_ns, name_bytes},
+        DatapathError,
+    },
+    policy::Plan,
+};
+
+/// What a model's entry and table are made of.
+struct TableInput<'p> {
+    name: &'p str,
+    model: u32,
+    /// The live backends, by id.
+    members: Vec<MaglevBackend>,
+    ttl_ns: u64,
+}
+
+/// A table ready to be swapped in, with its slot's description.
+struct NewTable<'t> {
+    slot: TableSlot,
+    table: &'t [u32],
+    ids: &'t [u32],
+}
+
+impl<M: WriterMaps> Writer<M> {
+    pub(super) fn write_tables(
+        &mut self,
+        plan: &Plan,
+        seed: u64,
+        generation: u64,
+        report: &mut ApplyReport,
+    ) -> Result<(), DatapathError> {
+        let inputs = self.table_inputs(plan, seed);
+        let mut prebuilt = self.build_changed(&inputs);
+        for (k, input) in inputs.iter().enumerate() {
+            self.write_model(input, prebuilt.remove(&k), generation, report)?;
+        }
+        Ok(())
+    }
+
+    fn table_inputs<'p>(&self, plan: &'p Plan, seed: u64) -> Vec<TableInput<'p>> {
+        plan.iter()
+            .map(|(name, mp)| {
+                let model = self.model_index(name);
+                let mut members: Vec<MaglevBackend> = mp
+                    .backends
+                    .iter()
+                    .filter(|b| is_member(b))
+                    .map(|b| {
+                        let id = self.ids.backend(&(model, b.address)).expect("allocate_ids gives every backend an id");
+                        maglev_member(id, b, seed)
+                    })
+                    .collect();
+                members.sort_by_key(|m| m.id);
+                TableInput { name, model, members, ttl_ns: model_ttl_ns(mp.affinity_ttl) }
+            })
+            .collect()
+    }
+
+    /// Builds, together, the tables whose inputs differ from the cached ones; by input index.
+    fn build_changed(&self, inputs: &[TableInput<'_>]) -> HashMap<usize, Built> {
+        let stale: Vec<usize> = (0..inputs.len())
+            .filter(|&k| {
+                let input = &inputs[k];
+                !input.members.is_empty() && self.built.get(&input.model).is_none_or(|b| *b != input.members)
+            })
+            .collect();
+        let jobs: Vec<(&[MaglevBackend], u32)> = stale
+            .iter()
+            .map(|&k| (inputs[k].members.as_slice(), maglev::table_size_for(inputs[k].members.len())))
+            .collect();
+        let started = Instant::now();
+        let built = stale.iter().copied().zip(tables::build_all(&jobs)).collect();
+        if !jobs.is_empty() {
+            debug!(tables = jobs.len(), build_us = started.elapsed().as_micros() as u64, "tables built");
+        }
+        built
+    }
+
+    /// One model's entry and table: unavailable without members; else the TTL updated in
+    /// place, and the table swapped in unless the kernel already has it.
+    fn write_model(
+        &mut self,
+        input: &TableInput<'_>,
+        prebuilt: Option<Built>,
+        generation: u64,
+        report: &mut ApplyReport,
+    ) -> Result<(), DatapathError> {
+        let TableInput { name, model, ref members, ttl_ns } = *input;
+        let mut st = self.maps.model(model)?;
+        if members.is_empty() {
+            return self.mark_unavailable(input, st);
+        }
+        let available = st.flags & MODEL_AVAILABLE != 0;
+        if st.affinity_ttl_ns != ttl_ns && available {
+            // A TTL change alone needs no table swap: one update of the model entry.
+            st.affinity_ttl_ns = ttl_ns;
+            self.maps.set_model(model, st)?;
+        }
+        // Same builder inputs as the table in the kernel: nothing to build or write.
+        if available && self.tables.contains_key(&model) && self.built.get(&model).is_some_and(|b| b == members) {
+            debug!(model = name, "table inputs unchanged");
+            return Ok(());
+        }
+        let size = maglev::table_size_for(members.len());
+        let Built { table, took } = prebuilt.unwrap_or_else(|| tables::build_all(&[(members, size)]).remove(0));
+        let table = table.map_err(|source| DatapathError::Table { model: name.to_string(), source })?;
+        let started = Instant::now();
+        let ids: Vec<u32> = members.iter().map(|m| m.id).collect();
+        let total_weight: u64 = members.iter().map(|m| m.weight as u64).sum();
+        let unchanged = self.tables.get(&model).is_some_and(|t| t.table == table && t.members == ids)
+            && available
+            && st.active_slot().total_weight == total_weight;
+        self.built.insert(model, members.to_vec());
+        if unchanged {
+            debug!(model = name, "table unchanged");
+            return Ok(());
+        }
+        let slot = TableSlot { size, members: ids.len() as u32, total_weight, generation };
+        self.swap_table(input, st, NewTable { slot, table: &table, ids: &ids })?;
+        let (build_us, swap_us) = (took.as_micros() as u64, started.elapsed().as_micros() as u64);
+        info!(model = name, backends = ids.len(), table_size = size, generation, build_us, swap_us, "table swapped");
+        report.tables_rebuilt.push(name.to_string());
+        self.tables.insert(model, ActiveTable { table, members: ids });
+        Ok(())
+    }
+
+    /// A model without a live backend: connects to its VIPs are refused. Its last table stays
+    /// in the maps, unused; the cache forgets it, so that the next members are swapped in.
+    fn mark_unavailable(&mut self, input: &TableInput<'_>, mut st: ModelState) -> Result<(), DatapathError> {
+        let name = name_bytes(input.name);
+        if st.flags & MODEL_AVAILABLE != 0 || st.name != name || st.affinity_ttl_ns != input.ttl_ns {
+            st.flags = 0;
+            st.name = name;
+            st.affinity_ttl_ns = input.ttl_ns;
+            self.maps.set_model(input.model, st)?;
+            info!(model = input.name, "no live backend: connections to its VIPs are refused");
+        }
+        self.tables.remove(&input.model);
+        self.built.remove(&input.model);
+        Ok(())
+    }
+
+    /// Fills the inactive slot's rows, describes the slot (readers still use the active one),
+    /// then flips `active` to it.
+    fn swap_table(
+        &mut self,
+        input: &TableInput<'_>,
+        mut st: ModelState,
+        new: NewTable<'_>,
+    ) -> Result<(), DatapathError> {
+        let inactive = (st.active & 1) ^ 1;
+        self.fill_rows(row_index(input.model, inactive), new.table, new.ids)?;
+        st.slots[inactive as usize] = new.slot;
+        st.name = name_bytes(input.name);
+        st.affinity_ttl_ns = input.ttl_ns;
+        self.maps.set_model(input.model, st)?;
+        self.flip_active(input.model, st, inactive)
+    }
+
+    /// The table and member rows of one slot; entries past the table's size or the member
+    /// count hold [`NO_BACKEND`].
+    fn fill_rows(&mut self, row: u32, table: &[u32], ids: &[u32]) -> Result<(), DatapathError> {
+        let mut t: Box<TableRow> = Box::new(TableRow { slots: [NO_BACKEND; MAX_TABLE_SIZE as usize] });
+        t.slots[..table.len()].copy_from_slice(table);
+        self.maps.set_table(row, &t)?;
+        let mut m: Box<MemberRow> = Box::new(MemberRow { ids: [NO_BACKEND; MAX_MEMBERS as usize] });
+        m.ids[..ids.len()].copy_from_slice(ids);
+        self.maps.set_members(row, &m)
+    }
+
+    /// One update of the model entry that names `slot` active: a connect reads the entry
+    /// once, so it uses the old table or the new one, never a mix.
+    fn flip_active(&mut self, model: u32, mut st: ModelState, slot: u32) -> Result<(), DatapathError> {
+        st.active = slot;
+        st.flags = MODEL_AVAILABLE;
+        self.maps.set_model(model, st)
+    }
+}

@@ -1,0 +1,360 @@
+//! The writer's state machine against the in-memory maps: golden dumps of their contents and
+//! of the writes, in order (the format is in `datapath/fake.rs`).
+
+use std::net::SocketAddrV4;
+
+use super::Writer;
+use crate::{
+    config::{Config, ValidConfig},
+    datapath::fake::FakeMaps,
+    discovery::from_static,
+    policy::{plan, ModelPlan, Plan, PlannedBackend, PolicyState},
+};
+
+const CONFIG: &str = r#"
+[[services]]
+model = "llama"
+vip = "127.77.0.1:8000"
+[[backends]]
+model = "llama"
+address = "10.1.0.1:80"
+"#;
+
+struct Fixture {
+    cfg: ValidConfig,
+    /// A backend as the policy plans it, for [`Fixture::backend`] to vary.
+    template: PlannedBackend,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let cfg = Config::parse(CONFIG, "writer-test").and_then(|c| c.validate()).expect("the test config is valid");
+        let planned = plan(&from_static(&cfg.backends), &cfg.models, &cfg.policy, &mut PolicyState::default());
+        let template = planned["llama"].backends[0].clone();
+        Self { cfg, template }
+    }
+
+    /// Backend `10.1.0.<last>:80`; eligible with a weight > 0.
+    fn backend(&self, last: u8, weight: u32) -> PlannedBackend {
+        PlannedBackend {
+            address: SocketAddrV4::new([10, 1, 0, last].into(), 80),
+            weight,
+            cap: 0,
+            free_memory_mb: None,
+            memory_capacity_mb: None,
+            eligible: weight > 0,
+            ..self.template.clone()
+        }
+    }
+
+    /// A model with VIP `127.77.0.<vip>:8000` and `backends` as (last address byte, weight).
+    fn model(&self, vip: u8, backends: &[(u8, u32)]) -> ModelPlan {
+        let backends: Vec<PlannedBackend> = backends.iter().map(|&(last, w)| self.backend(last, w)).collect();
+        ModelPlan {
+            vips: vec![SocketAddrV4::new([127, 77, 0, vip].into(), 8000)],
+            available: backends.iter().any(|b| b.eligible),
+            backends,
+            ..Default::default()
+        }
+    }
+
+    /// Applies `plan` and returns the writes it made.
+    fn apply(&self, w: &mut Writer<FakeMaps>, plan: &Plan) -> String {
+        w.apply(plan, &self.cfg).expect("apply");
+        w.maps_mut().take_writes()
+    }
+}
+
+fn plan_of(models: impl IntoIterator<Item = (&'static str, ModelPlan)>) -> Plan {
+    models.into_iter().map(|(n, m)| (n.to_string(), m)).collect()
+}
+
+fn writer() -> Writer<FakeMaps> {
+    Writer::new(FakeMaps::default()).expect("a writer over empty maps")
+}
+
+/// The lines of `text` that start with `prefix`.
+fn lines(text: &str, prefix: &str) -> String {
+    text.lines().filter(|l| l.starts_with(prefix)).map(|l| format!("{l}\n")).collect()
+}
+
+#[track_caller]
+fn assert_text(got: &str, want: &str) {
+    assert!(got == want, "got:\n{got}\nwant:\n{want}");
+}
+
+#[test]
+fn first_apply_writes_backends_then_the_inactive_rows_then_flips() {
+    let f = Fixture::new();
+    let mut w = writer();
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    // Backends before the table that names them; the rows of slot 1 (inactive: a fresh entry
+    // has active 0) before the entry that describes them, then the flip; the config last.
+    assert_text(
+        &writes,
+        "\
+set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+set TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set MEMBERS: ROW=1 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    assert_text(
+        &w.maps().dump(),
+        "\
+CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MEMBERS: ROW=1 IDS=0,1
+BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
+NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+",
+    );
+}
+
+#[test]
+fn ids_are_kept_across_reloads_and_new_backends_take_the_lowest_free() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(2, 100), (3, 100)]))]));
+    f.apply(
+        &mut w,
+        &plan_of([("llama", f.model(1, &[(1, 100), (2, 100), (3, 100)])), ("qwen", f.model(2, &[(1, 50)]))]),
+    );
+    assert_text(
+        &lines(&w.maps().dump(), "BE:"),
+        "\
+BE: ID=0 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=1 ADDR=10.1.0.3:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=2 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=3 ADDR=10.1.0.1:80 MODEL=1 WEIGHT=50 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+",
+    );
+}
+
+#[test]
+fn a_removed_backends_id_is_reused_only_once_nothing_is_in_flight() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    w.maps_mut().inflight.insert(0, 3);
+    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100), (3, 100)]))]), &f.cfg).unwrap();
+    assert_eq!(report.retired_backends, 0, "10.1.0.1 has connections in flight");
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(2, 100), (3, 100), (4, 100)]))]));
+    assert_text(
+        &lines(&w.maps().dump(), "BE:"),
+        "\
+BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
+BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=2 ADDR=10.1.0.3:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=3 ADDR=10.1.0.4:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+",
+    );
+    w.maps_mut().take_writes();
+    assert_eq!(w.reap().unwrap(), 0, "still in flight");
+    w.maps_mut().inflight.insert(0, 0);
+    assert_eq!(w.reap().unwrap(), 1);
+    assert_text(
+        &w.maps_mut().take_writes(),
+        "\
+set BE: ID=0 ZERO
+",
+    );
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(2, 100), (3, 100), (4, 100), (5, 100)]))]));
+    assert_text(
+        &lines(&w.maps().dump(), "BE:"),
+        "\
+BE: ID=0 ADDR=10.1.0.5:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=2 ADDR=10.1.0.3:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=3 ADDR=10.1.0.4:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+",
+    );
+}
+
+#[test]
+fn a_removed_backend_with_nothing_in_flight_is_freed_at_once() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100)]))]), &f.cfg).unwrap();
+    assert_eq!(report.retired_backends, 1);
+    assert_text(
+        &lines(&w.maps_mut().take_writes(), "set BE:"),
+        "\
+set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
+set BE: ID=0 ZERO
+",
+    );
+}
+
+#[test]
+fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
+    let f = Fixture::new();
+    let p = plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]);
+    let mut w = writer();
+    f.apply(&mut w, &p);
+    let report = w.apply(&p, &f.cfg).unwrap();
+    assert!(report.tables_rebuilt.is_empty());
+    // Only the model names (rewritten on every apply, as they always were) and the config.
+    assert_text(
+        &w.maps_mut().take_writes(),
+        "\
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    let before = w.maps().dump();
+    // A new daemon over the same maps: it reads ids and tables back.
+    let mut w = Writer::new(w.into_maps()).unwrap();
+    assert_text(
+        &f.apply(&mut w, &p),
+        "\
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    assert_text(&lines(&before, "BE:"), &lines(&w.maps().dump(), "BE:"));
+    // A backend added after the restart takes the lowest free id, the others keep theirs.
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100), (3, 100)]))]));
+    assert_text(
+        &lines(&writes, "set BE:"),
+        "\
+set BE: ID=2 ADDR=10.1.0.3:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+",
+    );
+}
+
+#[test]
+fn a_weight_change_fills_the_inactive_rows_before_flipping_active() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 300)]))]));
+    // Slot 1 is active, so slot 0's rows are filled, then described while ACTIVE is still 1,
+    // then one write flips ACTIVE to 0. Both rows stay in the maps (double buffering).
+    assert_text(
+        &writes,
+        "\
+set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+set TABLE: ROW=0 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+set MEMBERS: ROW=0 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    assert_text(
+        &w.maps().dump(),
+        "\
+CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
+TABLE: ROW=0 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MEMBERS: ROW=0 IDS=0,1
+MEMBERS: ROW=1 IDS=0,1
+BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
+NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+",
+    );
+}
+
+#[test]
+fn a_removed_model_clears_its_entries() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    // Its VIP and name go, its entry is zeroed, its backend is retired and (nothing in
+    // flight) freed. Its table rows (3) stay, unreachable through a zeroed entry; a model
+    // that takes index 1 again fills them before it flips to them.
+    assert_text(
+        &writes,
+        "\
+remove VIP: ADDR=127.77.0.2:8000 MODEL=1 FLAGS=0
+remove NAME: HASH=0xf532bd89b9930d21 MODEL=1
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set MODEL: IDX=1 ZERO
+set BE: ID=2 ADDR=10.1.0.3:80 MODEL=1 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
+set BE: ID=2 ZERO
+set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    assert_text(
+        &w.maps().dump(),
+        "\
+CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+TABLE: ROW=3 SHARES=2:4093 HEAD=2,2,2,2,2,2,2,2
+MEMBERS: ROW=1 IDS=0,1
+MEMBERS: ROW=3 IDS=2
+BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
+NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+",
+    );
+}
+
+#[test]
+fn a_model_without_live_backends_is_unavailable_until_one_returns() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    // Every backend excluded: the entry loses MODEL_AVAILABLE (connects are refused) and
+    // keeps its last table, unused; no table is written.
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 0), (2, 0)]))]));
+    assert_text(
+        &writes,
+        "\
+set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
+set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+    // Back: the table is swapped in again (into the other slot), available only at the flip.
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    assert_text(
+        &writes,
+        "\
+set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
+set TABLE: ROW=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set MEMBERS: ROW=0 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3 SLOT1=size:4093,members:2,weight:200,gen:1
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3 SLOT1=size:4093,members:2,weight:200,gen:1
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+}
+
+#[test]
+fn a_ttl_change_alone_updates_the_model_entry_without_a_swap() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    let mut m = f.model(1, &[(1, 100), (2, 100)]);
+    m.affinity_ttl = Some(std::time::Duration::from_secs(60));
+    assert_text(
+        &f.apply(&mut w, &plan_of([("llama", m)])),
+        "\
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
+set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+",
+    );
+}
