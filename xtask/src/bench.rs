@@ -7,10 +7,10 @@
 //!    VIP vs directly vs nginx vs HAProxy (IPVS where the kernel has it), BPF run time per
 //!    connection with 1000 backends and 100,000 affinity entries, table swap time. Its report is
 //!    written to `target/bench/datapath.md`; `docs/benchmarks.md` quotes a run of it.
-//! 4. The GPU node agent (issue 4): `ailb-agent-bench` from the `ailb-tools` package: time from a changed
+//! 4. The GPU node agent: `ailb-agent-bench` from the `ailb-tools` package: time from a changed
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
-//! 5. The fleet comparison (issue 5): `ailb-fleet-model` (which offered loads the fleet can carry,
+//! 5. The fleet comparison: `ailb-fleet-model` (which offered loads the fleet can carry,
 //!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
@@ -74,7 +74,7 @@ pub(crate) fn bench() -> Result<()> {
     Ok(())
 }
 
-/// Issue 5: every balancing policy on one simulated GPU fleet, on the Mooncake trace and on the
+/// Every balancing policy on one simulated GPU fleet, on the Mooncake trace and on the
 /// synthetic mix; the reports and plots go to `docs/results/` (checked in, so that the docs show
 /// the last run).
 fn compare() -> Result<()> {

@@ -23,7 +23,7 @@ pub struct PolicyConfig {
     pub gpu_capability: BTreeMap<String, f64>,
     /// Requests per unit of GPU capability at which the load factor is 0.5:
     /// `load = 1 / (1 + L / (load_scale * gpu_capability))`. Default 1.0: for capability 1, the
-    /// article's `1 / (1 + current_requests)`. Raise it for servers that batch many requests
+    /// classic `1 / (1 + current_requests)`. Raise it for servers that batch many requests
     /// without slowing down (e.g. to vLLM's useful batch size).
     #[serde(default = "default_load_scale")]
     pub load_scale: f64,
@@ -34,11 +34,11 @@ pub struct PolicyConfig {
     #[serde(default = "default_queue_weight")]
     pub queue_weight: f64,
     /// Smoothed GPU utilisation (%) above which a backend is down-weighted. Default 70: the
-    /// top of the article's target band (60-80 %).
+    /// top of the target band of 60-80 % utilisation.
     #[serde(default = "default_util_high")]
     pub util_high: f64,
-    /// Smoothed GPU utilisation (%) below which a backend is up-weighted. Default 30: the
-    /// article's "30 %" starting point, a GPU with room for more.
+    /// Smoothed GPU utilisation (%) below which a backend is up-weighted. Default 30: a GPU
+    /// this idle has room for more (the under-used GPUs of a round-robin fleet sit there).
     #[serde(default = "default_util_low")]
     pub util_low: f64,
     /// Percentage points by which the smoothed utilisation must cross a threshold before the

@@ -1,4 +1,5 @@
-//! The article's worked examples, exactly, and the properties the issue asks for.
+//! The worked examples of the weighting chain, exactly, and its properties (order independence,
+//! hysteresis, exclusion reasons).
 
 use std::{collections::BTreeMap, net::SocketAddrV4};
 
@@ -60,7 +61,7 @@ fn outcome(p: &ModelPlan) -> Vec<(bool, u32)> {
     p.backends.iter().map(|b| (b.eligible, b.weight)).collect()
 }
 
-// ---- The article's worked examples ----
+// ---- Worked examples: the chain's steps on small fleets, number by number ----
 
 #[test]
 fn article_memory_need_8gb_nodes_12_6_9_keeps_first_and_third() {

@@ -19,8 +19,8 @@ const CONVERSATIONS: usize = 200;
 const PER_CONVERSATION: usize = 20;
 /// Connections per conversation in the phases after a change.
 const AFTER_CHANGE: usize = 5;
-/// The bar for a weight change. Affinity entries stay usable while their backend is
-/// live with weight > 0, so ailb should keep 100 %; the 1 % slack is the issue's.
+/// The bar for a weight change: at least 99 % of conversations keep their backend. Affinity entries stay usable while their backend is
+/// live with weight > 0, so ailb should keep 100 %; the 1 % slack is the requirement's own.
 const MIN_STAY_PERCENT: f64 = 99.0;
 
 /// The one backend each conversation reached; panics if a conversation reached several.

@@ -1,4 +1,4 @@
-//! The issue-4 drain bullet end to end: two `ailb agent`s register their model servers in rnacos,
+//! Draining end to end: two `ailb agent`s register their model servers in rnacos,
 //! a gateway `ailb run` (Nacos source) balances connections over both; SIGTERM to one agent
 //! disables its instance, and once the gateway has seen that, no new connection reaches it,
 //! while the other keeps serving. The drained agent then deregisters and exits 0.

@@ -1,4 +1,4 @@
-//! Issue 5, the demo (`cargo xtask run` runs `ailb-demo`): rnacos, simulated GPUs with their
+//! The demo (`cargo xtask run` runs `ailb-demo`): rnacos, simulated GPUs with their
 //! agents, the gateway on Nacos discovery, and the load generator in the child cgroup, end to
 //! end; and a Ctrl-C in the middle of the load that tears everything down.
 

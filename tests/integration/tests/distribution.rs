@@ -12,7 +12,7 @@ const MODEL: &str = "dist-7b";
 const VIP: &str = "127.77.1.1:8000";
 const BACKENDS: [(&str, u32); 3] = [("127.0.1.11:18101", 1), ("127.0.1.12:18102", 2), ("127.0.1.13:18103", 5)];
 const CONNECTIONS: usize = 8000;
-/// The tolerance. It is wide on purpose: the sampling noise of a share p over n =
+/// The tolerance on each share. It is wide on purpose: the sampling noise of a share p over n =
 /// 8000 independent picks has a standard deviation of sqrt(p(1-p)/n) <= 0.54 pp (p = 0.625),
 /// and a weighted Maglev table of M >= 4093 slots matches the weights to a fraction of a
 /// point, so 3 pp (> 5.5 sigma) is only exceeded by a real bias in the data plane.

@@ -15,7 +15,7 @@ const VIP: &str = "127.77.5.1:8000";
 const LIVE: [&str; 3] = ["127.0.5.11:18501", "127.0.5.12:18502", "127.0.5.13:18503"];
 /// Configured, but nothing listens there: connects to it fail with ECONNREFUSED.
 const DEAD: &str = "127.0.5.14:18504";
-/// The deadline for the counts to settle after the last close.
+/// The deadline for the counts to settle after the last close (the requirement: within 1 s).
 const SETTLE: Duration = Duration::from_secs(5);
 
 #[test]

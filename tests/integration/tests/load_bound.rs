@@ -16,7 +16,7 @@ const BACKENDS: [(&str, u32); 3] = [("127.0.3.11:18301", 1), ("127.0.3.12:18302"
 const LOAD_FACTOR: f64 = 1.05;
 const HELD: usize = 400;
 
-/// The bound with total = the number of connections held.
+/// The bounded-load limit `ceil(c * (total + 1) * w / W)` with total = the number of connections held.
 fn bound(c: f64, total: usize, w: u32, sum_w: u32) -> u64 {
     (c * (total as f64 + 1.0) * f64::from(w) / f64::from(sum_w)).ceil() as u64
 }

@@ -107,14 +107,14 @@ fn nacos_changes_reach_the_kernel_and_an_outage_keeps_the_tables() {
     }
 
     // 2a. A memory change: 4 GB free < the model's 8 GB requirement excludes the backend.
-    // The article's target for metadata propagation is 1 s; the poll interval is 100 ms.
+    // The goal for metadata propagation is 1 s; the poll interval is 100 ms.
     let t0 = Instant::now();
     nacos.register(&instance_at(ADDRS[0], "50", "healthy", "4", 1));
     wait_until("the backend without enough memory to leave the table", Duration::from_secs(3), || {
         (!weight_of(&daemon, ADDRS[0]).0).then_some(())
     });
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(1), "metadata propagated in {took:?}, the article's bound is 1 s");
+    assert!(took < Duration::from_secs(1), "metadata propagated in {took:?}, the goal is 1 s");
     let res = client.connect(Some(&cg), &ConnectOpts::new(VIP, 200));
     assert_eq!(count_by_backend(&res).get(ADDRS[0]), None, "no connection to the excluded backend");
     nacos.register(&instance_at(ADDRS[0], "50", "healthy", "40", 2));

@@ -1,10 +1,10 @@
-//! Issue 5, short version of `ailb-compare`: on the same simulated fleet (2 x A100-80GB +
+//! A short version of `ailb-compare`: on the same simulated fleet (2 x A100-80GB +
 //! 4 x RTX 3090) and the same 300 requests (the first of the Mooncake trace) at the benchmark's
 //! load, 0.4 x the trace's rate (the highest load the fleet carries, see `ailb-fleet-model`), ailb in full
 //! (rnacos, an `ailb agent` per simulated GPU, Nacos discovery and the AI-aware policy, memory fit
 //! with the client's hints, affinity, load bound 1.25) beats round robin L4 (untagged sockets,
 //! `balancer.round_robin`: each connection to the next backend in turn) on P95 end-to-end latency
-//! and fails no more requests, at most 1 % (the issue's goal).
+//! and fails no more requests, at most 1 % (the failure goal).
 //!
 //! Margin: on these 300 requests, runs of ailb in full against round robin read 0.23x, 0.25x and
 //! 0.22x (debug build), round robin failing 34-37 requests and ailb none. The test asks for
@@ -28,7 +28,7 @@ use serde_json::Value;
 
 /// ailb's E2E P95 must be below this share of round robin's.
 const P95_RATIO_MAX: f64 = 0.4;
-/// ailb's failure rate must be at most this (the issue's goal).
+/// ailb's failure rate must be at most this (the failure goal: <= 1 %).
 const FAILURE_RATE_MAX: f64 = 0.01;
 const REQUESTS: u64 = 300;
 

@@ -42,7 +42,7 @@ pub enum Placement {
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
     /// (it needs every server's exact queue and future); it shows what placement alone can do.
     EarliestFinish,
-    /// The prefix-cache oracle: every request goes to the GPU that holds the longest
+    /// The prefix-cache oracle: every request goes to the GPU that holds the longest
     /// cached run of its prompt's leading blocks, counting only blocks of its own conversation
     /// (a later turn returns to its conversation's cache wherever it still is), ties (and
     /// requests cached nowhere) to the earliest finish. The caches are the GPUs' own, so an
@@ -450,7 +450,7 @@ fn shared_blocks(specs: &[RequestSpec]) -> HashSet<u64> {
     shared
 }
 
-/// The fleet: `a100` A100-80GB then `rtx3090` RTX 3090 presets.
+/// The benchmark fleet: `a100` A100-80GB then `rtx3090` RTX 3090 presets.
 pub fn fleet_profiles(a100: usize, rtx3090: usize) -> Vec<GpuProfile> {
     let mut v = vec![GpuProfile::preset("a100-80gb").expect("preset"); a100];
     v.extend(vec![GpuProfile::preset("rtx3090-24gb").expect("preset"); rtx3090]);

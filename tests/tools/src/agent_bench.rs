@@ -1,4 +1,4 @@
-//! `ailb-agent-bench`: issue 4's benchmark, the time from a changed NVML value to the new
+//! `ailb-agent-bench`: the agent's benchmark, the time from a changed NVML value to the new
 //! metadata in Nacos. Run by `cargo xtask bench`; needs no root and no GPU.
 //!
 //! Setup per publish interval: rnacos (v1 Open API), a FAKE `libnvidia-ml.so` whose values come
@@ -142,7 +142,7 @@ pub fn main(args: Args) {
         md,
         "\nMeasured from writing the fake NVML state file to rnacos' instance list showing the new \
          `remaining_memory_mb`; changes of {STEP_MB} MiB (threshold 512), spaced by a pseudo-random fraction \
-         of the interval. The article's target: 1 s."
+         of the interval. The target: 1 s."
     );
     let dir = crate::target_dir().join("bench");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));

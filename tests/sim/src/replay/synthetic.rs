@@ -1,4 +1,4 @@
-//! The synthetic workload: the article's mix of short questions (about 100 prompt tokens,
+//! The synthetic workload: the classic mixed-GPU-fleet mix of short questions (about 100 prompt tokens,
 //! about 10 output tokens, answered in ~10 ms) next to long generations (about 2,000 prompt
 //! tokens, about 800 output tokens, ~10 s), in conversations of several turns whose prompts
 //! grow by the previous answer and a new question and so share their prefix blocks.

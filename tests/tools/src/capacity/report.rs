@@ -24,7 +24,7 @@ pub(super) fn intro(md: &mut String, args: &Args, short: &[RequestSpec], long: &
          (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit (free memory: the KV \
          pool less the memory hints in flight, as the kernel counts them), without connection latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
          the prefix-cache oracle at the same load (every request sent to the GPU holding the longest cached run \
-         of its prompt, the issue's \"placement that always returns a conversation to its cache\"); with caches \
+         of its prompt: the placement that always returns a conversation to its cache); with caches \
          that never evict, {:.1} % would be cached.\n\n\
          Stable: the tail (E2E P95) at {} requests is under {STABLE_GROWTH}x the tail at {}; an unstable \
          placement's queue grows for as long as the run lasts, so its P95 measures the run's length.\n",

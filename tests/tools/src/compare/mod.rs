@@ -1,5 +1,5 @@
 //! `ailb-compare` (root): balancing policies compared in one run, on the same simulated GPU
-//! fleet and the same request list (issue 5).
+//! fleet and the same request list.
 //!
 //! For each policy it starts a fresh fleet of `ailb-sim` processes on 127.0.10.x (so every
 //! policy begins with empty KV caches and idle GPUs), a fresh `ailb run` attached to a child
@@ -17,7 +17,7 @@
 //! ```
 //!
 //! Policies:
-//! - `round-robin`: "round robin L4", the issue's baseline: equal weights, no affinity, no load
+//! - `round-robin`: "round robin L4", the baseline: equal weights, no affinity, no load
 //!   bound, and `balancer.round_robin`: every connection takes the next backend in turn (in the
 //!   kernel, a per-model turn counter). Untagged.
 //! - `random`: "random L4": equal weights, no affinity, no load bound: one stateless Maglev
@@ -125,7 +125,7 @@ pub struct Workload {
     pub window_s: f64,
     /// Caches that never evict: an upper bound no placement reaches on finite GPUs.
     pub unbounded_prefix_hit_rate: Option<f64>,
-    /// The issue's oracle: the placement that sends every request to the GPU holding its
+    /// The prefix-cache oracle: the placement that sends every request to the GPU holding its
     /// conversation's longest cached prefix, on the same GPUs and load, in the fleet model.
     pub oracle_prefix_hit_rate: f64,
 }

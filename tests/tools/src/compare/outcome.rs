@@ -108,7 +108,7 @@ impl Outcome {
         let m = self.window_means();
         m.iter().sum::<f64>() / m.len().max(1) as f64
     }
-    /// The utilisation spread: max - min of the per-GPU means while requests arrive.
+    /// The utilisation spread: max - min of the per-GPU means while requests arrive.
     pub fn window_spread(&self) -> f64 {
         spread(self.window_means().into_iter())
     }

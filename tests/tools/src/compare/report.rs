@@ -133,7 +133,7 @@ fn oracle(s: &mut String, outs: &[Outcome], workload: &Workload) {
             "\nPrefix-cache hits of the oracle placement (every request sent to the GPU that holds the longest \
              cached run of its conversation's blocks, same GPUs, same caches, same load; computed in simulated \
              time by `ailb_sim::fleet_model`, the model `ailb-sim` serves): {:.1} %; ailb reaches {:.0} % of it \
-             (the issue's goal: >= 90 %). {bound}",
+             (the goal: >= 90 %). {bound}",
             oracle * 100.0,
             if oracle > 0.0 { a / oracle * 100.0 } else { 0.0 },
         );
@@ -176,7 +176,7 @@ fn method(s: &mut String) {
          policy served. Affinity hits: the share of a conversation's later turns served by the same GPU as \
          the turn before (`ailb-sim` names itself in `x-ailb-backend`). Only ailb's sockets carry the conversation and memory \
          tags; the others connect untagged, as to an L4 or L7 balancer that knows neither. GPU utilisation: `/sim/state` `utilization` (the busy \
-         share of the last sampling interval, as NVML's) sampled every 250 ms from the first request to the last answer, mean per GPU, then mean and max - min over the GPUs (the issue's \
+         share of the last sampling interval, as NVML's) sampled every 250 ms from the first request to the last answer, mean per GPU, then mean and max - min over the GPUs (the \
          spread: a GPU left with a long queue works on alone while others idle). \"While arriving\" takes only the samples up to \
          the last planned arrival: near 0 for every policy when the offered load saturates all GPUs in that window.\n"
     );
