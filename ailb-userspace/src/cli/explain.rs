@@ -114,7 +114,6 @@ pub fn explain(
 mod tests {
     use std::{
         collections::BTreeSet,
-        net::SocketAddrV4,
         sync::{Arc, RwLock},
     };
 
@@ -127,17 +126,7 @@ mod tests {
     };
 
     fn inst(i: u8, meta: &[(&str, &str)]) -> Instance {
-        Instance {
-            model: "m".into(),
-            service: "m".into(),
-            group: "DEFAULT_GROUP".into(),
-            cluster: "DEFAULT".into(),
-            address: SocketAddrV4::new([10, 0, 0, i].into(), 8000),
-            weight: 1.0,
-            healthy: true,
-            enabled: true,
-            metadata: meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        }
+        Instance::test(i, meta)
     }
 
     /// A plan with an eligible backend (every factor reported), one excluded for memory, and

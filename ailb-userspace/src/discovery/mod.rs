@@ -45,3 +45,22 @@ pub struct Snapshot {
     pub instances: Vec<Instance>,
     pub services: Vec<ServiceInfo>,
 }
+
+#[cfg(test)]
+impl Instance {
+    /// A healthy, enabled instance of model `m` (service `m`, default group and cluster) at
+    /// `10.0.0.i:8000` with this metadata: the fixture of the policy's and explain's tests.
+    pub(crate) fn test(i: u8, meta: &[(&str, &str)]) -> Self {
+        Instance {
+            model: "m".into(),
+            service: "m".into(),
+            group: "DEFAULT_GROUP".into(),
+            cluster: "DEFAULT".into(),
+            address: SocketAddrV4::new([10, 0, 0, i].into(), 8000),
+            weight: 1.0,
+            healthy: true,
+            enabled: true,
+            metadata: meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+}

@@ -35,17 +35,7 @@ fn addr(i: u8) -> SocketAddrV4 {
 }
 
 fn inst(i: u8, meta: &[(&str, &str)]) -> Instance {
-    Instance {
-        model: "m".into(),
-        service: "m".into(),
-        group: "DEFAULT_GROUP".into(),
-        cluster: "DEFAULT".into(),
-        address: addr(i),
-        weight: 1.0,
-        healthy: true,
-        enabled: true,
-        metadata: meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    }
+    Instance::test(i, meta)
 }
 
 fn snap(instances: Vec<Instance>) -> Snapshot {

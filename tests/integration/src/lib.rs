@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub use ailb_sim::wait_until;
 pub use backend::BackendServer;
 pub use cgroup::{cgroup2_mount, CgroupGuard};
 pub use client::{ConnResult, ConnectOpts, HeldClients, TestClient};
@@ -138,20 +139,6 @@ pub fn test_bpffs(name: &str) -> String {
 pub fn base_config(name: &str, cg: &CgroupGuard) -> TestConfig {
     let cgroup = cg.path().to_str().unwrap_or_else(|| panic!("cgroup path {:?} is not UTF-8", cg.path()));
     TestConfig::new(&test_bpffs(name), cgroup)
-}
-
-/// Polls `f` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Runs a command to completion with a deadline, capturing stdout and stderr. Panics if it

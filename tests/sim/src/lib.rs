@@ -37,8 +37,10 @@
 
 pub mod fleet_model;
 pub mod gpu;
+pub mod poll;
 pub mod replay;
 pub mod server;
 
 pub use gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started, BLOCK_TOKENS};
+pub use poll::wait_until;
 pub use server::{parse_chat, serve, ChatRequest, SimConfig};

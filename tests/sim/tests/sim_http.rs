@@ -8,21 +8,8 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ailb_sim::wait_until;
 use serde_json::{json, Value};
-
-/// Polls `f` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 struct Sim {
     child: Child,
