@@ -19,13 +19,46 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{self, say, Step};
 
-pub(crate) fn bench() -> Result<()> {
+/// A part of `cargo xtask bench`, for `--only`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Part {
+    /// Table build time, the policy + table recompute, slots moved when a backend goes.
+    Tables,
+    /// `ailb-bench`: request rate through the VIP vs direct, nginx, HAProxy; BPF run time; swaps.
+    Datapath,
+    /// `ailb-agent-bench`: NVML change to Nacos.
+    Agent,
+    /// `ailb-fleet-model` and `ailb-compare` on the trace and the synthetic mix (`docs/results/`).
+    Fleet,
+}
+
+pub(crate) fn bench(only: &[Part]) -> Result<()> {
     if !util::is_root() {
         bail!("cargo xtask bench needs root: the data-plane benchmark loads eBPF programs and creates a network namespace");
     }
+    let runs = |p: Part| only.is_empty() || only.contains(&p);
     crate::setup::setup()?;
     crate::build::build(true)?;
+    if runs(Part::Tables) {
+        tables()?;
+    }
+    if runs(Part::Datapath) {
+        datapath()?;
+        say!("data-plane report: {}", util::target_dir().join("bench/datapath.md").display());
+    }
+    if runs(Part::Agent) {
+        agent()?;
+        say!("agent report: {}", util::target_dir().join("bench/agent.md").display());
+    }
+    if runs(Part::Fleet) {
+        compare()?;
+        say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
+    }
+    Ok(())
+}
 
+/// The table builder and the policy recompute (criterion), and the disruption example.
+fn tables() -> Result<()> {
     let step = Step::start("table build time: cargo bench -p ailb-common --features std --bench maglev");
     util::run(util::cargo().args(["bench", "-p", "ailb-common", "--features", "std", "--bench", "maglev"]))
         .context("cargo bench -p ailb-common")?;
@@ -52,6 +85,11 @@ pub(crate) fn bench() -> Result<()> {
     .context("running the ailb-common `disrupt` example")?;
     step.done();
 
+    Ok(())
+}
+
+/// The data plane: `ailb-bench`.
+fn datapath() -> Result<()> {
     let step = Step::start("data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)");
     util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-bench"]))
         .context("building ailb-bench")?;
@@ -60,6 +98,11 @@ pub(crate) fn bench() -> Result<()> {
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
 
+    Ok(())
+}
+
+/// The GPU node agent: `ailb-agent-bench`.
+fn agent() -> Result<()> {
     let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
     util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-agent-bench"]))
         .context("building ailb-agent-bench")?;
@@ -67,10 +110,6 @@ pub(crate) fn bench() -> Result<()> {
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
-    compare()?;
-    say!("data-plane report: {}", util::target_dir().join("bench/datapath.md").display());
-    say!("agent report: {}", util::target_dir().join("bench/agent.md").display());
-    say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
     Ok(())
 }
 

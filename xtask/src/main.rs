@@ -52,8 +52,13 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// Benchmarks (root): table build and disruption, then the data plane vs direct, nginx, HAProxy.
-    Bench,
+    /// Benchmarks (root): table build and disruption, then the data plane vs direct, nginx, HAProxy,
+    /// the GPU node agent and the fleet comparison.
+    Bench {
+        /// Run only these parts (comma-separated; default: all of them, in this order).
+        #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]
+        only: Vec<bench::Part>,
+    },
     /// The demo's load generator; `cargo xtask run` starts it inside the demo cgroup.
     #[command(hide = true)]
     DemoClient {
@@ -82,7 +87,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Test { args } => test::test(&args),
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
-        Cmd::Bench => bench::bench(),
+        Cmd::Bench { only } => bench::bench(&only),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }
 }
