@@ -14,18 +14,17 @@
 //! `sockopt-hostile` prints one JSON line per case: `{"case", "ret", "errno"}` (plus connect
 //! results), see [`hostile`].
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use ailb_common::abi::{AILB_CONVERSATION, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
+use ailb_common::client::{self, raw, ClientError, Field, Socket, Tagging};
 use serde_json::json;
 
-const SOL_AILB: i32 = 0x41494c;
-const AILB_CONVERSATION: i32 = 1;
-const AILB_REQUIRED_MEMORY_MB: i32 = 2;
-const AILB_MODEL: i32 = 3;
-/// Bounds connect() (SO_SNDTIMEO applies to it) and every read/write.
+/// Bounds connect() and every read and write.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Args {
@@ -100,72 +99,18 @@ fn main() {
     }
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+fn new_socket() -> Socket {
+    Socket::new().unwrap_or_else(|e| panic!("{e}: errno {:?}", e.raw_os_error()))
 }
 
-fn new_socket() -> OwnedFd {
-    // SAFETY: plain socket(2) call; the result is checked before it is wrapped.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        panic!("socket(AF_INET, SOCK_STREAM): errno {}", errno());
+/// The `error` text of a hint that did not take: `ENOPROTOOPT` (no balancer) counts as one.
+fn hint_error(field: Field, res: Result<Tagging, ClientError>) -> Option<String> {
+    let name = field.option_name();
+    match res {
+        Ok(Tagging::Accepted | Tagging::NoTags) => None,
+        Ok(Tagging::NoBalancer) => Some(format!("setsockopt {name}: errno {}", libc::ENOPROTOOPT)),
+        Err(e) => Some(format!("setsockopt {name}: errno {}: {e}", e.raw_os_error().unwrap_or(0))),
     }
-    // SAFETY: fd is a freshly created socket that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval { tv_sec: IO_TIMEOUT.as_secs() as libc::time_t, tv_usec: 0 };
-    let tv_bytes = as_bytes(&tv);
-    setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, tv_bytes.as_ptr(), tv_bytes.len());
-    fd
-}
-
-fn as_bytes<T: Copy>(v: &T) -> Vec<u8> {
-    // SAFETY: reads size_of::<T>() bytes of a live, initialized Copy value (timeval, u32,
-    // linger: integer fields only).
-    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }.to_vec()
-}
-
-/// setsockopt(2) with a raw pointer and length (which may lie, for the hostile cases).
-/// Returns `(ret, errno)`; errno is 0 on success.
-fn setsockopt(fd: &OwnedFd, level: i32, name: i32, ptr: *const u8, len: usize) -> (i32, i32) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `ptr` is either null (the kernel then fails with EFAULT) or points to at least
-    // `len` readable bytes owned by the caller for the duration of the call.
-    let ret = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, ptr.cast(), len as libc::socklen_t) };
-    (ret, if ret == 0 { 0 } else { errno() })
-}
-
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
-        sin_zero: [0; 8],
-    }
-}
-
-/// connect(2); on success the peer address from getpeername(2).
-fn connect(fd: &OwnedFd, vip: SocketAddrV4) -> Result<SocketAddrV4, i32> {
-    use std::os::fd::AsRawFd;
-    let sa = sockaddr(vip);
-    // SAFETY: `sa` is a valid sockaddr_in and the length matches it.
-    let ret = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if ret != 0 {
-        return Err(errno());
-    }
-    let mut peer: libc::sockaddr_in = sockaddr(SocketAddrV4::new([0, 0, 0, 0].into(), 0));
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: `peer` and `len` are valid for writes of a sockaddr_in.
-    let ret = unsafe { libc::getpeername(fd.as_raw_fd(), (&mut peer as *mut libc::sockaddr_in).cast(), &mut len) };
-    if ret != 0 {
-        return Err(errno());
-    }
-    Ok(SocketAddrV4::new(peer.sin_addr.s_addr.to_ne_bytes().into(), u16::from_be(peer.sin_port)))
 }
 
 /// Sends one request and reads the reply body (the server's address).
@@ -200,11 +145,8 @@ fn exchange(stream: &mut TcpStream, vip: SocketAddrV4, hold: bool) -> Result<Str
 }
 
 fn set_linger0(stream: &TcpStream) {
-    use std::os::fd::AsFd;
-    let l = libc::linger { l_onoff: 1, l_linger: 0 };
-    let b = as_bytes(&l);
-    let fd = stream.as_fd().try_clone_to_owned().expect("dup for SO_LINGER");
-    setsockopt(&fd, libc::SOL_SOCKET, libc::SO_LINGER, b.as_ptr(), b.len());
+    // Best effort, as the close that follows is: an error leaves the ordinary close.
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
 fn connect_mode(a: &Args) {
@@ -213,32 +155,22 @@ fn connect_mode(a: &Args) {
     let mut held: Vec<TcpStream> = Vec::new();
     for i in 0..a.count {
         let conversation = a.conversations.map(|c| format!("{}-{}", a.prefix, i % c));
-        let fd = new_socket();
+        let sock = new_socket();
+        // One call per option, so that every option is tried; the last failure is reported.
         let mut hint_err = None;
         if let Some(c) = &conversation {
-            let (r, e) = setsockopt(&fd, SOL_AILB, AILB_CONVERSATION, c.as_ptr(), c.len());
-            if r != 0 {
-                hint_err = Some(format!("setsockopt AILB_CONVERSATION: errno {e}"));
-            }
+            hint_err = hint_error(Field::Conversation, client::tag_conversation(&sock, c.as_bytes())).or(hint_err);
         }
         if let Some(m) = a.memory_mb {
-            let b = m.to_ne_bytes();
-            let (r, e) = setsockopt(&fd, SOL_AILB, AILB_REQUIRED_MEMORY_MB, b.as_ptr(), b.len());
-            if r != 0 {
-                hint_err = Some(format!("setsockopt AILB_REQUIRED_MEMORY_MB: errno {e}"));
-            }
+            hint_err = hint_error(Field::RequiredMemoryMb, client::tag_required_memory_mb(&sock, m)).or(hint_err);
         }
         if let Some(m) = &a.model {
-            let (r, e) = setsockopt(&fd, SOL_AILB, AILB_MODEL, m.as_ptr(), m.len());
-            if r != 0 {
-                hint_err = Some(format!("setsockopt AILB_MODEL: errno {e}"));
-            }
+            hint_err = hint_error(Field::Model, client::tag_model(&sock, m.as_bytes())).or(hint_err);
         }
-        let line = match connect(&fd, a.vip) {
+        let line = match sock.connect(a.vip, Some(IO_TIMEOUT)) {
             Err(e) => json!({"i": i, "conversation": conversation, "backend": null, "reply": null,
-                             "ok": false, "errno": e, "error": hint_err}),
-            Ok(peer) => {
-                let mut stream = TcpStream::from(fd);
+                             "ok": false, "errno": e.raw_os_error(), "error": hint_err}),
+            Ok((mut stream, peer)) => {
                 let reply = exchange(&mut stream, a.vip, a.hold);
                 let ok = reply.is_ok() && hint_err.is_none();
                 let (reply, err) = match reply {
@@ -274,42 +206,49 @@ fn connect_mode(a: &Args) {
 fn hostile(vip: SocketAddrV4) {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let fd = new_socket();
+    let sock = new_socket();
     let big = vec![b'a'; 8192];
     let four = 7u32.to_ne_bytes();
     let eight = 8000u64.to_ne_bytes();
     let one = 1i32.to_ne_bytes();
-    let cases: Vec<(&str, i32, i32, *const u8, usize)> = vec![
-        ("conversation_len0", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 0),
-        ("conversation_len129", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 129),
-        ("conversation_len4096", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 4096),
-        ("conversation_len8192", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 8192),
-        ("conversation_null_len16", SOL_AILB, AILB_CONVERSATION, std::ptr::null(), 16),
-        ("memory_len3", SOL_AILB, AILB_REQUIRED_MEMORY_MB, four.as_ptr(), 3),
-        ("memory_len8", SOL_AILB, AILB_REQUIRED_MEMORY_MB, eight.as_ptr(), 8),
-        ("model_len0", SOL_AILB, AILB_MODEL, big.as_ptr(), 0),
-        ("model_len65", SOL_AILB, AILB_MODEL, big.as_ptr(), 65),
-        ("unknown_0", SOL_AILB, 0, four.as_ptr(), 4),
-        ("unknown_4", SOL_AILB, 4, four.as_ptr(), 4),
-        ("unknown_999", SOL_AILB, 999, four.as_ptr(), 4),
-        ("unknown_neg1", SOL_AILB, -1, four.as_ptr(), 4),
+    // `None`: a null buffer of 16 bytes.
+    let cases: Vec<(&str, i32, i32, Option<&[u8]>)> = vec![
+        ("conversation_len0", SOL_AILB, AILB_CONVERSATION, Some(&big[..0])),
+        ("conversation_len129", SOL_AILB, AILB_CONVERSATION, Some(&big[..129])),
+        ("conversation_len4096", SOL_AILB, AILB_CONVERSATION, Some(&big[..4096])),
+        ("conversation_len8192", SOL_AILB, AILB_CONVERSATION, Some(&big[..8192])),
+        ("conversation_null_len16", SOL_AILB, AILB_CONVERSATION, None),
+        ("memory_len3", SOL_AILB, AILB_REQUIRED_MEMORY_MB, Some(&four[..3])),
+        ("memory_len8", SOL_AILB, AILB_REQUIRED_MEMORY_MB, Some(&eight[..])),
+        ("model_len0", SOL_AILB, AILB_MODEL, Some(&big[..0])),
+        ("model_len65", SOL_AILB, AILB_MODEL, Some(&big[..65])),
+        ("unknown_0", SOL_AILB, 0, Some(&four[..])),
+        ("unknown_4", SOL_AILB, 4, Some(&four[..])),
+        ("unknown_999", SOL_AILB, 999, Some(&four[..])),
+        ("unknown_neg1", SOL_AILB, -1, Some(&four[..])),
         // A valid conversation at the length limit: must be accepted and used by the connect.
-        ("conversation_len128", SOL_AILB, AILB_CONVERSATION, big.as_ptr(), 128),
-        ("so_reuseaddr", libc::SOL_SOCKET, libc::SO_REUSEADDR, one.as_ptr(), 4),
-        ("tcp_nodelay", libc::IPPROTO_TCP, libc::TCP_NODELAY, one.as_ptr(), 4),
+        ("conversation_len128", SOL_AILB, AILB_CONVERSATION, Some(&big[..128])),
+        ("so_reuseaddr", libc::SOL_SOCKET, libc::SO_REUSEADDR, Some(&one[..])),
+        ("tcp_nodelay", libc::IPPROTO_TCP, libc::TCP_NODELAY, Some(&one[..])),
     ];
-    for (case, level, name, ptr, len) in cases {
-        let (ret, e) = setsockopt(&fd, level, name, ptr, len);
+    for (case, level, name, value) in cases {
+        let res = match value {
+            Some(v) => raw::setsockopt(&sock, level, name, v),
+            None => raw::setsockopt_null(&sock, level, name, 16),
+        };
+        let (ret, e) = match res {
+            Ok(()) => (0, 0),
+            Err(e) => (-1, e.raw_os_error().unwrap_or(0)),
+        };
         let _ = writeln!(out, "{}", json!({"case": case, "ret": ret, "errno": e}));
     }
     let _ = out.flush();
-    for (case, fd) in [("connect_after_hostile", fd), ("connect_fresh_socket", new_socket())] {
-        let line = match connect(&fd, vip) {
+    for (case, sock) in [("connect_after_hostile", sock), ("connect_fresh_socket", new_socket())] {
+        let line = match sock.connect(vip, Some(IO_TIMEOUT)) {
             Err(e) => {
-                json!({"case": case, "ok": false, "errno": e, "backend": null, "reply": null})
+                json!({"case": case, "ok": false, "errno": e.raw_os_error(), "backend": null, "reply": null})
             }
-            Ok(peer) => {
-                let mut s = TcpStream::from(fd);
+            Ok((mut s, peer)) => {
                 let r = exchange(&mut s, vip, false);
                 json!({"case": case, "ok": r.is_ok(), "errno": 0, "backend": peer.to_string(),
                        "reply": r.as_ref().ok(), "error": r.err()})

@@ -7,18 +7,17 @@
 //! `stream_options.include_usage`), and the backend that served the request, from the response
 //! header `x-ailb-backend` or else a chunk's `system_fingerprint`.
 
+#![forbid(unsafe_code)]
+
+use std::error::Error as _;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, SocketAddrV4, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
+use ailb_common::abi::MAX_CONVERSATION_LEN;
+use ailb_common::client::{self, Tags};
 use serde_json::{json, Value};
 
-/// `setsockopt` level of the ailb client ABI ("AIL"); see `docs/client/ailb.h`.
-pub const SOL_AILB: libc::c_int = 0x41494c;
-pub const AILB_CONVERSATION: libc::c_int = 1;
-pub const AILB_REQUIRED_MEMORY_MB: libc::c_int = 2;
-pub const AILB_MAX_CONVERSATION_LEN: usize = 128;
 /// Largest response header block accepted.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Longest SSE line accepted.
@@ -206,8 +205,9 @@ fn exchange(
 }
 
 /// A TCP socket tagged with the conversation and the memory need, connected to `vip`.
-/// `ENOPROTOOPT` from `setsockopt` means ailb is not loaded here: the socket is used untagged
-/// and `tagged` stays false.
+/// The conversation is cut to the ABI's [`MAX_CONVERSATION_LEN`] bytes; an empty one and a
+/// memory need of 0 are not sent. `ENOPROTOOPT` from `setsockopt` means ailb is not loaded
+/// here: the socket is used untagged and `tagged` stays false.
 pub fn connect_tagged(
     vip: SocketAddrV4,
     conversation: &str,
@@ -215,62 +215,34 @@ pub fn connect_tagged(
     timeout: Duration,
     tagged: &mut bool,
 ) -> Result<TcpStream, String> {
-    // SAFETY: socket() has no memory preconditions; the result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: fd is a fresh socket that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let conv = conversation.as_bytes();
-    let conv = &conv[..conv.len().min(AILB_MAX_CONVERSATION_LEN)];
-    *tagged = false;
+    let conv = &conv[..conv.len().min(MAX_CONVERSATION_LEN)];
+    let mut tags = Tags::new();
     if !conv.is_empty() {
-        *tagged = tag(&fd, AILB_CONVERSATION, conv, "AILB_CONVERSATION")?;
+        tags = tags.conversation(conv);
     }
     if memory_mb > 0 {
-        *tagged |= tag(&fd, AILB_REQUIRED_MEMORY_MB, &memory_mb.to_ne_bytes(), "AILB_REQUIRED_MEMORY_MB")?;
+        tags = tags.required_memory_mb(memory_mb);
     }
-    let stream = TcpStream::from(fd);
-    // On Linux SO_SNDTIMEO also bounds connect().
+    *tagged = false;
+    let (stream, outcome) = client::connect(vip, &tags, Some(timeout)).map_err(|e| error_chain(&e))?;
+    *tagged = outcome.tagging.is_accepted();
     stream.set_write_timeout(Some(timeout)).map_err(|e| format!("set timeout: {e}"))?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| format!("set timeout: {e}"))?;
-    let addr = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: vip.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*vip.ip()).to_be() },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: addr is a valid sockaddr_in that outlives the call, with its exact length.
-    let rc = unsafe {
-        libc::connect(
-            stream.as_raw_fd(),
-            (&addr as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(format!("connect {}: {}", SocketAddr::V4(vip), std::io::Error::last_os_error()));
-    }
     stream.set_nodelay(true).map_err(|e| format!("set nodelay: {e}"))?;
     Ok(stream)
 }
 
-/// One ABI `setsockopt`: `Ok(true)` when ailb took it, `Ok(false)` on `ENOPROTOOPT`.
-fn tag(fd: &OwnedFd, name: libc::c_int, value: &[u8], what: &str) -> Result<bool, String> {
-    // SAFETY: value points to value.len() readable bytes for the duration of the call.
-    let rc = unsafe {
-        libc::setsockopt(fd.as_raw_fd(), SOL_AILB, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
-    };
-    if rc == 0 {
-        return Ok(true);
+/// `e` and its sources, joined by ": ".
+fn error_chain(e: &client::ClientError) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
-        Ok(false)
-    } else {
-        Err(format!("setsockopt {what}: {err}"))
-    }
+    text
 }
 
 fn read_head<R: BufRead>(r: &mut R) -> Result<(u16, Vec<(String, String)>), String> {

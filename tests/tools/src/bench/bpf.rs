@@ -2,9 +2,12 @@
 //! with a 1,000-backend model and 100,000 affinity entries; and the connect loop (a child mode of
 //! this binary, run inside the bench's cgroup) that makes the connections.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::process::Command;
 
+use ailb_common::client::{self, Tags};
 use ailb_tests::{CgroupGuard, Daemon};
 
 use super::netns::{output_in, run, Netns};
@@ -114,31 +117,20 @@ pub(super) fn connect_loop(args: &[String]) {
     let count: usize = args[1].parse().expect("count");
     let convs: usize = args[2].parse().expect("conversations");
     let prefix = &args[3];
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as u16,
-        sin_port: vip.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(vip.ip().octets()) },
-        sin_zero: [0; 8],
-    };
     let (mut ok, mut refused, mut other) = (0u64, 0u64, 0u64);
     for i in 0..count {
-        // SAFETY: plain socket calls on a fd we own and close; buffers outlive the calls.
-        unsafe {
-            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-            if convs > 0 {
-                let id = format!("{prefix}-{}", i % convs);
-                libc::setsockopt(fd, 0x41494c, 1, id.as_ptr().cast(), id.len() as u32);
-            }
-            let r = libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&sa) as u32);
-            if r == 0 {
-                ok += 1;
-            } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED) {
-                refused += 1;
-            } else {
-                other += 1;
-            }
-            libc::close(fd);
+        let id;
+        let tags = if convs > 0 {
+            id = format!("{prefix}-{}", i % convs);
+            Tags::new().conversation(&id)
+        } else {
+            Tags::new()
+        };
+        // The stream is dropped (closed) at once. A failed setsockopt counts as `other`.
+        match client::connect(vip, &tags, None) {
+            Ok(_) => ok += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => refused += 1,
+            Err(_) => other += 1,
         }
     }
     println!("{ok} {refused} {other}");
