@@ -168,7 +168,8 @@ fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
     let mut specs = build_specs(args)?;
     if args.untagged {
         for s in &mut specs {
-            s.conversation.clear();
+            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
+            s.tag_socket = false;
             s.memory_mb = 0;
         }
     }
