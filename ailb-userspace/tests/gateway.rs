@@ -325,3 +325,45 @@ async fn models_health_and_metrics() {
         assert!(text.contains(want), "metrics should contain {want:?}:\n{text}");
     }
 }
+
+/// An HTTP/1.0 upstream that answers `ok` and closes: the client's keep-alive connection to
+/// the gateway must stay open (the response is sent in the client's version).
+#[tokio::test]
+async fn an_http10_upstream_does_not_close_the_client_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                // The head, then as many body bytes as Content-Length says.
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                        if buf.len() >= end + 4 + len || n == 0 {
+                            break;
+                        }
+                    }
+                }
+                s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+                s.shutdown().await.ok();
+            });
+        }
+    });
+    let gw = gateway(addr, "").await;
+    let mut c = client(gw).await;
+    for i in 0..3 {
+        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
+        assert_eq!((resp.status(), resp.version()), (StatusCode::OK, hyper::Version::HTTP_11), "request {i}");
+        assert_eq!(body, "ok");
+    }
+}

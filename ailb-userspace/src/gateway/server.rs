@@ -188,6 +188,7 @@ impl Gateway {
         log: &mut RequestLog,
     ) -> Result<(Response<Incoming>, proxy::AbortOnDrop), ApiError> {
         let (parts, body) = req.into_parts();
+        let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
         let json = route::parse_body(&bytes)?;
         let rules = Rules {
@@ -222,6 +223,9 @@ impl Gateway {
         log.upstream(backend, resp.status().as_u16());
         let headers = end_to_end(resp.headers());
         *resp.headers_mut() = headers;
+        // The upstream's HTTP version is its connection's business (an HTTP/1.0 answer would
+        // make the client's keep-alive connection close).
+        *resp.version_mut() = client_version;
         let h = resp.headers_mut();
         h.insert(HeaderName::from_static(BACKEND_HEADER), header_value(backend.to_string()));
         if let Some(hash) = conv_hash {
