@@ -90,8 +90,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config } => run::run(config.as_deref()),
         Command::Gateway { config } => gateway::gateway(config.as_deref()),
-        Command::Check { config } => config::load_valid(config.as_deref())
-            .map(|c| {
+        // The whole file, `[gateway]` included (which `ailb run` itself does not read).
+        Command::Check { config } => crate::gateway::load(config.as_deref())
+            .map(|(c, _)| {
                 println!("config ok: {} model(s), {} static backend(s)", c.models.len(), c.backends.len());
             })
             .map_err(anyhow::Error::from),
