@@ -8,6 +8,7 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod discovery;
+pub mod gateway;
 pub mod metadata;
 pub mod metrics;
 pub mod nacos;
