@@ -59,6 +59,8 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
             .collect(),
         window_s: 5.0,
         wall_s: 12.3 * k,
+        router_cpu_s: None,
+        daemon_cpu_s: None,
     }
 }
 

@@ -35,8 +35,10 @@ pub struct Args {
     /// Number of simulated RTX 3090 24GB GPUs.
     #[arg(long, default_value_t = 4)]
     pub rtx3090: usize,
-    /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb, nginx
-    /// (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH).
+    /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb,
+    /// ailb-static, ailb-gateway, ailb-static-gateway (the two ailbs through `ailb gateway`),
+    /// nginx (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH), and the peer
+    /// routers sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash.
     #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
     pub policies: String,
     /// Where `replay.md`, `replay-cdf.svg` and `replay-util.svg` go.

@@ -11,8 +11,8 @@
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
-//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,nginx,
-//!               sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
+//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,ailb-static,
+//!               ailb-gateway,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH]
 //!              [--sim-bin PATH]
 //! ```
@@ -35,13 +35,23 @@
 //!   bound 1.25. Its sockets carry the conversation and memory tags.
 //! - `ailb-static`: the same data plane on a static config: weights 3 / 1, each backend's
 //!   `free_memory_mb` fixed at its KV budget, no telemetry. Tagged like `ailb`.
+//! - `ailb-gateway`, `ailb-static-gateway`: ailb in full, or on the static config, through its
+//!   front door ([`front_door`]): the same `ailb run`, plus `ailb gateway` in the same child
+//!   cgroup; the replay sends it plain untagged HTTP with `X-Session-ID`, as to nginx, and the
+//!   gateway estimates each request's memory from its prompt and `max_tokens`.
 //! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
 //! - `sglang-cache-aware`, `sglang-round-robin`, `vllm-cache-aware`, `vllm-consistent-hash`:
 //!   the routers users would pick instead ([`peers`]: `sglang-router` 0.3.2, `vllm-router`
 //!   0.1.17 from `target/peers-venv`), untagged, no ailb; they read the prompt text and the
 //!   `X-Session-ID` header the replay sends. A router that is not installed is reported as such.
+//!
+//! For every policy with a userspace router on the request path (nginx, the peers, ailb's front
+//! door) the report gives that process's CPU seconds per 1,000 requests ([`cpu`]), and `ailb
+//! run`'s, which is off the request path.
 
 pub mod args;
+pub mod cpu;
+pub mod front_door;
 pub mod outcome;
 pub mod peers;
 pub mod plots;

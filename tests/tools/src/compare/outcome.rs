@@ -46,6 +46,13 @@ pub struct Outcome {
     /// balancer places requests (after it, GPUs only drain their queues).
     pub window_s: f64,
     pub wall_s: f64,
+    /// CPU seconds (user + system) the userspace router on the request path used during the
+    /// replay: nginx, a peer router or ailb's front door (`None`: no such process, the pick
+    /// is the kernel's).
+    pub router_cpu_s: Option<f64>,
+    /// CPU seconds `ailb run` used during the replay (off the request path: it writes the
+    /// maps the kernel picks from), `None` without ailb.
+    pub daemon_cpu_s: Option<f64>,
 }
 
 impl Outcome {
@@ -84,6 +91,8 @@ impl Outcome {
             util_series,
             window_s,
             wall_s,
+            router_cpu_s: None,
+            daemon_cpu_s: None,
         }
     }
 

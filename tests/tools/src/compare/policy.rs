@@ -17,6 +17,8 @@ pub enum Policy {
     LeastConn,
     Ailb,
     AilbStatic,
+    AilbGateway,
+    AilbStaticGateway,
     Nginx,
     SglangCacheAware,
     SglangRoundRobin,
@@ -32,21 +34,44 @@ impl Policy {
             "least-conn" => Self::LeastConn,
             "ailb" => Self::Ailb,
             "ailb-static" => Self::AilbStatic,
+            "ailb-gateway" => Self::AilbGateway,
+            "ailb-static-gateway" => Self::AilbStaticGateway,
             "nginx" => Self::Nginx,
             "sglang-cache-aware" => Self::SglangCacheAware,
             "sglang-round-robin" => Self::SglangRoundRobin,
             "vllm-cache-aware" => Self::VllmCacheAware,
             "vllm-consistent-hash" => Self::VllmConsistentHash,
             other => bail!(
-                "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, nginx, \
-                 sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
+                "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
+                 ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
             ),
         })
     }
     /// Whether the replay tags this policy's sockets with the conversation and memory need:
-    /// only ailb reads them; the others are as an L4 or L7 balancer that knows neither.
+    /// only ailb through its socket ABI reads them; the others are as an L4 or L7 balancer that
+    /// knows neither (ailb's front door reads the same facts from the plain HTTP request).
     pub fn tagged(self) -> bool {
         matches!(self, Self::Ailb | Self::AilbStatic)
+    }
+
+    /// The ailb behind `ailb gateway` for a front-door policy (`None` for every other).
+    pub fn behind_front_door(self) -> Option<Policy> {
+        match self {
+            Self::AilbGateway => Some(Self::Ailb),
+            Self::AilbStaticGateway => Some(Self::AilbStatic),
+            _ => None,
+        }
+    }
+
+    /// Whether a userspace process (nginx, a peer router, ailb's front door) is on the request
+    /// path; the others' pick is the kernel's.
+    pub fn userspace_router(self) -> bool {
+        self == Self::Nginx || self.behind_front_door().is_some() || super::peers::binary(self).is_some()
+    }
+
+    /// Whether this is one of ailb's rows (socket ABI or front door).
+    pub fn is_ailb(self) -> bool {
+        matches!(self, Self::Ailb | Self::AilbStatic | Self::AilbGateway | Self::AilbStaticGateway)
     }
 
     /// The policy's name on the command line and in file names.
@@ -57,6 +82,8 @@ impl Policy {
             Self::LeastConn => "least-conn",
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb-static",
+            Self::AilbGateway => "ailb-gateway",
+            Self::AilbStaticGateway => "ailb-static-gateway",
             Self::Nginx => "nginx",
             Self::SglangCacheAware => "sglang-cache-aware",
             Self::SglangRoundRobin => "sglang-round-robin",
@@ -72,6 +99,8 @@ impl Policy {
             Self::LeastConn => "least connections",
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb, static config",
+            Self::AilbGateway => "ailb (front door)",
+            Self::AilbStaticGateway => "ailb, static config (front door)",
             Self::Nginx => "nginx L7 round robin",
             Self::SglangCacheAware => "sglang-router cache-aware",
             Self::SglangRoundRobin => "sglang-router round robin",
@@ -89,9 +118,10 @@ fn affinity_wait(args: &Args) -> String {
 
 /// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
 /// (the AI-aware policy), the same capability ratio as the static config's weights.
-pub fn nacos_config(cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> TestConfig {
+/// (`policy` names its pins: ailb in full, or through its front door.)
+pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> TestConfig {
     let a100 = args.a100_capability;
-    let mut cfg = base_config("cmp-ailb", cg);
+    let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg);
     cfg.affinity = true;
     cfg.load_bound = true;
     cfg.load_factor = args.ailb_load_factor;
@@ -124,7 +154,7 @@ pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args
             cfg.load_bound = true;
             cfg.load_factor = 1.01;
         }
-        Policy::Ailb | Policy::AilbStatic => {
+        Policy::Ailb | Policy::AilbStatic | Policy::AilbStaticGateway => {
             cfg.affinity = true;
             cfg.load_bound = true;
             cfg.load_factor = args.ailb_load_factor;
@@ -136,7 +166,7 @@ pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args
     for s in sims {
         let addr = s.addr.to_string();
         let b = match policy {
-            Policy::Ailb | Policy::AilbStatic => {
+            Policy::Ailb | Policy::AilbStatic | Policy::AilbStaticGateway => {
                 let p = GpuProfile::preset(s.profile).expect("preset");
                 let kv_mb = ((p.kv_blocks() * p.block_bytes()) >> 20) as u32;
                 // Static weights are whole numbers: the capability ratio in tenths.

@@ -17,6 +17,8 @@ pub fn markdown(args: &Args, outs: &[Outcome], workload: &Workload) -> String {
     policy_table(&mut s, outs);
     oracle(&mut s, outs, workload);
     against_baselines(&mut s, outs);
+    against_best_peer(&mut s, outs);
+    router_cpu(&mut s, outs);
     method(&mut s);
     per_gpu(&mut s, outs);
     failures_and_wall_times(&mut s, outs);
@@ -28,12 +30,19 @@ pub fn json(outs: &[Outcome], workload: &Workload) -> Value {
     let v: Vec<Value> = outs
         .iter()
         .map(|o| {
-            json!({
+            let mut p = json!({
                 "policy": o.policy.key(), "summary": o.summary, "e2e_p95_common_ms": common_p95(outs, o),
                 "util_mean": o.util_mean(), "util_spread": o.util_spread(), "wall_s": o.wall_s,
                 "util_mean_arrivals": o.window_mean(), "util_spread_arrivals": o.window_spread(),
                 "window_s": o.window_s,
-            })
+            });
+            // Only where measured, so that a report of a run without a router reads as before.
+            for (k, v) in [("router_cpu_s", o.router_cpu_s), ("daemon_cpu_s", o.daemon_cpu_s)] {
+                if let Some(v) = v {
+                    p[k] = json!(v);
+                }
+            }
+            p
         })
         .collect();
     json!({
@@ -140,15 +149,19 @@ fn oracle(s: &mut String, outs: &[Outcome], workload: &Workload) {
     }
 }
 
+/// `x / y` as a ratio ("0.72x"), "n/a" without both or when `y` is 0.
+fn ratio(x: Option<f64>, y: Option<f64>) -> String {
+    match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
+        _ => "n/a".into(),
+    }
+}
+
 /// ailb in full against round robin and random L4.
 fn against_baselines(s: &mut String, outs: &[Outcome]) {
     let get = |p: Policy| outs.iter().find(|o| o.policy == p);
     for base in [Policy::RoundRobin, Policy::Random] {
         let (Some(a), Some(r)) = (get(Policy::Ailb), get(base)) else { continue };
-        let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
-            (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
-            _ => "n/a".into(),
-        };
         let fr = |o: &Outcome| o.summary["failure_rate"].as_f64();
         let _ = writeln!(
             s,
@@ -163,6 +176,68 @@ fn against_baselines(s: &mut String, outs: &[Outcome]) {
             r.failures(),
             a.util_spread() * 100.0,
             r.util_spread() * 100.0,
+        );
+    }
+}
+
+/// Every ailb row (socket ABI and front door) against the best peer router that ran: the one
+/// with the lowest E2E P95.
+fn against_best_peer(s: &mut String, outs: &[Outcome]) {
+    let best = outs
+        .iter()
+        .filter(|o| super::peers::binary(o.policy).is_some())
+        .filter_map(|o| o.pct("e2e_ms", "p95").map(|p| (p, o)))
+        .min_by(|x, y| x.0.total_cmp(&y.0));
+    let Some((_, b)) = best else { return };
+    for a in outs.iter().filter(|o| o.policy.is_ailb()) {
+        let _ = writeln!(
+            s,
+            "\n{} / best peer ({}): TTFT p95 {}, E2E p95 {}, E2E p95 over the requests all served {}, failures {} \
+             vs {}, spread {:.1} vs {:.1} points.",
+            a.policy.title(),
+            b.policy.title(),
+            ratio(a.pct("ttft_ms", "p95"), b.pct("ttft_ms", "p95")),
+            ratio(a.pct("e2e_ms", "p95"), b.pct("e2e_ms", "p95")),
+            ratio(common_p95(outs, a), common_p95(outs, b)),
+            a.failures(),
+            b.failures(),
+            a.util_spread() * 100.0,
+            b.util_spread() * 100.0,
+        );
+    }
+}
+
+/// CPU per 1,000 requests of each policy's userspace router, once a run measured one: the
+/// kernel-only policies pick in the kernel, on no process's time.
+fn router_cpu(s: &mut String, outs: &[Outcome]) {
+    if outs.iter().all(|o| o.router_cpu_s.is_none()) {
+        return;
+    }
+    let per_k = |cpu: f64, o: &Outcome| cpu * 1000.0 / o.requests().max(1) as f64;
+    let rows: Vec<String> = outs
+        .iter()
+        .map(|o| match o.router_cpu_s {
+            Some(c) => format!("{} {:.2} s", o.policy.title(), per_k(c, o)),
+            None if o.policy.userspace_router() => format!("{} n/a (not read)", o.policy.title()),
+            None => format!("{} 0 (kernel pick)", o.policy.title()),
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nRouter CPU per 1,000 requests (user + system time of the router process on the request path during \
+         the replay, `/proc/PID/stat`): {}.",
+        rows.join(", ")
+    );
+    let daemon: Vec<String> = outs
+        .iter()
+        .filter_map(|o| o.daemon_cpu_s.map(|c| format!("{} {:.2} s", o.policy.title(), per_k(c, o))))
+        .collect();
+    if !daemon.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n`ailb run` CPU per 1,000 requests, off the request path (it reads telemetry and writes the maps the \
+             kernel picks from; the agents on the GPU nodes are not counted): {}.",
+            daemon.join(", ")
         );
     }
 }

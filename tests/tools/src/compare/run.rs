@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use super::args::Args;
 use super::outcome::{GpuOutcome, Outcome};
-use super::peers;
 use super::policy::{config_for, nacos_config, Policy};
+use super::{cpu, front_door, peers};
 use super::{Workload, MODEL, VIP};
 use crate::sim_gpus::{self, sibling_bin, Proc, SimGpu, SimOpts};
 
@@ -38,8 +38,10 @@ pub fn run_policy(
     let out = dir.path().join("replay.json");
     let mut cmd = replay_command(args, policy, &balancer.vip, &out)?;
     eprintln!("ailb-compare: {}: replaying {} requests at speed {}", policy.title(), args.limit, args.speed());
+    let cpu_before = balancer.cpu_s();
     let start = Instant::now();
     let replayed = sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, policy, args, start)?;
+    let cpu_after = balancer.cpu_s();
     if !replayed.status.success() {
         bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
     }
@@ -51,7 +53,11 @@ pub fn run_policy(
     let gpus = gpu_outcomes(&sims, &replayed.samples.per_gpu);
     drop(balancer);
     drop(sims);
-    Ok(Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s))
+    let mut outcome =
+        Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s);
+    outcome.router_cpu_s = cpu::used(cpu_before.0, cpu_after.0);
+    outcome.daemon_cpu_s = cpu::used(cpu_before.1, cpu_after.1);
+    Ok(outcome)
 }
 
 /// Starts the fleet on port `port` (each server keeping its fake NVML state, which the agents
@@ -66,12 +72,12 @@ fn start_gpus(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<SimG
 }
 
 /// The balancer under test and what it needs running, held only to be stopped on drop. The
-/// fields drop in order: the gateway (or nginx) first, then the agents (so that they
-/// deregister), then rnacos.
+/// fields drop in order: the router process (nginx, a peer router or ailb's front door) first,
+/// then `ailb run`, then the agents (so that they deregister), then rnacos.
 struct Balancer {
+    /// nginx, a peer router, or `ailb gateway`: the userspace process on the request path.
+    router: Option<Proc>,
     daemon: Option<Daemon>,
-    /// nginx or a peer router.
-    _nginx: Option<Proc>,
     _agents: Vec<Proc>,
     _registry: Option<RnacosServer>,
     /// Where the replay sends its requests.
@@ -80,7 +86,8 @@ struct Balancer {
 
 impl Balancer {
     /// nginx for `Nginx`, the router for a peer policy; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
-    /// discovery (ready once every GPU is live in its table); else the gateway on a static config.
+    /// discovery (ready once every GPU is live in its table); else the gateway on a static config. A front-door
+    /// policy gets its ailb so, plus `ailb gateway` in the same cgroup, which the replay then addresses.
     fn start(
         args: &Args,
         ailb: &Path,
@@ -90,34 +97,69 @@ impl Balancer {
         sims: &[SimGpu],
         dir: &Path,
     ) -> anyhow::Result<Self> {
-        let none = Balancer { daemon: None, _nginx: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
+        let none = Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
         Ok(match policy {
             Policy::Nginx => {
                 let vip = format!("127.0.10.250:{port}");
-                Balancer { _nginx: Some(start_nginx(dir, &vip, sims)?), vip, ..none }
+                Balancer { router: Some(start_nginx(dir, &vip, sims)?), vip, ..none }
             }
             p if peers::binary(p).is_some() => {
                 let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
                 let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port);
                 let gpus: Vec<SocketAddrV4> = sims.iter().map(|s| s.addr).collect();
                 let router = peers::start(p, &peers::venv(), listen, metrics, &gpus, dir)?;
-                Balancer { _nginx: Some(router), vip: listen.to_string(), ..none }
+                Balancer { router: Some(router), vip: listen.to_string(), ..none }
             }
-            Policy::Ailb => {
-                let nacos = RnacosServer::start();
-                let mut agents = Vec::new();
-                for s in sims {
-                    agents.push(s.start_agent(MODEL, &nacos.url(), &args.agent_interval, dir)?);
+            p => {
+                let front_door = p.behind_front_door().map(|_| SocketAddrV4::new([127, 0, 10, 248].into(), port));
+                let extra = front_door.map(|l| front_door::toml(l, front_door::kv_bytes_per_token(sims)));
+                let mut b = start_ailb(args, ailb, cg, p, sims, dir, extra.as_deref().unwrap_or_default())?;
+                if let (Some(listen), Some(d)) = (front_door, &b.daemon) {
+                    b.router = Some(front_door::start(ailb, d.config_path(), cg, listen, dir)?);
+                    b.vip = listen.to_string();
                 }
-                let daemon = Daemon::start(ailb, &nacos_config(cg, &nacos, args));
-                wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
-                    (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
-                });
-                Balancer { daemon: Some(daemon), _agents: agents, _registry: Some(nacos), ..none }
+                b
             }
-            _ => Balancer { daemon: Some(Daemon::start(ailb, &config_for(policy, cg, sims, args))), ..none },
         })
     }
+
+    /// CPU seconds so far of the router process and of `ailb run` (`None` where there is none).
+    fn cpu_s(&self) -> (Option<f64>, Option<f64>) {
+        let router = self.router.as_ref().and_then(|r| cpu::process_cpu_s(r.child.id()));
+        (router, self.daemon.as_ref().and_then(Daemon::pid).and_then(cpu::process_cpu_s))
+    }
+}
+
+/// `ailb run` for `policy` (or the ailb behind its front door), its config ending in `extra`:
+/// for ailb in full rnacos, an agent per GPU and Nacos discovery, ready once every GPU is live
+/// in its table; else a static config.
+fn start_ailb(
+    args: &Args,
+    ailb: &Path,
+    cg: &CgroupGuard,
+    policy: Policy,
+    sims: &[SimGpu],
+    dir: &Path,
+    extra: &str,
+) -> anyhow::Result<Balancer> {
+    let none = Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
+    if policy.behind_front_door().unwrap_or(policy) != Policy::Ailb {
+        let mut cfg = config_for(policy, cg, sims, args);
+        cfg.extra.push_str(extra);
+        return Ok(Balancer { daemon: Some(Daemon::start(ailb, &cfg)), ..none });
+    }
+    let nacos = RnacosServer::start();
+    let mut agents = Vec::new();
+    for s in sims {
+        agents.push(s.start_agent(MODEL, &nacos.url(), &args.agent_interval, dir)?);
+    }
+    let mut cfg = nacos_config(policy, cg, &nacos, args);
+    cfg.extra.push_str(extra);
+    let daemon = Daemon::start(ailb, &cfg);
+    wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
+        (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
+    });
+    Ok(Balancer { daemon: Some(daemon), _agents: agents, _registry: Some(nacos), ..none })
 }
 
 /// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered: a
@@ -311,7 +353,7 @@ fn keep_records(args: &Args, policy: Policy, text: &str, daemon: Option<&Daemon>
     }
     for entry in std::fs::read_dir(dir).context("listing the run's directory")?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("agent-") && name.ends_with(".log") {
+        if (name.starts_with("agent-") && name.ends_with(".log")) || name == "gateway.log" {
             let _ = std::fs::copy(entry.path(), args.out_dir.join(format!("{}-{name}", policy.key())));
         }
     }

@@ -1,0 +1,91 @@
+//! ailb's front door as a policy: `ailb gateway` started INSIDE the child cgroup that `ailb run`
+//! attached to, reading the same config file, so that the fresh upstream connection it opens
+//! per request is the one the kernel steers. The replay sends it plain HTTP, as to nginx or a
+//! peer router: no socket tag, the conversation as `X-Session-ID` only.
+//!
+//! The memory need: the replay tags ailb's own sockets with the request's whole context (prompt
+//! plus output tokens) rounded up to whole 512-token KV blocks, times the KV bytes per token.
+//! Untagged, the gateway estimates `ceil((prompt bytes / 4 + max_tokens) * kv_bytes_per_token /
+//! 2^20)` MB; the replay's prompt text is exactly 4 bytes per token and `max_tokens` is the
+//! output length, so with `kv_bytes_per_token` set to the simulated GPUs' own value the
+//! estimate is the same context without the rounding up to whole blocks (less than one block,
+//! 256 MB, smaller). Whether a request fits a GPU's whole KV pool (whole blocks) comes out the
+//! same either way: a context fits `n` blocks exactly when its rounded-up size does.
+
+use std::net::{SocketAddrV4, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ailb_sim::GpuProfile;
+use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::CgroupGuard;
+use anyhow::{bail, Context};
+
+use super::MODEL;
+use crate::sim_gpus::{Proc, SimGpu};
+
+/// The KV bytes per token the gateway's estimate uses: the largest of the fleet's GPU
+/// profiles (every preset of the 7B fp16 model has the same, 512 KiB).
+pub fn kv_bytes_per_token(sims: &[SimGpu]) -> u64 {
+    sims.iter().filter_map(|s| GpuProfile::preset(s.profile)).map(|p| p.kv_bytes_per_token).max().unwrap_or(0)
+}
+
+/// The `[gateway]` section appended to the config of the ailb behind the front door.
+pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64) -> String {
+    format!("\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv_bytes_per_token}\n")
+}
+
+/// Starts `ailb gateway --config CONFIG` inside `cg`, its log (warnings only: an access line per
+/// request would cost host CPU the simulated GPUs share, as the peers' INFO logs would) in
+/// `dir`; returns once it accepts connections on `listen` (20 s at most). Stopped by pid on drop.
+pub fn start(ailb: &Path, config: &Path, cg: &CgroupGuard, listen: SocketAddrV4, dir: &Path) -> anyhow::Result<Proc> {
+    let log_path = dir.join("gateway.log");
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut cmd = Command::new(ailb);
+    cmd.args(["gateway", "--config"])
+        .arg(config)
+        .env("AILB_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    let mut proc = Proc { name: "ailb gateway".into(), child: spawn_in_cgroup(&mut cmd, cg.path()) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&listen.into(), Duration::from_millis(200)).is_err() {
+        if let Some(st) = proc.exited() {
+            bail!("ailb gateway exited ({st}): {}", std::fs::read_to_string(&log_path).unwrap_or_default());
+        }
+        if Instant::now() >= deadline {
+            bail!("ailb gateway did not listen on {listen} within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(proc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_names_the_model_and_its_kv_bytes() {
+        let t = toml(SocketAddrV4::new([127, 0, 10, 248].into(), 18_100), 524_288);
+        assert_eq!(
+            t,
+            "\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\n[gateway.kv_bytes_per_token]\n\"sim-7b\" = 524288\n"
+        );
+    }
+
+    #[test]
+    fn the_simulated_gpus_keep_half_a_mib_of_kv_per_token() {
+        // The replay's hint is 0.5 MB per token (DEFAULT_KV_MB_PER_TOKEN): the same figure.
+        for p in ["a100-80gb", "rtx3090-24gb"] {
+            assert_eq!(GpuProfile::preset(p).map(|p| p.kv_bytes_per_token), Some(524_288), "{p}");
+        }
+        assert_eq!(
+            (ailb_sim::replay::trace::DEFAULT_KV_MB_PER_TOKEN * (1 << 20) as f64) as u64,
+            524_288,
+            "the replay's hint per token"
+        );
+    }
+}
