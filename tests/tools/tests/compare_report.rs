@@ -127,3 +127,34 @@ fn the_json_numbers_are_unchanged() {
     let (_, workload) = workloads().into_iter().next().expect("a workload");
     check("compare.json", &format!("{:#}\n", report::json(&outcomes(), &workload)));
 }
+
+/// ailb through the socket ABI and through its front door beside two peer routers and nginx,
+/// with the routers' CPU read: the lines against the best peer (the lower E2E P95 of the two,
+/// vllm's here) and the CPU per 1,000 requests.
+#[test]
+fn the_lines_against_the_peers_are_unchanged() {
+    let with_cpu = |mut o: Outcome, router: Option<f64>, daemon: Option<f64>| {
+        o.router_cpu_s = router;
+        o.daemon_cpu_s = daemon;
+        o
+    };
+    let outs = vec![
+        outcome(Policy::RoundRobin, 1.7, 3),
+        with_cpu(outcome(Policy::Ailb, 0.5, 0), None, Some(0.04)),
+        with_cpu(outcome(Policy::AilbGateway, 0.6, 0), Some(0.3), Some(0.05)),
+        with_cpu(outcome(Policy::VllmCacheAware, 0.9, 2), Some(0.5), None),
+        with_cpu(outcome(Policy::SglangCacheAware, 1.2, 2), Some(0.7), None),
+        with_cpu(outcome(Policy::Nginx, 1.1, 1), None, None),
+    ];
+    let args = Args::parse_from(["ailb-compare", "--limit", "1000"]);
+    let (_, workload) = workloads().into_iter().next().expect("a workload");
+    let mut md = report::markdown(&args, &outs, &workload);
+    md.push_str(&report::peers(&outs, &[(Policy::SglangRoundRobin, "not installed (made up)".to_string())]));
+    check("compare-peers.md", &md);
+    let best = "ailb / best peer (vllm-router cache-aware): TTFT p95 0.56x, E2E p95 0.56x,";
+    assert!(md.contains(best), "{md}");
+    assert!(md.contains("ailb (front door) / best peer (vllm-router cache-aware): TTFT p95 0.67x"), "{md}");
+    assert!(md.contains("round robin L4 0 (kernel pick)"), "{md}");
+    assert!(md.contains("nginx L7 round robin n/a (not read)"), "{md}");
+    assert!(md.contains("ailb (front door) 15.00 s"), "0.3 s over 20 requests: {md}");
+}
