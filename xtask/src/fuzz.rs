@@ -2,14 +2,15 @@
 //! once, then runs each for N seconds from its checked-in seeds (`tests/fuzz/seeds/TARGET`) and
 //! the corpus earlier runs grew (`tests/fuzz/corpus/TARGET`, not checked in). A crash stops the
 //! run and names the input libFuzzer saved under `tests/fuzz/artifacts/TARGET`; it becomes a
-//! unit test in the crate that owns the parser.
+//! unit test in the crate that owns the parser. The binaries land in the workspace's target
+//! directory (`<target>/<host triple>/release/TARGET`), apart from the host builds.
 //!
 //! Built without a sanitizer (`-s none`): the parsers are safe Rust, so AddressSanitizer finds
 //! nothing there that the panics, the overflow checks (`-a`) and the targets' own assertions do
 //! not, and costs a slower build and run. Run `cargo +nightly fuzz run --fuzz-dir tests/fuzz
 //! TARGET` directly for an ASan build.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -24,14 +25,23 @@ pub(crate) const DEFAULT_SECONDS: u64 = 10;
 /// what one input can make a parser allocate.
 const MAX_LEN: u32 = 64 * 1024;
 
-/// cargo-fuzz's build flags, shared by `build` and `run` so that `run` reuses the build.
+/// `cargo +nightly fuzz SUB` on the fuzz crate; `build` without a sanitizer, with overflow
+/// checks, into the workspace's target directory.
 fn fuzz_cmd(sub: &str) -> Command {
     let mut cmd = util::cargo_nightly();
     cmd.args(["fuzz", sub, "--fuzz-dir", FUZZ_DIR]);
-    if sub != "list" {
-        cmd.args(["--sanitizer", "none", "--debug-assertions"]);
+    if sub == "build" {
+        cmd.args(["--sanitizer", "none", "--debug-assertions", "--target-dir"]).arg(util::target_dir());
     }
     cmd
+}
+
+/// Where `cargo fuzz build` puts a target's binary: it always builds for an explicit target
+/// triple (the host's), in release mode.
+fn binary(target: &str) -> Result<PathBuf> {
+    let version = util::output(Command::new("rustc").args(["+nightly", "-vV"])).context("asking rustc its host")?;
+    let host = version.lines().find_map(|l| l.strip_prefix("host: ")).context("no host in `rustc -vV`")?;
+    Ok(util::target_dir().join(host.trim()).join("release").join(target))
 }
 
 /// Fails with what to do when cargo-fuzz is not installed.
@@ -54,7 +64,12 @@ pub(crate) fn fuzz(seconds: u64, only: &[String]) -> Result<()> {
     let targets: Vec<&String> = all.iter().filter(|t| only.is_empty() || only.contains(t)).collect();
 
     let step = Step::start(format!("building {} fuzz target(s) (nightly, cargo-fuzz)", targets.len()));
-    util::run(fuzz_cmd("build").args(&targets)).context("building the fuzz targets")?;
+    // `cargo fuzz build` takes one target or none (all of them).
+    let mut build = fuzz_cmd("build");
+    if let [one] = targets.as_slice() {
+        build.arg(one);
+    }
+    util::run(&mut build).context("building the fuzz targets")?;
     step.done();
 
     let root = util::workspace_root().join(FUZZ_DIR);
@@ -67,31 +82,35 @@ pub(crate) fn fuzz(seconds: u64, only: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Runs the built binary itself rather than `cargo fuzz run`, which would build again first.
 fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
     let corpus = root.join("corpus").join(target);
     let seeds = root.join("seeds").join(target);
-    std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
+    let artifacts = root.join("artifacts").join(target);
+    for dir in [&corpus, &artifacts] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     if !seeds.is_dir() {
         bail!("fuzz target {target} has no seeds at {}", seeds.display());
     }
+    let bin = binary(target)?;
     // New inputs go to the first directory (the grown corpus); the seeds stay as checked in.
     let result = util::run(
-        fuzz_cmd("run")
-            .arg(target)
-            .arg(&corpus)
-            .arg(&seeds)
-            .arg("--")
+        Command::new(&bin)
+            .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg(format!("-max_total_time={seconds}"))
             .arg(format!("-max_len={MAX_LEN}"))
-            // One input taking a second is a hang; more than 2 GiB resident is a leak or a bomb.
-            .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"]),
+            // One input taking 10 s is a hang; more than 2 GiB resident is a leak or a bomb.
+            .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"])
+            .arg(&corpus)
+            .arg(&seeds),
     );
     if result.is_err() {
-        let artifacts = root.join("artifacts").join(target);
         bail!(
-            "fuzz target {target} failed: the input is in {} (rerun it with `cargo +nightly fuzz run --fuzz-dir \
-             {FUZZ_DIR} -s none -a {target} <file>`); add it as a unit test where the parser lives and fix the bug",
-            artifacts.display()
+            "fuzz target {target} failed: the input is in {} (rerun it with `{} <file>`); add it as a unit test \
+             where the parser lives and fix the bug",
+            artifacts.display(),
+            bin.display()
         );
     }
     Ok(())
