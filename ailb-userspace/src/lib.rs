@@ -11,6 +11,8 @@ pub mod discovery;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gateway;
+pub mod metadata;
 pub mod metrics;
 pub mod nacos;
 pub mod policy;

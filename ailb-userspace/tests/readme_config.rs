@@ -14,4 +14,9 @@ fn readme_config_example_is_valid() {
     let cfg = Config::parse(text, "README.md").unwrap_or_else(|e| panic!("README example: {e}"));
     let valid = cfg.validate().unwrap_or_else(|e| panic!("README example: {e}"));
     assert!(valid.models.contains_key("demo-7b"));
+    let gateway = cfg
+        .gateway
+        .validate(valid.models.keys().map(String::as_str))
+        .unwrap_or_else(|e| panic!("README example [gateway]: {e}"));
+    assert_eq!(gateway.kv_bytes_per_token.get("demo-7b"), Some(&131072));
 }

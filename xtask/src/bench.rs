@@ -91,8 +91,7 @@ fn tables() -> Result<()> {
 /// The data plane: `ailb-bench`.
 fn datapath() -> Result<()> {
     let step = Step::start("data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)");
-    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-bench"]))
-        .context("building ailb-bench")?;
+    util::build_release_bins(&["ailb-tools"], &["ailb-bench"])?;
     let bin = util::target_dir().join("release/ailb-bench");
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
@@ -104,8 +103,7 @@ fn datapath() -> Result<()> {
 /// The GPU node agent: `ailb-agent-bench`.
 fn agent() -> Result<()> {
     let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
-    util::run(util::cargo().args(["build", "--quiet", "--release", "-p", "ailb-tools", "--bin", "ailb-agent-bench"]))
-        .context("building ailb-agent-bench")?;
+    util::build_release_bins(&["ailb-tools"], &["ailb-agent-bench"])?;
     let bin = util::target_dir().join("release/ailb-agent-bench");
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
@@ -118,22 +116,7 @@ fn agent() -> Result<()> {
 /// the last run).
 fn compare() -> Result<()> {
     // ailb-compare finds ailb-sim next to itself: one build puts both there.
-    util::run(util::cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "ailb-tools",
-        "-p",
-        "ailb-sim",
-        "--bin",
-        "ailb-compare",
-        "--bin",
-        "ailb-sim",
-        "--bin",
-        "ailb-fleet-model",
-    ]))
-    .context("building ailb-compare")?;
+    util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-compare", "ailb-sim", "ailb-fleet-model"])?;
     let bin = util::target_dir().join("release/ailb-compare");
     let docs = util::workspace_root().join("docs/results");
     let trace = std::env::var_os("AILB_TRACE")

@@ -40,6 +40,7 @@ pub(crate) fn setup() -> Result<()> {
     cargo_fuzz(&mut r)?;
     apt_tools(&mut r)?;
     bpffs(&mut r)?;
+    peer_routers(&mut r);
 
     for item in &r.present {
         say!("present: {item}");
@@ -288,6 +289,65 @@ fn bpffs(r: &mut Report) -> Result<()> {
         .with_context(|| format!("mounting bpffs at {BPFFS}"))?;
     r.done.push(format!("mounted bpffs at {BPFFS}"));
     Ok(())
+}
+
+/// The peer routers `ailb-compare` runs against ailb, pinned (PyPI wheels).
+const PEER_ROUTERS: &[(&str, &str, &str)] =
+    &[("sglang-router", "0.3.2", "sglang-router"), ("vllm-router", "0.1.17", "vllm-router")];
+
+/// The peer routers in a venv under `target/peers-venv` (where `ailb-compare` looks): reused
+/// when every pinned version is there, else created and installed with pip. Never fails setup:
+/// without python3's venv or PyPI the summary says "skipped" and the comparison reports the
+/// peers as not installed.
+fn peer_routers(r: &mut Report) {
+    let venv = util::workspace_root().join("target/peers-venv");
+    let pins: Vec<String> = PEER_ROUTERS.iter().map(|(pkg, v, _)| format!("{pkg}=={v}")).collect();
+    let python = venv.join("bin/python3");
+    let have = |pkg: &str, version: &str| {
+        util::output(Command::new(&python).args(["-m", "pip", "show", pkg]))
+            .is_ok_and(|out| out.lines().any(|l| l.trim() == format!("Version: {version}")))
+    };
+    let all_there = || PEER_ROUTERS.iter().all(|(pkg, v, bin)| venv.join("bin").join(bin).is_file() && have(pkg, v));
+    if all_there() {
+        r.present.push(format!("peer routers {} ({})", pins.join(", "), venv.display()));
+        return;
+    }
+    let step = Step::start(format!("installing the peer routers {} into {}", pins.join(", "), venv.display()));
+    if !python.is_file() {
+        if let Err(e) = util::run(Command::new("python3").arg("-m").arg("venv").arg(&venv)) {
+            r.skipped.push(format!(
+                "peer routers: python3 -m venv {} failed ({e:#}); apt-get install python3-venv",
+                venv.display()
+            ));
+            return;
+        }
+    }
+    let pip = util::run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--timeout",
+                "20",
+                "--retries",
+                "1",
+            ])
+            .args(&pins),
+    );
+    match pip {
+        Ok(()) if all_there() => {
+            step.done();
+            r.done.push(format!("installed the peer routers {} into {}", pins.join(", "), venv.display()));
+        }
+        Ok(()) => r.skipped.push(format!("peer routers: pip installed {} but a router binary is missing", pins.join(", "))),
+        Err(e) => r.skipped.push(format!(
+            "peer routers: pip install {} failed ({e:#}; is PyPI reachable?): ailb-compare reports them as not installed",
+            pins.join(" ")
+        )),
+    }
 }
 
 #[cfg(test)]

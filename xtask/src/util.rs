@@ -157,3 +157,17 @@ pub(crate) fn mounted_at(dir: &str, fstype: &str) -> Result<bool> {
         matches!((f.next(), f.next(), f.next()), (Some(_), Some(d), Some(t)) if d == dir && t == fstype)
     }))
 }
+
+/// Builds the release binaries `bins` of `packages` in one cargo run (the tools find each other
+/// next to themselves, so they must land in one target directory), into `target_dir()/release`.
+pub(crate) fn build_release_bins(packages: &[&str], bins: &[&str]) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--quiet", "--release"]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    for b in bins {
+        cmd.args(["--bin", b]);
+    }
+    run(&mut cmd).with_context(|| format!("building {}", bins.join(", ")))
+}

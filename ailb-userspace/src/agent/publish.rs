@@ -1,7 +1,7 @@
 //! What an instance publishes and when: pure functions, no I/O.
 //!
 //! [`Values`] are the dynamic readings of one sample; [`metadata`] turns them and the static
-//! fields into the contract's string map (keys and formats from [`crate::policy::metadata`],
+//! fields into the contract's string map (keys and formats from [`crate::metadata`],
 //! docs/metadata.md); [`moved`] decides whether a new sample differs enough from the last
 //! published one to be worth a Nacos write.
 
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use super::config::{Thresholds, ValidInstance};
 use crate::{
-    policy::metadata::{format_gb, format_number, keys},
+    metadata::{format_gb, format_number, keys},
     telemetry::{GpuSample, ServerSample},
 };
 

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod explain;
+pub mod gateway;
 pub mod run;
 pub mod status;
 
@@ -24,6 +25,13 @@ enum Command {
     /// Run the gateway daemon: load, pin and attach the programs and keep the tables in step
     /// with the config (SIGHUP reloads it). Without --config: the embedded loopback demo.
     Run {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run the front door: an OpenAI-style HTTP server that opens a fresh, tagged upstream
+    /// connection per request. Run it unprivileged INSIDE the cgroup `ailb run` attaches to.
+    /// Reads the catalog and `[gateway]` of the same config (without --config: the embedded default).
+    Gateway {
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -81,8 +89,10 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     let result = match cli.command {
         Command::Run { config } => run::run(config.as_deref()),
-        Command::Check { config } => config::load_valid(config.as_deref())
-            .map(|c| {
+        Command::Gateway { config } => gateway::gateway(config.as_deref()),
+        // The whole file, `[gateway]` included (which `ailb run` itself does not read).
+        Command::Check { config } => crate::gateway::load(config.as_deref())
+            .map(|(c, _)| {
                 println!("config ok: {} model(s), {} static backend(s)", c.models.len(), c.backends.len());
             })
             .map_err(anyhow::Error::from),

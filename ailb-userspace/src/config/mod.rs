@@ -35,6 +35,9 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     #[serde(default)]
     pub policy: crate::policy::PolicyConfig,
+    /// The front door's `[gateway]` (`ailb gateway`); `ailb run` does not use it.
+    #[serde(default)]
+    pub gateway: crate::gateway::GatewayConfig,
 }
 
 /// One model of the catalog.

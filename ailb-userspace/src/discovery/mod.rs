@@ -1,6 +1,6 @@
 //! Where backends come from. Output: an immutable [`Snapshot`] of instances with their
 //! registry flags and metadata, as the source reported it and typed by the metadata contract
-//! ([`crate::policy::metadata`]): deciding eligibility is the policy's job.
+//! ([`crate::metadata`]): deciding eligibility is the policy's job.
 
 pub mod nacos;
 mod static_source;
@@ -9,7 +9,7 @@ use std::net::SocketAddrV4;
 
 pub use static_source::{from_static, StaticBackend};
 
-use crate::policy::metadata::InstanceMetadata;
+use crate::metadata::InstanceMetadata;
 
 /// One backend instance as discovered, before any policy.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 use std::net::SocketAddrV4;
 
 use super::{Instance, Snapshot};
-use crate::policy::metadata::{Declared, InstanceMetadata};
+use crate::metadata::{Declared, InstanceMetadata};
 
 /// One `[[backends]]` entry of the config, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]

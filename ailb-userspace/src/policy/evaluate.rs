@@ -8,11 +8,11 @@ use super::{
     config::PolicyConfig,
     explain::{num, BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
     factors::{load_factor, smooth, UtilBand},
-    metadata::{keys, shorten, Field, HealthStatus, InvalidField, Metadata},
     weights::MAX_WEIGHT,
     BackendMemory, ModelSpec,
 };
 use crate::discovery::Instance;
+use crate::metadata::{keys, shorten, Field, HealthStatus, InvalidField, Metadata};
 
 /// Smallest registry weight ailb resolves (the table holds 3 significant digits); below it,
 /// drain with 0. Largest: [`MAX_WEIGHT`], the static source's limit and above

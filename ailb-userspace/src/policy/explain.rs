@@ -3,10 +3,8 @@
 
 use serde::{de, Deserialize, Deserializer, Serialize};
 
-use super::{
-    factors::UtilBand,
-    metadata::{keys, InvalidField},
-};
+use super::factors::UtilBand;
+use crate::metadata::{keys, InvalidField};
 
 /// The rule that excluded a backend. `as_str` is a stable name for logs and metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

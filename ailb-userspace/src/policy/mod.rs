@@ -22,12 +22,12 @@ mod config;
 mod evaluate;
 mod explain;
 mod factors;
-pub mod metadata;
 mod weights;
 
 #[cfg(test)]
 mod tests;
 
+use crate::metadata;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddrV4,

@@ -472,6 +472,7 @@ mod tests {
             max_tokens: out,
             hash_ids: vec![],
             model: "m".into(),
+            tag_socket: true,
         }
     }
 

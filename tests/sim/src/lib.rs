@@ -5,21 +5,41 @@
 //!
 //! [`gpu`] is the pure model of one GPU (KV blocks, prefix cache, batch slots, queue);
 //! [`server`] is its HTTP layer; [`fleet_model`] runs a fleet of them in simulated time under a
-//! placement; [`replay`] reads the Mooncake trace or makes a synthetic mix and sends it.
+//! placement; [`replay`] reads the Mooncake trace or makes a synthetic mix and sends it;
+//! [`text`] turns block ids into prompt text and prompt text into block keys.
 //!
-//! # Request extension
+//! # Prompts: text, and the block keys the server derives from it
 //!
-//! A replay knows token counts and prefix block ids, not text. `POST /v1/chat/completions`
-//! therefore accepts, besides the usual OpenAI body,
+//! `POST /v1/chat/completions` takes the usual OpenAI body. The prompt is the messages' text
+//! concatenated (a string `content`, or the `text` of its parts), counted as `bytes / 4`
+//! tokens ([`text::BYTES_PER_TOKEN`], about 4 bytes per English token). Its prefix-cache
+//! block keys come from that text ([`text::block_keys`]): chunks of 2,048 bytes (512 tokens of
+//! that approximation, the KV block), each key the hash of the previous key and the chunk, as
+//! vLLM chains its block hashes; two prompts that share their first k chunks share exactly k
+//! keys, and the GPU model ([`gpu`]) caches blocks by key.
+//!
+//! The replay knows a trace request only as token counts and the ids of its 512-token blocks;
+//! it renders each id as 2,048 bytes of words drawn by a PRNG seeded with the id
+//! ([`text::block_text`], the same text for the same id) and sends the blocks' text in order,
+//! the last cut to the prompt's length, as one user message ([`text::prompt_text`]). So the
+//! server, and any router in between, sees only text: a request's tokens are the trace's
+//! `input_length`, its keys stand for its `hash_ids` one for one, and the cache hits on the
+//! trace are those the ids gave (checked in `docs/replay.md`). Unlike vLLM the partial last
+//! chunk gets a key too, since the trace's ids include the partial last block.
+//!
+//! ## Side channel (tests only)
+//!
+//! A body may instead carry
 //!
 //! ```json
 //! "ailb_sim": {"prompt_tokens": 8192, "hash_ids": [17, 18, 19], "max_tokens": 64}
 //! ```
 //!
-//! `prompt_tokens` is required in it; `hash_ids` (the ids of the prompt's 512-token blocks, as
-//! in the Mooncake trace) default to none, `max_tokens` to the body's `max_tokens` (or
-//! `max_completion_tokens`), then 16. Without the extension the prompt is `bytes / 4` tokens of
-//! the messages' text and nothing is cached.
+//! which sets the token count and the block keys directly and ignores the text: the HTTP tests
+//! of the model (`tests/sim/tests/sim_http.rs`) use it to state a 16-block prompt or an
+//! oversized one in a few bytes. `prompt_tokens` is required in it; `hash_ids` default to none,
+//! `max_tokens` to the body's `max_tokens` (or `max_completion_tokens`), then 16. The replay
+//! never sends it.
 //!
 //! # Answers
 //!
@@ -40,6 +60,7 @@ pub mod gpu;
 pub mod poll;
 pub mod replay;
 pub mod server;
+pub mod text;
 
 pub use gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started, BLOCK_TOKENS};
 pub use poll::wait_until;

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started};
+use crate::text;
 
 /// How to run one simulated server.
 #[derive(Debug, Clone)]
@@ -241,11 +242,14 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
             let Some(msgs) = v["messages"].as_array() else {
                 return Err("messages: missing or not an array".into());
             };
-            let bytes: usize = msgs.iter().map(|m| content_len(&m["content"])).sum();
+            let mut text = Vec::new();
+            for m in msgs {
+                push_content(&m["content"], &mut text);
+            }
             SimRequest {
-                prompt_tokens: (bytes as u64 / 4).max(1),
+                prompt_tokens: text::tokens_of(text.len()),
                 max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
-                hash_ids: Vec::new(),
+                hash_ids: text::block_keys(&text),
             }
         }
         ext @ Value::Object(_) => {
@@ -272,11 +276,16 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
     })
 }
 
-fn content_len(c: &Value) -> usize {
+/// Appends a message's text (a string, or the `text` of its parts) to the prompt.
+fn push_content(c: &Value, out: &mut Vec<u8>) {
     match c {
-        Value::String(s) => s.len(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).map(str::len).sum(),
-        _ => 0,
+        Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Array(parts) => {
+            for t in parts.iter().filter_map(|p| p["text"].as_str()) {
+                out.extend_from_slice(t.as_bytes());
+            }
+        }
+        _ => {}
     }
 }
 

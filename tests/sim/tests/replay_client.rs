@@ -29,9 +29,10 @@ enum Mode {
 }
 
 /// Reads one HTTP request and returns its JSON body.
-fn read_request(s: &mut TcpStream) -> Value {
+/// The request's JSON body and its `X-Session-ID` header.
+fn read_request(s: &mut TcpStream) -> (Value, Option<String>) {
     let mut r = BufReader::new(s.try_clone().expect("clone"));
-    let (mut line, mut len) = (String::new(), 0usize);
+    let (mut line, mut len, mut session) = (String::new(), 0usize, None);
     loop {
         line.clear();
         r.read_line(&mut line).expect("read request head");
@@ -42,10 +43,13 @@ fn read_request(s: &mut TcpStream) -> Value {
         if let Some(v) = l.strip_prefix("content-length:") {
             len = v.trim().parse().expect("content length");
         }
+        if l.starts_with("x-session-id:") {
+            session = line.trim_end().split_once(':').map(|(_, v)| v.trim().to_string());
+        }
     }
     let mut body = vec![0; len];
     r.read_exact(&mut body).expect("read request body");
-    serde_json::from_slice(&body).expect("request body is JSON")
+    (serde_json::from_slice(&body).expect("request body is JSON"), session)
 }
 
 fn serve(mut s: TcpStream, mode: Mode, backend: &str) {
@@ -89,7 +93,7 @@ fn serve(mut s: TcpStream, mode: Mode, backend: &str) {
 
 /// A fake server on 127.0.0.1 that serves `conns` connections (each on its own thread) and
 /// hands every request body to the returned receiver.
-fn fake(mode: Mode, conns: usize) -> (SocketAddrV4, Receiver<Value>) {
+fn fake(mode: Mode, conns: usize) -> (SocketAddrV4, Receiver<(Value, Option<String>)>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     let addr = match l.local_addr().expect("local addr") {
         std::net::SocketAddr::V4(a) => a,
@@ -121,6 +125,7 @@ fn spec(index: usize, at_ms: u64, conversation: &str) -> RequestSpec {
         max_tokens: 2,
         hash_ids: vec![0, 5, 6],
         model: "sim-7b".into(),
+        tag_socket: true,
     }
 }
 
@@ -146,13 +151,17 @@ fn streamed_response_gives_ttft_e2e_tokens_cache_and_backend() {
         assert_eq!(rec.cached_tokens, Some(1024));
         assert_eq!(rec.backend.as_deref(), Some("fake-0"), "system_fingerprint");
         assert!(!rec.tagged, "no ailb here: setsockopt must have said ENOPROTOOPT");
-        let body = bodies.recv_timeout(Duration::from_secs(5)).expect("the server saw a body");
+        let (body, session) = bodies.recv_timeout(Duration::from_secs(5)).expect("the server saw a body");
         assert_eq!(body["stream"], true);
         assert_eq!(body["model"], "sim-7b");
-        assert_eq!(body["ailb_sim"]["prompt_tokens"], 1200);
-        assert_eq!(body["ailb_sim"]["max_tokens"], 2);
-        assert_eq!(body["ailb_sim"]["hash_ids"], serde_json::json!([0, 5, 6]));
+        // The prompt as text, no side channel: blocks 0, 5, 6 rendered, 1200 tokens of 4 bytes.
+        let content = body["messages"][0]["content"].as_str().expect("a text prompt");
+        assert_eq!(content, ailb_sim::text::prompt_text(&[0, 5, 6], 1200, 0));
+        assert_eq!(content.len(), 4800);
+        assert_eq!(body["max_tokens"], 2);
+        assert!(body.get("ailb_sim").is_none(), "{body}");
         assert_eq!(body["stream_options"]["include_usage"], true);
+        assert_eq!(session.as_deref(), Some("conv-5"), "the conversation as X-Session-ID");
     }
 }
 

@@ -168,9 +168,14 @@ fn trace_selection_scales_start_and_limit_and_tags_memory() {
     assert_eq!(specs[0].memory_mb, 256, "(100 + 28) tokens -> one 512-token block x 0.5 MB");
     let body = specs[0].body();
     assert_eq!(body["stream"], true);
-    assert_eq!(body["ailb_sim"]["prompt_tokens"], 100);
-    assert_eq!(body["ailb_sim"]["max_tokens"], 28);
-    assert_eq!(body["ailb_sim"]["hash_ids"], serde_json::json!([3]));
+    assert_eq!(body["max_tokens"], 28);
+    let prompt = ailb_sim::text::prompt_text(&[3], 100, 0);
+    assert_eq!(body["messages"][0]["content"], prompt.as_str(), "block 3 as text, no side channel");
+    // What the simulator reads back from the text: the trace's token counts and block 3's key.
+    let parsed = ailb_sim::parse_chat(body.to_string().as_bytes()).expect("the replay's body parses");
+    assert_eq!((parsed.sim.prompt_tokens, parsed.sim.max_tokens), (100, 28));
+    assert_eq!(parsed.sim.hash_ids, ailb_sim::text::block_keys(prompt.as_bytes()));
+    assert_eq!(parsed.sim.hash_ids.len(), 1);
 }
 
 /// The hint counts whole 512-token KV blocks, the unit a paged KV cache (and `ailb-sim`) allocates.

@@ -239,6 +239,29 @@ fn cached_prefix_skips_prefill_and_sse_is_well_formed() {
 }
 
 #[test]
+fn text_prompts_sharing_leading_blocks_hit_the_cache() {
+    // No side channel: the server keys its cache on 2048-byte chunks of the text it receives.
+    let sim = Sim::start(&["--time-scale", "100"]);
+    let text_body = |ids: &[u64], tokens: u64| {
+        json!({"model": "m", "max_tokens": 2,
+               "messages": [{"role": "user", "content": ailb_sim::text::prompt_text(ids, tokens, 0)}]})
+    };
+    let first = sim.chat(&text_body(&[0, 1, 2], 1500)).json();
+    assert_eq!(first["usage"]["prompt_tokens"], 1500);
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // Shares blocks 0 and 1 (and nothing after them) with the first.
+    let second = sim.chat(&text_body(&[0, 1, 3, 4], 1800)).json();
+    assert_eq!(second["usage"]["prompt_tokens"], 1800);
+    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], 2 * 512);
+    // The same blocks in another order share nothing: each key chains its whole prefix.
+    let third = sim.chat(&text_body(&[1, 0], 1024)).json();
+    assert_eq!(third["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let state = sim.get("/sim/state").json();
+    assert_eq!(state["counters"]["prefix_hit_blocks"], 2);
+    assert_eq!(state["kv_blocks_cached"], 3 + 2 + 2);
+}
+
+#[test]
 fn request_that_can_never_fit_is_a_400_out_of_memory_error() {
     let sim = Sim::start(&["--profile", "rtx3090-24gb", "--time-scale", "100"]);
     // 43 blocks of 512 tokens = 22,016 tokens.

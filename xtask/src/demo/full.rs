@@ -26,21 +26,7 @@ pub(crate) fn run(duration: Option<u64>, demo_args: &[OsString]) -> Result<()> {
     build::build(true)?;
     // ailb-demo finds ailb-sim and ailb-replay next to itself: one build puts all three there.
     let step = Step::start("building the demo: ailb-demo, ailb-sim, ailb-replay (release)");
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "ailb-tools",
-        "-p",
-        "ailb-sim",
-        "--bin",
-        "ailb-demo",
-        "--bin",
-        "ailb-sim",
-        "--bin",
-        "ailb-replay",
-    ]))
-    .context("building the demo binaries")?;
+    util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-demo", "ailb-sim", "ailb-replay"])?;
     step.done();
 
     install_stop_handler()?;

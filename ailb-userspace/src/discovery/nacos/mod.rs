@@ -17,12 +17,12 @@ use std::{collections::HashMap, time::Duration};
 
 use super::{Instance, ServiceInfo, Snapshot};
 use crate::{
+    metadata::InstanceMetadata,
     nacos::{
         http::{ReqwestTransport, Transport},
         push::PushReceiver,
         NacosApi, NacosError, Session, ValidNacos,
     },
-    policy::metadata::InstanceMetadata,
 };
 
 /// The Nacos discovery source. `T` is the HTTP seam; the daemon uses the default.

@@ -157,7 +157,8 @@ fn main() {
     let mut specs = specs(&args);
     if args.untagged {
         for s in &mut specs {
-            s.conversation.clear();
+            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
+            s.tag_socket = false;
             s.memory_mb = 0;
         }
     }

@@ -1,6 +1,7 @@
-//! Replays one request: a TCP socket tagged through the ailb client ABI before `connect()`,
-//! `POST /v1/chat/completions` with `"stream": true` and the `ailb_sim` extension, and the SSE
-//! stream read to the end, timing the first token and the last byte.
+//! Replays one request: a TCP socket tagged through the ailb client ABI before `connect()`
+//! (unless the spec says not to), `POST /v1/chat/completions` with `"stream": true`, the
+//! prompt as text and the conversation as `X-Session-ID`, and the SSE stream read to the end,
+//! timing the first token and the last byte.
 //!
 //! What the client reads back from the server, all optional: the standard OpenAI usage chunk
 //! (`usage.completion_tokens`, `usage.prompt_tokens_details.cached_tokens`, asked for with
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 use ailb_common::abi::MAX_CONVERSATION_LEN;
 use ailb_common::client::{self, Tags};
 use serde_json::{json, Value};
+
+use crate::text;
 
 /// Largest response header block accepted.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -38,18 +41,24 @@ pub struct RequestSpec {
     pub max_tokens: u32,
     pub hash_ids: Vec<u64>,
     pub model: String,
+    /// Whether the socket carries the conversation and memory tags of the ailb client ABI
+    /// (`false`: a client of an L4 or L7 balancer, which knows neither). The conversation is
+    /// sent as `X-Session-ID` either way.
+    pub tag_socket: bool,
 }
 
 impl RequestSpec {
-    /// The JSON body: an OpenAI chat completion request, streamed, plus `ailb_sim`.
+    /// The JSON body: an OpenAI chat completion request, streamed, whose one user message is
+    /// the prompt's text ([`text::prompt_text`]: each block id rendered as the same 512 tokens
+    /// of text), so that the server and any router in between see only text, no block ids.
     pub fn body(&self) -> Value {
+        let prompt = text::prompt_text(&self.hash_ids, u64::from(self.prompt_tokens), self.index as u64);
         json!({
             "model": self.model,
-            "messages": [{"role": "user", "content": format!("replayed request {} of {}", self.index, self.conversation)}],
+            "messages": [{"role": "user", "content": prompt}],
             "stream": true,
             "stream_options": {"include_usage": true},
             "max_tokens": self.max_tokens,
-            "ailb_sim": {"prompt_tokens": self.prompt_tokens, "hash_ids": self.hash_ids, "max_tokens": self.max_tokens},
         })
     }
 }
@@ -137,11 +146,13 @@ fn exchange(
     rec: &mut RequestRecord,
 ) -> Result<(), String> {
     let deadline = start + timeout;
-    let mut stream = connect_tagged(vip, &spec.conversation, spec.memory_mb, timeout, &mut rec.tagged)?;
+    let (conv, memory_mb) = if spec.tag_socket { (spec.conversation.as_str(), spec.memory_mb) } else { ("", 0) };
+    let mut stream = connect_tagged(vip, conv, memory_mb, timeout, &mut rec.tagged)?;
     let body = spec.body().to_string();
+    let session = session_header(&spec.conversation);
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {vip}\r\nContent-Type: application/json\r\n\
-         Accept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+         Accept: text/event-stream\r\n{session}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream
@@ -202,6 +213,17 @@ fn exchange(
         return Err("stream ended without data: [DONE]".to_string());
     }
     Ok(())
+}
+
+/// The `X-Session-ID` header line of a conversation (what vLLM's router hashes for
+/// `consistent_hash`), empty for none; a conversation that is not a valid header value is not sent.
+fn session_header(conversation: &str) -> String {
+    let valid = !conversation.is_empty() && conversation.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    if valid {
+        format!("X-Session-ID: {conversation}\r\n")
+    } else {
+        String::new()
+    }
 }
 
 /// A TCP socket tagged with the conversation and the memory need, connected to `vip`.

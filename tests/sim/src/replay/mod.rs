@@ -3,7 +3,9 @@
 //! ([`client`]) at time-scaled arrival times, summarised by [`stats`].
 //!
 //! Every request tags its socket with its conversation and its memory need through the ailb
-//! client ABI before connecting; without ailb (`ENOPROTOOPT`) it connects untagged.
+//! client ABI before connecting (unless [`RequestSpec::tag_socket`] is off); without ailb
+//! (`ENOPROTOOPT`) it connects untagged. The prompt goes as text ([`crate::text`]), the
+//! conversation as the `X-Session-ID` header.
 
 pub mod client;
 pub mod stats;
@@ -78,6 +80,7 @@ pub fn trace_specs(requests: &[TraceRequest], conversations: &[String], sel: &Tr
             max_tokens: r.output_length,
             hash_ids: r.hash_ids.clone(),
             model: sel.model.clone(),
+            tag_socket: true,
         })
         .collect()
 }
@@ -97,6 +100,7 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
             max_tokens: r.output_length,
             hash_ids: r.hash_ids,
             model: model.to_string(),
+            tag_socket: true,
         })
         .collect()
 }

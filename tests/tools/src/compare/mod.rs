@@ -11,7 +11,8 @@
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
-//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,nginx]
+//!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,nginx,
+//!               sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH]
 //!              [--sim-bin PATH]
 //! ```
@@ -35,9 +36,14 @@
 //! - `ailb-static`: the same data plane on a static config: weights 3 / 1, each backend's
 //!   `free_memory_mb` fixed at its KV budget, no telemetry. Tagged like `ailb`.
 //! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
+//! - `sglang-cache-aware`, `sglang-round-robin`, `vllm-cache-aware`, `vllm-consistent-hash`:
+//!   the routers users would pick instead ([`peers`]: `sglang-router` 0.3.2, `vllm-router`
+//!   0.1.17 from `target/peers-venv`), untagged, no ailb; they read the prompt text and the
+//!   `X-Session-ID` header the replay sends. A router that is not installed is reported as such.
 
 pub mod args;
 pub mod outcome;
+pub mod peers;
 pub mod plots;
 pub mod policy;
 pub mod report;
@@ -70,7 +76,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         return replay_worker(&args, vip, &out);
     }
     args.validate()?;
-    let policies = policies(&args)?;
+    let (policies, not_run) = policies(&args)?;
     let specs = build_specs(&args)?;
     let workload = Workload::of(&specs, &args);
     let ailb = preflight();
@@ -88,26 +94,41 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         );
         outs.push(out);
     }
-    let md = write_reports(&args, &outs, &workload)?;
+    let md = write_reports(&args, &outs, &workload, &not_run)?;
     println!("{md}");
     Ok(())
 }
 
-/// `--policies`, without nginx when it is not installed.
-fn policies(args: &Args) -> anyhow::Result<Vec<Policy>> {
+/// A policy asked for that could not run, and why.
+pub type NotRun = (Policy, String);
+
+/// `--policies`, without nginx when it is not installed; and the peer routers that are not
+/// installed, with the reason (a row of their own in the report).
+fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
     let mut policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
     let have_nginx = Command::new("nginx").arg("-v").stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     if policies.contains(&Policy::Nginx) && !have_nginx {
         eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");
         policies.retain(|p| *p != Policy::Nginx);
     }
-    Ok(policies)
+    let venv = peers::venv();
+    let mut not_run = Vec::new();
+    policies.retain(|p| match peers::missing(*p, &venv) {
+        Some(why) => {
+            eprintln!("ailb-compare: {}: {why}: skipping it", p.title());
+            not_run.push((*p, why));
+            false
+        }
+        None => true,
+    });
+    Ok((policies, not_run))
 }
 
 /// Writes `replay.md`, `replay-cdf.svg` and `replay-util.svg` under `--out-dir` (and `--json`);
 /// returns the Markdown.
-fn write_reports(args: &Args, outs: &[Outcome], workload: &Workload) -> anyhow::Result<String> {
-    let md = report::markdown(args, outs, workload);
+fn write_reports(args: &Args, outs: &[Outcome], workload: &Workload, not_run: &[NotRun]) -> anyhow::Result<String> {
+    let mut md = report::markdown(args, outs, workload);
+    md.push_str(&report::peers(outs, not_run));
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
     std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)).context("writing replay-cdf.svg")?;
@@ -168,7 +189,8 @@ fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
     let mut specs = build_specs(args)?;
     if args.untagged {
         for s in &mut specs {
-            s.conversation.clear();
+            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
+            s.tag_socket = false;
             s.memory_mb = 0;
         }
     }

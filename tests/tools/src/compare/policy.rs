@@ -18,6 +18,10 @@ pub enum Policy {
     Ailb,
     AilbStatic,
     Nginx,
+    SglangCacheAware,
+    SglangRoundRobin,
+    VllmCacheAware,
+    VllmConsistentHash,
 }
 
 impl Policy {
@@ -29,7 +33,14 @@ impl Policy {
             "ailb" => Self::Ailb,
             "ailb-static" => Self::AilbStatic,
             "nginx" => Self::Nginx,
-            other => bail!("unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, nginx)"),
+            "sglang-cache-aware" => Self::SglangCacheAware,
+            "sglang-round-robin" => Self::SglangRoundRobin,
+            "vllm-cache-aware" => Self::VllmCacheAware,
+            "vllm-consistent-hash" => Self::VllmConsistentHash,
+            other => bail!(
+                "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, nginx, \
+                 sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
+            ),
         })
     }
     /// Whether the replay tags this policy's sockets with the conversation and memory need:
@@ -47,6 +58,10 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb-static",
             Self::Nginx => "nginx",
+            Self::SglangCacheAware => "sglang-cache-aware",
+            Self::SglangRoundRobin => "sglang-round-robin",
+            Self::VllmCacheAware => "vllm-cache-aware",
+            Self::VllmConsistentHash => "vllm-consistent-hash",
         }
     }
     /// The policy's name in the report.
@@ -58,6 +73,10 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb, static config",
             Self::Nginx => "nginx L7 round robin",
+            Self::SglangCacheAware => "sglang-router cache-aware",
+            Self::SglangRoundRobin => "sglang-router round robin",
+            Self::VllmCacheAware => "vllm-router cache-aware",
+            Self::VllmConsistentHash => "vllm-router consistent hash",
         }
     }
 }
@@ -111,8 +130,8 @@ pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args
             cfg.load_factor = args.ailb_load_factor;
             cfg.affinity_wait = affinity_wait(args);
         }
-        // Never started for nginx (it proxies instead of ailb); the defaults would do.
-        Policy::Nginx => {}
+        // Never started for nginx and the peer routers (they proxy instead of ailb).
+        _ => {}
     }
     for s in sims {
         let addr = s.addr.to_string();

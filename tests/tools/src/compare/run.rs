@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::args::Args;
 use super::outcome::{GpuOutcome, Outcome};
+use super::peers;
 use super::policy::{config_for, nacos_config, Policy};
 use super::{Workload, MODEL, VIP};
 use crate::sim_gpus::{self, sibling_bin, Proc, SimGpu, SimOpts};
@@ -69,6 +70,7 @@ fn start_gpus(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<SimG
 /// deregister), then rnacos.
 struct Balancer {
     daemon: Option<Daemon>,
+    /// nginx or a peer router.
     _nginx: Option<Proc>,
     _agents: Vec<Proc>,
     _registry: Option<RnacosServer>,
@@ -77,7 +79,7 @@ struct Balancer {
 }
 
 impl Balancer {
-    /// nginx for `Nginx`; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
+    /// nginx for `Nginx`, the router for a peer policy; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
     /// discovery (ready once every GPU is live in its table); else the gateway on a static config.
     fn start(
         args: &Args,
@@ -93,6 +95,13 @@ impl Balancer {
             Policy::Nginx => {
                 let vip = format!("127.0.10.250:{port}");
                 Balancer { _nginx: Some(start_nginx(dir, &vip, sims)?), vip, ..none }
+            }
+            p if peers::binary(p).is_some() => {
+                let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
+                let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port);
+                let gpus: Vec<SocketAddrV4> = sims.iter().map(|s| s.addr).collect();
+                let router = peers::start(p, &peers::venv(), listen, metrics, &gpus, dir)?;
+                Balancer { _nginx: Some(router), vip: listen.to_string(), ..none }
             }
             Policy::Ailb => {
                 let nacos = RnacosServer::start();

@@ -1,0 +1,261 @@
+//! The `[gateway]` section of the config file: serde types with documented defaults, and
+//! [`GatewayConfig::validate`] that turns them into a [`ValidGateway`] or an
+//! [`ConfigError::InvalidValue`] naming the field and the value. `ailb run` ignores the
+//! section; `ailb gateway` reads it together with the model catalog (`[[models]]`,
+//! `[[services]]`) of the same file.
+//!
+//! ```toml
+//! [gateway]
+//! listen = ["127.0.0.1:8080"]
+//! max_body_bytes = 33554432        # 32 MiB
+//! max_concurrent = 1024
+//! header_timeout = "30s"
+//! connect_timeout = "5s"
+//! idle_timeout = "5m"
+//! total_timeout = "30m"
+//! session_header = "x-user-session"
+//! completion_prefix_bytes = 1024
+//! [gateway.kv_bytes_per_token]
+//! "demo-7b" = 131072
+//! ```
+//!
+//! `kv_bytes_per_token` lives here rather than in `[[models]]`: it is only the front door's
+//! estimate of a request's memory, the kernel and `ailb run` never use it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hyper::header::HeaderName;
+use serde::Deserialize;
+
+use crate::validate::{parse_duration, ConfigError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Addresses the front door listens on ("ip:port"). Default `["127.0.0.1:8080"]`.
+    #[serde(default = "default_listen")]
+    pub listen: Vec<String>,
+    /// Largest request body read; a larger one gets 413. Default 32 MiB.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: u64,
+    /// Requests served at once; one more gets 429. Default 1024.
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: u32,
+    /// Longest wait for a client's request head. Default "30s".
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: String,
+    /// Longest wait for the upstream connect (the kernel's pick happens inside it). Default "5s".
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: String,
+    /// Longest silence of the upstream: before its response head, and between two body
+    /// frames (tokens of a stream). Default "5m".
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: String,
+    /// Longest whole request, from its head to the response's last byte. Default "30m".
+    #[serde(default = "default_total_timeout")]
+    pub total_timeout: String,
+    /// One more request header that carries a conversation id (after `X-Session-ID`, the
+    /// body's `prompt_cache_key` and the `llm-d-session` cookie). Default: none.
+    #[serde(default)]
+    pub session_header: Option<String>,
+    /// Bytes of a `/v1/completions` prompt that, with the model, make the derived
+    /// conversation key. Default 1024.
+    #[serde(default = "default_prefix_bytes")]
+    pub completion_prefix_bytes: usize,
+    /// Per model (by catalog name): KV-cache bytes per token, for the memory estimate of
+    /// requests that give none. Default: empty (no estimate).
+    #[serde(default)]
+    pub kv_bytes_per_token: BTreeMap<String, u64>,
+}
+
+fn default_listen() -> Vec<String> {
+    vec!["127.0.0.1:8080".to_string()]
+}
+fn default_max_body() -> u64 {
+    32 * 1024 * 1024
+}
+fn default_max_concurrent() -> u32 {
+    1024
+}
+fn default_header_timeout() -> String {
+    "30s".to_string()
+}
+fn default_connect_timeout() -> String {
+    "5s".to_string()
+}
+fn default_idle_timeout() -> String {
+    "5m".to_string()
+}
+fn default_total_timeout() -> String {
+    "30m".to_string()
+}
+fn default_prefix_bytes() -> usize {
+    1024
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            max_body_bytes: default_max_body(),
+            max_concurrent: default_max_concurrent(),
+            header_timeout: default_header_timeout(),
+            connect_timeout: default_connect_timeout(),
+            idle_timeout: default_idle_timeout(),
+            total_timeout: default_total_timeout(),
+            session_header: None,
+            completion_prefix_bytes: default_prefix_bytes(),
+            kv_bytes_per_token: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[gateway]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidGateway {
+    pub listen: Vec<SocketAddr>,
+    pub max_body_bytes: u64,
+    pub max_concurrent: u32,
+    pub header_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Duration,
+    pub session_header: Option<HeaderName>,
+    pub completion_prefix_bytes: usize,
+    pub kv_bytes_per_token: BTreeMap<String, u64>,
+}
+
+/// A duration that must be above zero.
+fn positive(field: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = parse_duration(field, value)?;
+    if d.is_zero() {
+        return Err(ConfigError::invalid(field, value, "must be above zero"));
+    }
+    Ok(d)
+}
+
+impl GatewayConfig {
+    /// Checks every field; `models` is the catalog (names of `[[models]]` and `[[services]]`).
+    pub fn validate<'a>(&self, models: impl IntoIterator<Item = &'a str>) -> Result<ValidGateway, ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError::invalid("gateway.listen", "[]", "at least one address is needed"));
+        }
+        let listen = self
+            .listen
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                l.parse::<SocketAddr>().map_err(|e| {
+                    ConfigError::invalid(format!("gateway.listen[{i}]"), l, format!("expected ip:port ({e})"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::invalid("gateway.max_body_bytes", 0, "must be above zero"));
+        }
+        if self.max_concurrent == 0 {
+            return Err(ConfigError::invalid("gateway.max_concurrent", 0, "must be above zero"));
+        }
+        if self.completion_prefix_bytes == 0 {
+            return Err(ConfigError::invalid("gateway.completion_prefix_bytes", 0, "must be above zero"));
+        }
+        let session_header = self
+            .session_header
+            .as_deref()
+            .map(|h| {
+                HeaderName::try_from(h)
+                    .map_err(|_| ConfigError::invalid("gateway.session_header", h, "not a valid HTTP header name"))
+            })
+            .transpose()?;
+        let models: Vec<&str> = models.into_iter().collect();
+        for (name, &bytes) in &self.kv_bytes_per_token {
+            let field = format!("gateway.kv_bytes_per_token.{name}");
+            if !models.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
+            }
+            if bytes == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be above zero (omit the model for no estimate)"));
+            }
+        }
+        Ok(ValidGateway {
+            listen,
+            max_body_bytes: self.max_body_bytes,
+            max_concurrent: self.max_concurrent,
+            header_timeout: positive("gateway.header_timeout", &self.header_timeout)?,
+            connect_timeout: positive("gateway.connect_timeout", &self.connect_timeout)?,
+            idle_timeout: positive("gateway.idle_timeout", &self.idle_timeout)?,
+            total_timeout: positive("gateway.total_timeout", &self.total_timeout)?,
+            session_header,
+            completion_prefix_bytes: self.completion_prefix_bytes,
+            kv_bytes_per_token: self.kv_bytes_per_token.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const CATALOG: &str = "[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n";
+
+    fn check(gateway: &str) -> Result<super::ValidGateway, String> {
+        let c = Config::parse(&format!("{CATALOG}[gateway]\n{gateway}"), "test").map_err(|e| e.to_string())?;
+        let v = c.validate().map_err(|e| e.to_string())?;
+        c.gateway.validate(v.models.keys().map(String::as_str)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn absent_section_gets_documented_defaults() {
+        let c = Config::parse(CATALOG, "t").unwrap();
+        let g = c.gateway.validate(["m"]).unwrap();
+        assert_eq!(g.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
+        assert_eq!(g.max_body_bytes, 32 << 20);
+        assert_eq!(g.max_concurrent, 1024);
+        assert_eq!(g.header_timeout.as_secs(), 30);
+        assert_eq!(g.connect_timeout.as_secs(), 5);
+        assert_eq!(g.idle_timeout.as_secs(), 300);
+        assert_eq!(g.total_timeout.as_secs(), 1800);
+        assert_eq!(g.session_header, None);
+        assert_eq!(g.completion_prefix_bytes, 1024);
+        assert!(g.kv_bytes_per_token.is_empty());
+    }
+
+    #[test]
+    fn values_are_taken() {
+        let g = check(
+            "listen = [\"127.0.0.1:0\", \"[::1]:9\"]\nmax_body_bytes = 10\nsession_header = \"X-User\"\n\
+             idle_timeout = \"250ms\"\n[gateway.kv_bytes_per_token]\nm = 4096\n",
+        )
+        .unwrap();
+        assert_eq!(g.listen.len(), 2);
+        assert_eq!(g.max_body_bytes, 10);
+        assert_eq!(g.session_header.unwrap().as_str(), "x-user");
+        assert_eq!(g.idle_timeout.as_millis(), 250);
+        assert_eq!(g.kv_bytes_per_token["m"], 4096);
+    }
+
+    #[test]
+    fn bad_values_name_field_and_value() {
+        let cases: &[(&str, &[&str])] = &[
+            ("listen = []", &["gateway.listen", "[]"]),
+            ("listen = [\"nowhere\"]", &["gateway.listen[0]", "nowhere"]),
+            ("max_body_bytes = 0", &["gateway.max_body_bytes", "0"]),
+            ("max_concurrent = 0", &["gateway.max_concurrent"]),
+            ("header_timeout = \"soon\"", &["gateway.header_timeout", "soon"]),
+            ("total_timeout = \"0s\"", &["gateway.total_timeout", "above zero"]),
+            ("session_header = \"bad header\"", &["gateway.session_header", "bad header"]),
+            ("completion_prefix_bytes = 0", &["gateway.completion_prefix_bytes"]),
+            ("kv_bytes_per_token = { other = 1 }", &["gateway.kv_bytes_per_token.other", "catalog"]),
+            ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
+            ("bogus = 1", &["bogus"]),
+        ];
+        for (text, wants) in cases {
+            let e = check(text).expect_err(text);
+            for want in *wants {
+                assert!(e.contains(want), "error {e:?} for {text:?} should mention {want:?}");
+            }
+        }
+    }
+}

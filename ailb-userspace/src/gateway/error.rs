@@ -1,0 +1,127 @@
+//! The front door's errors: start-up failures ([`GatewayError`]) and the OpenAI-shaped error
+//! responses of a request ([`ApiError`]: `{"error":{"message","type","param","code"}}`).
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use super::server::Body;
+
+/// Start-up failures of `ailb gateway`.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(transparent)]
+    Config(#[from] crate::validate::ConfigError),
+    #[error("gateway: listening on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gateway: starting the tokio runtime")]
+    Runtime {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`.
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// `Retry-After` in seconds.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind, param: None, code: Some(code), retry_after: None }
+    }
+
+    pub fn param(mut self, param: Option<&str>) -> Self {
+        self.param = param.map(str::to_string);
+        self
+    }
+
+    pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", message)
+    }
+
+    pub fn too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("request body: larger than the gateway's limit of {limit} bytes (gateway.max_body_bytes)"),
+        )
+    }
+
+    pub fn overloaded(limit: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "too_many_requests",
+            format!("the gateway is serving its limit of {limit} requests at once (gateway.max_concurrent)"),
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_backend", message);
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "server_error", "upstream_error", message)
+    }
+
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "upstream_timeout", message)
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut resp =
+            Response::new(Full::new(Bytes::from(self.body().to_string())).map_err(|e| match e {}).boxed_unsync());
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(s) = self.retry_after {
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl From<super::route::RouteError> for ApiError {
+    fn from(e: super::route::RouteError) -> Self {
+        use super::route::RouteError as R;
+        let param = e.param().map(str::to_string);
+        let mut api = match &e {
+            R::UnknownModel { .. } => Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", ""),
+            R::Json { .. } | R::NotObject { .. } => Self::invalid_request("invalid_json", ""),
+            R::NoModel | R::BadField { .. } | R::BadHeader { .. } => Self::invalid_request("invalid_value", ""),
+        };
+        api.message = e.to_string();
+        api.param = param;
+        api
+    }
+}

@@ -1,0 +1,253 @@
+//! One request upstream: a FRESH TCP socket, tagged with the request's routing inputs
+//! (`ailb_common::client::tag`), connected to the model's VIP (where `cgroup/connect4` picks
+//! the backend and rewrites the destination), one HTTP/1.1 exchange on it, and a response
+//! body relayed frame by frame. Dropping the relay (the client went away) closes the
+//! upstream connection, so the model server frees the request's slot.
+
+use std::future::Future;
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use ailb_common::client::{self, ClientError, Tags};
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
+use tokio::time::Sleep;
+
+use super::error::ApiError;
+use super::log::RequestLog;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A failed upstream connect.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("creating the upstream socket")]
+    Socket {
+        #[source]
+        source: io::Error,
+    },
+    #[error("tagging the upstream socket for {vip}")]
+    Tag {
+        vip: SocketAddrV4,
+        #[source]
+        source: ClientError,
+    },
+    #[error("connecting to {vip}")]
+    Connect {
+        vip: SocketAddrV4,
+        #[source]
+        source: io::Error,
+    },
+    #[error("connecting to {vip}: no answer within {timeout:?}")]
+    Timeout { vip: SocketAddrV4, timeout: Duration },
+    #[error("the peer of the connection to {vip} is not IPv4: {peer:?}")]
+    Peer { vip: SocketAddrV4, peer: io::Result<SocketAddr> },
+}
+
+impl ConnectError {
+    /// `ECONNREFUSED`: ailb found no live backend of the model that fits the request (or the
+    /// address refuses connections).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, ConnectError::Connect { source, .. } if source.kind() == io::ErrorKind::ConnectionRefused)
+    }
+}
+
+/// One connected upstream socket and the backend the kernel chose (its peer).
+pub struct Upstream {
+    pub stream: TcpStream,
+    pub backend: SocketAddrV4,
+}
+
+async fn connect_once(vip: SocketAddrV4, tags: &Tags<'_>, timeout: Duration) -> Result<Upstream, ConnectError> {
+    let socket = TcpSocket::new_v4().map_err(|source| ConnectError::Socket { source })?;
+    client::tag(&socket, tags).map_err(|source| ConnectError::Tag { vip, source })?;
+    let stream = match tokio::time::timeout(timeout, socket.connect(vip.into())).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(source)) => return Err(ConnectError::Connect { vip, source }),
+        Err(_) => return Err(ConnectError::Timeout { vip, timeout }),
+    };
+    let backend = match stream.peer_addr() {
+        Ok(SocketAddr::V4(b)) => b,
+        other => return Err(ConnectError::Peer { vip, peer: other }),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(Upstream { stream, backend })
+}
+
+/// Connects to `vip` with `tags`: `ECONNREFUSED` is 503 at once (no backend can take the
+/// request now; the client retries after a second); any other failure is tried once more on
+/// a fresh socket, then 502.
+pub async fn connect(vip: SocketAddrV4, tags: &Tags<'_>, timeout: Duration) -> Result<Upstream, ApiError> {
+    let mut last = None;
+    for _attempt in 0..2 {
+        match connect_once(vip, tags, timeout).await {
+            Ok(u) => return Ok(u),
+            Err(e) if e.is_refused() => {
+                return Err(ApiError::unavailable(format!(
+                    "no live backend can take this request now ({}): retry later",
+                    crate::error_chain(&e)
+                )))
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::error_chain(&e), "upstream connect failed");
+                last = Some(e);
+            }
+        }
+    }
+    let e = last.expect("two attempts failed");
+    Err(ApiError::bad_gateway(format!("upstream: {} (tried twice)", crate::error_chain(&e))))
+}
+
+/// Aborts the HTTP connection task (closing the upstream socket) when dropped.
+pub struct AbortOnDrop(pub JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sends `req` on `up` and waits at most `idle` for the response head. The connection task
+/// lives as long as the returned guard.
+pub async fn exchange(
+    up: Upstream,
+    req: hyper::Request<http_body_util::Full<Bytes>>,
+    idle: Duration,
+) -> Result<(hyper::Response<Incoming>, AbortOnDrop), ApiError> {
+    let backend = up.backend;
+    let fail = |what: &str, e: &dyn std::error::Error| {
+        ApiError::bad_gateway(format!("upstream {backend}: {what}: {}", crate::error_chain(e)))
+    };
+    let work = async {
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(up.stream)).await.map_err(|e| fail("handshake", &e))?;
+        let driver = AbortOnDrop(tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%backend, error = %crate::error_chain(&e), "upstream connection ended");
+            }
+        }));
+        let resp = sender.send_request(req).await.map_err(|e| fail("sending the request", &e))?;
+        Ok((resp, driver))
+    };
+    match tokio::time::timeout(idle, work).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::timeout(format!("upstream {backend}: no response head within {idle:?}"))),
+    }
+}
+
+/// Why a relayed body stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("upstream sent nothing for {0:?} (gateway.idle_timeout)")]
+    Idle(Duration),
+    #[error("the request ran past {0:?} (gateway.total_timeout)")]
+    Total(Duration),
+}
+
+/// The upstream's response body, forwarded frame by frame as it arrives; it records the
+/// time to first byte, and on its end (or drop) the request's duration and access log.
+pub struct Relay {
+    inner: Incoming,
+    idle: Duration,
+    idle_timer: Pin<Box<Sleep>>,
+    total: Duration,
+    total_timer: Pin<Box<Sleep>>,
+    log: Option<RequestLog>,
+    started: Instant,
+    _driver: AbortOnDrop,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Relay {
+    pub fn new(
+        inner: Incoming,
+        driver: AbortOnDrop,
+        permit: OwnedSemaphorePermit,
+        log: RequestLog,
+        idle: Duration,
+        total_deadline: tokio::time::Instant,
+        total: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            idle,
+            idle_timer: Box::pin(tokio::time::sleep(idle)),
+            total,
+            total_timer: Box::pin(tokio::time::sleep_until(total_deadline)),
+            started: log.started(),
+            log: Some(log),
+            _driver: driver,
+            _permit: permit,
+        }
+    }
+
+    fn finish(&mut self, outcome: &'static str) {
+        if let Some(log) = self.log.take() {
+            log.finish(outcome);
+        }
+    }
+}
+
+impl HttpBody for Relay {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.total_timer.as_mut().poll(cx).is_ready() {
+            this.finish("total timeout");
+            return Poll::Ready(Some(Err(Box::new(RelayError::Total(this.total)))));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + this.idle;
+                this.idle_timer.as_mut().reset(deadline);
+                if let (Some(log), Some(data)) = (this.log.as_mut(), frame.data_ref()) {
+                    if !data.is_empty() {
+                        log.first_byte(this.started.elapsed());
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish("upstream error");
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.finish("ok");
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                    this.finish("idle timeout");
+                    return Poll::Ready(Some(Err(Box::new(RelayError::Idle(this.idle)))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // Dropped before its end: the client went away (or its connection failed); an
+        // empty body may be dropped unpolled.
+        let outcome = if self.inner.is_end_stream() { "ok" } else { "client gone" };
+        self.finish(outcome);
+    }
+}

@@ -1,0 +1,333 @@
+//! The routing inputs of one request (model, memory, conversation), read from its headers
+//! and JSON body. Pure: no I/O, so every rule is unit-tested here.
+//!
+//! - **model**: the `X-Model-Id` header, else the body's `model`.
+//! - **memory** (MB; ailb's MB are MiB, as NVML reports them): `X-Required-Memory` in GB
+//!   (decimal allowed, 1 GB = 1024 MB), else `X-Required-Memory-MB`, else the model's
+//!   `required_memory_mb`, else the estimate
+//!   `ceil((prompt_tokens + max_tokens) * kv_bytes_per_token / 2^20)` where `prompt_tokens =
+//!   ceil(prompt text bytes / 4)` (chat: the text of every message; completions and
+//!   embeddings: the prompt or input strings) and `max_tokens` is the body's `max_tokens` or
+//!   `max_completion_tokens` (0 when absent); none when the model has no
+//!   `kv_bytes_per_token`.
+//! - **conversation**: the first of `X-Session-ID`, the body's `prompt_cache_key`, the
+//!   `llm-d-session` cookie, the configured `session_header`; else derived: for chat, the
+//!   hash of the model, the system prompt and the first user message (every turn of a chat
+//!   that resends its history derives the same key); for `/v1/completions`, of the model and
+//!   the first `completion_prefix_bytes` of the prompt; embeddings derive none. A given id
+//!   longer than the kernel takes ([`MAX_CONVERSATION_LEN`]) is replaced by its hash.
+
+use ailb_common::abi::MAX_CONVERSATION_LEN;
+use ailb_common::hash::conversation_hash;
+use hyper::header::{HeaderMap, HeaderName, COOKIE};
+use serde_json::Value;
+
+/// The API a request calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+/// What the catalog knows of a model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelFacts {
+    pub required_memory_mb: Option<u32>,
+    pub kv_bytes_per_token: Option<u64>,
+}
+
+/// The configurable part of the rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules<'a> {
+    pub session_header: Option<&'a HeaderName>,
+    pub completion_prefix_bytes: usize,
+}
+
+/// Where a conversation key came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    SessionHeader,
+    PromptCacheKey,
+    Cookie,
+    ConfiguredHeader,
+    Derived,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conversation {
+    /// The bytes tagged as `AILB_CONVERSATION` (1..=[`MAX_CONVERSATION_LEN`]).
+    pub key: String,
+    pub source: KeySource,
+}
+
+impl Conversation {
+    /// What the kernel stores for the key (`ailb hash` prints the same).
+    pub fn hash(&self) -> u64 {
+        conversation_hash(self.key.as_bytes())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inputs {
+    pub model: String,
+    pub memory_mb: Option<u32>,
+    pub conversation: Option<Conversation>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RouteError {
+    #[error("request body: invalid JSON: {reason}")]
+    Json { reason: String },
+    #[error("request body: expected a JSON object, found {found}")]
+    NotObject { found: &'static str },
+    #[error("no model: set the body's `model` or the X-Model-Id header")]
+    NoModel,
+    #[error("body field `{field}`: invalid value {value}: {reason}")]
+    BadField { field: &'static str, value: String, reason: &'static str },
+    #[error("header {header}: invalid value {value:?}: {reason}")]
+    BadHeader { header: &'static str, value: String, reason: &'static str },
+    #[error("the model `{model}` does not exist")]
+    UnknownModel { model: String },
+}
+
+impl RouteError {
+    /// The request field at fault, for the error's `param`.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            RouteError::NoModel | RouteError::UnknownModel { .. } => Some("model"),
+            RouteError::BadField { field, .. } => Some(field),
+            RouteError::BadHeader { header, .. } => Some(header),
+            RouteError::Json { .. } | RouteError::NotObject { .. } => None,
+        }
+    }
+}
+
+/// Parses a request body as a JSON object.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, RouteError> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| RouteError::Json { reason: e.to_string() })?;
+    if !v.is_object() {
+        let found = match v {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        };
+        return Err(RouteError::NotObject { found });
+    }
+    Ok(v)
+}
+
+/// The routing inputs of a request to `endpoint`; `facts` looks a model up in the catalog.
+pub fn extract(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Value,
+    rules: Rules<'_>,
+    facts: impl Fn(&str) -> Option<ModelFacts>,
+) -> Result<Inputs, RouteError> {
+    let model = match header_str(headers, "x-model-id")? {
+        Some(m) => m.to_string(),
+        None => match body.get("model") {
+            Some(Value::String(m)) if !m.is_empty() => m.clone(),
+            None | Some(Value::Null) => return Err(RouteError::NoModel),
+            Some(v) => {
+                return Err(RouteError::BadField {
+                    field: "model",
+                    value: v.to_string(),
+                    reason: "expected a non-empty string",
+                })
+            }
+        },
+    };
+    let Some(model_facts) = facts(&model) else {
+        return Err(RouteError::UnknownModel { model });
+    };
+    let memory_mb = memory_mb(endpoint, headers, body, model_facts)?;
+    let conversation = conversation(endpoint, headers, body, rules, &model)?;
+    Ok(Inputs { model, memory_mb, conversation })
+}
+
+/// A header's value as text; `None` when absent or empty.
+fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, RouteError> {
+    let Some(v) = headers.get(name) else { return Ok(None) };
+    let s = v.to_str().map_err(|_| RouteError::BadHeader {
+        header: name,
+        value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        reason: "not visible ASCII",
+    })?;
+    let s = s.trim();
+    Ok((!s.is_empty()).then_some(s))
+}
+
+fn memory_mb(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Value,
+    facts: ModelFacts,
+) -> Result<Option<u32>, RouteError> {
+    if let Some(gb) = header_str(headers, "x-required-memory")? {
+        let bad = |reason| RouteError::BadHeader { header: "X-Required-Memory", value: gb.to_string(), reason };
+        let v: f64 = gb.parse().map_err(|_| bad("expected GB as a decimal number"))?;
+        if !v.is_finite() || v < 0.0 {
+            return Err(bad("expected GB as a decimal number"));
+        }
+        let mb = (v * 1024.0).ceil();
+        if mb > u32::MAX as f64 {
+            return Err(bad("too large"));
+        }
+        return Ok(Some(mb as u32));
+    }
+    if let Some(mb) = header_str(headers, "x-required-memory-mb")? {
+        let v = mb.parse::<u32>().map_err(|_| RouteError::BadHeader {
+            header: "X-Required-Memory-MB",
+            value: mb.to_string(),
+            reason: "expected whole MB (0..=4294967295)",
+        })?;
+        return Ok(Some(v));
+    }
+    if let Some(mb) = facts.required_memory_mb {
+        return Ok(Some(mb));
+    }
+    let Some(per_token) = facts.kv_bytes_per_token else { return Ok(None) };
+    let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
+    let max_tokens = max_tokens(body)?;
+    let bytes = prompt_tokens.saturating_add(max_tokens).saturating_mul(per_token);
+    Ok(Some(u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)))
+}
+
+fn max_tokens(body: &Value) -> Result<u64, RouteError> {
+    for field in ["max_tokens", "max_completion_tokens"] {
+        match body.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(v) => {
+                return v.as_u64().ok_or(RouteError::BadField {
+                    field,
+                    value: v.to_string(),
+                    reason: "expected a whole number of tokens",
+                })
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// Bytes of prompt text: chat messages' text, or the prompt/input strings.
+fn prompt_text_bytes(endpoint: Endpoint, body: &Value) -> usize {
+    match endpoint {
+        Endpoint::ChatCompletions => match body.get("messages") {
+            Some(Value::Array(msgs)) => msgs.iter().map(|m| content_text(m.get("content")).len()).sum(),
+            _ => 0,
+        },
+        Endpoint::Completions => strings_len(body.get("prompt")),
+        Endpoint::Embeddings => strings_len(body.get("input")),
+    }
+}
+
+fn strings_len(v: Option<&Value>) -> usize {
+    match v {
+        Some(Value::String(s)) => s.len(),
+        Some(Value::Array(items)) => items.iter().map(|i| i.as_str().map_or(0, str::len)).sum(),
+        _ => 0,
+    }
+}
+
+/// A message's text: a string content, or the `text` of its parts.
+fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+        }
+        _ => String::new(),
+    }
+}
+
+fn conversation(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Value,
+    rules: Rules<'_>,
+    model: &str,
+) -> Result<Option<Conversation>, RouteError> {
+    let given = |key: &str, source| Conversation { key: fit(key), source };
+    if let Some(id) = header_str(headers, "x-session-id")? {
+        return Ok(Some(given(id, KeySource::SessionHeader)));
+    }
+    if let Some(Value::String(id)) = body.get("prompt_cache_key") {
+        if !id.is_empty() {
+            return Ok(Some(given(id, KeySource::PromptCacheKey)));
+        }
+    }
+    if let Some(id) = cookie(headers, "llm-d-session") {
+        return Ok(Some(given(id, KeySource::Cookie)));
+    }
+    if let Some(name) = rules.session_header {
+        if let Some(v) = headers.get(name) {
+            let id = String::from_utf8_lossy(v.as_bytes());
+            if !id.trim().is_empty() {
+                return Ok(Some(given(id.trim(), KeySource::ConfiguredHeader)));
+            }
+        }
+    }
+    Ok(derive(endpoint, body, rules, model).map(|key| Conversation { key, source: KeySource::Derived }))
+}
+
+/// `name`'s value in the Cookie headers.
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, v)| *k == name && !v.is_empty())
+        .map(|(_, v)| v)
+}
+
+/// A given id as the kernel takes it: unchanged when it fits, else `h-<hash>`.
+fn fit(id: &str) -> String {
+    if id.len() <= MAX_CONVERSATION_LEN {
+        id.to_string()
+    } else {
+        format!("h-{:016x}", conversation_hash(id.as_bytes()))
+    }
+}
+
+/// The derived key `d-<hash>` of a request without an id; `None` when nothing identifies it.
+fn derive(endpoint: Endpoint, body: &Value, rules: Rules<'_>, model: &str) -> Option<String> {
+    let mut material = Vec::new();
+    material.extend_from_slice(model.as_bytes());
+    material.push(0);
+    match endpoint {
+        Endpoint::ChatCompletions => {
+            let msgs = body.get("messages")?.as_array()?;
+            let role = |m: &&Value, r: &str| m.get("role").and_then(Value::as_str) == Some(r);
+            let system = msgs.iter().find(|m| role(m, "system") || role(m, "developer"));
+            let user = msgs.iter().find(|m| role(m, "user"))?;
+            material.extend_from_slice(content_text(system.and_then(|m| m.get("content"))).as_bytes());
+            material.push(0);
+            material.extend_from_slice(content_text(user.get("content")).as_bytes());
+        }
+        Endpoint::Completions => {
+            let prompt = match body.get("prompt")? {
+                Value::String(s) => s.clone(),
+                Value::Array(items) => match items.first()? {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                },
+                other => other.to_string(),
+            };
+            let bytes = prompt.as_bytes();
+            material.extend_from_slice(&bytes[..bytes.len().min(rules.completion_prefix_bytes)]);
+        }
+        Endpoint::Embeddings => return None,
+    }
+    Some(format!("d-{:016x}", conversation_hash(&material)))
+}
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

@@ -1,0 +1,292 @@
+//! The HTTP/1.1 server (hyper, keep-alive from clients) and its routes.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use super::config::ValidGateway;
+use super::error::ApiError;
+use super::log::RequestLog;
+use super::metrics::GatewayMetrics;
+use super::proxy::{self, BoxError, Relay};
+use super::route::{self, Endpoint, ModelFacts, Rules};
+use crate::config::ValidConfig;
+
+/// The response body of every route.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// `x-ailb-backend`: the backend the kernel chose (the upstream socket's peer).
+pub const BACKEND_HEADER: &str = "x-ailb-backend";
+/// `x-ailb-conversation`: the kernel's hash of the conversation key, as `ailb hash` prints it.
+pub const CONVERSATION_HEADER: &str = "x-ailb-conversation";
+
+/// Hop-by-hop headers: they describe one connection and are never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+
+/// A model of the catalog as the front door routes it.
+#[derive(Clone, Debug)]
+pub struct ModelRoute {
+    /// The model's first VIP: every request of the model connects there.
+    pub vip: SocketAddrV4,
+    pub facts: ModelFacts,
+}
+
+/// The front door's state, shared by every connection.
+pub struct Gateway {
+    cfg: ValidGateway,
+    models: BTreeMap<String, ModelRoute>,
+    metrics: Arc<GatewayMetrics>,
+    registry: Registry,
+    permits: Arc<Semaphore>,
+}
+
+impl Gateway {
+    /// The catalog of `config` with the `[gateway]` settings; its metrics go on `registry`.
+    pub fn new(config: &ValidConfig, cfg: ValidGateway, mut registry: Registry) -> Arc<Self> {
+        let models = config
+            .models
+            .iter()
+            .filter_map(|(name, m)| {
+                let vip = *m.spec.vips.first()?;
+                let facts = ModelFacts {
+                    required_memory_mb: m.spec.required_memory_mb,
+                    kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
+                };
+                Some((name.clone(), ModelRoute { vip, facts }))
+            })
+            .collect();
+        let metrics = Arc::new(GatewayMetrics::new(&mut registry));
+        let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
+        Arc::new(Self { cfg, models, metrics, registry, permits })
+    }
+
+    /// Accepts connections on `listener` and serves each with keep-alive, until the task is
+    /// dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // EMFILE and the like: the listener stays; wait a little for fds to free up.
+                    tracing::warn!(error = %e, "gateway: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let gw = self.clone();
+            let header_timeout = self.cfg.header_timeout;
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req));
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+                if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                    tracing::debug!(%peer, error = %crate::error_chain(&e), "gateway: client connection ended");
+                }
+            });
+        }
+    }
+
+    /// One request.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let path = req.uri().path().to_string();
+        let endpoint = match path.as_str() {
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            _ => None,
+        };
+        let resp = match (req.method(), path.as_str(), endpoint) {
+            (&Method::POST, _, Some(ep)) => return Ok(self.proxy(ep, req).await),
+            (&Method::GET, "/v1/models", _) => self.list_models(),
+            (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
+            (&Method::GET, "/metrics", _) => self.encode_metrics(),
+            (_, "/v1/models" | "/healthz" | "/metrics", _) | (_, _, Some(_)) => ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
+                format!("{} {path}: method not allowed", req.method()),
+            )
+            .into_response(),
+            _ => ApiError::not_found(format!("{} {path}: no such route", req.method())).into_response(),
+        };
+        Ok(resp)
+    }
+
+    /// `GET /v1/models`: every model of the catalog. Whether a model has a live backend is
+    /// in the pinned maps, which this unprivileged process usually cannot read; a request
+    /// for a model without one gets 503 from its connect.
+    fn list_models(&self) -> Response<Body> {
+        let data: Vec<_> = self
+            .models
+            .keys()
+            .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "ailb"}))
+            .collect();
+        text(StatusCode::OK, "application/json", json!({"object": "list", "data": data}).to_string())
+    }
+
+    fn encode_metrics(&self) -> Response<Body> {
+        let mut out = String::new();
+        match prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            Ok(()) => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", out),
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("encoding metrics: {e}\n")),
+        }
+    }
+
+    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>) -> Response<Body> {
+        let mut log = RequestLog::start(self.metrics.clone(), req.method().as_str(), req.uri().path());
+        let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
+        };
+        let work = self.clone().forward(endpoint, req, &mut log);
+        let result = match tokio::time::timeout_at(deadline, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiError::timeout(format!(
+                "the request ran past {:?} (gateway.total_timeout)",
+                self.cfg.total_timeout
+            ))),
+        };
+        match result {
+            Ok((resp, driver)) => {
+                let (parts, body) = resp.into_parts();
+                let relay =
+                    Relay::new(body, driver, permit, log, self.cfg.idle_timeout, deadline, self.cfg.total_timeout);
+                Response::from_parts(parts, relay.boxed_unsync())
+            }
+            Err(e) => answer(log, e),
+        }
+    }
+
+    /// Reads and parses the body, finds the routing inputs, connects a fresh tagged socket
+    /// and sends the request as it came (minus hop-by-hop headers).
+    async fn forward(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        req: Request<Incoming>,
+        log: &mut RequestLog,
+    ) -> Result<(Response<Incoming>, proxy::AbortOnDrop), ApiError> {
+        let (parts, body) = req.into_parts();
+        let client_version = parts.version;
+        let bytes = self.read_body(&parts.headers, body).await?;
+        let json = route::parse_body(&bytes)?;
+        let rules = Rules {
+            session_header: self.cfg.session_header.as_ref(),
+            completion_prefix_bytes: self.cfg.completion_prefix_bytes,
+        };
+        let inputs = route::extract(endpoint, &parts.headers, &json, rules, |m| self.models.get(m).map(|r| r.facts))
+            .inspect_err(|e| {
+                if let route::RouteError::UnknownModel { model } = e {
+                    log.model(model);
+                }
+            })?;
+        let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
+        log.proxying(&inputs.model, conv_hash);
+        let model = &self.models[&inputs.model];
+        let mut tags = ailb_common::client::Tags::new().model(inputs.model.as_str());
+        if let Some(c) = &inputs.conversation {
+            tags = tags.conversation(c.key.as_str());
+        }
+        if let Some(mb) = inputs.memory_mb {
+            tags = tags.required_memory_mb(mb);
+        }
+        let up = proxy::connect(model.vip, &tags, self.cfg.connect_timeout).await?;
+        let backend = up.backend;
+        let mut upstream_req = Request::builder()
+            .method(parts.method)
+            .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+            .body(Full::new(bytes))
+            .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
+        *upstream_req.headers_mut() = end_to_end(&parts.headers);
+        let (mut resp, driver) = proxy::exchange(up, upstream_req, self.cfg.idle_timeout).await?;
+        log.upstream(backend, resp.status().as_u16());
+        let headers = end_to_end(resp.headers());
+        *resp.headers_mut() = headers;
+        // The upstream's HTTP version is its connection's business (an HTTP/1.0 answer would
+        // make the client's keep-alive connection close).
+        *resp.version_mut() = client_version;
+        let h = resp.headers_mut();
+        h.insert(HeaderName::from_static(BACKEND_HEADER), header_value(backend.to_string()));
+        if let Some(hash) = conv_hash {
+            h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+        }
+        Ok((resp, driver))
+    }
+
+    /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
+    /// reading, a chunked body is read up to the limit only.
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
+        let max = self.cfg.max_body_bytes;
+        let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            return Err(ApiError::too_large(max));
+        }
+        let limit = usize::try_from(max).unwrap_or(usize::MAX);
+        match Limited::new(body, limit).collect().await {
+            Ok(c) => Ok(c.to_bytes()),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(max)),
+            Err(e) => Err(ApiError::invalid_request("invalid_body", format!("reading the request body: {e}"))),
+        }
+    }
+}
+
+/// The headers of `from` without the hop-by-hop ones (the fixed list and those named in
+/// `Connection`).
+fn end_to_end(from: &HeaderMap) -> HeaderMap {
+    let named: Vec<String> = from
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || named.iter().any(|c| c == n) {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+fn header_value(s: String) -> HeaderValue {
+    HeaderValue::try_from(s).expect("addresses and hex hashes are valid header values")
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// Answers `e` and closes the request's log.
+fn answer(mut log: RequestLog, e: ApiError) -> Response<Body> {
+    log.status(e.status.as_u16());
+    let outcome = if e.status.is_server_error() { "upstream failure" } else { "refused" };
+    log.finish(outcome);
+    e.into_response()
+}

@@ -1,0 +1,369 @@
+//! The front door in process, without eBPF (no root): without ailb loaded, tagging reports
+//! `NoBalancer` and each upstream connect goes to the VIP itself, so a model's VIP points at
+//! a tiny hyper upstream that counts its connections.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ailb_userspace::config::Config;
+use ailb_userspace::gateway::Gateway;
+use bytes::Bytes;
+use http_body_util::{channel::Channel, combinators::UnsyncBoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+const CHAT_REPLY: &str =
+    r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#;
+const SSE: [&str; 3] = [
+    "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+    "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+    "data: [DONE]\n\n",
+];
+
+type UpBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The stand-in for a model server.
+struct Upstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    closed: Arc<AtomicU64>,
+    /// The request bodies it received, in order.
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+    /// For each streamed request: a sender the test fires to release the rest of the stream.
+    releases: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+}
+
+async fn upstream() -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, closed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let (tx, releases) = mpsc::unbounded_channel();
+    let (a, c, b) = (accepted.clone(), closed.clone(), bodies.clone());
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            a.fetch_add(1, Ordering::SeqCst);
+            let (c, b, tx) = (c.clone(), b.clone(), tx.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| answer(req, b.clone(), tx.clone()));
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Upstream { addr, accepted, closed, bodies, releases }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+    releases: mpsc::UnboundedSender<oneshot::Sender<()>>,
+) -> Result<Response<UpBody>, Infallible> {
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    bodies.lock().unwrap().push(body.clone());
+    let streamed = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["stream"].as_bool());
+    if streamed != Some(true) {
+        let resp = Response::builder().header("content-type", "application/json").header("x-up", "1");
+        return Ok(resp.body(Full::new(Bytes::from(CHAT_REPLY)).boxed_unsync()).unwrap());
+    }
+    // The first event now, the rest only once the test has seen the first one through the
+    // gateway: a gateway that buffered the stream whole would never deliver it.
+    let (mut tx, chan) = Channel::<Bytes, Infallible>::new(4);
+    let (release, released) = oneshot::channel();
+    releases.send(release).unwrap();
+    tokio::spawn(async move {
+        tx.send_data(Bytes::from(SSE[0])).await.ok();
+        if released.await.is_ok() {
+            for e in &SSE[1..] {
+                tx.send_data(Bytes::from(*e)).await.ok();
+            }
+        }
+    });
+    let resp = Response::builder().header("content-type", "text/event-stream");
+    Ok(resp.body(chan.boxed_unsync()).unwrap())
+}
+
+/// A port on 127.0.0.1 that refuses connections (bound, then closed).
+fn refused_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The gateway on 127.0.0.1:0 with model `m` at `up` and `dead` at a refusing port.
+async fn gateway(up: SocketAddr, extra: &str) -> SocketAddr {
+    let text = format!(
+        "[[models]]\nname = \"m\"\nvips = [\"{up}\"]\n\n[[models]]\nname = \"dead\"\nvips = [\"127.0.0.1:{}\"]\n\n\
+         [gateway]\nmax_body_bytes = 4096\nidle_timeout = \"10s\"\n{extra}",
+        refused_port()
+    );
+    let config = Config::parse(&text, "test").unwrap();
+    let valid = config.validate().unwrap();
+    let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Gateway::new(&valid, gw, Registry::default()).serve(listener));
+    addr
+}
+
+type ReqBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// One keep-alive client connection to the gateway.
+async fn client(gw: SocketAddr) -> hyper::client::conn::http1::SendRequest<ReqBody> {
+    let stream = TcpStream::connect(gw).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+fn post(path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Request<ReqBody> {
+    let mut b = Request::post(path).header("host", "gw").header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(body.into()).boxed_unsync()).unwrap()
+}
+
+async fn send(
+    c: &mut hyper::client::conn::http1::SendRequest<ReqBody>,
+    req: Request<ReqBody>,
+) -> (Response<()>, Bytes) {
+    c.ready().await.unwrap();
+    let resp = c.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    (Response::from_parts(parts, ()), body.collect().await.unwrap().to_bytes())
+}
+
+fn error_code(body: &Bytes) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("error body {body:?}: {e}"));
+    let e = &v["error"];
+    assert!(e.get("param").is_some() && e["type"].is_string(), "OpenAI error shape: {v}");
+    (e["code"].as_str().unwrap_or_default().to_string(), e["message"].as_str().unwrap().to_string())
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+
+#[tokio::test]
+async fn non_streamed_chat_passes_through_byte_for_byte() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    let (resp, body) = send(&mut c, post("/v1/chat/completions", &[("X-Session-ID", "s1")], CHAT)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(body, CHAT_REPLY.as_bytes());
+    assert_eq!(up.bodies.lock().unwrap()[0], CHAT.as_bytes(), "the request body is forwarded as is");
+    let h = resp.headers();
+    assert_eq!(h["x-up"], "1", "upstream headers come back");
+    assert_eq!(h["x-ailb-backend"], up.addr.to_string().as_str());
+    let hash = ailb_common::hash::conversation_hash(b"s1");
+    assert_eq!(h["x-ailb-conversation"], format!("{hash:#018x}").as_str());
+}
+
+#[tokio::test]
+async fn streamed_chat_is_relayed_frame_by_frame() {
+    let mut up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    let req =
+        post("/v1/chat/completions", &[], r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
+    c.ready().await.unwrap();
+    let resp = c.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the first event within 10 s: the gateway must not wait for the whole stream")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(first, SSE[0].as_bytes(), "the first event arrives before the upstream sends the rest");
+    up.releases.recv().await.unwrap().send(()).unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!([first, rest].concat(), SSE.concat().as_bytes());
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_drops_the_upstream_connection() {
+    let mut up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    let req = post("/v1/chat/completions", &[], r#"{"model":"m","stream":true,"messages":[]}"#);
+    let resp = c.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    let _release = up.releases.recv().await.unwrap(); // never fired: the stream stays open
+    assert_eq!(up.closed.load(Ordering::SeqCst), 0);
+    drop((body, c));
+    let closed = wait_for(|| up.closed.load(Ordering::SeqCst) == 1).await;
+    assert!(closed, "the upstream connection should close when the client goes away");
+}
+
+/// Polls `f` every 10 ms for at most 5 s.
+async fn wait_for(f: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+#[tokio::test]
+async fn errors_are_openai_shaped() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+
+    let (resp, body) = send(&mut c, post("/v1/chat/completions", &[], r#"{"model":"nope"}"#)).await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert_eq!(error_code(&body).0, "model_not_found");
+
+    let (resp, body) = send(&mut c, post("/v1/chat/completions", &[], r#"{"model": "m", "#)).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let (code, msg) = error_code(&body);
+    assert_eq!(code, "invalid_json");
+    assert!(msg.contains("invalid JSON"), "{msg}");
+
+    let (resp, body) = send(&mut c, post("/v1/embeddings", &[], r#"{"model":"dead","input":"x"}"#)).await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(error_code(&body).0, "no_backend");
+
+    let (resp, _) = send(&mut c, post("/v1/nothing", &[], "{}")).await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 0, "no error case reached the upstream");
+
+    // Over max_body_bytes (4096): by Content-Length, then chunked (no length).
+    let (resp, body) = send(&mut c, post("/v1/chat/completions", &[], vec![b' '; 5000])).await;
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(&body).0, "request_too_large");
+    let mut c = client(gw).await;
+    let chunks = chunked(vec![Bytes::from(vec![b' '; 3000]), Bytes::from(vec![b' '; 3000])]);
+    let req = Request::post("/v1/chat/completions").header("host", "gw").body(chunks).unwrap();
+    let (resp, _) = send(&mut c, req).await;
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// A body of `chunks` with no length (sent chunked).
+fn chunked(chunks: Vec<Bytes>) -> ReqBody {
+    let (mut tx, chan) = Channel::<Bytes, Infallible>::new(1);
+    tokio::spawn(async move {
+        for c in chunks {
+            if tx.send_data(c).await.is_err() {
+                return; // the gateway stopped reading at its limit
+            }
+        }
+    });
+    chan.boxed_unsync()
+}
+
+#[tokio::test]
+async fn over_max_concurrent_is_429() {
+    let mut up = upstream().await;
+    let gw = gateway(up.addr, "max_concurrent = 1\n").await;
+    let mut held = client(gw).await;
+    let req = post("/v1/chat/completions", &[], r#"{"model":"m","stream":true,"messages":[]}"#);
+    let resp = held.send_request(req).await.unwrap();
+    let release = up.releases.recv().await.unwrap();
+    let mut c = client(gw).await;
+    let (r, body) = send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(error_code(&body).0, "too_many_requests");
+    release.send(()).unwrap();
+    resp.into_body().collect().await.unwrap();
+    let (r, _) = send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
+    assert_eq!(r.status(), StatusCode::OK, "the slot is free again once the stream ended");
+}
+
+#[tokio::test]
+async fn fifty_requests_on_one_client_connection_use_fifty_upstream_connections() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    for i in 0..50 {
+        let id = format!("s{}", i % 5);
+        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[("x-session-id", &id)], CHAT)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        assert_eq!(body, CHAT_REPLY.as_bytes());
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 50, "one fresh upstream connection per request");
+}
+
+#[tokio::test]
+async fn models_health_and_metrics() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    let get = |p: &str| Request::get(p).header("host", "gw").body(Full::new(Bytes::new()).boxed_unsync()).unwrap();
+    let (resp, body) = send(&mut c, get("/v1/models")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["dead", "m"]);
+    assert_eq!(send(&mut c, get("/healthz")).await.0.status(), StatusCode::OK);
+    send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
+    let (resp, body) = send(&mut c, get("/metrics")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    for want in [
+        "ailb_gateway_requests_total{model=\"m\",status=\"200\"} 1",
+        "ailb_gateway_ttfb_seconds_count{model=\"m\"} 1",
+        "ailb_gateway_duration_seconds_count{model=\"m\"} 1",
+        "ailb_gateway_in_flight{model=\"m\"} 0",
+    ] {
+        assert!(text.contains(want), "metrics should contain {want:?}:\n{text}");
+    }
+}
+
+/// An HTTP/1.0 upstream that answers `ok` and closes: the client's keep-alive connection to
+/// the gateway must stay open (the response is sent in the client's version).
+#[tokio::test]
+async fn an_http10_upstream_does_not_close_the_client_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                // The head, then as many body bytes as Content-Length says.
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                        if buf.len() >= end + 4 + len || n == 0 {
+                            break;
+                        }
+                    }
+                }
+                s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+                s.shutdown().await.ok();
+            });
+        }
+    });
+    let gw = gateway(addr, "").await;
+    let mut c = client(gw).await;
+    for i in 0..3 {
+        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
+        assert_eq!((resp.status(), resp.version()), (StatusCode::OK, hyper::Version::HTTP_11), "request {i}");
+        assert_eq!(body, "ok");
+    }
+}
