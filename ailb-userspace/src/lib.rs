@@ -8,6 +8,9 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod discovery;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod metadata;
 pub mod metrics;

@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 mod util;
@@ -59,6 +60,15 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]
         only: Vec<bench::Part>,
     },
+    /// Fuzz the parsers of outside input (cargo-fuzz, nightly): build the targets of tests/fuzz,
+    /// then run each for a few seconds from its seeds.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = fuzz::DEFAULT_SECONDS, value_name = "N")]
+        seconds: u64,
+        /// Only these targets (default: every target).
+        targets: Vec<String>,
+    },
     /// The demo's load generator; `cargo xtask run` starts it inside the demo cgroup.
     #[command(hide = true)]
     DemoClient {
@@ -88,6 +98,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
         Cmd::Bench { only } => bench::bench(&only),
+        Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }
 }

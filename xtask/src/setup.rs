@@ -37,6 +37,7 @@ pub(crate) fn setup() -> Result<()> {
     rust_components(&mut r)?;
     bpf_linker(&mut r)?;
     rnacos(&mut r)?;
+    cargo_fuzz(&mut r)?;
     apt_tools(&mut r)?;
     bpffs(&mut r)?;
     peer_routers(&mut r);
@@ -113,6 +114,25 @@ fn rnacos(r: &mut Report) -> Result<()> {
         .context("cargo install rnacos")?;
     step.done();
     r.done.push(format!("installed rnacos {RNACOS_VERSION}"));
+    Ok(())
+}
+
+/// The cargo-fuzz release `cargo xtask fuzz` was written against.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// cargo-fuzz for `cargo xtask fuzz` (and its short run in `cargo xtask test`): reused when
+/// `cargo fuzz` answers, else `cargo install cargo-fuzz --version 0.13.2 --locked` (about 2
+/// minutes on 2 cores).
+fn cargo_fuzz(r: &mut Report) -> Result<()> {
+    if let Ok(v) = util::output(util::cargo_nightly().args(["fuzz", "--version"])) {
+        r.present.push(v.trim().to_string());
+        return Ok(());
+    }
+    let step = Step::start(format!("building cargo-fuzz {CARGO_FUZZ_VERSION} (the fuzz runner; about 2 min, once)"));
+    util::run(util::cargo().args(["install", "cargo-fuzz", "--version", CARGO_FUZZ_VERSION, "--locked"]))
+        .context("cargo install cargo-fuzz")?;
+    step.done();
+    r.done.push(format!("installed cargo-fuzz {CARGO_FUZZ_VERSION}"));
     Ok(())
 }
 

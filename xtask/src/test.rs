@@ -1,4 +1,5 @@
-//! `cargo xtask test`: the one command CI runs. Lint gate, setup, build, then every test.
+//! `cargo xtask test`: the one command CI runs. Lint gate, setup, build, then every test (unit
+//! tests, a short fuzz run of each parser of outside input, the integration tests).
 
 use std::ffi::OsString;
 
@@ -36,6 +37,9 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     .context("unit tests failed")?;
     step.done();
 
+    // The parsers of outside input, a few seconds each (cargo-fuzz was installed by setup).
+    crate::fuzz::fuzz(crate::fuzz::DEFAULT_SECONDS, &[]).context("fuzzing failed")?;
+
     // `replay_e2e` and `demo` run these binaries of other packages, which cargo does not build
     // for `ailb-tests` (see `ailb_tests::workspace_bin`).
     let step = Step::start("binaries the integration tests run (ailb-sim, ailb-tools)");
@@ -57,7 +61,8 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo fmt --check` (workspace and the eBPF crate) and clippy with warnings as errors.
+/// `cargo fmt --check` (workspace, the eBPF crate, the fuzz crate) and clippy with warnings as
+/// errors (workspace and the fuzz crate).
 fn lint() -> Result<()> {
     let step = Step::start("lint: cargo fmt --check");
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -68,11 +73,22 @@ fn lint() -> Result<()> {
         util::run(util::cargo().args(["fmt", "--manifest-path"]).arg(&ebpf_manifest).args(["--", "--check"]))
             .context("formatting differs in ailb-ebpf: run `cargo fmt` there")?;
     }
+    // The fuzz crate is its own workspace (see tests/fuzz/Cargo.toml); it checks with stable.
+    let fuzz_manifest = util::workspace_root().join("tests/fuzz/Cargo.toml");
+    util::run(util::cargo().args(["fmt", "--manifest-path"]).arg(&fuzz_manifest).args(["--", "--check"]))
+        .context("formatting differs in tests/fuzz: run `cargo fmt --manifest-path tests/fuzz/Cargo.toml`")?;
     step.done();
 
     let step = Step::start("lint: cargo clippy --workspace --all-targets -- -D warnings");
     util::run(util::cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
         .context("clippy found problems")?;
+    util::run(util::cargo().args(["clippy", "--manifest-path"]).arg(&fuzz_manifest).args([
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("clippy found problems in tests/fuzz")?;
     step.done();
     Ok(())
 }

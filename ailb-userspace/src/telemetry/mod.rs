@@ -3,7 +3,7 @@
 //! Sources are async only at their I/O edge; the types here are plain data.
 
 mod error;
-mod exposition;
+pub(crate) mod exposition;
 pub mod model_server;
 pub mod nvml;
 

@@ -220,28 +220,7 @@ impl ModelServerSource {
         let Some(samples) = metrics? else {
             return Ok(ServerSample { healthy: false, ..ServerSample::default() });
         };
-        let n = &self.names;
-        let mut out = ServerSample {
-            running: sum(&samples, &n.running),
-            waiting: sum(&samples, &n.waiting),
-            kv_cache_usage: n.kv_cache_usage.iter().find_map(|name| mean(&samples, name)),
-            healthy: health.unwrap_or(true),
-            ..ServerSample::default()
-        };
-        let kv_free = match n.kv_capacity {
-            KvCapacity::None => None,
-            KvCapacity::VllmCacheConfig => Some(vllm_free_tokens(&samples, &n.kv_cache_usage)),
-            KvCapacity::SglangTokens => Some(sglang_free_tokens(&samples)),
-        };
-        match kv_free {
-            Some(Ok(t)) => out.kv_free_tokens = Some(t),
-            Some(Err(reason)) => out.unknown.push(reason),
-            None => {}
-        }
-        if let Some(g) = &n.gpu {
-            gpu_values(&samples, g, &mut out);
-        }
-        Ok(out)
+        Ok(read(&samples, &self.names, health.unwrap_or(true)))
     }
 
     async fn healthy(&self, url: &Url) -> bool {
@@ -293,6 +272,32 @@ async fn read_bounded(mut resp: Response, url: &Url) -> Result<Vec<u8>, Telemetr
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// What one scrape's samples say, read by `names`; pure, so that it can be tested and fuzzed
+/// without a server.
+pub(crate) fn read(samples: &[exposition::Sample], n: &MetricNames, healthy: bool) -> ServerSample {
+    let mut out = ServerSample {
+        running: sum(samples, &n.running),
+        waiting: sum(samples, &n.waiting),
+        kv_cache_usage: n.kv_cache_usage.iter().find_map(|name| mean(samples, name)),
+        healthy,
+        ..ServerSample::default()
+    };
+    let kv_free = match n.kv_capacity {
+        KvCapacity::None => None,
+        KvCapacity::VllmCacheConfig => Some(vllm_free_tokens(samples, &n.kv_cache_usage)),
+        KvCapacity::SglangTokens => Some(sglang_free_tokens(samples)),
+    };
+    match kv_free {
+        Some(Ok(t)) => out.kv_free_tokens = Some(t),
+        Some(Err(reason)) => out.unknown.push(reason),
+        None => {}
+    }
+    if let Some(g) = &n.gpu {
+        gpu_values(samples, g, &mut out);
+    }
+    out
 }
 
 /// Sum over every label set (one per model name, LoRA adapter or engine): requests add up.

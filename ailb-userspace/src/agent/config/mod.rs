@@ -267,11 +267,15 @@ fn http_url(field: &str, s: &str) -> Result<Url, ConfigError> {
 }
 
 impl AgentConfig {
+    /// The TOML `text`; `origin` names it in the error.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.to_string(), source: Box::new(e) })
+    }
+
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        toml::from_str(&text)
-            .map_err(|e| ConfigError::Parse { origin: path.display().to_string(), source: Box::new(e) })
+        Self::parse(&text, &path.display().to_string())
     }
 
     pub fn validate(&self) -> Result<ValidAgent, ConfigError> {
