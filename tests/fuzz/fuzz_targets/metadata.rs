@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ailb_userspace::metadata::{
-    Field, InstanceMetadata, Metadata, MAX_MEMORY_MB, MAX_REQUESTS, MAX_SHOWN_CHARS,
-};
+use ailb_userspace::metadata::{Field, InstanceMetadata, Metadata, MAX_MEMORY_MB, MAX_REQUESTS, MAX_SHOWN_CHARS};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
