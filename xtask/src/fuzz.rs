@@ -94,9 +94,16 @@ fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
         bail!("fuzz target {target} has no seeds at {}", seeds.display());
     }
     let bin = binary(target)?;
+    // libFuzzer prints a line per new input (thousands in 10 s): they go to a log file, and
+    // its end is shown when the target fails.
+    let log = root.join("artifacts").join(format!("{target}.log"));
+    let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().with_context(|| format!("opening {} twice", log.display()))?;
     // New inputs go to the first directory (the grown corpus); the seeds stay as checked in.
     let result = util::run(
         Command::new(&bin)
+            .stdout(out)
+            .stderr(err)
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg(format!("-max_total_time={seconds}"))
             .arg(format!("-max_len={MAX_LEN}"))
@@ -105,7 +112,15 @@ fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
             .arg(&corpus)
             .arg(&seeds),
     );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    if let Some(last) = lines.iter().rev().find(|l| l.starts_with("stat::number_of_executed_units")) {
+        say!("{target}: {}", last.trim_start_matches("stat::"));
+    }
     if result.is_err() {
+        for line in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("{line}");
+        }
         bail!(
             "fuzz target {target} failed: the input is in {} (rerun it with `{} <file>`); add it as a unit test \
              where the parser lives and fix the bug",
