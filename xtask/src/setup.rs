@@ -41,6 +41,7 @@ pub(crate) fn setup() -> Result<()> {
     apt_tools(&mut r)?;
     bpffs(&mut r)?;
     peer_routers(&mut r);
+    client_venv(&mut r);
 
     for item in &r.present {
         say!("present: {item}");
@@ -346,6 +347,60 @@ fn peer_routers(r: &mut Report) {
         Err(e) => r.skipped.push(format!(
             "peer routers: pip install {} failed ({e:#}; is PyPI reachable?): ailb-compare reports them as not installed",
             pins.join(" ")
+        )),
+    }
+}
+
+/// The official `openai` Python client the front-door test (`gateway_openai`) drives
+/// `ailb gateway` with, pinned so the test sees one client version.
+const OPENAI_CLIENT: (&str, &str) = ("openai", "3.57.0");
+
+/// The venv `target/client-venv` with the pinned `openai` client: reused when the pinned
+/// version is there, else created and installed with pip. Never fails setup: without python3's
+/// venv or PyPI the summary says "skipped" and the test reports itself skipped.
+fn client_venv(r: &mut Report) {
+    let venv = util::workspace_root().join("target/client-venv");
+    let (pkg, version) = OPENAI_CLIENT;
+    let pin = format!("{pkg}=={version}");
+    let python = venv.join("bin/python3");
+    let there = || {
+        util::output(Command::new(&python).args(["-m", "pip", "show", pkg]))
+            .is_ok_and(|out| out.lines().any(|l| l.trim() == format!("Version: {version}")))
+    };
+    if there() {
+        r.present.push(format!("python client {pin} ({})", venv.display()));
+        return;
+    }
+    let step = Step::start(format!("installing the python client {pin} into {}", venv.display()));
+    if !python.is_file() {
+        if let Err(e) = util::run(Command::new("python3").arg("-m").arg("venv").arg(&venv)) {
+            r.skipped.push(format!(
+                "python client: python3 -m venv {} failed ({e:#}); apt-get install python3-venv",
+                venv.display()
+            ));
+            return;
+        }
+    }
+    let pip = util::run(Command::new(&python).args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--timeout",
+        "20",
+        "--retries",
+        "1",
+        &pin,
+    ]));
+    match pip {
+        Ok(()) if there() => {
+            step.done();
+            r.done.push(format!("installed the python client {pin} into {}", venv.display()));
+        }
+        Ok(()) => r.skipped.push(format!("python client: pip installed {pin} but pip does not show it")),
+        Err(e) => r.skipped.push(format!(
+            "python client: pip install {pin} failed ({e:#}; is PyPI reachable?): the gateway_openai test skips"
         )),
     }
 }

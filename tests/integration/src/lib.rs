@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod gateway;
 pub mod nacos;
 pub mod status;
 
@@ -31,6 +32,7 @@ pub use cgroup::{cgroup2_mount, CgroupGuard};
 pub use client::{ConnResult, ConnectOpts, HeldClients, TestClient};
 pub use config::{BackendCfg, TestConfig};
 pub use daemon::Daemon;
+pub use gateway::GatewayProcess;
 
 /// Path of the `ailb-testclient` binary of this package. A macro because
 /// `CARGO_BIN_EXE_*` is only set when the integration tests themselves are compiled.

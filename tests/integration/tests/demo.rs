@@ -44,6 +44,11 @@ fn the_demo_runs_the_whole_system_and_cleans_up() {
     assert!(out.status.success(), "ailb-demo failed ({}):\n{stderr}\n{stdout}", out.status);
     assert!(stderr.contains("all 2 GPUs are in the table"), "both agents registered and went live:\n{stderr}");
     assert!(
+        stderr.contains("front door `ailb gateway`") && stderr.contains("plain HTTP to the front door"),
+        "the load goes through the front door by default:\n{stderr}"
+    );
+    assert!(stdout.contains("front door http://127.0.0.1:"), "the live view shows the front door's address:\n{stdout}");
+    assert!(
         stderr.contains("load done: 40 requests, 0 failed"),
         "the synthetic mix fits every GPU, so nothing fails:\n{stderr}"
     );

@@ -8,14 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::{base_config, preflight, wait_until, BackendCfg, CgroupGuard, Daemon};
+use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
@@ -52,51 +48,6 @@ fn start_backend(rt: &tokio::runtime::Runtime, addr: &str) -> Arc<AtomicU64> {
         }
     });
     accepted
-}
-
-/// `ailb gateway --config F` inside the child cgroup; killed by pid on drop.
-struct GatewayProcess {
-    child: Child,
-    log: tempfile::NamedTempFile,
-}
-
-impl GatewayProcess {
-    fn start(bin: &Path, config: &Path, cg: &CgroupGuard) -> Self {
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut cmd = Command::new(bin);
-        cmd.args(["gateway", "--config"])
-            .arg(config)
-            .env("AILB_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log.reopen().unwrap());
-        let child = spawn_in_cgroup(&mut cmd, cg.path());
-        let mut g = Self { child, log };
-        wait_until("the gateway to accept connections", Duration::from_secs(20), || {
-            if let Ok(Some(status)) = g.child.try_wait() {
-                panic!("ailb gateway exited with {status}:\n{}", g.log());
-            }
-            std::net::TcpStream::connect(GATEWAY).ok()
-        });
-        assert!(
-            cg.procs().contains(&(g.child.id() as i32)),
-            "the gateway (pid {}) must run inside the child cgroup",
-            g.child.id()
-        );
-        g
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
-    }
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of our own child, which has not been waited for yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -137,7 +88,7 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
     }
     cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\n");
     let daemon = Daemon::start(&bin, &cfg);
-    let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg);
+    let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, GATEWAY.parse().unwrap());
 
     let (by_session, turns) = rt.block_on(async {
         let mut c = connect_client().await;

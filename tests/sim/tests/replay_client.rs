@@ -244,3 +244,36 @@ fn the_global_deadline_bounds_the_replay() {
     assert!(records[1].error.as_deref().is_some_and(|e| e.contains("deadline")), "{:?}", records[1]);
     assert_eq!(summary.failures, 1);
 }
+
+#[test]
+fn gateway_mode_sends_plain_http_with_the_session_and_the_model_to_the_gateway() {
+    let (gateway, bodies) = fake(Mode::Chunked, 3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("report.json");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_ailb-replay"))
+        .args(["--synthetic", "--limit", "3", "--speed", "100", "--quiet", "--model", "gw-model", "--gateway"])
+        .arg(gateway.to_string())
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run ailb-replay");
+    assert!(status.success(), "ailb-replay --gateway failed: {status}");
+    let got: Vec<(Value, Option<String>)> = bodies.try_iter().collect();
+    assert_eq!(got.len(), 3, "every request reached the gateway's address");
+    for (body, session) in &got {
+        assert_eq!(body["model"], "gw-model", "{body}");
+        assert!(session.as_deref().is_some_and(|s| !s.is_empty()), "X-Session-ID carries the conversation");
+    }
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("report")).expect("JSON");
+    for r in report["requests"].as_array().expect("requests") {
+        assert_eq!(r["tagged"], false, "no socket tag in gateway mode: {r}");
+        assert_eq!(r["memory_mb"], 0, "no memory tag in gateway mode: {r}");
+        assert_eq!(r["status"], 200, "{r}");
+    }
+    let conflict = std::process::Command::new(env!("CARGO_BIN_EXE_ailb-replay"))
+        .args(["--synthetic", "--untagged", "--gateway", "127.0.0.1:1", "--parse-only"])
+        .output()
+        .expect("run ailb-replay");
+    assert!(!conflict.status.success(), "--gateway and --untagged exclude each other");
+}

@@ -1,6 +1,8 @@
 //! `cargo xtask run` (default): the fleet demo, `ailb-demo` from the `ailb-tools` package: rnacos,
 //! a simulated GPU fleet with one `ailb agent` each, `ailb run` with Nacos discovery attached to a
-//! child cgroup, a load generator in that cgroup, and a live view (see `tests/tools/src/bin/ailb-demo.rs`).
+//! child cgroup, the front door `ailb gateway` inside that cgroup, a load generator speaking plain
+//! HTTP to it (`--socket-abi`: tagging its own sockets instead), and a live view (see
+//! `tests/tools/src/demo/`).
 //!
 //! The demo runs in its own process group, so a terminal Ctrl-C reaches only this process, which
 //! passes it on to the demo; the demo then stops its children in order (agents deregister, the

@@ -8,10 +8,14 @@
 //!             [--start-ms MS] [--concurrency N] [--timeout-s S] [--deadline-s S]
 //!             [--kv-mb-per-token MB] [--model NAME] [--seed N] [--rate CONV_PER_S]
 //!             [--common-share F] [--out FILE] [--parse-only] [--quiet] [--untagged]
+//!             [--gateway 127.0.0.1:8080]
 //! ```
 //!
 //! `--untagged` sends the same requests without the conversation and memory tags, as a client
-//! of an L4 or L7 balancer that knows neither would (for baselines).
+//! of an L4 or L7 balancer that knows neither would (for baselines). `--gateway ADDR` sends
+//! them, untagged too, as plain HTTP to the front door `ailb gateway` at ADDR, as an unchanged
+//! OpenAI client would: the model in the body, the conversation as `X-Session-ID`; the gateway
+//! tags its own upstream connections.
 
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -35,8 +39,12 @@ struct Args {
     #[arg(long)]
     synthetic: bool,
     /// The model's VIP (a loopback address: the replay stays on this host).
-    #[arg(long, default_value = "127.77.0.1:80")]
+    #[arg(long, default_value = "127.77.0.1:80", conflicts_with = "gateway")]
     vip: SocketAddrV4,
+    /// Send every request as plain HTTP, with no socket tag, to the front door `ailb gateway`
+    /// at this address (loopback) instead of the VIP.
+    #[arg(long, conflicts_with = "untagged")]
+    gateway: Option<SocketAddrV4>,
     /// Time scale: 2 sends the trace twice as fast.
     #[arg(long, default_value_t = 1.0)]
     speed: f64,
@@ -108,6 +116,9 @@ impl Args {
         if !self.vip.ip().is_loopback() {
             return Err(format!("--vip: {} is not a loopback address (the replay stays on this host)", self.vip));
         }
+        if let Some(g) = self.gateway.filter(|g| !g.ip().is_loopback()) {
+            return Err(format!("--gateway: {g} is not a loopback address (the replay stays on this host)"));
+        }
         if self.concurrency == 0 {
             return Err("--concurrency: must be at least 1".to_string());
         }
@@ -155,20 +166,18 @@ fn main() {
         Args::command().error(ErrorKind::ValueValidation, e).exit();
     }
     let mut specs = specs(&args);
-    if args.untagged {
-        for s in &mut specs {
-            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
-            s.tag_socket = false;
-            s.memory_mb = 0;
-        }
+    if args.untagged || args.gateway.is_some() {
+        replay::untag(&mut specs);
     }
+    let target = args.gateway.unwrap_or(args.vip);
     let span_s = specs.last().map_or(0.0, |s| s.at_ms as f64 / 1000.0 / args.speed);
-    eprintln!("ailb-replay: {} requests over {span_s:.1} s to {}", specs.len(), args.vip);
+    let what = if args.gateway.is_some() { "the gateway" } else { "the VIP" };
+    eprintln!("ailb-replay: {} requests over {span_s:.1} s to {what} {target}", specs.len());
     if args.parse_only {
         return;
     }
     let opts = RunOpts {
-        vip: args.vip,
+        vip: target,
         speed: args.speed,
         concurrency: args.concurrency,
         request_timeout: Duration::from_secs_f64(args.timeout_s),

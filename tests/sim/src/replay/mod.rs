@@ -105,6 +105,16 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
         .collect()
 }
 
+/// Makes `specs` those of a client that knows no ailb tags (of an L4 or L7 balancer, or of
+/// the front door `ailb gateway`): no socket tag, no memory need. The conversation stays: it
+/// is the `X-Session-ID` header an L7 router or the gateway reads.
+pub fn untag(specs: &mut [RequestSpec]) {
+    for s in specs {
+        s.tag_socket = false;
+        s.memory_mb = 0;
+    }
+}
+
 /// The prefix-cache hit rate of an oracle placement: every request served where all earlier
 /// prompts are cached, in a cache that never evicts. A request's cached tokens are the leading
 /// run of its 512-token blocks that were part of an earlier request's prompt (the simulator

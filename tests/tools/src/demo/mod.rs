@@ -6,11 +6,16 @@
 //! - one **`ailb agent`** per GPU, reading that GPU through a fake `libnvidia-ml.so` (built here
 //!   with gcc from `tests/integration/fixtures/fake_nvml.c`) and the server's vLLM metrics, and registering
 //!   the instance in rnacos with its metadata;
-//! - the **gateway**, `ailb run` with Nacos discovery and the AI-aware policy, attached to a child
-//!   cgroup created here (never the cgroup2 root);
+//! - the **balancer**, `ailb run` with Nacos discovery and the AI-aware policy, attached to a
+//!   child cgroup created here (never the cgroup2 root);
+//! - the **front door**, `ailb gateway`, inside that cgroup: an OpenAI-style HTTP server that
+//!   opens a fresh upstream connection per request, tagged with the request's model, memory
+//!   and conversation, so the kernel picks a backend per request;
 //! - a **load generator**, `ailb-replay` (the synthetic mix of short questions and long
-//!   generations, or `--trace` for the Mooncake trace), inside that cgroup, tagging each
-//!   connection with its conversation and memory need;
+//!   generations, or `--trace` for the Mooncake trace), speaking plain HTTP to the front door
+//!   as users' clients would (the model in the body, the conversation as `X-Session-ID`, no
+//!   socket tag); with `--socket-abi` it runs inside the cgroup instead and tags each of its
+//!   own connections to the VIP through the ailb client ABI;
 //! - a **live view** every `--every-s` seconds: per backend its policy weight, table share,
 //!   in-flight connections, picks, and the GPU's utilisation, KV-cache use and queue.
 //!
@@ -21,7 +26,7 @@
 mod view;
 
 use std::io::Write as _;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +36,7 @@ use ailb_sim::replay;
 use ailb_tests::client::spawn_in_cgroup;
 use ailb_tests::nacos::{free_port, RnacosServer};
 use ailb_tests::status::live_backends;
-use ailb_tests::{base_config, preflight, wait_until, CgroupGuard, Daemon};
+use ailb_tests::{base_config, preflight, wait_until, CgroupGuard, Daemon, GatewayProcess};
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::Value;
@@ -69,6 +74,10 @@ pub struct Args {
     /// Seconds between two live views.
     #[arg(long, default_value_t = 2)]
     pub every_s: u64,
+    /// The load skips the front door: it runs inside the cgroup and tags each of its own
+    /// connections to the VIP through the ailb client ABI (the socket-ABI path).
+    #[arg(long)]
+    pub socket_abi: bool,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -137,18 +146,26 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         gpus.push(start_gpu(i, p, &args, &nacos, dir.path())?);
         say(&format!("GPU {i}: ailb-sim {p} on {} with its agent", gpus[i].gpu.addr));
     }
-    let daemon = start_gateway(&ailb, &cg, &nacos, gpus.len());
+    let front_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let daemon = start_balancer(&ailb, &cg, &nacos, gpus.len(), front_addr);
+    let mut front = GatewayProcess::start(&ailb, daemon.config_path(), &cg, front_addr);
+    say(&format!(
+        "front door `ailb gateway` (pid {}) in the cgroup: http://{front_addr}/v1/chat/completions",
+        front.pid()
+    ));
 
     let out = dir.path().join("replay.json");
-    let mut load = start_load(&args, &cg, dir.path(), &out)?;
+    let mut load = start_load(&args, &cg, front_addr, dir.path(), &out)?;
     let started = Instant::now();
-    let finished = watch(&args, &daemon, &mut gpus, &mut load, dir.path(), started)?;
-    print!("{}", view(&daemon, &gpus, started));
+    let mut world = World { daemon: &daemon, front: &mut front, gpus: &mut gpus };
+    let finished = watch(&args, &mut world, &mut load, dir.path(), started)?;
+    print!("{}", view(&daemon, front_addr, &gpus, started));
     if let Some(st) = finished {
         load_done(st, dir.path(), &out)?;
     }
-    say("tearing down: load, agents (they deregister), GPUs, gateway (pins removed), rnacos, cgroup");
+    say("tearing down: load, front door, agents (they deregister), GPUs, balancer (pins removed), rnacos, cgroup");
     drop(load);
+    drop(front);
     drop(gpus);
     drop(daemon);
     drop(nacos);
@@ -157,9 +174,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The gateway, `ailb run` with Nacos discovery and the AI-aware policy, ready once all `n`
-/// GPUs are live in its table.
-fn start_gateway(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize) -> Daemon {
+/// The balancer, `ailb run` with Nacos discovery and the AI-aware policy, ready once all `n`
+/// GPUs are live in its table. Its config also holds the front door's `[gateway]` section
+/// (listening on `front`), which `ailb run` ignores.
+fn start_balancer(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize, front: SocketAddr) -> Daemon {
     let listen = format!("127.0.0.1:{}", free_port());
     // GPU capability: the simulated A100 prefills 2.7x and decodes 1.6x as fast as the 3090.
     let mut cfg = base_config("demo", cg);
@@ -167,11 +185,14 @@ fn start_gateway(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize) 
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\nrequired_memory_mb = 2048\naffinity_ttl = \"10m\"\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"200ms\"\n\n\
-         [policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n",
+         [policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n\n\
+         [gateway]\nlisten = [\"{front}\"]\n",
         nacos.url()
     );
     let daemon = Daemon::start(ailb, &cfg);
-    say(&format!("gateway `ailb run` ready: VIP {VIP}, metrics http://{listen}/metrics, plan http://{listen}/v1/plan"));
+    say(&format!(
+        "balancer `ailb run` ready: VIP {VIP}, metrics http://{listen}/metrics, plan http://{listen}/v1/plan"
+    ));
     wait_until("every GPU registered by its agent and live in the gateway's table", Duration::from_secs(30), || {
         (live_backends(&daemon.status(), MODEL) == n).then_some(())
     });
@@ -179,11 +200,17 @@ fn start_gateway(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize) 
     daemon
 }
 
-/// The load generator, `ailb-replay` in the cgroup, writing its report to `out` and its output
-/// to `dir`.
-fn start_load(args: &Args, cg: &CgroupGuard, dir: &Path, out: &Path) -> anyhow::Result<Proc> {
+/// The load generator, `ailb-replay`, writing its report to `out` and its output to `dir`: plain
+/// HTTP to the front door at `front` from outside the cgroup (its clients need not be in it),
+/// or with `--socket-abi` inside the cgroup, tagging its own connections to the VIP.
+fn start_load(args: &Args, cg: &CgroupGuard, front: SocketAddr, dir: &Path, out: &Path) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(sibling_bin("ailb-replay"));
-    cmd.args(["--vip", VIP, "--model", MODEL, "--limit", &args.requests.to_string()])
+    if args.socket_abi {
+        cmd.args(["--vip", VIP]);
+    } else {
+        cmd.arg("--gateway").arg(front.to_string());
+    }
+    cmd.args(["--model", MODEL, "--limit", &args.requests.to_string()])
         .args(["--speed", &args.time_scale.to_string(), "--concurrency", "256", "--quiet"])
         .arg("--out")
         .arg(out)
@@ -195,9 +222,14 @@ fn start_load(args: &Args, cg: &CgroupGuard, dir: &Path, out: &Path) -> anyhow::
     } else {
         cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
     }
-    let load = Proc { name: "ailb-replay".into(), child: spawn_in_cgroup(&mut cmd, cg.path()) };
+    let (child, path) = if args.socket_abi {
+        (spawn_in_cgroup(&mut cmd, cg.path()), format!("in the cgroup, socket tags to the VIP {VIP}"))
+    } else {
+        (cmd.spawn().context("starting ailb-replay")?, format!("plain HTTP to the front door http://{front}"))
+    };
+    let load = Proc { name: "ailb-replay".into(), child };
     say(&format!(
-        "load: ailb-replay ({}, {} requests, speed x{}) in the cgroup; Ctrl-C stops the demo",
+        "load: ailb-replay ({}, {} requests, speed x{}), {path}; Ctrl-C stops the demo",
         if args.trace { "Mooncake trace" } else { "synthetic mix" },
         args.requests,
         args.time_scale
@@ -205,12 +237,18 @@ fn start_load(args: &Args, cg: &CgroupGuard, dir: &Path, out: &Path) -> anyhow::
     Ok(load)
 }
 
+/// What the live view watches besides the load.
+struct World<'a> {
+    daemon: &'a Daemon,
+    front: &'a mut GatewayProcess,
+    gpus: &'a mut [Gpu],
+}
+
 /// Shows the live view every `--every-s` until the load exits (its status), or Ctrl-C or
-/// `--duration-s` (`None`); an error when a GPU or an agent exits first.
+/// `--duration-s` (`None`); an error when a GPU, an agent or the front door exits first.
 fn watch(
     args: &Args,
-    daemon: &Daemon,
-    gpus: &mut [Gpu],
+    w: &mut World<'_>,
     load: &mut Proc,
     dir: &Path,
     started: Instant,
@@ -229,7 +267,10 @@ fn watch(
         if let Some(st) = load.exited() {
             break Some(st);
         }
-        for g in gpus.iter_mut() {
+        if let Some(st) = w.front.exited() {
+            bail!("the front door `ailb gateway` exited ({st}):\n{}", w.front.log());
+        }
+        for g in w.gpus.iter_mut() {
             for p in [&mut g.gpu.sim, &mut g.agent] {
                 if let Some(st) = p.exited() {
                     bail!("{} exited ({st}); logs in {}", p.name, dir.display());
@@ -238,7 +279,7 @@ fn watch(
         }
         if Instant::now() >= next {
             next += every;
-            print!("{}", view(daemon, gpus, started));
+            print!("{}", view(w.daemon, w.front.addr(), w.gpus, started));
             let _ = std::io::stdout().flush();
         }
         std::thread::sleep(Duration::from_millis(50));

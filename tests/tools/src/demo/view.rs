@@ -1,7 +1,9 @@
-//! The demo's live view: one row per GPU, from the gateway's pinned maps and the GPU itself.
+//! The demo's live view: the front door's address, then one row per GPU, from the balancer's
+//! pinned maps and the GPU itself.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use ailb_tests::status::model_backends;
@@ -11,8 +13,9 @@ use serde_json::Value;
 use super::{Gpu, MODEL};
 use crate::sim_gpus::get_ok;
 
-/// The live view: one row per GPU, joined from the gateway's pinned maps and the GPU itself.
-pub(super) fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
+/// The live view: the front door at `front`, then one row per GPU, joined from the balancer's
+/// pinned maps and the GPU itself.
+pub(super) fn view(daemon: &Daemon, front: SocketAddr, gpus: &[Gpu], started: Instant) -> String {
     // Each GPU's state, read once per view.
     let sims: Vec<Option<Value>> =
         gpus.iter().map(|g| get_ok(g.gpu.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok())).collect();
@@ -24,7 +27,8 @@ pub(super) fn view(daemon: &Daemon, gpus: &[Gpu], started: Instant) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n--- t = {:>3} s   requests answered {replay_done}   gateway: picks {}  affinity hits {}  spills {}  refused {}",
+        "\n--- t = {:>3} s   front door http://{front}   requests answered {replay_done}   \
+         kernel: picks {}  affinity hits {}  spills {}  refused {}",
         started.elapsed().as_secs(),
         s["picks"],
         s["affinity_hits"],
