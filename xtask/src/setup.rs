@@ -292,32 +292,48 @@ fn bpffs(r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// The peer routers `ailb-compare` runs against ailb, pinned (PyPI wheels).
-const PEER_ROUTERS: &[(&str, &str, &str)] =
-    &[("sglang-router", "0.3.2", "sglang-router"), ("vllm-router", "0.1.17", "vllm-router")];
+/// The peer routers `ailb-compare` runs against ailb, pinned (PyPI wheels): (package,
+/// version, the program it installs).
+const PEER_ROUTERS: &[(&str, &str, Option<&str>)] =
+    &[("sglang-router", "0.3.2", Some("sglang-router")), ("vllm-router", "0.1.17", Some("vllm-router"))];
 
-/// The peer routers in a venv under `target/peers-venv` (where `ailb-compare` looks): reused
-/// when every pinned version is there, else created and installed with pip. Never fails setup:
-/// without python3's venv or PyPI the summary says "skipped" and the comparison reports the
-/// peers as not installed.
+/// The official `openai` Python client the front-door test (`gateway_openai`) drives
+/// `ailb gateway` with, pinned so the test sees one client version.
+const OPENAI_CLIENT: &[(&str, &str, Option<&str>)] = &[("openai", "3.57.0", None)];
+
+/// The peer routers in `target/peers-venv`, where `ailb-compare` looks.
 fn peer_routers(r: &mut Report) {
-    let venv = util::workspace_root().join("target/peers-venv");
-    let pins: Vec<String> = PEER_ROUTERS.iter().map(|(pkg, v, _)| format!("{pkg}=={v}")).collect();
+    python_venv(r, "peer routers", "target/peers-venv", PEER_ROUTERS, "ailb-compare reports them as not installed");
+}
+
+/// The `openai` client in `target/client-venv`, where the `gateway_openai` test looks.
+fn client_venv(r: &mut Report) {
+    python_venv(r, "python client", "target/client-venv", OPENAI_CLIENT, "the gateway_openai test skips");
+}
+
+/// A venv `dir` (relative to the workspace root) holding `packages` at their pinned versions:
+/// reused when every pin (and the program it installs) is there, else created and installed
+/// with pip. Never fails setup: without python3's venv or PyPI the summary says "skipped" and
+/// why, and what uses the venv reports itself skipped (`without`).
+fn python_venv(r: &mut Report, label: &str, dir: &str, packages: &[(&str, &str, Option<&str>)], without: &str) {
+    let venv = util::workspace_root().join(dir);
+    let pins: Vec<String> = packages.iter().map(|(pkg, v, _)| format!("{pkg}=={v}")).collect();
     let python = venv.join("bin/python3");
     let have = |pkg: &str, version: &str| {
         util::output(Command::new(&python).args(["-m", "pip", "show", pkg]))
             .is_ok_and(|out| out.lines().any(|l| l.trim() == format!("Version: {version}")))
     };
-    let all_there = || PEER_ROUTERS.iter().all(|(pkg, v, bin)| venv.join("bin").join(bin).is_file() && have(pkg, v));
+    let all_there =
+        || packages.iter().all(|(pkg, v, bin)| bin.is_none_or(|b| venv.join("bin").join(b).is_file()) && have(pkg, v));
     if all_there() {
-        r.present.push(format!("peer routers {} ({})", pins.join(", "), venv.display()));
+        r.present.push(format!("{label} {} ({})", pins.join(", "), venv.display()));
         return;
     }
-    let step = Step::start(format!("installing the peer routers {} into {}", pins.join(", "), venv.display()));
+    let step = Step::start(format!("installing the {label} {} into {}", pins.join(", "), venv.display()));
     if !python.is_file() {
         if let Err(e) = util::run(Command::new("python3").arg("-m").arg("venv").arg(&venv)) {
             r.skipped.push(format!(
-                "peer routers: python3 -m venv {} failed ({e:#}); apt-get install python3-venv",
+                "{label}: python3 -m venv {} failed ({e:#}); apt-get install python3-venv; {without}",
                 venv.display()
             ));
             return;
@@ -341,67 +357,14 @@ fn peer_routers(r: &mut Report) {
     match pip {
         Ok(()) if all_there() => {
             step.done();
-            r.done.push(format!("installed the peer routers {} into {}", pins.join(", "), venv.display()));
+            r.done.push(format!("installed the {label} {} into {}", pins.join(", "), venv.display()));
         }
-        Ok(()) => r.skipped.push(format!("peer routers: pip installed {} but a router binary is missing", pins.join(", "))),
-        Err(e) => r.skipped.push(format!(
-            "peer routers: pip install {} failed ({e:#}; is PyPI reachable?): ailb-compare reports them as not installed",
-            pins.join(" ")
-        )),
-    }
-}
-
-/// The official `openai` Python client the front-door test (`gateway_openai`) drives
-/// `ailb gateway` with, pinned so the test sees one client version.
-const OPENAI_CLIENT: (&str, &str) = ("openai", "3.57.0");
-
-/// The venv `target/client-venv` with the pinned `openai` client: reused when the pinned
-/// version is there, else created and installed with pip. Never fails setup: without python3's
-/// venv or PyPI the summary says "skipped" and the test reports itself skipped.
-fn client_venv(r: &mut Report) {
-    let venv = util::workspace_root().join("target/client-venv");
-    let (pkg, version) = OPENAI_CLIENT;
-    let pin = format!("{pkg}=={version}");
-    let python = venv.join("bin/python3");
-    let there = || {
-        util::output(Command::new(&python).args(["-m", "pip", "show", pkg]))
-            .is_ok_and(|out| out.lines().any(|l| l.trim() == format!("Version: {version}")))
-    };
-    if there() {
-        r.present.push(format!("python client {pin} ({})", venv.display()));
-        return;
-    }
-    let step = Step::start(format!("installing the python client {pin} into {}", venv.display()));
-    if !python.is_file() {
-        if let Err(e) = util::run(Command::new("python3").arg("-m").arg("venv").arg(&venv)) {
-            r.skipped.push(format!(
-                "python client: python3 -m venv {} failed ({e:#}); apt-get install python3-venv",
-                venv.display()
-            ));
-            return;
+        Ok(()) => {
+            r.skipped.push(format!("{label}: pip installed {} but a package or program is missing", pins.join(", ")))
         }
-    }
-    let pip = util::run(Command::new(&python).args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--timeout",
-        "20",
-        "--retries",
-        "1",
-        &pin,
-    ]));
-    match pip {
-        Ok(()) if there() => {
-            step.done();
-            r.done.push(format!("installed the python client {pin} into {}", venv.display()));
-        }
-        Ok(()) => r.skipped.push(format!("python client: pip installed {pin} but pip does not show it")),
-        Err(e) => r.skipped.push(format!(
-            "python client: pip install {pin} failed ({e:#}; is PyPI reachable?): the gateway_openai test skips"
-        )),
+        Err(e) => r
+            .skipped
+            .push(format!("{label}: pip install {} failed ({e:#}; is PyPI reachable?): {without}", pins.join(" "))),
     }
 }
 
