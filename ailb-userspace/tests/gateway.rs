@@ -367,3 +367,47 @@ async fn an_http10_upstream_does_not_close_the_client_connection() {
         assert_eq!(body, "ok");
     }
 }
+
+/// An upstream that goes away in the middle of an event stream: the client gets the events sent so
+/// far, then one error event in OpenAI's shape, then a clean end of the stream (never a hang).
+#[tokio::test]
+async fn an_upstream_gone_mid_stream_ends_the_stream_with_an_error_event() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const FIRST: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(&buf).contains("\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the gateway closed before sending its request");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        s.write_all(format!("{head}{:x}\r\n{FIRST}\r\n", FIRST.len()).as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+        // Broken off: the socket goes without the terminating chunk.
+        drop(s);
+    });
+    let gw = gateway(addr, "").await;
+    let mut c = client(gw).await;
+    let (resp, body) = tokio::time::timeout(
+        Duration::from_secs(10),
+        send(&mut c, post("/v1/chat/completions", &[], r#"{"model":"m","stream":true,"messages":[]}"#)),
+    )
+    .await
+    .expect("the broken stream must end within 10 s, not hang");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let rest =
+        text.strip_prefix(FIRST).unwrap_or_else(|| panic!("the event sent before the reset comes first: {text:?}"));
+    let json = rest
+        .strip_prefix("data: ")
+        .and_then(|r| r.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("then exactly one more event: {rest:?}"));
+    let (code, msg) = error_code(&Bytes::from(json.to_string()));
+    assert_eq!(code, "upstream_error");
+    assert!(msg.contains("broke off"), "{msg}");
+}

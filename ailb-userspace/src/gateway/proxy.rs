@@ -153,8 +153,16 @@ pub enum RelayError {
 
 /// The upstream's response body, forwarded frame by frame as it arrives; it records the
 /// time to first byte, and on its end (or drop) the request's duration and access log.
+///
+/// When an event stream (`text/event-stream`) breaks off (the upstream reset, or a timeout),
+/// the client gets one last event, `data: {"error": {...}}` in OpenAI's error shape, and a
+/// clean end of the stream: an SSE client reads that as the answer's end with a reason, where a
+/// cut connection would look like a network fault or, to some clients, like a hang. Other
+/// bodies end with an error, which aborts the response (the client sees it incomplete).
 pub struct Relay {
     inner: Incoming,
+    sse: bool,
+    done: bool,
     idle: Duration,
     idle_timer: Pin<Box<Sleep>>,
     total: Duration,
@@ -166,8 +174,13 @@ pub struct Relay {
 }
 
 impl Relay {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is a separate part of one relayed request; a struct would only rename them"
+    )]
     pub fn new(
         inner: Incoming,
+        sse: bool,
         driver: AbortOnDrop,
         permit: OwnedSemaphorePermit,
         log: RequestLog,
@@ -177,6 +190,8 @@ impl Relay {
     ) -> Self {
         Self {
             inner,
+            sse,
+            done: false,
             idle,
             idle_timer: Box::pin(tokio::time::sleep(idle)),
             total,
@@ -193,6 +208,18 @@ impl Relay {
             log.finish(outcome);
         }
     }
+
+    /// The body broke off: an event stream ends with an error event, any other body with `e`.
+    fn fail(&mut self, outcome: &'static str, e: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.finish(outcome);
+        if !self.sse {
+            return Poll::Ready(Some(Err(e)));
+        }
+        self.done = true;
+        let msg = format!("the upstream stream broke off: {}", crate::error_chain(&*e));
+        let event = format!("data: {}\n\n", ApiError::bad_gateway(msg).body());
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+    }
 }
 
 impl HttpBody for Relay {
@@ -201,9 +228,11 @@ impl HttpBody for Relay {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
         if this.total_timer.as_mut().poll(cx).is_ready() {
-            this.finish("total timeout");
-            return Poll::Ready(Some(Err(Box::new(RelayError::Total(this.total)))));
+            return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -216,18 +245,14 @@ impl HttpBody for Relay {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.finish("upstream error");
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
+            Poll::Ready(Some(Err(e))) => this.fail("upstream error", Box::new(e)),
             Poll::Ready(None) => {
                 this.finish("ok");
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 if this.idle_timer.as_mut().poll(cx).is_ready() {
-                    this.finish("idle timeout");
-                    return Poll::Ready(Some(Err(Box::new(RelayError::Idle(this.idle)))));
+                    return this.fail("idle timeout", Box::new(RelayError::Idle(this.idle)));
                 }
                 Poll::Pending
             }
@@ -235,7 +260,7 @@ impl HttpBody for Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -247,7 +272,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         // Dropped before its end: the client went away (or its connection failed); an
         // empty body may be dropped unpolled.
-        let outcome = if self.inner.is_end_stream() { "ok" } else { "client gone" };
+        let outcome = if self.done || self.inner.is_end_stream() { "ok" } else { "client gone" };
         self.finish(outcome);
     }
 }

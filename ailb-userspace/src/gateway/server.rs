@@ -171,8 +171,13 @@ impl Gateway {
         match result {
             Ok((resp, driver)) => {
                 let (parts, body) = resp.into_parts();
+                let sse = parts
+                    .headers
+                    .get(hyper::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
                 let relay =
-                    Relay::new(body, driver, permit, log, self.cfg.idle_timeout, deadline, self.cfg.total_timeout);
+                    Relay::new(body, sse, driver, permit, log, self.cfg.idle_timeout, deadline, self.cfg.total_timeout);
                 Response::from_parts(parts, relay.boxed_unsync())
             }
             Err(e) => answer(log, e),
