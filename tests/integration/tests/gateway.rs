@@ -22,9 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ailb_tests::status::{ailb_status, model_inflight};
-use ailb_tests::{
-    base_config, percent, preflight, run_cmd, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess,
-};
+use ailb_tests::{base_config, percent, preflight, run_cmd, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
@@ -118,12 +116,13 @@ fn explain(bin: &Path, bpffs: &Path, conversation: &str) -> (String, String) {
     (c["backend"].as_str().unwrap_or("refused").to_string(), c["outcome"].as_str().unwrap_or("").to_string())
 }
 
-/// Waits until the kernel counts no connection of [`MODEL`] in flight.
-fn wait_idle(bin: &Path, bpffs: &Path) {
-    wait_until(&format!("no connection of {MODEL} in flight"), Duration::from_secs(10), || {
-        let status = ailb_status(bin, bpffs).ok()?;
-        (model_inflight(&status).get(MODEL) == Some(&0)).then_some(())
-    });
+/// The kernel counts no connection of [`MODEL`] in flight: the front door ends an upstream
+/// connection's count before the response's last byte reaches the client, so the client's
+/// next request never sees its previous one in flight (the load bound would divert it).
+fn assert_idle(bin: &Path, bpffs: &Path, before: usize) {
+    let status = ailb_status(bin, bpffs).unwrap_or_else(|e| panic!("ailb status: {e}"));
+    let n = model_inflight(&status).get(MODEL).copied();
+    assert_eq!(n, Some(0), "in flight before request {before}, after the previous one was answered");
 }
 
 fn session(i: usize) -> String {
@@ -140,7 +139,9 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
     for (addr, w) in BACKENDS {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, w));
     }
-    cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\n");
+    // A fresh upstream connection (and kernel pick) per request: what this test counts.
+    // Kept connections are `gateway_reuse.rs`'s.
+    cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\nupstream_reuse = \"never\"\n");
     let daemon = Daemon::start(&bin, &cfg);
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, GATEWAY.parse().unwrap());
 
@@ -159,14 +160,10 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
         let mut by_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for i in 0..REQUESTS {
             let session = session(i % SESSIONS);
-            if i < SESSIONS {
-                // The gateway answers before its upstream socket of the previous request has
-                // closed, so that request may still count in flight at the next connect, and the
-                // load bound diverts a pick to a small-weight backend then. A session's first
-                // pick is the table's when nothing is in flight: wait for that (this blocks the
-                // test's own thread only; the backends and the client connection run on the
-                // runtime's workers).
-                wait_idle(&bin, daemon.bpffs());
+            if i < 3 * SESSIONS {
+                // (This blocks the test's own thread only; the backends and the client
+                // connection run on the runtime's workers.)
+                assert_idle(&bin, daemon.bpffs(), i);
             }
             let body = json!({"model": MODEL, "messages": [{"role": "user", "content": format!("request {i}")}]});
             let (backend, conv, answered) = chat(&mut c, Some(&session), &body).await;
