@@ -316,7 +316,8 @@ async fn models_health_and_metrics() {
     assert_eq!(resp.status(), StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["dead", "m"]);
+    assert_eq!(ids, ["dead", "m"], "no daemon.listen: the whole catalog");
+    assert!(v["data"].as_array().unwrap().iter().all(|m| m["ailb_live"].is_null()), "and it says it cannot tell");
     assert_eq!(send(&mut c, get("/healthz")).await.0.status(), StatusCode::OK);
     send(&mut c, post("/v1/chat/completions", &[], CHAT)).await;
     let (resp, body) = send(&mut c, get("/metrics")).await;
@@ -594,4 +595,75 @@ async fn a_body_slower_than_the_header_timeout_is_408() {
     assert_eq!(error_code(&body).0, "request_timeout");
     assert!(started.elapsed() < Duration::from_secs(5), "cut off at the header timeout: {:?}", started.elapsed());
     assert_eq!(up.accepted.load(Ordering::SeqCst), 0);
+}
+
+/// `/v1/models` lists the models the daemon's plan says have a live backend (`daemon.listen`,
+/// `GET /v1/plan`), and the whole catalog while the daemon does not answer.
+#[tokio::test]
+async fn models_are_those_with_a_live_backend() {
+    let up = upstream().await;
+    // A stand-in for `ailb run`'s endpoint: `m` is available, `dead` is not.
+    let daemon = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let daemon_addr = daemon.local_addr().unwrap();
+    let answering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let on = answering.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = daemon.accept().await.unwrap();
+            let on = on.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let on = on.load(Ordering::SeqCst);
+                    async move {
+                        assert_eq!(req.uri().path(), "/v1/plan");
+                        let plan = r#"{"generation":3,"models":{
+                            "m":{"vips":[],"backends":[],"affinity_ttl":null,"available":true,"weights_held":false},
+                            "dead":{"vips":[],"backends":[],"affinity_ttl":null,"available":false,"weights_held":false}}}"#;
+                        let (status, body) = if on { (200, plan) } else { (500, "down") };
+                        Ok::<_, Infallible>(
+                            Response::builder().status(status).body(Full::new(Bytes::from(body))).unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    let text = format!(
+        "[daemon]\nlisten = \"{daemon_addr}\"\n[[models]]\nname = \"m\"\nvips = [\"{}\"]\n\n[[models]]\nname = \"dead\"\n\
+         vips = [\"127.0.0.1:{}\"]\n",
+        up.addr,
+        refused_port()
+    );
+    let config = Config::parse(&text, "test").unwrap();
+    let valid = config.validate().unwrap();
+    let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Gateway::new(&valid, gw, Registry::default()).serve(listener));
+    let mut c = client(addr).await;
+    let list = |v: serde_json::Value| -> Vec<(String, serde_json::Value)> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["id"].as_str().unwrap().to_string(), m["ailb_live"].clone()))
+            .collect()
+    };
+    let get = || Request::get("/v1/models").header("host", "gw").body(Full::new(Bytes::new()).boxed_unsync()).unwrap();
+    let (resp, body) = send(&mut c, get()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(list(serde_json::from_slice(&body).unwrap()), [("m".to_string(), serde_json::Value::Bool(true))]);
+    // The daemon stops answering: past the cache, the whole catalog, marked unknown.
+    answering.store(false, Ordering::SeqCst);
+    tokio::time::sleep(ailb_userspace::gateway::models::TTL + Duration::from_millis(100)).await;
+    let (_, body) = send(&mut c, get()).await;
+    let ids: Vec<String> = list(serde_json::from_slice(&body).unwrap())
+        .into_iter()
+        .map(|(id, live)| {
+            assert!(live.is_null());
+            id
+        })
+        .collect();
+    assert_eq!(ids, ["dead", "m"]);
 }

@@ -1,20 +1,120 @@
 //! `ailb explain --model M [--conversation ID] [--json]`: why each backend of a model has its
 //! weight (from the daemon's `/v1/plan`), and which backend a conversation gets now (the
-//! kernel's pick, run over the pinned maps).
+//! kernel's pick, run over the pinned maps). `ailb explain --request FILE [-H ...]`: first the
+//! routing inputs the front door finds in that request (the same code as `ailb gateway`),
+//! then the same for its model, conversation and memory need.
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::{SocketAddr, SocketAddrV4},
+    path::Path,
+    time::Duration,
+};
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::{
     datapath::explain::{explain_conversation, ConversationExplain},
+    gateway::route::{Inputs, KeySource, MemorySource},
     policy::{ModelPlan, PlanView},
 };
+
+/// What to explain.
+pub enum What {
+    Model { model: String, conversation: Option<String>, memory_mb: u32 },
+    Request(RequestInputs),
+}
+
+/// A request's routing inputs as the front door finds them.
+#[derive(Debug, Serialize)]
+pub struct RequestInputs {
+    pub path: String,
+    #[serde(flatten)]
+    pub inputs: Inputs,
+    /// Where the front door connects for it (the model's first VIP).
+    pub vip: SocketAddrV4,
+    /// The conversation key's hash, as `ailb hash` prints it.
+    pub conversation_hash: Option<String>,
+}
+
+/// The routing inputs of a request with body `body` (a file, or `-` for standard input),
+/// `path` and `headers` ("Name: value"), by the catalog and `[gateway]` of `config`.
+pub fn request_inputs(
+    config: Option<&Path>,
+    body: &Path,
+    path: &str,
+    headers: &[String],
+) -> anyhow::Result<RequestInputs> {
+    let (valid, gateway) = crate::gateway::load(config)?;
+    let bytes = if body == Path::new("-") {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("reading the request body from stdin")?;
+        b
+    } else {
+        std::fs::read(body).with_context(|| format!("reading the request body {}", body.display()))?
+    };
+    let mut map = hyper::HeaderMap::new();
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            bail!("--header {h:?}: expected \"Name: value\"");
+        };
+        let name = hyper::header::HeaderName::try_from(name.trim())
+            .with_context(|| format!("--header {h:?}: invalid header name {:?}", name.trim()))?;
+        let value = hyper::header::HeaderValue::try_from(value.trim())
+            .with_context(|| format!("--header {h:?}: invalid header value"))?;
+        map.append(name, value);
+    }
+    let (inputs, vip) = crate::gateway::routing_inputs(&valid, &gateway, path, &map, &bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the front door would answer {} ({}): {}",
+            e.status.as_u16(),
+            e.code.unwrap_or(e.kind),
+            e.message
+        )
+    })?;
+    let conversation_hash = inputs.conversation.as_ref().map(|c| format!("{:#018x}", c.hash()));
+    Ok(RequestInputs { path: path.to_string(), inputs, vip, conversation_hash })
+}
+
+fn print_request(r: &RequestInputs) {
+    let i = &r.inputs;
+    println!("request POST {} -> model {} (VIP {})", r.path, i.model, r.vip);
+    match (i.memory_mb, i.memory_source) {
+        (Some(mb), Some(src)) => {
+            let from = match src {
+                MemorySource::Header => "X-Required-Memory",
+                MemorySource::HeaderMb => "X-Required-Memory-MB",
+                MemorySource::Model => "the model's required_memory_mb",
+                MemorySource::Estimate => "the estimate from the prompt, max_tokens and kv_bytes_per_token",
+            };
+            println!("  memory       {mb} MB (from {from})");
+        }
+        _ => println!("  memory       none (any backend fits)"),
+    }
+    match (&i.conversation, &r.conversation_hash) {
+        (Some(c), Some(h)) => {
+            let from = match c.source {
+                KeySource::SessionHeader => "X-Session-ID",
+                KeySource::PromptCacheKey => "the body's prompt_cache_key",
+                KeySource::Cookie => "the llm-d-session cookie",
+                KeySource::ConfiguredHeader => "gateway.session_header",
+                KeySource::Derived => {
+                    "derived from the request (model, system prompt, first user message or prompt prefix)"
+                }
+            };
+            println!("  conversation {:?} (hash {h}, from {from})", c.key);
+        }
+        _ => println!("  conversation none: a fresh weighted pick for every request"),
+    }
+    println!();
+}
 
 /// What `ailb explain --json` prints.
 #[derive(Debug, Serialize)]
 struct ExplainOutput<'a> {
+    /// The request's routing inputs (`--request` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request: Option<&'a RequestInputs>,
     model: &'a str,
     /// The model's plan from `/v1/plan`; `null` without the daemon's endpoint.
     plan: Option<ModelPlan>,
@@ -54,14 +154,20 @@ fn model_plan(view: Option<PlanView>, model: &str) -> anyhow::Result<ModelPlan> 
     }
 }
 
-pub fn explain(
-    listen: Option<SocketAddr>,
-    bpffs: &Path,
-    model: &str,
-    conversation: Option<&str>,
-    memory_mb: u32,
-    json: bool,
-) -> anyhow::Result<()> {
+pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool) -> anyhow::Result<()> {
+    let (request, model, conversation, memory_mb) = match what {
+        What::Model { model, conversation, memory_mb } => (None, model, conversation, memory_mb),
+        What::Request(r) => {
+            let (model, conv, mb) =
+                (r.inputs.model.clone(), r.inputs.conversation.as_ref().map(|c| c.key.clone()), r.inputs.memory_mb);
+            (Some(r), model, conv, mb.unwrap_or(0))
+        }
+    };
+    let (model, conversation) = (model.as_str(), conversation.as_deref());
+    if let (Some(r), false) = (&request, json) {
+        // First: the inputs stand on their own, even when the kernel's maps cannot be read.
+        print_request(r);
+    }
     let plan = match listen {
         Some(addr) => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -71,7 +177,7 @@ pub fn explain(
     };
     let conv = conversation.map(|c| explain_conversation(bpffs, model, c, memory_mb)).transpose()?;
     if json {
-        let out = ExplainOutput { model, plan, conversation: conv };
+        let out = ExplainOutput { request: request.as_ref(), model, plan, conversation: conv };
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -222,7 +328,9 @@ mod tests {
     #[test]
     fn explain_json_nests_the_models_plan() {
         let plan = model_plan(Some(view()), "m").unwrap();
-        let out = serde_json::to_value(ExplainOutput { model: "m", plan: Some(plan), conversation: None }).unwrap();
+        let out =
+            serde_json::to_value(ExplainOutput { request: None, model: "m", plan: Some(plan), conversation: None })
+                .unwrap();
         assert_eq!(out["model"], "m");
         assert_eq!(out["plan"]["backends"][0]["address"], "10.0.0.1:8000");
         assert_eq!(out["plan"]["backends"][1]["eligible"], false);

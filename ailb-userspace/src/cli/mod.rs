@@ -47,10 +47,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Why each backend of a model has its weight, and which backend a conversation gets now.
+    /// Why each backend of a model has its weight, and which backend a conversation gets now;
+    /// with `--request`, first the routing inputs the front door finds in an HTTP request.
     Explain {
+        #[arg(long, required_unless_present = "request", conflicts_with = "request")]
+        model: Option<String>,
+        /// A request body (JSON; `-` for standard input): explain the front door's routing
+        /// inputs of this request (model, memory, conversation), then its pick.
         #[arg(long)]
-        model: String,
+        request: Option<PathBuf>,
+        /// The request's path, with `--request`.
+        #[arg(long, default_value = "/v1/chat/completions", requires = "request")]
+        path: String,
+        /// A request header ("Name: value"; repeatable), with `--request`.
+        #[arg(short = 'H', long = "header", requires = "request")]
+        headers: Vec<String>,
         #[arg(long)]
         conversation: Option<String>,
         /// Memory hint (MB) for the conversation's pick, as AILB_REQUIRED_MEMORY_MB would give.
@@ -97,12 +108,22 @@ pub fn main() -> ExitCode {
             })
             .map_err(anyhow::Error::from),
         Command::Status { bpffs, json } => status::status(&bpffs, json),
-        Command::Explain { model, conversation, memory_mb, config, listen, bpffs, json } => (|| {
-            let cfg = config.as_deref().map(|p| config::load_valid(Some(p))).transpose()?;
-            let listen = listen.or(cfg.as_ref().and_then(|c| c.listen));
-            let bpffs = bpffs.or(cfg.as_ref().map(|c| c.bpffs.clone())).unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS));
-            explain::explain(listen, &bpffs, &model, conversation.as_deref(), memory_mb, json)
-        })(),
+        Command::Explain { model, request, path, headers, conversation, memory_mb, config, listen, bpffs, json } => {
+            (|| {
+                let cfg = config.as_deref().map(|p| config::load_valid(Some(p))).transpose()?;
+                let listen = listen.or(cfg.as_ref().and_then(|c| c.listen));
+                let bpffs =
+                    bpffs.or(cfg.as_ref().map(|c| c.bpffs.clone())).unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS));
+                let what = match (request, model) {
+                    (Some(body), _) => {
+                        explain::What::Request(explain::request_inputs(config.as_deref(), &body, &path, &headers)?)
+                    }
+                    (None, Some(model)) => explain::What::Model { model, conversation, memory_mb },
+                    (None, None) => anyhow::bail!("--model or --request is needed"),
+                };
+                explain::explain(listen, &bpffs, what, json)
+            })()
+        }
         Command::Hash { conversation } => {
             println!("{:#018x}", ailb_common::hash::conversation_hash(conversation.as_bytes()));
             Ok(())

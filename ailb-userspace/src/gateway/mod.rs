@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 mod log;
 pub mod metrics;
+pub mod models;
 pub mod pool;
 pub mod proxy;
 pub mod route;
@@ -35,7 +36,7 @@ use prometheus_client::registry::Registry;
 
 pub use config::{GatewayConfig, ValidGateway};
 pub use error::{ApiError, GatewayError};
-pub use server::{Gateway, BACKEND_HEADER, CONVERSATION_HEADER};
+pub use server::{routing_inputs, Gateway, BACKEND_HEADER, CONVERSATION_HEADER};
 
 /// The catalog and the `[gateway]` section of the config at `path` (or the embedded
 /// default), both validated.

@@ -30,6 +30,18 @@ pub enum Endpoint {
     Embeddings,
 }
 
+impl Endpoint {
+    /// The API of a request path (`None` for any other path).
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            _ => None,
+        }
+    }
+}
+
 /// What the catalog knows of a model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ModelFacts {
@@ -45,7 +57,8 @@ pub struct Rules<'a> {
 }
 
 /// Where a conversation key came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum KeySource {
     SessionHeader,
     PromptCacheKey,
@@ -54,7 +67,21 @@ pub enum KeySource {
     Derived,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a memory need came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// `X-Required-Memory` (GB).
+    Header,
+    /// `X-Required-Memory-MB`.
+    HeaderMb,
+    /// The model's `required_memory_mb`.
+    Model,
+    /// The estimate from the prompt's size, `max_tokens` and `kv_bytes_per_token`.
+    Estimate,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Conversation {
     /// The bytes tagged as `AILB_CONVERSATION` (1..=[`MAX_CONVERSATION_LEN`]).
     pub key: String,
@@ -68,10 +95,11 @@ impl Conversation {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Inputs {
     pub model: String,
     pub memory_mb: Option<u32>,
+    pub memory_source: Option<MemorySource>,
     pub conversation: Option<Conversation>,
 }
 
@@ -145,9 +173,9 @@ pub fn extract(
     let Some(model_facts) = facts(&model) else {
         return Err(RouteError::UnknownModel { model });
     };
-    let memory_mb = memory_mb(endpoint, headers, body, model_facts)?;
+    let memory = memory_mb(endpoint, headers, body, model_facts)?;
     let conversation = conversation(endpoint, headers, body, rules, &model)?;
-    Ok(Inputs { model, memory_mb, conversation })
+    Ok(Inputs { model, memory_mb: memory.map(|m| m.0), memory_source: memory.map(|m| m.1), conversation })
 }
 
 /// A header's value as text; `None` when absent or empty.
@@ -167,7 +195,7 @@ fn memory_mb(
     headers: &HeaderMap,
     body: &Value,
     facts: ModelFacts,
-) -> Result<Option<u32>, RouteError> {
+) -> Result<Option<(u32, MemorySource)>, RouteError> {
     if let Some(gb) = header_str(headers, "x-required-memory")? {
         let bad = |reason| RouteError::BadHeader { header: "X-Required-Memory", value: gb.to_string(), reason };
         let v: f64 = gb.parse().map_err(|_| bad("expected GB as a decimal number"))?;
@@ -178,7 +206,7 @@ fn memory_mb(
         if mb > u32::MAX as f64 {
             return Err(bad("too large"));
         }
-        return Ok(Some(mb as u32));
+        return Ok(Some((mb as u32, MemorySource::Header)));
     }
     if let Some(mb) = header_str(headers, "x-required-memory-mb")? {
         let v = mb.parse::<u32>().map_err(|_| RouteError::BadHeader {
@@ -186,16 +214,16 @@ fn memory_mb(
             value: mb.to_string(),
             reason: "expected whole MB (0..=4294967295)",
         })?;
-        return Ok(Some(v));
+        return Ok(Some((v, MemorySource::HeaderMb)));
     }
     if let Some(mb) = facts.required_memory_mb {
-        return Ok(Some(mb));
+        return Ok(Some((mb, MemorySource::Model)));
     }
     let Some(per_token) = facts.kv_bytes_per_token else { return Ok(None) };
     let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
     let max_tokens = max_tokens(body)?;
     let bytes = prompt_tokens.saturating_add(max_tokens).saturating_mul(per_token);
-    Ok(Some(u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)))
+    Ok(Some((u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX), MemorySource::Estimate)))
 }
 
 fn max_tokens(body: &Value) -> Result<u64, RouteError> {

@@ -21,6 +21,7 @@ use super::config::{UpstreamReuse, ValidGateway};
 use super::error::ApiError;
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ReuseLabel};
+use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
 use super::proxy::{self, BoxError, Relay, Reuse, Sent};
 use super::route::{self, Endpoint, ModelFacts, Rules};
@@ -54,6 +55,54 @@ pub struct ModelRoute {
     pub facts: ModelFacts,
 }
 
+/// Each model of the catalog with a VIP, as the front door routes it.
+pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, ModelRoute> {
+    config
+        .models
+        .iter()
+        .filter_map(|(name, m)| {
+            let vip = *m.spec.vips.first()?;
+            let facts = ModelFacts {
+                required_memory_mb: m.spec.required_memory_mb,
+                kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
+            };
+            Some((name.clone(), ModelRoute { vip, facts }))
+        })
+        .collect()
+}
+
+/// The routing inputs the front door would find in a request to `path` with `headers` and
+/// `body` (what `ailb explain --request` shows), or the error it would answer.
+pub fn routing_inputs(
+    config: &ValidConfig,
+    cfg: &ValidGateway,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(route::Inputs, SocketAddrV4), ApiError> {
+    let Some(endpoint) = Endpoint::from_path(path) else {
+        return Err(ApiError::not_found(format!("POST {path}: no such route")));
+    };
+    let models = routes(config, cfg);
+    let inputs = find_inputs(&models, cfg, endpoint, headers, body)?;
+    let vip = models[&inputs.model].vip;
+    Ok((inputs, vip))
+}
+
+/// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules.
+fn find_inputs(
+    models: &BTreeMap<String, ModelRoute>,
+    cfg: &ValidGateway,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<route::Inputs, route::RouteError> {
+    let json = route::parse_body(body)?;
+    let rules =
+        Rules { session_header: cfg.session_header.as_ref(), completion_prefix_bytes: cfg.completion_prefix_bytes };
+    route::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
+}
+
 /// The front door's state, shared by every connection.
 pub struct Gateway {
     cfg: ValidGateway,
@@ -63,28 +112,19 @@ pub struct Gateway {
     permits: Arc<Semaphore>,
     /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
     pool: Option<Arc<Pool>>,
+    live: Liveness,
 }
 
 impl Gateway {
     /// The catalog of `config` with the `[gateway]` settings; its metrics go on `registry`.
     pub fn new(config: &ValidConfig, cfg: ValidGateway, mut registry: Registry) -> Arc<Self> {
-        let models = config
-            .models
-            .iter()
-            .filter_map(|(name, m)| {
-                let vip = *m.spec.vips.first()?;
-                let facts = ModelFacts {
-                    required_memory_mb: m.spec.required_memory_mb,
-                    kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
-                };
-                Some((name.clone(), ModelRoute { vip, facts }))
-            })
-            .collect();
+        let models = routes(config, &cfg);
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize));
-        Arc::new(Self { cfg, models, metrics, registry, permits, pool })
+        let live = Liveness::new(config.listen);
+        Arc::new(Self { cfg, models, metrics, registry, permits, pool, live })
     }
 
     /// Accepts connections on `listener` and serves each (HTTP/1.1 with keep-alive, or
@@ -125,15 +165,10 @@ impl Gateway {
         peer: SocketAddr,
     ) -> Result<Response<Body>, Infallible> {
         let path = req.uri().path().to_string();
-        let endpoint = match path.as_str() {
-            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-            "/v1/completions" => Some(Endpoint::Completions),
-            "/v1/embeddings" => Some(Endpoint::Embeddings),
-            _ => None,
-        };
+        let endpoint = Endpoint::from_path(&path);
         let resp = match (req.method(), path.as_str(), endpoint) {
             (&Method::POST, _, Some(ep)) => return Ok(self.proxy(ep, req, peer).await),
-            (&Method::GET, "/v1/models", _) => self.list_models(),
+            (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
             (_, "/v1/models" | "/healthz" | "/metrics", _) | (_, _, Some(_)) => ApiError::new(
@@ -148,14 +183,27 @@ impl Gateway {
         Ok(resp)
     }
 
-    /// `GET /v1/models`: every model of the catalog. Whether a model has a live backend is
-    /// in the pinned maps, which this unprivileged process usually cannot read; a request
-    /// for a model without one gets 503 from its connect.
-    fn list_models(&self) -> Response<Body> {
+    /// `GET /v1/models`: the catalog's models that have a live backend now (the daemon's plan,
+    /// see [`Liveness`]); the whole catalog, each with `"ailb_live": null`, when the daemon
+    /// cannot say.
+    async fn list_models(&self) -> Response<Body> {
+        let live = self.live.available().await;
+        if let Err(e) = &live {
+            tracing::warn!(error = %crate::error_chain(e), "gateway: /v1/models lists the whole catalog");
+        }
         let data: Vec<_> = self
             .models
             .keys()
-            .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "ailb"}))
+            .filter_map(|name| {
+                let known = match &live {
+                    Ok(models) => Some(models.get(name).copied().unwrap_or(false)),
+                    Err(_) => None,
+                };
+                if known == Some(false) {
+                    return None;
+                }
+                Some(json!({"id": name, "object": "model", "created": 0, "owned_by": "ailb", "ailb_live": known}))
+            })
             .collect();
         text(StatusCode::OK, "application/json", json!({"object": "list", "data": data}).to_string())
     }
@@ -219,17 +267,11 @@ impl Gateway {
         let (parts, body) = req.into_parts();
         let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
-        let json = route::parse_body(&bytes)?;
-        let rules = Rules {
-            session_header: self.cfg.session_header.as_ref(),
-            completion_prefix_bytes: self.cfg.completion_prefix_bytes,
-        };
-        let inputs = route::extract(endpoint, &parts.headers, &json, rules, |m| self.models.get(m).map(|r| r.facts))
-            .inspect_err(|e| {
-                if let route::RouteError::UnknownModel { model } = e {
-                    log.model(model);
-                }
-            })?;
+        let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
+            if let route::RouteError::UnknownModel { model } = e {
+                log.model(model);
+            }
+        })?;
         let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
         log.proxying(&inputs.model, conv_hash);
         let model = &self.models[&inputs.model];

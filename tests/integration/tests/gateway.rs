@@ -30,6 +30,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
 const MODEL: &str = "gw-7b";
+const EMPTY_MODEL: &str = "gw-empty";
+const EMPTY_VIP: &str = "127.77.9.3:8000";
 const VIP: &str = "127.77.9.1:8000";
 const BACKENDS: [(&str, u32); 3] = [("127.0.9.11:18911", 1), ("127.0.9.12:18912", 2), ("127.0.9.13:18913", 5)];
 const GATEWAY: &str = "127.0.9.1:18900";
@@ -135,7 +137,9 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
     let cg = CgroupGuard::new("gateway");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let accepted: Vec<_> = BACKENDS.iter().map(|b| start_backend(&rt, b.0)).collect();
-    let mut cfg = base_config("gateway", &cg).service(MODEL, VIP);
+    // A second model with no backend at all: `/v1/models` must not list it.
+    let mut cfg = base_config("gateway", &cg).service(MODEL, VIP).service(EMPTY_MODEL, EMPTY_VIP);
+    cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
     for (addr, w) in BACKENDS {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, w));
     }
@@ -155,8 +159,20 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
         .collect();
 
     let started = Instant::now();
-    let (by_session, spread, turns) = rt.block_on(async {
+    let (by_session, spread, turns, next_turn) = rt.block_on(async {
         let mut c = connect_client().await;
+        // The catalog has two models; only one has a live backend (the daemon's plan says so).
+        c.ready().await.unwrap();
+        let req = Request::get("/v1/models").header("host", "gw").body(Full::new(Bytes::new())).unwrap();
+        let resp = c.send_request(req).await.unwrap();
+        let listed: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        let ids: Vec<(&str, bool)> = listed["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("/v1/models: {listed}"))
+            .iter()
+            .map(|m| (m["id"].as_str().unwrap_or(""), m["ailb_live"] == true))
+            .collect();
+        assert_eq!(ids, [(MODEL, true)], "/v1/models lists the models with a live backend: {listed}");
         let mut by_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for i in 0..REQUESTS {
             let session = session(i % SESSIONS);
@@ -189,7 +205,8 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
             messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
             turns.push((backend, conv));
         }
-        (by_session, spread, turns)
+        messages.push(json!({"role": "user", "content": "and one more turn"}));
+        (by_session, spread, turns, json!({"model": MODEL, "messages": messages}))
     });
     let took = started.elapsed();
     assert!(took < TRAFFIC_LIMIT, "{} requests took {took:?}", REQUESTS + SPREAD + TURNS);
@@ -222,6 +239,24 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
     assert_eq!(turn_backends.len(), 1, "the {TURNS}-turn chat reached {turn_backends:?}");
     let turn_keys: BTreeSet<&String> = turns.iter().map(|t| &t.1).collect();
     assert_eq!(turn_keys.len(), 1, "the chat's derived conversation key changed: {turn_keys:?}");
+    // `ailb explain --request` on the chat's next turn (no header) finds the same derived key
+    // as the front door and the backend its turns reached.
+    let body = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(body.path(), next_turn.to_string()).unwrap();
+    let out = run_cmd(
+        Command::new(&bin)
+            .args(["explain", "--json", "--request"])
+            .arg(body.path())
+            .arg("--config")
+            .arg(daemon.config_path()),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "ailb explain --request failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"));
+    assert_eq!(v["request"]["model"], MODEL, "{v}");
+    assert_eq!(v["request"]["conversation"]["source"], "derived", "{v}");
+    assert_eq!(v["request"]["conversation_hash"].as_str(), turn_keys.first().map(|k| k.as_str()), "{v}");
+    assert_eq!(v["conversation"]["backend"].as_str(), turn_backends.first().map(|b| b.as_str()), "{v}");
     let total: u64 = accepted.iter().map(|a| a.load(Ordering::SeqCst)).sum();
     assert_eq!(total, (REQUESTS + SPREAD + TURNS) as u64, "one upstream connection per request");
     eprintln!(
