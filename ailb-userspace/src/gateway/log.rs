@@ -87,9 +87,23 @@ impl RequestLog {
             status = self.status,
             backend = %self.backend.map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
             conversation = %self.conversation.map(|h| format!("{h:#018x}")).unwrap_or_else(|| "-".into()),
-            ttfb_ms = self.ttfb.map(|t| t.as_secs_f64() * 1000.0),
-            duration_ms = duration.as_secs_f64() * 1000.0,
+            ttfb_ms = self.ttfb.map(ms),
+            duration_ms = ms(duration),
             outcome,
         );
+    }
+}
+
+/// Milliseconds to the microsecond (a log line needs no more digits than that).
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn durations_are_logged_to_the_microsecond() {
+        assert_eq!(super::ms(std::time::Duration::from_nanos(1_234_567_891)), 1234.568);
+        assert_eq!(super::ms(std::time::Duration::from_nanos(499)), 0.0);
     }
 }
