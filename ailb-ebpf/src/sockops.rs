@@ -105,10 +105,12 @@ fn on_state_change(ctx: &SockOpsContext, sock: &mut SockState, backend: u32, mod
         return;
     }
     let failed = new_state == BPF_TCP_CLOSE && ctx.arg(0) == BPF_TCP_SYN_SENT;
+    // An idle connection's answer ended when it was marked idle, which refreshed the affinity.
+    let was_idle = sock.flags & SOCK_IDLE != 0;
     sock.flags &= !SOCK_IDLE;
     uncount(sock);
     count_close(backend, failed);
-    if !failed && sock.flags & SOCK_HAS_CONVERSATION != 0 {
+    if !failed && !was_idle && sock.flags & SOCK_HAS_CONVERSATION != 0 {
         refresh_affinity(model, sock.conversation, backend);
     }
 }
