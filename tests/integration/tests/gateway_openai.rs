@@ -122,6 +122,12 @@ fn the_openai_python_client_works_unchanged_and_its_conversations_stick() {
         spread.len() > 1,
         "12 sessions down one client's pool all reached {spread:?}: picked once, not per request"
     );
+    // An unknown model: the client raises its NotFoundError, with OpenAI's code and a message
+    // naming the model.
+    let unknown = by_case("unknown");
+    assert_eq!(unknown.len(), 1, "{stdout}");
+    assert_eq!((unknown[0]["status"].as_u64(), unknown[0]["code"].as_str()), (Some(404), Some("model_not_found")));
+    assert!(unknown[0]["message"].as_str().is_some_and(|m| m.contains("no-such-model")), "{}", unknown[0]);
     eprintln!("openai client: {stdout}");
     drop(gateway);
     drop(daemon);
@@ -176,6 +182,53 @@ fn curl_with_x_required_memory_lands_on_a_backend_with_that_much_free() {
         *seen.entry(b).or_default() += 1;
     }
     eprintln!("X-Required-Memory: 8 answered by {seen:?}");
+
+    // Bad requests with curl: OpenAI-shaped errors that name the problem.
+    let url = format!("http://{listen}/v1/chat/completions");
+    let curl = |args: &[&str]| -> (String, Value) {
+        let out = run_cmd(
+            Command::new("curl")
+                .args(["-sS", "-w", "\n%{http_code}", "-H", "Content-Type: application/json"])
+                .args(args),
+            Duration::from_secs(30),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or_else(|| panic!("curl {args:?}: {text}"));
+        (code.to_string(), serde_json::from_str(body).unwrap_or_else(|e| panic!("curl {args:?}: {e}: {body}")))
+    };
+    let (code, v) = curl(&["--data", r#"{"model": "#, &url]);
+    assert_eq!(code, "400", "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("invalid JSON")), "{v}");
+    let big = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(big.path(), vec![b' '; (32 << 20) + 1]).unwrap();
+    let (code, v) = curl(&["--data-binary", &format!("@{}", big.path().display()), &url]);
+    assert_eq!(code, "413", "{v}");
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    // HTTP/2 with prior knowledge on the same port.
+    let body = format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"over h2"}}],"max_tokens":2}}"#);
+    let out = run_cmd(
+        Command::new("curl").args([
+            "-sS",
+            "--http2-prior-knowledge",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            &body,
+            &url,
+        ]),
+        Duration::from_secs(30),
+    );
+    let head = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        head.starts_with("HTTP/2 200"),
+        "curl --http2-prior-knowledge: {head}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(head.to_ascii_lowercase().contains("x-ailb-backend:"), "{head}");
     drop(gateway);
     drop(daemon);
 }
