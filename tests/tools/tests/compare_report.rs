@@ -118,8 +118,8 @@ fn the_markdown_report_is_unchanged() {
 #[test]
 fn the_plots_are_unchanged() {
     let outs = outcomes();
-    check("compare-cdf.svg", &plots::cdf_svg(&outs));
-    check("compare-util.svg", &plots::util_svg(&outs));
+    check("compare-cdf.svg", &plots::cdf_svg(&outs).expect("the CDF"));
+    check("compare-util.svg", &plots::util_svg(&outs).expect("the utilisation plot"));
 }
 
 #[test]

@@ -141,8 +141,8 @@ fn write_reports(args: &Args, outs: &[Outcome], workload: &Workload, not_run: &[
     md.push_str(&report::peers(outs, not_run));
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
-    std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)).context("writing replay-cdf.svg")?;
-    std::fs::write(args.out_dir.join("replay-util.svg"), plots::util_svg(outs)).context("writing replay-util.svg")?;
+    std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)?).context("writing replay-cdf.svg")?;
+    std::fs::write(args.out_dir.join("replay-util.svg"), plots::util_svg(outs)?).context("writing replay-util.svg")?;
     if let Some(j) = &args.json {
         std::fs::write(j, format!("{:#}\n", report::json(outs, workload))).context("writing the JSON")?;
     }
