@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use ailb_tools::compare::args::Args;
 use ailb_tools::compare::outcome::{GpuOutcome, Outcome};
 use ailb_tools::compare::policy::Policy;
-use ailb_tools::compare::{plots, report, Workload};
+use ailb_tools::compare::{plot_data, plots, report, Workload};
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -120,6 +120,23 @@ fn the_plots_are_unchanged() {
     let outs = outcomes();
     check("compare-cdf.svg", &plots::cdf_svg(&outs).expect("the CDF"));
     check("compare-util.svg", &plots::util_svg(&outs).expect("the utilisation plot"));
+}
+
+/// The plots' saved data draws the same plots again (`ailb-compare --replot`), NaN samples
+/// (missed) included.
+#[test]
+fn the_saved_plot_data_redraws_the_same_plots() {
+    let outs = outcomes();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    plot_data::save(dir.path(), &outs).expect("saving");
+    plot_data::replot(dir.path()).expect("redrawing");
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).expect(name);
+    assert!(read("replay-cdf.svg") == plots::cdf_svg(&outs).expect("the CDF"), "the CDF drawn again differs");
+    let util = plots::util_svg(&outs).expect("the utilisation plot");
+    assert!(read("replay-util.svg") == util, "the utilisation plot drawn again differs");
+    let saved: plot_data::PlotData = serde_json::from_str(&read(plot_data::FILE)).expect("the data");
+    assert_eq!(saved.policies.len(), outs.len());
+    assert_eq!(saved.policies[0].util_series[0].1[1], None, "a missed sample is saved as null");
 }
 
 #[test]

@@ -68,7 +68,7 @@ pub fn plot(loads: &[f64], curves: &[Curve], n: usize) -> Result<Plot, DrawError
             .x_label_formatter(&|v| format!("{v:.2}"))
             .y_label_formatter(&|v| chart::log_tick(v))
             .axis_style(AXIS)
-            .light_line_style(WHITE)
+            .max_light_lines(0)
             .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
             .label_style(label_font())
             .axis_desc_style(label_font())

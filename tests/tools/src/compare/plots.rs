@@ -102,7 +102,7 @@ where
         .y_label_formatter(&|v| format!("{v:.0}"))
         .y_labels(11)
         .axis_style(AXIS)
-        .light_line_style(WHITE)
+        .max_light_lines(0)
         .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
         .label_style(label_font())
         .axis_desc_style(label_font())
@@ -200,7 +200,7 @@ fn util_panel(
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.0}"))
         .axis_style(AXIS)
-        .light_line_style(WHITE)
+        .max_light_lines(0)
         .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
         .label_style(label_font())
         .axis_desc_style(label_font());
