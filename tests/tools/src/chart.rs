@@ -177,11 +177,11 @@ const LEGEND_LINE: i32 = 20;
 const SAMPLE: i32 = 34;
 
 /// The width a legend of `entries` under `title` needs, px: the SVG viewer sets the text, so
-/// this allows a generous 0.62 em per character.
+/// this allows a generous 0.58 em per character.
 pub fn legend_width(title: &str, entries: &[LegendEntry]) -> u32 {
-    let chars = entries.iter().map(|e| e.label.chars().count() as f64 * 0.62).fold(0.0, f64::max);
+    let chars = entries.iter().map(|e| e.label.chars().count() as f64 * 0.58).fold(0.0, f64::max);
     let per_char = LEGEND_FONT;
-    let w = (chars * per_char + (SAMPLE + 24) as f64).max(title.chars().count() as f64 * 0.62 * per_char + 16.0);
+    let w = (chars * per_char + (SAMPLE + 24) as f64).max(title.chars().count() as f64 * 0.58 * per_char + 16.0);
     w.ceil() as u32 + 16
 }
 
