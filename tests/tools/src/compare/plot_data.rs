@@ -31,10 +31,11 @@ pub struct PolicyPlot {
     pub requests: u64,
     /// Real seconds from the first to the last planned arrival.
     pub window_s: f64,
-    /// E2E of the successful requests, ms, sorted (to the microsecond).
+    /// E2E of the successful requests, ms, sorted (to the microsecond: far below a pixel).
     pub e2e_sorted_ms: Vec<f64>,
     pub gpus: Vec<GpuPlot>,
-    /// (seconds since the replay started, utilisation per GPU in 0..1; null: no sample).
+    /// (seconds since the replay started, to the ms; utilisation per GPU in 0..1, to 1e-4;
+    /// null: no sample).
     pub util_series: Vec<(f64, Vec<Option<f64>>)>,
 }
 
@@ -70,7 +71,7 @@ impl PlotData {
                 util_series: o
                     .util_series
                     .iter()
-                    .map(|(t, row)| (*t, row.iter().map(|u| u.is_finite().then_some(*u)).collect()))
+                    .map(|(t, row)| (round(*t, 3), row.iter().map(|u| u.is_finite().then(|| round(*u, 4))).collect()))
                     .collect(),
             })
             .collect();
