@@ -170,10 +170,10 @@ pub struct LegendEntry {
     pub style: LineStyle,
 }
 
-/// Legend font size, px, and the height of one of its lines.
+/// The legend's font size and the height of one of its lines, px.
 const LEGEND_FONT: f64 = 13.0;
 const LEGEND_LINE: i32 = 20;
-/// The sample line's length and the label's offset from the box's left edge.
+/// The length of an entry's sample line, px.
 const SAMPLE: i32 = 34;
 
 /// The width a legend of `entries` under `title` needs, px: the SVG viewer sets the text, so
