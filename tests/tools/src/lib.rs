@@ -16,6 +16,7 @@
 pub mod agent_bench;
 pub mod bench;
 pub mod capacity;
+pub mod chart;
 pub mod compare;
 pub mod demo;
 pub mod sim_gpus;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use ailb_tools::compare::args::Args;
 use ailb_tools::compare::outcome::{GpuOutcome, Outcome};
 use ailb_tools::compare::policy::Policy;
-use ailb_tools::compare::{plots, report, Workload};
+use ailb_tools::compare::{plot_data, plots, report, Workload};
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -118,8 +118,40 @@ fn the_markdown_report_is_unchanged() {
 #[test]
 fn the_plots_are_unchanged() {
     let outs = outcomes();
-    check("compare-cdf.svg", &plots::cdf_svg(&outs));
-    check("compare-util.svg", &plots::util_svg(&outs));
+    check("compare-cdf.svg", &plots::cdf_svg(&outs).expect("the CDF"));
+    check("compare-util.svg", &plots::util_svg(&outs).expect("the utilisation plot"));
+}
+
+/// The plots' saved data (`ailb-compare --replot`) is what was drawn, to its rounding (E2E to
+/// the microsecond, utilisation to 1e-4, NaN samples as null), and draws the same plots as
+/// the outcomes it was read into.
+#[test]
+fn the_saved_plot_data_redraws_the_plots() {
+    let outs = outcomes();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    plot_data::save(dir.path(), &outs).expect("saving");
+    plot_data::replot(dir.path()).expect("redrawing");
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).expect(name);
+    let saved: plot_data::PlotData = serde_json::from_str(&read(plot_data::FILE)).expect("the data");
+    assert_eq!(saved, plot_data::PlotData::of(&outs));
+    let back = saved.outcomes().expect("the outcomes");
+    assert!(read("replay-cdf.svg") == plots::cdf_svg(&back).expect("the CDF"), "the CDF drawn again differs");
+    let util = plots::util_svg(&back).expect("the utilisation plot");
+    assert!(read("replay-util.svg") == util, "the utilisation plot drawn again differs");
+    assert_eq!(back.len(), outs.len());
+    for (b, o) in back.iter().zip(&outs) {
+        assert_eq!((b.policy, b.requests(), b.window_s), (o.policy, o.requests(), o.window_s));
+        assert_eq!(b.e2e_sorted.len(), o.e2e_sorted.len());
+        assert!(b.e2e_sorted.iter().zip(&o.e2e_sorted).all(|(x, y)| (x - y).abs() <= 5e-4), "E2E to the microsecond");
+        for ((tb, rb), (to, ro)) in b.util_series.iter().zip(&o.util_series) {
+            assert!((tb - to).abs() <= 5e-4);
+            for (x, y) in rb.iter().zip(ro) {
+                assert!(x.is_nan() == y.is_nan() && (x.is_nan() || (x - y).abs() <= 5e-5), "{x} against {y}");
+            }
+        }
+        assert_eq!(b.util_mean(), o.util_mean());
+    }
+    assert_eq!(saved.policies[0].util_series[0].1[1], None, "a missed sample is saved as null");
 }
 
 #[test]

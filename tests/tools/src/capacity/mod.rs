@@ -85,7 +85,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         std::fs::write(out, &md).with_context(|| format!("writing {}", out.display()))?;
     }
     if let Some(path) = &args.svg {
-        std::fs::write(path, plot::svg(&args.loads, &curves, short.len()))
+        std::fs::write(path, plot::svg(&args.loads, &curves, short.len())?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -59,8 +59,10 @@ pub(super) fn loads(
         long.len()
     );
     let mut stable_loads = Vec::new();
-    let mut curves: Vec<Curve> =
-        placements.iter().map(|p| Curve { label: p.label(), short: Vec::new(), long: Vec::new() }).collect();
+    let mut curves: Vec<Curve> = placements
+        .iter()
+        .map(|p| Curve { placement: *p, label: p.label(), short: Vec::new(), long: Vec::new() })
+        .collect();
     for &load in &args.loads {
         let mut rr_p95 = None;
         // Every placement's runs first: the rows compare prefix hits with the oracle's.

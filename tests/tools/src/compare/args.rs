@@ -41,9 +41,13 @@ pub struct Args {
     /// routers sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash.
     #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
     pub policies: String,
-    /// Where `replay.md`, `replay-cdf.svg` and `replay-util.svg` go.
+    /// Where `replay.md`, `replay-cdf.svg`, `replay-util.svg` and `replay-plots.json` go.
     #[arg(long, default_value = "target/bench")]
     pub out_dir: PathBuf,
+    /// Only redraw `replay-cdf.svg` and `replay-util.svg` in `--out-dir` from the data a run
+    /// saved there (`replay-plots.json`): no root, no fleet, no replay.
+    #[arg(long)]
+    pub replot: bool,
     /// Also write the numbers as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -7,13 +7,14 @@
 //! `ailb-replay`, in a re-exec of this binary) inside that cgroup against the VIP, sampling
 //! every GPU's `/sim/state` while it runs. Then it writes a Markdown report, an SVG of the
 //! end-to-end latency CDFs and an SVG of every GPU's utilisation over time per policy under
-//! `--out-dir`, and prints the report.
+//! `--out-dir`, with the data they draw (`replay-plots.json`, [`plot_data`]), and prints the
+//! report. `--replot` only redraws the SVGs in `--out-dir` from that data (no root, no run).
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
 //!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,ailb-static,
 //!               ailb-gateway,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
-//!              [--out-dir target/bench] [--json FILE] [--trace PATH]
+//!              [--out-dir target/bench] [--json FILE] [--trace PATH] [--replot]
 //!              [--sim-bin PATH]
 //! ```
 //!
@@ -54,6 +55,7 @@ pub mod cpu;
 pub mod front_door;
 pub mod outcome;
 pub mod peers;
+pub mod plot_data;
 pub mod plots;
 pub mod policy;
 pub mod report;
@@ -84,6 +86,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if let Some(vip) = &args.replay_worker {
         let out = args.worker_out.clone().context("--replay-worker needs --worker-out")?;
         return replay_worker(&args, vip, &out);
+    }
+    if args.replot {
+        return plot_data::replot(&args.out_dir);
     }
     args.validate()?;
     let (policies, not_run) = policies(&args)?;
@@ -134,15 +139,16 @@ fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
     Ok((policies, not_run))
 }
 
-/// Writes `replay.md`, `replay-cdf.svg` and `replay-util.svg` under `--out-dir` (and `--json`);
-/// returns the Markdown.
+/// Writes `replay.md`, `replay-cdf.svg`, `replay-util.svg` and the plots' data
+/// (`replay-plots.json`) under `--out-dir` (and `--json`); returns the Markdown.
 fn write_reports(args: &Args, outs: &[Outcome], workload: &Workload, not_run: &[NotRun]) -> anyhow::Result<String> {
     let mut md = report::markdown(args, outs, workload);
     md.push_str(&report::peers(outs, not_run));
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     std::fs::write(args.out_dir.join("replay.md"), &md).context("writing replay.md")?;
-    std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)).context("writing replay-cdf.svg")?;
-    std::fs::write(args.out_dir.join("replay-util.svg"), plots::util_svg(outs)).context("writing replay-util.svg")?;
+    std::fs::write(args.out_dir.join("replay-cdf.svg"), plots::cdf_svg(outs)?).context("writing replay-cdf.svg")?;
+    std::fs::write(args.out_dir.join("replay-util.svg"), plots::util_svg(outs)?).context("writing replay-util.svg")?;
+    plot_data::save(&args.out_dir, outs)?;
     if let Some(j) = &args.json {
         std::fs::write(j, format!("{:#}\n", report::json(outs, workload))).context("writing the JSON")?;
     }
