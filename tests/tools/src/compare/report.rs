@@ -60,12 +60,28 @@ fn pct1(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0))
 }
 
+/// The trace a run replayed, as the report names it: the shipped Mooncake trace by its path in
+/// the repository, any other by the path it was given.
+fn trace_name(args: &Args) -> String {
+    let path = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
+    let shipped = std::path::Path::new(ailb_sim::replay::SHIPPED_TRACE);
+    let same = |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(&path, shipped) {
+        "`tests/data/mooncake-conversation.jsonl.gz` (the Mooncake conversation trace shipped here)".to_string()
+    } else {
+        format!("`{}`", path.display())
+    }
+}
+
 /// The title, the fleet and the workload.
 fn setup(s: &mut String, args: &Args) {
     let described = if args.synthetic {
         format!("synthetic mix, {} requests, {} conversations/s (seed {})", args.limit, args.rate, args.seed)
     } else {
-        format!("Mooncake conversation trace, first {} requests", args.limit)
+        format!("the trace {}, first {} requests", trace_name(args), args.limit)
     };
     let _ = writeln!(s, "# Policies compared on one simulated fleet\n");
     let _ = writeln!(
@@ -316,4 +332,19 @@ pub fn peers(outs: &[Outcome], not_run: &[(Policy, String)]) -> String {
         let _ = writeln!(s, "| {} | {why} |", p.title());
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{trace_name, Args};
+
+    #[test]
+    fn the_report_names_the_trace_it_replayed() {
+        let shipped = Args::parse_from(["ailb-compare", "--trace", ailb_sim::replay::SHIPPED_TRACE]);
+        assert!(trace_name(&shipped).contains("tests/data/mooncake-conversation.jsonl.gz"), "{}", trace_name(&shipped));
+        let other = Args::parse_from(["ailb-compare", "--trace", "/data/azure-conv.jsonl"]);
+        assert_eq!(trace_name(&other), "`/data/azure-conv.jsonl`");
+    }
 }
