@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use ailb_tools::compare::args::Args;
 use ailb_tools::compare::outcome::{GpuOutcome, Outcome};
 use ailb_tools::compare::policy::Policy;
+use ailb_tools::compare::weights::{WeightSample, WeightStats};
 use ailb_tools::compare::{plot_data, plots, report, Workload};
 use clap::Parser;
 use serde_json::{json, Value};
@@ -61,6 +62,15 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
         wall_s: 12.3 * k,
         router_cpu_s: None,
         daemon_cpu_s: None,
+        weights: (policy == Policy::Ailb).then(|| {
+            let at = |a: f64, r: f64| WeightSample {
+                weights: [("127.0.10.1:18100".to_string(), a), ("127.0.10.2:18100".to_string(), 500.0)]
+                    .into_iter()
+                    .collect(),
+                rebuilds: r,
+            };
+            WeightStats::of(&[at(1000.0, 4.0), at(667.0, 5.0), at(1000.0, 6.0)], 30.0).expect("three samples")
+        }),
     }
 }
 

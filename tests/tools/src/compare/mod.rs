@@ -60,6 +60,7 @@ pub mod plots;
 pub mod policy;
 pub mod report;
 pub mod run;
+pub mod weights;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

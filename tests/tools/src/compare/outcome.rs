@@ -53,6 +53,8 @@ pub struct Outcome {
     /// CPU seconds `ailb run` used during the replay (off the request path: it writes the
     /// maps the kernel picks from), `None` without ailb.
     pub daemon_cpu_s: Option<f64>,
+    /// ailb's weights over the replay (`None` without ailb, or when its endpoint was not read).
+    pub weights: Option<super::weights::WeightStats>,
 }
 
 impl Outcome {
@@ -93,6 +95,7 @@ impl Outcome {
             wall_s,
             router_cpu_s: None,
             daemon_cpu_s: None,
+            weights: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub fn markdown(args: &Args, outs: &[Outcome], workload: &Workload) -> String {
     against_baselines(&mut s, outs);
     against_best_peer(&mut s, outs);
     router_cpu(&mut s, outs);
+    weight_stability(&mut s, outs);
     method(&mut s);
     per_gpu(&mut s, outs);
     failures_and_wall_times(&mut s, outs);
@@ -41,6 +42,9 @@ pub fn json(outs: &[Outcome], workload: &Workload) -> Value {
                 if let Some(v) = v {
                     p[k] = json!(v);
                 }
+            }
+            if let Some(w) = &o.weights {
+                p["weights"] = json!(w);
             }
             p
         })
@@ -254,6 +258,45 @@ fn router_cpu(s: &mut String, outs: &[Outcome]) {
             "\n`ailb run` CPU per 1,000 requests, off the request path (it reads telemetry and writes the maps the \
              kernel picks from; the agents on the GPU nodes are not counted): {}.",
             daemon.join(", ")
+        );
+    }
+}
+
+/// ailb's weights over each run: table swaps and per-backend weight changes.
+fn weight_stability(s: &mut String, outs: &[Outcome]) {
+    let rows: Vec<(&Outcome, &super::weights::WeightStats)> =
+        outs.iter().filter_map(|o| o.weights.as_ref().map(|w| (o, w))).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n### ailb's weights during the replay\n\n`ailb run`'s `/metrics` once a second (`ailb_backend_weight` per \
+         backend, `ailb_table_rebuilds_total`): a table swap moves the conversations whose slots change hands.\n\n\
+         | policy | samples | table swaps | per minute | weight changes per backend (mean / max) | weights seen per backend |\n\
+         | --- | --- | --- | --- | --- | --- |"
+    );
+    for (o, w) in rows {
+        let (mean, max) = w.changes();
+        let ranges: Vec<String> =
+            w.backends
+                .iter()
+                .map(|(b, r)| {
+                    if r.min == r.max {
+                        format!("{b} {:.0}", r.min)
+                    } else {
+                        format!("{b} {:.0}-{:.0}", r.min, r.max)
+                    }
+                })
+                .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.1} | {mean:.1} / {max} | {} |",
+            o.policy.title(),
+            w.samples,
+            w.rebuilds,
+            w.rebuilds_per_min,
+            ranges.join(", ")
         );
     }
 }

@@ -18,6 +18,7 @@ use serde_json::Value;
 use super::args::Args;
 use super::outcome::{GpuOutcome, Outcome};
 use super::policy::{config_for, nacos_config, Policy};
+use super::weights::{self, WeightSample, WeightStats};
 use super::{cpu, front_door, peers};
 use super::{Workload, MODEL, VIP};
 use crate::sim_gpus::{self, sibling_bin, Proc, SimGpu, SimOpts};
@@ -40,7 +41,8 @@ pub fn run_policy(
     eprintln!("ailb-compare: {}: replaying {} requests at speed {}", policy.title(), args.limit, args.speed());
     let cpu_before = balancer.cpu_s();
     let start = Instant::now();
-    let replayed = sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, policy, args, start)?;
+    let replayed =
+        sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, balancer.daemon_http, policy, args, start)?;
     let cpu_after = balancer.cpu_s();
     if !replayed.status.success() {
         bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
@@ -57,6 +59,7 @@ pub fn run_policy(
         Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s);
     outcome.router_cpu_s = cpu::used(cpu_before.0, cpu_after.0);
     outcome.daemon_cpu_s = cpu::used(cpu_before.1, cpu_after.1);
+    outcome.weights = WeightStats::of(&replayed.weights, replayed.wall_s);
     Ok(outcome)
 }
 
@@ -82,6 +85,8 @@ struct Balancer {
     _registry: Option<RnacosServer>,
     /// Where the replay sends its requests.
     vip: String,
+    /// `ailb run`'s HTTP endpoint (`daemon.listen`), for its weights.
+    daemon_http: Option<SocketAddrV4>,
 }
 
 impl Balancer {
@@ -97,7 +102,14 @@ impl Balancer {
         sims: &[SimGpu],
         dir: &Path,
     ) -> anyhow::Result<Self> {
-        let none = Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
+        let none = Balancer {
+            router: None,
+            daemon: None,
+            _agents: Vec::new(),
+            _registry: None,
+            vip: VIP.to_string(),
+            daemon_http: None,
+        };
         Ok(match policy {
             Policy::Nginx => {
                 let vip = format!("127.0.10.250:{port}");
@@ -113,7 +125,8 @@ impl Balancer {
             p => {
                 let front_door = p.behind_front_door().map(|_| SocketAddrV4::new([127, 0, 10, 248].into(), port));
                 let extra = front_door.map(|l| front_door::toml(l, front_door::kv_bytes_per_token(sims)));
-                let mut b = start_ailb(args, ailb, cg, p, sims, dir, extra.as_deref().unwrap_or_default())?;
+                let http = SocketAddrV4::new([127, 0, 10, 247].into(), port);
+                let mut b = start_ailb(args, ailb, cg, p, sims, dir, extra.as_deref().unwrap_or_default(), http)?;
                 if let (Some(listen), Some(d)) = (front_door, &b.daemon) {
                     b.router = Some(front_door::start(ailb, d.config_path(), cg, listen, dir)?);
                     b.vip = listen.to_string();
@@ -130,9 +143,10 @@ impl Balancer {
     }
 }
 
-/// `ailb run` for `policy` (or the ailb behind its front door), its config ending in `extra`:
-/// for ailb in full rnacos, an agent per GPU and Nacos discovery, ready once every GPU is live
-/// in its table; else a static config.
+/// `ailb run` for `policy` (or the ailb behind its front door), its config ending in `extra`,
+/// its HTTP endpoint on `http`: for ailb in full rnacos, an agent per GPU and Nacos discovery,
+/// ready once every GPU is live in its table; else a static config.
+#[expect(clippy::too_many_arguments, reason = "the parts of one run, as `Balancer::start` has them")]
 fn start_ailb(
     args: &Args,
     ailb: &Path,
@@ -141,10 +155,19 @@ fn start_ailb(
     sims: &[SimGpu],
     dir: &Path,
     extra: &str,
+    http: SocketAddrV4,
 ) -> anyhow::Result<Balancer> {
-    let none = Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string() };
+    let none = Balancer {
+        router: None,
+        daemon: None,
+        _agents: Vec::new(),
+        _registry: None,
+        vip: VIP.to_string(),
+        daemon_http: Some(http),
+    };
     if policy.behind_front_door().unwrap_or(policy) != Policy::Ailb {
         let mut cfg = config_for(policy, cg, sims, args);
+        cfg.listen = Some(http.to_string());
         cfg.extra.push_str(extra);
         return Ok(Balancer { daemon: Some(Daemon::start(ailb, &cfg)), ..none });
     }
@@ -154,6 +177,7 @@ fn start_ailb(
         agents.push(s.start_agent(MODEL, &nacos.url(), &args.agent_interval, dir)?);
     }
     let mut cfg = nacos_config(policy, cg, &nacos, args);
+    cfg.listen = Some(http.to_string());
     cfg.extra.push_str(extra);
     let daemon = Daemon::start(ailb, &cfg);
     wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
@@ -242,14 +266,17 @@ struct Replayed {
     /// Real seconds from its start to its exit.
     wall_s: f64,
     samples: Samples,
+    /// `ailb run`'s weights, once a second.
+    weights: Vec<WeightSample>,
 }
 
 /// Waits for the replay `child` (started at `start`), sampling every GPU's `/sim/state` every
-/// 250 ms and printing the utilisation every 5 s; kills it (by its pid) when it outlives the
-/// deadline.
+/// 250 ms (and `ailb run`'s weights on `daemon_http` every second) and printing the utilisation
+/// every 5 s; kills it (by its pid) when it outlives the deadline.
 fn sample_replay(
     mut child: Child,
     sims: &[SimGpu],
+    daemon_http: Option<SocketAddrV4>,
     policy: Policy,
     args: &Args,
     start: Instant,
@@ -264,6 +291,8 @@ fn sample_replay(
     let mut progress = Instant::now() + Duration::from_secs(5);
     let hard = start + Duration::from_secs_f64(args.deadline_s + args.deadline_s / 2.0 + 30.0);
     let mut next = Instant::now();
+    let mut weights = Vec::new();
+    let mut tick = 0u64;
     let status = loop {
         if let Some(st) = child.try_wait().context("waiting for the replay")? {
             break st;
@@ -276,6 +305,10 @@ fn sample_replay(
         if Instant::now() >= next {
             next += Duration::from_millis(250);
             samples.take(sims, start);
+            if tick.is_multiple_of(4) {
+                weights.extend(daemon_http.and_then(weights::sample));
+            }
+            tick += 1;
             if Instant::now() >= progress {
                 progress += Duration::from_secs(5);
                 samples.print_last(policy, start);
@@ -284,7 +317,7 @@ fn sample_replay(
         std::thread::sleep(Duration::from_millis(20));
     };
     let wall_s = start.elapsed().as_secs_f64();
-    Ok(Replayed { status, stderr: err_thread.join().unwrap_or_default(), wall_s, samples })
+    Ok(Replayed { status, stderr: err_thread.join().unwrap_or_default(), wall_s, samples, weights })
 }
 
 impl Samples {

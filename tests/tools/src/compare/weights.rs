@@ -1,0 +1,140 @@
+//! How stable ailb's weights were during a run: the daemon's own `/metrics` (on
+//! `daemon.listen`) sampled once a second, `ailb_backend_weight` per backend and
+//! `ailb_table_rebuilds_total` (table swaps). A policy that reweights on every sample rebuilds
+//! its table as often, and moves conversations whose slots change hands each time.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+
+use serde::Serialize;
+
+use crate::sim_gpus;
+
+/// One sample: each backend's table weight and the table swaps so far.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightSample {
+    pub weights: BTreeMap<String, f64>,
+    pub rebuilds: f64,
+}
+
+/// Parses the daemon's Prometheus text.
+pub fn parse(text: &str) -> WeightSample {
+    let mut weights = BTreeMap::new();
+    let mut rebuilds = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        if let Some(labels) = series.strip_prefix("ailb_backend_weight{") {
+            if let Some(b) = label(labels, "backend") {
+                weights.insert(b.to_string(), value);
+            }
+        } else if series.starts_with("ailb_table_rebuilds_total") {
+            rebuilds += value;
+        }
+    }
+    WeightSample { weights, rebuilds }
+}
+
+/// `name="value"` in a label list.
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let at = labels.find(&format!("{name}=\""))? + name.len() + 2;
+    let rest = &labels[at..];
+    Some(&rest[..rest.find('"')?])
+}
+
+/// One sample of the daemon at `addr`, `None` when it does not answer.
+pub fn sample(addr: SocketAddrV4) -> Option<WeightSample> {
+    match sim_gpus::http_get(addr, "/metrics")? {
+        (200, body) => Some(parse(&body)),
+        _ => None,
+    }
+}
+
+/// What the report shows of a run's samples.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WeightStats {
+    pub samples: usize,
+    /// Table swaps between the first and the last sample.
+    pub rebuilds: f64,
+    pub rebuilds_per_min: f64,
+    /// Per backend: how often its weight differed from the sample before, and the lowest and
+    /// highest weight seen.
+    pub backends: BTreeMap<String, BackendWeights>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackendWeights {
+    pub changes: usize,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl WeightStats {
+    /// The statistics of `samples` taken over `seconds`; `None` without two samples.
+    pub fn of(samples: &[WeightSample], seconds: f64) -> Option<Self> {
+        let (first, last) = (samples.first()?, samples.last()?);
+        if samples.len() < 2 {
+            return None;
+        }
+        let mut backends: BTreeMap<String, BackendWeights> = BTreeMap::new();
+        for (i, s) in samples.iter().enumerate() {
+            for (b, &w) in &s.weights {
+                let e = backends.entry(b.clone()).or_insert(BackendWeights { changes: 0, min: w, max: w });
+                e.min = e.min.min(w);
+                e.max = e.max.max(w);
+                if i > 0 && samples[i - 1].weights.get(b).is_some_and(|&prev| prev != w) {
+                    e.changes += 1;
+                }
+            }
+        }
+        let rebuilds = (last.rebuilds - first.rebuilds).max(0.0);
+        Some(Self {
+            samples: samples.len(),
+            rebuilds,
+            rebuilds_per_min: if seconds > 0.0 { rebuilds * 60.0 / seconds } else { 0.0 },
+            backends,
+        })
+    }
+
+    /// Mean and largest weight changes per backend.
+    pub fn changes(&self) -> (f64, usize) {
+        let n = self.backends.len().max(1) as f64;
+        let sum: usize = self.backends.values().map(|b| b.changes).sum();
+        (sum as f64 / n, self.backends.values().map(|b| b.changes).max().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP ailb_backend_weight x\n# TYPE ailb_backend_weight gauge\n\
+        ailb_backend_weight{model=\"m\",backend=\"127.0.10.1:9000\"} 1000\n\
+        ailb_backend_weight{model=\"m\",backend=\"127.0.10.2:9000\"} 333\n\
+        # TYPE ailb_table_rebuilds counter\nailb_table_rebuilds_total{model=\"m\"} 7\n\
+        ailb_table_rebuilds_total{model=\"n\"} 2\nailb_applies_total 40\n";
+
+    #[test]
+    fn reads_weights_and_rebuilds() {
+        let s = parse(TEXT);
+        assert_eq!(s.weights["127.0.10.1:9000"], 1000.0);
+        assert_eq!(s.weights["127.0.10.2:9000"], 333.0);
+        assert_eq!(s.rebuilds, 9.0);
+    }
+
+    #[test]
+    fn counts_changes_and_rebuilds_per_minute() {
+        let at = |w1: f64, w2: f64, r: f64| WeightSample {
+            weights: [("a".to_string(), w1), ("b".to_string(), w2)].into_iter().collect(),
+            rebuilds: r,
+        };
+        let samples = [at(1000.0, 500.0, 3.0), at(667.0, 500.0, 4.0), at(1000.0, 500.0, 5.0), at(1000.0, 500.0, 5.0)];
+        let s = WeightStats::of(&samples, 30.0).unwrap();
+        assert_eq!(s.rebuilds, 2.0);
+        assert_eq!(s.rebuilds_per_min, 4.0);
+        assert_eq!((s.backends["a"].changes, s.backends["a"].min, s.backends["a"].max), (2, 667.0, 1000.0));
+        assert_eq!(s.backends["b"].changes, 0);
+        assert_eq!(s.changes(), (1.0, 2));
+        assert_eq!(WeightStats::of(&samples[..1], 30.0), None);
+    }
+}
