@@ -9,6 +9,11 @@ pub const AILB_CONVERSATION: i32 = 1;
 pub const AILB_REQUIRED_MEMORY_MB: i32 = 2;
 /// Option: the model name, 1..=[`MAX_MODEL_NAME_LEN`] bytes, for a shared VIP.
 pub const AILB_MODEL: i32 = 3;
+/// Option, after `connect()`: a native-endian `u32`, 1 = the connection is idle (kept open for
+/// a later request with the same tags: it stops counting as in flight at its backend, and the
+/// conversation's affinity counts its age from now, as at a close), 0 = busy again (counted
+/// again). Ignored on a socket ailb did not pick.
+pub const AILB_IDLE: i32 = 4;
 
 pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
@@ -266,6 +271,9 @@ pub const SOCK_HAS_MODEL: u32 = 4;
 pub const SOCK_PICKED: u32 = 8;
 /// sock_ops counted this socket in `AILB_INFLIGHT`; cleared when it is uncounted.
 pub const SOCK_COUNTED: u32 = 16;
+/// The client marked this picked, open socket idle (`AILB_IDLE` = 1): not counted in flight
+/// until it is marked busy again; its close is still counted (once).
+pub const SOCK_IDLE: u32 = 32;
 
 /// `AILB_SOCK` (sk_storage) value: the client's hints and the pick.
 #[repr(C)]

@@ -37,7 +37,9 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use crate::abi::{AILB_CONVERSATION, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN, MAX_MODEL_NAME_LEN};
+use crate::abi::{
+    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN, MAX_MODEL_NAME_LEN,
+};
 
 /// Bytes of a rejected value shown in [`ClientError::Length`]'s message.
 const SHOWN_BYTES: usize = 32;
@@ -48,6 +50,8 @@ pub enum Field {
     Conversation,
     RequiredMemoryMb,
     Model,
+    /// Not a tag: the idle/busy mark of a connected socket ([`mark_idle`]).
+    Idle,
 }
 
 impl Field {
@@ -57,6 +61,7 @@ impl Field {
             Field::Conversation => AILB_CONVERSATION,
             Field::RequiredMemoryMb => AILB_REQUIRED_MEMORY_MB,
             Field::Model => AILB_MODEL,
+            Field::Idle => AILB_IDLE,
         }
     }
 
@@ -66,6 +71,7 @@ impl Field {
             Field::Conversation => "AILB_CONVERSATION",
             Field::RequiredMemoryMb => "AILB_REQUIRED_MEMORY_MB",
             Field::Model => "AILB_MODEL",
+            Field::Idle => "AILB_IDLE",
         }
     }
 }
@@ -76,6 +82,7 @@ impl fmt::Display for Field {
             Field::Conversation => "conversation",
             Field::RequiredMemoryMb => "required_memory_mb",
             Field::Model => "model",
+            Field::Idle => "idle",
         })
     }
 }
@@ -248,6 +255,14 @@ pub fn tag_required_memory_mb(fd: impl AsFd, mb: u32) -> Result<Tagging, ClientE
 pub fn tag_model(fd: impl AsFd, name: &[u8]) -> Result<Tagging, ClientError> {
     check_len(Field::Model, name, MAX_MODEL_NAME_LEN)?;
     set(fd.as_fd(), Field::Model, name)
+}
+
+/// `ailb_mark_idle`: marks a connected socket idle (`true`: kept open between requests, not
+/// counted in flight at its backend) or busy again (`false`: a request is about to go on it).
+/// A connection kept for reuse must be marked idle while it waits, or the kernel's load bound
+/// would count it as a request.
+pub fn mark_idle(fd: impl AsFd, idle: bool) -> Result<Tagging, ClientError> {
+    set(fd.as_fd(), Field::Idle, &u32::from(idle).to_ne_bytes())
 }
 
 /// Sets every option of `tags` on `fd` (conversation, memory, model), after checking them

@@ -11,7 +11,7 @@ use ailb_common::abi::*;
 use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
-    helpers::generated::bpf_sk_storage_get,
+    helpers::generated::{bpf_ktime_get_ns, bpf_sk_storage_get},
     macros::btf_map,
 };
 
@@ -120,6 +120,39 @@ pub(crate) unsafe fn sock_state(sk: *mut c_void, create: bool) -> Option<&'stati
     // SAFETY: a non-null sk_storage value of this socket, valid for the program run; only this
     // socket's hooks touch it and they run under the socket lock.
     (!p.is_null()).then(|| unsafe { &mut *p })
+}
+
+/// Counts `sock` in flight at its backend and model (with its memory hint), once.
+#[inline(always)]
+pub(crate) fn recount(sock: &mut SockState) {
+    if sock.flags & SOCK_COUNTED != 0 || sock.backend >= MAX_BACKENDS || sock.model >= MAX_MODELS {
+        return;
+    }
+    inflight_add(sock.backend, 1);
+    inflight_add(INFLIGHT_MODEL_BASE + sock.model, 1);
+    let mem = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
+    if mem != 0 {
+        inflight_add(INFLIGHT_MEM_BASE + sock.backend, mem as u64);
+    }
+    sock.counted_mem_mb = mem;
+    sock.flags |= SOCK_COUNTED;
+}
+
+/// The conversation's affinity entry counts its age from now (a close, or the connection
+/// marked idle): its prefix was cached on the backend when the answer ended, not when the
+/// request began (`GlobalConfig::affinity_wait_ns`, the TTL).
+#[inline(always)]
+pub(crate) fn refresh_affinity(model: u32, conversation: u64, backend: u32) {
+    let key = AffinityKey { model, _pad: 0, conversation };
+    if let Some(p) = AILB_AFFINITY.get_ptr_mut(key) {
+        // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); a racing
+        // writer can only make the entry another recent value.
+        unsafe {
+            if (*p).backend == backend {
+                (*p).last_seen_ns = bpf_ktime_get_ns();
+            }
+        }
+    }
 }
 
 /// Removes a counted socket from the backend and model in-flight counters.

@@ -1,5 +1,7 @@
 //! `cgroup/setsockopt`: consumes the `SOL_AILB` options (conversation id, required GPU
-//! memory, model name) into the socket's `AILB_SOCK` storage.
+//! memory, model name) into the socket's `AILB_SOCK` storage, and the idle/busy mark of a
+//! connection kept for reuse (`AILB_IDLE`), which takes it out of the in-flight counts and
+//! puts it back.
 
 use core::ptr;
 
@@ -7,7 +9,7 @@ use ailb_common::{abi::*, hash::ConversationHasher};
 use aya_ebpf::{macros::cgroup_sockopt, programs::SockoptContext};
 
 use crate::{
-    maps::{sock_state, stats},
+    maps::{recount, refresh_affinity, sock_state, stats, uncount},
     refuse, ALLOW, EINVAL, ENOMEM, ENOPROTOOPT,
 };
 
@@ -21,6 +23,7 @@ enum Opt {
     Conversation(u64),
     Memory(u32),
     Model(u64),
+    Idle(bool),
 }
 
 #[inline(always)]
@@ -75,6 +78,17 @@ fn parse_opt(optname: i32, optlen: i32, start: *const u8, end: *const u8) -> Res
             }
             hash_optval(start, end, optlen as u32, MAX_MODEL_NAME_LEN as u32).map(Opt::Model).ok_or(EINVAL)
         }
+        AILB_IDLE => {
+            if optlen != 4 || start.wrapping_add(4) > end {
+                return Err(EINVAL);
+            }
+            // SAFETY: `start + 4 <= end`: four bytes of the option buffer, read unaligned.
+            match unsafe { ptr::read_unaligned(start.cast::<u32>()) } {
+                0 => Ok(Opt::Idle(false)),
+                1 => Ok(Opt::Idle(true)),
+                _ => Err(EINVAL),
+            }
+        }
         _ => Err(ENOPROTOOPT),
     }
 }
@@ -120,6 +134,31 @@ fn store_opt(sock: &mut SockState, opt: Opt) {
             sock.model_hash = h;
             sock.flags |= SOCK_HAS_MODEL;
         }
+        Opt::Idle(idle) => mark_idle(sock, idle),
+    }
+}
+
+/// Idle: a counted, picked connection stops counting in flight (its request is over) and its
+/// conversation's affinity ages from now; busy: an idle one counts again. Marks that change
+/// nothing (a socket ailb did not pick, already closing, or already in that state) are no-ops,
+/// so the counters stay exact whatever a client sends.
+#[inline(always)]
+fn mark_idle(sock: &mut SockState, idle: bool) {
+    if sock.flags & SOCK_PICKED == 0 {
+        return;
+    }
+    if idle {
+        if sock.flags & SOCK_COUNTED == 0 {
+            return;
+        }
+        uncount(sock);
+        sock.flags |= SOCK_IDLE;
+        if sock.flags & SOCK_HAS_CONVERSATION != 0 {
+            refresh_affinity(sock.model, sock.conversation, sock.backend);
+        }
+    } else if sock.flags & SOCK_IDLE != 0 {
+        sock.flags &= !SOCK_IDLE;
+        recount(sock);
     }
 }
 

@@ -9,12 +9,12 @@ use aya_ebpf::{
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_FIN_WAIT1, BPF_TCP_LAST_ACK,
         BPF_TCP_SYN_SENT,
     },
-    helpers::generated::{bpf_ktime_get_ns, bpf_sock_ops_cb_flags_set},
+    helpers::generated::bpf_sock_ops_cb_flags_set,
     macros::sock_ops,
     programs::SockOpsContext,
 };
 
-use crate::maps::{backend_stats, inflight_add, sock_state, stats, uncount, AILB_AFFINITY};
+use crate::maps::{backend_stats, recount, refresh_affinity, sock_state, stats, uncount};
 
 #[sock_ops]
 pub fn ailb_sockops(ctx: SockOpsContext) -> u32 {
@@ -37,7 +37,7 @@ fn try_sockops(ctx: &SockOpsContext) {
         return;
     }
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
-        on_connect(ctx, sock, backend, model);
+        on_connect(ctx, sock);
     } else if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         on_established(ctx.ops, backend);
     } else {
@@ -61,18 +61,11 @@ fn picked_sock(ops: *mut bpf_sock_ops) -> Option<&'static mut SockState> {
 /// `TCP_CONNECT_CB`: counts the socket in flight to its backend and model (once), and asks
 /// for the state changes that end the count.
 #[inline(always)]
-fn on_connect(ctx: &SockOpsContext, sock: &mut SockState, backend: u32, model: u32) {
-    if sock.flags & SOCK_COUNTED != 0 {
+fn on_connect(ctx: &SockOpsContext, sock: &mut SockState) {
+    if sock.flags & (SOCK_COUNTED | SOCK_IDLE) != 0 {
         return;
     }
-    inflight_add(backend, 1);
-    inflight_add(INFLIGHT_MODEL_BASE + model, 1);
-    let mem = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
-    if mem != 0 {
-        inflight_add(INFLIGHT_MEM_BASE + backend, mem as u64);
-    }
-    sock.counted_mem_mb = mem;
-    sock.flags |= SOCK_COUNTED;
+    recount(sock);
     // SAFETY: `ops` is this program's context; the helper only sets the socket's callback
     // flags (here: call us on every TCP state change).
     unsafe { bpf_sock_ops_cb_flags_set(ctx.ops, (ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32) };
@@ -107,10 +100,12 @@ fn on_state_change(ctx: &SockOpsContext, sock: &mut SockState, backend: u32, mod
         || new_state == BPF_TCP_CLOSE_WAIT
         || new_state == BPF_TCP_FIN_WAIT1
         || new_state == BPF_TCP_LAST_ACK;
-    if !closing || sock.flags & SOCK_COUNTED == 0 {
+    // An idle connection (marked by its client) is not counted in flight, but its close is.
+    if !closing || sock.flags & (SOCK_COUNTED | SOCK_IDLE) == 0 {
         return;
     }
     let failed = new_state == BPF_TCP_CLOSE && ctx.arg(0) == BPF_TCP_SYN_SENT;
+    sock.flags &= !SOCK_IDLE;
     uncount(sock);
     count_close(backend, failed);
     if !failed && sock.flags & SOCK_HAS_CONVERSATION != 0 {
@@ -133,23 +128,6 @@ fn count_close(backend: u32, failed: bool) {
             b.connect_failures += 1;
         } else {
             b.closed += 1;
-        }
-    }
-}
-
-/// The conversation's affinity entry counts its age from this close too: its prefix was
-/// cached on the backend when the answer ended, not when the request began
-/// (`GlobalConfig::affinity_wait_ns`, the TTL).
-#[inline(always)]
-fn refresh_affinity(model: u32, conversation: u64, backend: u32) {
-    let key = AffinityKey { model, _pad: 0, conversation };
-    if let Some(p) = AILB_AFFINITY.get_ptr_mut(key) {
-        // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); a racing
-        // writer can only make the entry another recent value.
-        unsafe {
-            if (*p).backend == backend {
-                (*p).last_seen_ns = bpf_ktime_get_ns();
-            }
         }
     }
 }

@@ -36,6 +36,8 @@ struct Upstream {
     closed: Arc<AtomicU64>,
     /// The request bodies it received, in order.
     bodies: Arc<Mutex<Vec<Bytes>>>,
+    /// Their request headers, in order.
+    heads: Arc<Mutex<Vec<hyper::HeaderMap>>>,
     /// For each streamed request: a sender the test fires to release the rest of the stream.
     releases: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
 }
@@ -46,20 +48,24 @@ async fn upstream() -> Upstream {
     let (accepted, closed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let bodies = Arc::new(Mutex::new(Vec::new()));
     let (tx, releases) = mpsc::unbounded_channel();
-    let (a, c, b) = (accepted.clone(), closed.clone(), bodies.clone());
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let (a, c, b, h) = (accepted.clone(), closed.clone(), bodies.clone(), heads.clone());
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             a.fetch_add(1, Ordering::SeqCst);
-            let (c, b, tx) = (c.clone(), b.clone(), tx.clone());
+            let (c, b, h, tx) = (c.clone(), b.clone(), h.clone(), tx.clone());
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| answer(req, b.clone(), tx.clone()));
+                let svc = hyper::service::service_fn(move |req| {
+                    h.lock().unwrap().push(req.headers().clone());
+                    answer(req, b.clone(), tx.clone())
+                });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
                 c.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
-    Upstream { addr, accepted, closed, bodies, releases }
+    Upstream { addr, accepted, closed, bodies, heads, releases }
 }
 
 async fn answer(
@@ -287,9 +293,9 @@ async fn over_max_concurrent_is_429() {
 }
 
 #[tokio::test]
-async fn fifty_requests_on_one_client_connection_use_fifty_upstream_connections() {
+async fn without_reuse_fifty_requests_on_one_client_connection_use_fifty_upstream_connections() {
     let up = upstream().await;
-    let gw = gateway(up.addr, "").await;
+    let gw = gateway(up.addr, "upstream_reuse = \"never\"\n").await;
     let mut c = client(gw).await;
     for i in 0..50 {
         let id = format!("s{}", i % 5);
@@ -410,4 +416,182 @@ async fn an_upstream_gone_mid_stream_ends_the_stream_with_an_error_event() {
     let (code, msg) = error_code(&Bytes::from(json.to_string()));
     assert_eq!(code, "upstream_error");
     assert!(msg.contains("broke off"), "{msg}");
+}
+
+/// `upstream_reuse = "conversation"`: a connection carries another request only when its
+/// routing inputs are the same (model, memory need, conversation key).
+#[tokio::test]
+async fn connections_are_reused_only_for_the_same_routing_inputs() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    for i in 0..50 {
+        let id = format!("s{}", i % 5);
+        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[("x-session-id", &id)], CHAT)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        assert_eq!(body, CHAT_REPLY.as_bytes());
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 5, "one upstream connection per conversation");
+    // The same conversation with another memory need is another pick.
+    for gb in ["8", "8", "16"] {
+        let h = [("x-session-id", "s0"), ("x-required-memory", gb)];
+        assert_eq!(send(&mut c, post("/v1/chat/completions", &h, CHAT)).await.0.status(), StatusCode::OK);
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 7, "8 GB once, 16 GB once");
+    // A request without a conversation key is a fresh weighted pick every time.
+    let embed = r#"{"model":"m","input":"x"}"#;
+    for _ in 0..4 {
+        assert_eq!(send(&mut c, post("/v1/embeddings", &[], embed)).await.0.status(), StatusCode::OK);
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 11, "no reuse without a conversation key");
+    // A derived key (no header: the first user message) is a key like any other.
+    for _ in 0..3 {
+        assert_eq!(send(&mut c, post("/v1/chat/completions", &[], CHAT)).await.0.status(), StatusCode::OK);
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 12);
+    let get = Request::get("/metrics").header("host", "gw").body(Full::new(Bytes::new()).boxed_unsync()).unwrap();
+    let text = String::from_utf8(send(&mut c, get).await.1.to_vec()).unwrap();
+    for want in [
+        "ailb_gateway_upstream_requests_total{reused=\"false\"} 12",
+        "ailb_gateway_upstream_requests_total{reused=\"true\"} 48",
+    ] {
+        assert!(text.contains(want), "metrics should contain {want:?}:\n{text}");
+    }
+}
+
+/// A kept connection is never used past `upstream_max_age` from its connect: the next
+/// request makes a new pick.
+#[tokio::test]
+async fn connections_older_than_max_age_are_not_reused() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "upstream_max_age = \"300ms\"\n").await;
+    let mut c = client(gw).await;
+    let h = [("x-session-id", "s")];
+    assert_eq!(send(&mut c, post("/v1/chat/completions", &h, CHAT)).await.0.status(), StatusCode::OK);
+    assert_eq!(send(&mut c, post("/v1/chat/completions", &h, CHAT)).await.0.status(), StatusCode::OK);
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+    // The sweeper closes the idle connection once it is past its age.
+    assert!(wait_for(|| up.closed.load(Ordering::SeqCst) == 1).await, "the idle connection is closed at its age");
+    assert_eq!(send(&mut c, post("/v1/chat/completions", &h, CHAT)).await.0.status(), StatusCode::OK);
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2, "a new connection, a new pick");
+}
+
+/// A kept connection that its backend closed while idle is not used: the request goes on a
+/// fresh connection and succeeds.
+#[tokio::test]
+async fn an_idle_connection_closed_by_the_backend_is_replaced() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that answers one request per connection with keep-alive, then closes it a
+    // moment later (as a server's keep-alive timeout does).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let a = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            a.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+                    let n = s.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{CHAT_REPLY}", CHAT_REPLY.len());
+                s.write_all(reply.as_bytes()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            });
+        }
+    });
+    let gw = gateway(addr, "").await;
+    let mut c = client(gw).await;
+    let h = [("x-session-id", "s")];
+    for i in 0..3 {
+        let (resp, body) = send(&mut c, post("/v1/chat/completions", &h, CHAT)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        assert_eq!(body, CHAT_REPLY.as_bytes());
+        let want = i + 1;
+        assert!(wait_for(|| accepted.load(Ordering::SeqCst) == want).await);
+        // Past the upstream's close of the idle connection.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3, "each request after a close went on a fresh connection");
+}
+
+/// The upstream learns the client's address from `X-Forwarded-For` (appended to any the
+/// client sent).
+#[tokio::test]
+async fn the_client_address_is_forwarded() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let mut c = client(gw).await;
+    send(&mut c, post("/v1/chat/completions", &[("x-forwarded-for", "10.1.2.3")], CHAT)).await;
+    let heads = up.heads.lock().unwrap();
+    assert_eq!(heads[0]["x-forwarded-for"], "10.1.2.3, 127.0.0.1");
+}
+
+/// HTTP/2 with prior knowledge (h2c) on the same port: requests are routed and answered
+/// like HTTP/1.1 ones, several at once on one connection.
+#[tokio::test]
+async fn http2_clients_are_served() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "").await;
+    let stream = TcpStream::connect(gw).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let mut s = sender.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("s{i}");
+            let req = Request::post("http://gw/v1/chat/completions")
+                .header("content-type", "application/json")
+                .header("x-session-id", id)
+                .body(Full::new(Bytes::from(CHAT)).boxed_unsync())
+                .unwrap();
+            s.ready().await.unwrap();
+            let resp = s.send_request(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(resp.version(), hyper::Version::HTTP_2);
+            assert!(resp.headers().contains_key("x-ailb-backend"));
+            resp.into_body().collect().await.unwrap().to_bytes()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), CHAT_REPLY.as_bytes());
+    }
+    let heads = up.heads.lock().unwrap();
+    assert_eq!(heads.len(), 8);
+    assert!(heads.iter().all(|h| h["host"] == "gw"), "Host from :authority: {heads:?}");
+}
+
+/// A body slower than `header_timeout` gets 408 (the client's fault, not the upstream's) and
+/// never reaches the upstream.
+#[tokio::test]
+async fn a_body_slower_than_the_header_timeout_is_408() {
+    let up = upstream().await;
+    let gw = gateway(up.addr, "header_timeout = \"300ms\"\n").await;
+    let mut c = client(gw).await;
+    let (mut tx, chan) = Channel::<Bytes, Infallible>::new(1);
+    tokio::spawn(async move {
+        tx.send_data(Bytes::from(&CHAT[..10])).await.ok();
+        // The rest never comes while the test runs.
+        std::future::pending::<()>().await;
+        drop(tx);
+    });
+    let mut req = post("/v1/chat/completions", &[], Bytes::new());
+    *req.body_mut() = chan.boxed_unsync();
+    let started = std::time::Instant::now();
+    let (resp, body) = send(&mut c, req).await;
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(error_code(&body).0, "request_timeout");
+    assert!(started.elapsed() < Duration::from_secs(5), "cut off at the header timeout: {:?}", started.elapsed());
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 0);
 }

@@ -42,6 +42,10 @@
 #define AILB_REQUIRED_MEMORY_MB 2
 /* Model name, 1..AILB_MAX_MODEL_NAME_LEN bytes, for a VIP shared by several models. */
 #define AILB_MODEL 3
+/* After connect(): a native-endian uint32_t, 1 = this connection is idle (kept open for a later
+ * request with the same tags; it stops counting as in flight at its backend), 0 = busy again.
+ * A client that keeps connections for reuse marks them idle while they wait. */
+#define AILB_IDLE 4
 
 #define AILB_MAX_CONVERSATION_LEN 128
 #define AILB_MAX_MODEL_NAME_LEN 64
@@ -70,6 +74,13 @@ static inline int ailb_tag_model(int fd, const char *model, size_t len)
         return -1;
     }
     return setsockopt(fd, SOL_AILB, AILB_MODEL, model, (socklen_t)len);
+}
+
+/* Marks a connected socket idle (1) or busy again (0). Returns 0, or -1 with errno set. */
+static inline int ailb_mark_idle(int fd, int idle)
+{
+    uint32_t v = idle ? 1 : 0;
+    return setsockopt(fd, SOL_AILB, AILB_IDLE, &v, (socklen_t)sizeof v);
 }
 
 #endif /* AILB_H */

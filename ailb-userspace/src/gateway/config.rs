@@ -15,6 +15,9 @@
 //! total_timeout = "30m"
 //! session_header = "x-user-session"
 //! completion_prefix_bytes = 1024
+//! upstream_reuse = "conversation"  # or "never"
+//! upstream_max_age = "1s"
+//! upstream_max_idle = 256
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! ```
@@ -43,7 +46,8 @@ pub struct GatewayConfig {
     /// Requests served at once; one more gets 429. Default 1024.
     #[serde(default = "default_max_concurrent")]
     pub max_concurrent: u32,
-    /// Longest wait for a client's request head. Default "30s".
+    /// Longest wait for a client's request head, and then for its body (408 past it).
+    /// Default "30s".
     #[serde(default = "default_header_timeout")]
     pub header_timeout: String,
     /// Longest wait for the upstream connect (the kernel's pick happens inside it). Default "5s".
@@ -68,6 +72,27 @@ pub struct GatewayConfig {
     /// requests that give none. Default: empty (no estimate).
     #[serde(default)]
     pub kv_bytes_per_token: BTreeMap<String, u64>,
+    /// Whether an upstream connection may carry another request with the same routing inputs
+    /// (`"conversation"`: idle connections are kept per model, memory need and conversation
+    /// key; requests without a key always get a fresh socket), or never (`"never"`: a fresh
+    /// socket, and a fresh kernel pick, per request). Default "conversation".
+    #[serde(default = "default_reuse")]
+    pub upstream_reuse: String,
+    /// A kept connection is reused only while younger than this (from its connect, where the
+    /// kernel picked its backend): no request follows a pick older than this. Default "1s".
+    #[serde(default = "default_max_age")]
+    pub upstream_max_age: String,
+    /// Idle upstream connections kept at most, all keys together (each counts as one open
+    /// connection at its backend for the kernel's load bound). Default 256.
+    #[serde(default = "default_max_idle")]
+    pub upstream_max_idle: u32,
+}
+
+/// Whether upstream connections carry more than one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamReuse {
+    Never,
+    Conversation,
 }
 
 fn default_listen() -> Vec<String> {
@@ -94,6 +119,15 @@ fn default_total_timeout() -> String {
 fn default_prefix_bytes() -> usize {
     1024
 }
+fn default_reuse() -> String {
+    "conversation".to_string()
+}
+fn default_max_age() -> String {
+    "1s".to_string()
+}
+fn default_max_idle() -> u32 {
+    256
+}
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -108,6 +142,9 @@ impl Default for GatewayConfig {
             session_header: None,
             completion_prefix_bytes: default_prefix_bytes(),
             kv_bytes_per_token: BTreeMap::new(),
+            upstream_reuse: default_reuse(),
+            upstream_max_age: default_max_age(),
+            upstream_max_idle: default_max_idle(),
         }
     }
 }
@@ -125,6 +162,9 @@ pub struct ValidGateway {
     pub session_header: Option<HeaderName>,
     pub completion_prefix_bytes: usize,
     pub kv_bytes_per_token: BTreeMap<String, u64>,
+    pub upstream_reuse: UpstreamReuse,
+    pub upstream_max_age: Duration,
+    pub upstream_max_idle: u32,
 }
 
 /// A duration that must be above zero.
@@ -179,6 +219,17 @@ impl GatewayConfig {
                 return Err(ConfigError::invalid(field, 0, "must be above zero (omit the model for no estimate)"));
             }
         }
+        let upstream_reuse = match self.upstream_reuse.as_str() {
+            "conversation" => UpstreamReuse::Conversation,
+            "never" => UpstreamReuse::Never,
+            other => {
+                return Err(ConfigError::invalid(
+                    "gateway.upstream_reuse",
+                    other,
+                    "expected \"conversation\" or \"never\"",
+                ))
+            }
+        };
         Ok(ValidGateway {
             listen,
             max_body_bytes: self.max_body_bytes,
@@ -190,6 +241,9 @@ impl GatewayConfig {
             session_header,
             completion_prefix_bytes: self.completion_prefix_bytes,
             kv_bytes_per_token: self.kv_bytes_per_token.clone(),
+            upstream_reuse,
+            upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
+            upstream_max_idle: self.upstream_max_idle,
         })
     }
 }
@@ -220,13 +274,16 @@ mod tests {
         assert_eq!(g.session_header, None);
         assert_eq!(g.completion_prefix_bytes, 1024);
         assert!(g.kv_bytes_per_token.is_empty());
+        assert_eq!(g.upstream_reuse, super::UpstreamReuse::Conversation);
+        assert_eq!(g.upstream_max_age.as_secs(), 1);
+        assert_eq!(g.upstream_max_idle, 256);
     }
 
     #[test]
     fn values_are_taken() {
         let g = check(
             "listen = [\"127.0.0.1:0\", \"[::1]:9\"]\nmax_body_bytes = 10\nsession_header = \"X-User\"\n\
-             idle_timeout = \"250ms\"\n[gateway.kv_bytes_per_token]\nm = 4096\n",
+             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\n[gateway.kv_bytes_per_token]\nm = 4096\n",
         )
         .unwrap();
         assert_eq!(g.listen.len(), 2);
@@ -234,6 +291,7 @@ mod tests {
         assert_eq!(g.session_header.unwrap().as_str(), "x-user");
         assert_eq!(g.idle_timeout.as_millis(), 250);
         assert_eq!(g.kv_bytes_per_token["m"], 4096);
+        assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
     }
 
     #[test]
@@ -249,6 +307,8 @@ mod tests {
             ("completion_prefix_bytes = 0", &["gateway.completion_prefix_bytes"]),
             ("kv_bytes_per_token = { other = 1 }", &["gateway.kv_bytes_per_token.other", "catalog"]),
             ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
+            ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
+            ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
             ("bogus = 1", &["bogus"]),
         ];
         for (text, wants) in cases {

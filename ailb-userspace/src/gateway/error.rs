@@ -90,6 +90,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_GATEWAY, "server_error", "upstream_error", message)
     }
 
+    /// 408: the client was too slow to send its request.
+    pub fn client_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "request_timeout", message)
+    }
+
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "upstream_timeout", message)
     }

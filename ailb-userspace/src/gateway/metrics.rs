@@ -18,6 +18,11 @@ pub struct StatusLabel {
     pub status: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReuseLabel {
+    pub reused: bool,
+}
+
 /// Histogram buckets from 1 ms to about 33 min (doubling).
 #[derive(Clone, Copy, Debug)]
 pub struct Buckets;
@@ -34,6 +39,7 @@ pub struct GatewayMetrics {
     pub ttfb_seconds: Family<ModelLabel, Histogram, Buckets>,
     pub duration_seconds: Family<ModelLabel, Histogram, Buckets>,
     pub in_flight: Family<ModelLabel, Gauge>,
+    pub upstream_connections: Family<ReuseLabel, Counter>,
 }
 
 impl GatewayMetrics {
@@ -43,6 +49,7 @@ impl GatewayMetrics {
             ttfb_seconds: Family::new_with_constructor(Buckets),
             duration_seconds: Family::new_with_constructor(Buckets),
             in_flight: Family::default(),
+            upstream_connections: Family::default(),
         };
         registry.register(
             "ailb_gateway_requests",
@@ -60,6 +67,12 @@ impl GatewayMetrics {
             m.duration_seconds.clone(),
         );
         registry.register("ailb_gateway_in_flight", "Requests being proxied now", m.in_flight.clone());
+        registry.register(
+            "ailb_gateway_upstream_requests",
+            "Requests sent upstream, on a fresh connection (reused=false, a new kernel pick) or on an idle one \
+             with the same routing inputs (reused=true)",
+            m.upstream_connections.clone(),
+        );
         m
     }
 }

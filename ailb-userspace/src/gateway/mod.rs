@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 mod log;
 pub mod metrics;
+pub mod pool;
 pub mod proxy;
 pub mod route;
 pub mod server;

@@ -1,18 +1,21 @@
 //! One request upstream: a FRESH TCP socket, tagged with the request's routing inputs
 //! (`ailb_common::client::tag`), connected to the model's VIP (where `cgroup/connect4` picks
 //! the backend and rewrites the destination), one HTTP/1.1 exchange on it, and a response
-//! body relayed frame by frame. Dropping the relay (the client went away) closes the
+//! body relayed frame by frame (or a connection of the [`Pool`] with the same routing
+//! inputs, see [`super::pool`]). Dropping the relay (the client went away) closes the
 //! upstream connection, so the model server frees the request's slot.
 
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ailb_common::client::{self, ClientError, Tags};
 use bytes::Bytes;
+use http_body_util::Full;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
@@ -22,6 +25,7 @@ use tokio::time::Sleep;
 
 use super::error::ApiError;
 use super::log::RequestLog;
+use super::pool::{Conn, Pool, PoolKey};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -114,32 +118,71 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Sends `req` on `up` and waits at most `idle` for the response head. The connection task
-/// lives as long as the returned guard.
-pub async fn exchange(
-    up: Upstream,
-    req: hyper::Request<http_body_util::Full<Bytes>>,
-    idle: Duration,
-) -> Result<(hyper::Response<Incoming>, AbortOnDrop), ApiError> {
+/// Opens an HTTP/1.1 connection on `up` (its task lives as long as the returned
+/// [`Conn`]'s driver). The [`Conn`] holds a duplicate of the socket, to end its count in the
+/// kernel the moment its response ends ([`Conn::done`]) or to mark it idle in the pool.
+pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
+    use std::os::fd::AsFd;
     let backend = up.backend;
-    let fail = |what: &str, e: &dyn std::error::Error| {
-        ApiError::bad_gateway(format!("upstream {backend}: {what}: {}", crate::error_chain(e)))
-    };
+    let born = Instant::now();
+    // Without the duplicate the connection still works; its count only ends when its task
+    // closes it, and it is never marked idle.
+    let fd = up
+        .stream
+        .as_fd()
+        .try_clone_to_owned()
+        .inspect_err(|e| tracing::debug!(error = %e, "dup of an upstream socket"))
+        .ok();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up.stream))
+        .await
+        .map_err(|e| upstream_failure(backend, "handshake", &e))?;
+    let driver = AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(%backend, error = %crate::error_chain(&e), "upstream connection ended");
+        }
+    }));
+    Ok(Conn { sender, driver, backend, born, fd })
+}
+
+fn upstream_failure(backend: SocketAddrV4, what: &str, e: &dyn std::error::Error) -> ApiError {
+    ApiError::bad_gateway(format!("upstream {backend}: {what}: {}", crate::error_chain(e)))
+}
+
+/// What became of a request sent on a connection.
+pub enum Sent {
+    /// The response head.
+    Answered(hyper::Response<Incoming>),
+    /// The connection could not take the request (it closed while idle, for one): nothing was
+    /// sent, and the request comes back for another connection.
+    NotSent(hyper::Request<Full<Bytes>>),
+}
+
+/// Sends `req` on `conn` and waits at most `idle` for the response head.
+pub async fn send(conn: &mut Conn, req: hyper::Request<Full<Bytes>>, idle: Duration) -> Result<Sent, ApiError> {
+    let backend = conn.backend;
     let work = async {
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(up.stream)).await.map_err(|e| fail("handshake", &e))?;
-        let driver = AbortOnDrop(tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%backend, error = %crate::error_chain(&e), "upstream connection ended");
-            }
-        }));
-        let resp = sender.send_request(req).await.map_err(|e| fail("sending the request", &e))?;
-        Ok((resp, driver))
+        if conn.sender.ready().await.is_err() {
+            return Ok(Sent::NotSent(req));
+        }
+        match conn.sender.try_send_request(req).await {
+            Ok(resp) => Ok(Sent::Answered(resp)),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Ok(Sent::NotSent(req)),
+                None => Err(upstream_failure(backend, "sending the request", e.error())),
+            },
+        }
     };
     match tokio::time::timeout(idle, work).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::timeout(format!("upstream {backend}: no response head within {idle:?}"))),
     }
+}
+
+/// Where a connection goes when its response has been relayed whole: back to the pool under
+/// its routing inputs.
+pub struct Reuse {
+    pub pool: Arc<Pool>,
+    pub key: PoolKey,
 }
 
 /// Why a relayed body stopped early.
@@ -169,7 +212,9 @@ pub struct Relay {
     total_timer: Pin<Box<Sleep>>,
     log: Option<RequestLog>,
     started: Instant,
-    _driver: AbortOnDrop,
+    /// The connection: closed on drop, or back to the pool after a whole response.
+    conn: Option<Conn>,
+    reuse: Option<Reuse>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -181,7 +226,8 @@ impl Relay {
     pub fn new(
         inner: Incoming,
         sse: bool,
-        driver: AbortOnDrop,
+        conn: Conn,
+        reuse: Option<Reuse>,
         permit: OwnedSemaphorePermit,
         log: RequestLog,
         idle: Duration,
@@ -198,7 +244,8 @@ impl Relay {
             total_timer: Box::pin(tokio::time::sleep_until(total_deadline)),
             started: log.started(),
             log: Some(log),
-            _driver: driver,
+            conn: Some(conn),
+            reuse,
             _permit: permit,
         }
     }
@@ -209,8 +256,20 @@ impl Relay {
         }
     }
 
+    /// The whole response came: the connection goes back to the pool for the next request
+    /// with the same routing inputs, or is shut down now.
+    fn release(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        match self.reuse.take() {
+            Some(Reuse { pool, key }) => pool.put(key, conn),
+            None => conn.done(),
+        }
+    }
+
     /// The body broke off: an event stream ends with an error event, any other body with `e`.
     fn fail(&mut self, outcome: &'static str, e: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.reuse = None;
+        self.release();
         self.finish(outcome);
         if !self.sse {
             return Poll::Ready(Some(Err(e)));
@@ -243,11 +302,18 @@ impl HttpBody for Relay {
                         log.first_byte(this.started.elapsed());
                     }
                 }
+                if this.inner.is_end_stream() {
+                    // The upstream's answer is whole: its connection stops counting in the
+                    // kernel BEFORE this last frame reaches the client, whose next request
+                    // must not see this one still in flight.
+                    this.release();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail("upstream error", Box::new(e)),
             Poll::Ready(None) => {
                 this.finish("ok");
+                this.release();
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -272,7 +338,11 @@ impl Drop for Relay {
     fn drop(&mut self) {
         // Dropped before its end: the client went away (or its connection failed); an
         // empty body may be dropped unpolled.
-        let outcome = if self.done || self.inner.is_end_stream() { "ok" } else { "client gone" };
+        let whole = !self.done && self.inner.is_end_stream();
+        let outcome = if self.done || whole { "ok" } else { "client gone" };
         self.finish(outcome);
+        if whole {
+            self.release();
+        }
     }
 }

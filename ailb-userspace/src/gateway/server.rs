@@ -1,26 +1,28 @@
-//! The HTTP/1.1 server (hyper, keep-alive from clients) and its routes.
+//! The HTTP server (hyper: HTTP/1.1 with keep-alive, and HTTP/2 with prior knowledge, h2c, on
+//! the same port) and its routes.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Response, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::config::ValidGateway;
+use super::config::{UpstreamReuse, ValidGateway};
 use super::error::ApiError;
 use super::log::RequestLog;
-use super::metrics::GatewayMetrics;
-use super::proxy::{self, BoxError, Relay};
+use super::metrics::{GatewayMetrics, ReuseLabel};
+use super::pool::{Conn, Pool, PoolKey};
+use super::proxy::{self, BoxError, Relay, Reuse, Sent};
 use super::route::{self, Endpoint, ModelFacts, Rules};
 use crate::config::ValidConfig;
 
@@ -59,6 +61,8 @@ pub struct Gateway {
     metrics: Arc<GatewayMetrics>,
     registry: Registry,
     permits: Arc<Semaphore>,
+    /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
+    pool: Option<Arc<Pool>>,
 }
 
 impl Gateway {
@@ -78,12 +82,17 @@ impl Gateway {
             .collect();
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
-        Arc::new(Self { cfg, models, metrics, registry, permits })
+        let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
+            .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize));
+        Arc::new(Self { cfg, models, metrics, registry, permits, pool })
     }
 
-    /// Accepts connections on `listener` and serves each with keep-alive, until the task is
-    /// dropped.
+    /// Accepts connections on `listener` and serves each (HTTP/1.1 with keep-alive, or
+    /// HTTP/2 when the client's first bytes are its preface), until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        if let Some(pool) = &self.pool {
+            Pool::spawn_sweeper(pool);
+        }
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -98,18 +107,23 @@ impl Gateway {
             let gw = self.clone();
             let header_timeout = self.cfg.header_timeout;
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req));
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req, peer));
+                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+                builder.http2().timer(TokioTimer::new());
                 if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                    tracing::debug!(%peer, error = %crate::error_chain(&e), "gateway: client connection ended");
+                    tracing::debug!(%peer, error = %crate::error_chain(&*e), "gateway: client connection ended");
                 }
             });
         }
     }
 
     /// One request.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<Body>, Infallible> {
         let path = req.uri().path().to_string();
         let endpoint = match path.as_str() {
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
@@ -118,7 +132,7 @@ impl Gateway {
             _ => None,
         };
         let resp = match (req.method(), path.as_str(), endpoint) {
-            (&Method::POST, _, Some(ep)) => return Ok(self.proxy(ep, req).await),
+            (&Method::POST, _, Some(ep)) => return Ok(self.proxy(ep, req, peer).await),
             (&Method::GET, "/v1/models", _) => self.list_models(),
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -154,13 +168,13 @@ impl Gateway {
         }
     }
 
-    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>) -> Response<Body> {
+    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let mut log = RequestLog::start(self.metrics.clone(), req.method().as_str(), req.uri().path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
         };
-        let work = self.clone().forward(endpoint, req, &mut log);
+        let work = self.clone().forward(endpoint, req, peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(ApiError::timeout(format!(
@@ -169,29 +183,39 @@ impl Gateway {
             ))),
         };
         match result {
-            Ok((resp, driver)) => {
+            Ok((resp, conn, reuse)) => {
                 let (parts, body) = resp.into_parts();
                 let sse = parts
                     .headers
                     .get(hyper::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
-                let relay =
-                    Relay::new(body, sse, driver, permit, log, self.cfg.idle_timeout, deadline, self.cfg.total_timeout);
+                let relay = Relay::new(
+                    body,
+                    sse,
+                    conn,
+                    reuse,
+                    permit,
+                    log,
+                    self.cfg.idle_timeout,
+                    deadline,
+                    self.cfg.total_timeout,
+                );
                 Response::from_parts(parts, relay.boxed_unsync())
             }
             Err(e) => answer(log, e),
         }
     }
 
-    /// Reads and parses the body, finds the routing inputs, connects a fresh tagged socket
-    /// and sends the request as it came (minus hop-by-hop headers).
+    /// Reads and parses the body, finds the routing inputs, and sends the request as it came
+    /// (minus hop-by-hop headers, plus `X-Forwarded-For`) on a connection tagged with them.
     async fn forward(
         self: Arc<Self>,
         endpoint: Endpoint,
         req: Request<Incoming>,
+        peer: SocketAddr,
         log: &mut RequestLog,
-    ) -> Result<(Response<Incoming>, proxy::AbortOnDrop), ApiError> {
+    ) -> Result<(Response<Incoming>, Conn, Option<Reuse>), ApiError> {
         let (parts, body) = req.into_parts();
         let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
@@ -216,15 +240,32 @@ impl Gateway {
         if let Some(mb) = inputs.memory_mb {
             tags = tags.required_memory_mb(mb);
         }
-        let up = proxy::connect(model.vip, &tags, self.cfg.connect_timeout).await?;
-        let backend = up.backend;
         let mut upstream_req = Request::builder()
             .method(parts.method)
             .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
             .body(Full::new(bytes))
             .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
-        *upstream_req.headers_mut() = end_to_end(&parts.headers);
-        let (mut resp, driver) = proxy::exchange(up, upstream_req, self.cfg.idle_timeout).await?;
+        let mut headers = end_to_end(&parts.headers);
+        forwarded_for(&mut headers, peer);
+        if !headers.contains_key(HOST) {
+            // An HTTP/2 client names the host in `:authority`, which HTTP/1.1 carries as Host.
+            if let Some(a) = parts.uri.authority() {
+                headers.insert(HOST, header_value(a.to_string()));
+            }
+        }
+        *upstream_req.headers_mut() = headers;
+        let key = match (&self.pool, &inputs.conversation) {
+            (Some(_), Some(c)) => {
+                Some(PoolKey { model: inputs.model.clone(), memory_mb: inputs.memory_mb, conversation: c.key.clone() })
+            }
+            _ => None,
+        };
+        let (mut resp, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
+        let backend = conn.backend;
+        let reuse = match (key, &self.pool) {
+            (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
+            _ => None,
+        };
         log.upstream(backend, resp.status().as_u16());
         let headers = end_to_end(resp.headers());
         *resp.headers_mut() = headers;
@@ -236,11 +277,43 @@ impl Gateway {
         if let Some(hash) = conv_hash {
             h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
         }
-        Ok((resp, driver))
+        Ok((resp, conn, reuse))
+    }
+
+    /// Sends `req` on an idle connection with the same routing inputs (`key`) when the pool
+    /// has one, else on a fresh tagged connection to `vip`.
+    async fn exchange(
+        &self,
+        key: Option<&PoolKey>,
+        vip: SocketAddrV4,
+        tags: &ailb_common::client::Tags<'_>,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<(Response<Incoming>, Conn), ApiError> {
+        let idle = self.cfg.idle_timeout;
+        if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
+            match proxy::send(&mut conn, req, idle).await? {
+                Sent::Answered(resp) => {
+                    self.metrics.upstream_connections.get_or_create(&ReuseLabel { reused: true }).inc();
+                    return Ok((resp, conn));
+                }
+                Sent::NotSent(back) => req = back,
+            }
+        }
+        let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
+        let mut conn = proxy::open(up).await?;
+        self.metrics.upstream_connections.get_or_create(&ReuseLabel { reused: false }).inc();
+        match proxy::send(&mut conn, req, idle).await? {
+            Sent::Answered(resp) => Ok((resp, conn)),
+            Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
+                "upstream {}: the new connection closed before the request could be sent",
+                conn.backend
+            ))),
+        }
     }
 
     /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
-    /// reading, a chunked body is read up to the limit only.
+    /// reading, a chunked body is read up to the limit only; a body slower than
+    /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
     async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
         let max = self.cfg.max_body_bytes;
         let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -248,7 +321,13 @@ impl Gateway {
             return Err(ApiError::too_large(max));
         }
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
-        match Limited::new(body, limit).collect().await {
+        let within = self.cfg.header_timeout;
+        let Ok(read) = tokio::time::timeout(within, Limited::new(body, limit).collect()).await else {
+            return Err(ApiError::client_timeout(format!(
+                "the request body did not arrive within {within:?} (gateway.header_timeout)"
+            )));
+        };
+        match read {
             Ok(c) => Ok(c.to_bytes()),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(max)),
             Err(e) => Err(ApiError::invalid_request("invalid_body", format!("reading the request body: {e}"))),
@@ -277,8 +356,33 @@ fn end_to_end(from: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// Appends the client's address to `X-Forwarded-For` (the model server's logs then name the
+/// client rather than the front door).
+fn forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+    let name = HeaderName::from_static("x-forwarded-for");
+    let ip = peer.ip().to_string();
+    let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
+        _ => ip,
+    };
+    headers.insert(name, header_value(value));
+}
+
+/// Whether the upstream leaves its connection open after `resp` (HTTP/1.1 without
+/// `Connection: close`).
+fn keeps_alive<B>(resp: &Response<B>) -> bool {
+    resp.version() == Version::HTTP_11
+        && !resp
+            .headers()
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
 fn header_value(s: String) -> HeaderValue {
-    HeaderValue::try_from(s).expect("addresses and hex hashes are valid header values")
+    HeaderValue::try_from(s).expect("addresses, authorities and hex hashes are valid header values")
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod daemon;
 pub mod gateway;
 pub mod nacos;
+pub mod sim;
 pub mod status;
 
 use std::io::Read;
@@ -33,6 +34,7 @@ pub use client::{ConnResult, ConnectOpts, HeldClients, TestClient};
 pub use config::{BackendCfg, TestConfig};
 pub use daemon::Daemon;
 pub use gateway::GatewayProcess;
+pub use sim::SimServer;
 
 /// Path of the `ailb-testclient` binary of this package. A macro because
 /// `CARGO_BIN_EXE_*` is only set when the integration tests themselves are compiled.

@@ -1,9 +1,15 @@
 //! The front door end to end: `ailb gateway` runs INSIDE the test's child cgroup (where
-//! `ailb run` attached the programs), three HTTP backends sit behind one VIP, and a client
-//! outside the cgroup sends every request down ONE keep-alive connection to the gateway.
-//! Each request gets its own upstream connection, so the kernel picks per request: every
-//! `X-Session-ID` sticks to one backend, the sessions spread over several, and a chat that
-//! resends its history without any header sticks too (its derived key).
+//! `ailb run` attached the programs), three HTTP backends of weights 1:2:5 sit behind one VIP,
+//! and a client outside the cgroup sends every request down ONE keep-alive connection to the
+//! gateway. Each request gets its own upstream connection, so the kernel picks per request:
+//! - 1,000 requests of 10 `X-Session-ID`s: every session sticks to one backend, and that
+//!   backend is the one `ailb explain` computed from the pinned tables before any traffic
+//!   (the weighted Maglev pick of the session's hash), so the placement of each session is
+//!   what the weights decide;
+//! - 10 sessions are too few to show a weight ratio (each lands on one backend, so the shares
+//!   come in tenths), so 1,000 more requests, each of its own session, check the spread: the
+//!   shares are 12.5 / 25 / 62.5 % within a few points;
+//! - a chat that resends its history without any header sticks too (its derived key).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -11,7 +17,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ailb_tests::status::{ailb_status, model_inflight};
+use ailb_tests::{base_config, percent, preflight, run_cmd, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
@@ -20,11 +31,24 @@ use serde_json::{json, Value};
 
 const MODEL: &str = "gw-7b";
 const VIP: &str = "127.77.9.1:8000";
-const BACKENDS: [&str; 3] = ["127.0.9.11:18911", "127.0.9.12:18912", "127.0.9.13:18913"];
+const BACKENDS: [(&str, u32); 3] = [("127.0.9.11:18911", 1), ("127.0.9.12:18912", 2), ("127.0.9.13:18913", 5)];
 const GATEWAY: &str = "127.0.9.1:18900";
 const SESSIONS: usize = 10;
-const REQUESTS: usize = 300;
+/// Requests of the [`SESSIONS`] sticky sessions, taken in turn.
+const REQUESTS: usize = 1000;
+/// Requests of one session each, for the spread.
+const SPREAD: usize = 1000;
+/// The tolerance on each share of the [`SPREAD`] requests. The session ids are fixed and the
+/// table is built deterministically, so the shares are the same on every run; the bound is
+/// still set as if the hashes were random: a share p of n = 1000 independent picks has a
+/// standard deviation of sqrt(p(1-p)/n) <= 1.6 pp, the weighted Maglev table matches the
+/// weights to a fraction of a point, and the load bound can divert a pick only when the
+/// previous request's upstream connection has not closed yet. 6 pp is over 3.5 sigma.
+const TOLERANCE_PP: f64 = 6.0;
 const TURNS: usize = 10;
+/// The whole test's traffic (2,010 requests) must take less than this: a pick per request
+/// costs a connect, not a round of waiting.
+const TRAFFIC_LIMIT: Duration = Duration::from_secs(60);
 
 /// An OpenAI-ish backend on `addr` that answers every request with its own address; counts
 /// the connections it accepted.
@@ -76,31 +100,85 @@ async fn chat(c: &mut Sender, session: Option<&str>, body: &Value) -> (String, S
     (backend, conv, v["backend"].as_str().unwrap_or("").to_string())
 }
 
+/// `ailb explain --json --model MODEL --bpffs DIR --conversation ID`: the kernel's pick for
+/// the conversation now, computed from the pinned maps; (backend, outcome).
+fn explain(bin: &Path, bpffs: &Path, conversation: &str) -> (String, String) {
+    let out = run_cmd(
+        Command::new(bin)
+            .args(["explain", "--json", "--model", MODEL, "--conversation", conversation])
+            .arg("--bpffs")
+            .arg(bpffs),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "ailb explain failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"));
+    let c = &v["conversation"];
+    (c["backend"].as_str().unwrap_or("refused").to_string(), c["outcome"].as_str().unwrap_or("").to_string())
+}
+
+/// The kernel counts no connection of [`MODEL`] in flight: the front door ends an upstream
+/// connection's count before the response's last byte reaches the client, so the client's
+/// next request never sees its previous one in flight (the load bound would divert it).
+fn assert_idle(bin: &Path, bpffs: &Path, before: usize) {
+    let status = ailb_status(bin, bpffs).unwrap_or_else(|e| panic!("ailb status: {e}"));
+    let n = model_inflight(&status).get(MODEL).copied();
+    assert_eq!(n, Some(0), "in flight before request {before}, after the previous one was answered");
+}
+
+fn session(i: usize) -> String {
+    format!("gw-session-{i}")
+}
+
 #[test]
 fn gateway_steers_each_request_on_one_keepalive_connection() {
     let bin = preflight();
     let cg = CgroupGuard::new("gateway");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let accepted: Vec<_> = BACKENDS.iter().map(|a| start_backend(&rt, a)).collect();
+    let accepted: Vec<_> = BACKENDS.iter().map(|b| start_backend(&rt, b.0)).collect();
     let mut cfg = base_config("gateway", &cg).service(MODEL, VIP);
-    for addr in BACKENDS {
-        cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1));
+    for (addr, w) in BACKENDS {
+        cfg = cfg.backend(BackendCfg::new(MODEL, addr, w));
     }
-    cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\n");
+    // A fresh upstream connection (and kernel pick) per request: what this test counts.
+    // Kept connections are `gateway_reuse.rs`'s.
+    cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\nupstream_reuse = \"never\"\n");
     let daemon = Daemon::start(&bin, &cfg);
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, GATEWAY.parse().unwrap());
 
-    let (by_session, turns) = rt.block_on(async {
+    // Before any traffic: the pick of each session is the weighted table's (its primary slot).
+    let predicted: BTreeMap<String, String> = (0..SESSIONS)
+        .map(|i| {
+            let (backend, outcome) = explain(&bin, daemon.bpffs(), &session(i));
+            assert_eq!(outcome, "Primary", "a fresh session {} is picked from the table: {backend}", session(i));
+            (session(i), backend)
+        })
+        .collect();
+
+    let started = Instant::now();
+    let (by_session, spread, turns) = rt.block_on(async {
         let mut c = connect_client().await;
         let mut by_session: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for i in 0..REQUESTS {
-            let session = format!("gw-session-{}", i % SESSIONS);
+            let session = session(i % SESSIONS);
+            if i < 3 * SESSIONS {
+                // (This blocks the test's own thread only; the backends and the client
+                // connection run on the runtime's workers.)
+                assert_idle(&bin, daemon.bpffs(), i);
+            }
             let body = json!({"model": MODEL, "messages": [{"role": "user", "content": format!("request {i}")}]});
             let (backend, conv, answered) = chat(&mut c, Some(&session), &body).await;
             assert_eq!(backend, answered, "x-ailb-backend must be the backend that answered");
             let want = format!("{:#018x}", ailb_common::hash::conversation_hash(session.as_bytes()));
             assert_eq!(conv, want, "x-ailb-conversation is the kernel's hash of the session id");
             by_session.entry(session).or_default().insert(backend);
+        }
+        let mut spread: BTreeMap<String, usize> = BTreeMap::new();
+        for i in 0..SPREAD {
+            let session = format!("gw-spread-{i}");
+            let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "one question"}]});
+            let (backend, _, answered) = chat(&mut c, Some(&session), &body).await;
+            assert_eq!(backend, answered, "x-ailb-backend must be the backend that answered");
+            *spread.entry(backend).or_default() += 1;
         }
         // A chat that resends its whole history each turn, with no header at all.
         let mut messages = vec![json!({"role": "system", "content": "you are terse"})];
@@ -111,22 +189,44 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
             messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
             turns.push((backend, conv));
         }
-        (by_session, turns)
+        (by_session, spread, turns)
     });
+    let took = started.elapsed();
+    assert!(took < TRAFFIC_LIMIT, "{} requests took {took:?}", REQUESTS + SPREAD + TURNS);
 
     let log = gateway.log();
+    assert_eq!(by_session.len(), SESSIONS);
     for (session, backends) in &by_session {
         assert_eq!(backends.len(), 1, "session {session} reached {backends:?}; gateway log:\n{log}");
+        let reached = backends.iter().next().expect("one backend");
+        assert_eq!(reached, &predicted[session], "session {session}: reached {reached}, the table's pick was another");
+        // And the kernel's affinity entry names the backend the header named.
+        let (now, outcome) = explain(&bin, daemon.bpffs(), session);
+        assert_eq!((now.as_str(), outcome.as_str()), (reached.as_str(), "AffinityHit"), "session {session}");
     }
     let used: BTreeSet<&String> = by_session.values().flatten().collect();
     assert!(used.len() > 1, "{SESSIONS} sessions all went to {used:?}: the pick happened once, not per request");
+    let total_weight: u32 = BACKENDS.iter().map(|b| b.1).sum();
+    for (addr, w) in BACKENDS {
+        let n = spread.get(addr).copied().unwrap_or(0);
+        let share = percent(n, SPREAD);
+        let expected = f64::from(w) * 100.0 / f64::from(total_weight);
+        assert!(
+            (share - expected).abs() <= TOLERANCE_PP,
+            "backend {addr} (weight {w}/{total_weight}) got {n} of {SPREAD} one-request sessions = {share:.1} %, \
+             expected {expected:.1} % +- {TOLERANCE_PP} pp; all counts {spread:?}"
+        );
+    }
+    assert!(spread.keys().all(|b| BACKENDS.iter().any(|c| c.0 == b)), "an answer from elsewhere: {spread:?}");
     let turn_backends: BTreeSet<&String> = turns.iter().map(|t| &t.0).collect();
     assert_eq!(turn_backends.len(), 1, "the {TURNS}-turn chat reached {turn_backends:?}");
     let turn_keys: BTreeSet<&String> = turns.iter().map(|t| &t.1).collect();
     assert_eq!(turn_keys.len(), 1, "the chat's derived conversation key changed: {turn_keys:?}");
     let total: u64 = accepted.iter().map(|a| a.load(Ordering::SeqCst)).sum();
-    assert_eq!(total, (REQUESTS + TURNS) as u64, "one upstream connection per request");
-    eprintln!("sessions per backend: {by_session:?}; chat on {turn_backends:?}");
+    assert_eq!(total, (REQUESTS + SPREAD + TURNS) as u64, "one upstream connection per request");
+    eprintln!(
+        "sessions per backend: {by_session:?}; spread {spread:?}; chat on {turn_backends:?}; traffic took {took:?}"
+    );
     drop(gateway);
     drop(daemon);
 }

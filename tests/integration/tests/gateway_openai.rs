@@ -9,48 +9,16 @@
 //!   backend with that much free memory, though it has the smallest weight.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ailb_tests::{
-    base_config, preflight, run_cmd, wait_until, workspace_bin, BackendCfg, CgroupGuard, Daemon, GatewayProcess,
-};
+use ailb_tests::{base_config, preflight, run_cmd, BackendCfg, CgroupGuard, Daemon, GatewayProcess, SimServer};
 use serde_json::Value;
 
 const MODEL: &str = "sim-7b";
 const TURNS: usize = 10;
-
-/// An `ailb-sim` server on `addr`, killed by pid on drop.
-struct Sim(Child);
-
-impl Sim {
-    fn start(addr: &str) -> Self {
-        let mut child = Command::new(workspace_bin("ailb-sim", "ailb-sim"))
-            .args(["--listen", addr, "--model", MODEL, "--time-scale", "50"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting ailb-sim on {addr}: {e}"));
-        wait_until(&format!("ailb-sim on {addr} to accept connections"), Duration::from_secs(20), || {
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("ailb-sim on {addr} exited with {st}");
-            }
-            TcpStream::connect(addr).ok()
-        });
-        Self(child)
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of our own child, which has not been waited for yet.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
 
 /// `ailb run` with `backends` (address, weight, free MB) behind `vip`, the gateway on `listen`
 /// inside `cg`, and one `ailb-sim` per backend.
@@ -60,9 +28,9 @@ fn front_door(
     vip: &str,
     listen: &str,
     backends: &[(&str, u32, u32)],
-) -> (Vec<Sim>, Daemon, GatewayProcess) {
+) -> (Vec<SimServer>, Daemon, GatewayProcess) {
     let bin = preflight();
-    let sims: Vec<Sim> = backends.iter().map(|b| Sim::start(b.0)).collect();
+    let sims: Vec<SimServer> = backends.iter().map(|b| SimServer::start(b.0, MODEL, &["--time-scale", "50"])).collect();
     let mut cfg = base_config(name, cg).service(MODEL, vip);
     for &(addr, w, mem) in backends {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, w).free_memory_mb(mem));

@@ -1,0 +1,263 @@
+//! Idle upstream connections kept per routing inputs (`gateway.upstream_reuse =
+//! "conversation"`).
+//!
+//! The kernel picks a backend per connection, from the routing inputs the socket is tagged
+//! with. A connection may therefore carry a second request only when that request has the
+//! SAME inputs (model, memory need, conversation key): the pool is keyed by all three, and a
+//! request without a conversation key never reuses a connection (its pick is a fresh
+//! weighted draw each time, and reusing would repeat the first draw).
+//!
+//! Staleness is bounded: a connection is handed out again only while younger than
+//! `upstream_max_age` (counted from its connect, where its pick was made), so a pick is never
+//! older than that, whatever the tables did since; older ones are closed when their response
+//! ends, and a sweeper closes idle ones as they pass the age. At most `upstream_max_idle`
+//! connections wait idle at once.
+//!
+//! The kernel counts open connections as in flight at their backend (its load bound and memory
+//! fit read those counts), so a kept connection is marked idle (`AILB_IDLE`) while it waits:
+//! it stops counting, and its conversation's affinity ages from the end of the answer, as at a
+//! close; it is marked busy again right before it carries the next request.
+
+use std::collections::HashMap;
+use std::net::SocketAddrV4;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::client::conn::http1::SendRequest;
+
+use super::proxy::AbortOnDrop;
+
+/// What a reusable connection must match: the routing inputs the socket was tagged with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PoolKey {
+    pub model: String,
+    pub memory_mb: Option<u32>,
+    pub conversation: String,
+}
+
+/// One open HTTP/1.1 connection to a backend.
+pub struct Conn {
+    pub sender: SendRequest<Full<Bytes>>,
+    pub driver: AbortOnDrop,
+    pub backend: SocketAddrV4,
+    /// When it connected (when the kernel made its pick).
+    pub born: Instant,
+    /// A duplicate of the socket, to mark it idle and busy, and to shut it down at once.
+    pub fd: Option<OwnedFd>,
+}
+
+impl Conn {
+    /// Ends the connection now: a `shutdown` on the socket sends the FIN in this call, so the
+    /// kernel stops counting it in flight before anything else happens (dropping the
+    /// connection's task would close it only when the runtime gets to it).
+    pub fn done(self) {
+        if let Some(fd) = &self.fd {
+            let _ = socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Tells the kernel this connection waits idle (`true`) or carries a request (`false`).
+    fn mark_idle(&self, idle: bool) {
+        let Some(fd) = &self.fd else { return };
+        if let Err(e) = ailb_common::client::mark_idle(fd, idle) {
+            tracing::debug!(backend = %self.backend, error = %crate::error_chain(&e), "marking an upstream connection idle");
+        }
+    }
+}
+
+/// The idle connections, by routing inputs.
+pub struct Pool {
+    max_age: Duration,
+    max_idle: usize,
+    idle: Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    by_key: HashMap<PoolKey, Vec<Conn>>,
+    count: usize,
+}
+
+impl Pool {
+    pub fn new(max_age: Duration, max_idle: usize) -> Arc<Self> {
+        Arc::new(Self { max_age, max_idle, idle: Mutex::new(Idle::default()) })
+    }
+
+    fn fresh(&self, c: &Conn, now: Instant) -> bool {
+        now.saturating_duration_since(c.born) < self.max_age && !c.sender.is_closed()
+    }
+
+    /// An idle connection for `key` that is young enough and still open (the newest first).
+    pub fn take(&self, key: &PoolKey) -> Option<Conn> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = &mut *idle;
+        let list = idle.by_key.get_mut(key)?;
+        let mut found = None;
+        while let Some(c) = list.pop() {
+            idle.count -= 1;
+            if self.fresh(&c, now) {
+                found = Some(c);
+                break;
+            }
+        }
+        if list.is_empty() {
+            idle.by_key.remove(key);
+        }
+        if let Some(c) = &found {
+            c.mark_idle(false);
+        }
+        found
+    }
+
+    /// Keeps `conn` for the next request with `key`; ends it instead when it is too old or
+    /// the pool is full.
+    pub fn put(&self, key: PoolKey, conn: Conn) {
+        if !self.fresh(&conn, Instant::now()) {
+            return conn.done();
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.count >= self.max_idle {
+            drop(idle);
+            return conn.done();
+        }
+        conn.mark_idle(true);
+        idle.count += 1;
+        idle.by_key.entry(key).or_default().push(conn);
+    }
+
+    /// Closes every idle connection past its age (or closed by its backend).
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = &mut *idle;
+        let mut count = 0;
+        idle.by_key.retain(|_, list| {
+            list.retain(|c| self.fresh(c, now));
+            count += list.len();
+            !list.is_empty()
+        });
+        idle.count = count;
+    }
+
+    /// Connections waiting idle now.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).count
+    }
+
+    /// Sweeps `pool` every half `max_age` until it is dropped.
+    pub fn spawn_sweeper(pool: &Arc<Self>) {
+        let weak: Weak<Self> = Arc::downgrade(pool);
+        let every = (pool.max_age / 2).max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(pool) = weak.upgrade() else { return };
+                pool.sweep();
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+
+    /// A connection to a listener that never answers (the test only pools it).
+    async fn conn(born: Instant) -> (Conn, tokio::net::TcpListener) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, c) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+        let driver = AbortOnDrop(tokio::spawn(async move {
+            let _ = c.await;
+        }));
+        let backend = match addr {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        (Conn { sender, driver, backend, born, fd: None }, l)
+    }
+
+    fn key(c: &str) -> PoolKey {
+        PoolKey { model: "m".into(), memory_mb: Some(8192), conversation: c.into() }
+    }
+
+    #[tokio::test]
+    async fn only_the_same_inputs_get_a_connection_back() {
+        let pool = Pool::new(Duration::from_secs(60), 8);
+        let (c, _l) = conn(Instant::now()).await;
+        pool.put(key("a"), c);
+        assert!(pool.take(&key("b")).is_none(), "another conversation");
+        let other_memory = PoolKey { memory_mb: None, ..key("a") };
+        assert!(pool.take(&other_memory).is_none(), "another memory need");
+        let other_model = PoolKey { model: "n".into(), ..key("a") };
+        assert!(pool.take(&other_model).is_none(), "another model");
+        assert!(pool.take(&key("a")).is_some());
+        assert!(pool.take(&key("a")).is_none(), "handed out once");
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn old_connections_are_never_handed_out_and_are_swept() {
+        let pool = Pool::new(Duration::from_millis(200), 8);
+        let (old, _l1) = conn(Instant::now() - Duration::from_millis(300)).await;
+        pool.put(key("a"), old);
+        assert_eq!(pool.idle_count(), 0, "too old to keep");
+        let (young, _l2) = conn(Instant::now() - Duration::from_millis(150)).await;
+        pool.put(key("a"), young);
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(pool.take(&key("a")).is_none(), "aged past max_age while idle");
+        let (young, _l3) = conn(Instant::now()).await;
+        pool.put(key("b"), young);
+        pool.sweep();
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(210)).await;
+        pool.sweep();
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_pool_is_bounded() {
+        let pool = Pool::new(Duration::from_secs(60), 2);
+        let mut listeners = Vec::new();
+        for i in 0..3 {
+            let (c, l) = conn(Instant::now()).await;
+            listeners.push(l);
+            pool.put(key(&i.to_string()), c);
+        }
+        assert_eq!(pool.idle_count(), 2);
+        assert!(pool.take(&key("2")).is_none(), "the third was closed, not kept");
+    }
+
+    #[tokio::test]
+    async fn a_connection_its_backend_closed_is_not_handed_out() {
+        let pool = Pool::new(Duration::from_secs(60), 8);
+        let (c, l) = conn(Instant::now()).await;
+        let (server_side, _) = l.accept().await.unwrap();
+        pool.put(key("a"), c);
+        drop(server_side);
+        drop(l);
+        // The connection task sees the close and the sender reports it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let closed = {
+                let idle = pool.idle.lock().unwrap();
+                idle.by_key.get(&key("a")).is_none_or(|l| l.iter().all(|c| c.sender.is_closed()))
+            };
+            if closed {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the close was never seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(pool.take(&key("a")).is_none());
+    }
+}

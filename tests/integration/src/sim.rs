@@ -1,0 +1,99 @@
+//! `ailb-sim`, the simulated inference server (OpenAI API, vLLM-named `/metrics`), as a child
+//! process killed by pid on drop; and reading one gauge of its `/metrics`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{wait_until, workspace_bin};
+
+/// A running `ailb-sim --listen ADDR --model MODEL [args]`.
+pub struct SimServer {
+    child: Child,
+    addr: String,
+}
+
+impl SimServer {
+    /// Starts it with `args` after `--listen` and `--model` (e.g. `["--time-scale", "50"]`) and
+    /// waits until `addr` accepts connections; panics when it exits first.
+    pub fn start(addr: &str, model: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(workspace_bin("ailb-sim", "ailb-sim"))
+            .args(["--listen", addr, "--model", model])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting ailb-sim on {addr}: {e}"));
+        wait_until(&format!("ailb-sim on {addr} to accept connections"), Duration::from_secs(20), || {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("ailb-sim on {addr} exited with {st}");
+            }
+            TcpStream::connect(addr).ok()
+        });
+        Self { child, addr: addr.to_string() }
+    }
+
+    /// `ip:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The value of the gauge `name` (e.g. `vllm:num_requests_running`) in its `/metrics` now.
+    /// The test process is outside the child cgroup, so this connect goes to the server itself.
+    pub fn gauge(&self, name: &str) -> f64 {
+        let text = http_get(&self.addr, "/metrics");
+        metric_value(&text, name).unwrap_or_else(|| panic!("no {name} in the /metrics of {}:\n{text}", self.addr))
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of our own child, which has not been waited for yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path` on `addr` with `Connection: close`: the body (panics on any failure or a status
+/// other than 200).
+pub fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+        .unwrap_or_else(|e| panic!("GET {path} to {addr}: {e}"));
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap_or_else(|e| panic!("GET {path} from {addr}: reading: {e}"));
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("GET {path} from {addr}: {raw:?}"));
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path} from {addr}: {head}");
+    assert!(!head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "GET {path}: chunked: {head}");
+    body.to_string()
+}
+
+/// The value of the first sample of `name` (with or without labels) in a Prometheus text.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let value = if rest.starts_with('{') { rest.split_once('}')?.1 } else { rest };
+        if !value.starts_with(' ') {
+            return None;
+        }
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_value;
+
+    #[test]
+    fn reads_a_sample_with_or_without_labels() {
+        let text = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n\
+                    vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_running_x 9\nplain 1.5\n";
+        assert_eq!(metric_value(text, "vllm:num_requests_running"), Some(3.0));
+        assert_eq!(metric_value(text, "plain"), Some(1.5));
+        assert_eq!(metric_value(text, "vllm:num_requests_waiting"), None);
+        assert_eq!(metric_value("a_b 2\n", "a"), None, "a longer name is another metric");
+    }
+}
