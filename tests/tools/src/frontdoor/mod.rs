@@ -48,8 +48,10 @@ use crate::sim_gpus::Proc;
 
 /// The model the server serves and the requests name.
 pub const MODEL: &str = "sim-7b";
-/// The front door's upstream behaviours measured, one row each.
-pub const UPSTREAM_REUSE: &[&str] = &["never"];
+/// The front door's upstream behaviours measured, one row each (`[gateway] upstream_reuse`):
+/// a fresh upstream socket and kernel pick per request, and idle upstream connections kept per
+/// routing inputs (the default).
+pub const UPSTREAM_REUSE: &[&str] = &["never", "conversation"];
 /// wrk's keep-alive client connections.
 pub const CONNECTIONS: u32 = 16;
 
@@ -214,7 +216,7 @@ fn measure(targets: &mut [Target], sim: &Proc, script: &Path, args: &Args) -> Ve
 }
 
 /// The breakdown section: system calls per request of every front-door row and of nginx
-/// (strace), and the front door's CPU samples by binary and symbol (perf, where installed).
+/// (strace), and every front-door row's CPU samples by binary and symbol (perf, where installed).
 fn where_time_goes(targets: &[Target], script: &Path, seconds: u32, dir: &Path) -> String {
     let mut out = String::from("## Where the front door's time goes\n\n");
     out.push_str(
@@ -243,20 +245,19 @@ fn where_time_goes(targets: &[Target], script: &Path, seconds: u32, dir: &Path) 
     } else {
         out.push_str("strace is not installed: no system-call counts.\n\n");
     }
-    let first_gateway = traced.iter().find(|t| t.role == Role::Ailb);
-    match (installed("perf"), first_gateway) {
-        (true, Some(t)) => {
-            say(&format!("perf record: {}", t.name));
-            match profile::perf(t.pid().expect("running"), &t.url, script, seconds, dir) {
-                Ok((text, run)) => out.push_str(&format!(
-                    "### {}: CPU samples (`perf record -F 2000`, one {seconds} s wrk run, {} requests)\n\n{text}\n",
-                    t.name, run.requests
-                )),
-                Err(e) => out.push_str(&format!("### {}: CPU samples\n\nperf failed: {e:#}\n\n", t.name)),
-            }
+    let gateways: Vec<&&Target> = traced.iter().filter(|t| t.role == Role::Ailb).collect();
+    if !installed("perf") {
+        out.push_str("perf is not installed: no CPU samples by symbol.\n\n");
+    }
+    for t in gateways.iter().filter(|_| installed("perf")) {
+        say(&format!("perf record: {}", t.name));
+        match profile::perf(t.pid().expect("running"), &t.url, script, seconds, dir) {
+            Ok((text, run)) => out.push_str(&format!(
+                "### {}: CPU samples (`perf record -F 2000`, one {seconds} s wrk run, {} requests)\n\n{text}\n",
+                t.name, run.requests
+            )),
+            Err(e) => out.push_str(&format!("### {}: CPU samples\n\nperf failed: {e:#}\n\n", t.name)),
         }
-        (false, _) => out.push_str("perf is not installed: no CPU samples by symbol.\n\n"),
-        (true, None) => {}
     }
     out
 }
@@ -296,9 +297,10 @@ fn setup(ailb: &Path, args: &Args) -> Setup {
         ),
         load: format!(
             "`wrk -t1 -c{CONNECTIONS} -d{}s --latency -s post.lua`: keep-alive client connections, each request a \
-             POST of `{}` (Content-Type: application/json)",
+             POST of `{}` (Content-Type: application/json, `X-Session-ID: {}`)",
             args.seconds,
-            wrk::body()
+            wrk::body(),
+            wrk::SESSION
         ),
         rounds: args.rounds as usize,
     }

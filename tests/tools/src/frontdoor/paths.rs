@@ -84,11 +84,10 @@ pub fn direct() -> Target {
     }
 }
 
-/// The `[gateway]` section of the front door listening on `listen`. This gateway knows one
-/// upstream behaviour only, a fresh upstream socket per request (`"never"`), so the section
-/// names no `upstream_reuse`. Warnings-only logging comes from `AILB_LOG`.
-pub fn gateway_toml(listen: SocketAddrV4, _reuse: &str) -> String {
-    format!("\n[gateway]\nlisten = [\"{listen}\"]\n")
+/// The `[gateway]` section of the front door for `upstream_reuse` value `reuse`, listening
+/// on `listen`; every other key keeps its default. Warnings-only logging comes from `AILB_LOG`.
+pub fn gateway_toml(listen: SocketAddrV4, reuse: &str) -> String {
+    format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\n")
 }
 
 /// `ailb gateway` inside `cg`, reading the daemon's catalog (`catalog`, the daemon's config
@@ -210,7 +209,8 @@ pub fn post_status(addr: SocketAddrV4) -> anyhow::Result<(u16, String)> {
     write!(
         s,
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         X-Session-ID: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        wrk::SESSION,
         body.len()
     )?;
     let mut buf = Vec::new();
@@ -228,6 +228,6 @@ mod tests {
     #[test]
     fn the_gateway_section_names_its_listen_address_and_reuse() {
         let t = gateway_toml("127.0.0.21:8080".parse().expect("addr"), "never");
-        assert_eq!(t, "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\n");
+        assert_eq!(t, "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\nupstream_reuse = \"never\"\n");
     }
 }

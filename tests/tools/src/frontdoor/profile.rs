@@ -133,7 +133,7 @@ pub fn strace(
 /// `perf record` on the tree under `pid` over one wrk run of `seconds`; the report's text: the
 /// share per binary, then the top symbols.
 pub fn perf(pid: u32, url: &str, script: &Path, seconds: u32, dir: &Path) -> anyhow::Result<(String, WrkRun)> {
-    let data: PathBuf = dir.join("perf.data");
+    let data: PathBuf = dir.join(format!("perf-{pid}.data"));
     let pids: Vec<String> = tree_pids(pid).iter().map(u32::to_string).collect();
     let tracer = Tracer(
         Command::new("perf")

@@ -1,5 +1,9 @@
 //! The load: `wrk -t1 -c16 -d5s --latency -s post.lua URL`, keep-alive client connections (wrk's
-//! default), each request a one-token, non-streamed chat completion POSTed as JSON. The script's
+//! default), each request a one-token, non-streamed chat completion POSTed as JSON, with an
+//! `X-Session-ID` ([`SESSION`]): a chat client names its conversation, and the front door keeps
+//! upstream connections only for requests with a conversation key (the other paths ignore the
+//! header, or hash it). One fixed request keeps wrk on its cheapest path (no per-request Lua),
+//! which matters when wrk shares the cores with what it measures. The script's
 //! `done` hook prints wrk's own latency percentiles in whole microseconds, finer than the
 //! `--latency` table (two decimals of ms); the table is the fallback.
 
@@ -10,6 +14,9 @@ use anyhow::{bail, Context};
 
 use super::MODEL;
 
+/// The conversation every request names (`X-Session-ID`).
+pub const SESSION: &str = "frontdoor-bench-1";
+
 /// The tag of the line the script's `done` hook prints.
 const DONE_TAG: &str = "frontdoor-bench:";
 
@@ -18,12 +25,13 @@ pub fn body() -> String {
     format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Say hi."}}],"max_tokens":1,"stream":false}}"#)
 }
 
-/// The Lua script: POST [`body`] as `application/json`; at the end, one line with the
+/// The Lua script: POST [`body`] as `application/json` with [`SESSION`]; at the end, one line with the
 /// request count, the error counts and the latency percentiles in microseconds.
 pub fn script() -> String {
     format!(
         "wrk.method = \"POST\"\n\
          wrk.headers[\"Content-Type\"] = \"application/json\"\n\
+         wrk.headers[\"X-Session-ID\"] = \"{SESSION}\"\n\
          wrk.body = '{body}'\n\
          function done(summary, latency, requests)\n\
          \x20 local e = summary.errors\n\
@@ -56,9 +64,12 @@ pub struct WrkRun {
     pub p99_us: f64,
     /// Answers with a status outside 2xx and 3xx.
     pub non_2xx: u64,
-    /// Socket errors: connect + read + write + timeout.
-    pub socket_errors: u64,
+    /// Socket errors: connect, read, write, timeout (no answer within wrk's 2 s).
+    pub socket_errors: [u64; 4],
 }
+
+/// The kinds of [`WrkRun::socket_errors`], in order.
+const SOCKET_ERRORS: [&str; 4] = ["connect", "read", "write", "timeout"];
 
 impl WrkRun {
     /// Why this run counts as failed (`None`: every request answered 2xx/3xx, no socket error).
@@ -70,8 +81,15 @@ impl WrkRun {
         if self.non_2xx > 0 {
             why.push(format!("{} non-2xx/3xx responses", self.non_2xx));
         }
-        if self.socket_errors > 0 {
-            why.push(format!("{} socket errors", self.socket_errors));
+        let socket: u64 = self.socket_errors.iter().sum();
+        if socket > 0 {
+            let kinds: Vec<String> = SOCKET_ERRORS
+                .iter()
+                .zip(self.socket_errors)
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            why.push(format!("{socket} socket errors ({})", kinds.join(", ")));
         }
         (!why.is_empty()).then(|| why.join(", "))
     }
@@ -106,7 +124,13 @@ pub fn parse(text: &str) -> anyhow::Result<WrkRun> {
             run.non_2xx = v.trim().parse().with_context(|| format!("Non-2xx: {v:?}"))?;
         } else if let Some(v) = line.strip_prefix("Socket errors:") {
             // "connect 0, read 0, write 0, timeout 0"
-            run.socket_errors = v.split(',').filter_map(|kv| kv.split_whitespace().nth(1)?.parse::<u64>().ok()).sum();
+            for kv in v.split(',') {
+                let mut f = kv.split_whitespace();
+                let (Some(k), Some(Ok(n))) = (f.next(), f.next().map(str::parse::<u64>)) else { continue };
+                if let Some(i) = SOCKET_ERRORS.iter().position(|s| *s == k) {
+                    run.socket_errors[i] = n;
+                }
+            }
         } else if let Some((n, rest)) = line.split_once(" requests in ") {
             if rest.contains("read") {
                 run.requests = n.trim().parse().with_context(|| format!("request count {n:?}"))?;
@@ -135,13 +159,15 @@ pub fn parse(text: &str) -> anyhow::Result<WrkRun> {
 
 /// The `key=value` fields of the `done` line: exact counts and microsecond percentiles.
 fn apply_done_line(done: &str, run: &mut WrkRun) {
-    let mut socket = 0;
     for (k, v) in done.split_whitespace().filter_map(|kv| kv.split_once('=')) {
         let Ok(n) = v.parse::<f64>() else { continue };
+        if let Some(i) = SOCKET_ERRORS.iter().position(|s| *s == k) {
+            run.socket_errors[i] = n as u64;
+            continue;
+        }
         match k {
             "requests" => run.requests = n as u64,
             "non2xx" => run.non_2xx = n as u64,
-            "connect" | "read" | "write" | "timeout" => socket += n as u64,
             "p50_us" => run.p50_us = n,
             "p75_us" => run.p75_us = n,
             "p90_us" => run.p90_us = n,
@@ -149,7 +175,6 @@ fn apply_done_line(done: &str, run: &mut WrkRun) {
             _ => {}
         }
     }
-    run.socket_errors = socket;
 }
 
 /// The wrk command line: one thread, `connections` keep-alive connections, `seconds` long.
@@ -199,8 +224,8 @@ Transfer/sec:      4.22MB
         assert_eq!(r.requests, 54_879);
         assert!((r.rps - 10_975.34).abs() < 1e-9);
         assert_eq!((r.p50_us, r.p75_us, r.p90_us, r.p99_us), (1400.0, 1570.0, 1830.0, 2800.0));
-        assert_eq!((r.non_2xx, r.socket_errors), (12, 3));
-        assert_eq!(r.failure().as_deref(), Some("12 non-2xx/3xx responses, 3 socket errors"));
+        assert_eq!((r.non_2xx, r.socket_errors), (12, [0, 2, 0, 1]));
+        assert_eq!(r.failure().as_deref(), Some("12 non-2xx/3xx responses, 3 socket errors (read 2, timeout 1)"));
     }
 
     #[test]
@@ -212,7 +237,7 @@ Transfer/sec:      4.22MB
         let r = parse(&text).expect("parses");
         assert_eq!(r.requests, 54_880);
         assert_eq!((r.p50_us, r.p99_us), (1398.0, 2797.0));
-        assert_eq!((r.non_2xx, r.socket_errors), (0, 0));
+        assert_eq!((r.non_2xx, r.socket_errors), (0, [0; 4]));
         assert_eq!(r.failure(), None);
     }
 
@@ -234,6 +259,7 @@ Transfer/sec:      4.22MB
         assert!(s.contains("wrk.method = \"POST\""), "{s}");
         assert!(s.contains("wrk.headers[\"Content-Type\"] = \"application/json\""), "{s}");
         assert!(s.contains("function done(summary, latency, requests)"), "{s}");
+        assert!(s.contains(&format!("wrk.headers[\"X-Session-ID\"] = \"{SESSION}\"")), "{s}");
         let v: serde_json::Value = serde_json::from_str(&body()).expect("the body is JSON");
         assert_eq!(v["max_tokens"], 1);
         assert_eq!(v["stream"], false);
