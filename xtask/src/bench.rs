@@ -10,7 +10,14 @@
 //! 4. The GPU node agent: `ailb-agent-bench` from the `ailb-tools` package: time from a changed
 //!    (fake) NVML value to the new metadata in rnacos, p50/p90/p99/max at the default 1 s publish
 //!    interval and at 500 ms. Its report is written to `target/bench/agent.md`.
-//! 5. The fleet comparison: `ailb-fleet-model` (which offered loads the fleet can carry,
+//! 5. The front door: `ailb-frontdoor-bench` from the `ailb-tools` package: small non-streamed
+//!    requests (`wrk -c16`, a one-token chat completion, keep-alive clients) to one simulated server
+//!    directly vs through `ailb gateway` (daemon attached, one row per `upstream_reuse` value) vs
+//!    nginx as an L7 proxy with upstream keep-alive vs `sglang-router` and `vllm-router`, in
+//!    interleaved rounds: req/s, added p50/p99, ratios, router CPU per request, whether the front
+//!    door meets its goals, and where its time goes (strace, perf). Its report is written to
+//!    `target/bench/frontdoor.md`.
+//! 6. The fleet comparison: `ailb-fleet-model` (which offered loads the fleet can carry,
 //!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
@@ -28,6 +35,9 @@ pub(crate) enum Part {
     Datapath,
     /// `ailb-agent-bench`: NVML change to Nacos.
     Agent,
+    /// `ailb-frontdoor-bench`: small requests through the front door vs direct, nginx and the peer routers.
+    #[value(name = "frontdoor")]
+    FrontDoor,
     /// `ailb-fleet-model` and `ailb-compare` on the trace and the synthetic mix (`docs/results/`).
     Fleet,
 }
@@ -49,6 +59,10 @@ pub(crate) fn bench(only: &[Part]) -> Result<()> {
     if runs(Part::Agent) {
         agent()?;
         say!("agent report: {}", util::target_dir().join("bench/agent.md").display());
+    }
+    if runs(Part::FrontDoor) {
+        frontdoor()?;
+        say!("front-door report: {}", util::target_dir().join("bench/frontdoor.md").display());
     }
     if runs(Part::Fleet) {
         compare()?;
@@ -105,6 +119,20 @@ fn agent() -> Result<()> {
     let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
     util::build_release_bins(&["ailb-tools"], &["ailb-agent-bench"])?;
     let bin = util::target_dir().join("release/ailb-agent-bench");
+    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
+        .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
+    Ok(())
+}
+
+/// The front door: `ailb-frontdoor-bench` (it finds `ailb-sim` next to itself: one build puts
+/// both there).
+fn frontdoor() -> Result<()> {
+    let step = Step::start(
+        "front door: ailb-frontdoor-bench (wrk vs direct, nginx, sglang-router, vllm-router; about 2 minutes)",
+    );
+    util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-frontdoor-bench", "ailb-sim"])?;
+    let bin = util::target_dir().join("release/ailb-frontdoor-bench");
     util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();

@@ -54,7 +54,7 @@ enum Cmd {
         args: Vec<OsString>,
     },
     /// Benchmarks (root): table build and disruption, then the data plane vs direct, nginx, HAProxy,
-    /// the GPU node agent and the fleet comparison.
+    /// the GPU node agent, the front door vs nginx and the peer routers, and the fleet comparison.
     Bench {
         /// Run only these parts (comma-separated; default: all of them, in this order).
         #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]

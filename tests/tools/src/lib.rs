@@ -9,6 +9,7 @@
 //! | [`capacity`] | `ailb-fleet-model`: which offered loads the fleet carries, in simulated time (no root) |
 //! | [`compare`] | `ailb-compare`: balancing policies on one simulated fleet (root) |
 //! | [`demo`] | `ailb-demo`: the whole system, live (root; `cargo xtask run`) |
+//! | [`frontdoor`] | `ailb-frontdoor-bench`: small requests through the front door vs direct, nginx and the peer routers (root) |
 //!
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
@@ -19,6 +20,7 @@ pub mod capacity;
 pub mod chart;
 pub mod compare;
 pub mod demo;
+pub mod frontdoor;
 pub mod sim_gpus;
 
 use std::path::{Path, PathBuf};

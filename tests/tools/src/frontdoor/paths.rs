@@ -1,0 +1,233 @@
+//! The paths measured, each in front of the same one simulated server: none (direct), the
+//! front door (one per `upstream_reuse` value), nginx as an L7 proxy with upstream
+//! keep-alive, `sglang-router` and `vllm-router`. Each is started here, ready before it is
+//! measured, and stopped by pid on drop ([`Proc`]).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddrV4, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ailb_tests::CgroupGuard;
+use anyhow::{bail, Context};
+
+use super::report::Role;
+use super::{wrk, GATEWAY_BASE_PORT, GATEWAY_IP, MODEL, NGINX, SGLANG, SIM, VIP, VLLM};
+use crate::compare::{front_door, peers, policy::Policy};
+use crate::sim_gpus::Proc;
+
+/// The simulated server's time scale: a one-token completion of a short prompt is about
+/// 26 ms of simulated GPU time (prefill at 8,000 tokens/s, one decode step at 40/s on the
+/// a100-80gb preset), 26 ns of real time at this scale: the server answers at once, so every
+/// path measures the HTTP work alone.
+pub const SIM_TIME_SCALE: f64 = 1_000_000.0;
+
+/// One path: its name in the report, its URL, the process on the request path (none for
+/// direct), or why it is not measured.
+pub struct Target {
+    pub name: String,
+    pub role: Role,
+    /// Its settings, for the report.
+    pub settings: String,
+    pub url: String,
+    pub proc: Option<Proc>,
+    pub missing: Option<String>,
+}
+
+impl Target {
+    /// The router's pid (`None`: direct, or not running).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.child.id())
+    }
+}
+
+fn url(addr: impl std::fmt::Display) -> String {
+    format!("http://{addr}/v1/chat/completions")
+}
+
+/// The simulated server (`ailb-sim`), ready once it answers `/health` (30 s at most).
+pub fn start_sim(sim_bin: &Path, dir: &Path) -> anyhow::Result<Proc> {
+    let log = std::fs::File::create(dir.join("sim.log")).context("sim log")?;
+    let child = Command::new(sim_bin)
+        .args(["--listen", SIM, "--profile", "a100-80gb", "--model", MODEL])
+        .args(["--time-scale", &SIM_TIME_SCALE.to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("spawning {}", sim_bin.display()))?;
+    let mut proc = Proc { name: format!("ailb-sim {SIM}"), child };
+    let addr: SocketAddrV4 = SIM.parse().expect("SIM is an address");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::sim_gpus::get_ok(addr, "/health").is_none() {
+        if let Some(st) = proc.exited() {
+            bail!("ailb-sim exited ({st}): {}", std::fs::read_to_string(dir.join("sim.log")).unwrap_or_default());
+        }
+        if Instant::now() >= deadline {
+            bail!("ailb-sim on {SIM} did not answer /health within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(proc)
+}
+
+/// The direct path: wrk to the server itself.
+pub fn direct() -> Target {
+    Target {
+        name: "direct to the server (no router)".into(),
+        role: Role::Direct,
+        settings: String::new(),
+        url: url(SIM),
+        proc: None,
+        missing: None,
+    }
+}
+
+/// The `[gateway]` section of the front door for `upstream_reuse` value `reuse`, listening
+/// on `listen`; every other key keeps its default. Warnings-only logging comes from `AILB_LOG`.
+pub fn gateway_toml(listen: SocketAddrV4, reuse: &str) -> String {
+    format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\n")
+}
+
+/// `ailb gateway` inside `cg`, reading the daemon's catalog (`catalog`, the daemon's config
+/// text) plus its own `[gateway]` section, one per `upstream_reuse` value (index `i` gives
+/// its port).
+pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, reuse: &str, i: usize, dir: &Path) -> Target {
+    let listen = SocketAddrV4::new(GATEWAY_IP.parse().expect("GATEWAY_IP"), GATEWAY_BASE_PORT + i as u16);
+    let name = format!("ailb gateway, upstream_reuse = \"{reuse}\"");
+    let settings = format!(
+        "daemon attached to the child cgroup, the gateway inside it; the server is the model's only backend \
+         (static config, VIP {VIP}); `AILB_LOG=warn`; `[gateway] upstream_reuse = \"{reuse}\"`, other keys default"
+    );
+    let started = (|| {
+        let sub = dir.join(format!("gateway-{reuse}"));
+        std::fs::create_dir_all(&sub)?;
+        let cfg = sub.join("ailb.toml");
+        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, reuse)))?;
+        front_door::start(ailb, &cfg, cg, listen, &sub)
+    })();
+    finish(name, Role::Ailb, settings, url(listen), started)
+}
+
+/// nginx as an L7 proxy with the upstream keep-alive its docs recommend (`keepalive` in the
+/// upstream block, HTTP/1.1 and an empty `Connection` header upstream); `worker_processes
+/// auto` as in a distribution's default config; no access log (the routers log no request
+/// line either).
+pub fn nginx(dir: &Path) -> Target {
+    let settings = "`worker_processes auto`, `upstream { server SIM; keepalive 32; }`, `proxy_http_version 1.1`, \
+                    `proxy_set_header Connection \"\"`, `access_log off`, other settings default";
+    let started = (|| {
+        let conf = dir.join("nginx.conf");
+        let d = dir.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "worker_processes auto;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/nginx.err warn;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{\n access_log off;\n client_body_temp_path {d}/ngx_body;\n proxy_temp_path {d}/ngx_proxy;\n\
+                 fastcgi_temp_path {d}/ngx_f;\n uwsgi_temp_path {d}/ngx_u;\n scgi_temp_path {d}/ngx_s;\n\
+                 upstream sim {{ server {SIM}; keepalive 32; }}\n\
+                 server {{ listen {NGINX}; location / {{ proxy_pass http://sim; proxy_http_version 1.1; \
+                 proxy_set_header Connection \"\"; }} }}\n}}\n"
+            ),
+        )?;
+        let child = Command::new("nginx")
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning nginx")?;
+        let mut proc = Proc { name: "nginx".into(), child };
+        wait_answering(&mut proc, NGINX.parse().expect("NGINX"))?;
+        Ok(proc)
+    })();
+    finish("nginx L7 proxy, upstream keep-alive".into(), Role::Peer, settings.into(), url(NGINX), started)
+}
+
+/// `sglang-router` or `vllm-router` from the peers' venv with its defaults (policy
+/// `cache_aware` in both), `--log-level warn(ing)` (their default logs a line per request).
+pub fn peer(policy: Policy, venv: &Path, dir: &Path) -> Target {
+    let (name, addr) = match policy {
+        Policy::SglangCacheAware => ("sglang-router (defaults)", SGLANG),
+        _ => ("vllm-router (defaults)", VLLM),
+    };
+    let listen: SocketAddrV4 = addr.parse().expect("peer address");
+    let metrics = SocketAddrV4::new(*listen.ip(), 29_000);
+    let settings = format!(
+        "`{}`",
+        peers::args(policy, listen, metrics, &[format!("http://{SIM}")])
+            .join(" ")
+            .replace(&format!("http://{SIM}"), "SIM")
+    );
+    if let Some(why) = peers::missing(policy, venv) {
+        return Target {
+            name: name.into(),
+            role: Role::Peer,
+            settings,
+            url: url(listen),
+            proc: None,
+            missing: Some(why),
+        };
+    }
+    let started = peers::start(policy, venv, listen, metrics, &[SIM.parse().expect("SIM")], dir);
+    finish(name.into(), Role::Peer, settings, url(listen), started)
+}
+
+fn finish(name: String, role: Role, settings: String, url: String, started: anyhow::Result<Proc>) -> Target {
+    match started {
+        Ok(p) => Target { name, role, settings, url, proc: Some(p), missing: None },
+        Err(e) => Target { name, role, settings, url, proc: None, missing: Some(format!("did not start: {e:#}")) },
+    }
+}
+
+/// Polls until `addr` answers the bench's request with 200 (20 s at most).
+fn wait_answering(proc: &mut Proc, addr: SocketAddrV4) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = proc.exited() {
+            bail!("{} exited ({st})", proc.name);
+        }
+        if post_status(addr).is_ok_and(|(s, _)| s == 200) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{} did not answer 200 on {addr} within 20 s", proc.name);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// POSTs the bench's request once (`Connection: close`): the status and the response head.
+pub fn post_status(addr: SocketAddrV4) -> anyhow::Result<(u16, String)> {
+    let t = Duration::from_secs(2);
+    let mut s = TcpStream::connect_timeout(&addr.into(), t).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(t))?;
+    let body = wrk::body();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         X-Session-ID: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        wrk::SESSION,
+        body.len()
+    )?;
+    let mut buf = Vec::new();
+    s.take(1 << 20).read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default().to_string();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("no status line")?;
+    Ok((status, head))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_section_names_its_listen_address_and_reuse() {
+        let t = gateway_toml("127.0.0.21:8080".parse().expect("addr"), "never");
+        assert_eq!(t, "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\nupstream_reuse = \"never\"\n");
+    }
+}

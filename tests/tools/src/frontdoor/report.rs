@@ -1,0 +1,342 @@
+//! The numbers of every path over the interleaved rounds, and the Markdown report. Pure: the
+//! measurements come in, the text goes out.
+
+use std::fmt::Write as _;
+
+use super::procs::CpuTime;
+use super::wrk::WrkRun;
+
+/// What a path is to the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// No router: the baseline every added latency is measured against.
+    Direct,
+    /// ailb's front door: the rows the goals are about.
+    Ailb,
+    /// A router users would pick instead (nginx, sglang-router, vllm-router).
+    Peer,
+}
+
+/// One wrk run of one path in one round, with the CPU its router and the server used in it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub wrk: WrkRun,
+    /// Why the run failed (non-2xx answers, socket errors, wrk itself), `None` when it did not.
+    pub failure: Option<String>,
+    /// The router's process tree over the wrk run (`None` for direct).
+    pub router_cpu: Option<CpuTime>,
+    /// The server's over the wrk run.
+    pub server_cpu: Option<CpuTime>,
+}
+
+/// A path and its samples, one per round (or why it was not measured).
+#[derive(Clone, Debug)]
+pub struct PathResult {
+    pub name: String,
+    pub role: Role,
+    pub settings: String,
+    pub samples: Vec<Sample>,
+    pub missing: Option<String>,
+}
+
+/// The figures of one path's row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Row {
+    pub rps: f64,
+    pub rps_min: f64,
+    pub rps_max: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Median over rounds of (this path - direct in the same round); `None` for direct.
+    pub added_p50_us: Option<f64>,
+    pub added_p99_us: Option<f64>,
+    pub vs_direct: f64,
+    /// Median req/s over that of the fastest peer; `None` without a measured peer.
+    pub vs_fastest_peer: Option<f64>,
+    /// Router CPU microseconds per request (median over rounds): user, system.
+    pub router_us_per_req: Option<(f64, f64)>,
+    pub server_us_per_req: Option<f64>,
+    /// Every failed round: "round N: why".
+    pub failures: Vec<String>,
+}
+
+/// The median (the mean of the middle two for an even count); `None` when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+fn per_req_us(cpu_s: f64, requests: u64) -> Option<f64> {
+    (requests > 0).then(|| cpu_s * 1e6 / requests as f64)
+}
+
+/// The rows of `paths` (`None` for a path not measured), and the index of the fastest peer.
+pub fn rows(paths: &[PathResult]) -> (Vec<Option<Row>>, Option<usize>) {
+    let direct = paths.iter().find(|p| p.role == Role::Direct && p.missing.is_none());
+    let med = |p: &PathResult, f: &dyn Fn(&Sample) -> Option<f64>| {
+        median(&p.samples.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    let ok = |s: &Sample| s.wrk.requests > 0;
+    let rps_of = |p: &PathResult| med(p, &|s| ok(s).then_some(s.wrk.rps));
+    let direct_rps = direct.and_then(rps_of);
+    let fastest = paths
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role == Role::Peer && p.missing.is_none())
+        .filter_map(|(i, p)| Some((i, rps_of(p)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let added = |p: &PathResult, pick: fn(&WrkRun) -> f64| -> Option<f64> {
+        let d = direct?;
+        let diffs: Vec<f64> = p
+            .samples
+            .iter()
+            .zip(&d.samples)
+            .filter(|(s, b)| ok(s) && ok(b))
+            .map(|(s, b)| pick(&s.wrk) - pick(&b.wrk))
+            .collect();
+        median(&diffs)
+    };
+    let out = paths
+        .iter()
+        .map(|p| {
+            if p.missing.is_some() {
+                return None;
+            }
+            let rps = rps_of(p)?;
+            let good: Vec<f64> = p.samples.iter().filter(|s| ok(s)).map(|s| s.wrk.rps).collect();
+            let is_direct = p.role == Role::Direct;
+            let user = med(p, &|s| per_req_us(s.router_cpu?.user_s, s.wrk.requests));
+            let sys = med(p, &|s| per_req_us(s.router_cpu?.sys_s, s.wrk.requests));
+            Some(Row {
+                rps,
+                rps_min: good.iter().copied().fold(f64::INFINITY, f64::min),
+                rps_max: good.iter().copied().fold(0.0, f64::max),
+                p50_us: med(p, &|s| ok(s).then_some(s.wrk.p50_us))?,
+                p99_us: med(p, &|s| ok(s).then_some(s.wrk.p99_us))?,
+                added_p50_us: if is_direct { None } else { added(p, |w| w.p50_us) },
+                added_p99_us: if is_direct { None } else { added(p, |w| w.p99_us) },
+                vs_direct: direct_rps.map_or(f64::NAN, |d| rps / d),
+                vs_fastest_peer: fastest.map(|(_, f)| rps / f),
+                router_us_per_req: user.zip(sys),
+                server_us_per_req: med(p, &|s| per_req_us(s.server_cpu?.total_s(), s.wrk.requests)),
+                failures: p
+                    .samples
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| Some(format!("round {}: {}", i + 1, s.failure.as_ref()?)))
+                    .collect(),
+            })
+        })
+        .collect();
+    (out, fastest.map(|(i, _)| i))
+}
+
+/// What the report says about the machine and the method.
+pub struct Setup {
+    pub date: String,
+    pub machine: String,
+    pub ailb: String,
+    pub server: String,
+    pub load: String,
+    pub rounds: usize,
+}
+
+/// The whole report: setup, the table, the goals, each path's settings, and `breakdown`
+/// (where the front door's time goes, already Markdown).
+pub fn render(setup: &Setup, paths: &[PathResult], breakdown: &str) -> String {
+    let (rows, fastest) = rows(paths);
+    let mut r = String::new();
+    let _ = writeln!(r, "# The front door: small non-streamed requests, side by side\n");
+    let _ = writeln!(
+        r,
+        "Run of {}. {}. Reproduce: `cargo xtask bench --only frontdoor` (as root).\n\n\
+         - ailb: {}\n- Server: {}\n- Load: {}\n- {} interleaved rounds (every path once per round, in turns); \
+         req/s is the median of the rounds (range in brackets), latencies the median of the rounds' \
+         percentiles, \"added\" the median of (path - direct in the same round).\n",
+        setup.date, setup.machine, setup.ailb, setup.server, setup.load, setup.rounds
+    );
+    let _ = writeln!(
+        r,
+        "| path | req/s | p50 | p99 | added p50 | added p99 | vs direct | vs fastest peer | router CPU/req (user + sys) | server CPU/req | runs |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for (p, row) in paths.iter().zip(&rows) {
+        let Some(row) = row else {
+            let why = p.missing.as_deref().unwrap_or("no successful run");
+            let _ = writeln!(r, "| {} | - | - | - | - | - | - | - | - | - | not measured: {why} |", p.name);
+            continue;
+        };
+        let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:+.0} us"));
+        let cpu = row.router_us_per_req.map_or("-".into(), |(u, s)| format!("{:.1} us ({u:.1} + {s:.1})", u + s));
+        let runs = if row.failures.is_empty() {
+            "all 2xx".to_string()
+        } else {
+            format!("FAILED: {}", row.failures.join("; "))
+        };
+        let _ = writeln!(
+            r,
+            "| {} | {:.0} ({:.0}-{:.0}) | {:.0} us | {:.0} us | {} | {} | {:.2}x | {} | {cpu} | {} | {runs} |",
+            p.name,
+            row.rps,
+            row.rps_min,
+            row.rps_max,
+            row.p50_us,
+            row.p99_us,
+            us(row.added_p50_us),
+            us(row.added_p99_us),
+            row.vs_direct,
+            row.vs_fastest_peer.map_or("-".into(), |v| format!("{v:.2}x")),
+            row.server_us_per_req.map_or("-".into(), |v| format!("{v:.1} us")),
+        );
+    }
+    let _ = writeln!(r);
+    goals(&mut r, paths, &rows, fastest);
+    let _ = writeln!(r, "\n### Settings of each path\n");
+    for p in paths.iter().filter(|p| !p.settings.is_empty()) {
+        let _ = writeln!(r, "- {}: {}", p.name, p.settings);
+    }
+    let _ = writeln!(
+        r,
+        "\nCPU per request: utime + stime of the router's process tree (`/proc/PID/stat`, every thread and \
+         worker process) over the wrk run, divided by the requests it completed; clock ticks of 10 ms, so \
+         about 0.2 us per request of resolution over a 5 s run. The machine's cores are shared by wrk, the \
+         router and the server: every microsecond a router spends is one the server and wrk do not get, \
+         which is why a router's CPU per request shows in everyone's req/s.\n"
+    );
+    r.push_str(breakdown);
+    r
+}
+
+/// One line per ailb row: is it ahead of the fastest peer, and under 100 us added at p50?
+fn goals(r: &mut String, paths: &[PathResult], rows: &[Option<Row>], fastest: Option<usize>) {
+    let _ = writeln!(r, "### Goals (as measured in this run)\n");
+    let peer = fastest.and_then(|i| Some((&paths[i], rows[i].as_ref()?)));
+    for (p, row) in paths.iter().zip(rows).filter(|(p, _)| p.role == Role::Ailb) {
+        let Some(row) = row else {
+            let _ = writeln!(r, "- {}: not measured, so neither goal is shown as met.", p.name);
+            continue;
+        };
+        let failed = if row.failures.is_empty() { "" } else { " (but it had failed runs: not met)" };
+        let ahead = match peer {
+            Some((pp, prow)) => {
+                let met = row.failures.is_empty() && row.rps > prow.rps;
+                format!(
+                    "ahead of the fastest peer ({}, {:.0} req/s): {} ({:.0} req/s, {:.2}x){failed}",
+                    pp.name,
+                    prow.rps,
+                    if met { "met" } else { "NOT met" },
+                    row.rps,
+                    row.rps / prow.rps
+                )
+            }
+            None => "ahead of the fastest peer: no peer was measured".into(),
+        };
+        let lat = match row.added_p50_us {
+            Some(a) => format!(
+                "under 100 us added at p50: {} ({a:+.0} us){failed}",
+                if row.failures.is_empty() && a < 100.0 { "met" } else { "NOT met" }
+            ),
+            None => "under 100 us added at p50: no direct baseline".into(),
+        };
+        let _ = writeln!(r, "- {}: {ahead}; {lat}.", p.name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rps: f64, p50: f64, p99: f64, cpu: Option<(f64, f64)>) -> Sample {
+        let requests = (rps * 5.0) as u64;
+        Sample {
+            wrk: WrkRun { requests, rps, p50_us: p50, p99_us: p99, ..WrkRun::default() },
+            failure: None,
+            router_cpu: cpu.map(|(u, s)| CpuTime { user_s: u, sys_s: s }),
+            server_cpu: Some(CpuTime { user_s: requests as f64 * 20e-6, sys_s: 0.0 }),
+        }
+    }
+
+    fn path(name: &str, role: Role, samples: Vec<Sample>) -> PathResult {
+        PathResult { name: name.into(), role, settings: format!("{name} settings"), samples, missing: None }
+    }
+
+    fn fixture() -> Vec<PathResult> {
+        vec![
+            path("direct", Role::Direct, vec![sample(10_000.0, 1000.0, 2000.0, None); 3]),
+            path(
+                "gateway",
+                Role::Ailb,
+                vec![
+                    sample(9_000.0, 1080.0, 2100.0, Some((0.5, 0.25))),
+                    sample(8_000.0, 1090.0, 2300.0, Some((0.5, 0.25))),
+                    sample(8_500.0, 1200.0, 2500.0, Some((0.5, 0.25))),
+                ],
+            ),
+            path("nginx", Role::Peer, vec![sample(6_000.0, 1500.0, 3000.0, Some((0.5, 0.5))); 3]),
+            path("vllm", Role::Peer, vec![sample(7_000.0, 1400.0, 2900.0, Some((1.0, 0.5))); 3]),
+            PathResult {
+                name: "sglang".into(),
+                role: Role::Peer,
+                settings: String::new(),
+                samples: vec![],
+                missing: Some("not installed".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn medians_ratios_and_added_latency_per_round() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        let (rows, fastest) = rows(&fixture());
+        assert_eq!(fastest, Some(3), "vllm is the fastest peer");
+        let gw = rows[1].as_ref().expect("gateway row");
+        assert_eq!((gw.rps, gw.rps_min, gw.rps_max), (8_500.0, 8_000.0, 9_000.0));
+        assert_eq!(gw.added_p50_us, Some(90.0));
+        assert_eq!(gw.added_p99_us, Some(300.0));
+        assert!((gw.vs_direct - 0.85).abs() < 1e-9);
+        assert!((gw.vs_fastest_peer.expect("peer") - 8_500.0 / 7_000.0).abs() < 1e-9);
+        // 0.5 s user over 45,000 requests in the 9,000 req/s round, and so on: the median.
+        let (u, s) = gw.router_us_per_req.expect("cpu");
+        assert!((u - 0.5e6 / 42_500.0).abs() < 1e-6 && (s - 0.25e6 / 42_500.0).abs() < 1e-6, "{u} {s}");
+        assert!((gw.server_us_per_req.expect("server") - 20.0).abs() < 1e-6);
+        assert!(rows[0].as_ref().expect("direct").added_p50_us.is_none());
+        assert!(rows[4].is_none());
+    }
+
+    #[test]
+    fn the_report_states_the_goals_as_measured() {
+        let setup = Setup {
+            date: "2026-12-01".into(),
+            machine: "2 cores".into(),
+            ailb: "/tmp/ailb".into(),
+            server: "ailb-sim".into(),
+            load: "wrk".into(),
+            rounds: 3,
+        };
+        let mut paths = fixture();
+        let text = render(&setup, &paths, "## Where the time goes\n");
+        assert!(
+            text.contains("| gateway | 8500 (8000-9000) | 1090 us | 2300 us | +90 us | +300 us | 0.85x | 1.21x |"),
+            "{text}"
+        );
+        assert!(text.contains("ahead of the fastest peer (vllm, 7000 req/s): met (8500 req/s, 1.21x)"), "{text}");
+        assert!(text.contains("under 100 us added at p50: met (+90 us)"), "{text}");
+        assert!(text.contains("| sglang | - |") && text.contains("not measured: not installed"), "{text}");
+        assert!(text.ends_with("## Where the time goes\n"));
+        // One failed round fails the row and its goals; a slower median misses the first.
+        paths[1].samples[2].failure = Some("3 non-2xx/3xx responses".into());
+        paths[1].samples[2].wrk.non_2xx = 3;
+        paths[3].samples = vec![sample(9_500.0, 1400.0, 2900.0, None); 3];
+        let text = render(&setup, &paths, "");
+        assert!(text.contains("FAILED: round 3: 3 non-2xx/3xx responses"), "{text}");
+        assert!(text.contains("ahead of the fastest peer (vllm, 9500 req/s): NOT met (8500 req/s, 0.89x) (but it had failed runs: not met)"), "{text}");
+        assert!(text.contains("under 100 us added at p50: NOT met (+90 us)"), "{text}");
+    }
+}
