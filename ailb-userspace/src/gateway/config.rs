@@ -18,6 +18,7 @@
 //! upstream_reuse = "conversation"  # or "never"
 //! upstream_max_age = "1s"
 //! upstream_max_idle = 256
+//! worker_threads = 0               # 0: one per core
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! ```
@@ -86,6 +87,9 @@ pub struct GatewayConfig {
     /// connection at its backend for the kernel's load bound). Default 256.
     #[serde(default = "default_max_idle")]
     pub upstream_max_idle: u32,
+    /// Threads serving requests; 0 = one per core. Default 0.
+    #[serde(default)]
+    pub worker_threads: u32,
 }
 
 /// Whether upstream connections carry more than one request.
@@ -145,6 +149,7 @@ impl Default for GatewayConfig {
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
             upstream_max_idle: default_max_idle(),
+            worker_threads: 0,
         }
     }
 }
@@ -165,6 +170,8 @@ pub struct ValidGateway {
     pub upstream_reuse: UpstreamReuse,
     pub upstream_max_age: Duration,
     pub upstream_max_idle: u32,
+    /// `None`: one per core.
+    pub worker_threads: Option<usize>,
 }
 
 /// A duration that must be above zero.
@@ -244,6 +251,7 @@ impl GatewayConfig {
             upstream_reuse,
             upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
             upstream_max_idle: self.upstream_max_idle,
+            worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
         })
     }
 }
@@ -277,13 +285,14 @@ mod tests {
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Conversation);
         assert_eq!(g.upstream_max_age.as_secs(), 1);
         assert_eq!(g.upstream_max_idle, 256);
+        assert_eq!(g.worker_threads, None, "one per core");
     }
 
     #[test]
     fn values_are_taken() {
         let g = check(
             "listen = [\"127.0.0.1:0\", \"[::1]:9\"]\nmax_body_bytes = 10\nsession_header = \"X-User\"\n\
-             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\n[gateway.kv_bytes_per_token]\nm = 4096\n",
+             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\nworker_threads = 3\n[gateway.kv_bytes_per_token]\nm = 4096\n",
         )
         .unwrap();
         assert_eq!(g.listen.len(), 2);
@@ -292,6 +301,7 @@ mod tests {
         assert_eq!(g.idle_timeout.as_millis(), 250);
         assert_eq!(g.kv_bytes_per_token["m"], 4096);
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
+        assert_eq!(g.worker_threads, Some(3));
     }
 
     #[test]

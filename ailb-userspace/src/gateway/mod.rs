@@ -53,10 +53,11 @@ pub fn load(path: Option<&Path>) -> Result<(crate::config::ValidConfig, ValidGat
 /// `ailb gateway`: serves on every `gateway.listen` address until SIGINT or SIGTERM.
 pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
     let (config, gateway) = load(path)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| GatewayError::Runtime { source })?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = gateway.worker_threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.enable_all().build().map_err(|source| GatewayError::Runtime { source })?;
     rt.block_on(serve_until_signal(config, gateway))
 }
 
