@@ -15,7 +15,7 @@ fn readme_agent_config_example_is_valid() {
     let text = &block[open..open + close];
     let cfg: AgentConfig = toml::from_str(text).unwrap_or_else(|e| panic!("README agent example: {e}"));
     let valid = cfg.validate().unwrap_or_else(|e| panic!("README agent example: {e}"));
-    assert_eq!(valid.publish_interval, Duration::from_secs(1));
+    assert_eq!(valid.publish_interval, Duration::from_millis(500));
     assert_eq!(valid.heartbeat_interval, Duration::from_secs(5));
     assert_eq!(valid.drain_timeout, Duration::from_secs(30));
     assert!(valid.listen.is_some());

@@ -88,6 +88,12 @@ pub fn workspace_bin(package: &str, name: &str) -> PathBuf {
     path
 }
 
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Panics unless the test runs as root (loading eBPF, cgroups and bpffs all need it).
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.

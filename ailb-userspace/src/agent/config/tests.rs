@@ -25,7 +25,7 @@ fn parse(s: &str) -> Result<ValidAgent, String> {
 #[test]
 fn defaults() {
     let v = parse(MIN).unwrap();
-    assert_eq!(v.publish_interval, Duration::from_secs(1));
+    assert_eq!(v.publish_interval, Duration::from_millis(500));
     assert_eq!(v.heartbeat_interval, Duration::from_secs(5));
     assert_eq!(v.drain_timeout, Duration::from_secs(30));
     assert_eq!(v.thresholds, Thresholds::default());
