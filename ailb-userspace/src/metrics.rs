@@ -132,40 +132,56 @@ fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Resul
 }
 
 impl Collector for KernelCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Ok(st) = crate::datapath::read_status(&self.bpffs) else {
             return Ok(()); // no pins (yet): nothing to report
         };
-        let s = &st.stats;
-        for (name, help, v) in [
-            ("ailb_kernel_picks", "Connects to a VIP that got a backend", s.picks),
-            ("ailb_kernel_affinity_hits", "Picks that reused the conversation's backend", s.affinity_hits),
-            ("ailb_kernel_affinity_breaks", "Affinity entries that could not be honoured", s.affinity_breaks),
-            ("ailb_kernel_spills", "Picks that skipped an over-bound first slot", s.spills),
-            ("ailb_kernel_fallbacks", "Picks that fell back to the member scan (the least loaded member that fits now, or where a request that fits nowhere now should finish first)", s.fallbacks),
-            ("ailb_kernel_refused_no_backend", "Connects refused: no live backend", s.no_backend),
-            ("ailb_kernel_refused_no_fit", "Connects refused: no backend fits the memory hint", s.no_fit),
-            ("ailb_kernel_established", "Balanced connections established", s.established),
-            ("ailb_kernel_closed", "Balanced connections closed", s.closed),
-            ("ailb_kernel_connect_failures", "Balanced connects that failed", s.connect_failures),
-            ("ailb_kernel_sockopts", "Accepted SOL_AILB options", s.sockopts),
-            ("ailb_kernel_bad_sockopts", "Rejected SOL_AILB options", s.bad_sockopts),
-        ] {
-            counter(&mut enc, name, help, v)?;
-        }
-        let g = ConstGauge::new(0i64);
-        let mut fam = enc.encode_descriptor(
-            "ailb_backend_inflight",
-            "In-flight connections per backend (kernel)",
-            None,
-            g.metric_type(),
-        )?;
-        for m in &st.models {
-            for b in &m.backends {
-                let labels = BackendLabel { model: m.name.clone(), backend: b.address.clone() };
-                ConstGauge::new(b.inflight as i64).encode(fam.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+        encode_status(&st, enc)
     }
+}
+
+/// What [`KernelCollector`] serves for a status already read from the pinned maps. Lets a
+/// check without a kernel (the deployment files' test) encode every kernel metric the daemon's
+/// `/metrics` serves.
+#[derive(Debug)]
+pub struct StatusCollector(pub crate::datapath::status::Status);
+
+impl Collector for StatusCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode_status(&self.0, enc)
+    }
+}
+
+fn encode_status(st: &crate::datapath::status::Status, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let s = &st.stats;
+    for (name, help, v) in [
+        ("ailb_kernel_picks", "Connects to a VIP that got a backend", s.picks),
+        ("ailb_kernel_affinity_hits", "Picks that reused the conversation's backend", s.affinity_hits),
+        ("ailb_kernel_affinity_breaks", "Affinity entries that could not be honoured", s.affinity_breaks),
+        ("ailb_kernel_spills", "Picks that skipped an over-bound first slot", s.spills),
+        ("ailb_kernel_fallbacks", "Picks that fell back to the member scan (the least loaded member that fits now, or where a request that fits nowhere now should finish first)", s.fallbacks),
+        ("ailb_kernel_refused_no_backend", "Connects refused: no live backend", s.no_backend),
+        ("ailb_kernel_refused_no_fit", "Connects refused: no backend fits the memory hint", s.no_fit),
+        ("ailb_kernel_established", "Balanced connections established", s.established),
+        ("ailb_kernel_closed", "Balanced connections closed", s.closed),
+        ("ailb_kernel_connect_failures", "Balanced connects that failed", s.connect_failures),
+        ("ailb_kernel_sockopts", "Accepted SOL_AILB options", s.sockopts),
+        ("ailb_kernel_bad_sockopts", "Rejected SOL_AILB options", s.bad_sockopts),
+    ] {
+        counter(&mut enc, name, help, v)?;
+    }
+    let g = ConstGauge::new(0i64);
+    let mut fam = enc.encode_descriptor(
+        "ailb_backend_inflight",
+        "In-flight connections per backend (kernel)",
+        None,
+        g.metric_type(),
+    )?;
+    for m in &st.models {
+        for b in &m.backends {
+            let labels = BackendLabel { model: m.name.clone(), backend: b.address.clone() };
+            ConstGauge::new(b.inflight as i64).encode(fam.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }

@@ -25,7 +25,12 @@ struct Cli {
 enum Cmd {
     /// Install what building and testing needs (nightly rust-src, bpf-linker, bpftool, ...)
     /// and mount bpffs. Idempotent.
-    Setup,
+    Setup {
+        /// Only what `cargo xtask build` needs (nightly rust-src, bpf-linker): the container
+        /// image's build stage (docs/deploy/Containerfile).
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Build the eBPF object (target/bpf/ailb.bpf.o) and the `ailb` binary that embeds it.
     Build {
         /// Build `ailb` in release mode (the eBPF object is always optimised).
@@ -92,7 +97,8 @@ fn main() -> ExitCode {
 
 fn dispatch(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Setup => setup::setup(),
+        Cmd::Setup { build_only: false } => setup::setup(),
+        Cmd::Setup { build_only: true } => setup::build_only(),
         Cmd::Build { release } => build::build(release),
         Cmd::Test { args } => test::test(&args),
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),

