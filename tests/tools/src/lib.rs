@@ -9,6 +9,7 @@
 //! | [`capacity`] | `ailb-fleet-model`: which offered loads the fleet carries, in simulated time (no root) |
 //! | [`compare`] | `ailb-compare`: balancing policies on one simulated fleet (root) |
 //! | [`demo`] | `ailb-demo`: the whole system, live (root; `cargo xtask run`) |
+//! | [`soak`] | `ailb-soak`: a chaos soak and an overload (root; `cargo xtask soak`) |
 //!
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
@@ -20,6 +21,7 @@ pub mod chart;
 pub mod compare;
 pub mod demo;
 pub mod sim_gpus;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 
