@@ -204,7 +204,7 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
         bpffs: fleet.daemon.bpffs().to_path_buf(),
         backends: fleet.addrs(),
         procs: Mutex::new(fleet.pids()),
-        clients: Mutex::new(workers.pids().into_iter().chain(fleet.gateway.as_ref().map(|g| g.child.id())).collect()),
+        cgroup: sample::cgroup_filter(cg),
     });
     let sampler = Sampler::start(target.clone(), t0);
     eprintln!(
@@ -250,9 +250,7 @@ fn drained(fleet: &Fleet, target: &Target) -> (Option<u64>, u64) {
         std::thread::sleep(Duration::from_millis(200));
         last = fleet.status().map(|s| sample::inflight_sum(&s));
     }
-    let clients: std::collections::BTreeSet<u32> =
-        target.clients.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
-    (last, sample::open_connections(&target.backends, &clients))
+    (last, sample::open_connections(&target.backends, &target.cgroup))
 }
 
 /// The load workers, inside the cgroup; killed by pid on drop if they still run.

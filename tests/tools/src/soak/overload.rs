@@ -55,12 +55,10 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         bpffs: fleet.daemon.bpffs().to_path_buf(),
         backends: fleet.addrs(),
         procs: Mutex::new(fleet.pids()),
-        clients: Mutex::new(Vec::new()),
+        cgroup: super::sample::cgroup_filter(cg),
     });
     let before = super::sample::take(&target, t0);
     let mut workers = Workers::spawn(cg, &plans)?;
-    *target.clients.lock().unwrap_or_else(|p| p.into_inner()) =
-        workers.pids().into_iter().chain(fleet.gateway.as_ref().map(|g| g.child.id())).collect();
     let sampler = Sampler::start(target.clone(), t0);
     let prober = Prober::start(fleet.gateway_listen);
     eprintln!(
@@ -97,6 +95,7 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
     );
     entries_table(&mut md, &recs);
     latency_table(&mut md, &recs, args.overload_s);
+    bound(&mut md, &recs, args);
     probes_table(&mut md, &probes);
     let mib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1}", v as f64 / 1024.0));
     let _ = writeln!(
@@ -153,7 +152,9 @@ fn outcome(r: &Rec) -> String {
     }
     match (r.status, &r.error) {
         (Some(s), _) if s != 200 => format!("HTTP {s}"),
-        (_, Some(e)) => e.split(':').next().unwrap_or(e).chars().filter(|c| !c.is_ascii_digit()).collect(),
+        (_, Some(e)) => {
+            e.split(':').take(2).collect::<Vec<_>>().join(":").chars().filter(|c| !c.is_ascii_digit()).collect()
+        }
         _ => "?".into(),
     }
 }
@@ -181,6 +182,7 @@ fn latency_table(md: &mut String, recs: &[Rec], window_s: f64) {
         for (lo, hi, label) in [(0.0, f64::MAX, "all")]
             .into_iter()
             .chain((0..3).map(|k| (window_s * k as f64 / 3.0, window_s * (k + 1) as f64 / 3.0, "")))
+            .chain([(window_s, f64::MAX, "after the window (sent late: every client thread was busy)")])
         {
             let v: Vec<f64> = recs
                 .iter()
@@ -202,6 +204,31 @@ fn latency_table(md: &mut String, recs: &[Rec], window_s: f64) {
         }
     }
     md.push('\n');
+}
+
+/// The bound on an admitted request's latency: at most `ABI_THREADS` socket-ABI requests and
+/// `max_concurrent` front-door ones are at the servers at once, served first come first
+/// served, so one waits at most for that many ahead of it at the fleet's throughput.
+fn bound(md: &mut String, recs: &[Rec], args: &Args) {
+    let (from, to) = (args.overload_s / 6.0, args.overload_s);
+    let done = recs.iter().filter(|r| r.ok && r.end_s >= from && r.end_s < to).count();
+    let per_s = done as f64 / (to - from);
+    let outstanding = ABI_THREADS + args.overload_max_concurrent as usize;
+    let fd_only = args.overload_max_concurrent as f64;
+    let _ = writeln!(
+        md,
+        "The fleet answered {per_s:.1} requests/s while overloaded ({done} answers from {from:.0} s to {to:.0} s). At most \
+         {ABI_THREADS} socket-ABI requests (its client threads) and {} front-door ones (`gateway.max_concurrent`) are at \
+         the servers at once, and each server serves first come first served: a request waits at most for the {outstanding} \
+         ahead of it, about {:.0} s at that rate, which bounds an admitted request's latency here, whichever entry point \
+         it came through. The front door's own limit would bound its requests to about {:.1} s ({} at {per_s:.1}/s) only \
+         if nothing else queued at the same servers: the socket ABI has no admission, so its excess waits in the servers' \
+         queues, ahead of the front door's.\n",
+        args.overload_max_concurrent,
+        outstanding as f64 / per_s.max(0.001),
+        fd_only / per_s.max(0.001),
+        args.overload_max_concurrent,
+    );
 }
 
 fn probes_table(md: &mut String, probes: &[(u16, bool)]) {

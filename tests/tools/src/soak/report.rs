@@ -127,11 +127,11 @@ fn goals(md: &mut String, run: &SoakRun) {
                 "| 100 % of conversations keep their backend across the daemon restart at {:.0} s ({}) | {} of {} ({}); \
                  at a cut {:.0} s later, no fault: {} of {} ({}) | {} |",
                 e.start_s,
-                run.plan.slot_s / 2.0,
                 entry.title(),
                 c.kept,
                 c.conversations,
                 fmt_pct(c.percent()),
+                run.plan.slot_s / 2.0,
                 base.kept,
                 base.conversations,
                 fmt_pct(base.percent()),
@@ -165,6 +165,17 @@ fn goals(md: &mut String, run: &SoakRun) {
          {} processes (table below) | {} |\n",
         g.len(),
         met(!g.is_empty() && flat == g.len())
+    );
+    let rate = run.records.len() as f64 / run.plan.duration_s.max(1.0);
+    let _ = writeln!(
+        md,
+        "Reading them: the in-flight count and the connections cannot be read at one instant: each sample reads the \
+         count (`ailb status`), lists the cgroup's sockets (`ss`), and reads the count again, while about {rate:.0} requests \
+         a second open and close connections; a count outside the two reads by a few is the sampler's race, a leak would \
+         show as a gap that lasts and as a count above 0 once the load has drained. The front door runs with \
+         `upstream_reuse = \"never\"` here: the kernel does not count the pool's idle connections, and nothing outside the \
+         gateway can tell them from busy ones. A conversation may also move without any fault (the load bound, the memory \
+         fit, and the table following the telemetry); the cut without a fault measures how often.\n"
     );
 }
 

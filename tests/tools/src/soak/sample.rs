@@ -1,8 +1,8 @@
 //! The soak's sampler, a thread that every [`PERIOD`] reads: the kernel's in-flight count
 //! (`ailb status --json`, the sum of every backend's `inflight`) just before and just after
-//! counting the open connections to the backends (`ss -tnpH state established`: sockets whose
-//! peer is a simulator and whose owner is a process inside the child cgroup: a load worker or
-//! the gateway; the agents' and this tool's own probes are outside it and not steered), how
+//! counting the open connections to the backends (`ss -tnH state established cgroup PATH`:
+//! sockets of the child cgroup, whose peer is a simulator: a load worker's or the gateway's
+//! upstream ones; the agents' and this tool's own probes are outside it and not steered), how
 //! many backends are live, and the RSS and open file descriptors of the daemon, the gateway
 //! and every agent from `/proc`.
 
@@ -65,8 +65,8 @@ pub struct Target {
     pub backends: Vec<SocketAddrV4>,
     /// (role, pid) of the processes whose footprint is sampled.
     pub procs: Mutex<Vec<(String, u32)>>,
-    /// Pids of the processes inside the cgroup that connect to the backends.
-    pub clients: Mutex<Vec<u32>>,
+    /// The child cgroup's path below the cgroup2 mount (`/ailb-test-soak-123`), as `ss` filters.
+    pub cgroup: String,
 }
 
 /// The sampler thread; [`Sampler::stop`] returns its samples.
@@ -104,8 +104,7 @@ impl Sampler {
 pub fn take(t: &Target, t0: Instant) -> Sample {
     let t_s = t0.elapsed().as_secs_f64();
     let before = ailb_status(&t.ailb, &t.bpffs).ok();
-    let clients: BTreeSet<u32> = t.clients.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
-    let open = open_connections(&t.backends, &clients);
+    let open = open_connections(&t.backends, &t.cgroup);
     let after = ailb_status(&t.ailb, &t.bpffs).ok();
     let procs = t.procs.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Sample {
@@ -131,27 +130,26 @@ fn backends(status: &Value) -> impl Iterator<Item = &Value> {
     status["models"].as_array().into_iter().flatten().flat_map(|m| m["backends"].as_array().into_iter().flatten())
 }
 
-/// ESTABLISHED TCP sockets whose peer is one of `backends` and whose owner is in `pids`.
-pub fn open_connections(backends: &[SocketAddrV4], pids: &BTreeSet<u32>) -> u64 {
-    let Ok(out) = Command::new("ss").args(["-tnpH", "state", "established"]).output() else {
+/// ESTABLISHED TCP sockets of `cgroup` whose peer is one of `backends`.
+pub fn open_connections(backends: &[SocketAddrV4], cgroup: &str) -> u64 {
+    let Ok(out) = Command::new("ss").args(["-tnH", "state", "established", "cgroup", cgroup]).output() else {
         return 0;
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let peers: BTreeSet<String> = backends.iter().map(ToString::to_string).collect();
-    text.lines().filter(|l| counts(l, &peers, pids)).count() as u64
+    text.lines().filter(|l| counts(l, &peers)).count() as u64
 }
 
-/// Whether an `ss -tnpH state established` line is a connection of `pids` to one of `peers`
-/// (its fields: Recv-Q, Send-Q, local, peer, process).
-fn counts(line: &str, peers: &BTreeSet<String>, pids: &BTreeSet<u32>) -> bool {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() < 5 || !peers.contains(f[3]) {
-        return false;
-    }
-    f[4].split("pid=")
-        .skip(1)
-        .filter_map(|p| p.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
-        .any(|pid: u32| pids.contains(&pid))
+/// Whether an `ss -tnH state established` line is a connection to one of `peers` (its fields:
+/// Recv-Q, Send-Q, local, peer).
+fn counts(line: &str, peers: &BTreeSet<String>) -> bool {
+    line.split_whitespace().nth(3).is_some_and(|p| peers.contains(p))
+}
+
+/// The path of `cg` below the cgroup2 mount, as `ss`'s `cgroup` filter takes it.
+pub fn cgroup_filter(cg: &ailb_tests::CgroupGuard) -> String {
+    let mount = ailb_tests::cgroup2_mount();
+    format!("/{}", cg.path().strip_prefix(&mount).unwrap_or(cg.path()).display())
 }
 
 /// RSS (kB, `VmRSS`) and open fds of `pid`, `None` when it is gone.
@@ -167,14 +165,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_line_counts_only_for_a_backend_peer_and_a_client_pid() {
+    fn a_line_counts_only_for_a_backend_peer() {
         let peers: BTreeSet<String> = ["127.0.11.1:18300".to_string()].into();
-        let pids: BTreeSet<u32> = [42].into();
-        let l = "0      0      127.0.0.1:5000  127.0.11.1:18300 users:((\"ailb-soak\",pid=42,fd=7))";
-        assert!(counts(l, &peers, &pids));
-        assert!(!counts(&l.replace("pid=42", "pid=43"), &peers, &pids));
-        assert!(!counts(&l.replace("18300 ", "18301 "), &peers, &pids));
-        let shared = "0 0 127.0.0.1:5000 127.0.11.1:18300 users:((\"a\",pid=7,fd=1),(\"b\",pid=42,fd=3))";
-        assert!(counts(shared, &peers, &pids));
+        let l = "0      0      127.0.0.1:5000  127.0.11.1:18300";
+        assert!(counts(l, &peers));
+        assert!(!counts(&l.replace("18300", "18301"), &peers));
+        assert!(!counts("0 0 127.0.11.1:18300 127.0.0.1:5000", &peers), "the server's end");
     }
 }
