@@ -229,6 +229,23 @@ fn bound(md: &mut String, recs: &[Rec], args: &Args) {
         fd_only / per_s.max(0.001),
         args.overload_max_concurrent,
     );
+    let _ = writeln!(
+        md,
+        "What would keep an admitted request's latency near its service time: an admission limit per model that counts \
+         the model's requests in flight from both entry points (the kernel's per-model `inflight`, which the gateway can \
+         read from the pinned maps) and sheds at the fleet's running capacity, {} sequences for this fleet (64 per \
+         A100, 16 per RTX 3090 in the simulator, the sum over the live backends, e.g. published by each agent), answering \
+         429 or 503 with `Retry-After` above it; and for the socket ABI the per-backend hard cap `max_inflight` set to \
+         each backend's own capacity, so that its excess fails fast at `connect()` instead of queueing ahead of the front \
+         door's. `gateway.max_concurrent` alone is per gateway process and blind to the ABI's requests.\n",
+        seqs(args)
+    );
+}
+
+/// The fleet's running capacity: the most sequences its servers run at once.
+fn seqs(args: &Args) -> usize {
+    let per = |p: &str| ailb_sim::GpuProfile::preset(p).map_or(0, |p| p.max_seqs);
+    args.a100 * per("a100-80gb") + args.rtx3090 * per("rtx3090-24gb")
 }
 
 fn probes_table(md: &mut String, probes: &[(u16, bool)]) {
