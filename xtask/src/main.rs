@@ -5,6 +5,7 @@ mod build;
 mod demo;
 mod fuzz;
 mod setup;
+mod soak;
 mod test;
 mod util;
 
@@ -65,6 +66,21 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]
         only: Vec<bench::Part>,
     },
+    /// The chaos soak (root): the fleet at its stable load through the socket ABI and the front
+    /// door while the daemon, rnacos, an agent and a GPU server are killed and restarted, a bad
+    /// config is SIGHUPed and a backend's memory runs low; then ten times the load for a minute.
+    /// Reports in docs/results/soak/.
+    Soak {
+        /// Length of the soak, minutes (2 for a quick check).
+        #[arg(long, default_value_t = 20.0)]
+        minutes: f64,
+        /// Only the overload.
+        #[arg(long)]
+        overload_only: bool,
+        /// Debug builds instead of release ones.
+        #[arg(long)]
+        debug: bool,
+    },
     /// Fuzz the parsers of outside input (cargo-fuzz, nightly): build the targets of tests/fuzz,
     /// then run each for a few seconds from its seeds.
     Fuzz {
@@ -104,6 +120,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
         Cmd::Bench { only } => bench::bench(&only),
+        Cmd::Soak { minutes, overload_only, debug } => soak::soak(minutes, overload_only, debug),
         Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }

@@ -10,6 +10,7 @@
 //! | [`compare`] | `ailb-compare`: balancing policies on one simulated fleet (root) |
 //! | [`demo`] | `ailb-demo`: the whole system, live (root; `cargo xtask run`) |
 //! | [`frontdoor`] | `ailb-frontdoor-bench`: small requests through the front door vs direct, nginx and the peer routers (root) |
+//! | [`soak`] | `ailb-soak`: a chaos soak and an overload (root; `cargo xtask soak`) |
 //!
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
@@ -22,6 +23,7 @@ pub mod compare;
 pub mod demo;
 pub mod frontdoor;
 pub mod sim_gpus;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 

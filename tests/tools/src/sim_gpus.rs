@@ -83,6 +83,44 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
+/// Spawns `ailb-sim` on `addr` keeping `nvml`'s state file up to date, and waits for its
+/// `/health` (30 s at most).
+fn spawn_sim(addr: SocketAddrV4, profile: &'static str, nvml: &FakeNvml, o: &SimOpts) -> anyhow::Result<Proc> {
+    let state = Path::new(&nvml.lib()).with_file_name("state");
+    let (out, err) = match &o.log {
+        Some(p) => {
+            let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+            (Stdio::from(f.try_clone()?), Stdio::from(f))
+        }
+        None => (Stdio::null(), Stdio::null()),
+    };
+    let child = Command::new(o.sim_bin)
+        .args(["--listen", &addr.to_string(), "--profile", profile, "--model", o.model])
+        .args(["--time-scale", &o.time_scale.to_string()])
+        .args(["--sample-interval-ms", &o.sample_interval_ms.to_string()])
+        .arg("--nvml-state")
+        .arg(&state)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("spawning {}", o.sim_bin.display()))?;
+    let mut sim = Proc { name: format!("ailb-sim {addr}"), child };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = sim.exited() {
+            bail!("ailb-sim on {addr} exited ({st}) before answering /health");
+        }
+        if get_ok(addr, "/health").is_some() {
+            return Ok(sim);
+        }
+        if Instant::now() >= deadline {
+            bail!("ailb-sim on {addr} did not answer /health within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A binary next to the running one (`ailb-sim`'s and these tools' binaries are built into one
 /// profile directory: `cargo xtask run` and `cargo xtask bench` build them together).
 pub fn sibling_bin(name: &str) -> PathBuf {
@@ -116,39 +154,23 @@ impl SimGpu {
             "count 1\n0 name {}\n0 uuid GPU-sim-{addr}\n0 total_mb {}\n0 used_mb 0\n0 util 0\n",
             preset.gpu_type, preset.gpu_memory_mb
         ));
-        let state = Path::new(&nvml.lib()).with_file_name("state");
-        let (out, err) = match &o.log {
-            Some(p) => {
-                let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-                (Stdio::from(f.try_clone()?), Stdio::from(f))
-            }
-            None => (Stdio::null(), Stdio::null()),
-        };
-        let child = Command::new(o.sim_bin)
-            .args(["--listen", &addr.to_string(), "--profile", profile, "--model", o.model])
-            .args(["--time-scale", &o.time_scale.to_string()])
-            .args(["--sample-interval-ms", &o.sample_interval_ms.to_string()])
-            .arg("--nvml-state")
-            .arg(&state)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("spawning {}", o.sim_bin.display()))?;
-        let mut gpu = SimGpu { addr, profile, sim: Proc { name: format!("ailb-sim {addr}"), child }, nvml };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = gpu.sim.exited() {
-                bail!("ailb-sim on {addr} exited ({st}) before answering /health");
-            }
-            if get_ok(addr, "/health").is_some() {
-                return Ok(gpu);
-            }
-            if Instant::now() >= deadline {
-                bail!("ailb-sim on {addr} did not answer /health within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let sim = spawn_sim(addr, profile, &nvml, o)?;
+        Ok(SimGpu { addr, profile, sim, nvml })
+    }
+
+    /// Starts the server again (after it was killed) on the same address and the same fake
+    /// NVML state file, and waits for its `/health`.
+    pub fn restart(&mut self, o: &SimOpts) -> anyhow::Result<()> {
+        if self.sim.exited().is_none() {
+            bail!("ailb-sim on {} is still running", self.addr);
         }
+        self.sim = spawn_sim(self.addr, self.profile, &self.nvml, o)?;
+        Ok(())
+    }
+
+    /// The fake NVML state file the server keeps up to date.
+    pub fn nvml_state(&self) -> PathBuf {
+        Path::new(&self.nvml.lib()).with_file_name("state")
     }
 
     /// The GPU type its NVML reports (the preset's).
@@ -160,6 +182,19 @@ impl SimGpu {
     /// server, registration as `model` in the Nacos at `nacos_url`, publishing every `publish`.
     /// Its config and log go to `dir`.
     pub fn start_agent(&self, model: &str, nacos_url: &str, publish: &str, dir: &Path) -> anyhow::Result<Proc> {
+        let (config, log) = self.write_agent_config(model, nacos_url, publish, dir)?;
+        spawn_agent(self.addr, &config, &log, &[])
+    }
+
+    /// Writes the config of [`SimGpu::start_agent`] into `dir`; returns its path and the path
+    /// of the agent's log next to it.
+    pub fn write_agent_config(
+        &self,
+        model: &str,
+        nacos_url: &str,
+        publish: &str,
+        dir: &Path,
+    ) -> anyhow::Result<(PathBuf, PathBuf)> {
         let addr = self.addr;
         let cfg = format!(
             r#"publish_interval = "{publish}"
@@ -195,16 +230,23 @@ nvml = true
         let stem = format!("agent-{}-{}", addr.ip(), addr.port());
         let path = dir.join(format!("{stem}.toml"));
         std::fs::write(&path, cfg).with_context(|| format!("writing {}", path.display()))?;
-        let log = std::fs::File::create(dir.join(format!("{stem}.log")))?;
-        let child = Command::new(ailb_tests::ailb_bin())
-            .args(["agent", "--config"])
-            .arg(&path)
-            .env("AILB_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting ailb agent")?;
-        Ok(Proc { name: format!("ailb agent {addr}"), child })
+        Ok((path, dir.join(format!("{stem}.log"))))
     }
+}
+
+/// Starts `ailb agent --config CONFIG` for the GPU at `addr`, appending to `log`, with the
+/// extra environment `env` (e.g. `FAKE_NVML_STATE`, the fake library's state file).
+pub fn spawn_agent(addr: SocketAddrV4, config: &Path, log: &Path, env: &[(String, String)]) -> anyhow::Result<Proc> {
+    let log = std::fs::File::options().create(true).append(true).open(log)?;
+    let child = Command::new(ailb_tests::ailb_bin())
+        .args(["agent", "--config"])
+        .arg(config)
+        .env("AILB_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting ailb agent")?;
+    Ok(Proc { name: format!("ailb agent {addr}"), child })
 }

@@ -1,0 +1,257 @@
+//! The soak's numbers from its records, samples and fault events: each failure classified,
+//! conversations followed across the daemon's restarts, the in-flight check, the footprints'
+//! growth.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::faults::{Event, Fault};
+use super::load::{Entry, Rec};
+use super::sample::Sample;
+
+/// The time after a GPU server's death within which a request may still meet it: the agent
+/// probes its server's health every publish (200 ms) and writes to Nacos with a 500 ms
+/// timeout, the daemon polls Nacos every 100 ms and applies the table at once; 2 s bounds
+/// their sum (800 ms) with margin for the two shared cores.
+pub const DETECT_S: f64 = 2.0;
+/// The window on each side of a daemon kill in which a conversation's turns are compared.
+pub const TURN_WINDOW_S: f64 = 30.0;
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Class {
+    /// A healthy backend could have served it.
+    Avoidable,
+    /// It met a server already dead: it was in flight on, or sent within [`DETECT_S`] of,
+    /// the kill of a GPU server, or its answer names the killed server while it was down.
+    DeadServer,
+}
+
+/// The class of a failed request `r` given the fault events.
+pub fn classify(r: &Rec, events: &[Event]) -> Class {
+    for e in events.iter().filter(|e| e.fault == Fault::SimKill) {
+        let overlaps = r.sent_s <= e.start_s + DETECT_S && r.end_s >= e.start_s;
+        let down = e.recovered_s.unwrap_or(e.end_s);
+        let named = r.backend.is_some() && r.backend == e.backend && r.sent_s >= e.start_s && r.sent_s <= down;
+        if overlaps || named {
+            return Class::DeadServer;
+        }
+    }
+    Class::Avoidable
+}
+
+/// Conversations with turns on both sides of a time, and how many kept their backend.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Continuity {
+    pub conversations: usize,
+    pub kept: usize,
+}
+
+impl Continuity {
+    pub fn percent(&self) -> Option<f64> {
+        (self.conversations > 0).then(|| self.kept as f64 * 100.0 / self.conversations as f64)
+    }
+}
+
+/// For every conversation of `entry` whose turns answered (with a backend named) in both
+/// `(cut - w, cut]` and `(cut, cut + w]`: whether the first turn after `cut` went to the
+/// backend of the last turn before it.
+pub fn continuity(recs: &[Rec], entry: Entry, cut: f64, w: f64) -> Continuity {
+    let mut before: BTreeMap<&str, (f64, &str)> = BTreeMap::new();
+    let mut after: BTreeMap<&str, (f64, &str)> = BTreeMap::new();
+    for r in recs.iter().filter(|r| r.entry == entry && r.ok) {
+        let Some(b) = r.backend.as_deref() else { continue };
+        let c = r.conversation.as_str();
+        if r.sent_s > cut - w && r.sent_s <= cut {
+            let e = before.entry(c).or_insert((r.sent_s, b));
+            if r.sent_s >= e.0 {
+                *e = (r.sent_s, b);
+            }
+        } else if r.sent_s > cut && r.sent_s <= cut + w {
+            let e = after.entry(c).or_insert((r.sent_s, b));
+            if r.sent_s <= e.0 {
+                *e = (r.sent_s, b);
+            }
+        }
+    }
+    let mut out = Continuity::default();
+    for (c, (_, b)) in &before {
+        if let Some((_, a)) = after.get(c) {
+            out.conversations += 1;
+            out.kept += usize::from(a == b);
+        }
+    }
+    out
+}
+
+/// The in-flight check over the samples taken while `during` holds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct InflightCheck {
+    pub samples: usize,
+    /// Samples whose connection count lies between the in-flight reads around it.
+    pub consistent: usize,
+    /// Samples where both reads equal the count.
+    pub equal: usize,
+    /// The largest distance from the count to the nearer read.
+    pub max_gap: u64,
+}
+
+pub fn inflight_check<'a>(samples: impl Iterator<Item = &'a Sample>) -> InflightCheck {
+    let mut c = InflightCheck::default();
+    for s in samples {
+        let (Some(a), Some(b)) = (s.inflight_before, s.inflight_after) else { continue };
+        c.samples += 1;
+        c.consistent += usize::from(s.consistent() == Some(true));
+        c.equal += usize::from(s.equal() == Some(true));
+        let gap = if s.consistent() == Some(true) { 0 } else { s.open.abs_diff(a).min(s.open.abs_diff(b)) };
+        c.max_gap = c.max_gap.max(gap);
+    }
+    c
+}
+
+/// One process's footprint after warm-up.
+#[derive(Debug, Clone, Serialize)]
+pub struct Growth {
+    pub role: String,
+    pub samples: usize,
+    pub rss_start_kb: u64,
+    pub rss_end_kb: u64,
+    pub rss_max_kb: u64,
+    pub fds_start: u64,
+    pub fds_end: u64,
+    pub fds_max: u64,
+}
+
+impl Growth {
+    /// The end's change from the start, percent.
+    pub fn rss_pct(&self) -> f64 {
+        pct(self.rss_start_kb, self.rss_end_kb)
+    }
+    pub fn fds_pct(&self) -> f64 {
+        pct(self.fds_start, self.fds_end)
+    }
+    /// Whether both end within `limit` percent of where they started (medians: the open fds
+    /// follow the connections of the moment, so a peak says how busy a sample was, not that
+    /// anything leaked).
+    pub fn flat(&self, limit: f64) -> bool {
+        self.rss_pct().abs() <= limit && self.fds_pct().abs() <= limit
+    }
+}
+
+fn pct(a: u64, b: u64) -> f64 {
+    if a == 0 {
+        0.0
+    } else {
+        (b as f64 - a as f64) * 100.0 / a as f64
+    }
+}
+
+/// Per role, its footprint from `warm_s` on, over the longest run of samples in which it
+/// kept its pid (a process restarted by a fault starts afresh): the median of the first and
+/// last tenth of those samples, and the peak.
+pub fn growth(samples: &[Sample], warm_s: f64) -> Vec<Growth> {
+    // role -> runs of (rss, fds), a new run whenever the role's sample goes missing
+    let mut runs: BTreeMap<String, Vec<Vec<(u64, u64)>>> = BTreeMap::new();
+    let roles: Vec<String> = {
+        let mut r: Vec<String> = samples.iter().flat_map(|s| s.procs.iter().map(|p| p.role.clone())).collect();
+        r.sort();
+        r.dedup();
+        r
+    };
+    for s in samples.iter().filter(|s| s.t_s >= warm_s) {
+        for role in &roles {
+            let v = runs.entry(role.clone()).or_default();
+            match s.procs.iter().find(|p| &p.role == role) {
+                Some(p) => match v.last_mut() {
+                    Some(run) if !run.is_empty() => run.push((p.rss_kb, p.fds)),
+                    _ => v.push(vec![(p.rss_kb, p.fds)]),
+                },
+                None => v.push(Vec::new()),
+            }
+        }
+    }
+    runs.into_iter()
+        .filter_map(|(role, v)| {
+            let run = v.into_iter().max_by_key(Vec::len).filter(|r| !r.is_empty())?;
+            let tenth = (run.len() / 10).max(1);
+            let med = |xs: &[(u64, u64)], f: fn(&(u64, u64)) -> u64| {
+                let mut v: Vec<u64> = xs.iter().map(f).collect();
+                v.sort_unstable();
+                v[v.len() / 2]
+            };
+            let (head, tail) = (&run[..tenth], &run[run.len() - tenth..]);
+            Some(Growth {
+                role,
+                samples: run.len(),
+                rss_start_kb: med(head, |p| p.0),
+                rss_end_kb: med(tail, |p| p.0),
+                rss_max_kb: run.iter().map(|p| p.0).max().unwrap_or(0),
+                fds_start: med(head, |p| p.1),
+                fds_end: med(tail, |p| p.1),
+                fds_max: run.iter().map(|p| p.1).max().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// A percentile of `v` (nearest rank), `None` when empty.
+pub fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    ailb_sim::replay::percentile(v, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(conv: &str, sent_s: f64, backend: &str) -> Rec {
+        Rec {
+            entry: Entry::Abi,
+            conversation: conv.into(),
+            sent_s,
+            end_s: sent_s + 1.0,
+            ok: true,
+            status: Some(200),
+            error: None,
+            backend: Some(backend.into()),
+            e2e_ms: 1000.0,
+            late_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn continuity_compares_the_last_turn_before_with_the_first_after() {
+        let recs = [
+            rec("a", 1.0, "x"),
+            rec("a", 4.0, "y"),
+            rec("a", 6.0, "y"),
+            rec("a", 7.0, "z"),
+            rec("b", 4.5, "x"),
+            rec("b", 5.5, "z"),
+            rec("c", 9.0, "x"),
+        ];
+        let c = continuity(&recs, Entry::Abi, 5.0, 3.0);
+        assert_eq!((c.conversations, c.kept), (2, 1));
+    }
+
+    #[test]
+    fn a_failure_in_flight_at_a_server_kill_met_a_dead_server() {
+        let ev = Event {
+            fault: Fault::SimKill,
+            start_s: 10.0,
+            end_s: 20.0,
+            recovered_s: Some(21.0),
+            backend: Some("s".into()),
+            gone_s: Some(10.5),
+            detail: String::new(),
+        };
+        let mut r = rec("a", 9.5, "t");
+        r.ok = false;
+        assert_eq!(classify(&r, std::slice::from_ref(&ev)), Class::DeadServer);
+        r.sent_s = 13.0;
+        r.end_s = 13.1;
+        assert_eq!(classify(&r, std::slice::from_ref(&ev)), Class::Avoidable);
+        r.backend = Some("s".into());
+        assert_eq!(classify(&r, &[ev]), Class::DeadServer);
+    }
+}

@@ -1,0 +1,205 @@
+//! The soak's faults, one at a time on a schedule: after a warm-up, every `slot` seconds the
+//! next of [`SCHEDULE`], each waited out (and recovered from) before the next one's slot.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::fleet::{Fleet, LOW_FREE_MB};
+
+/// A fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Fault {
+    /// `ailb run` SIGKILLed, restarted after [`DAEMON_DOWN`]; the pinned programs and maps route
+    /// meanwhile.
+    DaemonKill,
+    /// An invalid config and SIGHUP (the daemon must keep running on its last good tables and
+    /// log the error); then the config restored and SIGHUP.
+    InvalidReload,
+    /// One GPU's free memory, as its agent reads it, below every request's need, then back.
+    LowMemory,
+    /// A simulated GPU server SIGKILLed, restarted after the outage.
+    SimKill,
+    /// An agent SIGKILLed (its ephemeral instance expires), restarted once it has.
+    AgentKill,
+    /// rnacos SIGKILLed for the outage (60 s in a full run), then restarted.
+    RegistryKill,
+}
+
+/// The order of the faults.
+pub const SCHEDULE: [Fault; 6] =
+    [Fault::DaemonKill, Fault::InvalidReload, Fault::LowMemory, Fault::SimKill, Fault::AgentKill, Fault::RegistryKill];
+
+/// How long the daemon stays dead.
+pub const DAEMON_DOWN: Duration = Duration::from_secs(5);
+
+impl Fault {
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::DaemonKill => "daemon SIGKILL + restart",
+            Self::InvalidReload => "SIGHUP with an invalid config",
+            Self::LowMemory => "backend free memory below the need",
+            Self::SimKill => "GPU server SIGKILL + restart",
+            Self::AgentKill => "agent SIGKILL + restart",
+            Self::RegistryKill => "rnacos SIGKILL + restart",
+        }
+    }
+    /// A short label for the plot.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::DaemonKill => "daemon kill",
+            Self::InvalidReload => "bad SIGHUP",
+            Self::LowMemory => "low memory",
+            Self::SimKill => "server kill",
+            Self::AgentKill => "agent kill",
+            Self::RegistryKill => "rnacos kill",
+        }
+    }
+}
+
+/// What happened during one fault, its times in seconds since the soak started.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub fault: Fault,
+    /// The fault's start (the kill, the bad SIGHUP, the memory drop).
+    pub start_s: f64,
+    /// The fault's end: the restart (or the restored config, the memory back).
+    pub end_s: f64,
+    /// Everything back as before: every GPU live in the table again.
+    pub recovered_s: Option<f64>,
+    /// The backend concerned, if one.
+    pub backend: Option<String>,
+    /// When the table first showed the backend gone (sim and agent kills).
+    pub gone_s: Option<f64>,
+    /// What was seen, in words.
+    pub detail: String,
+}
+
+/// Polls `f` every 100 ms until it holds or `limit` passes: the time it first held.
+fn wait_for(t0: Instant, limit: Duration, mut f: impl FnMut() -> bool) -> Option<f64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if f() {
+            return Some(t0.elapsed().as_secs_f64());
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs one fault; `outage` is how long a server, the memory drop or rnacos stay down.
+pub fn run(fault: Fault, fleet: &mut Fleet, t0: Instant, outage: Duration) -> anyhow::Result<Event> {
+    let now = || t0.elapsed().as_secs_f64();
+    let n = fleet.sims.len();
+    let mut ev = Event {
+        fault,
+        start_s: now(),
+        end_s: 0.0,
+        recovered_s: None,
+        backend: None,
+        gone_s: None,
+        detail: String::new(),
+    };
+    match fault {
+        Fault::DaemonKill => {
+            fleet.daemon.kill9();
+            std::thread::sleep(DAEMON_DOWN);
+            // The pins keep the last generation; the new daemon's first apply bumps it.
+            let before = fleet.status().and_then(|s| s["generation"].as_u64()).unwrap_or(0);
+            ev.end_s = now();
+            fleet.daemon.restart();
+            ev.recovered_s = wait_for(t0, Duration::from_secs(60), || {
+                fleet.status().and_then(|s| s["generation"].as_u64()).is_some_and(|g| g > before) && fleet.live() == n
+            });
+            let applied =
+                ev.recovered_s.map_or("not within 60 s".into(), |r| format!("{:.1} s after its start", r - ev.end_s));
+            ev.detail = format!(
+                "down {:.1} s; the new daemon applied a new generation with every backend live {applied}",
+                ev.end_s - ev.start_s
+            );
+        }
+        Fault::InvalidReload => {
+            let log_before = fleet.daemon.log().len();
+            fleet.daemon.reload_raw("[daemon\nthis is not a valid config\n");
+            std::thread::sleep(Duration::from_secs(3));
+            let running = fleet.daemon.is_running();
+            let live = fleet.live();
+            let log = fleet.daemon.log();
+            let new = log.get(log_before..).unwrap_or_default();
+            let logged = new.lines().find(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("error") || l.contains("warn") || l.contains("invalid")
+            });
+            ev.end_s = now();
+            fleet.daemon.reload(&fleet.cfg.clone());
+            ev.recovered_s = Some(now());
+            ev.detail = format!(
+                "3 s after the bad SIGHUP: daemon running {running}, {live} of {n} backends live; logged: {}",
+                logged
+                    .map(|l| format!("`{}`", l.trim().chars().take(240).collect::<String>()))
+                    .unwrap_or_else(|| "nothing".into())
+            );
+        }
+        Fault::LowMemory => {
+            ev.backend = Some(fleet.sims[0].addr.to_string());
+            fleet.low_memory(Some(0));
+            std::thread::sleep(outage);
+            fleet.low_memory(None);
+            ev.end_s = now();
+            ev.recovered_s = Some(now());
+            ev.detail =
+                format!("{} reported {LOW_FREE_MB} MB free for {:.0} s", fleet.sims[0].addr, outage.as_secs_f64());
+        }
+        Fault::SimKill => {
+            let i = n - 1;
+            ev.backend = Some(fleet.sims[i].addr.to_string());
+            fleet.kill_sim(i);
+            ev.gone_s = wait_for(t0, Duration::from_secs(30), || fleet.live() < n);
+            let left = outage.saturating_sub(Duration::from_secs_f64(now() - ev.start_s));
+            std::thread::sleep(left);
+            ev.end_s = now();
+            fleet.restart_sim(i).context("restarting the killed GPU server")?;
+            ev.recovered_s = wait_for(t0, Duration::from_secs(60), || fleet.live() == n);
+            ev.detail = detail_gone(&ev, "server");
+        }
+        Fault::AgentKill => {
+            let i = n - 2;
+            ev.backend = Some(fleet.sims[i].addr.to_string());
+            fleet.kill_agent(i);
+            ev.gone_s = wait_for(t0, Duration::from_secs(90), || fleet.live() < n);
+            ev.end_s = now();
+            fleet.restart_agent(i).context("restarting the killed agent")?;
+            ev.recovered_s = wait_for(t0, Duration::from_secs(60), || fleet.live() == n);
+            ev.detail = detail_gone(&ev, "agent");
+        }
+        Fault::RegistryKill => {
+            fleet.nacos.stop();
+            let mut min_live = n;
+            let until = Instant::now() + outage;
+            while Instant::now() < until {
+                min_live = min_live.min(fleet.live());
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            ev.end_s = now();
+            fleet.nacos.restart();
+            ev.recovered_s = wait_for(t0, Duration::from_secs(90), || fleet.live() == n);
+            ev.detail =
+                format!("down {:.0} s; fewest live backends meanwhile: {min_live} of {n}", ev.end_s - ev.start_s);
+        }
+    }
+    Ok(ev)
+}
+
+/// "the table dropped it after X s; live again Y s after the restart".
+fn detail_gone(ev: &Event, what: &str) -> String {
+    let gone = ev.gone_s.map_or("never (within the wait)".to_string(), |g| format!("after {:.1} s", g - ev.start_s));
+    let back =
+        ev.recovered_s.map_or("not within 60 s".to_string(), |r| format!("{:.1} s after the restart", r - ev.end_s));
+    format!(
+        "{what} of {} killed: the table dropped the backend {gone}; live again {back}",
+        ev.backend.as_deref().unwrap_or("?")
+    )
+}

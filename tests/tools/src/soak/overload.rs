@@ -1,0 +1,329 @@
+//! The overload: `--overload-factor` (10) times the fleet's stable load for `--overload-s`
+//! (60) seconds through the front door and the socket ABI at once, on a fresh fleet whose
+//! gateway admits `--overload-max-concurrent` requests at once. Expected, as documented: the
+//! front door answers the excess 429 (`gateway.max_concurrent`) or 503, both with
+//! `Retry-After`; the socket ABI has no admission, its excess waits in the servers' queues
+//! (bounded here by the worker's 512 client threads); nothing crashes; memory stays bounded.
+//! A prober outside the load sends one front-door request a second and reads the answer's
+//! status and `Retry-After`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddrV4, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ailb_tests::CgroupGuard;
+use anyhow::Context;
+
+use super::analyze::percentile;
+use super::fleet::{Fleet, MODEL, VIP};
+use super::load::{self, Entry, Rec, WorkerPlan};
+use super::sample::{Sampler, Target};
+use super::{fleet_opts, report, Args, Workers};
+
+/// Client threads of the socket ABI's worker: at most this many of its requests wait in the
+/// servers' queues at once.
+const ABI_THREADS: usize = 512;
+/// Client threads of the front door's worker (more than the gateway admits, so that the
+/// excess is offered).
+const FRONT_DOOR_THREADS: usize = 1024;
+
+/// Runs the overload; returns its report.
+pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
+    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_400, args.overload_max_concurrent, "overload"))?;
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let speed = args.load * args.overload_factor * args.time_scale;
+    let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
+    let plans = [(Entry::Abi, vip, ABI_THREADS), (Entry::FrontDoor, fleet.gateway_listen, FRONT_DOOR_THREADS)].map(
+        |(entry, target, concurrency)| WorkerPlan {
+            entry,
+            target,
+            speed,
+            duration_s: args.overload_s,
+            concurrency,
+            timeout_s: 120.0,
+            out: dir.path().join(format!("overload-{}.json", entry.key())),
+        },
+    );
+    let t0 = Instant::now();
+    let t0_unix = load::unix_ms();
+    let target = Arc::new(Target {
+        ailb: ailb.to_path_buf(),
+        bpffs: fleet.daemon.bpffs().to_path_buf(),
+        backends: fleet.addrs(),
+        procs: Mutex::new(fleet.pids()),
+        cgroup: super::sample::cgroup_filter(cg),
+    });
+    let before = super::sample::take(&target, t0);
+    let mut workers = Workers::spawn(cg, &plans)?;
+    let sampler = Sampler::start(target.clone(), t0);
+    let prober = Prober::start(fleet.gateway_listen);
+    eprintln!(
+        "ailb-soak: overload: {:.0} s at speed {speed} ({}x the stable load)",
+        args.overload_s, args.overload_factor
+    );
+    std::thread::sleep(Duration::from_secs_f64(args.overload_s));
+    let probes = prober.stop();
+    workers.wait(Duration::from_secs_f64(args.overload_s + 200.0), t0)?;
+    let samples = sampler.stop();
+    let (final_inflight, _) = super::drained(&fleet, &target);
+    let alive = alive(&mut fleet);
+    let mut recs = Vec::new();
+    for p in &plans {
+        recs.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);
+    }
+    let peak =
+        |role: &str| samples.iter().flat_map(|s| s.procs.iter()).filter(|p| p.role == role).map(|p| p.rss_kb).max();
+    let base = |role: &str| before.procs.iter().find(|p| p.role == role).map(|p| p.rss_kb);
+    let mut md = String::new();
+    let _ = writeln!(md, "# Overload\n");
+    let _ = writeln!(
+        md,
+        "Reproduce (as root): `{}`. {}x the fleet's stable load ({} x A100 + {} x RTX 3090 at time scale {}; the Mooncake \
+         trace at speed {speed}) for {:.0} s, split by conversation between the socket ABI ({ABI_THREADS} client threads) and \
+         the front door ({FRONT_DOOR_THREADS} client threads; `gateway.max_concurrent = {}`).\n",
+        report::command(args, " --overload-only"),
+        args.overload_factor,
+        args.a100,
+        args.rtx3090,
+        args.time_scale,
+        args.overload_s,
+        args.overload_max_concurrent
+    );
+    entries_table(&mut md, &recs);
+    latency_table(&mut md, &recs, args.overload_s);
+    bound(&mut md, &recs, args);
+    probes_table(&mut md, &probes);
+    let mib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1}", v as f64 / 1024.0));
+    let _ = writeln!(
+        md,
+        "Processes alive at the end: {alive}. In-flight after the drain: {}. RSS before -> peak, MiB: daemon {} -> {}, \
+         gateway {} -> {}.\n",
+        final_inflight.map_or("unreadable".into(), |v| v.to_string()),
+        mib(base("daemon")),
+        mib(peak("daemon")),
+        mib(base("gateway")),
+        mib(peak("gateway"))
+    );
+    let _ = writeln!(
+        md,
+        "Model: `{MODEL}`; the front door's admission is global (`gateway.max_concurrent`), not per model.\n"
+    );
+    Ok(md)
+}
+
+/// Whether every process of the fleet still runs, in words.
+fn alive(fleet: &mut Fleet) -> String {
+    let mut dead = Vec::new();
+    if !fleet.daemon.is_running() {
+        dead.push("daemon".to_string());
+    }
+    if let Some(g) = fleet.gateway.as_mut() {
+        if g.exited().is_some() {
+            dead.push("gateway".into());
+        }
+    }
+    for s in &mut fleet.sims {
+        if s.sim.exited().is_some() {
+            dead.push(s.sim.name.clone());
+        }
+    }
+    for a in &mut fleet.agents {
+        if let Some(p) = a.proc.as_mut() {
+            if p.exited().is_some() {
+                dead.push(p.name.clone());
+            }
+        }
+    }
+    if dead.is_empty() {
+        "all (daemon, gateway, every server and agent)".into()
+    } else {
+        format!("**not all: {} exited**", dead.join(", "))
+    }
+}
+
+/// The outcome of a record: "200", "HTTP 429", "HTTP 503", or the error's first words.
+fn outcome(r: &Rec) -> String {
+    if r.ok {
+        return "200".into();
+    }
+    match (r.status, &r.error) {
+        (Some(s), _) if s != 200 => format!("HTTP {s}"),
+        (_, Some(e)) => {
+            e.split(':').take(2).collect::<Vec<_>>().join(":").chars().filter(|c| !c.is_ascii_digit()).collect()
+        }
+        _ => "?".into(),
+    }
+}
+
+fn entries_table(md: &mut String, recs: &[Rec]) {
+    let _ = writeln!(md, "| entry point | outcome | requests |\n| --- | --- | --- |");
+    let mut by: BTreeMap<(Entry, String), usize> = BTreeMap::new();
+    for r in recs {
+        *by.entry((r.entry, outcome(r))).or_default() += 1;
+    }
+    for ((e, o), n) in &by {
+        let _ = writeln!(md, "| {} | {o} | {n} |", e.title());
+    }
+    md.push('\n');
+}
+
+/// The admitted (answered 200) requests' E2E latency per entry point, over the whole run and
+/// per third of the offered window (a bounded latency stays level; a growing queue climbs).
+fn latency_table(md: &mut String, recs: &[Rec], window_s: f64) {
+    let _ = writeln!(
+        md,
+        "Admitted (200) requests' E2E latency, ms, by when they were sent:\n\n| entry point | sent in | n | p50 | p95 | p99 | max |\n| --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for e in [Entry::Abi, Entry::FrontDoor] {
+        for (lo, hi, label) in [(0.0, f64::MAX, "all")]
+            .into_iter()
+            .chain((0..3).map(|k| (window_s * k as f64 / 3.0, window_s * (k + 1) as f64 / 3.0, "")))
+            .chain([(window_s, f64::MAX, "after the window (sent late: every client thread was busy)")])
+        {
+            let v: Vec<f64> = recs
+                .iter()
+                .filter(|r| r.entry == e && r.ok && r.sent_s >= lo && r.sent_s < hi)
+                .map(|r| r.e2e_ms)
+                .collect();
+            let q = |p| percentile(&v, p).map_or("-".into(), |x| format!("{x:.0}"));
+            let when = if label.is_empty() { format!("{lo:.0}-{hi:.0} s") } else { label.to_string() };
+            let _ = writeln!(
+                md,
+                "| {} | {when} | {} | {} | {} | {} | {} |",
+                e.title(),
+                v.len(),
+                q(50.0),
+                q(95.0),
+                q(99.0),
+                q(100.0)
+            );
+        }
+    }
+    md.push('\n');
+}
+
+/// What bounds an admitted request's latency: at most `ABI_THREADS` socket-ABI requests and
+/// `max_concurrent` front-door ones are outstanding at once, served first come first served;
+/// compared with the latencies measured.
+fn bound(md: &mut String, recs: &[Rec], args: &Args) {
+    let (from, to) = (args.overload_s / 6.0, args.overload_s);
+    let done = recs.iter().filter(|r| r.ok && r.end_s >= from && r.end_s < to).count();
+    let per_s = done as f64 / (to - from);
+    let outstanding = ABI_THREADS + args.overload_max_concurrent as usize;
+    let max_s = recs.iter().filter(|r| r.ok).map(|r| r.e2e_ms).fold(0.0, f64::max) / 1000.0;
+    let fd_p50 = |lo: f64, hi: f64| {
+        let v: Vec<f64> = recs
+            .iter()
+            .filter(|r| r.entry == Entry::FrontDoor && r.ok && r.sent_s >= lo && r.sent_s < hi)
+            .map(|r| r.e2e_ms / 1000.0)
+            .collect();
+        percentile(&v, 50.0).map_or("-".into(), |x| format!("{x:.1} s"))
+    };
+    let third = args.overload_s / 3.0;
+    let _ = writeln!(
+        md,
+        "The fleet answered {per_s:.1} requests/s while overloaded ({done} answers from {from:.0} s to {to:.0} s). At most \
+         {ABI_THREADS} socket-ABI requests (its client threads) and {} front-door ones (`gateway.max_concurrent`) are \
+         outstanding at once: {outstanding} requests, {:.0} s of the fleet's work at that rate, plus a request's own \
+         service time. The slowest admitted request took {max_s:.1} s: what bounds the latency here is the socket ABI \
+         clients' own concurrency, not an admission limit. The front door's limit does not bound its admitted requests' \
+         latency: they wait at the same servers behind the socket ABI's excess, which has no admission (their p50 went \
+         from {} in the first third of the minute to {} in the last).\n",
+        args.overload_max_concurrent,
+        outstanding as f64 / per_s.max(0.001),
+        fd_p50(0.0, third),
+        fd_p50(2.0 * third, args.overload_s),
+    );
+    let _ = writeln!(
+        md,
+        "What would keep an admitted request's latency near its service time: an admission limit per model that counts \
+         the model's requests in flight from both entry points (the kernel's per-model `inflight`, which the gateway can \
+         read from the pinned maps) and sheds at the fleet's running capacity, {} sequences for this fleet (64 per \
+         A100, 16 per RTX 3090 in the simulator, the sum over the live backends, e.g. published by each agent), answering \
+         429 or 503 with `Retry-After` above it; and for the socket ABI the per-backend hard cap `max_inflight` set to \
+         each backend's own capacity, so that its excess fails fast at `connect()` instead of queueing ahead of the front \
+         door's. `gateway.max_concurrent` alone is per gateway process and blind to the ABI's requests.\n",
+        seqs(args)
+    );
+}
+
+/// The fleet's running capacity: the most sequences its servers run at once.
+fn seqs(args: &Args) -> usize {
+    let per = |p: &str| ailb_sim::GpuProfile::preset(p).map_or(0, |p| p.max_seqs);
+    args.a100 * per("a100-80gb") + args.rtx3090 * per("rtx3090-24gb")
+}
+
+fn probes_table(md: &mut String, probes: &[(u16, bool)]) {
+    let _ = writeln!(md, "Prober (one front-door request a second, its answer's head read):\n\n| status | answers | with `Retry-After` |\n| --- | --- | --- |");
+    let mut by: BTreeMap<u16, (usize, usize)> = BTreeMap::new();
+    for (s, ra) in probes {
+        let e = by.entry(*s).or_default();
+        e.0 += 1;
+        e.1 += usize::from(*ra);
+    }
+    for (s, (n, ra)) in &by {
+        let _ = writeln!(md, "| {s} | {n} | {ra} |");
+    }
+    md.push('\n');
+}
+
+/// One front-door request a second, reading the answer's status and whether it carries
+/// `Retry-After`.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(u16, bool)>>,
+}
+
+impl Prober {
+    fn start(addr: SocketAddrV4) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                if let Some(p) = probe(addr) {
+                    out.push(p);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            out
+        });
+        Prober { stop, thread }
+    }
+    fn stop(self) -> Vec<(u16, bool)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// A small streamed chat request to the front door: the answer's status and whether its head
+/// has `Retry-After` (the body is not read).
+fn probe(addr: SocketAddrV4) -> Option<(u16, bool)> {
+    let body = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"probe"}}],"max_tokens":4,"stream":true}}"#
+    );
+    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let status = line.split_whitespace().nth(1)?.parse().ok()?;
+    let mut retry_after = false;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 || line.trim().is_empty() {
+            break;
+        }
+        retry_after |= line.to_ascii_lowercase().starts_with("retry-after:");
+    }
+    Some((status, retry_after))
+}

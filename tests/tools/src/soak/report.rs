@@ -1,0 +1,321 @@
+//! The soak's report: `soak.md` (every number from the run, the goals met or not), the
+//! timeline `soak-timeline.svg` and the data behind both, `soak-data.json`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use anyhow::Context;
+use serde_json::json;
+
+use super::analyze::{self, classify, continuity, growth, inflight_check, Class, DETECT_S, TURN_WINDOW_S};
+use super::faults::{Fault, DAEMON_DOWN};
+use super::fleet::{AGENT_PUBLISH, LOW_FREE_MB, NACOS_POLL};
+use super::load::{Entry, Rec};
+use super::{plot, Args, SoakRun};
+
+/// The growth allowed to RSS and fds after warm-up, percent.
+pub const FLAT_PCT: f64 = 10.0;
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**not met**"
+    }
+}
+
+/// The command that reproduces a run of `minutes`.
+pub fn command(args: &Args, extra: &str) -> String {
+    let mut c = args.reproduce.clone();
+    if (args.minutes - 20.0).abs() > f64::EPSILON {
+        let _ = write!(c, " --minutes {}", args.minutes);
+    }
+    c.push_str(extra);
+    c
+}
+
+/// Writes the report, the timeline and the data under `--out-dir`; returns the Markdown.
+pub fn write(args: &Args, run: &SoakRun) -> anyhow::Result<String> {
+    let md = markdown(args, run);
+    let dir = &args.out_dir;
+    std::fs::write(dir.join("soak-timeline.svg"), plot::timeline_svg(run)?).context("writing soak-timeline.svg")?;
+    let data = json!({
+        "plan": run.plan, "events": run.events, "samples": run.samples,
+        "final_inflight": run.final_inflight, "final_open": run.final_open,
+        "requests": run.records.len(),
+    });
+    std::fs::write(dir.join("soak-data.json"), format!("{data:#}\n")).context("writing soak-data.json")?;
+    Ok(md)
+}
+
+fn markdown(args: &Args, run: &SoakRun) -> String {
+    let mut md = String::new();
+    let p = &run.plan;
+    let _ = writeln!(md, "# Chaos soak\n");
+    if args.minutes < 20.0 {
+        let _ = writeln!(md, "**A short run of {:.0} minutes, not the 20-minute soak.**\n", args.minutes);
+    }
+    let _ = writeln!(
+        md,
+        "Reproduce (as root, from the repository root): `{}`. Written by `ailb-soak` (`tests/tools/src/soak/`).\n",
+        command(args, "")
+    );
+    let _ = writeln!(
+        md,
+        "Fleet: {} x A100-80GB + {} x RTX 3090 simulated GPUs (`ailb-sim`, time scale {}), rnacos, one `ailb agent` per \
+         GPU (publishing every {AGENT_PUBLISH}), `ailb run` with Nacos discovery (polled every {NACOS_POLL}), the \
+         AI-aware policy, affinity and the load bound, attached to a child cgroup; `ailb gateway` inside it. Load: the \
+         Mooncake conversation trace looped at {:.2} of its rate (speed {}: the default fleet's stable load, \
+         `ailb-fleet-model`) for {:.0} s, its conversations split by a hash of their id between the **socket ABI** \
+         (tagged connects to the VIP) and the **front door** (plain HTTP to the gateway). There is **no TC entry \
+         point** in ailb yet, so the soak drives the two that exist. Faults: one every {:.0} s from {:.0} s; servers, \
+         memory and rnacos stay down {:.0} s; the daemon {} s.\n",
+        args.a100,
+        args.rtx3090,
+        args.time_scale,
+        args.load,
+        run.speed,
+        p.duration_s,
+        p.slot_s,
+        p.warm_s,
+        p.outage_s,
+        DAEMON_DOWN.as_secs()
+    );
+    goals(&mut md, run);
+    faults(&mut md, run);
+    requests(&mut md, run);
+    low_memory(&mut md, run);
+    footprints(&mut md, run);
+    let _ = writeln!(md, "![timeline](soak-timeline.svg)\n");
+    md
+}
+
+fn goals(md: &mut String, run: &SoakRun) {
+    let failed: Vec<&Rec> = run.records.iter().filter(|r| !r.ok).collect();
+    let avoidable = failed.iter().filter(|r| classify(r, &run.events) == Class::Avoidable).count();
+    let dead = failed.len() - avoidable;
+    let _ = writeln!(md, "## Goals\n\n| goal | measured | |\n| --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| 0 failed requests that a healthy backend could have served | {avoidable} of {} requests | {} |",
+        run.records.len(),
+        met(avoidable == 0)
+    );
+    let kills: Vec<f64> = run
+        .events
+        .iter()
+        .filter(|e| e.fault == Fault::SimKill)
+        .map(|e| e.gone_s.map_or(f64::INFINITY, |g| g - e.start_s))
+        .collect();
+    let detect = kills.iter().map(|d| format!("{d:.1} s")).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(
+        md,
+        "| failures that met a dead server bounded by the health and poll intervals: the table drops a killed server \
+         within {DETECT_S} s (agent health probe every {AGENT_PUBLISH}, Nacos write timeout 500 ms, daemon poll \
+         {NACOS_POLL}); only requests in flight on it or sent within those {DETECT_S} s count here | {dead} failures; \
+         the table dropped the killed server after {detect} | {} |",
+        met(!kills.is_empty() && kills.iter().all(|d| *d <= DETECT_S))
+    );
+    for e in run.events.iter().filter(|e| e.fault == Fault::DaemonKill) {
+        let restart = e.recovered_s.unwrap_or(e.end_s);
+        for entry in [Entry::Abi, Entry::FrontDoor] {
+            let c = continuity(&run.records, entry, e.start_s, TURN_WINDOW_S.max(restart - e.start_s + 5.0));
+            // The baseline: a cut halfway to the next fault, where nothing happens.
+            let base = continuity(&run.records, entry, e.start_s + run.plan.slot_s / 2.0, TURN_WINDOW_S);
+            let _ = writeln!(
+                md,
+                "| 100 % of conversations keep their backend across the daemon restart at {:.0} s ({}) | {} of {} ({}); \
+                 at a cut {:.0} s later, no fault: {} of {} ({}) | {} |",
+                e.start_s,
+                entry.title(),
+                c.kept,
+                c.conversations,
+                fmt_pct(c.percent()),
+                run.plan.slot_s / 2.0,
+                base.kept,
+                base.conversations,
+                fmt_pct(base.percent()),
+                met(c.percent().is_some_and(|p| p >= 100.0))
+            );
+        }
+    }
+    let ic = inflight_check(run.samples.iter());
+    let _ = writeln!(
+        md,
+        "| the kernel's in-flight count equals the open connections at every sample | between the two reads around the \
+         count at {} of {} samples, equal to both at {}; largest gap {} | {} |",
+        ic.consistent,
+        ic.samples,
+        ic.equal,
+        ic.max_gap,
+        met(ic.samples > 0 && ic.consistent == ic.samples)
+    );
+    let _ = writeln!(
+        md,
+        "| in-flight exactly 0 at the end | {} (open connections then: {}) | {} |",
+        run.final_inflight.map_or("unreadable".into(), |v| v.to_string()),
+        run.final_open,
+        met(run.final_inflight == Some(0))
+    );
+    let g = growth(&run.samples, run.plan.warm_s);
+    let flat = g.iter().filter(|g| g.flat(FLAT_PCT)).count();
+    let _ = writeln!(
+        md,
+        "| RSS and open fds of the daemon, the gateway and the agents flat after warm-up, within {FLAT_PCT:.0} % | {flat} of \
+         {} processes (table below) | {} |\n",
+        g.len(),
+        met(!g.is_empty() && flat == g.len())
+    );
+    let rate = run.records.len() as f64 / run.plan.duration_s.max(1.0);
+    let _ = writeln!(
+        md,
+        "Reading them: the in-flight count and the connections cannot be read at one instant: each sample reads the \
+         count (`ailb status`), lists the cgroup's sockets (`ss`), and reads the count again, while about {rate:.0} requests \
+         a second open and close connections; a count outside the two reads by a few is the sampler's race, a leak would \
+         show as a gap that lasts and as a count above 0 once the load has drained. The front door runs with \
+         `upstream_reuse = \"never\"` here: the kernel does not count the pool's idle connections, and nothing outside the \
+         gateway can tell them from busy ones. A conversation may also move without any fault (the load bound, the memory \
+         fit, and the table following the telemetry); the cut without a fault measures how often.\n"
+    );
+}
+
+fn fmt_pct(p: Option<f64>) -> String {
+    p.map_or("-".into(), |p| format!("{p:.1} %"))
+}
+
+fn faults(md: &mut String, run: &SoakRun) {
+    let _ = writeln!(md, "## Faults\n\n| fault | start, s | end, s | all live again, s | what was seen |\n| --- | --- | --- | --- | --- |");
+    for e in &run.events {
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.1} | {} | {} |",
+            e.fault.title(),
+            e.start_s,
+            e.end_s,
+            e.recovered_s.map_or("-".into(), |r| format!("{r:.1}")),
+            e.detail.replace('|', "/")
+        );
+    }
+    md.push('\n');
+}
+
+fn requests(md: &mut String, run: &SoakRun) {
+    let _ = writeln!(
+        md,
+        "## Requests\n\n| entry point | requests | failed | of which a healthy backend could have served | e2e p50 / p95 / p99, ms | sent late p99, ms |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for entry in [Entry::Abi, Entry::FrontDoor] {
+        let rs: Vec<&Rec> = run.records.iter().filter(|r| r.entry == entry).collect();
+        let failed: Vec<&&Rec> = rs.iter().filter(|r| !r.ok).collect();
+        let avoidable = failed.iter().filter(|r| classify(r, &run.events) == Class::Avoidable).count();
+        let e2e: Vec<f64> = rs.iter().filter(|r| r.ok).map(|r| r.e2e_ms).collect();
+        let late: Vec<f64> = rs.iter().map(|r| r.late_ms).collect();
+        let q = |v: &[f64], p| analyze::percentile(v, p).map_or("-".into(), |x| format!("{x:.0}"));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {avoidable} | {} / {} / {} | {} |",
+            entry.title(),
+            rs.len(),
+            failed.len(),
+            q(&e2e, 50.0),
+            q(&e2e, 95.0),
+            q(&e2e, 99.0),
+            q(&late, 99.0)
+        );
+    }
+    let mut kinds: BTreeMap<(String, &str, &str), usize> = BTreeMap::new();
+    for r in run.records.iter().filter(|r| !r.ok) {
+        let class = match classify(r, &run.events) {
+            Class::Avoidable => "a healthy backend could have served",
+            Class::DeadServer => "met a dead server",
+        };
+        let err = r.error.clone().unwrap_or_else(|| format!("HTTP {:?}", r.status));
+        let short: String = err.chars().filter(|c| !c.is_ascii_digit() || err.starts_with("HTTP")).take(90).collect();
+        *kinds.entry((short, r.entry.title(), class)).or_default() += 1;
+    }
+    let avoidable: Vec<&Rec> =
+        run.records.iter().filter(|r| !r.ok && classify(r, &run.events) == Class::Avoidable).collect();
+    if !avoidable.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nThe failures a healthy backend could have served (the first 40):\n\n| sent, s | entry point | backend | error |\n| --- | --- | --- | --- |"
+        );
+        for r in avoidable.iter().take(40) {
+            let err = r.error.clone().unwrap_or_default().chars().take(160).collect::<String>();
+            let _ = writeln!(
+                md,
+                "| {:.1} | {} | {} | `{}` |",
+                r.sent_s,
+                r.entry.title(),
+                r.backend.as_deref().unwrap_or("-"),
+                err.replace('|', "/").replace('`', "'")
+            );
+        }
+    }
+    if !kinds.is_empty() {
+        let _ = writeln!(md, "\nFailures by error (digits removed):\n\n| error | entry point | class | count |\n| --- | --- | --- | --- |");
+        for ((err, entry, class), n) in &kinds {
+            let _ = writeln!(md, "| `{}` | {entry} | {class} | {n} |", err.replace('|', "/").replace('`', "'"));
+        }
+    }
+    md.push('\n');
+}
+
+/// Where the low-memory backend's requests went: served by it during the fault, and in an
+/// equal window just before.
+fn low_memory(md: &mut String, run: &SoakRun) {
+    let Some(e) = run.events.iter().find(|e| e.fault == Fault::LowMemory) else { return };
+    let Some(b) = e.backend.as_deref() else { return };
+    let share = |from: f64, to: f64, entry: Entry| {
+        let rs: Vec<&Rec> =
+            run.records.iter().filter(|r| r.entry == entry && r.ok && r.sent_s >= from && r.sent_s < to).collect();
+        (rs.iter().filter(|r| r.backend.as_deref() == Some(b)).count(), rs.len())
+    };
+    let len = e.end_s - e.start_s;
+    // The agent publishes within a publish interval and the daemon polls 100 ms later.
+    let during_from = e.start_s + 1.0;
+    let _ = writeln!(
+        md,
+        "## Free memory below the need\n\n{b} reported {LOW_FREE_MB} MB free from {:.0} s to {:.0} s. Requests answered by it \
+         (from 1 s after the drop, for the table to learn it), against the same length of time just before:\n\n\
+         | entry point | before | during |\n| --- | --- | --- |",
+        e.start_s,
+        e.end_s
+    );
+    for entry in [Entry::Abi, Entry::FrontDoor] {
+        let (b0, n0) = share(e.start_s - len, e.start_s, entry);
+        let (b1, n1) = share(during_from, e.end_s, entry);
+        let _ = writeln!(md, "| {} | {b0} of {n0} | {b1} of {n1} |", entry.title());
+    }
+    md.push('\n');
+}
+
+fn footprints(md: &mut String, run: &SoakRun) {
+    let _ = writeln!(
+        md,
+        "## Footprints after warm-up\n\nPer process, over the longest run of samples in which it kept its pid after {:.0} s (a \
+         process restarted by a fault starts afresh): median of the first and last tenth, and the peak.\n\n\
+         | process | samples | RSS start -> end (peak), MiB | change | fds start -> end (peak) | change | within {FLAT_PCT:.0} % |\n\
+         | --- | --- | --- | --- | --- | --- | --- |",
+        run.plan.warm_s
+    );
+    for g in growth(&run.samples, run.plan.warm_s) {
+        let mib = |kb: u64| kb as f64 / 1024.0;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} -> {:.1} ({:.1}) | {:+.1} % | {} -> {} ({}) | {:+.1} % | {} |",
+            g.role,
+            g.samples,
+            mib(g.rss_start_kb),
+            mib(g.rss_end_kb),
+            mib(g.rss_max_kb),
+            g.rss_pct(),
+            g.fds_start,
+            g.fds_end,
+            g.fds_max,
+            g.fds_pct(),
+            met(g.flat(FLAT_PCT))
+        );
+    }
+    md.push('\n');
+}
