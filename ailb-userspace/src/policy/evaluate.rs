@@ -249,7 +249,11 @@ fn load(n: &mut Notes, md: &Metadata, gpu_capability: f64, cfg: &PolicyConfig) -
     LoadExplain {
         current_requests,
         queue_length,
-        factor: load_factor(current_requests.unwrap_or(0.0), queue_length.unwrap_or(0.0), gpu_capability, cfg),
+        factor: if cfg.load_factor {
+            load_factor(current_requests.unwrap_or(0.0), queue_length.unwrap_or(0.0), gpu_capability, cfg)
+        } else {
+            1.0
+        },
     }
 }
 

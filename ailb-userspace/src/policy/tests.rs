@@ -72,7 +72,10 @@ fn article_memory_need_8gb_nodes_12_6_9_keeps_first_and_third() {
 
 #[test]
 fn article_5_vs_2_current_requests_gives_the_second_more_weight() {
-    let p = run(&config(""), vec![inst(1, &[("current_requests", "5")]), inst(2, &[("current_requests", "2")])]);
+    let p = run(
+        &config("[policy]\nload_factor = true\n"),
+        vec![inst(1, &[("current_requests", "5")]), inst(2, &[("current_requests", "2")])],
+    );
     // 1/(1+5) : 1/(1+2) = 1 : 2, scaled to a maximum of 1000.
     assert_eq!(outcome(&p), [(true, 500), (true, 1000)]);
     assert!(p.backends[1].reason.contains("load: 2 running, 0 queued"), "{}", p.backends[1].reason);
@@ -185,7 +188,8 @@ fn invalid_optional_fields_are_ignored_with_a_line() {
 
 #[test]
 fn composition_capability_cap_and_one_line_reason() {
-    let cfg = config("[policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n");
+    let cfg =
+        config("[policy]\nload_factor = true\n[policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n");
     let p = run(
         &cfg,
         vec![
@@ -210,6 +214,16 @@ fn composition_capability_cap_and_one_line_reason() {
     let json = serde_json::to_value(&p).unwrap();
     assert_eq!(json["backends"][0]["explain"]["util"]["band"], "low");
     assert_eq!(json["backends"][0]["explain"]["gpu_capability"], 2.0);
+}
+
+/// `load_factor` is off by default: the reported load does not move the weights (the kernel's
+/// live load bound balances per connection instead).
+#[test]
+fn by_default_the_reported_load_does_not_move_the_weights() {
+    let p = run(&config(""), vec![inst(1, &[("current_requests", "5")]), inst(2, &[("current_requests", "2")])]);
+    let o = outcome(&p);
+    assert_eq!(o[0], o[1], "equal weights whatever the reported load: {o:?}");
+    assert_eq!(p.backends[0].explain.load.factor, 1.0);
 }
 
 #[test]
@@ -259,7 +273,7 @@ fn duplicates_resolve_the_same_whatever_the_order() {
 
 #[test]
 fn small_changes_keep_the_last_table_and_eligibility_changes_do_not() {
-    let cfg = config("");
+    let cfg = config("[policy]\nload_factor = true\n");
     let mut st = PolicyState::default();
     let two = |a: &str, b: &str| snap(vec![inst(1, &[("current_requests", a)]), inst(2, &[("current_requests", b)])]);
     let p = plan(&two("0", "1"), &cfg, &mut st).remove("m").unwrap();
