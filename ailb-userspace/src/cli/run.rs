@@ -34,6 +34,9 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
         let shared = Arc::new(http::Shared { registry, plan: RwLock::new(None) });
         if let Some(addr) = cfg.listen {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(listen = %addr, "daemon.listen is not a loopback address: /metrics and /v1/plan are reachable from the network (they have no authentication)");
+            }
             http::serve(addr, shared.clone()).await.with_context(|| format!("daemon.listen {addr}: cannot bind"))?;
         }
 
