@@ -50,6 +50,55 @@ fn chain(e: &DatapathError) -> String {
     s
 }
 
+/// The capabilities `ailb run` needs (with the bit numbers of `capabilities(7)`): CAP_BPF to
+/// create maps, load BTF and programs and pin them; CAP_NET_ADMIN to load the cgroup
+/// socket programs (connect4, sockops, setsockopt are networking program types); CAP_PERFMON
+/// because the verifier accepts the programs' reads of stack slots not written on every path
+/// only with it.
+pub const RUN_CAPS: [(&str, u32); 3] = [("CAP_BPF", 39), ("CAP_NET_ADMIN", 12), ("CAP_PERFMON", 38)];
+
+/// Which of [`RUN_CAPS`] an effective capability set `cap_eff` (the hex `CapEff` of
+/// `/proc/<pid>/status`) lacks. CAP_SYS_ADMIN stands in for all three, as the kernel allows.
+pub fn missing_caps(cap_eff: u64) -> Vec<&'static str> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    if cap_eff & (1 << CAP_SYS_ADMIN) != 0 {
+        return Vec::new();
+    }
+    RUN_CAPS.iter().filter(|(_, bit)| cap_eff & (1 << bit) == 0).map(|(name, _)| *name).collect()
+}
+
+/// This process's effective capabilities, from `/proc/self/status`.
+fn own_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// An error of `ailb run` loading, pinning or attaching: refused by the kernel (EPERM, or
+/// EACCES from the verifier) while a needed capability is missing, it names the missing ones.
+pub fn run_error(e: &DatapathError, dir: &Path) -> anyhow::Error {
+    anyhow::anyhow!("{}", run_message(e, dir, own_caps().map(missing_caps).unwrap_or_default()))
+}
+
+/// The text of [`run_error`], pure for the tests.
+pub fn run_message(e: &DatapathError, dir: &Path, missing: Vec<&'static str>) -> String {
+    match e.errno() {
+        Some(n @ (libc::EPERM | libc::EACCES)) if !missing.is_empty() => {
+            let all: Vec<&str> = RUN_CAPS.iter().map(|(name, _)| *name).collect();
+            format!(
+                "{}
+the kernel refused it ({}): `ailb run` needs {} (or root); this process lacks {}",
+                chain(e),
+                errno_name(n),
+                all.join(", "),
+                missing.join(", ")
+            )
+        }
+        Some(libc::EACCES) => message(e, dir, "ailb run", owner_of(dir)),
+        _ => chain(e),
+    }
+}
+
 /// The text of [`pin_error`], pure for the tests.
 pub fn message(e: &DatapathError, dir: &Path, what: &str, owner: Option<Owner>) -> String {
     let chain = chain(e);
@@ -126,6 +175,24 @@ mod tests {
         let e = DatapathError::State { path: DIR.into(), reason: "program x is not attached (yet)".into() };
         let m = message(&e, Path::new(DIR), "ailb status", None);
         assert!(m.contains("not attached (yet)") && m.contains("is `ailb run` started?"), "{m}");
+    }
+
+    #[test]
+    fn run_errors_name_the_missing_capabilities() {
+        let all = (1u64 << 39) | (1 << 12) | (1 << 38);
+        assert!(missing_caps(all).is_empty() && missing_caps(1 << 21).is_empty());
+        assert_eq!(missing_caps(all & !(1 << 38)), ["CAP_PERFMON"]);
+        assert_eq!(missing_caps(0), ["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]);
+        let m = run_message(&map_error(libc::EPERM), Path::new(DIR), vec!["CAP_BPF"]);
+        assert!(m.contains("refused it (EPERM)") && m.contains("needs CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON"), "{m}");
+        assert!(m.ends_with("this process lacks CAP_BPF"), "{m}");
+        // With every capability, an EACCES is about the pin directory.
+        let m = run_message(&io_error(libc::EACCES), Path::new(DIR), Vec::new());
+        assert!(m.contains("permission denied (EACCES)") && m.contains("ailb run"), "{m}");
+        assert_eq!(
+            run_message(&DatapathError::NoObject, Path::new(DIR), vec!["CAP_BPF"]),
+            DatapathError::NoObject.to_string()
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         }
 
         let cgroup = datapath::resolve_cgroup(&cfg.cgroup)?;
-        let opened = datapath::open_or_load(&cfg.bpffs)?;
+        let opened = datapath::open_or_load(&cfg.bpffs).map_err(|e| crate::cli::access::run_error(&e, &cfg.bpffs))?;
         let fresh = opened.attach.is_fresh();
         let writer = Writer::new(opened.maps)?;
         let bpffs = cfg.bpffs.clone();
@@ -65,7 +65,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         }
         if let Err(e) = opened.attach.attach(&cgroup) {
             let _cleanup = datapath::teardown(&bpffs);
-            return Err(e.into());
+            return Err(crate::cli::access::run_error(&e, &bpffs));
         }
         info!(config = %origin, cgroup = %cgroup.display(), bpffs = %bpffs.display(), fresh, "ailb ready");
         daemon.run().await
