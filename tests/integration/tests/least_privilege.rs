@@ -186,3 +186,65 @@ fn without_one_of_the_three_capabilities_start_up_fails_naming_it() {
         assert!(!Path::new(&cfg.bpffs).exists(), "a failed start leaves no pins at {}", cfg.bpffs);
     }
 }
+
+/// A daemon started by hand (not [`Daemon`], which refuses an existing pin directory): on drop
+/// it is killed by pid and its pins are torn down as root.
+struct RawDaemon {
+    child: std::process::Child,
+    bin: std::path::PathBuf,
+    bpffs: String,
+}
+
+impl Drop for RawDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = run_cmd(Command::new(&self.bin).args(["teardown", "--bpffs", &self.bpffs]), Duration::from_secs(30));
+    }
+}
+
+#[test]
+fn an_empty_pin_directory_made_by_the_operator_is_used() {
+    let bin = preflight();
+    require_setup(&bin);
+    let cg = CgroupGuard::new("least-priv-opdir");
+    let cfg = config(&cg, "least-priv-opdir");
+    // The operator's step: `install -d -o nobody -g nogroup -m 0700 <daemon.bpffs>`.
+    std::fs::create_dir(&cfg.bpffs).unwrap_or_else(|e| panic!("mkdir {}: {e}", cfg.bpffs));
+    std::os::unix::fs::chown(&cfg.bpffs, Some(NOBODY), Some(NOBODY)).expect("chown");
+    std::fs::set_permissions(&cfg.bpffs, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = tmp.path().join("ailb.toml");
+    std::fs::write(&path, cfg.to_toml()).expect("write config");
+    let log = tmp.path().join("daemon.log");
+    let f = std::fs::File::create(&log).expect("log");
+    let argv = setpriv("nobody", "nogroup", &CAPS);
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .arg(&bin)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(f.try_clone().expect("fd"))
+        .stderr(f)
+        .spawn()
+        .expect("spawn setpriv ailb run");
+    let mut d = RawDaemon { child, bin: bin.clone(), bpffs: cfg.bpffs.clone() };
+    ailb_tests::wait_until("the daemon to attach in the operator's directory", Duration::from_secs(30), || {
+        if let Ok(Some(st)) = d.child.try_wait() {
+            panic!("ailb run exited ({st}); log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        let out = run_cmd(Command::new(&bin).args(["status", "--bpffs", &cfg.bpffs]), Duration::from_secs(30));
+        out.status.success().then_some(())
+    });
+    let dir = Path::new(&cfg.bpffs);
+    assert_mode(dir, 0o700);
+    assert_mode(&dir.join("links"), 0o700);
+    assert_mode(&dir.join("AILB_SERVICES"), 0o600);
+    assert_mode(&dir.join("links").join("ailb_connect4"), 0o600);
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    drop(d);
+    assert!(!dir.exists(), "teardown removed {}", dir.display());
+}
