@@ -64,7 +64,7 @@ pub fn nacos_v3_envelope(body: &[u8]) -> Option<(i64, String)> {
 
 /// A login answer: `(access token, token TTL in seconds)`.
 pub fn nacos_login(body: &[u8]) -> Result<(String, Option<u64>), WireError> {
-    wire::parse_login(body).map(|l| (l.access_token, l.token_ttl))
+    wire::parse_login(body).map(|l| (l.access_token.expose().to_string(), l.token_ttl))
 }
 
 /// A parsed v1 UDP push packet and the ack the client sends for it.

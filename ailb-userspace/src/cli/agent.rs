@@ -54,6 +54,9 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
                 }
             });
             info!(listen = %bound, "agent: /metrics, /healthz");
+            if !bound.ip().is_loopback() {
+                tracing::warn!(listen = %bound, "agent: listen is not a loopback address: /metrics is reachable from the network (it has no authentication)");
+            }
         }
         let nacos = ReqwestTransport::new(cfg.nacos.timeout, cfg.nacos.tls_ca_file.as_deref())?;
         // A hung model server must not hold the loop for more than about one interval.

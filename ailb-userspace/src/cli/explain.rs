@@ -175,7 +175,10 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
         }
         None => None,
     };
-    let conv = conversation.map(|c| explain_conversation(bpffs, model, c, memory_mb)).transpose()?;
+    let conv = conversation
+        .map(|c| explain_conversation(bpffs, model, c, memory_mb))
+        .transpose()
+        .map_err(|e| super::access::pin_error(&e, bpffs, "ailb explain"))?;
     if json {
         let out = ExplainOutput { request: request.as_ref(), model, plan, conversation: conv };
         println!("{}", serde_json::to_string_pretty(&out)?);

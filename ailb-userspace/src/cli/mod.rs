@@ -1,5 +1,6 @@
 //! Command line: one file per subcommand.
 
+pub mod access;
 pub mod agent;
 pub mod explain;
 pub mod gateway;
@@ -137,7 +138,7 @@ pub fn main() -> ExitCode {
                     println!("removed {n} pin(s) and {}; programs detached", bpffs.display());
                 }
             })
-            .map_err(anyhow::Error::from),
+            .map_err(|e| access::pin_error(&e, &bpffs, "ailb teardown")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

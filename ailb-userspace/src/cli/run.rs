@@ -34,11 +34,14 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
         let shared = Arc::new(http::Shared { registry, plan: RwLock::new(None) });
         if let Some(addr) = cfg.listen {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(listen = %addr, "daemon.listen is not a loopback address: /metrics and /v1/plan are reachable from the network (they have no authentication)");
+            }
             http::serve(addr, shared.clone()).await.with_context(|| format!("daemon.listen {addr}: cannot bind"))?;
         }
 
         let cgroup = datapath::resolve_cgroup(&cfg.cgroup)?;
-        let opened = datapath::open_or_load(&cfg.bpffs)?;
+        let opened = datapath::open_or_load(&cfg.bpffs).map_err(|e| crate::cli::access::run_error(&e, &cfg.bpffs))?;
         let fresh = opened.attach.is_fresh();
         let writer = Writer::new(opened.maps)?;
         let bpffs = cfg.bpffs.clone();
@@ -62,7 +65,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         }
         if let Err(e) = opened.attach.attach(&cgroup) {
             let _cleanup = datapath::teardown(&bpffs);
-            return Err(e.into());
+            return Err(crate::cli::access::run_error(&e, &bpffs));
         }
         info!(config = %origin, cgroup = %cgroup.display(), bpffs = %bpffs.display(), fresh, "ailb ready");
         daemon.run().await

@@ -5,8 +5,7 @@ use std::path::Path;
 use crate::datapath;
 
 pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
-    let st = datapath::read_status(bpffs)
-        .map_err(|e| anyhow::anyhow!("{e}\n(is `ailb run` started? pins are expected in {})", bpffs.display()))?;
+    let st = datapath::read_status(bpffs).map_err(|e| super::access::pin_error(&e, bpffs, "ailb status"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());

@@ -5,7 +5,10 @@
 
 use std::{
     fs,
-    os::fd::AsFd,
+    os::{
+        fd::AsFd,
+        unix::fs::{DirBuilderExt, PermissionsExt},
+    },
     path::{Path, PathBuf},
 };
 
@@ -16,7 +19,7 @@ use aya::{
 };
 use tracing::info;
 
-use super::{io_err, link_pin, sys, DatapathError, Maps};
+use super::{io_err, link_pin, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
 
@@ -69,6 +72,7 @@ impl Attach {
                 sys::link_create(fd.as_fd(), cg.as_fd(), attach_type).map_err(io_err("attach to cgroup", cgroup))?;
             let pin = link_pin(&dir, name);
             sys::obj_pin(link.as_fd(), &pin).map_err(io_err("pin link", &pin))?;
+            restrict(&pin, PIN_MODE)?;
             info!(program = name, cgroup = %cgroup.display(), "attached");
         }
         Ok(())
@@ -88,6 +92,33 @@ fn ensure_bpffs(dir: &Path) -> Result<(), DatapathError> {
     Err(DatapathError::State { path: dir.to_path_buf(), reason: "not on a bpf filesystem".into() })
 }
 
+/// Sets `path`'s mode. The kernel creates pins with 0600 minus the umask already; this makes
+/// the mode independent of the umask and of what created the file.
+fn restrict(path: &Path, mode: u32) -> Result<(), DatapathError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", path))
+}
+
+/// Creates `dir` (and missing parents) and `dir/links`, both [`PIN_DIR_MODE`]. An existing
+/// `dir` (created empty by the operator, with the owner and mode of their choice) is kept as is.
+fn create_pin_dirs(dir: &Path) -> Result<(), DatapathError> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true).mode(PIN_DIR_MODE);
+    builder.create(dir).map_err(io_err("create pin directory", dir))?;
+    let links = dir.join("links");
+    builder.create(&links).map_err(io_err("create pin directory", &links))?;
+    restrict(&links, PIN_DIR_MODE)
+}
+
+/// Whether `dir` exists and holds nothing: an operator may create the pin directory
+/// beforehand (owned by the daemon's user) for a daemon that may not create it.
+fn empty_dir(dir: &Path) -> Result<bool, DatapathError> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("read pin directory", dir)(e)),
+    }
+}
+
 /// Whether every pin of a complete ailb state is present in `dir`.
 fn complete(dir: &Path) -> bool {
     maps::ALL.iter().all(|m| dir.join(m).exists()) && programs::ALL.iter().all(|p| link_pin(dir, p).exists())
@@ -95,7 +126,7 @@ fn complete(dir: &Path) -> bool {
 
 pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
     ensure_bpffs(dir)?;
-    if dir.exists() {
+    if dir.exists() && !empty_dir(dir)? {
         if !complete(dir) {
             return Err(DatapathError::State {
                 path: dir.to_path_buf(),
@@ -122,7 +153,7 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
     let btf = Btf::from_sys_fs().ok();
     let ebpf = EbpfLoader::new().btf(btf.as_ref()).load(OBJECT).map_err(|e| DatapathError::Load(Box::new(e)))?;
     let result = (|| {
-        fs::create_dir_all(dir.join("links")).map_err(io_err("create pin directory", dir))?;
+        create_pin_dirs(dir)?;
         for name in maps::ALL {
             let map = ebpf.map(name).ok_or_else(|| DatapathError::State {
                 path: dir.to_path_buf(),
@@ -132,8 +163,12 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
             map.pin(&pin).map_err(|e| DatapathError::Io {
                 what: "pin map",
                 path: pin.clone(),
-                source: std::io::Error::other(e.to_string()),
+                source: match e {
+                    aya::pin::PinError::SyscallError(s) => s.io_error,
+                    other => std::io::Error::other(other.to_string()),
+                },
             })?;
+            restrict(&pin, PIN_MODE)?;
         }
         Maps::open(dir)
     })();

@@ -77,6 +77,28 @@ pub enum DatapathError {
     Full { what: &'static str, max: u32 },
 }
 
+impl DatapathError {
+    /// The operating system's error number this error comes from, if any (found through the
+    /// source chain: an `io::Error` of ours, or the one inside aya's `SyscallError`). The CLI
+    /// tells "no pins" (ENOENT) from "not allowed to read them" (EACCES, EPERM) by it.
+    pub fn errno(&self) -> Option<i32> {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            if let Some(n) = e.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) {
+                return Some(n);
+            }
+            cur = e.source();
+        }
+        None
+    }
+}
+
+/// Mode of the pin directory and of `links/` when the daemon creates them: its own user only.
+pub const PIN_DIR_MODE: u32 = 0o700;
+/// Mode of every map and link pin: read and write by the daemon's user only (a reader of the
+/// pins can change the routing tables).
+pub const PIN_MODE: u32 = 0o600;
+
 pub(crate) fn map_err(name: &str) -> impl FnOnce(MapError) -> DatapathError + '_ {
     move |source| DatapathError::Map { name: name.to_string(), source: Box::new(source) }
 }

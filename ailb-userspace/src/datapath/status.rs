@@ -86,12 +86,19 @@ fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
 
 pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
     // Readiness: the daemon pins the links last, after the first tables are written.
+    // A pin that cannot be looked up for another reason (EACCES: a pin directory of another
+    // user) is that error, not "not attached".
     for p in ailb_common::programs::ALL {
-        if !super::link_pin(dir, p).exists() {
-            return Err(DatapathError::State {
-                path: dir.to_path_buf(),
-                reason: format!("program {p} is not attached (yet)"),
-            });
+        let pin = super::link_pin(dir, p);
+        match std::fs::symlink_metadata(&pin) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DatapathError::State {
+                    path: dir.to_path_buf(),
+                    reason: format!("program {p} is not attached (yet)"),
+                })
+            }
+            Err(e) => return Err(super::io_err("look up link pin", &pin)(e)),
         }
     }
     let maps = Maps::open(dir)?;

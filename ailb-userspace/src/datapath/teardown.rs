@@ -9,8 +9,12 @@ use super::{io_err, link_pin, DatapathError};
 
 /// Returns the number of pins removed.
 pub fn teardown(dir: &Path) -> Result<usize, DatapathError> {
-    if !dir.exists() {
-        return Ok(0);
+    // Only a directory that is not there is nothing to do: one that cannot be looked up
+    // (EACCES) is an error, not "nothing to tear down".
+    match fs::symlink_metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err("look up pin directory", dir)(e)),
     }
     let mut removed = 0;
     let mut remove = |p: &Path| -> Result<(), DatapathError> {

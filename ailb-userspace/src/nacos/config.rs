@@ -60,11 +60,22 @@ pub struct NacosConfig {
     /// Only instances of these clusters; default: all clusters.
     #[serde(default)]
     pub clusters: Vec<String>,
-    /// Login user; set both `username` and `password`, or neither (no login).
+    /// Login user; set `username` and one password source (`password`, `password_file` or
+    /// `password_env`), or none of them (no login).
     #[serde(default)]
     pub username: Option<String>,
+    /// The password inline. Prefer `password_file` or `password_env`: a config file is often
+    /// readable by more people than the secret should be.
     #[serde(default)]
     pub password: Option<Secret>,
+    /// An absolute path to a file whose content is the password (one trailing newline is
+    /// removed); read at start-up and on every reload. Keep it 0600 or 0400, owned by the
+    /// daemon's user.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// The name of an environment variable that holds the password (e.g. `AILB_NACOS_PASSWORD`).
+    #[serde(default)]
+    pub password_env: Option<String>,
     /// How often every service is read; at least 10ms. Default `"100ms"`: with one small HTTP
     /// read per service it keeps metadata propagation p99 near 100 ms (the goal is <= 250 ms).
     #[serde(default = "default_poll_interval")]
@@ -134,6 +145,8 @@ impl NacosConfig {
             clusters: Vec::new(),
             username: None,
             password: None,
+            password_file: None,
+            password_env: None,
             poll_interval: default_poll_interval(),
             timeout: default_timeout(),
             udp_push: true,
@@ -175,10 +188,18 @@ impl NacosConfig {
                 ));
             }
         }
-        let credentials = match (&self.username, &self.password) {
+        let has_password = self.password.is_some() || self.password_file.is_some() || self.password_env.is_some();
+        let password = match &self.username {
+            Some(_) => self.password()?,
+            None if has_password => {
+                return Err(ConfigError::invalid(format!("{P}.username"), "", "a password is set without a username"))
+            }
+            None => None,
+        };
+        let credentials = match (&self.username, password) {
             (None, None) => None,
             (Some(u), Some(p)) if !u.is_empty() && !has_control(u) => {
-                Some(Credentials { username: u.clone(), password: p.clone() })
+                Some(Credentials { username: u.clone(), password: p })
             }
             (Some(u), Some(_)) => {
                 return Err(ConfigError::invalid(
@@ -227,6 +248,62 @@ impl NacosConfig {
             udp_push: self.udp_push,
             tls_ca_file: self.tls_ca_file.clone(),
         })
+    }
+}
+
+impl NacosConfig {
+    /// The password from whichever of `password`, `password_file` and `password_env` is set
+    /// (at most one may be). Errors name the field and the file or variable, never the secret.
+    fn password(&self) -> Result<Option<Secret>, ConfigError> {
+        const P: &str = "discovery.nacos";
+        let set: Vec<&str> = [
+            self.password.as_ref().map(|_| "password"),
+            self.password_file.as_ref().map(|_| "password_file"),
+            self.password_env.as_ref().map(|_| "password_env"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if set.len() > 1 {
+            return Err(ConfigError::invalid(
+                format!("{P}.{}", set[1]),
+                "<set>",
+                format!("{} and {} are both set; set only one password source", set[0], set[1]),
+            ));
+        }
+        if let Some(p) = &self.password {
+            return Ok(Some(p.clone()));
+        }
+        if let Some(path) = &self.password_file {
+            let field = format!("{P}.password_file");
+            if !path.is_absolute() {
+                return Err(ConfigError::invalid(field, path.display(), "must be an absolute path"));
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::invalid(&field, path.display(), format!("cannot read the file: {e}")))?;
+            let secret = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+            if secret.is_empty() {
+                return Err(ConfigError::invalid(field, path.display(), "the file is empty"));
+            }
+            return Ok(Some(Secret::new(secret)));
+        }
+        if let Some(var) = &self.password_env {
+            let field = format!("{P}.password_env");
+            if var.is_empty() || var.contains('=') || var.contains('\0') {
+                return Err(ConfigError::invalid(field, var, "expected the name of an environment variable"));
+            }
+            return match std::env::var(var) {
+                Ok(v) if !v.is_empty() => Ok(Some(Secret::new(v))),
+                Ok(_) => Err(ConfigError::invalid(field, var, "the environment variable is empty")),
+                Err(std::env::VarError::NotPresent) => {
+                    Err(ConfigError::invalid(field, var, "the environment variable is not set"))
+                }
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    Err(ConfigError::invalid(field, var, "the environment variable is not valid UTF-8"))
+                }
+            };
+        }
+        Ok(None)
     }
 }
 
@@ -323,6 +400,63 @@ mod tests {
         c.password = Some(Secret::new("hunter2"));
         let v = c.validate().unwrap();
         assert!(!format!("{c:?}{v:?}").contains("hunter2"));
+    }
+
+    fn with_user() -> NacosConfig {
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.username = Some("nacos".into());
+        c
+    }
+
+    #[test]
+    fn password_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nacos.pass");
+        std::fs::write(&path, "from-file-pw\n").unwrap();
+        let mut c = with_user();
+        c.password_file = Some(path.clone());
+        assert_eq!(c.validate().unwrap().credentials.unwrap().password.expose(), "from-file-pw");
+        std::fs::write(&path, "").unwrap();
+        let e = err(&c);
+        assert!(e.contains("discovery.nacos.password_file") && e.contains("empty"), "{e}");
+        c.password_file = Some(dir.path().join("missing"));
+        let e = err(&c);
+        assert!(e.contains("discovery.nacos.password_file") && e.contains("cannot read the file"), "{e}");
+        c.password_file = Some("relative.pass".into());
+        assert!(err(&c).contains("absolute"));
+    }
+
+    #[test]
+    fn password_from_the_environment() {
+        // A variable name of this test only: the tests of this binary share the environment.
+        const VAR: &str = "AILB_TEST_NACOS_PASSWORD_CONFIG";
+        let mut c = with_user();
+        c.password_env = Some(VAR.into());
+        let e = err(&c);
+        assert!(e.contains("discovery.nacos.password_env") && e.contains(VAR) && e.contains("not set"), "{e}");
+        std::env::set_var(VAR, "from-env-pw");
+        assert_eq!(c.validate().unwrap().credentials.unwrap().password.expose(), "from-env-pw");
+        let e = err(&NacosConfig { password_env: Some("A=B".into()), ..with_user() });
+        assert!(e.contains("name of an environment variable"), "{e}");
+        std::env::remove_var(VAR);
+    }
+
+    #[test]
+    fn password_sources_are_exclusive() {
+        let mut c = with_user();
+        c.password = Some(Secret::new("inline-pw"));
+        c.password_env = Some("AILB_NACOS_PASSWORD".into());
+        let e = err(&c);
+        assert!(e.contains("discovery.nacos.password_env") && e.contains("only one password source"), "{e}");
+        assert!(!e.contains("inline-pw"), "{e}");
+        c.password = None;
+        c.password_file = Some("/etc/ailb/nacos.pass".into());
+        let e = err(&c);
+        assert!(e.contains("discovery.nacos.password_env") && e.contains("password_file and password_env"), "{e}");
+        // A password source without a username is refused as before.
+        let mut c = NacosConfig::with_servers(["http://h:1"]);
+        c.password_env = Some("AILB_NACOS_PASSWORD".into());
+        assert!(err(&c).contains("discovery.nacos.username"));
     }
 
     #[test]

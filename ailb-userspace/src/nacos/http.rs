@@ -18,12 +18,29 @@ pub enum Method {
 }
 
 /// One HTTP request. The URL carries the query; `form` is sent url-encoded in the body.
-#[derive(Debug, Clone)]
+/// Its `Debug` shows no values: the query may carry a token, the headers a token and the form
+/// a password.
+#[derive(Clone)]
 pub struct Request {
     pub method: Method,
     pub url: Url,
     pub headers: Vec<(&'static str, String)>,
     pub form: Vec<(&'static str, String)>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |pairs: &[(&'static str, String)]| pairs.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+        let mut url = self.url.clone();
+        url.set_query(None);
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("url", &url.as_str())
+            .field("query", &self.url.query_pairs().map(|(k, _)| k.into_owned()).collect::<Vec<_>>())
+            .field("headers", &names(&self.headers))
+            .field("form", &names(&self.form))
+            .finish()
+    }
 }
 
 /// Status and body (at most [`MAX_BODY`] bytes).
@@ -123,5 +140,23 @@ impl Transport for ReqwestTransport {
             body.extend_from_slice(&chunk);
         }
         Ok(Response { status, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_prints_no_token_and_no_password() {
+        let req = Request {
+            method: Method::Post,
+            url: Url::parse("http://h:8848/nacos/v1/ns/instance/list?serviceName=llm&accessToken=tok-123").unwrap(),
+            headers: vec![("accessToken", "tok-123".into())],
+            form: vec![("username", "ailb".into()), ("password", "pw-456".into())],
+        };
+        let s = format!("{req:?}");
+        assert!(!s.contains("tok-123") && !s.contains("pw-456") && !s.contains("llm"), "{s}");
+        assert!(s.contains("http://h:8848/nacos/v1/ns/instance/list") && s.contains("\"password\""), "{s}");
     }
 }

@@ -43,7 +43,7 @@ pub(crate) enum Api {
 }
 
 struct Token {
-    value: String,
+    value: super::Secret,
     renew_at: Instant,
 }
 
@@ -240,7 +240,7 @@ impl<T: Transport> Session<T> {
     /// name (Nacos 1.x), so v1 calls carry both. v3 calls keep it out of the URL.
     async fn send(&self, i: usize, api: Api, call: Call) -> Result<Response, NacosError> {
         let mut url = self.url(i, call.path);
-        let token = self.servers[i].token.as_ref().map(|t| t.value.clone());
+        let token = self.servers[i].token.as_ref().map(|t| t.value.expose().to_string());
         let token_in_query = token.as_ref().filter(|_| api == Api::V1);
         if !call.query.is_empty() || token_in_query.is_some() {
             let mut q = url.query_pairs_mut();

@@ -68,7 +68,8 @@ fn missing(field: &'static str) -> WireError {
 /// The login answer (v1 and v3 share it): `{"accessToken": "...", "tokenTtl": 18000, ...}`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Login {
-    pub access_token: String,
+    /// A credential as good as the password while it lives: never printed.
+    pub access_token: super::Secret,
     /// Seconds; `None` when absent or not a positive integer.
     pub token_ttl: Option<u64>,
 }
@@ -95,7 +96,7 @@ pub(crate) fn parse_login(body: &[u8]) -> Result<Login, WireError> {
         Some(Value::String(s)) => s.trim().parse::<u64>().ok().filter(|&t| t > 0),
         _ => None,
     };
-    Ok(Login { access_token: token.clone(), token_ttl })
+    Ok(Login { access_token: super::Secret::new(token.clone()), token_ttl })
 }
 
 /// The v1 Open API answer: `{"name": .., "hosts": [..], "reachProtectionThreshold": false, ..}`.

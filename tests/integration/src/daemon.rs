@@ -15,6 +15,15 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Program names whose links are pinned under `<bpffs>/links/`.
 const PROGRAMS: [&str; 3] = ["ailb_connect4", "ailb_setsockopt", "ailb_sockops"];
 
+/// How [`Daemon::start_with`] starts `ailb run`: under a wrapper command (e.g. `setpriv
+/// --reuid=nobody ...`: the config's directory is then made readable to every user) and with
+/// extra environment (e.g. `AILB_LOG=debug`).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    pub wrapper: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
 /// A running `ailb run --config F`. On drop: stops it (by pid) if it still runs, runs
 /// `ailb teardown --bpffs DIR` and asserts that the pin directory is gone.
 pub struct Daemon {
@@ -27,12 +36,18 @@ pub struct Daemon {
     /// The last generation seen applied.
     generation: u64,
     torn_down: bool,
+    launch: Launch,
 }
 
 impl Daemon {
     /// Writes `cfg`, spawns the daemon and waits until it has applied the config.
     /// Refuses to start over an existing pin directory (it may belong to someone else).
     pub fn start(bin: &Path, cfg: &TestConfig) -> Self {
+        Self::start_with(bin, cfg, Launch::default())
+    }
+
+    /// [`Self::start`] under `launch`'s wrapper and environment.
+    pub fn start_with(bin: &Path, cfg: &TestConfig, launch: Launch) -> Self {
         let bpffs = PathBuf::from(&cfg.bpffs);
         if bpffs.exists() {
             panic!(
@@ -57,7 +72,13 @@ impl Daemon {
             child: None,
             generation: 0,
             torn_down: false,
+            launch,
         };
+        if !d.launch.wrapper.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("chmod 0755 {}: {e}", d.dir.path().display()));
+        }
         d.write_config(&cfg.to_toml());
         d.spawn();
         d.wait_applied(None);
@@ -193,11 +214,20 @@ impl Daemon {
             .open(&self.log_path)
             .unwrap_or_else(|e| panic!("opening {}: {e}", self.log_path.display()));
         let log2 = log.try_clone().unwrap_or_else(|e| panic!("dup log fd: {e}"));
-        let child = Command::new(&self.bin)
+        let mut cmd = match self.launch.wrapper.split_first() {
+            Some((wrapper, args)) => {
+                let mut c = Command::new(wrapper);
+                c.args(args).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        let child = cmd
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)

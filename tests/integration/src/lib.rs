@@ -32,7 +32,7 @@ pub use backend::BackendServer;
 pub use cgroup::{cgroup2_mount, CgroupGuard};
 pub use client::{ConnResult, ConnectOpts, HeldClients, TestClient};
 pub use config::{BackendCfg, TestConfig};
-pub use daemon::Daemon;
+pub use daemon::{Daemon, Launch};
 pub use gateway::GatewayProcess;
 pub use sim::SimServer;
 

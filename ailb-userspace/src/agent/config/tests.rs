@@ -165,3 +165,18 @@ fn bad_mappings_name_the_field_and_value() {
     assert!(parse(&with("[instances.metrics]\nrunnning = \"r\"")).is_err());
     assert!(parse(&with("server = \"tgi\"")).is_err());
 }
+
+#[test]
+fn the_password_comes_from_one_source_named_under_nacos() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nacos.pass");
+    std::fs::write(&file, "agent-file-pw\n").unwrap();
+    let with = |lines: &str| MIN.replace("[nacos]\n", &format!("[nacos]\nusername = \"agent\"\n{lines}\n"));
+    let v = parse(&with(&format!("password_file = \"{}\"", file.display()))).unwrap();
+    assert_eq!(v.nacos.credentials.unwrap().password.expose(), "agent-file-pw");
+    let e = parse(&with("password_env = \"AILB_TEST_AGENT_PW_UNSET\"")).unwrap_err();
+    assert!(e.contains("`nacos.password_env`") && e.contains("not set") && !e.contains("discovery"), "{e}");
+    let e = parse(&with(&format!("password = \"inline-pw\"\npassword_file = \"{}\"", file.display()))).unwrap_err();
+    assert!(e.contains("`nacos.password_file`") && e.contains("only one password source"), "{e}");
+    assert!(!e.contains("inline-pw") && !e.contains("agent-file-pw"), "{e}");
+}

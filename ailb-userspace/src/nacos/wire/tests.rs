@@ -129,7 +129,8 @@ fn v3_shape() {
 #[test]
 fn login_answers() {
     let l = parse_login(br#"{"accessToken":"eyJ.abc","tokenTtl":18000,"globalAdmin":true}"#).unwrap();
-    assert_eq!((l.access_token.as_str(), l.token_ttl), ("eyJ.abc", Some(18000)));
+    assert_eq!((l.access_token.expose(), l.token_ttl), ("eyJ.abc", Some(18000)));
+    assert!(!format!("{l:?}").contains("eyJ.abc"), "a token is never printed: {l:?}");
     assert_eq!(parse_login(br#"{"accessToken":"t","tokenTtl":"60"}"#).unwrap().token_ttl, Some(60));
     assert_eq!(parse_login(br#"{"accessToken":"t","tokenTtl":-5}"#).unwrap().token_ttl, None);
     assert_eq!(parse_login(br#"{"accessToken":"t","tokenTtl":1e300}"#).unwrap().token_ttl, None);
