@@ -257,3 +257,34 @@ pub fn log_tick(v: &f64) -> String {
         format!("{v}")
     }
 }
+
+/// The mesh of one time-series panel of a stacked plot: `y_desc` with `y_labels` labels, whole
+/// numbers on both axes, light grid lines only at the labels, and `x_desc` (time, s) on the
+/// bottom panel only (`last`).
+pub fn time_panel_mesh<DB: DrawingBackend>(
+    chart: &mut ChartContext<
+        '_,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    y_desc: &str,
+    y_labels: usize,
+    x_labels: usize,
+    x_desc: Option<&str>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut mesh = chart.configure_mesh();
+    mesh.y_desc(y_desc)
+        .y_labels(y_labels)
+        .x_labels(x_labels)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .axis_style(AXIS)
+        .max_light_lines(0)
+        .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
+        .label_style(label_font())
+        .axis_desc_style(label_font());
+    if let Some(x) = x_desc {
+        mesh.x_desc(x);
+    }
+    mesh.draw()
+}

@@ -194,21 +194,7 @@ fn util_panel(
         .x_label_area_size(if last { 40 } else { 22 })
         .y_label_area_size(58)
         .build_cartesian_2d(0.0..t_max, 0.0..100.0)?;
-    let mut mesh = chart.configure_mesh();
-    mesh.y_desc("utilisation, %")
-        .y_labels(3)
-        .x_labels(8)
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_style(AXIS)
-        .max_light_lines(0)
-        .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
-        .label_style(label_font())
-        .axis_desc_style(label_font());
-    if last {
-        mesh.x_desc("time since the replay started, s");
-    }
-    mesh.draw()?;
+    chart::time_panel_mesh(&mut chart, "utilisation, %", 3, 8, last.then_some("time since the replay started, s"))?;
     let plot = chart.plotting_area();
     let at = o.window_s.min(t_max);
     draw_line(plot, &[(at, 0.0), (at, 100.0)], LAST_ARRIVAL)?;

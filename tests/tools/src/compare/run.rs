@@ -90,6 +90,11 @@ struct Balancer {
 }
 
 impl Balancer {
+    /// Nothing started yet; the replay addresses the VIP.
+    fn bare(daemon_http: Option<SocketAddrV4>) -> Self {
+        Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string(), daemon_http }
+    }
+
     /// nginx for `Nginx`, the router for a peer policy; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
     /// discovery (ready once every GPU is live in its table); else the gateway on a static config. A front-door
     /// policy gets its ailb so, plus `ailb gateway` in the same cgroup, which the replay then addresses.
@@ -102,14 +107,7 @@ impl Balancer {
         sims: &[SimGpu],
         dir: &Path,
     ) -> anyhow::Result<Self> {
-        let none = Balancer {
-            router: None,
-            daemon: None,
-            _agents: Vec::new(),
-            _registry: None,
-            vip: VIP.to_string(),
-            daemon_http: None,
-        };
+        let none = Balancer::bare(None);
         Ok(match policy {
             Policy::Nginx => {
                 let vip = format!("127.0.10.250:{port}");
@@ -157,14 +155,7 @@ fn start_ailb(
     extra: &str,
     http: SocketAddrV4,
 ) -> anyhow::Result<Balancer> {
-    let none = Balancer {
-        router: None,
-        daemon: None,
-        _agents: Vec::new(),
-        _registry: None,
-        vip: VIP.to_string(),
-        daemon_http: Some(http),
-    };
+    let none = Balancer::bare(Some(http));
     if policy.behind_front_door().unwrap_or(policy) != Policy::Ailb {
         let mut cfg = config_for(policy, cg, sims, args);
         cfg.listen = Some(http.to_string());

@@ -11,7 +11,7 @@ use super::analyze::{classify, Class};
 use super::load::Entry;
 use super::SoakRun;
 use crate::chart::{
-    self, draw_legend, draw_line, label_font, title_font, Dash, DrawError, LegendEntry, LineStyle, AXIS, PALETTE,
+    self, draw_legend, draw_line, label_font, title_font, Dash, DrawError, LegendEntry, LineStyle, PALETTE,
 };
 
 /// Width of a time bin of the request rates, seconds.
@@ -156,21 +156,7 @@ fn panel(
         .x_label_area_size(if last { 40 } else { 22 })
         .y_label_area_size(58)
         .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
-    let mut mesh = chart.configure_mesh();
-    mesh.y_desc(y_desc)
-        .y_labels(4)
-        .x_labels(12)
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_style(AXIS)
-        .max_light_lines(0)
-        .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
-        .label_style(label_font())
-        .axis_desc_style(label_font());
-    if last {
-        mesh.x_desc("time since the load started, s");
-    }
-    mesh.draw()?;
+    chart::time_panel_mesh(&mut chart, y_desc, 4, 12, last.then_some("time since the load started, s"))?;
     let plot = chart.plotting_area();
     for e in &run.events {
         let end = e.recovered_s.unwrap_or(e.end_s).max(e.start_s + 1.0);
