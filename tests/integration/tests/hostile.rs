@@ -1,4 +1,4 @@
-//! Issue bullet: hostile input. setsockopt with 0 bytes, 4 KiB, unknown optnames; malformed
+//! Hostile input. setsockopt with 0 bytes, 4 KiB, unknown optnames, bad idle marks; malformed
 //! config files. Clear errors or a safe ignore; no crash; other sockets unaffected.
 
 use std::process::Command;
@@ -17,7 +17,7 @@ const BACKENDS: [&str; 2] = ["127.0.6.11:18601", "127.0.6.12:18602"];
 
 /// Contract: bad length -> EINVAL, unknown optname -> ENOPROTOOPT. The null pointer case
 /// fails in the kernel's copy before any program runs (EFAULT), so ailb never sees it.
-const EXPECTED_ERRNO: [(&str, i32); 13] = [
+const EXPECTED_ERRNO: [(&str, i32); 15] = [
     ("conversation_len0", libc::EINVAL),
     ("conversation_len129", libc::EINVAL),
     ("conversation_len4096", libc::EINVAL),
@@ -27,7 +27,9 @@ const EXPECTED_ERRNO: [(&str, i32); 13] = [
     ("model_len0", libc::EINVAL),
     ("model_len65", libc::EINVAL),
     ("unknown_0", libc::ENOPROTOOPT),
-    ("unknown_4", libc::ENOPROTOOPT),
+    ("idle_value2", libc::EINVAL),
+    ("idle_len8", libc::EINVAL),
+    ("unknown_5", libc::ENOPROTOOPT),
     ("unknown_999", libc::ENOPROTOOPT),
     ("unknown_neg1", libc::ENOPROTOOPT),
     ("conversation_null_len16", libc::EFAULT),
@@ -79,7 +81,7 @@ fn hostile_setsockopts_are_rejected_and_harm_nothing() {
     }
     assert!(daemon.is_running(), "the daemon died during hostile setsockopts; log:\n{}", daemon.log());
 
-    // Counted exactly: 12 rejected SOL_AILB options reached the program (every EINVAL and
+    // Counted exactly: 14 rejected SOL_AILB options reached the program (every EINVAL and
     // ENOPROTOOPT case; not the EFAULT one), 1 was accepted (the 128-byte conversation).
     let after = daemon.status();
     let rejected = EXPECTED_ERRNO.iter().filter(|c| c.1 != libc::EFAULT).count() as u64;

@@ -20,7 +20,7 @@ use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::Duration;
 
-use ailb_common::abi::{AILB_CONVERSATION, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
+use ailb_common::abi::{AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
 use ailb_common::client::{self, raw, ClientError, Field, Socket, Tagging};
 use serde_json::json;
 
@@ -211,6 +211,7 @@ fn hostile(vip: SocketAddrV4) {
     let four = 7u32.to_ne_bytes();
     let eight = 8000u64.to_ne_bytes();
     let one = 1i32.to_ne_bytes();
+    let two = 2u32.to_ne_bytes();
     // `None`: a null buffer of 16 bytes.
     let cases: Vec<(&str, i32, i32, Option<&[u8]>)> = vec![
         ("conversation_len0", SOL_AILB, AILB_CONVERSATION, Some(&big[..0])),
@@ -223,7 +224,9 @@ fn hostile(vip: SocketAddrV4) {
         ("model_len0", SOL_AILB, AILB_MODEL, Some(&big[..0])),
         ("model_len65", SOL_AILB, AILB_MODEL, Some(&big[..65])),
         ("unknown_0", SOL_AILB, 0, Some(&four[..])),
-        ("unknown_4", SOL_AILB, 4, Some(&four[..])),
+        ("idle_value2", SOL_AILB, AILB_IDLE, Some(&two[..])),
+        ("idle_len8", SOL_AILB, AILB_IDLE, Some(&eight[..])),
+        ("unknown_5", SOL_AILB, 5, Some(&four[..])),
         ("unknown_999", SOL_AILB, 999, Some(&four[..])),
         ("unknown_neg1", SOL_AILB, -1, Some(&four[..])),
         // A valid conversation at the length limit: must be accepted and used by the connect.
