@@ -292,17 +292,22 @@ async fn over_max_concurrent_is_429() {
     assert_eq!(r.status(), StatusCode::OK, "the slot is free again once the stream ended");
 }
 
+/// 50 chat requests down `c`, of 5 sessions in turn, each answered whole.
+async fn fifty_of_five_sessions(c: &mut hyper::client::conn::http1::SendRequest<ReqBody>) {
+    for i in 0..50 {
+        let id = format!("s{}", i % 5);
+        let (resp, body) = send(c, post("/v1/chat/completions", &[("x-session-id", &id)], CHAT)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        assert_eq!(body, CHAT_REPLY.as_bytes());
+    }
+}
+
 #[tokio::test]
 async fn without_reuse_fifty_requests_on_one_client_connection_use_fifty_upstream_connections() {
     let up = upstream().await;
     let gw = gateway(up.addr, "upstream_reuse = \"never\"\n").await;
     let mut c = client(gw).await;
-    for i in 0..50 {
-        let id = format!("s{}", i % 5);
-        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[("x-session-id", &id)], CHAT)).await;
-        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
-        assert_eq!(body, CHAT_REPLY.as_bytes());
-    }
+    fifty_of_five_sessions(&mut c).await;
     assert_eq!(up.accepted.load(Ordering::SeqCst), 50, "one fresh upstream connection per request");
 }
 
@@ -426,12 +431,7 @@ async fn connections_are_reused_only_for_the_same_routing_inputs() {
     let up = upstream().await;
     let gw = gateway(up.addr, "").await;
     let mut c = client(gw).await;
-    for i in 0..50 {
-        let id = format!("s{}", i % 5);
-        let (resp, body) = send(&mut c, post("/v1/chat/completions", &[("x-session-id", &id)], CHAT)).await;
-        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
-        assert_eq!(body, CHAT_REPLY.as_bytes());
-    }
+    fifty_of_five_sessions(&mut c).await;
     assert_eq!(up.accepted.load(Ordering::SeqCst), 5, "one upstream connection per conversation");
     // The same conversation with another memory need is another pick.
     for gb in ["8", "8", "16"] {
