@@ -110,7 +110,12 @@ async fn gateway(up: SocketAddr, extra: &str) -> SocketAddr {
          [gateway]\nmax_body_bytes = 4096\nidle_timeout = \"10s\"\n{extra}",
         refused_port()
     );
-    let config = Config::parse(&text, "test").unwrap();
+    serve(&text).await
+}
+
+/// The gateway of config `text` on 127.0.0.1:0.
+async fn serve(text: &str) -> SocketAddr {
+    let config = Config::parse(text, "test").unwrap();
     let valid = config.validate().unwrap();
     let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -635,13 +640,7 @@ async fn models_are_those_with_a_live_backend() {
         up.addr,
         refused_port()
     );
-    let config = Config::parse(&text, "test").unwrap();
-    let valid = config.validate().unwrap();
-    let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Gateway::new(&valid, gw, Registry::default()).serve(listener));
-    let mut c = client(addr).await;
+    let mut c = client(serve(&text).await).await;
     let list = |v: serde_json::Value| -> Vec<(String, serde_json::Value)> {
         v["data"]
             .as_array()
