@@ -21,10 +21,13 @@
 //! worker_threads = 0               # 0: one per core
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
+//! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
+//! "demo-7b" = 16
 //! ```
 //!
-//! `kv_bytes_per_token` lives here rather than in `[[models]]`: it is only the front door's
-//! estimate of a request's memory, the kernel and `ailb run` never use it.
+//! `kv_bytes_per_token` and `kv_block_tokens` live here rather than in `[[models]]`: they are
+//! only the front door's estimate of a request's memory, the kernel and `ailb run` never use
+//! them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,6 +37,11 @@ use hyper::header::HeaderName;
 use serde::Deserialize;
 
 use crate::validate::{parse_duration, ConfigError};
+
+/// Tokens per KV block of a model not in `kv_block_tokens`: vLLM's default `--block-size`.
+pub const DEFAULT_KV_BLOCK_TOKENS: u64 = 16;
+/// The largest `kv_block_tokens` accepted (far above any paged KV cache's block).
+pub const MAX_KV_BLOCK_TOKENS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -73,6 +81,11 @@ pub struct GatewayConfig {
     /// requests that give none. Default: empty (no estimate).
     #[serde(default)]
     pub kv_bytes_per_token: BTreeMap<String, u64>,
+    /// Per model (by catalog name): tokens per KV block of its servers (vLLM's
+    /// `--block-size`, SGLang's `--page-size`); the estimate rounds up to whole blocks.
+    /// Default [`DEFAULT_KV_BLOCK_TOKENS`] for a model not listed.
+    #[serde(default)]
+    pub kv_block_tokens: BTreeMap<String, u64>,
     /// Whether an upstream connection may carry another request with the same routing inputs
     /// (`"conversation"`: idle connections are kept per model, memory need and conversation
     /// key; requests without a key always get a fresh socket), or never (`"never"`: a fresh
@@ -146,6 +159,7 @@ impl Default for GatewayConfig {
             session_header: None,
             completion_prefix_bytes: default_prefix_bytes(),
             kv_bytes_per_token: BTreeMap::new(),
+            kv_block_tokens: BTreeMap::new(),
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
             upstream_max_idle: default_max_idle(),
@@ -167,6 +181,7 @@ pub struct ValidGateway {
     pub session_header: Option<HeaderName>,
     pub completion_prefix_bytes: usize,
     pub kv_bytes_per_token: BTreeMap<String, u64>,
+    pub kv_block_tokens: BTreeMap<String, u64>,
     pub upstream_reuse: UpstreamReuse,
     pub upstream_max_age: Duration,
     pub upstream_max_idle: u32,
@@ -226,6 +241,15 @@ impl GatewayConfig {
                 return Err(ConfigError::invalid(field, 0, "must be above zero (omit the model for no estimate)"));
             }
         }
+        for (name, &tokens) in &self.kv_block_tokens {
+            let field = format!("gateway.kv_block_tokens.{name}");
+            if !models.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
+            }
+            if !(1..=MAX_KV_BLOCK_TOKENS).contains(&tokens) {
+                return Err(ConfigError::invalid(field, tokens, format!("must be 1 to {MAX_KV_BLOCK_TOKENS}")));
+            }
+        }
         let upstream_reuse = match self.upstream_reuse.as_str() {
             "conversation" => UpstreamReuse::Conversation,
             "never" => UpstreamReuse::Never,
@@ -248,6 +272,7 @@ impl GatewayConfig {
             session_header,
             completion_prefix_bytes: self.completion_prefix_bytes,
             kv_bytes_per_token: self.kv_bytes_per_token.clone(),
+            kv_block_tokens: self.kv_block_tokens.clone(),
             upstream_reuse,
             upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
             upstream_max_idle: self.upstream_max_idle,
@@ -282,6 +307,7 @@ mod tests {
         assert_eq!(g.session_header, None);
         assert_eq!(g.completion_prefix_bytes, 1024);
         assert!(g.kv_bytes_per_token.is_empty());
+        assert!(g.kv_block_tokens.is_empty(), "every model gets DEFAULT_KV_BLOCK_TOKENS");
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Conversation);
         assert_eq!(g.upstream_max_age.as_secs(), 1);
         assert_eq!(g.upstream_max_idle, 256);
@@ -292,7 +318,8 @@ mod tests {
     fn values_are_taken() {
         let g = check(
             "listen = [\"127.0.0.1:0\", \"[::1]:9\"]\nmax_body_bytes = 10\nsession_header = \"X-User\"\n\
-             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\nworker_threads = 3\n[gateway.kv_bytes_per_token]\nm = 4096\n",
+             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\nworker_threads = 3\n[gateway.kv_bytes_per_token]\nm = 4096\n\
+             [gateway.kv_block_tokens]\nm = 512\n",
         )
         .unwrap();
         assert_eq!(g.listen.len(), 2);
@@ -300,6 +327,7 @@ mod tests {
         assert_eq!(g.session_header.unwrap().as_str(), "x-user");
         assert_eq!(g.idle_timeout.as_millis(), 250);
         assert_eq!(g.kv_bytes_per_token["m"], 4096);
+        assert_eq!(g.kv_block_tokens["m"], 512);
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
         assert_eq!(g.worker_threads, Some(3));
     }
@@ -317,6 +345,8 @@ mod tests {
             ("completion_prefix_bytes = 0", &["gateway.completion_prefix_bytes"]),
             ("kv_bytes_per_token = { other = 1 }", &["gateway.kv_bytes_per_token.other", "catalog"]),
             ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
+            ("kv_block_tokens = { other = 16 }", &["gateway.kv_block_tokens.other", "catalog"]),
+            ("kv_block_tokens = { m = 0 }", &["gateway.kv_block_tokens.m", "1 to 65536"]),
             ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
             ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
             ("bogus = 1", &["bogus"]),

@@ -4,12 +4,14 @@
 //! - **model**: the `X-Model-Id` header, else the body's `model`.
 //! - **memory** (MB; ailb's MB are MiB, as NVML reports them): `X-Required-Memory` in GB
 //!   (decimal allowed, 1 GB = 1024 MB), else `X-Required-Memory-MB`, else the model's
-//!   `required_memory_mb`, else the estimate
-//!   `ceil((prompt_tokens + max_tokens) * kv_bytes_per_token / 2^20)` where `prompt_tokens =
+//!   `required_memory_mb`, else the estimate of the KV cache the server reserves:
+//!   `tokens = prompt_tokens + max_tokens`, `blocks = max(1, ceil(tokens / kv_block_tokens))`,
+//!   `MB = ceil(blocks * kv_block_tokens * kv_bytes_per_token / 2^20)`, where `prompt_tokens =
 //!   ceil(prompt text bytes / 4)` (chat: the text of every message; completions and
-//!   embeddings: the prompt or input strings) and `max_tokens` is the body's `max_tokens` or
-//!   `max_completion_tokens` (0 when absent); none when the model has no
-//!   `kv_bytes_per_token`.
+//!   embeddings: the prompt or input strings), `max_tokens` is the body's `max_tokens` or
+//!   `max_completion_tokens` (0 when absent) and `kv_block_tokens` the model's KV block
+//!   (a paged KV cache allocates whole blocks, so a request one token past a block boundary
+//!   holds one more block); none when the model has no `kv_bytes_per_token`.
 //! - **conversation**: the first of `X-Session-ID`, the body's `prompt_cache_key`, the
 //!   `llm-d-session` cookie, the configured `session_header`; else derived: for chat, the
 //!   hash of the model, the system prompt and the first user message (every turn of a chat
@@ -47,6 +49,8 @@ impl Endpoint {
 pub struct ModelFacts {
     pub required_memory_mb: Option<u32>,
     pub kv_bytes_per_token: Option<u64>,
+    /// Tokens per KV block of the model's server (at least 1; 0 is read as 1).
+    pub kv_block_tokens: u64,
 }
 
 /// The configurable part of the rules.
@@ -221,9 +225,17 @@ fn memory_mb(
     }
     let Some(per_token) = facts.kv_bytes_per_token else { return Ok(None) };
     let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
-    let max_tokens = max_tokens(body)?;
-    let bytes = prompt_tokens.saturating_add(max_tokens).saturating_mul(per_token);
-    Ok(Some((u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX), MemorySource::Estimate)))
+    let tokens = prompt_tokens.saturating_add(max_tokens(body)?);
+    Ok(Some((kv_estimate_mb(tokens, per_token, facts.kv_block_tokens), MemorySource::Estimate)))
+}
+
+/// MB of KV cache a paged server reserves for `tokens`: whole blocks of `block_tokens`
+/// (at least one), each `block_tokens * per_token` bytes; saturates at `u32::MAX`.
+pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
+    let block_tokens = block_tokens.max(1);
+    let blocks = tokens.div_ceil(block_tokens).max(1);
+    let bytes = blocks.saturating_mul(block_tokens).saturating_mul(per_token);
+    u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
 fn max_tokens(body: &Value) -> Result<u64, RouteError> {

@@ -6,8 +6,13 @@ use super::*;
 fn facts(name: &str) -> Option<ModelFacts> {
     match name {
         "m" => Some(ModelFacts::default()),
-        "pinned" => Some(ModelFacts { required_memory_mb: Some(2048), kv_bytes_per_token: Some(1 << 20) }),
-        "kv" => Some(ModelFacts { required_memory_mb: None, kv_bytes_per_token: Some(1 << 20) }),
+        "pinned" => {
+            Some(ModelFacts { required_memory_mb: Some(2048), kv_bytes_per_token: Some(1 << 20), kv_block_tokens: 1 })
+        }
+        "kv" => Some(ModelFacts { required_memory_mb: None, kv_bytes_per_token: Some(1 << 20), kv_block_tokens: 1 }),
+        "paged" => {
+            Some(ModelFacts { required_memory_mb: None, kv_bytes_per_token: Some(524_288), kv_block_tokens: 512 })
+        }
         _ => None,
     }
 }
@@ -77,6 +82,24 @@ fn estimate_for_completions_uses_the_prompt() {
     let body = json!({"model": "kv", "prompt": "y".repeat(8), "max_tokens": 2});
     let i = extract(Endpoint::Completions, &HeaderMap::new(), &body, RULES, facts).unwrap();
     assert_eq!(i.memory_mb, Some(4));
+}
+
+#[test]
+fn estimate_rounds_up_to_whole_kv_blocks() {
+    // 512-token blocks of 0.5 MiB per token: 256 MiB a block.
+    for (tokens, mb) in [(0, 256), (1, 256), (511, 256), (512, 256), (513, 512), (22_016, 11_008), (22_017, 11_264)] {
+        assert_eq!(kv_estimate_mb(tokens, 524_288, 512), mb, "{tokens} tokens");
+    }
+    // A block of 1 token is the plain product; a block of 0 is read as 1.
+    assert_eq!(kv_estimate_mb(3, 1 << 20, 1), 3);
+    assert_eq!(kv_estimate_mb(3, 1 << 20, 0), 3);
+    // 16-token blocks of 1000 bytes: 17 tokens hold 2 blocks = 32,000 bytes -> 1 MiB (rounded up).
+    assert_eq!(kv_estimate_mb(17, 1000, 16), 1);
+    assert_eq!(kv_estimate_mb(u64::MAX, u64::MAX, 512), u32::MAX, "saturates");
+    // Through a request: 2048 bytes of text = 512 tokens, + max_tokens 1 = 513 tokens = 2 blocks.
+    let body = |max: u64| json!({"model": "paged", "max_tokens": max, "messages": [{"role": "user", "content": "z".repeat(2048)}]});
+    assert_eq!(chat(&[], body(0)).unwrap().memory_mb, Some(256));
+    assert_eq!(chat(&[], body(1)).unwrap().memory_mb, Some(512));
 }
 
 #[test]

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::config::{UpstreamReuse, ValidGateway};
+use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ReuseLabel};
@@ -65,6 +65,7 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
             let facts = ModelFacts {
                 required_memory_mb: m.spec.required_memory_mb,
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
+                kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
             };
             Some((name.clone(), ModelRoute { vip, facts }))
         })

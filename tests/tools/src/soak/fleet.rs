@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ailb_sim::GpuProfile;
+use ailb_sim::{GpuProfile, BLOCK_TOKENS};
 use ailb_tests::client::spawn_in_cgroup;
 use ailb_tests::nacos::RnacosServer;
 use ailb_tests::status::{ailb_status, live_backends};
@@ -227,7 +227,8 @@ fn config(o: &FleetOpts, cg: &CgroupGuard, nacos: &RnacosServer, listen: SocketA
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"{NACOS_POLL}\"\n\n\
          [policy]\n[policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n\n\
-         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n",
+         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\
+         [gateway.kv_block_tokens]\n\"{MODEL}\" = {BLOCK_TOKENS}\n",
         nacos.url(),
         o.max_concurrent,
     );
