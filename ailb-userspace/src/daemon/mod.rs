@@ -89,6 +89,13 @@ impl Daemon {
         metrics: Metrics,
         shared: Option<Arc<http::Shared>>,
     ) -> Self {
+        // The capacities a previous daemon wrote: without them a backend busy at the first
+        // poll after a restart would get its free memory then as its capacity, and a request
+        // it holds when idle would be refused (ECONNREFUSED) instead of queued there.
+        let mut policy = PolicyState::default();
+        for (model, backend, capacity_mb) in writer.capacities() {
+            policy.seed_capacity(&model, backend, capacity_mb);
+        }
         Self {
             writer,
             cfg,
@@ -96,7 +103,7 @@ impl Daemon {
             source,
             metrics,
             shared,
-            policy: PolicyState::default(),
+            policy,
             last_snapshot: None,
             last_ok: Instant::now(),
             settle: Settle::default(),

@@ -52,6 +52,11 @@ impl Ids {
         self.backends.len()
     }
 
+    /// The name of the model at `index`, if known.
+    pub(crate) fn model_name(&self, index: u32) -> Option<&str> {
+        self.models.iter().find(|(_, &i)| i == index).map(|(n, _)| n.as_str())
+    }
+
     /// The index of a known model.
     pub(crate) fn model(&self, name: &str) -> Option<u32> {
         self.models.get(name).copied()

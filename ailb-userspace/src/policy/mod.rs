@@ -96,6 +96,14 @@ impl PolicyState {
         self.backends.get(&(model.to_string(), backend)).and_then(|m| m.util_ewma)
     }
 
+    /// Takes `capacity_mb` as the most free memory `backend` of `model` has reported (a
+    /// previous daemon's knowledge, read back from the kernel's maps at a restart); a
+    /// larger report later still raises it.
+    pub fn seed_capacity(&mut self, model: &str, backend: SocketAddrV4, capacity_mb: u32) {
+        let mem = self.backends.entry((model.to_string(), backend)).or_default();
+        mem.peak_free_mb = Some(mem.peak_free_mb.map_or(capacity_mb, |p| p.max(capacity_mb)));
+    }
+
     /// The table weights last emitted for a model's eligible backends.
     pub fn last_weights(&self, model: &str) -> Option<&BTreeMap<SocketAddrV4, u32>> {
         self.last_weights.get(model)

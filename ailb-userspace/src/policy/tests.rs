@@ -479,6 +479,24 @@ fn memory_capacity_is_the_most_free_memory_reported() {
 }
 
 #[test]
+fn a_seeded_capacity_survives_a_busy_first_report() {
+    // A restarted daemon seeds the capacity the previous one wrote: the first report after
+    // the restart (a busy GPU) does not shrink it, a larger one still raises it.
+    let cfg = config("");
+    let mut state = PolicyState::default();
+    let addr = inst(1, &[]).address;
+    state.seed_capacity("m", addr, 20000);
+    let cap_after = |state: &mut PolicyState, free: &str| {
+        let p = plan(&snap(vec![inst(1, &[("remaining_memory_mb", free)])]), &cfg, state);
+        p["m"].backends[0].memory_capacity_mb
+    };
+    assert_eq!(cap_after(&mut state, "3000"), Some(20000));
+    assert_eq!(cap_after(&mut state, "22000"), Some(22000));
+    state.seed_capacity("m", addr, 1000);
+    assert_eq!(cap_after(&mut state, "3000"), Some(22000), "a smaller seed lowers nothing");
+}
+
+#[test]
 fn a_catalog_of_plain_specs_plans_as_the_config_does() {
     // The policy reads only the spec of each model: a catalog built without a config file
     // (no Nacos services) plans exactly as the validated config's catalog.

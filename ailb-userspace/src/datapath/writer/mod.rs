@@ -14,6 +14,7 @@ mod swap;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddrV4;
 
 use ailb_common::{
     hash::conversation_hash, maglev::MaglevBackend, row_index, Backend, ModelState, Service, ServiceKey, MAX_BACKENDS,
@@ -120,6 +121,21 @@ impl<M: WriterMaps> Writer<M> {
             }
         }
         Ok(())
+    }
+
+    /// The memory capacity (`mem_capacity_mb`, the most free memory it reported) of each
+    /// backend entry as last written or read back, by model name and address; entries
+    /// without one are left out. A restarted daemon's policy starts from these, so that it
+    /// does not take a busy backend's free memory at its first poll for its capacity.
+    pub fn capacities(&self) -> Vec<(String, SocketAddrV4, u32)> {
+        self.written
+            .values()
+            .filter(|b| b.mem_capacity_mb > 0)
+            .filter_map(|b| {
+                let model = self.ids.model_name(b.model)?;
+                Some((model.to_string(), addr_from_be(b.addr, b.port), b.mem_capacity_mb))
+            })
+            .collect()
     }
 
     pub fn maps(&self) -> &M {

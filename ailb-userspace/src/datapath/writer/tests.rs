@@ -196,6 +196,19 @@ set BE: ID=0 ZERO
 }
 
 #[test]
+fn a_restarted_writer_reads_back_each_backends_capacity() {
+    let f = Fixture::new();
+    let mut m = f.model(1, &[(1, 100), (2, 100)]);
+    m.backends[0].memory_capacity_mb = Some(24_000);
+    m.backends[0].free_memory_mb = Some(4_000);
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", m)]));
+    let w = Writer::new(w.into_maps()).unwrap();
+    let addr = SocketAddrV4::new([10, 1, 0, 1].into(), 80);
+    assert_eq!(w.capacities(), vec![("llama".to_string(), addr, 24_000)], "the backend without one is left out");
+}
+
+#[test]
 fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
     let f = Fixture::new();
     let p = plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]);
@@ -222,6 +235,7 @@ set CONFIG: ABI=5 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
 ",
     );
     assert_text(&lines(&before, "BE:"), &lines(&w.maps().dump(), "BE:"));
+    assert!(w.capacities().is_empty(), "no backend reported a capacity");
     // A backend added after the restart takes the lowest free id, the others keep theirs.
     let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100), (3, 100)]))]));
     assert_text(
