@@ -173,6 +173,9 @@ pub fn metadata(inst: &ValidInstance, v: &Values, updated_at_ms: u64) -> BTreeMa
     if let Some(g) = inst.gpu_type.clone().or_else(|| v.gpu_name.clone()) {
         put(keys::GPU_TYPE, g);
     }
+    if let Some(cap) = inst.max_inflight {
+        put(keys::MAX_INFLIGHT, cap.to_string());
+    }
     if !inst.supported_tasks.is_empty() {
         put(keys::SUPPORTED_TASKS, inst.supported_tasks.join(","));
     }
@@ -219,6 +222,7 @@ mod tests {
             model_id: "m".into(),
             model_version: Some("v1".into()),
             gpu_type: None,
+            max_inflight: None,
             supported_tasks: vec!["chat".into(), "embed".into()],
             gpus: vec![],
             metrics_url: "http://127.0.0.1:1/metrics".parse().unwrap(),
@@ -275,6 +279,9 @@ mod tests {
         assert_eq!(get("health_status"), Some("healthy"));
         assert_eq!(get("updated_at_ms"), Some("1234"));
         assert_eq!(get("agent_version"), Some(AGENT_VERSION));
+        assert_eq!(get("max_inflight"), None, "no cap declared");
+        let capped = ValidInstance { max_inflight: Some(16), ..inst() };
+        assert_eq!(metadata(&capped, &v, 1234).get("max_inflight").map(String::as_str), Some("16"));
     }
 
     #[test]

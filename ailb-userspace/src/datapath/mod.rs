@@ -13,6 +13,7 @@ pub mod explain;
 mod fake;
 mod ids;
 pub mod load;
+pub mod model_load;
 pub mod status;
 mod store;
 mod sys;

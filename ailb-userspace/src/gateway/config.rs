@@ -103,6 +103,19 @@ pub struct GatewayConfig {
     /// Threads serving requests; 0 = one per core. Default 0.
     #[serde(default)]
     pub worker_threads: u32,
+    /// Admission per model across both entry points (`gateway/admission.rs`): a request whose
+    /// model has as many connections in flight (the kernel's count, read from the pins under
+    /// `daemon.bpffs`) as the sum of its backends' `max_inflight` gets 429 with `Retry-After`.
+    /// Needs `daemon.listen` and read access to the pins. Default false.
+    #[serde(default)]
+    pub admission: bool,
+    /// The `Retry-After` of an answer shed by the admission, whole seconds. Default "1s".
+    #[serde(default = "default_retry_after")]
+    pub admission_retry_after: String,
+}
+
+fn default_retry_after() -> String {
+    "1s".to_string()
 }
 
 /// Whether upstream connections carry more than one request.
@@ -164,6 +177,8 @@ impl Default for GatewayConfig {
             upstream_max_age: default_max_age(),
             upstream_max_idle: default_max_idle(),
             worker_threads: 0,
+            admission: false,
+            admission_retry_after: default_retry_after(),
         }
     }
 }
@@ -187,6 +202,8 @@ pub struct ValidGateway {
     pub upstream_max_idle: u32,
     /// `None`: one per core.
     pub worker_threads: Option<usize>,
+    /// `Some(Retry-After)`: admission per model on.
+    pub admission: Option<Duration>,
 }
 
 /// A duration that must be above zero.
@@ -250,6 +267,14 @@ impl GatewayConfig {
                 return Err(ConfigError::invalid(field, tokens, format!("must be 1 to {MAX_KV_BLOCK_TOKENS}")));
             }
         }
+        let admission_retry = positive("gateway.admission_retry_after", &self.admission_retry_after)?;
+        if admission_retry.subsec_nanos() != 0 {
+            return Err(ConfigError::invalid(
+                "gateway.admission_retry_after",
+                &self.admission_retry_after,
+                "must be whole seconds (Retry-After counts seconds)",
+            ));
+        }
         let upstream_reuse = match self.upstream_reuse.as_str() {
             "conversation" => UpstreamReuse::Conversation,
             "never" => UpstreamReuse::Never,
@@ -277,6 +302,7 @@ impl GatewayConfig {
             upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
             upstream_max_idle: self.upstream_max_idle,
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
+            admission: self.admission.then_some(admission_retry),
         })
     }
 }
@@ -312,6 +338,7 @@ mod tests {
         assert_eq!(g.upstream_max_age.as_secs(), 1);
         assert_eq!(g.upstream_max_idle, 256);
         assert_eq!(g.worker_threads, None, "one per core");
+        assert_eq!(g.admission, None, "admission off");
     }
 
     #[test]
@@ -330,6 +357,9 @@ mod tests {
         assert_eq!(g.kv_block_tokens["m"], 512);
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
         assert_eq!(g.worker_threads, Some(3));
+        assert_eq!(g.admission, None);
+        let g = check("admission = true\nadmission_retry_after = \"2s\"").unwrap();
+        assert_eq!(g.admission, Some(std::time::Duration::from_secs(2)));
     }
 
     #[test]
@@ -347,6 +377,8 @@ mod tests {
             ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
             ("kv_block_tokens = { other = 16 }", &["gateway.kv_block_tokens.other", "catalog"]),
             ("kv_block_tokens = { m = 0 }", &["gateway.kv_block_tokens.m", "1 to 65536"]),
+            ("admission_retry_after = \"1500ms\"", &["gateway.admission_retry_after", "1500ms", "whole seconds"]),
+            ("admission_retry_after = \"0s\"", &["gateway.admission_retry_after", "above zero"]),
             ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
             ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
             ("bogus = 1", &["bogus"]),

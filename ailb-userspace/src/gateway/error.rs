@@ -22,6 +22,8 @@ pub enum GatewayError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Admission(#[from] super::admission::AdmissionError),
     #[error("gateway: starting the tokio runtime")]
     Runtime {
         #[source]
@@ -77,6 +79,22 @@ impl ApiError {
             format!("the gateway is serving its limit of {limit} requests at once (gateway.max_concurrent)"),
         );
         e.retry_after = Some(1);
+        e
+    }
+
+    /// 429: the model's requests in flight, from every entry point, are at its running
+    /// capacity (`gateway.admission`).
+    pub fn at_capacity(model: &str, inflight: u64, capacity: u64, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "model_at_capacity",
+            format!(
+                "the model `{model}` is at its capacity: {inflight} requests in flight, capacity {capacity} \
+                 (the sum of its backends' max_inflight)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
         e
     }
 

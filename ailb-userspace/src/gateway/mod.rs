@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod config;
 pub mod error;
 mod log;
@@ -62,6 +63,16 @@ pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
 }
 
 async fn serve_until_signal(config: crate::config::ValidConfig, gateway: ValidGateway) -> Result<(), GatewayError> {
+    // Before the listeners: a client that can connect finds the admission in place.
+    let admission = match gateway.admission {
+        Some(retry_after) => {
+            let a = admission::Admission::open(&config.bpffs, config.listen, retry_after)?;
+            a.start().await;
+            tracing::info!(bpffs = %config.bpffs.display(), "gateway: admission per model on");
+            Some(a)
+        }
+        None => None,
+    };
     let mut listeners = Vec::new();
     for &addr in &gateway.listen {
         let l = tokio::net::TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
@@ -69,7 +80,7 @@ async fn serve_until_signal(config: crate::config::ValidConfig, gateway: ValidGa
         tracing::info!(%local, "gateway: listening");
         listeners.push(l);
     }
-    let gw = Gateway::new(&config, gateway, Registry::default());
+    let gw = Gateway::with_admission(&config, gateway, Registry::default(), admission);
     let tasks: Vec<_> = listeners.into_iter().map(|l| tokio::spawn(Arc::clone(&gw).serve(l))).collect();
     shutdown_signal().await;
     tracing::info!("gateway: stopping");

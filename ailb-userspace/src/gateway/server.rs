@@ -17,6 +17,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::admission::Admission;
 use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::log::RequestLog;
@@ -114,18 +115,29 @@ pub struct Gateway {
     /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
     pool: Option<Arc<Pool>>,
     live: Liveness,
+    admission: Option<Arc<Admission>>,
 }
 
 impl Gateway {
     /// The catalog of `config` with the `[gateway]` settings; its metrics go on `registry`.
-    pub fn new(config: &ValidConfig, cfg: ValidGateway, mut registry: Registry) -> Arc<Self> {
+    pub fn new(config: &ValidConfig, cfg: ValidGateway, registry: Registry) -> Arc<Self> {
+        Self::with_admission(config, cfg, registry, None)
+    }
+
+    /// [`Gateway::new`], with the admission per model of `gateway.admission` when given.
+    pub fn with_admission(
+        config: &ValidConfig,
+        cfg: ValidGateway,
+        mut registry: Registry,
+        admission: Option<Arc<Admission>>,
+    ) -> Arc<Self> {
         let models = routes(config, &cfg);
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize));
         let live = Liveness::new(config.listen);
-        Arc::new(Self { cfg, models, metrics, registry, permits, pool, live })
+        Arc::new(Self { cfg, models, metrics, registry, permits, pool, live, admission })
     }
 
     /// Accepts connections on `listener` and serves each (HTTP/1.1 with keep-alive, or
@@ -275,6 +287,9 @@ impl Gateway {
         })?;
         let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
         log.proxying(&inputs.model, conv_hash);
+        if let Some(a) = &self.admission {
+            a.admit(&inputs.model)?;
+        }
         let model = &self.models[&inputs.model];
         let mut tags = ailb_common::client::Tags::new().model(inputs.model.as_str());
         if let Some(c) = &inputs.conversation {

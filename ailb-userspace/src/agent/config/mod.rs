@@ -24,6 +24,7 @@
 //! model_id = "llama3-70b"
 //! model_version = "v1"
 //! gpu_type = "A100-80GB"       # optional: NVML's name of the first GPU
+//! max_inflight = 64             # optional: the server's most requests at once (the hard cap)
 //! supported_tasks = ["chat"]
 //! gpus = [0, 1]                # NVML indices or UUIDs ("GPU-...")
 //! metrics_url = "http://127.0.0.1:8000/metrics"
@@ -52,6 +53,7 @@ use reqwest::Url;
 use serde::Deserialize;
 
 use crate::{
+    metadata::MAX_REQUESTS,
     nacos::{NacosConfig, ValidNacos},
     telemetry::model_server::MetricNames,
     validate::{parse_duration, ConfigError},
@@ -173,6 +175,11 @@ pub struct InstanceConfig {
     pub model_version: Option<String>,
     #[serde(default)]
     pub gpu_type: Option<String>,
+    /// The most requests the server runs at once (vLLM's `--max-num-seqs`), published as
+    /// `max_inflight`: the kernel's hard cap on the backend's connections, and its share of
+    /// the model's capacity for the front door's admission. Default none (no cap).
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
     #[serde(default)]
     pub supported_tasks: Vec<String>,
     #[serde(default)]
@@ -237,6 +244,7 @@ pub struct ValidInstance {
     pub model_id: String,
     pub model_version: Option<String>,
     pub gpu_type: Option<String>,
+    pub max_inflight: Option<u32>,
     pub supported_tasks: Vec<String>,
     pub gpus: Vec<GpuRef>,
     pub metrics_url: Url,
@@ -359,6 +367,9 @@ fn check_instance(i: usize, c: &InstanceConfig, before: &[InstanceConfig]) -> Re
             return Err(ConfigError::invalid(f(&format!("supported_tasks[{k}]")), task, "non-empty, no ','"));
         }
     }
+    if let Some(cap) = c.max_inflight.filter(|&n| !(1..=MAX_REQUESTS as u32).contains(&n)) {
+        return Err(ConfigError::invalid(f("max_inflight"), cap, "must be 1 to 1000000 (omit it for no cap)"));
+    }
     if c.port == 0 || c.ip.is_unspecified() {
         return Err(ConfigError::invalid(f("ip"), format!("{}:{}", c.ip, c.port), "a routable address"));
     }
@@ -380,6 +391,7 @@ fn check_instance(i: usize, c: &InstanceConfig, before: &[InstanceConfig]) -> Re
         model_id: c.model_id.trim().to_string(),
         model_version: c.model_version.as_ref().map(|s| s.trim().to_string()),
         gpu_type: c.gpu_type.as_ref().map(|s| s.trim().to_string()),
+        max_inflight: c.max_inflight,
         supported_tasks: c.supported_tasks.iter().map(|s| s.trim().to_string()).collect(),
         gpus: c.gpus.clone(),
         metrics_url: http_url(&f("metrics_url"), &c.metrics_url)?,

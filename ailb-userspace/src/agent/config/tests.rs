@@ -46,6 +46,10 @@ fn bad_values_name_the_field() {
     let e = parse(&format!("[thresholds]\nutil_pct = 0\n{MIN}")).unwrap_err();
     assert!(e.contains("thresholds.util_pct"), "{e}");
     assert!(parse(&format!("bogus = 1\n{MIN}")).is_err());
+    let e = parse(&with("max_inflight = 0")).unwrap_err();
+    assert!(e.contains("instances[0].max_inflight") && e.contains('0'), "{e}");
+    assert_eq!(parse(&with("max_inflight = 16")).unwrap().instances[0].max_inflight, Some(16));
+    assert_eq!(parse(MIN).unwrap().instances[0].max_inflight, None);
 }
 
 #[test]

@@ -52,6 +52,10 @@ pub struct FleetOpts {
     pub max_concurrent: u32,
     /// A name for the cgroup's pins.
     pub name: &'static str,
+    /// Admission per model: each agent publishes its server's `max_seqs` as `max_inflight`
+    /// (the kernel's hard cap per backend, so the socket ABI's excess is refused at connect)
+    /// and the front door runs with `gateway.admission = true` (429 above the sum of the caps).
+    pub admission: bool,
 }
 
 /// One GPU's agent: its files, and the process while it runs.
@@ -94,6 +98,9 @@ impl Fleet {
         let mut agents = Vec::new();
         for (i, s) in sims.iter().enumerate() {
             let (config, log) = s.write_agent_config(MODEL, &nacos.url(), AGENT_PUBLISH, dir.path())?;
+            if o.admission {
+                declare_cap(&config, s)?;
+            }
             let env = vec![("FAKE_NVML_STATE".to_string(), relay.agent_state(i).display().to_string())];
             let proc = Some(spawn_agent(s.addr, &config, &log, &env)?);
             agents.push(Agent { proc, config, log, env, addr: s.addr });
@@ -227,12 +234,26 @@ fn config(o: &FleetOpts, cg: &CgroupGuard, nacos: &RnacosServer, listen: SocketA
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"{NACOS_POLL}\"\n\n\
          [policy]\n[policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n\n\
-         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\
+         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\nadmission = {}\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\
          [gateway.kv_block_tokens]\n\"{MODEL}\" = {BLOCK_TOKENS}\n",
         nacos.url(),
         o.max_concurrent,
+        o.admission,
     );
+    if cfg.listen.is_none() {
+        // The front door's admission reads each model's capacity from the daemon's plan.
+        cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
+    }
     cfg
+}
+
+/// Adds `max_inflight` = the simulated server's `max_seqs` to the agent's config at `path`
+/// (its `[[instances]]` table is the file's last).
+fn declare_cap(path: &Path, s: &SimGpu) -> anyhow::Result<()> {
+    let profile = GpuProfile::preset(s.profile).with_context(|| format!("no preset {}", s.profile))?;
+    let mut text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.push_str(&format!("max_inflight = {}\n", profile.max_seqs));
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// What the relay thread shares.

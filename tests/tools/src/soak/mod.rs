@@ -133,7 +133,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 }
 
 /// The fleet's options for a run.
-pub fn fleet_opts(args: &Args, port: u16, max_concurrent: u32, name: &'static str) -> FleetOpts {
+pub fn fleet_opts(args: &Args, port: u16, max_concurrent: u32, name: &'static str, admission: bool) -> FleetOpts {
     FleetOpts {
         sim_bin: args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim")),
         time_scale: args.time_scale,
@@ -142,6 +142,7 @@ pub fn fleet_opts(args: &Args, port: u16, max_concurrent: u32, name: &'static st
         port,
         max_concurrent,
         name,
+        admission,
     }
 }
 
@@ -184,7 +185,7 @@ pub struct SoakRun {
 fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
     let plan = Plan::of(args.minutes);
     let speed = args.load * args.time_scale;
-    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_300, 1024, "soak"))?;
+    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_300, 1024, "soak", false))?;
     let dir = tempfile::tempdir().context("temp dir")?;
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();

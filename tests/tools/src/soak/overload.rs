@@ -1,9 +1,12 @@
 //! The overload: `--overload-factor` (10) times the fleet's stable load for `--overload-s`
 //! (60) seconds through the front door and the socket ABI at once, on a fresh fleet whose
-//! gateway admits `--overload-max-concurrent` requests at once. Expected, as documented: the
-//! front door answers the excess 429 (`gateway.max_concurrent`) or 503, both with
-//! `Retry-After`; the socket ABI has no admission, its excess waits in the servers' queues
-//! (bounded here by the worker's 512 client threads); nothing crashes; memory stays bounded.
+//! gateway admits `--overload-max-concurrent` requests at once and runs the admission per model
+//! (`gateway.admission`, each agent publishing its server's `max_seqs` as `max_inflight`).
+//! Expected, as documented: the front door answers the excess 429 (the model at its capacity,
+//! or `gateway.max_concurrent`) or 503 (every backend at its cap at connect), all with
+//! `Retry-After`; the socket ABI's excess is refused at `connect()` (`ECONNREFUSED`: every
+//! backend at its hard cap) instead of waiting in the servers' queues; admitted requests'
+//! latency stays near their service time; nothing crashes; memory stays bounded.
 //! A prober outside the load sends one front-door request a second and reads the answer's
 //! status and `Retry-After`.
 
@@ -33,7 +36,7 @@ const FRONT_DOOR_THREADS: usize = 1024;
 
 /// Runs the overload; returns its report.
 pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
-    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_400, args.overload_max_concurrent, "overload"))?;
+    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_400, args.overload_max_concurrent, "overload", true))?;
     let dir = tempfile::tempdir().context("temp dir")?;
     let speed = args.load * args.overload_factor * args.time_scale;
     let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
@@ -110,7 +113,8 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
     );
     let _ = writeln!(
         md,
-        "Model: `{MODEL}`; the front door's admission is global (`gateway.max_concurrent`), not per model.\n"
+        "Model: `{MODEL}`; the front door's admission is per model (`gateway.admission`), on top of its global \
+         `gateway.max_concurrent`.\n"
     );
     Ok(md)
 }
@@ -206,19 +210,19 @@ fn latency_table(md: &mut String, recs: &[Rec], window_s: f64) {
     md.push('\n');
 }
 
-/// What bounds an admitted request's latency: at most `ABI_THREADS` socket-ABI requests and
-/// `max_concurrent` front-door ones are outstanding at once, served first come first served;
-/// compared with the latencies measured.
+/// What bounds an admitted request's latency: the admission per model keeps the model's
+/// connections in flight, from both entry points, at the fleet's running capacity (the sum of
+/// the servers' `max_seqs`, published as `max_inflight`), so an admitted request starts on a
+/// server at once; its latency is its service time. Compared with the latencies measured.
 fn bound(md: &mut String, recs: &[Rec], args: &Args) {
     let (from, to) = (args.overload_s / 6.0, args.overload_s);
     let done = recs.iter().filter(|r| r.ok && r.end_s >= from && r.end_s < to).count();
     let per_s = done as f64 / (to - from);
-    let outstanding = ABI_THREADS + args.overload_max_concurrent as usize;
     let max_s = recs.iter().filter(|r| r.ok).map(|r| r.e2e_ms).fold(0.0, f64::max) / 1000.0;
-    let fd_p50 = |lo: f64, hi: f64| {
+    let p50 = |entry: Entry, lo: f64, hi: f64| {
         let v: Vec<f64> = recs
             .iter()
-            .filter(|r| r.entry == Entry::FrontDoor && r.ok && r.sent_s >= lo && r.sent_s < hi)
+            .filter(|r| r.entry == entry && r.ok && r.sent_s >= lo && r.sent_s < hi)
             .map(|r| r.e2e_ms / 1000.0)
             .collect();
         percentile(&v, 50.0).map_or("-".into(), |x| format!("{x:.1} s"))
@@ -226,28 +230,19 @@ fn bound(md: &mut String, recs: &[Rec], args: &Args) {
     let third = args.overload_s / 3.0;
     let _ = writeln!(
         md,
-        "The fleet answered {per_s:.1} requests/s while overloaded ({done} answers from {from:.0} s to {to:.0} s). At most \
-         {ABI_THREADS} socket-ABI requests (its client threads) and {} front-door ones (`gateway.max_concurrent`) are \
-         outstanding at once: {outstanding} requests, {:.0} s of the fleet's work at that rate, plus a request's own \
-         service time. The slowest admitted request took {max_s:.1} s: what bounds the latency here is the socket ABI \
-         clients' own concurrency, not an admission limit. The front door's limit does not bound its admitted requests' \
-         latency: they wait at the same servers behind the socket ABI's excess, which has no admission (their p50 went \
-         from {} in the first third of the minute to {} in the last).\n",
-        args.overload_max_concurrent,
-        outstanding as f64 / per_s.max(0.001),
-        fd_p50(0.0, third),
-        fd_p50(2.0 * third, args.overload_s),
-    );
-    let _ = writeln!(
-        md,
-        "What would keep an admitted request's latency near its service time: an admission limit per model that counts \
-         the model's requests in flight from both entry points (the kernel's per-model `inflight`, which the gateway can \
-         read from the pinned maps) and sheds at the fleet's running capacity, {} sequences for this fleet (64 per \
-         A100, 16 per RTX 3090 in the simulator, the sum over the live backends, e.g. published by each agent), answering \
-         429 or 503 with `Retry-After` above it; and for the socket ABI the per-backend hard cap `max_inflight` set to \
-         each backend's own capacity, so that its excess fails fast at `connect()` instead of queueing ahead of the front \
-         door's. `gateway.max_concurrent` alone is per gateway process and blind to the ABI's requests.\n",
-        seqs(args)
+        "The fleet answered {per_s:.1} requests/s while overloaded ({done} answers from {from:.0} s to {to:.0} s). \
+         Admission: each agent publishes its server's `max_seqs` as `max_inflight` (64 per A100, 16 per RTX 3090: {} \
+         for this fleet), which is the kernel's hard cap per backend, so a socket-ABI connect to a model whose backends \
+         are all at their caps is refused at `connect()` (`ECONNREFUSED`) instead of queueing; and the front door runs \
+         with `gateway.admission = true`: a request whose model has as many connections in flight (the kernel's count, \
+         both entry points) as the sum of the caps gets 429 with `Retry-After` before any upstream connect. The slowest \
+         admitted request took {max_s:.1} s. Admitted requests' p50 in the first and the last third of the minute: \
+         socket ABI {} and {}, front door {} and {} (flat: admitted requests do not wait behind the excess).\n",
+        seqs(args),
+        p50(Entry::Abi, 0.0, third),
+        p50(Entry::Abi, 2.0 * third, args.overload_s),
+        p50(Entry::FrontDoor, 0.0, third),
+        p50(Entry::FrontDoor, 2.0 * third, args.overload_s),
     );
 }
 
