@@ -42,6 +42,9 @@ pub struct ModelStatus {
     pub vips: Vec<String>,
     pub available: bool,
     pub table_size: u32,
+    /// A hash of the active table's slots and members (backend ids, which a restart keeps):
+    /// equal digests, equal picks for every conversation. `None` while unavailable.
+    pub table_digest: Option<String>,
     pub inflight: u64,
     pub backends: Vec<BackendStatus>,
 }
@@ -124,12 +127,18 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         }
         let slot = *st.active_slot();
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut table_digest = None;
         // An unavailable model's last table is kept but not used: no backend has a share.
         if st.flags & MODEL_AVAILABLE != 0 && slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
             let row = maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
-            for &id in &row.slots[..slot.size as usize] {
+            let members = maps.members.get(&row_index(idx, st.active), 0).map_err(map_err(maps::MEMBERS))?;
+            let table = &row.slots[..slot.size as usize];
+            for &id in table {
                 *slots.entry(id).or_default() += 1;
             }
+            let n = (slot.members as usize).min(members.ids.len());
+            let bytes: Vec<u8> = table.iter().chain(&members.ids[..n]).flat_map(|id| id.to_le_bytes()).collect();
+            table_digest = Some(format!("{:016x}", ailb_common::hash::conversation_hash(&bytes)));
         }
         let mut backends = Vec::new();
         for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
@@ -161,6 +170,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             vips: vips.remove(&idx).unwrap_or_default(),
             available: st.flags & MODEL_AVAILABLE != 0,
             table_size: if st.flags & MODEL_AVAILABLE != 0 { slot.size } else { 0 },
+            table_digest,
             inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
             backends,
         });

@@ -121,6 +121,10 @@ pub struct Growth {
     pub fds_start: u64,
     pub fds_end: u64,
     pub fds_max: u64,
+    /// The fewest open fds in the first and the last tenth: what the process holds with the
+    /// fewest connections of the moment, which a leak raises.
+    pub fds_floor_start: u64,
+    pub fds_floor_end: u64,
 }
 
 impl Growth {
@@ -131,11 +135,17 @@ impl Growth {
     pub fn fds_pct(&self) -> f64 {
         pct(self.fds_start, self.fds_end)
     }
-    /// Whether both end within `limit` percent of where they started (medians: the open fds
-    /// follow the connections of the moment, so a peak says how busy a sample was, not that
-    /// anything leaked).
+    /// The change of the fds' floor, percent.
+    pub fn fds_floor_pct(&self) -> f64 {
+        pct(self.fds_floor_start, self.fds_floor_end)
+    }
+    /// Whether the RSS (medians of the first and last tenth) and the fds' floor (fewest of the
+    /// first and last tenth) end within `limit` percent of where they started, either way.
+    /// The open fds follow the connections of the moment (each request in flight holds one or
+    /// two), so their median and peak say how busy the samples were; what the process holds
+    /// besides is the floor, and a leak of fds or sockets raises it.
     pub fn flat(&self, limit: f64) -> bool {
-        self.rss_pct().abs() <= limit && self.fds_pct().abs() <= limit
+        self.rss_pct().abs() <= limit && self.fds_floor_pct().abs() <= limit
     }
 }
 
@@ -190,6 +200,8 @@ pub fn growth(samples: &[Sample], warm_s: f64) -> Vec<Growth> {
                 fds_start: med(head, |p| p.1),
                 fds_end: med(tail, |p| p.1),
                 fds_max: run.iter().map(|p| p.1).max().unwrap_or(0),
+                fds_floor_start: head.iter().map(|p| p.1).min().unwrap_or(0),
+                fds_floor_end: tail.iter().map(|p| p.1).min().unwrap_or(0),
             })
         })
         .collect()
@@ -235,6 +247,43 @@ mod tests {
     }
 
     #[test]
+    fn the_fds_criterion_is_their_floor_and_the_rss_median() {
+        let sample = |t_s: f64, rss_kb: u64, fds: u64| Sample {
+            t_s,
+            inflight_before: None,
+            inflight_after: None,
+            open: 0,
+            live: None,
+            procs: vec![super::super::sample::ProcSample { role: "gateway".into(), rss_kb, fds }],
+        };
+        // Busy at the start (49 fds, floor 20), back near idle at the end (43, floor 20).
+        let busy: Vec<Sample> = (0..100)
+            .map(|i| {
+                sample(
+                    i as f64,
+                    1000,
+                    if i % 5 == 0 {
+                        20
+                    } else if i < 50 {
+                        49
+                    } else {
+                        43
+                    },
+                )
+            })
+            .collect();
+        let g = &growth(&busy, 0.0)[0];
+        assert_eq!((g.fds_start, g.fds_end, g.fds_floor_start, g.fds_floor_end), (49, 43, 20, 20));
+        assert!(g.fds_pct() < -10.0 && g.flat(10.0), "a fall back towards idle is no growth: {g:?}");
+        // A leak raises the floor.
+        let leak: Vec<Sample> = (0..100).map(|i| sample(i as f64, 1000, 20 + i / 10)).collect();
+        assert!(!growth(&leak, 0.0)[0].flat(10.0));
+        // RSS growth fails it whatever the fds do.
+        let rss: Vec<Sample> = (0..100).map(|i| sample(i as f64, 1000 + 5 * i, 20)).collect();
+        assert!(!growth(&rss, 0.0)[0].flat(10.0));
+    }
+
+    #[test]
     fn a_failure_in_flight_at_a_server_kill_met_a_dead_server() {
         let ev = Event {
             fault: Fault::SimKill,
@@ -243,6 +292,7 @@ mod tests {
             recovered_s: Some(21.0),
             backend: Some("s".into()),
             gone_s: Some(10.5),
+            picks_kept: None,
             detail: String::new(),
         };
         let mut r = rec("a", 9.5, "t");

@@ -72,8 +72,43 @@ pub struct Event {
     pub backend: Option<String>,
     /// When the table first showed the backend gone (sim and agent kills).
     pub gone_s: Option<f64>,
+    /// Daemon kill: whether each model's active table (its digest) and its backends' ids were
+    /// the same before the kill and after the restarted daemon's first apply (`None`: not
+    /// read). Equal tables and ids give every conversation the same table pick, and the daemon
+    /// never writes the affinity map: then the restart itself moved no conversation.
+    pub picks_kept: Option<bool>,
     /// What was seen, in words.
     pub detail: String,
+}
+
+/// Per model: its active table's digest and its backends' (id, address), from `ailb status`.
+type PickState = Vec<(String, Option<String>, Vec<(u64, String)>)>;
+
+fn pick_state(fleet: &Fleet) -> Option<PickState> {
+    let st = fleet.status()?;
+    st["models"]
+        .as_array()?
+        .iter()
+        .map(|m| {
+            let mut ids = m["backends"]
+                .as_array()?
+                .iter()
+                .map(|b| Some((b["id"].as_u64()?, b["address"].as_str()?.to_string())))
+                .collect::<Option<Vec<_>>>()?;
+            ids.sort();
+            Some((m["name"].as_str()?.to_string(), m["table_digest"].as_str().map(String::from), ids))
+        })
+        .collect()
+}
+
+/// The table digests of a [`PickState`], in words.
+fn digests(p: Option<&PickState>) -> String {
+    p.map_or("unreadable".into(), |p| {
+        p.iter()
+            .map(|(m, d, ids)| format!("{m} table {} over {} ids", d.as_deref().unwrap_or("-"), ids.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// Polls `f` every 100 ms until it holds or `limit` passes: the time it first held.
@@ -101,10 +136,12 @@ pub fn run(fault: Fault, fleet: &mut Fleet, t0: Instant, outage: Duration) -> an
         recovered_s: None,
         backend: None,
         gone_s: None,
+        picks_kept: None,
         detail: String::new(),
     };
     match fault {
         Fault::DaemonKill => {
+            let picks_before = pick_state(fleet);
             fleet.daemon.kill9();
             std::thread::sleep(DAEMON_DOWN);
             // The pins keep the last generation; the new daemon's first apply bumps it.
@@ -116,9 +153,19 @@ pub fn run(fault: Fault, fleet: &mut Fleet, t0: Instant, outage: Duration) -> an
             });
             let applied =
                 ev.recovered_s.map_or("not within 60 s".into(), |r| format!("{:.1} s after its start", r - ev.end_s));
+            let picks_after = pick_state(fleet);
+            ev.picks_kept = picks_before.as_ref().zip(picks_after.as_ref()).map(|(b, a)| a == b);
+            let same = match ev.picks_kept {
+                Some(true) => "the same as before the kill",
+                Some(false) => "CHANGED from before the kill",
+                None => "unreadable",
+            };
             ev.detail = format!(
-                "down {:.1} s; the new daemon applied a new generation with every backend live {applied}",
-                ev.end_s - ev.start_s
+                "down {:.1} s; the new daemon applied a new generation with every backend live {applied}; active tables \
+                 and backend ids then {same} (before: {}; after: {})",
+                ev.end_s - ev.start_s,
+                digests(picks_before.as_ref()),
+                digests(picks_after.as_ref()),
             );
         }
         Fault::InvalidReload => {
