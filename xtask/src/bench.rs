@@ -21,6 +21,10 @@
 //!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
+//! 7. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
+//!    minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
+//!    for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
+//!    the parser it broke. Needs no root.
 
 use anyhow::{bail, Context, Result};
 
@@ -40,15 +44,24 @@ pub(crate) enum Part {
     FrontDoor,
     /// `ailb-fleet-model` and `ailb-compare` on the trace and the synthetic mix (`docs/results/`).
     Fleet,
+    /// Every fuzz target for `--fuzz-minutes` each.
+    Fuzz,
 }
 
-pub(crate) fn bench(only: &[Part]) -> Result<()> {
-    if !util::is_root() {
+pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
+    let runs = |p: Part| only.is_empty() || only.contains(&p);
+    if fuzz_minutes == 0 {
+        bail!("--fuzz-minutes 0: a fuzz run needs at least one minute per target");
+    }
+    // Every part but the fuzz run loads programs or starts the fleet.
+    let privileged = only.is_empty() || only.iter().any(|&p| p != Part::Fuzz);
+    if privileged && !util::is_root() {
         bail!("cargo xtask bench needs root: the data-plane benchmark loads eBPF programs and creates a network namespace");
     }
-    let runs = |p: Part| only.is_empty() || only.contains(&p);
-    crate::setup::setup()?;
-    crate::build::build(true)?;
+    if privileged {
+        crate::setup::setup()?;
+        crate::build::build(true)?;
+    }
     if runs(Part::Tables) {
         tables()?;
     }
@@ -67,6 +80,9 @@ pub(crate) fn bench(only: &[Part]) -> Result<()> {
     if runs(Part::Fleet) {
         compare()?;
         say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
+    }
+    if runs(Part::Fuzz) {
+        crate::fuzz::fuzz(fuzz_minutes * 60, &[])?;
     }
     Ok(())
 }

@@ -60,11 +60,15 @@ enum Cmd {
         args: Vec<OsString>,
     },
     /// Benchmarks (root): table build and disruption, then the data plane vs direct, nginx, HAProxy,
-    /// the GPU node agent, the front door vs nginx and the peer routers, and the fleet comparison.
+    /// the GPU node agent, the front door vs nginx and the peer routers, the fleet comparison, and
+    /// a long run of every fuzz target (`--only fuzz` needs no root).
     Bench {
         /// Run only these parts (comma-separated; default: all of them, in this order).
         #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]
         only: Vec<bench::Part>,
+        /// Minutes per fuzz target in the long fuzz run (`fuzz`).
+        #[arg(long, default_value_t = 10, value_name = "N")]
+        fuzz_minutes: u64,
     },
     /// The chaos soak (root): the fleet at its stable load through the socket ABI and the front
     /// door while the daemon, rnacos, an agent and a GPU server are killed and restarted, a bad
@@ -119,7 +123,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Test { args } => test::test(&args),
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
-        Cmd::Bench { only } => bench::bench(&only),
+        Cmd::Bench { only, fuzz_minutes } => bench::bench(&only, fuzz_minutes),
         Cmd::Soak { minutes, overload_only, debug } => soak::soak(minutes, overload_only, debug),
         Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
