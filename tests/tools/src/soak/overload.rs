@@ -237,7 +237,7 @@ fn bound(md: &mut String, recs: &[Rec], args: &Args) {
          with `gateway.admission = true`: a request whose model has as many connections in flight (the kernel's count, \
          both entry points) as the sum of the caps gets 429 with `Retry-After` before any upstream connect. The slowest \
          admitted request took {max_s:.1} s. Admitted requests' p50 in the first and the last third of the minute: \
-         socket ABI {} and {}, front door {} and {} (flat: admitted requests do not wait behind the excess).\n",
+         socket ABI {} and {}, front door {} and {}.\n",
         seqs(args),
         p50(Entry::Abi, 0.0, third),
         p50(Entry::Abi, 2.0 * third, args.overload_s),
