@@ -96,6 +96,12 @@ impl Daemon {
         for (model, backend, capacity_mb) in writer.capacities() {
             policy.seed_capacity(&model, backend, capacity_mb);
         }
+        // The table weights it wrote: the first plan holds them when the new weights moved
+        // less than `min_weight_change` (the smoothing starts afresh), instead of rebuilding
+        // every table and moving conversations whose pick would not have moved otherwise.
+        for (model, weights) in writer.table_weights() {
+            policy.seed_weights(&model, weights);
+        }
         Self {
             writer,
             cfg,

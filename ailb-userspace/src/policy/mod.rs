@@ -104,6 +104,14 @@ impl PolicyState {
         mem.peak_free_mb = Some(mem.peak_free_mb.map_or(capacity_mb, |p| p.max(capacity_mb)));
     }
 
+    /// Takes `weights` as the table weights last emitted for `model` (a previous daemon's,
+    /// read back at a restart), for the `min_weight_change` rule of the next plan.
+    pub fn seed_weights(&mut self, model: &str, weights: BTreeMap<SocketAddrV4, u32>) {
+        if !weights.is_empty() {
+            self.last_weights.insert(model.to_string(), weights);
+        }
+    }
+
     /// The table weights last emitted for a model's eligible backends.
     pub fn last_weights(&self, model: &str) -> Option<&BTreeMap<SocketAddrV4, u32>> {
         self.last_weights.get(model)

@@ -479,6 +479,26 @@ fn memory_capacity_is_the_most_free_memory_reported() {
 }
 
 #[test]
+fn seeded_weights_are_held_by_a_restarted_policy() {
+    // A restarted daemon seeds the weights the previous one wrote: its first plan, whose
+    // candidate moved less than min_weight_change from them, emits them again.
+    let cfg = config("[policy]\nload_factor = true\n");
+    let two = |a: &str, b: &str| snap(vec![inst(1, &[("current_requests", a)]), inst(2, &[("current_requests", b)])]);
+    let (a1, a2) = (inst(1, &[]).address, inst(2, &[]).address);
+    let mut st = PolicyState::default();
+    st.seed_weights("m", [(a1, 1000), (a2, 500)].into_iter().collect());
+    let p = plan(&two("0", "1.1"), &cfg, &mut st).remove("m").unwrap();
+    assert_eq!((outcome(&p), p.weights_held), (vec![(true, 1000), (true, 500)], true));
+    // Without the seed the same plan takes the candidate.
+    let p = plan(&two("0", "1.1"), &cfg, &mut PolicyState::default()).remove("m").unwrap();
+    assert_eq!((outcome(&p), p.weights_held), (vec![(true, 1000), (true, 476)], false));
+    // An empty seed is no seed.
+    let mut st = PolicyState::default();
+    st.seed_weights("m", BTreeMap::new());
+    assert!(st.last_weights("m").is_none());
+}
+
+#[test]
 fn a_seeded_capacity_survives_a_busy_first_report() {
     // A restarted daemon seeds the capacity the previous one wrote: the first report after
     // the restart (a busy GPU) does not shrink it, a larger one still raises it.

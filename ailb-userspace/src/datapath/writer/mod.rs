@@ -138,6 +138,20 @@ impl<M: WriterMaps> Writer<M> {
             .collect()
     }
 
+    /// The table weights of each model's live backends as last written or read back, by
+    /// model name and address (the members of its table). A restarted daemon's policy takes
+    /// them as the last weights it emitted, so that its first plan holds them when the new
+    /// ones moved less than `min_weight_change`, as the old daemon's would have.
+    pub fn table_weights(&self) -> BTreeMap<String, BTreeMap<SocketAddrV4, u32>> {
+        let mut out: BTreeMap<String, BTreeMap<SocketAddrV4, u32>> = BTreeMap::new();
+        for b in self.written.values().filter(|b| b.is_live() && b.weight > 0) {
+            if let Some(model) = self.ids.model_name(b.model) {
+                out.entry(model.to_string()).or_default().insert(addr_from_be(b.addr, b.port), b.weight);
+            }
+        }
+        out
+    }
+
     pub fn maps(&self) -> &M {
         &self.maps
     }

@@ -196,9 +196,9 @@ set BE: ID=0 ZERO
 }
 
 #[test]
-fn a_restarted_writer_reads_back_each_backends_capacity() {
+fn a_restarted_writer_reads_back_each_backends_capacity_and_the_table_weights() {
     let f = Fixture::new();
-    let mut m = f.model(1, &[(1, 100), (2, 100)]);
+    let mut m = f.model(1, &[(1, 100), (2, 100), (3, 0)]);
     m.backends[0].memory_capacity_mb = Some(24_000);
     m.backends[0].free_memory_mb = Some(4_000);
     let mut w = writer();
@@ -206,6 +206,9 @@ fn a_restarted_writer_reads_back_each_backends_capacity() {
     let w = Writer::new(w.into_maps()).unwrap();
     let addr = SocketAddrV4::new([10, 1, 0, 1].into(), 80);
     assert_eq!(w.capacities(), vec![("llama".to_string(), addr, 24_000)], "the backend without one is left out");
+    let weights = w.table_weights();
+    assert_eq!(weights.len(), 1);
+    assert_eq!(weights["llama"].values().copied().collect::<Vec<_>>(), vec![100, 100]);
 }
 
 #[test]
