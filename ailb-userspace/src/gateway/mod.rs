@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+mod body;
 pub mod config;
 pub mod error;
 mod log;
