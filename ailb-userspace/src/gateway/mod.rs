@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -52,32 +53,108 @@ pub fn load(path: Option<&Path>) -> Result<(crate::config::ValidConfig, ValidGat
 }
 
 /// `ailb gateway`: serves on every `gateway.listen` address until SIGINT or SIGTERM.
+///
+/// One thread per worker (`worker_threads`, default one per core), each with a single-threaded
+/// runtime, a listening socket of its own on every address (`SO_REUSEPORT`: the kernel spreads
+/// new client connections over them) and a pool of its own ([`Gateway::worker`]): a request,
+/// its upstream connection and its answer stay on one thread, so no request wakes another
+/// thread (a runtime whose threads share the work wakes one for about every request).
 pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
     let (config, gateway) = load(path)?;
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = gateway.worker_threads {
-        rt.worker_threads(n);
+    let workers = gateway.worker_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut listeners = bind(&gateway.listen, workers)?.into_iter();
+    let first_listeners = listeners.next().unwrap_or_default();
+    let gw = Gateway::new(&config, gateway, Registry::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut threads = Vec::new();
+    for (i, ls) in (1..).zip(listeners) {
+        let (gw, stopped) = (gw.worker(i, workers), stopped.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("ailb-gateway-{i}"))
+            .spawn(move || serve_worker(gw, ls, stopped))
+            .map_err(|source| GatewayError::Runtime { source })?;
+        threads.push(thread);
     }
-    let rt = rt.enable_all().build().map_err(|source| GatewayError::Runtime { source })?;
-    rt.block_on(serve_until_signal(config, gateway))
+    let first = gw.worker(0, workers);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| GatewayError::Runtime { source })?;
+    let served = rt.block_on(async {
+        let tasks = spawn_serving(&first, first_listeners)?;
+        shutdown_signal().await;
+        tracing::info!("gateway: stopping");
+        tasks.into_iter().for_each(|t| t.abort());
+        Ok(())
+    });
+    let _ = stop.send(true);
+    for t in threads {
+        match t.join() {
+            Ok(r) => r?,
+            Err(_) => tracing::error!("gateway: a worker thread panicked"),
+        }
+    }
+    served
 }
 
-async fn serve_until_signal(config: crate::config::ValidConfig, gateway: ValidGateway) -> Result<(), GatewayError> {
-    let mut listeners = Vec::new();
-    for &addr in &gateway.listen {
-        let l = tokio::net::TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
-        let local = l.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
-        tracing::info!(%local, "gateway: listening");
-        listeners.push(l);
+/// Worker `i`'s listening sockets, one per address of `addrs`, for each of `workers`: every
+/// worker's socket on an address shares its port (`SO_REUSEPORT`; the port the first one got
+/// when the address asks for port 0).
+fn bind(addrs: &[SocketAddr], workers: usize) -> Result<Vec<Vec<std::net::TcpListener>>, GatewayError> {
+    let mut out: Vec<Vec<std::net::TcpListener>> = (0..workers.max(1)).map(|_| Vec::new()).collect();
+    for &addr in addrs {
+        let mut at = addr;
+        for listeners in &mut out {
+            let l = listen_on(at).map_err(|source| GatewayError::Bind { addr, source })?;
+            at = l.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
+            listeners.push(l);
+        }
+        tracing::info!(local = %at, workers, "gateway: listening");
     }
-    let gw = Gateway::new(&config, gateway, Registry::default());
-    let tasks: Vec<_> = listeners.into_iter().map(|l| tokio::spawn(Arc::clone(&gw).serve(l))).collect();
-    shutdown_signal().await;
-    tracing::info!("gateway: stopping");
-    for t in tasks {
-        t.abort();
+    Ok(out)
+}
+
+fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// Serves `listeners` on this thread's own runtime until `stopped` turns true.
+fn serve_worker(
+    gw: Arc<Gateway>,
+    listeners: Vec<std::net::TcpListener>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), GatewayError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| GatewayError::Runtime { source })?;
+    rt.block_on(async {
+        let tasks = spawn_serving(&gw, listeners)?;
+        let _ = stopped.wait_for(|s| *s).await;
+        tasks.into_iter().for_each(|t| t.abort());
+        Ok(())
+    })
+}
+
+/// One task accepting on each of `listeners` (on the current runtime).
+fn spawn_serving(
+    gw: &Arc<Gateway>,
+    listeners: Vec<std::net::TcpListener>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, GatewayError> {
+    let mut tasks = Vec::new();
+    for l in listeners {
+        let addr = l.local_addr().map_err(|source| GatewayError::Runtime { source })?;
+        let l = tokio::net::TcpListener::from_std(l).map_err(|source| GatewayError::Bind { addr, source })?;
+        tasks.push(tokio::spawn(Arc::clone(gw).serve(l)));
     }
-    Ok(())
+    Ok(tasks)
 }
 
 async fn shutdown_signal() {
