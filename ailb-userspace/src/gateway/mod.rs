@@ -98,31 +98,35 @@ pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
 }
 
 /// Worker `i`'s listening sockets, one per address of `addrs`, for each of `workers`: every
-/// worker's socket on an address shares its port (`SO_REUSEPORT`; the port the first one got
-/// when the address asks for port 0).
+/// worker's socket on an address shares its port (`SO_REUSEPORT`; the port a first plain bind
+/// got when the address asks for port 0). That first bind, without `SO_REUSEPORT`, also keeps
+/// an address another process listens on refused ("address in use"), as a single socket was,
+/// rather than shared with it.
 fn bind(addrs: &[SocketAddr], workers: usize) -> Result<Vec<Vec<std::net::TcpListener>>, GatewayError> {
     let mut out: Vec<Vec<std::net::TcpListener>> = (0..workers.max(1)).map(|_| Vec::new()).collect();
     for &addr in addrs {
-        let mut at = addr;
+        let err = |source| GatewayError::Bind { addr, source };
+        let at = socket(addr, false).and_then(|probe| probe.local_addr()).map_err(err)?;
+        let at = at.as_socket().ok_or_else(|| err(std::io::ErrorKind::AddrNotAvailable.into()))?;
         for listeners in &mut out {
-            let l = listen_on(at).map_err(|source| GatewayError::Bind { addr, source })?;
-            at = l.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
-            listeners.push(l);
+            let l = socket(at, true).and_then(|s| s.listen(1024).map(|()| s)).map_err(err)?;
+            listeners.push(l.into());
         }
         tracing::info!(local = %at, workers, "gateway: listening");
     }
     Ok(out)
 }
 
-fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A non-blocking TCP socket bound to `addr`, sharing its port with the other workers' when
+/// `shared`.
+fn socket(addr: SocketAddr, shared: bool) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
+    s.set_reuse_port(shared)?;
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
-    s.listen(1024)?;
-    Ok(s.into())
+    Ok(s)
 }
 
 /// Serves `listeners` on this thread's own runtime until `stopped` turns true.
@@ -170,6 +174,27 @@ async fn shutdown_signal() {
         Err(e) => {
             tracing::warn!(error = %e, "gateway: no SIGTERM handler; stopping on SIGINT only");
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_worker_listens_on_one_port_and_another_process_gets_address_in_use() {
+        let addrs = ["127.0.0.1:0".parse().unwrap()];
+        let workers = bind(&addrs, 3).expect("port 0 binds");
+        assert_eq!(workers.len(), 3);
+        let ports: Vec<u16> = workers.iter().map(|w| w[0].local_addr().unwrap().port()).collect();
+        assert!(ports[0] != 0 && ports.iter().all(|p| *p == ports[0]), "{ports:?}");
+        // A second gateway on the same address is refused, as with one plain socket, rather
+        // than sharing the port.
+        let taken = [SocketAddr::from(([127, 0, 0, 1], ports[0]))];
+        match bind(&taken, 2) {
+            Err(GatewayError::Bind { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse),
+            other => panic!("expected address in use, got {:?}", other.map(|w| w.len())),
         }
     }
 }
