@@ -97,10 +97,12 @@ pub struct GatewayConfig {
     #[serde(default = "default_max_age")]
     pub upstream_max_age: String,
     /// Idle upstream connections kept at most, all keys together (each counts as one open
-    /// connection at its backend for the kernel's load bound). Default 256.
+    /// connection at its backend for the kernel's load bound), shared out among the worker
+    /// threads, each of which keeps its own. Default 256.
     #[serde(default = "default_max_idle")]
     pub upstream_max_idle: u32,
-    /// Threads serving requests; 0 = one per core. Default 0.
+    /// Threads serving requests, each with its own runtime, listening sockets (`SO_REUSEPORT`)
+    /// and idle upstream connections; 0 = one per core. Default 0.
     #[serde(default)]
     pub worker_threads: u32,
     /// Admission per model across both entry points (`gateway/admission.rs`): a request whose

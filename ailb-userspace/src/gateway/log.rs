@@ -5,14 +5,22 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::metrics::{GatewayMetrics, ModelLabel, StatusLabel};
+use hyper::Method;
+
+use super::metrics::{GatewayMetrics, ModelLabel, ModelSeries, StatusLabel};
+
+/// The access log's target.
+const ACCESS: &str = "ailb::gateway::access";
 
 /// Opened when a request's head arrives; [`RequestLog::finish`] (once) counts and logs it.
 pub struct RequestLog {
     metrics: Arc<GatewayMetrics>,
-    method: String,
-    path: String,
+    /// The method and path for the access line, kept only while that line is enabled.
+    line: Option<(Method, String)>,
     started: Instant,
+    /// The catalog model's series, once the request is known to be for one.
+    series: Option<Arc<ModelSeries>>,
+    /// The model's name otherwise ("" when unknown yet), which labels its series.
     model: String,
     status: u16,
     backend: Option<SocketAddrV4>,
@@ -22,12 +30,13 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    pub fn start(metrics: Arc<GatewayMetrics>, method: &str, path: &str) -> Self {
+    pub fn start(metrics: Arc<GatewayMetrics>, method: &Method, path: &str) -> Self {
+        let line = tracing::enabled!(target: ACCESS, tracing::Level::INFO).then(|| (method.clone(), path.to_string()));
         Self {
             metrics,
-            method: method.to_string(),
-            path: path.to_string(),
+            line,
             started: Instant::now(),
+            series: None,
             model: String::new(),
             status: 0,
             backend: None,
@@ -41,14 +50,16 @@ impl RequestLog {
         self.started
     }
 
-    /// The request is being proxied for `model` now (counted in flight until finished).
-    pub fn proxying(&mut self, model: &str, conversation: Option<u64>) {
-        self.model = model.to_string();
+    /// The request is being proxied for the catalog's model of `series` now (counted in
+    /// flight until finished).
+    pub fn proxying(&mut self, series: &Arc<ModelSeries>, conversation: Option<u64>) {
+        series.in_flight(&self.metrics).inc();
+        self.series = Some(series.clone());
         self.conversation = conversation;
-        self.metrics.in_flight.get_or_create(&ModelLabel { model: self.model.clone() }).inc();
         self.in_flight = true;
     }
 
+    /// The request names `model`, which the catalog does not have.
     pub fn model(&mut self, model: &str) {
         self.model = model.to_string();
     }
@@ -66,24 +77,40 @@ impl RequestLog {
     pub fn first_byte(&mut self, after: Duration) {
         if self.ttfb.is_none() {
             self.ttfb = Some(after);
-            let label = ModelLabel { model: self.model.clone() };
-            self.metrics.ttfb_seconds.get_or_create(&label).observe(after.as_secs_f64());
+            let secs = after.as_secs_f64();
+            match &self.series {
+                Some(s) => s.ttfb(&self.metrics).observe(secs),
+                None => self.metrics.ttfb_seconds.get_or_create(&self.label()).observe(secs),
+            }
         }
+    }
+
+    fn label(&self) -> ModelLabel {
+        ModelLabel { model: self.model.clone() }
     }
 
     pub fn finish(self, outcome: &'static str) {
         let duration = self.started.elapsed();
-        let label = ModelLabel { model: self.model.clone() };
-        if self.in_flight {
-            self.metrics.in_flight.get_or_create(&label).dec();
+        let m = &*self.metrics;
+        match &self.series {
+            Some(s) => {
+                if self.in_flight {
+                    s.in_flight(m).dec();
+                }
+                s.duration(m).observe(duration.as_secs_f64());
+                s.answered(m, self.status);
+            }
+            None => {
+                m.duration_seconds.get_or_create(&self.label()).observe(duration.as_secs_f64());
+                m.requests.get_or_create(&StatusLabel { model: self.model.clone(), status: self.status }).inc();
+            }
         }
-        self.metrics.duration_seconds.get_or_create(&label).observe(duration.as_secs_f64());
-        self.metrics.requests.get_or_create(&StatusLabel { model: self.model.clone(), status: self.status }).inc();
+        let Some((method, path)) = &self.line else { return };
         tracing::info!(
-            target: "ailb::gateway::access",
-            method = %self.method,
-            path = %self.path,
-            model = %self.model,
+            target: ACCESS,
+            %method,
+            %path,
+            model = %self.series.as_ref().map_or(self.model.as_str(), |s| s.model()),
             status = self.status,
             backend = %self.backend.map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
             conversation = %self.conversation.map(|h| format!("{h:#018x}")).unwrap_or_else(|| "-".into()),

@@ -1,5 +1,12 @@
 //! The front door's metrics, per model: requests by status, time to first byte, total
 //! duration and requests in flight. Registered on a registry passed in.
+//!
+//! The request path reaches its series through handles resolved once ([`ModelSeries`],
+//! [`GatewayMetrics::upstream_request`]): a label lookup hashes and clones the label and takes
+//! the family's lock, several times per request otherwise. A series still appears in the
+//! output only once it is first used, as with a lookup per request.
+
+use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::{
@@ -40,6 +47,8 @@ pub struct GatewayMetrics {
     pub duration_seconds: Family<ModelLabel, Histogram, Buckets>,
     pub in_flight: Family<ModelLabel, Gauge>,
     pub upstream_connections: Family<ReuseLabel, Counter>,
+    /// `upstream_connections` with `reused = false` and `true`, resolved on first use.
+    reuse: [OnceLock<Counter>; 2],
 }
 
 impl GatewayMetrics {
@@ -50,6 +59,7 @@ impl GatewayMetrics {
             duration_seconds: Family::new_with_constructor(Buckets),
             in_flight: Family::default(),
             upstream_connections: Family::default(),
+            reuse: Default::default(),
         };
         registry.register(
             "ailb_gateway_requests",
@@ -74,5 +84,65 @@ impl GatewayMetrics {
             m.upstream_connections.clone(),
         );
         m
+    }
+
+    /// Counts a request sent upstream on a fresh (`reused = false`) or a kept connection.
+    pub fn upstream_request(&self, reused: bool) {
+        let family = &self.upstream_connections;
+        self.reuse[usize::from(reused)].get_or_init(|| family.get_or_create(&ReuseLabel { reused }).clone()).inc();
+    }
+}
+
+/// One model's series of [`GatewayMetrics`], each resolved on its first use and then reached
+/// without a label lookup. Requests count by status; only 200 has a handle of its own.
+#[derive(Debug)]
+pub struct ModelSeries {
+    model: String,
+    in_flight: OnceLock<Gauge>,
+    ttfb: OnceLock<Histogram>,
+    duration: OnceLock<Histogram>,
+    ok: OnceLock<Counter>,
+}
+
+impl ModelSeries {
+    pub fn new(model: String) -> Self {
+        Self {
+            model,
+            in_flight: OnceLock::new(),
+            ttfb: OnceLock::new(),
+            duration: OnceLock::new(),
+            ok: OnceLock::new(),
+        }
+    }
+
+    /// The model's name, as its series are labelled.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn label(&self) -> ModelLabel {
+        ModelLabel { model: self.model.clone() }
+    }
+
+    pub fn in_flight(&self, m: &GatewayMetrics) -> &Gauge {
+        self.in_flight.get_or_init(|| m.in_flight.get_or_create(&self.label()).clone())
+    }
+
+    pub fn ttfb(&self, m: &GatewayMetrics) -> &Histogram {
+        self.ttfb.get_or_init(|| m.ttfb_seconds.get_or_create(&self.label()).clone())
+    }
+
+    pub fn duration(&self, m: &GatewayMetrics) -> &Histogram {
+        self.duration.get_or_init(|| m.duration_seconds.get_or_create(&self.label()).clone())
+    }
+
+    /// Counts one request answered with `status`.
+    pub fn answered(&self, m: &GatewayMetrics, status: u16) {
+        let label = || StatusLabel { model: self.model.clone(), status };
+        if status == 200 {
+            self.ok.get_or_init(|| m.requests.get_or_create(&label()).clone()).inc();
+        } else {
+            m.requests.get_or_create(&label()).inc();
+        }
     }
 }

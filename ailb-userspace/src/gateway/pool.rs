@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
+use hyper::header::HeaderValue;
 
 use super::proxy::AbortOnDrop;
 
@@ -43,6 +44,8 @@ pub struct Conn {
     pub sender: SendRequest<Full<Bytes>>,
     pub driver: AbortOnDrop,
     pub backend: SocketAddrV4,
+    /// `backend` as the value of the response's `x-ailb-backend` header, formatted once.
+    pub backend_value: HeaderValue,
     /// When it connected (when the kernel made its pick).
     pub born: Instant,
     /// A duplicate of the socket, to mark it idle and busy, and to shut it down at once.
@@ -182,7 +185,8 @@ mod tests {
             std::net::SocketAddr::V4(a) => a,
             _ => unreachable!(),
         };
-        (Conn { sender, driver, backend, born, fd: None }, l)
+        let backend_value = HeaderValue::from_static("test");
+        (Conn { sender, driver, backend, backend_value, born, fd: None }, l)
     }
 
     fn key(c: &str) -> PoolKey {

@@ -17,6 +17,7 @@ use ailb_common::client::{self, ClientError, Tags};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::header::HeaderValue;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
@@ -141,7 +142,8 @@ pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
             tracing::debug!(%backend, error = %crate::error_chain(&e), "upstream connection ended");
         }
     }));
-    Ok(Conn { sender, driver, backend, born, fd })
+    let backend_value = HeaderValue::try_from(backend.to_string()).expect("an address is a valid header value");
+    Ok(Conn { sender, driver, backend, backend_value, born, fd })
 }
 
 fn upstream_failure(backend: SocketAddrV4, what: &str, e: &dyn std::error::Error) -> ApiError {
@@ -207,9 +209,14 @@ pub struct Relay {
     sse: bool,
     done: bool,
     idle: Duration,
-    idle_timer: Pin<Box<Sleep>>,
+    /// When the last frame came (or the relay began): the idle timeout counts from it.
+    last_frame: tokio::time::Instant,
     total: Duration,
-    total_timer: Pin<Box<Sleep>>,
+    total_deadline: tokio::time::Instant,
+    /// The timers, armed only when the body has to wait: a response that is there whole never
+    /// touches the timer wheel.
+    idle_timer: Option<Pin<Box<Sleep>>>,
+    total_timer: Option<Pin<Box<Sleep>>>,
     log: Option<RequestLog>,
     started: Instant,
     /// The connection: closed on drop, or back to the pool after a whole response.
@@ -239,9 +246,11 @@ impl Relay {
             sse,
             done: false,
             idle,
-            idle_timer: Box::pin(tokio::time::sleep(idle)),
+            last_frame: tokio::time::Instant::now(),
             total,
-            total_timer: Box::pin(tokio::time::sleep_until(total_deadline)),
+            total_deadline,
+            idle_timer: None,
+            total_timer: None,
             started: log.started(),
             log: Some(log),
             conn: Some(conn),
@@ -290,13 +299,12 @@ impl HttpBody for Relay {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.total_timer.as_mut().poll(cx).is_ready() {
+        if tokio::time::Instant::now() >= this.total_deadline {
             return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let deadline = tokio::time::Instant::now() + this.idle;
-                this.idle_timer.as_mut().reset(deadline);
+                this.last_frame = tokio::time::Instant::now();
                 if let (Some(log), Some(data)) = (this.log.as_mut(), frame.data_ref()) {
                     if !data.is_empty() {
                         log.first_byte(this.started.elapsed());
@@ -317,7 +325,17 @@ impl HttpBody for Relay {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                let deadline = this.total_deadline;
+                let total = this.total_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if total.as_mut().poll(cx).is_ready() {
+                    return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
+                }
+                let deadline = this.last_frame + this.idle;
+                let idle = this.idle_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if idle.deadline() != deadline {
+                    idle.as_mut().reset(deadline);
+                }
+                if idle.as_mut().poll(cx).is_ready() {
                     return this.fail("idle timeout", Box::new(RelayError::Idle(this.idle)));
                 }
                 Poll::Pending

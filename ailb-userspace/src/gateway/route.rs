@@ -24,6 +24,8 @@ use ailb_common::hash::conversation_hash;
 use hyper::header::{HeaderMap, HeaderName, COOKIE};
 use serde_json::Value;
 
+use super::body;
+
 /// The API a request calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -135,21 +137,13 @@ impl RouteError {
     }
 }
 
-/// Parses a request body as a JSON object.
+/// Parses a request body as a JSON object, keeping only the fields the rules read
+/// ([`super::body::ROUTING_FIELDS`]; the body goes upstream as it came).
 pub fn parse_body(bytes: &[u8]) -> Result<Value, RouteError> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| RouteError::Json { reason: e.to_string() })?;
-    if !v.is_object() {
-        let found = match v {
-            Value::Null => "null",
-            Value::Bool(_) => "a boolean",
-            Value::Number(_) => "a number",
-            Value::String(_) => "a string",
-            Value::Array(_) => "an array",
-            Value::Object(_) => "an object",
-        };
-        return Err(RouteError::NotObject { found });
+    match serde_json::from_slice(bytes).map_err(|e| RouteError::Json { reason: e.to_string() })? {
+        body::Top::Object(fields) => Ok(Value::Object(fields)),
+        body::Top::Other(found) => Err(RouteError::NotObject { found }),
     }
-    Ok(v)
 }
 
 /// The routing inputs of a request to `endpoint`; `facts` looks a model up in the catalog.

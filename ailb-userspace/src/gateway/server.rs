@@ -21,7 +21,7 @@ use super::admission::Admission;
 use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::log::RequestLog;
-use super::metrics::{GatewayMetrics, ReuseLabel};
+use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
 use super::proxy::{self, BoxError, Relay, Reuse, Sent};
@@ -54,6 +54,8 @@ pub struct ModelRoute {
     /// The model's first VIP: every request of the model connects there.
     pub vip: SocketAddrV4,
     pub facts: ModelFacts,
+    /// Its metric series, reached without a label lookup per request.
+    pub series: Arc<ModelSeries>,
 }
 
 /// Each model of the catalog with a VIP, as the front door routes it.
@@ -68,7 +70,7 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
                 kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
             };
-            Some((name.clone(), ModelRoute { vip, facts }))
+            Some((name.clone(), ModelRoute { vip, facts, series: Arc::new(ModelSeries::new(name.clone())) }))
         })
         .collect()
 }
@@ -110,11 +112,11 @@ pub struct Gateway {
     cfg: ValidGateway,
     models: BTreeMap<String, ModelRoute>,
     metrics: Arc<GatewayMetrics>,
-    registry: Registry,
+    registry: Arc<Registry>,
     permits: Arc<Semaphore>,
     /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
     pool: Option<Arc<Pool>>,
-    live: Liveness,
+    live: Arc<Liveness>,
     admission: Option<Arc<Admission>>,
 }
 
@@ -136,8 +138,29 @@ impl Gateway {
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize));
-        let live = Liveness::new(config.listen);
-        Arc::new(Self { cfg, models, metrics, registry, permits, pool, live, admission })
+        let live = Arc::new(Liveness::new(config.listen));
+        Arc::new(Self { cfg, models, metrics, registry: Arc::new(registry), permits, pool, live, admission })
+    }
+
+    /// The same front door (catalog, limits, metrics, the `max_concurrent` slots) for worker
+    /// `index` of `workers`, with a pool of its own that keeps its share of
+    /// `upstream_max_idle`: a worker's requests, their upstream connections and their answers
+    /// then stay on its thread.
+    pub fn worker(&self, index: usize, workers: usize) -> Arc<Self> {
+        let max_idle = self.cfg.upstream_max_idle as usize;
+        let workers = workers.max(1);
+        let share = max_idle / workers + usize::from(index < max_idle % workers);
+        let pool = self.pool.as_ref().map(|_| Pool::new(self.cfg.upstream_max_age, share));
+        Arc::new(Self {
+            cfg: self.cfg.clone(),
+            models: self.models.clone(),
+            metrics: self.metrics.clone(),
+            registry: self.registry.clone(),
+            permits: self.permits.clone(),
+            pool,
+            live: self.live.clone(),
+            admission: self.admission.clone(),
+        })
     }
 
     /// Accepts connections on `listener` and serves each (HTTP/1.1 with keep-alive, or
@@ -160,7 +183,8 @@ impl Gateway {
             let gw = self.clone();
             let header_timeout = self.cfg.header_timeout;
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req, peer));
+                let client = ClientIp::new(peer);
+                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req, client.clone()));
                 let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
                 builder.http2().timer(TokioTimer::new());
@@ -172,15 +196,13 @@ impl Gateway {
     }
 
     /// One request.
-    pub async fn handle(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Result<Response<Body>, Infallible> {
-        let path = req.uri().path().to_string();
-        let endpoint = Endpoint::from_path(&path);
-        let resp = match (req.method(), path.as_str(), endpoint) {
-            (&Method::POST, _, Some(ep)) => return Ok(self.proxy(ep, req, peer).await),
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
+        let endpoint = Endpoint::from_path(req.uri().path());
+        if let (&Method::POST, Some(ep)) = (req.method(), endpoint) {
+            return Ok(self.proxy(ep, req, peer).await);
+        }
+        let path = req.uri().path();
+        let resp = match (req.method(), path, endpoint) {
             (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -229,13 +251,13 @@ impl Gateway {
         }
     }
 
-    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let mut log = RequestLog::start(self.metrics.clone(), req.method().as_str(), req.uri().path());
+    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>, peer: ClientIp) -> Response<Body> {
+        let mut log = RequestLog::start(self.metrics.clone(), req.method(), req.uri().path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
         };
-        let work = self.clone().forward(endpoint, req, peer, &mut log);
+        let work = self.clone().forward(endpoint, req, &peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(ApiError::timeout(format!(
@@ -246,11 +268,7 @@ impl Gateway {
         match result {
             Ok((resp, conn, reuse)) => {
                 let (parts, body) = resp.into_parts();
-                let sse = parts
-                    .headers
-                    .get(hyper::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+                let sse = parts.headers.get(CONTENT_TYPE).is_some_and(is_event_stream);
                 let relay = Relay::new(
                     body,
                     sse,
@@ -274,7 +292,7 @@ impl Gateway {
         self: Arc<Self>,
         endpoint: Endpoint,
         req: Request<Incoming>,
-        peer: SocketAddr,
+        peer: &ClientIp,
         log: &mut RequestLog,
     ) -> Result<(Response<Incoming>, Conn, Option<Reuse>), ApiError> {
         let (parts, body) = req.into_parts();
@@ -286,11 +304,11 @@ impl Gateway {
             }
         })?;
         let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
-        log.proxying(&inputs.model, conv_hash);
         if let Some(a) = &self.admission {
             a.admit(&inputs.model)?;
         }
         let model = &self.models[&inputs.model];
+        log.proxying(&model.series, conv_hash);
         let mut tags = ailb_common::client::Tags::new().model(inputs.model.as_str());
         if let Some(c) = &inputs.conversation {
             tags = tags.conversation(c.key.as_str());
@@ -303,7 +321,8 @@ impl Gateway {
             .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
             .body(Full::new(bytes))
             .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
-        let mut headers = end_to_end(&parts.headers);
+        let mut headers = parts.headers;
+        end_to_end(&mut headers);
         forwarded_for(&mut headers, peer);
         if !headers.contains_key(HOST) {
             // An HTTP/2 client names the host in `:authority`, which HTTP/1.1 carries as Host.
@@ -325,13 +344,12 @@ impl Gateway {
             _ => None,
         };
         log.upstream(backend, resp.status().as_u16());
-        let headers = end_to_end(resp.headers());
-        *resp.headers_mut() = headers;
+        end_to_end(resp.headers_mut());
         // The upstream's HTTP version is its connection's business (an HTTP/1.0 answer would
         // make the client's keep-alive connection close).
         *resp.version_mut() = client_version;
         let h = resp.headers_mut();
-        h.insert(HeaderName::from_static(BACKEND_HEADER), header_value(backend.to_string()));
+        h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
         if let Some(hash) = conv_hash {
             h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
         }
@@ -351,7 +369,7 @@ impl Gateway {
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
             match proxy::send(&mut conn, req, idle).await? {
                 Sent::Answered(resp) => {
-                    self.metrics.upstream_connections.get_or_create(&ReuseLabel { reused: true }).inc();
+                    self.metrics.upstream_request(true);
                     return Ok((resp, conn));
                 }
                 Sent::NotSent(back) => req = back,
@@ -359,7 +377,7 @@ impl Gateway {
         }
         let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
         let mut conn = proxy::open(up).await?;
-        self.metrics.upstream_connections.get_or_create(&ReuseLabel { reused: false }).inc();
+        self.metrics.upstream_request(false);
         match proxy::send(&mut conn, req, idle).await? {
             Sent::Answered(resp) => Ok((resp, conn)),
             Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
@@ -393,9 +411,13 @@ impl Gateway {
     }
 }
 
-/// The headers of `from` without the hop-by-hop ones (the fixed list and those named in
-/// `Connection`).
-fn end_to_end(from: &HeaderMap) -> HeaderMap {
+/// Removes the hop-by-hop headers (the fixed list and those named in `Connection`) from
+/// `headers`, keeping the order of the others. Most messages have none, and are left as they are.
+fn end_to_end(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(&name.as_str())) {
+        return;
+    }
+    let from = std::mem::take(headers);
     let named: Vec<String> = from
         .get_all(CONNECTION)
         .iter()
@@ -403,27 +425,48 @@ fn end_to_end(from: &HeaderMap) -> HeaderMap {
         .flat_map(|v| v.split(','))
         .map(|s| s.trim().to_ascii_lowercase())
         .collect();
-    let mut out = HeaderMap::with_capacity(from.len());
-    for (name, value) in from {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || named.iter().any(|c| c == n) {
+    headers.reserve(from.len());
+    let mut name = None;
+    for (next, value) in from {
+        // `None`: another value of the header before it.
+        if let Some(n) = next {
+            name = Some(n);
+        }
+        let Some(n) = &name else { continue };
+        if HOP_BY_HOP.contains(&n.as_str()) || named.iter().any(|c| c == n.as_str()) {
             continue;
         }
-        out.append(name.clone(), value.clone());
+        headers.append(n.clone(), value);
     }
-    out
+}
+
+/// Whether a `Content-Type` is an event stream (`text/event-stream`, any case, parameters allowed).
+fn is_event_stream(v: &HeaderValue) -> bool {
+    const SSE: &str = "text/event-stream";
+    v.to_str().is_ok_and(|v| v.trim_start().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
+}
+
+/// A client's IP address as `X-Forwarded-For` carries it, formatted once per connection.
+#[derive(Clone, Debug)]
+pub struct ClientIp(HeaderValue);
+
+impl ClientIp {
+    pub fn new(peer: SocketAddr) -> Self {
+        Self(header_value(peer.ip().to_string()))
+    }
 }
 
 /// Appends the client's address to `X-Forwarded-For` (the model server's logs then name the
 /// client rather than the front door).
-fn forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+fn forwarded_for(headers: &mut HeaderMap, peer: &ClientIp) {
     let name = HeaderName::from_static("x-forwarded-for");
-    let ip = peer.ip().to_string();
     let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
-        _ => ip,
+        Some(prior) if !prior.trim().is_empty() => {
+            header_value(format!("{prior}, {}", peer.0.to_str().unwrap_or_default()))
+        }
+        _ => peer.0.clone(),
     };
-    headers.insert(name, header_value(value));
+    headers.insert(name, value);
 }
 
 /// Whether the upstream leaves its connection open after `resp` (HTTP/1.1 without

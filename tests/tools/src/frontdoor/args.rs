@@ -11,7 +11,8 @@ use clap::Parser;
     long_about = "Small non-streamed requests (a one-token chat completion) through ailb's front door, side by side \
         with the same requests directly to the server, through nginx as an L7 proxy with upstream keep-alive, \
         through sglang-router and through vllm-router, all in front of one simulated server (ailb-sim), in \
-        interleaved rounds of `wrk -t1 -c16 -d5s --latency`. Runs as root, in a private network namespace \
+        interleaved rounds of `wrk -t1 -c16 -d5s --latency` and of the same with one connection (a closed \
+        loop). Runs as root, in a private network namespace \
         (loopback only) and a child cgroup it creates, both removed on exit. Then measures where the front \
         door's time goes (strace -c system calls per request; perf where installed).\n\n\
         Writes target/bench/frontdoor.md and prints it.",

@@ -14,11 +14,14 @@
 //! - `sglang-router` and `vllm-router` from the peers' venv, with their defaults.
 //!
 //! The load is `wrk -t1 -c16 -d5s --latency` POSTing a one-token chat completion ([`wrk`]) over
-//! keep-alive client connections, in interleaved rounds (every path once per round, in turns)
-//! so that drift hits all alike. The report gives per path req/s (median and range), p50 and
-//! p99, the latency it adds over direct in the same round, the ratios to direct and to the
-//! fastest peer, the CPU per request of the router's process tree and of the server, whether
-//! the front door meets its goals (ahead of the fastest peer; under 100 us added at p50), and
+//! keep-alive client connections (saturated: the cores are busy), then the same with one
+//! connection (a closed loop, one request at a time: every path sustains it), in interleaved
+//! rounds (every path once per round, in turns) so that drift hits all alike. The report gives
+//! per path req/s (median and range), p50 and p99, the latency it adds over direct in the same
+//! round at both loads, the ratios to direct and to the fastest peer, the CPU per request of the
+//! router's process tree and of the server, whether the front door meets its goals (ahead of the
+//! fastest peer; under 100 us added at p50, judged on the closed loop, where "added" is the
+//! router's own time rather than its share of the saturated cores), and
 //! where its time goes ([`profile`]).
 //!
 //! Everything runs in a private network namespace (this process unshares one before it starts
@@ -52,8 +55,12 @@ pub const MODEL: &str = "sim-7b";
 /// a fresh upstream socket and kernel pick per request, and idle upstream connections kept per
 /// routing inputs (the default).
 pub const UPSTREAM_REUSE: &[&str] = &["never", "conversation"];
-/// wrk's keep-alive client connections.
+/// wrk's keep-alive client connections in the saturated runs.
 pub const CONNECTIONS: u32 = 16;
+/// The closed loop: one connection, one request at a time. Every path sustains that rate (no
+/// queue forms anywhere), so the latency a router adds over direct there is its own time per
+/// request; at [`CONNECTIONS`] on shared cores the added latency mostly measures throughput.
+pub const CLOSED_LOOP: u32 = 1;
 
 const SIM: &str = "127.0.0.11:18001";
 const VIP: &str = "127.77.0.1:80";
@@ -192,27 +199,38 @@ fn measure(targets: &mut [Target], sim: &Proc, script: &Path, args: &Args) -> Ve
             let (router0, server0) = (t.pid().and_then(tree_cpu), tree_cpu(sim_pid));
             let run = wrk::run(&t.url, script, CONNECTIONS, args.seconds);
             let (router1, server1) = (t.pid().and_then(tree_cpu), tree_cpu(sim_pid));
-            let sample = match run {
-                Ok(w) => Sample {
-                    failure: w.failure(),
+            let closed = wrk::run(&t.url, script, CLOSED_LOOP, args.seconds);
+            let sample = match (run, closed) {
+                (Ok(w), Ok(c)) => Sample {
+                    failure: failures(&w, &c),
                     wrk: w,
+                    closed: c,
                     router_cpu: router0.zip(router1).map(|(a, b)| b.since(a)),
                     server_cpu: server0.zip(server1).map(|(a, b)| b.since(a)),
                 },
-                Err(e) => Sample { failure: Some(format!("{e:#}")), ..Sample::default() },
+                (Err(e), _) | (_, Err(e)) => Sample { failure: Some(format!("{e:#}")), ..Sample::default() },
             };
             if let Some(why) = &sample.failure {
                 say(&format!("  FAILED: {why}"));
             } else {
                 say(&format!(
-                    "  {:.0} req/s, p50 {:.0} us, p99 {:.0} us",
-                    sample.wrk.rps, sample.wrk.p50_us, sample.wrk.p99_us
+                    "  {:.0} req/s, p50 {:.0} us, p99 {:.0} us; one connection: p50 {:.0} us, p99 {:.0} us",
+                    sample.wrk.rps, sample.wrk.p50_us, sample.wrk.p99_us, sample.closed.p50_us, sample.closed.p99_us
                 ));
             }
             r.samples.push(sample);
         }
     }
     results
+}
+
+/// Why a round failed: the saturated run's and the closed loop's failures, each named.
+fn failures(saturated: &wrk::WrkRun, closed: &wrk::WrkRun) -> Option<String> {
+    let why: Vec<String> = [(CONNECTIONS, saturated.failure()), (CLOSED_LOOP, closed.failure())]
+        .into_iter()
+        .filter_map(|(c, f)| Some(format!("at {c} connection(s): {}", f?)))
+        .collect();
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 /// The breakdown section: system calls per request of every front-door row and of nginx
@@ -296,11 +314,12 @@ fn setup(ailb: &Path, args: &Args) -> Setup {
             paths::SIM_TIME_SCALE
         ),
         load: format!(
-            "`wrk -t1 -c{CONNECTIONS} -d{}s --latency -s post.lua`: keep-alive client connections, each request a \
-             POST of `{}` (Content-Type: application/json, `X-Session-ID: {}`)",
-            args.seconds,
+            "`wrk -t1 -c{CONNECTIONS} -d{s}s --latency -s post.lua` (saturated), then `wrk -t1 -c{CLOSED_LOOP} -d{s}s` \
+             (closed loop: one request at a time): keep-alive client connections, each request a POST of `{}` \
+             (Content-Type: application/json, `X-Session-ID: {}`)",
             wrk::body(),
-            wrk::SESSION
+            wrk::SESSION,
+            s = args.seconds,
         ),
         rounds: args.rounds as usize,
     }
