@@ -26,7 +26,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
         let source: Box<dyn SnapshotSource> = match &cfg.source {
-            ValidSource::Static => Box::new(StaticSource::new(&cfg)),
+            ValidSource::Static => Box::new(StaticSource::new(&cfg)?),
             ValidSource::Nacos(n) => crate::daemon::source::nacos(n, &cfg).await?,
         };
         let mut registry = Registry::default();

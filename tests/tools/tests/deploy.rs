@@ -296,6 +296,11 @@ fn unit_values(unit: &str, key: &str) -> Vec<String> {
 fn configs_validate_and_agree_with_the_units() {
     let cfg = check_gateway_config(&read("etc/ailb.toml"), "docs/deploy/etc/ailb.toml");
     check_agent_config(&read("etc/agent.toml"), "docs/deploy/etc/agent.toml");
+    let one = check_gateway_config(&read("etc/onebox.toml"), "docs/deploy/etc/onebox.toml");
+    assert!(
+        one.backends.iter().all(|b| b.telemetry.as_ref().is_some_and(|t| t.nvml)),
+        "etc/onebox.toml: every backend sampled, with its GPUs"
+    );
 
     // The front door runs in the cgroup the daemon attaches to, and the daemon may write its pins.
     assert_eq!(unit_values("ailb-gateway.service", "Slice"), ["ailb.slice"]);
