@@ -60,6 +60,14 @@ pub struct ModelConfig {
     /// Nacos services that serve this model; default: `[name]`.
     #[serde(default)]
     pub nacos_services: Vec<String>,
+    /// In-flight requests one backend of this model serves well (1..=1e6), for backends that
+    /// report no `max_inflight`: their capacity in the cluster spill rule and the autoscaling
+    /// gauges. Absent: such backends have no capacity.
+    #[serde(default)]
+    pub backend_capacity: Option<u32>,
+    /// This model's `[policy] spill_saturation`.
+    #[serde(default)]
+    pub spill_saturation: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -102,6 +110,11 @@ pub struct DaemonConfig {
     /// path. Opened at start-up only when a backend names GPUs; missing: a start-up error.
     #[serde(default)]
     pub nvml_library: Option<PathBuf>,
+    /// The gateway's own cluster: the backends of this cluster (Nacos `clusterName`, a static
+    /// backend's `cluster`) serve each model while they can; others only as a spill. Absent:
+    /// no preference.
+    #[serde(default)]
+    pub cluster: Option<String>,
 }
 
 fn default_sample_interval() -> String {
@@ -123,6 +136,7 @@ impl Default for DaemonConfig {
             listen: None,
             sample_interval: default_sample_interval(),
             nvml_library: None,
+            cluster: None,
         }
     }
 }
@@ -218,6 +232,9 @@ pub struct BackendConfig {
     pub max_inflight: u32,
     #[serde(default = "yes")]
     pub healthy: bool,
+    /// The backend's cluster, for `daemon.cluster`; default none ("").
+    #[serde(default)]
+    pub cluster: Option<String>,
     /// Live telemetry of a backend on this node, sampled by `ailb run` itself every
     /// `daemon.sample_interval` as `ailb agent` samples its `[[instances]]` (no registry, no
     /// agent), with the meaning of the agent's keys of the same names. `metrics_url` turns it

@@ -133,6 +133,8 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
             required_memory_mb: m.required_memory_mb,
             model_version: m.model_version.clone(),
             affinity_ttl: m.affinity_ttl.as_deref().map(|t| parse_duration(&field("affinity_ttl"), t)).transpose()?,
+            backend_capacity: check_capacity(&field("backend_capacity"), m.backend_capacity)?,
+            spill_saturation_milli: check_spill(&field("spill_saturation"), m.spill_saturation)?,
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
@@ -150,6 +152,32 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
         }
     }
     Ok(vm)
+}
+
+fn check_capacity(field: &str, c: Option<u32>) -> Result<Option<u32>, ConfigError> {
+    match c {
+        Some(c) if c == 0 || c > 1_000_000 => Err(ConfigError::invalid(field, c, "must be 1..=1000000 requests")),
+        c => Ok(c),
+    }
+}
+
+fn check_spill(field: &str, s: Option<f64>) -> Result<Option<u32>, ConfigError> {
+    match s {
+        Some(s) if !(s.is_finite() && s > 0.0 && s <= 10.0) => {
+            Err(ConfigError::invalid(field, s, "must be in (0, 10] (load over capacity)"))
+        }
+        s => Ok(s.map(|s| (s * 1000.0).round().max(1.0) as u32)),
+    }
+}
+
+/// `daemon.cluster` or `backends[i].cluster`: a Nacos cluster name.
+fn check_cluster(field: &str, c: &Option<String>) -> Result<(), ConfigError> {
+    match c {
+        Some(c) if c.trim().is_empty() || c.len() > 256 || c.chars().any(|ch| ch.is_control() || ch == ',') => {
+            Err(ConfigError::invalid(field, c, "a cluster name: 1 to 256 bytes, no control characters, no ','"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The catalog's size limits, and a VIP for every model.
@@ -210,6 +238,10 @@ fn check_backend(
         free_memory_mb: c.free_memory_mb,
         max_inflight: c.max_inflight,
         healthy: c.healthy,
+        cluster: {
+            check_cluster(&field("cluster"), &c.cluster)?;
+            c.cluster.clone().unwrap_or_default()
+        },
         telemetry: local_telemetry(i, c, address)?,
     })
 }
@@ -284,6 +316,8 @@ impl Config {
             })
             .transpose()?;
         self.policy.validate()?;
+        check_cluster("daemon.cluster", &d.cluster)?;
+        let policy = crate::policy::PolicyConfig { own_cluster: d.cluster.clone(), ..self.policy.clone() };
         let backends = self.static_backends(&models)?;
         let sample_interval = parse_duration("daemon.sample_interval", &d.sample_interval)?;
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&sample_interval) {
@@ -306,7 +340,7 @@ impl Config {
             listen,
             sample_interval,
             nvml_library: d.nvml_library.clone(),
-            policy: self.policy.clone(),
+            policy,
         })
     }
 

@@ -19,6 +19,8 @@ pub struct StaticBackend {
     pub free_memory_mb: Option<u32>,
     pub max_inflight: u32,
     pub healthy: bool,
+    /// Its cluster (`""`: none), for the gateway's cluster preference.
+    pub cluster: String,
     /// Live telemetry sampled by the daemon (`metrics_url`, `gpus`), as an agent's instance.
     pub telemetry: Option<Box<ValidInstance>>,
 }
@@ -38,7 +40,7 @@ pub fn from_static_sampled(backends: &[StaticBackend], sampled: &BTreeMap<usize,
                 model: b.model.clone(),
                 service: "static".to_string(),
                 group: String::new(),
-                cluster: String::new(),
+                cluster: b.cluster.clone(),
                 address: b.address,
                 weight: b.weight as f64,
                 healthy: b.healthy,
