@@ -523,6 +523,9 @@ address = "127.0.0.11:18001"
         assert!(e.contains("backends[0].metrics_url") && e.contains("ftp://x/metrics"), "{e}");
         let e = err(&live.replace("gpus = [0, \"GPU-1\"]", "server = \"custom\""));
         assert!(e.contains("backends[0].metrics"), "custom needs names: {e}");
+        let e = err(&live.replace("gpus = [0", "kv_bytes_per_token = 131072\ngpus = [0"));
+        assert!(e.contains("backends[0].kv_bytes_per_token") && e.contains("remove gpus"), "{e}");
+        assert!(!e.contains("nvml ="), "a backend has no nvml key: {e}");
         let e = err(&format!("[daemon]\nsample_interval = \"10ms\"\n{OK}"));
         assert!(e.contains("daemon.sample_interval") && e.contains("10ms"), "{e}");
     }

@@ -342,12 +342,15 @@ fn check_thresholds(t: &Thresholds) -> Result<(), ConfigError> {
 }
 
 /// One instance checked as `[[instances]]` are, its errors naming `prefix.<field>` (the gateway's
-/// `backends[i]` that `ailb run` samples itself).
+/// `backends[i]` that `ailb run` samples itself). There NVML is on exactly when `gpus` is set (no
+/// `nvml` key), and the reasons say so.
 pub fn check_local_instance(prefix: &str, c: &InstanceConfig) -> Result<ValidInstance, ConfigError> {
     check_instance(0, c, &[]).map_err(|e| match e {
-        ConfigError::InvalidValue { field, value, reason } => {
-            ConfigError::InvalidValue { field: field.replacen("instances[0]", prefix, 1), value, reason }
-        }
+        ConfigError::InvalidValue { field, value, reason } => ConfigError::InvalidValue {
+            field: field.replacen("instances[0]", prefix, 1),
+            value,
+            reason: reason.replace("with nvml = true", "with gpus").replace("set nvml = false", "remove gpus"),
+        },
         other => other,
     })
 }
