@@ -31,7 +31,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         };
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
+        registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone(), loads: metrics.loads.clone() }));
         let shared = Arc::new(http::Shared { registry, plan: RwLock::new(None) });
         if let Some(addr) = cfg.listen {
             if !addr.ip().is_loopback() {
