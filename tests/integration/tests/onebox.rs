@@ -63,8 +63,10 @@ fn one_box_samples_its_gpus_and_servers_without_a_registry() {
     wait_kernel(&daemon, METRICS_BACKEND, (true, None), "the metrics-only backend live, memory unknown");
 
     // 1300 MiB more used: past the 512 MiB threshold, in the kernel within a few samples.
+    let t0 = std::time::Instant::now();
     nvml.set(&state(21_300, ""));
     wait_kernel(&daemon, GPU_BACKEND, (true, Some(132_540)), "the new free memory in AILB_BACKENDS");
+    eprintln!("a fake GPU's memory change reached AILB_BACKENDS in {:?} (sample_interval 100ms)", t0.elapsed());
 
     // NVML fails: the memory becomes unknown, the daemon goes on.
     nvml.set(&state(21_300, "fail memory\n"));
