@@ -2,7 +2,11 @@
 //! `_total`, durations in `_seconds`. The kernel's counters are read from the pinned maps at
 //! scrape time by [`KernelCollector`].
 
-use std::path::PathBuf;
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, RwLock},
+};
 
 use prometheus_client::{
     collector::Collector,
@@ -38,6 +42,20 @@ pub struct InvalidLabel {
     pub effect: String,
 }
 
+/// Per model, from the last plan: the inputs of the autoscaling gauges that the kernel does not
+/// hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelLoad {
+    /// Sum of the live backends' capacities (`max_inflight`, else the model's
+    /// `backend_capacity`); 0: none known.
+    pub capacity: f64,
+    /// Sum of the live backends' reported `queue_length`.
+    pub queued: f64,
+}
+
+/// Shared between the daemon loop (writes after each plan) and the scrape (reads).
+pub type ModelLoads = Arc<RwLock<BTreeMap<String, ModelLoad>>>;
+
 /// The daemon's own metrics.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -52,6 +70,8 @@ pub struct Metrics {
     pub excluded: Family<ReasonLabel, Gauge>,
     pub model_available: Family<ModelLabel, Gauge>,
     pub invalid_metadata: Family<InvalidLabel, Gauge>,
+    /// What [`KernelCollector`] needs for the per-model saturation gauges.
+    pub loads: ModelLoads,
 }
 
 impl Metrics {
@@ -71,6 +91,7 @@ impl Metrics {
             excluded: Family::default(),
             model_available: Family::default(),
             invalid_metadata: Family::default(),
+            loads: ModelLoads::default(),
         };
         registry.register(
             "ailb_discovery_errors",
@@ -119,10 +140,12 @@ impl Metrics {
     }
 }
 
-/// Reads the pinned maps on every scrape: the kernel counters and per-backend in-flight counts.
+/// Reads the pinned maps on every scrape: the kernel counters, per-backend in-flight counts and
+/// the per-model saturation gauges (with `loads`, the last plan's capacities and queues).
 #[derive(Debug)]
 pub struct KernelCollector {
     pub bpffs: PathBuf,
+    pub loads: ModelLoads,
 }
 
 fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
@@ -136,7 +159,8 @@ impl Collector for KernelCollector {
         let Ok(st) = crate::datapath::read_status(&self.bpffs) else {
             return Ok(()); // no pins (yet): nothing to report
         };
-        encode_status(&st, enc)
+        let loads = self.loads.read().map(|l| l.clone()).unwrap_or_default();
+        encode_status(&st, &loads, enc)
     }
 }
 
@@ -144,15 +168,87 @@ impl Collector for KernelCollector {
 /// check without a kernel (the deployment files' test) encode every kernel metric the daemon's
 /// `/metrics` serves.
 #[derive(Debug)]
-pub struct StatusCollector(pub crate::datapath::status::Status);
+pub struct StatusCollector(pub crate::datapath::status::Status, pub BTreeMap<String, ModelLoad>);
 
 impl Collector for StatusCollector {
     fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        encode_status(&self.0, enc)
+        encode_status(&self.0, &self.1, enc)
     }
 }
 
-fn encode_status(st: &crate::datapath::status::Status, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+/// Free memory (MiB) a backend has for new requests now, as the kernel's pick counts it:
+/// `min(free, capacity - hinted in flight)`; `None`: unknown.
+fn free_now_mb(b: &crate::datapath::status::BackendStatus) -> Option<u64> {
+    let free = u64::from(b.free_mem_mb?);
+    Some(b.mem_capacity_mb.map_or(free, |c| free.min(u64::from(c).saturating_sub(b.inflight_mem_mb))))
+}
+
+/// A per-model gauge family: `(model, value)` pairs.
+fn model_gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl Iterator<Item = (String, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut fam = enc.encode_descriptor(name, help, None, ConstGauge::new(0.0f64).metric_type())?;
+    for (model, v) in values {
+        ConstGauge::new(v).encode(fam.encode_family(&ModelLabel { model })?)?;
+    }
+    Ok(())
+}
+
+/// The autoscaling signal per model: the kernel's in-flight count against the live backends'
+/// capacity, the reported queues, and the memory free for new requests.
+fn encode_models(
+    st: &crate::datapath::status::Status,
+    loads: &BTreeMap<String, ModelLoad>,
+    enc: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let load = |m: &str| loads.get(m).copied().unwrap_or_default();
+    let models = || st.models.iter();
+    model_gauges(
+        enc,
+        "ailb_model_inflight",
+        "In-flight connections per model on this gateway (kernel)",
+        models().map(|m| (m.name.clone(), m.inflight as f64)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_capacity",
+        "Sum of the live backends' capacity (max_inflight, else the model's backend_capacity); 0: unknown",
+        models().map(|m| (m.name.clone(), load(&m.name).capacity)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_saturation",
+        "In-flight connections over capacity per model (1 = every slot taken; absent while no capacity is known)",
+        models()
+            .filter(|m| load(&m.name).capacity > 0.0)
+            .map(|m| (m.name.clone(), m.inflight as f64 / load(&m.name).capacity)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_queued_requests",
+        "Sum of the queue_length the model's live backends report",
+        models().map(|m| (m.name.clone(), load(&m.name).queued)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_memory_headroom_mb",
+        "GPU memory (MiB) free for new requests over the model's live backends with known memory (kernel: free minus hints in flight)",
+        models().map(|m| {
+            let mb: u64 = m.backends.iter().filter(|b| b.live).filter_map(free_now_mb).sum();
+            (m.name.clone(), mb as f64)
+        }),
+    )
+}
+
+fn encode_status(
+    st: &crate::datapath::status::Status,
+    loads: &BTreeMap<String, ModelLoad>,
+    mut enc: DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    encode_models(st, loads, &mut enc)?;
     let s = &st.stats;
     for (name, help, v) in [
         ("ailb_kernel_picks", "Connects to a VIP that got a backend", s.picks),
@@ -184,4 +280,91 @@ fn encode_status(st: &crate::datapath::status::Status, mut enc: DescriptorEncode
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::status::{BackendStatus, ConfigStatus, ModelStatus, Status};
+
+    fn backend(free: Option<u32>, cap: Option<u32>, hinted: u64, live: bool) -> BackendStatus {
+        BackendStatus {
+            id: 1,
+            address: "10.0.0.1:8000".into(),
+            weight: 1,
+            cap: 4,
+            free_mem_mb: free,
+            mem_capacity_mb: cap,
+            live,
+            table_slots: 0,
+            table_share: 0.0,
+            inflight: 0,
+            inflight_mem_mb: hinted,
+            picks: 0,
+            affinity_hits: 0,
+            established: 0,
+            closed: 0,
+            connect_failures: 0,
+            rtt_us_avg: None,
+        }
+    }
+
+    fn status(models: Vec<ModelStatus>) -> Status {
+        Status {
+            bpffs: String::new(),
+            abi_version: 0,
+            generation: 0,
+            config: ConfigStatus {
+                load_factor: 0.0,
+                probes: 0,
+                affinity: false,
+                load_bound: false,
+                round_robin: false,
+                affinity_ttl_ms: 0,
+                affinity_wait_ms: 0,
+            },
+            stats: Default::default(),
+            models,
+        }
+    }
+
+    fn model(name: &str, inflight: u64, backends: Vec<BackendStatus>) -> ModelStatus {
+        ModelStatus { id: 0, name: name.into(), vips: vec![], available: true, table_size: 0, inflight, backends }
+    }
+
+    #[test]
+    fn model_gauges_divide_the_kernels_count_by_the_planned_capacity() {
+        let st = status(vec![
+            model(
+                "a",
+                6,
+                vec![
+                    // 8000 free, idle capacity 8000, 3000 hinted in flight: 5000 free now.
+                    backend(Some(8000), Some(8000), 3000, true),
+                    // Free now is the reported 2000 (below capacity - hints).
+                    backend(Some(2000), Some(16000), 1000, true),
+                    backend(None, None, 0, true),          // unknown: not counted
+                    backend(Some(50_000), None, 0, false), // not live: not counted
+                ],
+            ),
+            model("b", 3, vec![]),
+        ]);
+        let loads = BTreeMap::from([("a".to_string(), ModelLoad { capacity: 8.0, queued: 2.0 })]);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(StatusCollector(st, loads)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "ailb_model_inflight{model=\"a\"} 6.0",
+            "ailb_model_capacity{model=\"a\"} 8.0",
+            "ailb_model_saturation{model=\"a\"} 0.75",
+            "ailb_model_queued_requests{model=\"a\"} 2.0",
+            "ailb_model_memory_headroom_mb{model=\"a\"} 7000.0",
+            "ailb_model_inflight{model=\"b\"} 3.0",
+            "ailb_model_capacity{model=\"b\"} 0.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
+        assert!(!text.contains("ailb_model_saturation{model=\"b\"}"), "no capacity, no ratio:\n{text}");
+    }
 }

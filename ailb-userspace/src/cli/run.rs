@@ -26,12 +26,12 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
         let source: Box<dyn SnapshotSource> = match &cfg.source {
-            ValidSource::Static => Box::new(StaticSource::new(&cfg)),
+            ValidSource::Static => Box::new(StaticSource::new(&cfg)?),
             ValidSource::Nacos(n) => crate::daemon::source::nacos(n, &cfg).await?,
         };
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone() }));
+        registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone(), loads: metrics.loads.clone() }));
         let shared = Arc::new(http::Shared { registry, plan: RwLock::new(None) });
         if let Some(addr) = cfg.listen {
             if !addr.ip().is_loopback() {

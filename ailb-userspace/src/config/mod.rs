@@ -60,6 +60,14 @@ pub struct ModelConfig {
     /// Nacos services that serve this model; default: `[name]`.
     #[serde(default)]
     pub nacos_services: Vec<String>,
+    /// In-flight requests one backend of this model serves well (1..=1e6), for backends that
+    /// report no `max_inflight`: their capacity in the cluster spill rule and the autoscaling
+    /// gauges. Absent: such backends have no capacity.
+    #[serde(default)]
+    pub backend_capacity: Option<u32>,
+    /// This model's `[policy] spill_saturation`.
+    #[serde(default)]
+    pub spill_saturation: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -94,6 +102,23 @@ pub struct DaemonConfig {
     /// Address of the HTTP endpoint (`/metrics`, `/v1/plan`), e.g. "127.0.0.1:9464"; absent: off.
     #[serde(default)]
     pub listen: Option<String>,
+    /// How often backends with a `metrics_url` are sampled, 50ms to 60s. Default "500ms" (the
+    /// agent's `publish_interval`).
+    #[serde(default = "default_sample_interval")]
+    pub sample_interval: String,
+    /// The NVML library for backends with `gpus`; default `libnvidia-ml.so.1` on the loader's
+    /// path. Opened at start-up only when a backend names GPUs; missing: a start-up error.
+    #[serde(default)]
+    pub nvml_library: Option<PathBuf>,
+    /// The gateway's own cluster: the backends of this cluster (Nacos `clusterName`, a static
+    /// backend's `cluster`) serve each model while they can; others only as a spill. Absent:
+    /// no preference.
+    #[serde(default)]
+    pub cluster: Option<String>,
+}
+
+fn default_sample_interval() -> String {
+    "500ms".to_string()
 }
 
 fn default_bpffs() -> PathBuf {
@@ -105,7 +130,14 @@ fn default_cgroup() -> String {
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        Self { bpffs: default_bpffs(), cgroup: default_cgroup(), listen: None }
+        Self {
+            bpffs: default_bpffs(),
+            cgroup: default_cgroup(),
+            listen: None,
+            sample_interval: default_sample_interval(),
+            nvml_library: None,
+            cluster: None,
+        }
     }
 }
 
@@ -200,6 +232,31 @@ pub struct BackendConfig {
     pub max_inflight: u32,
     #[serde(default = "yes")]
     pub healthy: bool,
+    /// The backend's cluster, for `daemon.cluster`; default none ("").
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// Live telemetry of a backend on this node, sampled by `ailb run` itself every
+    /// `daemon.sample_interval` as `ailb agent` samples its `[[instances]]` (no registry, no
+    /// agent), with the meaning of the agent's keys of the same names. `metrics_url` turns it
+    /// on: the model server's Prometheus metrics (running and waiting requests, KV cache).
+    #[serde(default)]
+    pub metrics_url: Option<String>,
+    /// Health is a 2xx here; default: the metrics endpoint answering 2xx.
+    #[serde(default)]
+    pub health_url: Option<String>,
+    /// NVML indices or UUIDs ("GPU-..."): free memory and utilisation from NVML. Default
+    /// none: no NVML, memory from the metrics (`kv_bytes_per_token`, `[backends.metrics]`).
+    #[serde(default)]
+    pub gpus: Vec<crate::agent::config::GpuRef>,
+    /// `vllm` (default), `sglang` or `custom` (names from `[backends.metrics]`).
+    #[serde(default)]
+    pub server: Option<crate::agent::config::ServerKind>,
+    /// Without `gpus`: free KV cache x this = free memory.
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<u64>,
+    /// Metric names, as the agent's `[instances.metrics]`.
+    #[serde(default)]
+    pub metrics: Option<crate::agent::config::MetricsConfig>,
 }
 
 fn default_weight() -> u32 {

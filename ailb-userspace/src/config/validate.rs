@@ -11,6 +11,7 @@ use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX
 
 use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
 use crate::{
+    agent::config::{check_local_instance, InstanceConfig, ValidInstance},
     discovery::StaticBackend,
     policy::{ModelSpec, MAX_WEIGHT},
     validate::{parse_duration, ConfigError},
@@ -35,6 +36,10 @@ pub struct ValidConfig {
     pub source: ValidSource,
     /// HTTP endpoint (`/metrics`, `/v1/plan`).
     pub listen: Option<std::net::SocketAddr>,
+    /// How often backends with live telemetry are sampled.
+    pub sample_interval: Duration,
+    /// The NVML library for backends with `gpus` (`None`: the loader's default).
+    pub nvml_library: Option<PathBuf>,
     pub policy: crate::policy::PolicyConfig,
 }
 
@@ -128,6 +133,8 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
             required_memory_mb: m.required_memory_mb,
             model_version: m.model_version.clone(),
             affinity_ttl: m.affinity_ttl.as_deref().map(|t| parse_duration(&field("affinity_ttl"), t)).transpose()?,
+            backend_capacity: check_capacity(&field("backend_capacity"), m.backend_capacity)?,
+            spill_saturation_milli: check_spill(&field("spill_saturation"), m.spill_saturation)?,
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
@@ -145,6 +152,32 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
         }
     }
     Ok(vm)
+}
+
+fn check_capacity(field: &str, c: Option<u32>) -> Result<Option<u32>, ConfigError> {
+    match c {
+        Some(c) if c == 0 || c > 1_000_000 => Err(ConfigError::invalid(field, c, "must be 1..=1000000 requests")),
+        c => Ok(c),
+    }
+}
+
+fn check_spill(field: &str, s: Option<f64>) -> Result<Option<u32>, ConfigError> {
+    match s {
+        Some(s) if !(s.is_finite() && s > 0.0 && s <= 10.0) => {
+            Err(ConfigError::invalid(field, s, "must be in (0, 10] (load over capacity)"))
+        }
+        s => Ok(s.map(|s| (s * 1000.0).round().max(1.0) as u32)),
+    }
+}
+
+/// `daemon.cluster` or `backends[i].cluster`: a Nacos cluster name.
+fn check_cluster(field: &str, c: &Option<String>) -> Result<(), ConfigError> {
+    match c {
+        Some(c) if c.trim().is_empty() || c.len() > 256 || c.chars().any(|ch| ch.is_control() || ch == ',') => {
+            Err(ConfigError::invalid(field, c, "a cluster name: 1 to 256 bytes, no control characters, no ','"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The catalog's size limits, and a VIP for every model.
@@ -205,7 +238,65 @@ fn check_backend(
         free_memory_mb: c.free_memory_mb,
         max_inflight: c.max_inflight,
         healthy: c.healthy,
+        cluster: {
+            check_cluster(&field("cluster"), &c.cluster)?;
+            c.cluster.clone().unwrap_or_default()
+        },
+        telemetry: local_telemetry(i, c, address)?,
     })
+}
+
+/// `backends[i]`'s live telemetry (`metrics_url` and the keys that go with it), checked as the
+/// agent checks an `[[instances]]` entry; `None` without `metrics_url`.
+fn local_telemetry(
+    i: usize,
+    c: &BackendConfig,
+    address: SocketAddrV4,
+) -> Result<Option<Box<ValidInstance>>, ConfigError> {
+    let field = |f: &str| format!("backends[{i}].{f}");
+    let Some(url) = &c.metrics_url else {
+        let stray = [
+            ("health_url", c.health_url.is_some()),
+            ("gpus", !c.gpus.is_empty()),
+            ("server", c.server.is_some()),
+            ("kv_bytes_per_token", c.kv_bytes_per_token.is_some()),
+            ("metrics", c.metrics.is_some()),
+        ];
+        if let Some((k, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(ConfigError::invalid(
+                field(k),
+                "set",
+                "live telemetry needs metrics_url (the backend's model server metrics)",
+            ));
+        }
+        return Ok(None);
+    };
+    if let Some(m) = c.free_memory_mb {
+        return Err(ConfigError::invalid(
+            field("free_memory_mb"),
+            m,
+            "a backend with metrics_url reports its free memory in samples; remove the declared value",
+        ));
+    }
+    let inst = InstanceConfig {
+        service: c.model.clone(),
+        ip: *address.ip(),
+        port: address.port(),
+        cluster: "DEFAULT".to_string(),
+        weight: 1.0,
+        model_id: c.model.clone(),
+        model_version: None,
+        gpu_type: c.gpu_type.clone(),
+        supported_tasks: Vec::new(),
+        gpus: c.gpus.clone(),
+        metrics_url: url.clone(),
+        health_url: c.health_url.clone(),
+        server: c.server.unwrap_or_default(),
+        nvml: !c.gpus.is_empty(),
+        kv_bytes_per_token: c.kv_bytes_per_token,
+        metrics: c.metrics.clone(),
+    };
+    check_local_instance(&format!("backends[{i}]"), &inst).map(|v| Some(Box::new(v)))
 }
 
 impl Config {
@@ -225,7 +316,13 @@ impl Config {
             })
             .transpose()?;
         self.policy.validate()?;
+        check_cluster("daemon.cluster", &d.cluster)?;
+        let policy = crate::policy::PolicyConfig { own_cluster: d.cluster.clone(), ..self.policy.clone() };
         let backends = self.static_backends(&models)?;
+        let sample_interval = parse_duration("daemon.sample_interval", &d.sample_interval)?;
+        if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&sample_interval) {
+            return Err(ConfigError::invalid("daemon.sample_interval", &d.sample_interval, "must be 50ms to 60s"));
+        }
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -241,7 +338,9 @@ impl Config {
             backends,
             source,
             listen,
-            policy: self.policy.clone(),
+            sample_interval,
+            nvml_library: d.nvml_library.clone(),
+            policy,
         })
     }
 
@@ -399,5 +498,35 @@ address = "127.0.0.11:18001"
         assert!(e.contains("bogus"), "{e}");
         let e = err("this is not toml");
         assert!(e.contains("config test"), "{e}");
+    }
+
+    #[test]
+    fn live_telemetry_keys_are_checked_as_the_agents() {
+        let live =
+            OK.replace("18001\"", "18001\"\nmetrics_url = \"http://127.0.0.1:8000/metrics\"\ngpus = [0, \"GPU-1\"]");
+        let c = Config::parse(&live, "t").unwrap().validate().unwrap();
+        let t = c.backends[0].telemetry.as_deref().expect("sampled");
+        assert!(t.nvml && t.gpus.len() == 2 && t.metrics_url.as_str() == "http://127.0.0.1:8000/metrics");
+        assert_eq!(c.sample_interval.as_millis(), 500);
+        assert!(Config::parse(OK, "t").unwrap().validate().unwrap().backends[0].telemetry.is_none());
+        for (extra, field) in [
+            ("gpus = [0]", "backends[0].gpus"),
+            ("health_url = \"http://127.0.0.1:1/health\"", "backends[0].health_url"),
+            ("server = \"sglang\"", "backends[0].server"),
+        ] {
+            let e = err(&format!("{OK}{extra}\n"));
+            assert!(e.contains(field) && e.contains("metrics_url"), "{e}");
+        }
+        let e = err(&live.replace("metrics\"", "metrics\"\nfree_memory_mb = 8000"));
+        assert!(e.contains("backends[0].free_memory_mb") && e.contains("8000"), "{e}");
+        let e = err(&live.replace("http://127.0.0.1:8000/metrics", "ftp://x/metrics"));
+        assert!(e.contains("backends[0].metrics_url") && e.contains("ftp://x/metrics"), "{e}");
+        let e = err(&live.replace("gpus = [0, \"GPU-1\"]", "server = \"custom\""));
+        assert!(e.contains("backends[0].metrics"), "custom needs names: {e}");
+        let e = err(&live.replace("gpus = [0", "kv_bytes_per_token = 131072\ngpus = [0"));
+        assert!(e.contains("backends[0].kv_bytes_per_token") && e.contains("remove gpus"), "{e}");
+        assert!(!e.contains("nvml ="), "a backend has no nvml key: {e}");
+        let e = err(&format!("[daemon]\nsample_interval = \"10ms\"\n{OK}"));
+        assert!(e.contains("daemon.sample_interval") && e.contains("10ms"), "{e}");
     }
 }

@@ -24,7 +24,7 @@ use crate::{
     config::{self, ValidConfig},
     datapath::Writer,
     discovery::Snapshot,
-    metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ReasonLabel},
+    metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel},
     policy::{self, PlanView, PolicyState},
 };
 pub use source::{SnapshotSource, StaticSource};
@@ -151,6 +151,7 @@ impl Daemon {
                 }
             }
         }
+        self.record_loads(&plan);
         if let Some(shared) = &self.shared {
             if let Ok(mut v) = shared.plan.write() {
                 *v = Some(PlanView { generation: report.generation, models: plan });
@@ -164,6 +165,26 @@ impl Daemon {
             "tables applied"
         );
         Ok(())
+    }
+
+    /// The inputs of the per-model saturation gauges: capacity and queues of the live backends.
+    fn record_loads(&self, plan: &policy::Plan) {
+        let loads = plan
+            .iter()
+            .map(|(model, mp)| {
+                let spec = self.cfg.models.get(model).map(|m| &m.spec);
+                let mut l = ModelLoad::default();
+                for b in mp.backends.iter().filter(|b| b.eligible && b.weight > 0) {
+                    let cap = if b.cap > 0 { Some(b.cap) } else { spec.and_then(|s| s.backend_capacity) };
+                    l.capacity += cap.map_or(0.0, f64::from);
+                    l.queued += b.explain.load.queue_length.unwrap_or(0.0);
+                }
+                (model.clone(), l)
+            })
+            .collect();
+        if let Ok(mut w) = self.metrics.loads.write() {
+            *w = loads;
+        }
     }
 
     /// The first plan at start-up (before the programs attach). `None`: the source could not be

@@ -4,7 +4,11 @@ use std::{future::Future, pin::Pin, time::Duration};
 
 use crate::{
     config::{ValidConfig, ValidSource},
-    discovery::{nacos::NacosSource, Snapshot},
+    discovery::{
+        local::{LocalError, LocalTelemetry},
+        nacos::NacosSource,
+        Snapshot,
+    },
     nacos::{NacosError, ValidNacos},
 };
 
@@ -20,6 +24,9 @@ pub enum SourceError {
     SwitchSource { from: &'static str, to: &'static str },
     #[error("discovery.nacos settings (servers, credentials, ...) changed: they need a restart")]
     NacosSettings,
+    /// The live telemetry of the static backends could not start.
+    #[error("static backends' telemetry")]
+    Local(#[source] LocalError),
 }
 
 /// `discovery.source` as written in the config.
@@ -47,29 +54,43 @@ pub trait SnapshotSource: Send {
     }
 }
 
-/// The config's `[[backends]]`.
+/// The config's `[[backends]]`; those with a `metrics_url` sampled on every read.
 pub struct StaticSource {
     cfg: ValidConfig,
+    local: Option<LocalTelemetry>,
 }
 
 impl StaticSource {
-    pub fn new(cfg: &ValidConfig) -> Self {
-        Self { cfg: cfg.clone() }
+    /// Opens NVML when a backend names GPUs (its absence is then a start-up error).
+    pub fn new(cfg: &ValidConfig) -> Result<Self, SourceError> {
+        let local = LocalTelemetry::new(&cfg.backends, cfg.nvml_library.as_deref(), cfg.sample_interval, None)
+            .map_err(SourceError::Local)?;
+        Ok(Self { cfg: cfg.clone(), local })
     }
 }
 
 impl SnapshotSource for StaticSource {
     fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
-        let snap = crate::discovery::from_static(&self.cfg.backends);
-        Box::pin(async move { Ok(snap) })
+        Box::pin(async move {
+            let sampled = match &mut self.local {
+                Some(l) => l.sample().await,
+                None => Default::default(),
+            };
+            Ok(crate::discovery::from_static_sampled(&self.cfg.backends, &sampled))
+        })
     }
+    /// Sampled backends are read every `daemon.sample_interval`; declared ones only at start
+    /// and on reload.
     fn poll_interval(&self) -> Option<Duration> {
-        None
+        self.local.as_ref().map(|_| self.cfg.sample_interval)
     }
     fn reconfigure(&mut self, cfg: &ValidConfig) -> Result<(), SourceError> {
         if !matches!(cfg.source, ValidSource::Static) {
             return Err(SourceError::SwitchSource { from: "static", to: kind(&cfg.source) });
         }
+        let nvml = self.local.as_ref().and_then(LocalTelemetry::nvml);
+        self.local = LocalTelemetry::new(&cfg.backends, cfg.nvml_library.as_deref(), cfg.sample_interval, nvml)
+            .map_err(SourceError::Local)?;
         self.cfg = cfg.clone();
         Ok(())
     }
@@ -125,7 +146,7 @@ mod tests {
     #[test]
     fn static_refuses_a_switch_to_nacos_by_name() {
         let cfg = crate::config::load_valid(None).unwrap();
-        let mut src = StaticSource::new(&cfg);
+        let mut src = StaticSource::new(&cfg).unwrap();
         let mut nacos = cfg.clone();
         let n = crate::nacos::NacosConfig::with_servers(["http://127.0.0.1:1"]).validate().unwrap();
         nacos.source = ValidSource::Nacos(Box::new(n));

@@ -2,12 +2,13 @@
 //! registry flags and metadata, as the source reported it and typed by the metadata contract
 //! ([`crate::metadata`]): deciding eligibility is the policy's job.
 
+pub mod local;
 pub mod nacos;
 mod static_source;
 
 use std::net::SocketAddrV4;
 
-pub use static_source::{from_static, StaticBackend};
+pub use static_source::{from_static, from_static_sampled, StaticBackend};
 
 use crate::metadata::InstanceMetadata;
 

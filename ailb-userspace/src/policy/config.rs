@@ -68,6 +68,21 @@ pub struct PolicyConfig {
     /// utilisation lags the traffic the gateways send, so the step up is gentle.
     #[serde(default = "default_util_up")]
     pub util_up_factor: f64,
+    /// With `daemon.cluster` set: the own cluster's load (`current_requests + queue_length`)
+    /// against its capacity (`max_inflight`, else the model's `backend_capacity`) at which a
+    /// model spills to the other clusters; a model may override it. Default 1.0: every request
+    /// slot of the own cluster is taken, so a new request would queue there while another
+    /// cluster has room.
+    #[serde(default = "default_spill")]
+    pub spill_saturation: f64,
+    /// `daemon.cluster`, the gateway's own cluster (set by the config's validation; not a
+    /// `[policy]` key). `None`: no preference.
+    #[serde(skip)]
+    pub own_cluster: Option<String>,
+}
+
+fn default_spill() -> f64 {
+    1.0
 }
 
 fn default_min_change() -> f64 {
@@ -115,6 +130,8 @@ impl Default for PolicyConfig {
             util_smoothing: default_util_smoothing(),
             util_down_factor: default_util_down(),
             util_up_factor: default_util_up(),
+            spill_saturation: default_spill(),
+            own_cluster: None,
         }
     }
 }
@@ -180,6 +197,12 @@ impl PolicyConfig {
             c.util_up_factor,
             (1.0..=10.0).contains(&c.util_up_factor),
             "must be in [1, 10] (it raises a weight)",
+        )?;
+        check(
+            "spill_saturation",
+            c.spill_saturation,
+            c.spill_saturation > 0.0 && c.spill_saturation <= 10.0,
+            "must be in (0, 10] (load over capacity)",
         )?;
         let mut seen = BTreeMap::new();
         for (gpu, &v) in &c.gpu_capability {

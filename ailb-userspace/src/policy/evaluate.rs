@@ -25,6 +25,8 @@ pub(super) struct Evaluated {
     pub(super) free_memory_mb: Option<u32>,
     /// Set by the caller from the backend's history ([`super::PlannedBackend::memory_capacity_mb`]).
     pub(super) memory_capacity_mb: Option<u32>,
+    /// The instance's cluster (Nacos `clusterName`, a static backend's `cluster`).
+    pub(super) cluster: String,
 }
 
 #[derive(Default)]
@@ -101,6 +103,7 @@ pub(super) fn evaluate(
         },
         free_memory_mb: md.free_memory_mb.valid().copied(),
         memory_capacity_mb: None,
+        cluster: inst.cluster.clone(),
     }
 }
 

@@ -28,6 +28,8 @@ pub enum Exclusion {
     Drained,
     /// Registry weight NaN, infinite, below 0.001 or above 65535.
     RegistryWeight,
+    /// Another cluster's backend while the gateway's own cluster serves the model.
+    OtherCluster,
 }
 
 impl Exclusion {
@@ -42,6 +44,7 @@ impl Exclusion {
             Exclusion::HealthStatus => "health_status",
             Exclusion::Drained => "drained",
             Exclusion::RegistryWeight => "registry_weight",
+            Exclusion::OtherCluster => "other_cluster",
         }
     }
 }

@@ -18,6 +18,7 @@
 //! share moved less than `min_weight_change`, the last table weights are emitted again, so
 //! the datapath writer (which skips identical tables) rebuilds nothing.
 
+mod cluster;
 mod config;
 mod evaluate;
 mod explain;
@@ -59,6 +60,11 @@ pub struct ModelSpec {
     pub model_version: Option<String>,
     /// The model's affinity TTL; `None`: the balancer's.
     pub affinity_ttl: Option<Duration>,
+    /// In-flight requests one backend serves well, for backends without `max_inflight`: the
+    /// capacity of the cluster preference's saturation rule and of the autoscaling gauges.
+    pub backend_capacity: Option<u32>,
+    /// This model's `spill_saturation` in thousandths; `None`: `[policy]`'s.
+    pub spill_saturation_milli: Option<u32>,
 }
 
 impl AsRef<ModelSpec> for ModelSpec {
@@ -75,6 +81,8 @@ pub struct PolicyState {
     backends: BTreeMap<(String, SocketAddrV4), BackendMemory>,
     /// Per model: the table weights last emitted for its eligible backends.
     last_weights: BTreeMap<String, BTreeMap<SocketAddrV4, u32>>,
+    /// Per model: why the last plan spilled to other clusters (absent: it did not).
+    cluster_spill: BTreeMap<String, cluster::Spill>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -212,7 +220,12 @@ pub fn plan<M: AsRef<ModelSpec>>(
     for (name, spec) in models {
         let spec = spec.as_ref();
         let instances = of_model.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let evaluated = evaluate_backends(snapshot, name, spec, instances, cfg, state, &mut seen);
+        let mut evaluated = evaluate_backends(snapshot, name, spec, instances, cfg, state, &mut seen);
+        let mut spill = state.cluster_spill.remove(name);
+        cluster::prefer_own(name, spec, cfg, &mut evaluated, &mut spill);
+        if let Some(s) = spill {
+            state.cluster_spill.insert(name.clone(), s);
+        }
         let weights = table_weights(name, &evaluated, cfg, state);
         let mut vips = spec.vips.clone();
         vips.sort_by_key(addr_key);
@@ -230,6 +243,7 @@ pub fn plan<M: AsRef<ModelSpec>>(
     // Forget what is gone, so the state stays as large as the fleet.
     state.backends.retain(|k, _| seen.contains(k));
     state.last_weights.retain(|m, _| models.contains_key(m));
+    state.cluster_spill.retain(|m, _| models.contains_key(m));
     plan
 }
 

@@ -11,6 +11,8 @@ pub struct BackendCfg {
     pub free_memory_mb: Option<u32>,
     pub max_inflight: Option<u32>,
     pub healthy: Option<bool>,
+    /// Raw TOML lines appended to the entry (e.g. `metrics_url`, `gpus`).
+    pub extra: String,
 }
 
 impl BackendCfg {
@@ -22,6 +24,7 @@ impl BackendCfg {
             free_memory_mb: None,
             max_inflight: None,
             healthy: None,
+            extra: String::new(),
         }
     }
 
@@ -51,6 +54,8 @@ pub struct TestConfig {
     pub listen: Option<String>,
     /// Raw TOML appended at the end (e.g. `[[models]]`, `[discovery]` and `[policy]` tables).
     pub extra: String,
+    /// Raw TOML lines appended to `[daemon]` (e.g. `sample_interval`, `nvml_library`).
+    pub daemon_extra: String,
 }
 
 impl TestConfig {
@@ -72,6 +77,7 @@ impl TestConfig {
             backends: Vec::new(),
             listen: None,
             extra: String::new(),
+            daemon_extra: String::new(),
         }
     }
 
@@ -100,6 +106,7 @@ impl TestConfig {
         if let Some(l) = &self.listen {
             let _ = writeln!(s, "listen = {}", q(l));
         }
+        s.push_str(&self.daemon_extra);
         s.push('\n');
         let _ = writeln!(
             s,
@@ -133,6 +140,7 @@ impl TestConfig {
             if let Some(h) = b.healthy {
                 let _ = writeln!(s, "healthy = {h}");
             }
+            s.push_str(&b.extra);
             s.push('\n');
         }
         s.push_str(&self.extra);

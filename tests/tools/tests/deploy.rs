@@ -36,8 +36,13 @@ const EXTERNAL: [&str; 1] = ["DCGM_FI_DEV_GPU_UTIL"];
 const PROMETHEUS_OWN: [&str; 1] = ["up"];
 
 /// The alerts the rules must hold.
-const ALERTS: [&str; 4] =
-    ["AilbDiscoveryStale", "AilbModelNoLiveBackend", "AilbAffinityBreaksRising", "AilbAgentNotPublishing"];
+const ALERTS: [&str; 5] = [
+    "AilbDiscoveryStale",
+    "AilbModelNoLiveBackend",
+    "AilbModelSaturated",
+    "AilbAffinityBreaksRising",
+    "AilbAgentNotPublishing",
+];
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy")
@@ -73,22 +78,25 @@ fn served_metrics() -> BTreeSet<String> {
         .set(0);
     // The kernel counters are read from the pinned maps at scrape time; an empty status
     // encodes every family they make.
-    registry.register_collector(Box::new(metrics::StatusCollector(Status {
-        bpffs: String::new(),
-        abi_version: 0,
-        generation: 0,
-        config: ConfigStatus {
-            load_factor: 0.0,
-            probes: 0,
-            affinity: false,
-            load_bound: false,
-            round_robin: false,
-            affinity_ttl_ms: 0,
-            affinity_wait_ms: 0,
+    registry.register_collector(Box::new(metrics::StatusCollector(
+        Status {
+            bpffs: String::new(),
+            abi_version: 0,
+            generation: 0,
+            config: ConfigStatus {
+                load_factor: 0.0,
+                probes: 0,
+                affinity: false,
+                load_bound: false,
+                round_robin: false,
+                affinity_ttl_ms: 0,
+                affinity_wait_ms: 0,
+            },
+            stats: Stats::default(),
+            models: vec![],
         },
-        stats: Stats::default(),
-        models: vec![],
-    })));
+        Default::default(),
+    )));
     let _agent = agent::metrics::AgentMetrics::new(&mut registry);
     let gw = gateway::metrics::GatewayMetrics::new(&mut registry);
     gw.requests.get_or_create(&gateway::metrics::StatusLabel { model: "m".into(), status: 200 }).inc();
@@ -272,6 +280,30 @@ fn alert_rules_query_only_served_metrics() {
     println!("alerts.yml: {} rules, every metric served or recorded: {queried:?}", rules.len());
 }
 
+#[test]
+fn the_keda_scaler_queries_only_served_metrics() {
+    let served = served_metrics();
+    let docs = yaml_docs("autoscaling/keda-scaledobject.yaml");
+    assert_eq!(docs.len(), 1, "keda-scaledobject.yaml: one YAML document");
+    assert_eq!(docs[0]["kind"].as_str(), Some("ScaledObject"));
+    assert!(docs[0]["spec"]["scaleTargetRef"]["name"].as_str().is_some(), "spec.scaleTargetRef.name");
+    let triggers = docs[0]["spec"]["triggers"].as_vec().expect("spec.triggers");
+    let mut queried = BTreeSet::new();
+    for (i, t) in triggers.iter().enumerate() {
+        assert_eq!(t["type"].as_str(), Some("prometheus"), "trigger {i}");
+        let m = &t["metadata"];
+        let threshold = m["threshold"].as_str().and_then(|v| v.parse::<f64>().ok());
+        assert!(threshold.is_some_and(|v| v > 0.0), "trigger {i}: threshold a positive number as a string");
+        let query = m["query"].as_str().unwrap_or_else(|| panic!("trigger {i}: metadata.query"));
+        for name in promql_metrics(query, &format!("trigger {i}")) {
+            assert!(served.contains(&name), "trigger {i} queries {name}, which no ailb /metrics serves");
+            queried.insert(name);
+        }
+    }
+    assert!(queried.contains("ailb_model_inflight") && queried.contains("ailb_model_capacity"), "{queried:?}");
+    println!("keda-scaledobject.yaml: {} triggers over {queried:?}", triggers.len());
+}
+
 fn check_gateway_config(text: &str, origin: &str) -> ailb_userspace::config::ValidConfig {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("ailb.toml");
@@ -296,6 +328,11 @@ fn unit_values(unit: &str, key: &str) -> Vec<String> {
 fn configs_validate_and_agree_with_the_units() {
     let cfg = check_gateway_config(&read("etc/ailb.toml"), "docs/deploy/etc/ailb.toml");
     check_agent_config(&read("etc/agent.toml"), "docs/deploy/etc/agent.toml");
+    let one = check_gateway_config(&read("etc/onebox.toml"), "docs/deploy/etc/onebox.toml");
+    assert!(
+        one.backends.iter().all(|b| b.telemetry.as_ref().is_some_and(|t| t.nvml)),
+        "etc/onebox.toml: every backend sampled, with its GPUs"
+    );
 
     // The front door runs in the cgroup the daemon attaches to, and the daemon may write its pins.
     assert_eq!(unit_values("ailb-gateway.service", "Slice"), ["ailb.slice"]);

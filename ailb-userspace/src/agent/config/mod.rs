@@ -234,7 +234,7 @@ pub struct ValidAgent {
     pub instances: Vec<ValidInstance>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ValidInstance {
     pub service: String,
     pub ip: Ipv4Addr,
@@ -347,6 +347,20 @@ fn check_thresholds(t: &Thresholds) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid("thresholds.memory_mb", 0, "must be at least 1"));
     }
     Ok(())
+}
+
+/// One instance checked as `[[instances]]` are, its errors naming `prefix.<field>` (the gateway's
+/// `backends[i]` that `ailb run` samples itself). There NVML is on exactly when `gpus` is set (no
+/// `nvml` key), and the reasons say so.
+pub fn check_local_instance(prefix: &str, c: &InstanceConfig) -> Result<ValidInstance, ConfigError> {
+    check_instance(0, c, &[]).map_err(|e| match e {
+        ConfigError::InvalidValue { field, value, reason } => ConfigError::InvalidValue {
+            field: field.replacen("instances[0]", prefix, 1),
+            value,
+            reason: reason.replace("with nvml = true", "with gpus").replace("set nvml = false", "remove gpus"),
+        },
+        other => other,
+    })
 }
 
 /// `instances[i]`; `before` are the instances listed before it.

@@ -1,0 +1,261 @@
+//! Live telemetry of static backends on this node, sampled by `ailb run` itself: one box with
+//! its GPUs and model servers needs no registry and no agent. Each backend with a
+//! `metrics_url` is sampled by the agent's own sampler ([`NodeSource`]: the model server's
+//! metrics and, with `gpus`, NVML) and its values become metadata exactly as the agent would
+//! publish them ([`publish::metadata`]), renewed only when a value moved past the agent's
+//! default thresholds ([`publish::moved`]), so a steady node gives the same snapshot and the
+//! daemon plans nothing.
+//!
+//! A failed sample never stops the daemon: the values it could not read are left out
+//! (unknown), a server that does not answer is published unhealthy, and the reason is logged
+//! when it starts, changes or clears.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tracing::{info, warn};
+
+use super::StaticBackend;
+use crate::{
+    agent::{
+        config::{Thresholds, ValidInstance},
+        publish::{self, Values},
+        source::{NodeSource, Telemetry},
+    },
+    metadata::{keys, InstanceMetadata},
+    telemetry::{model_server::ModelServerSource, nvml::NvmlSource, TelemetryError},
+};
+
+/// Why live telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// A backend names GPUs and NVML could not be opened.
+    #[error("backend {backend} names gpus: NVML is needed")]
+    Nvml {
+        backend: String,
+        #[source]
+        source: Box<TelemetryError>,
+    },
+    /// The HTTP client of a backend's scrapes could not be built.
+    #[error("backend {backend}: metrics client")]
+    Client {
+        backend: String,
+        #[source]
+        source: Box<TelemetryError>,
+    },
+}
+
+/// One sampled backend.
+struct Sampled {
+    /// Index in the config's `[[backends]]`.
+    index: usize,
+    inst: ValidInstance,
+    max_inflight: u32,
+    source: NodeSource,
+    /// The values of the metadata now served, and when they were taken.
+    published: Option<(Values, u64)>,
+    /// The errors of the last sample, logged when they change.
+    last_errors: Vec<String>,
+}
+
+/// The sampled backends of a config; one NVML handle shared by them.
+pub struct LocalTelemetry {
+    backends: Vec<Sampled>,
+    nvml: Option<Arc<NvmlSource>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl LocalTelemetry {
+    /// The sampled backends of `backends`; `None` when none has a `metrics_url`. NVML is opened
+    /// (from `nvml_library`, else the loader's default) only when a backend names GPUs, or
+    /// taken from `reuse` (a reload keeps the handle).
+    pub fn new(
+        backends: &[StaticBackend],
+        nvml_library: Option<&Path>,
+        interval: Duration,
+        reuse: Option<Arc<NvmlSource>>,
+    ) -> Result<Option<Self>, LocalError> {
+        let mut nvml = reuse;
+        // A hung model server must not hold the loop for more than about one interval.
+        let timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let mut out = Vec::new();
+        for (index, b) in backends.iter().enumerate() {
+            let Some(inst) = b.telemetry.as_deref() else { continue };
+            let name = format!("{} {}", b.model, b.address);
+            let gpus = if inst.nvml {
+                let n = match &nvml {
+                    Some(n) => n.clone(),
+                    None => {
+                        let n = NvmlSource::open(nvml_library)
+                            .map_err(|e| LocalError::Nvml { backend: name.clone(), source: Box::new(e) })?;
+                        info!(lib = n.lib(), "NVML opened for the backends' gpus");
+                        let n = Arc::new(n);
+                        nvml = Some(n.clone());
+                        n
+                    }
+                };
+                Some((n, inst.gpus.iter().map(NodeSource::selector).collect()))
+            } else {
+                None
+            };
+            let server = ModelServerSource::with_names(
+                inst.metrics_url.clone(),
+                inst.health_url.clone(),
+                inst.names.clone(),
+                timeout,
+            )
+            .map_err(|e| LocalError::Client { backend: name, source: Box::new(e) })?;
+            out.push(Sampled {
+                index,
+                inst: inst.clone(),
+                max_inflight: b.max_inflight,
+                source: NodeSource { server, nvml: gpus },
+                published: None,
+                last_errors: Vec::new(),
+            });
+        }
+        Ok((!out.is_empty()).then_some(Self { backends: out, nvml }))
+    }
+
+    /// The NVML handle, if one is open (kept across reloads).
+    pub fn nvml(&self) -> Option<Arc<NvmlSource>> {
+        self.nvml.clone()
+    }
+
+    /// Samples every backend (one after the other: a handful on one node, each bounded by its
+    /// timeout) and returns the metadata of each sampled one by its `[[backends]]` index.
+    pub async fn sample(&mut self) -> BTreeMap<usize, InstanceMetadata> {
+        let t = Thresholds::default();
+        let mut out = BTreeMap::new();
+        for b in &mut self.backends {
+            let sampled = b.source.sample().await;
+            let errors: Vec<String> = sampled.errors.iter().map(|(s, e)| format!("{}: {e}", s.label())).collect();
+            if errors != b.last_errors {
+                if errors.is_empty() {
+                    info!(backend = %b.inst.name(), "backend telemetry: sampled again");
+                } else {
+                    warn!(backend = %b.inst.name(), errors = %errors.join("; "), "backend telemetry: sample failed; the values it lacks are left out");
+                }
+                b.last_errors = errors;
+            }
+            let values = Values::derive(&sampled.sample, b.inst.kv_bytes_per_token, false);
+            if publish::moved(b.published.as_ref().map(|(v, _)| v), &values, &t) {
+                b.published = Some((values, now_ms()));
+            }
+            let (values, at) = b.published.as_ref().expect("set above");
+            let mut map = publish::metadata(&b.inst, values, *at);
+            if b.max_inflight > 0 {
+                map.insert(keys::MAX_INFLIGHT.to_string(), b.max_inflight.to_string());
+            }
+            out.insert(b.index, InstanceMetadata::parse(map));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::{extract::State, routing::get, Router};
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A vLLM-like `/metrics` whose running count the test sets; `None`: answers 500.
+    async fn fake_vllm(running: Arc<Mutex<Option<f64>>>) -> std::net::SocketAddr {
+        async fn metrics(State(r): State<Arc<Mutex<Option<f64>>>>) -> (axum::http::StatusCode, String) {
+            match *r.lock().unwrap() {
+                Some(n) => (
+                    axum::http::StatusCode::OK,
+                    format!(
+                        "vllm:num_requests_running {n}\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.5\n"
+                    ),
+                ),
+                None => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+            }
+        }
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let app = Router::new().route("/metrics", get(metrics)).with_state(running);
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    }
+
+    fn backends(metrics: &str) -> Vec<StaticBackend> {
+        let text = format!(
+            "[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n\
+             [[backends]]\nmodel = \"m\"\naddress = \"127.0.0.11:18001\"\nmax_inflight = 8\nmetrics_url = \"{metrics}\"\n\
+             [[backends]]\nmodel = \"m\"\naddress = \"127.0.0.12:18002\"\nfree_memory_mb = 24000\n"
+        );
+        Config::parse(&text, "t").unwrap().validate().unwrap().backends
+    }
+
+    #[tokio::test]
+    async fn samples_become_metadata_renewed_only_past_a_threshold() {
+        let running = Arc::new(Mutex::new(Some(2.0)));
+        let addr = fake_vllm(running.clone()).await;
+        let b = backends(&format!("http://{addr}/metrics"));
+        let mut local = LocalTelemetry::new(&b, None, Duration::from_millis(500), None).unwrap().unwrap();
+        assert!(local.nvml().is_none(), "no backend names gpus: NVML is not opened");
+        let first = local.sample().await;
+        assert_eq!(first.keys().copied().collect::<Vec<_>>(), vec![0], "only the backend with metrics_url");
+        let m = &first[&0];
+        assert_eq!(m.get(keys::CURRENT_REQUESTS).map(String::as_str), Some("2"));
+        assert_eq!(m.get(keys::QUEUE_LENGTH).map(String::as_str), Some("1"));
+        assert_eq!(m.get(keys::HEALTH_STATUS).map(String::as_str), Some("healthy"));
+        assert_eq!(m.get(keys::MAX_INFLIGHT).map(String::as_str), Some("8"), "the declared cap is kept");
+        assert_eq!(m.get(keys::MODEL_ID).map(String::as_str), Some("m"));
+        assert_eq!(m.contract().max_inflight.valid(), Some(&8));
+        // Below the agent's 1-request threshold: the very same metadata (and so no new plan).
+        *running.lock().unwrap() = Some(2.5);
+        assert_eq!(local.sample().await[&0], *m);
+        *running.lock().unwrap() = Some(4.0);
+        let moved = local.sample().await;
+        assert_eq!(moved[&0].get(keys::CURRENT_REQUESTS).map(String::as_str), Some("4"));
+        // A scrape that fails: the server answered, so it is up with its load unknown; the
+        // daemon goes on.
+        *running.lock().unwrap() = None;
+        let failed = local.sample().await;
+        assert_eq!(failed[&0].get(keys::CURRENT_REQUESTS), None, "{failed:?}");
+        // The snapshot: the sampled backend carries the samples, the declared one its values.
+        let snap = super::super::from_static_sampled(&b, &moved);
+        assert_eq!(snap.instances[0].metadata, moved[&0]);
+        assert_eq!(snap.instances[1].metadata.contract().free_memory_mb.valid(), Some(&24000));
+    }
+
+    #[tokio::test]
+    async fn a_server_that_does_not_answer_is_unhealthy() {
+        // A port nothing listens on (bound, then closed).
+        let addr = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let b = backends(&format!("http://{addr}/metrics"));
+        let mut local = LocalTelemetry::new(&b, None, Duration::from_millis(100), None).unwrap().unwrap();
+        let m = local.sample().await;
+        assert_eq!(m[&0].get(keys::HEALTH_STATUS).map(String::as_str), Some("unhealthy"), "{m:?}");
+    }
+
+    #[test]
+    fn gpus_without_an_nvml_library_fail_at_start_naming_the_backend() {
+        let mut b = backends("http://127.0.0.1:1/metrics");
+        let text = "[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n[[backends]]\nmodel = \"m\"\n\
+                    address = \"127.0.0.11:18001\"\nmetrics_url = \"http://127.0.0.1:1/metrics\"\ngpus = [0]\n";
+        b[0] = Config::parse(text, "t").unwrap().validate().unwrap().backends.remove(0);
+        let e =
+            LocalTelemetry::new(&b, Some(Path::new("/nonexistent/libnvidia-ml.so.1")), Duration::from_secs(1), None)
+                .err()
+                .expect("no NVML library");
+        let chain = crate::error_chain(&e);
+        assert!(
+            chain.contains("backend m 127.0.0.11:18001 names gpus") && chain.contains("no NVML library"),
+            "{chain}"
+        );
+        assert!(LocalTelemetry::new(&b[1..], None, Duration::from_secs(1), None).unwrap().is_none());
+    }
+}

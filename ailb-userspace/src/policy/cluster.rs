@@ -1,0 +1,235 @@
+//! The cluster preference, per model, after every backend's own chain: a gateway with
+//! `daemon.cluster` set sends a model's traffic to the backends of its own cluster (Nacos
+//! `clusterName`, or a static backend's `cluster`) while that cluster can serve it, and spills to
+//! the other clusters only when its own has no eligible backend or is saturated.
+//!
+//! Saturated: the own cluster's eligible backends report `current_requests + queue_length` of at
+//! least `spill_saturation` (per model, else `[policy]`; default 1.0) times their capacity
+//! (`max_inflight`, else the model's `backend_capacity`); backends with no capacity count in
+//! neither sum, and with no capacity at all the load never spills. A spill for saturation ends
+//! only once the load is below 0.9 x that threshold, so a load at the threshold does not flap
+//! the tables. While spilling, every cluster's eligible backends serve (the own ones too).
+
+use std::{fmt, net::SocketAddrV4};
+
+use tracing::info;
+
+use super::{evaluate::Evaluated, explain::Exclusion, ModelSpec, PolicyConfig};
+
+/// A spill for saturation ends below this fraction of the threshold.
+pub(crate) const SPILL_HYSTERESIS: f64 = 0.9;
+
+/// Why a model's traffic goes to other clusters too.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Spill {
+    /// The own cluster has no eligible backend for the model.
+    NoneEligible,
+    /// Load and capacity of the own cluster's eligible backends.
+    Saturated { load: f64, capacity: f64 },
+}
+
+impl fmt::Display for Spill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Spill::NoneEligible => f.write_str("has no eligible backend"),
+            Spill::Saturated { load, capacity } => write!(f, "is saturated ({load} running + queued of {capacity})"),
+        }
+    }
+}
+
+/// A backend's capacity for the saturation rule: its cap, else the model's `backend_capacity`.
+pub(crate) fn capacity(ev: &Evaluated, spec: &ModelSpec) -> Option<f64> {
+    match ev.explain.cap {
+        0 => spec.backend_capacity.map(f64::from),
+        c => Some(f64::from(c)),
+    }
+}
+
+/// `spill_saturation` of the model, else `[policy]`'s.
+fn threshold(spec: &ModelSpec, cfg: &PolicyConfig) -> f64 {
+    spec.spill_saturation_milli.map_or(cfg.spill_saturation, |m| f64::from(m) / 1000.0)
+}
+
+/// Applies the preference to one model's evaluated backends; `last` is the model's spill of the
+/// previous plan (updated here).
+pub(super) fn prefer_own(
+    model: &str,
+    spec: &ModelSpec,
+    cfg: &PolicyConfig,
+    evaluated: &mut [(SocketAddrV4, Evaluated)],
+    last: &mut Option<Spill>,
+) {
+    let Some(own) = cfg.own_cluster.as_deref() else { return };
+    let eligible = |ev: &Evaluated| ev.explain.excluded_by.is_none();
+    let (mut load, mut cap, mut any) = (0.0, 0.0, false);
+    for (_, ev) in evaluated.iter().filter(|(_, ev)| ev.cluster == own && eligible(ev)) {
+        any = true;
+        if let Some(c) = capacity(ev, spec) {
+            let l = &ev.explain.load;
+            load += l.current_requests.unwrap_or(0.0) + l.queue_length.unwrap_or(0.0);
+            cap += c;
+        }
+    }
+    let t = threshold(spec, cfg);
+    let was_saturated = matches!(last, Some(Spill::Saturated { .. }));
+    let bound = if was_saturated { t * SPILL_HYSTERESIS } else { t };
+    let spill = if !any {
+        Some(Spill::NoneEligible)
+    } else if cap > 0.0 && (load >= bound * cap) {
+        Some(Spill::Saturated { load, capacity: cap })
+    } else {
+        None
+    };
+    if spill.is_some() != last.is_some() {
+        match &spill {
+            Some(s) => info!(model, cluster = own, "own cluster {s}: spilling to the other clusters"),
+            None => info!(model, cluster = own, "own cluster serving again: other clusters get no new connections"),
+        }
+    }
+    *last = spill;
+    for (_, ev) in evaluated.iter_mut() {
+        if ev.cluster == own {
+            ev.explain.reasons.push(format!("cluster: own cluster {own:?}"));
+            continue;
+        }
+        let other = ev.cluster.clone();
+        match spill {
+            Some(s) => ev
+                .explain
+                .reasons
+                .push(format!("cluster: other cluster {other:?}; own cluster {own:?} {s}: spilling here")),
+            None if eligible(ev) => {
+                let why = if cap > 0.0 {
+                    format!("{load} running + queued of {cap}, below {t} x capacity")
+                } else {
+                    "no capacity reported".to_string()
+                };
+                ev.explain.reasons.push(format!(
+                    "{}: other cluster {other:?}, own cluster {own:?} serving ({why})",
+                    Exclusion::OtherCluster.as_str()
+                ));
+                ev.explain.excluded_by = Some(Exclusion::OtherCluster);
+                ev.explain.composed = 0.0;
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::{plan, ModelPlan, PolicyState};
+    use crate::{
+        config::{Config, ValidConfig},
+        discovery::{Instance, Snapshot},
+    };
+
+    fn config(daemon: &str, model: &str, policy: &str) -> ValidConfig {
+        let text = format!(
+            "[daemon]\n{daemon}\n[policy]\n{policy}\n[[models]]\nname = \"m\"\nvips = [\"127.77.0.1:8000\"]\n{model}\n"
+        );
+        Config::parse(&text, "t").unwrap().validate().unwrap()
+    }
+
+    /// Backend `i` of cluster `c`, with a cap of 4 and `running` requests.
+    fn inst(i: u8, c: &str, running: &str) -> Instance {
+        let mut x = Instance::test(i, &[("max_inflight", "4"), ("current_requests", running), ("queue_length", "0")]);
+        x.cluster = c.to_string();
+        x
+    }
+
+    fn run(cfg: &ValidConfig, state: &mut PolicyState, instances: Vec<Instance>) -> ModelPlan {
+        let models: BTreeMap<_, _> = cfg.models.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect();
+        plan(&Snapshot { instances, services: Vec::new() }, &models, &cfg.policy, state).remove("m").unwrap()
+    }
+
+    /// The addresses' last octets that are in the table.
+    fn serving(p: &ModelPlan) -> Vec<u8> {
+        p.backends.iter().filter(|b| b.weight > 0).map(|b| b.address.ip().octets()[3]).collect()
+    }
+
+    fn reason(p: &ModelPlan, i: u8) -> &str {
+        &p.backends.iter().find(|b| b.address.ip().octets()[3] == i).unwrap().reason
+    }
+
+    #[test]
+    fn own_cluster_serves_and_others_wait_with_the_reason() {
+        let cfg = config("cluster = \"a\"", "", "");
+        let mut st = PolicyState::default();
+        let p = run(&cfg, &mut st, vec![inst(1, "a", "1"), inst(2, "a", "2"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2]);
+        let r = reason(&p, 3);
+        assert!(r.contains("other_cluster") && r.contains("other cluster \"b\", own cluster \"a\" serving"), "{r}");
+        assert!(r.contains("3 running + queued of 8"), "{r}");
+        assert_eq!(p.backends[2].explain.excluded_by, Some(super::Exclusion::OtherCluster));
+        // No own cluster configured: no preference.
+        let p = run(&config("", "", ""), &mut PolicyState::default(), vec![inst(1, "a", "1"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 3]);
+    }
+
+    #[test]
+    fn spills_when_the_own_cluster_is_gone_excluded_or_saturated() {
+        let cfg = config("cluster = \"a\"", "", "");
+        let mut st = PolicyState::default();
+        // Gone: only cluster b listed.
+        let p = run(&cfg, &mut st, vec![inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [3]);
+        assert!(p.backends[0].explain.reasons.iter().any(|r| r.contains("has no eligible backend: spilling here")));
+        // Excluded: cluster a's only backend is unhealthy.
+        let mut sick = inst(1, "a", "0");
+        sick.healthy = false;
+        assert_eq!(serving(&run(&cfg, &mut st, vec![sick, inst(3, "b", "0")])), [3]);
+        // Saturated: 8 of 8 slots (threshold 1.0) -> every eligible backend serves.
+        let mut st = PolicyState::default();
+        let p = run(&cfg, &mut st, vec![inst(1, "a", "4"), inst(2, "a", "4"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2, 3]);
+        assert!(reason(&p, 3).contains("load"), "spilled backends keep their weight reason");
+        assert!(p.backends[2].explain.reasons.iter().any(|r| r.contains("is saturated (8 running + queued of 8)")));
+        // Hysteresis: 7.5 of 8 (>= 0.9) keeps the spill; 7 of 8 ends it.
+        let p = run(&cfg, &mut st, vec![inst(1, "a", "4"), inst(2, "a", "3.5"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2, 3]);
+        let p = run(&cfg, &mut st, vec![inst(1, "a", "4"), inst(2, "a", "3"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2]);
+        // 7.5 of 8 from a plan that was not spilling stays home.
+        let p = run(&cfg, &mut st, vec![inst(1, "a", "4"), inst(2, "a", "3.5"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2]);
+    }
+
+    #[test]
+    fn thresholds_and_capacity_per_model() {
+        // A model threshold of 0.5: 4 of 8 spills.
+        let cfg = config("cluster = \"a\"", "spill_saturation = 0.5", "");
+        let p = run(&cfg, &mut PolicyState::default(), vec![inst(1, "a", "2"), inst(2, "a", "2"), inst(3, "b", "0")]);
+        assert_eq!(serving(&p), [1, 2, 3]);
+        // No cap and no backend_capacity: load never spills; with backend_capacity = 2 it does.
+        let nocap = |i: u8, c: &str| {
+            let mut x = Instance::test(i, &[("current_requests", "50")]);
+            x.cluster = c.to_string();
+            x
+        };
+        let cfg = config("cluster = \"a\"", "", "");
+        let p = run(&cfg, &mut PolicyState::default(), vec![nocap(1, "a"), nocap(3, "b")]);
+        assert_eq!(serving(&p), [1]);
+        assert!(reason(&p, 3).contains("no capacity reported"), "{}", reason(&p, 3));
+        let cfg = config("cluster = \"a\"", "backend_capacity = 2", "spill_saturation = 5.0");
+        assert_eq!(serving(&run(&cfg, &mut PolicyState::default(), vec![nocap(1, "a"), nocap(3, "b")])), [1, 3]);
+    }
+
+    #[test]
+    fn bad_cluster_settings_name_the_field() {
+        let err = |daemon: &str, model: &str, policy: &str| {
+            let text = format!("[daemon]\n{daemon}\n[policy]\n{policy}\n[[models]]\nname = \"m\"\nvips = [\"127.77.0.1:8000\"]\n{model}\n");
+            Config::parse(&text, "t").unwrap().validate().unwrap_err().to_string()
+        };
+        let e = err("cluster = \" \"", "", "");
+        assert!(e.contains("daemon.cluster"), "{e}");
+        let e = err("", "spill_saturation = 0.0", "");
+        assert!(e.contains("models[0].spill_saturation") && e.contains('0'), "{e}");
+        let e = err("", "backend_capacity = 0", "");
+        assert!(e.contains("models[0].backend_capacity"), "{e}");
+        let e = err("", "", "spill_saturation = 11.0");
+        assert!(e.contains("policy.spill_saturation") && e.contains("11"), "{e}");
+    }
+}
