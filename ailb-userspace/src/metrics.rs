@@ -329,7 +329,16 @@ mod tests {
     }
 
     fn model(name: &str, inflight: u64, backends: Vec<BackendStatus>) -> ModelStatus {
-        ModelStatus { id: 0, name: name.into(), vips: vec![], available: true, table_size: 0, inflight, backends }
+        ModelStatus {
+            id: 0,
+            name: name.into(),
+            vips: vec![],
+            available: true,
+            table_size: 0,
+            table_digest: None,
+            inflight,
+            backends,
+        }
     }
 
     #[test]

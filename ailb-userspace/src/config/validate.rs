@@ -287,6 +287,7 @@ fn local_telemetry(
         model_id: c.model.clone(),
         model_version: None,
         gpu_type: c.gpu_type.clone(),
+        max_inflight: (c.max_inflight > 0).then_some(c.max_inflight),
         supported_tasks: Vec::new(),
         gpus: c.gpus.clone(),
         metrics_url: url.clone(),
