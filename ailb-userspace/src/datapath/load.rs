@@ -23,6 +23,12 @@ use super::{io_err, link_pin, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
 
+/// The embedded eBPF object (empty when the binary was built without it), for tests that
+/// load its programs on their own maps (`BPF_PROG_TEST_RUN` fixtures).
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 pub struct Opened {
     pub maps: Maps,
     pub attach: Attach,
