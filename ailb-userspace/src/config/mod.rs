@@ -2,6 +2,7 @@
 //! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
 //! and the value. A bad config stops start-up; on reload the previous config stays.
 
+mod tc;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
+pub use tc::{TcMode, TcSettings, ValidTc};
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
@@ -60,6 +62,11 @@ pub struct ModelConfig {
     /// Nacos services that serve this model; default: `[name]`.
     #[serde(default)]
     pub nacos_services: Vec<String>,
+    /// Remote clients (the TC datapath): "client_address" keeps each client address on its
+    /// backend (as IPVS persistence, for `balancer.affinity_ttl`), "none" (default) places
+    /// every connection afresh.
+    #[serde(default)]
+    pub remote_affinity: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -94,6 +101,13 @@ pub struct DaemonConfig {
     /// Address of the HTTP endpoint (`/metrics`, `/v1/plan`), e.g. "127.0.0.1:9464"; absent: off.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Interfaces whose ingress runs the TC datapath for remote clients (tcx links, pinned
+    /// under `links/tc-<name>`); none by default. Only interfaces of the daemon's own network
+    /// namespace can be named.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    #[serde(default)]
+    pub tc: TcSettings,
 }
 
 fn default_bpffs() -> PathBuf {
@@ -105,7 +119,13 @@ fn default_cgroup() -> String {
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        Self { bpffs: default_bpffs(), cgroup: default_cgroup(), listen: None }
+        Self {
+            bpffs: default_bpffs(),
+            cgroup: default_cgroup(),
+            listen: None,
+            interfaces: Vec::new(),
+            tc: TcSettings::default(),
+        }
     }
 }
 

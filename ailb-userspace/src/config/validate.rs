@@ -36,6 +36,8 @@ pub struct ValidConfig {
     /// HTTP endpoint (`/metrics`, `/v1/plan`).
     pub listen: Option<std::net::SocketAddr>,
     pub policy: crate::policy::PolicyConfig,
+    /// The TC datapath for remote clients (off when it names no interface).
+    pub tc: super::ValidTc,
 }
 
 /// One model of the catalog: what the policy plans it with, and where discovery finds it.
@@ -44,6 +46,8 @@ pub struct ValidModel {
     pub spec: ModelSpec,
     /// Nacos services that serve the model (at least one: default `[name]`).
     pub nacos_services: Vec<String>,
+    /// Remote clients keep their backend by client address (the TC datapath).
+    pub remote_affinity: bool,
 }
 
 impl AsRef<ModelSpec> for ValidModel {
@@ -131,6 +135,7 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
+        remote_affinity: super::tc::remote_affinity(field("remote_affinity"), m.remote_affinity.as_deref())?,
     };
     for (j, v) in m.vips.iter().enumerate() {
         add_vip(vips, format!("models[{i}].vips[{j}]"), v, &mut vm.spec)?;
@@ -226,6 +231,7 @@ impl Config {
             .transpose()?;
         self.policy.validate()?;
         let backends = self.static_backends(&models)?;
+        let tc = super::tc::validate(&d.interfaces, &d.tc)?;
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -242,6 +248,7 @@ impl Config {
             source,
             listen,
             policy: self.policy.clone(),
+            tc,
         })
     }
 
