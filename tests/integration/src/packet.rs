@@ -33,7 +33,10 @@ impl Frame {
     /// The frame's bytes with correct checksums.
     pub fn build(&self) -> Vec<u8> {
         let ihl = 20 + self.ip_options.len();
-        assert!(ihl <= 60 && self.ip_options.len().is_multiple_of(4), "IPv4 options: a multiple of 4 bytes, at most 40");
+        assert!(
+            ihl <= 60 && self.ip_options.len().is_multiple_of(4),
+            "IPv4 options: a multiple of 4 bytes, at most 40"
+        );
         let tcp_len = 20 + self.payload.len();
         let tot_len = ihl + tcp_len;
         let mut f = vec![0u8; ETH_HLEN + tot_len];
