@@ -51,6 +51,8 @@ pub struct TestConfig {
     pub listen: Option<String>,
     /// Raw TOML appended at the end (e.g. `[[models]]`, `[discovery]` and `[policy]` tables).
     pub extra: String,
+    /// Raw TOML keys added to `[daemon]` (e.g. `interfaces = [...]`).
+    pub daemon_extra: String,
 }
 
 impl TestConfig {
@@ -72,6 +74,7 @@ impl TestConfig {
             backends: Vec::new(),
             listen: None,
             extra: String::new(),
+            daemon_extra: String::new(),
         }
     }
 
@@ -99,6 +102,9 @@ impl TestConfig {
         let _ = writeln!(s, "[daemon]\nbpffs = {}\ncgroup = {}", q(&self.bpffs), q(&self.cgroup));
         if let Some(l) = &self.listen {
             let _ = writeln!(s, "listen = {}", q(l));
+        }
+        if !self.daemon_extra.is_empty() {
+            let _ = writeln!(s, "{}", self.daemon_extra);
         }
         s.push('\n');
         let _ = writeln!(
