@@ -1,5 +1,9 @@
 //! The client ABI and the layout of every BPF map value. All structs are `#[repr(C)]`
 //! with explicit padding so that the kernel, userspace and `bpftool` agree byte for byte.
+//! The TC datapath's layouts (flows, NAT, remote clients) are in [`tc`].
+
+mod tc;
+pub use tc::*;
 
 /// `setsockopt` level that the `cgroup/setsockopt` program consumes ("AIL").
 pub const SOL_AILB: i32 = 0x41494c;
@@ -67,8 +71,12 @@ pub mod maps {
     pub const STATS: &str = "AILB_STATS";
     pub const BACKEND_STATS: &str = "AILB_BACKEND_STATS";
     pub const CONFIG: &str = "AILB_CONFIG";
+    pub const FLOWS: &str = "AILB_FLOWS";
+    pub const TC_CONFIG: &str = "AILB_TC_CONFIG";
+    pub const TC_MODELS: &str = "AILB_TC_MODELS";
+    pub const TC_STATS: &str = "AILB_TC_STATS";
     /// Every map the daemon pins, in the order teardown removes them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 16] = [
         SERVICES,
         BACKENDS,
         MODELS,
@@ -81,6 +89,10 @@ pub mod maps {
         STATS,
         BACKEND_STATS,
         CONFIG,
+        FLOWS,
+        TC_CONFIG,
+        TC_MODELS,
+        TC_STATS,
     ];
 }
 
@@ -89,7 +101,16 @@ pub mod programs {
     pub const CONNECT4: &str = "ailb_connect4";
     pub const SETSOCKOPT: &str = "ailb_setsockopt";
     pub const SOCKOPS: &str = "ailb_sockops";
+    /// The cgroup programs, attached by links pinned under `links/<name>`.
     pub const ALL: [&str; 3] = [CONNECT4, SETSOCKOPT, SOCKOPS];
+    /// `sched_cls` on the ingress of each `[daemon] interfaces` entry: remote clients' flows.
+    /// Its links are pinned under `links/tc-<interface>`.
+    pub const TC_INGRESS: &str = "ailb_tc_ingress";
+    /// `sched_cls`, never attached: the daemon's housekeeping runs it (`BPF_PROG_TEST_RUN`)
+    /// to reclaim idle flows in the kernel, where the counters' atomic adds are. Pinned under
+    /// `progs/<name>`.
+    pub const TC_RECLAIM: &str = "ailb_tc_reclaim";
+    pub const TC: [&str; 2] = [TC_INGRESS, TC_RECLAIM];
 }
 
 /// `AILB_SERVICES` key: a VIP. Address and port in network byte order, as in `bpf_sock_addr`.
@@ -252,7 +273,9 @@ pub struct MemberRow {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AffinityKey {
     pub model: u32,
-    pub _pad: u32,
+    /// Which kind of key `conversation` is: [`AFFINITY_SPACE_CONVERSATION`] (a conversation
+    /// hash) or [`AFFINITY_SPACE_CLIENT`] (a remote client's address), so the two never meet.
+    pub space: u32,
     pub conversation: u64,
 }
 
@@ -418,7 +441,12 @@ mod pod {
         SockState,
         GlobalConfig,
         Stats,
-        BackendStats
+        BackendStats,
+        FlowKey,
+        Flow,
+        TcConfig,
+        TcModel,
+        TcStats
     );
 }
 

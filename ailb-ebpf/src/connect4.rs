@@ -56,7 +56,8 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     let state = unsafe { ptr::read(state) };
 
     let (has_conversation, hash) = conversation(ctx, sock);
-    let entry = AffinityEntry::lookup(model, hash, has_conversation && cfg.flags & CONFIG_AFFINITY != 0);
+    let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
+    let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
     let req = request(&cfg, sock, model, hash, has_conversation, entry.value());
     let res = pick(&Maps, &state, &cfg, &req);
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
@@ -133,9 +134,10 @@ fn request(
     PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn }
 }
 
-/// The conversation's `AILB_AFFINITY` entry, looked up once per connect (only when affinity
-/// applies: the socket has a conversation id and the config enables affinity).
-struct AffinityEntry {
+/// The conversation's (or, for the TC datapath, the remote client's) `AILB_AFFINITY` entry,
+/// looked up once per connect (only when affinity applies: the socket has a conversation id,
+/// or the model keeps remote clients on their backend, and the config enables affinity).
+pub(crate) struct AffinityEntry {
     key: AffinityKey,
     used: bool,
     /// The value in the map, valid for this run (RCU).
@@ -144,15 +146,15 @@ struct AffinityEntry {
 
 impl AffinityEntry {
     #[inline(always)]
-    fn lookup(model: u32, hash: u64, used: bool) -> Self {
-        let key = AffinityKey { model, _pad: 0, conversation: hash };
+    pub(crate) fn lookup(model: u32, space: u32, hash: u64, used: bool) -> Self {
+        let key = AffinityKey { model, space, conversation: hash };
         let ptr = if used { AILB_AFFINITY.get_ptr_mut(key) } else { None };
         Self { key, used, ptr }
     }
 
     /// A copy of the entry's value.
     #[inline(always)]
-    fn value(&self) -> Option<AffinityValue> {
+    pub(crate) fn value(&self) -> Option<AffinityValue> {
         // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); copied at once.
         self.ptr.map(|p| unsafe { ptr::read(p) })
     }
@@ -160,7 +162,7 @@ impl AffinityEntry {
     /// Records the pick: a hit refreshes the timestamp in place (no map update, no LRU
     /// allocation); any other pick of a conversation (re)writes the entry.
     #[inline(always)]
-    fn remember(&self, res: &PickResult, now_ns: u64) {
+    pub(crate) fn remember(&self, res: &PickResult, now_ns: u64) {
         match (res.outcome, self.ptr) {
             // SAFETY: the value pointer from the lookup, valid for this run; a racing writer
             // can only make the timestamp another recent value.
@@ -188,7 +190,7 @@ fn note_pick(sock: &mut SockState, backend: u32, model: u32) {
 
 /// Counts a pick in the global and the backend's counters.
 #[inline(always)]
-fn count_pick(res: &PickResult) {
+pub(crate) fn count_pick(res: &PickResult) {
     if let Some(s) = stats() {
         s.picks += 1;
         match res.outcome {

@@ -10,6 +10,10 @@
 //!   connections per backend and model, and the memory hints per backend) exact from
 //!   `TCP_CONNECT_CB` to the socket's `TCP_CLOSE`, and counts established / closed /
 //!   failed connections and RTT samples.
+//! * `ailb_tc_ingress` (`sched_cls`, [`tc`]): remote clients on the `[daemon] interfaces`: a
+//!   SYN to a VIP runs the same pick, the flow is kept in `AILB_FLOWS` ([`conntrack`]) and its
+//!   packets are rewritten both ways and forwarded ([`nat`]), counted in the same in-flight
+//!   counters. `ailb_tc_reclaim` ([`reclaim`]) removes idle flows when the daemon runs it.
 //!
 //! The maps and their accessors are in [`maps`]; the pick reads them through [`pick_maps`].
 //! Every array index is checked against its bound before use (the verifier needs it and a
@@ -25,10 +29,15 @@
 #![feature(core_intrinsics)]
 
 mod connect4;
+mod conntrack;
 mod maps;
+mod nat;
 mod pick_maps;
+mod reclaim;
 mod setsockopt;
 mod sockops;
+mod tc;
+mod tc_maps;
 
 use aya_ebpf::helpers::generated::bpf_set_retval;
 

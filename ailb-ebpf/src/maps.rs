@@ -143,7 +143,7 @@ pub(crate) fn recount(sock: &mut SockState) {
 /// request began (`GlobalConfig::affinity_wait_ns`, the TTL).
 #[inline(always)]
 pub(crate) fn refresh_affinity(model: u32, conversation: u64, backend: u32) {
-    let key = AffinityKey { model, _pad: 0, conversation };
+    let key = AffinityKey { model, space: AFFINITY_SPACE_CONVERSATION, conversation };
     if let Some(p) = AILB_AFFINITY.get_ptr_mut(key) {
         // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU); a racing
         // writer can only make the entry another recent value.

@@ -325,6 +325,7 @@ mod tests {
             },
             stats: Default::default(),
             models,
+            tc: None,
         }
     }
 

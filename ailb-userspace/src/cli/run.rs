@@ -63,10 +63,12 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
             }
             return Err(e);
         }
-        if let Err(e) = opened.attach.attach(&cgroup) {
+        let interfaces = daemon.cfg.tc.interfaces.clone();
+        if let Err(e) = opened.attach.attach(&cgroup, &interfaces) {
             let _cleanup = datapath::teardown(&bpffs);
             return Err(crate::cli::access::run_error(&e, &bpffs));
         }
+        daemon.tc_reclaim = datapath::tc::Reclaimer::open(&bpffs)?;
         info!(config = %origin, cgroup = %cgroup.display(), bpffs = %bpffs.display(), fresh, "ailb ready");
         daemon.run().await
     })

@@ -25,6 +25,14 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
         "picks {}  affinity hits {} breaks {}  spills {}  fallbacks {}  refused {} (no backend) {} (no fit)  established {}  closed {}  failed {}",
         s.picks, s.affinity_hits, s.affinity_breaks, s.spills, s.fallbacks, s.no_backend, s.no_fit, s.established, s.closed, s.connect_failures
     );
+    if let Some(tc) = &st.tc {
+        let t = &tc.stats;
+        println!(
+            "remote (TC on {}): flows {} (counted in flight {})  NAT ports in use {}  opened {}  closed {}  reclaimed {}  dropped: table full {} no NAT port {} refused {} malformed {}  redirected {}  to stack {}",
+            tc.interfaces.join(", "), tc.flows, tc.counted, tc.nat_ports, t.flows_opened, t.flows_closed, t.flows_reclaimed,
+            t.flows_full, t.nat_exhausted, t.refused, t.malformed, t.redirected, t.to_stack
+        );
+    }
     for m in &st.models {
         println!(
             "\nmodel {} (id {}) VIPs {} — {}, table {} slots, in-flight {}",

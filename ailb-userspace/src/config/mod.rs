@@ -2,6 +2,7 @@
 //! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
 //! and the value. A bad config stops start-up; on reload the previous config stays.
 
+mod tc;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
+pub use tc::{TcMode, TcSettings, ValidTc};
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
@@ -68,6 +70,11 @@ pub struct ModelConfig {
     /// This model's `[policy] spill_saturation`.
     #[serde(default)]
     pub spill_saturation: Option<f64>,
+    /// Remote clients (the TC datapath): "client_address" keeps each client address on its
+    /// backend (as IPVS persistence, for `balancer.affinity_ttl`), "none" (default) places
+    /// every connection afresh.
+    #[serde(default)]
+    pub remote_affinity: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -115,6 +122,13 @@ pub struct DaemonConfig {
     /// no preference.
     #[serde(default)]
     pub cluster: Option<String>,
+    /// Interfaces whose ingress runs the TC datapath for remote clients (tcx links, pinned
+    /// under `links/tc-<name>`); none by default. Only interfaces of the daemon's own network
+    /// namespace can be named.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    #[serde(default)]
+    pub tc: TcSettings,
 }
 
 fn default_sample_interval() -> String {
@@ -137,6 +151,8 @@ impl Default for DaemonConfig {
             sample_interval: default_sample_interval(),
             nvml_library: None,
             cluster: None,
+            interfaces: Vec::new(),
+            tc: TcSettings::default(),
         }
     }
 }

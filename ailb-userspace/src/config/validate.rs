@@ -41,6 +41,8 @@ pub struct ValidConfig {
     /// The NVML library for backends with `gpus` (`None`: the loader's default).
     pub nvml_library: Option<PathBuf>,
     pub policy: crate::policy::PolicyConfig,
+    /// The TC datapath for remote clients (off when it names no interface).
+    pub tc: super::ValidTc,
 }
 
 /// One model of the catalog: what the policy plans it with, and where discovery finds it.
@@ -49,6 +51,8 @@ pub struct ValidModel {
     pub spec: ModelSpec,
     /// Nacos services that serve the model (at least one: default `[name]`).
     pub nacos_services: Vec<String>,
+    /// Remote clients keep their backend by client address (the TC datapath).
+    pub remote_affinity: bool,
 }
 
 impl AsRef<ModelSpec> for ValidModel {
@@ -138,6 +142,7 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> R
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
+        remote_affinity: super::tc::remote_affinity(field("remote_affinity"), m.remote_affinity.as_deref())?,
     };
     for (j, v) in m.vips.iter().enumerate() {
         add_vip(vips, format!("models[{i}].vips[{j}]"), v, &mut vm.spec)?;
@@ -324,6 +329,7 @@ impl Config {
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&sample_interval) {
             return Err(ConfigError::invalid("daemon.sample_interval", &d.sample_interval, "must be 50ms to 60s"));
         }
+        let tc = super::tc::validate(&d.interfaces, &d.tc)?;
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -342,6 +348,7 @@ impl Config {
             sample_interval,
             nvml_library: d.nvml_library.clone(),
             policy,
+            tc,
         })
     }
 

@@ -36,6 +36,8 @@ pub struct Daemon {
     pub source: Box<dyn SnapshotSource>,
     pub metrics: Metrics,
     pub shared: Option<Arc<http::Shared>>,
+    /// The TC datapath's idle-flow reclaim, run by the housekeeping (when TC is attached).
+    pub tc_reclaim: Option<crate::datapath::tc::Reclaimer>,
     policy: PolicyState,
     last_snapshot: Option<Snapshot>,
     last_ok: Instant,
@@ -109,6 +111,7 @@ impl Daemon {
             source,
             metrics,
             shared,
+            tc_reclaim: None,
             policy,
             last_snapshot: None,
             last_ok: Instant::now(),
@@ -120,6 +123,7 @@ impl Daemon {
     pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
         let plan = policy::plan(snapshot, &self.cfg.models, &self.cfg.policy, &mut self.policy);
         let report = self.writer.apply(&plan, &self.cfg)?;
+        crate::datapath::tc::write(self.writer.maps(), &self.cfg)?;
         self.metrics.applies.inc();
         self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());
         for m in &report.tables_rebuilt {
@@ -292,6 +296,11 @@ impl Daemon {
                 _ = housekeeping.tick() => {
                     if let Err(e) = self.writer.reap() {
                         error!(error = %e, "freeing drained backend ids failed");
+                    }
+                    match self.tc_reclaim.as_ref().map(|r| r.run()) {
+                        Some(Ok(n)) if n > 0 => info!(flows = n, "reclaimed idle remote flows"),
+                        Some(Err(e)) => error!(error = %e, "reclaiming idle remote flows failed"),
+                        _ => {}
                     }
                     if poll.is_some() {
                         self.metrics.discovery_stale_seconds.set(self.last_ok.elapsed().as_secs_f64());

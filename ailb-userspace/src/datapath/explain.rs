@@ -82,7 +82,10 @@ pub fn explain_conversation(
     let model_inflight =
         maps.inflight.get(&(ailb_common::INFLIGHT_MODEL_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?;
     let hash = conversation_hash(conversation.as_bytes());
-    let affinity = maps.affinity.get(&AffinityKey { model: midx, _pad: 0, conversation: hash }, 0).ok();
+    let affinity = maps
+        .affinity
+        .get(&AffinityKey { model: midx, space: ailb_common::AFFINITY_SPACE_CONVERSATION, conversation: hash }, 0)
+        .ok();
     let now = monotonic_ns();
     let req = PickRequest {
         model: midx,

@@ -23,6 +23,12 @@ use super::{io_err, link_pin, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
 
+/// The embedded eBPF object (empty when the binary was built without it), for tests that
+/// load its programs on their own maps (`BPF_PROG_TEST_RUN` fixtures).
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 pub struct Opened {
     pub maps: Maps,
     pub attach: Attach,
@@ -39,13 +45,15 @@ impl Attach {
         self.pending.is_some()
     }
 
-    /// Attaches the programs to `cgroup` through links pinned under `<dir>/links/`. A no-op
-    /// when the pins were reopened (the links are still attached).
-    pub fn attach(mut self, cgroup: &Path) -> Result<(), DatapathError> {
+    /// Attaches the programs to `cgroup` and the TC program to `interfaces` through links
+    /// pinned under `<dir>/links/`. A no-op when the pins were reopened (the links are still
+    /// attached; a changed interface list takes a teardown and a fresh start).
+    pub fn attach(mut self, cgroup: &Path, interfaces: &[String]) -> Result<(), DatapathError> {
         let Some(mut ebpf) = self.pending.take() else {
             return Ok(());
         };
         let dir = self.dir.clone();
+        super::tc::attach(&mut ebpf, &dir, interfaces)?;
         let cg = fs::File::open(cgroup).map_err(io_err("open cgroup", cgroup))?;
         let prog_err = |name| move |e| DatapathError::Program { name, source: Box::new(e) };
         for name in programs::ALL {

@@ -18,6 +18,7 @@ pub mod status;
 mod store;
 mod sys;
 pub mod tables;
+pub mod tc;
 pub mod teardown;
 pub mod values;
 pub mod writer;
@@ -48,6 +49,18 @@ pub enum DatapathError {
         name: &'static str,
         #[source]
         source: Box<aya::programs::ProgramError>,
+    },
+    #[error("interface {name:?}: attaching the TC program: {source}")]
+    Interface {
+        name: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("interface {name:?}: pinning the TC link: {source}")]
+    InterfaceLink {
+        name: String,
+        #[source]
+        source: Box<aya::programs::links::LinkError>,
     },
     #[error("program {name}: not found in the eBPF object")]
     MissingProgram { name: &'static str },

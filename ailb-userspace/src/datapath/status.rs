@@ -22,6 +22,8 @@ pub struct Status {
     pub config: ConfigStatus,
     pub stats: Stats,
     pub models: Vec<ModelStatus>,
+    /// The TC datapath for remote clients; absent when it is attached to no interface.
+    pub tc: Option<super::tc::TcStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -190,5 +192,6 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         },
         stats: sum_stats(&maps)?,
         models,
+        tc: if super::tc::interfaces(dir).is_empty() { None } else { Some(super::tc::read_status(dir)?) },
     })
 }

@@ -1,4 +1,5 @@
-//! Removes every link pin (which detaches the programs: the pin holds the last reference),
+//! Removes every link pin (cgroup and TC; removing one detaches its program: the pin holds the
+//! last reference), the reclaim program's pin,
 //! every map pin and the directory. Idempotent.
 
 use std::{fs, path::Path};
@@ -29,6 +30,15 @@ pub fn teardown(dir: &Path) -> Result<usize, DatapathError> {
     };
     for p in programs::ALL {
         remove(&link_pin(dir, p))?;
+    }
+    // The TC links (one per interface) and the reclaim program.
+    for interface in super::tc::interfaces(dir) {
+        remove(&super::tc::link_pin(dir, &interface))?;
+    }
+    remove(&super::tc::reclaim_pin(dir))?;
+    let progs = dir.join("progs");
+    if progs.exists() {
+        fs::remove_dir(&progs).map_err(io_err("remove directory (unknown files left in it?)", &progs))?;
     }
     for m in maps::ALL {
         remove(&dir.join(m))?;

@@ -54,7 +54,7 @@ pub struct TestConfig {
     pub listen: Option<String>,
     /// Raw TOML appended at the end (e.g. `[[models]]`, `[discovery]` and `[policy]` tables).
     pub extra: String,
-    /// Raw TOML lines appended to `[daemon]` (e.g. `sample_interval`, `nvml_library`).
+    /// Raw TOML lines added to `[daemon]` (e.g. `sample_interval`, `interfaces = [...]`).
     pub daemon_extra: String,
 }
 
@@ -106,7 +106,9 @@ impl TestConfig {
         if let Some(l) = &self.listen {
             let _ = writeln!(s, "listen = {}", q(l));
         }
-        s.push_str(&self.daemon_extra);
+        if !self.daemon_extra.is_empty() {
+            let _ = writeln!(s, "{}", self.daemon_extra);
+        }
         s.push('\n');
         let _ = writeln!(
             s,

@@ -19,6 +19,8 @@ pub mod config;
 pub mod daemon;
 pub mod gateway;
 pub mod nacos;
+pub mod netns;
+pub mod packet;
 pub mod sim;
 pub mod status;
 

@@ -94,6 +94,7 @@ fn served_metrics() -> BTreeSet<String> {
             },
             stats: Stats::default(),
             models: vec![],
+            tc: None,
         },
         Default::default(),
     )));

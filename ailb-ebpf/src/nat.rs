@@ -1,0 +1,132 @@
+//! The rewrite of a flow's packet (addresses and ports, with the IPv4 and TCP checksums
+//! updated incrementally by `bpf_l3_csum_replace` / `bpf_l4_csum_replace`, so a packet whose
+//! TCP checksum was wrong stays wrong and its receiver drops it), and its forwarding: a FIB
+//! lookup for the new destination, then a redirect to the next hop's interface with the TTL
+//! decremented, or the gateway's own stack when the FIB has no answer to redirect by.
+
+use core::{mem, ptr};
+
+use ailb_common::abi::Flow;
+use aya_ebpf::{
+    bindings::{
+        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_PSEUDO_HDR, TC_ACT_OK,
+        TC_ACT_SHOT,
+    },
+    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    programs::TcContext,
+};
+
+use crate::{
+    tc::{Packet, ETH_HLEN},
+    tc_maps::tc_stats,
+    AF_INET, IPPROTO_TCP,
+};
+
+const IP_CSUM: u32 = ETH_HLEN + 10;
+const IP_TTL: u32 = ETH_HLEN + 8;
+const IP_SADDR: u32 = ETH_HLEN + 12;
+const IP_DADDR: u32 = ETH_HLEN + 16;
+/// Offsets inside the TCP header.
+const TCP_SPORT: u32 = 0;
+const TCP_DPORT: u32 = 2;
+const TCP_CSUM: u32 = 16;
+
+/// Rewrites `pkt` to `flow`'s addresses and ports and forwards it. A helper failing midway
+/// (it cannot on a packet `parse` accepted) drops the packet rather than pass it half-written.
+#[inline(always)]
+pub(crate) fn rewrite_and_forward(ctx: &TcContext, pkt: &Packet, flow: &Flow) -> i32 {
+    if rewrite(ctx, pkt, flow).is_err() {
+        return TC_ACT_SHOT as i32;
+    }
+    forward(ctx, pkt, flow)
+}
+
+#[inline(always)]
+fn rewrite(ctx: &TcContext, pkt: &Packet, flow: &Flow) -> Result<(), i64> {
+    let csum = pkt.l4 + TCP_CSUM;
+    if flow.src_addr != pkt.saddr {
+        replace_addr(ctx, csum, IP_SADDR, pkt.saddr, flow.src_addr)?;
+    }
+    if flow.dst_addr != pkt.daddr {
+        replace_addr(ctx, csum, IP_DADDR, pkt.daddr, flow.dst_addr)?;
+    }
+    if flow.src_port != pkt.sport {
+        replace_port(ctx, csum, pkt.l4 + TCP_SPORT, pkt.sport, flow.src_port)?;
+    }
+    if flow.dst_port != pkt.dport {
+        replace_port(ctx, csum, pkt.l4 + TCP_DPORT, pkt.dport, flow.dst_port)?;
+    }
+    Ok(())
+}
+
+/// An IPv4 address at `at`: both checksums (the TCP one through its pseudo-header), then the bytes.
+#[inline(always)]
+fn replace_addr(ctx: &TcContext, tcp_csum: u32, at: u32, old: u32, new: u32) -> Result<(), i64> {
+    ctx.l4_csum_replace(tcp_csum as usize, old as u64, new as u64, (BPF_F_PSEUDO_HDR | 4) as u64)?;
+    ctx.l3_csum_replace(IP_CSUM as usize, old as u64, new as u64, 4)?;
+    ctx.store(at as usize, &new, 0)
+}
+
+/// A TCP port at `at`: the TCP checksum, then the bytes.
+#[inline(always)]
+fn replace_port(ctx: &TcContext, tcp_csum: u32, at: u32, old: u16, new: u16) -> Result<(), i64> {
+    ctx.l4_csum_replace(tcp_csum as usize, old as u64, new as u64, 2)?;
+    ctx.store(at as usize, &new, 0)
+}
+
+/// Sends the rewritten packet on: to the FIB's next hop (MACs from the FIB, or from the
+/// neighbour table through `bpf_redirect_neigh`), else to the gateway's stack, which routes
+/// it (a destination on the gateway itself, forwarding disabled, no route: the stack's rules).
+#[inline(always)]
+fn forward(ctx: &TcContext, pkt: &Packet, flow: &Flow) -> i32 {
+    // SAFETY: all-zero is a valid `bpf_fib_lookup` (plain integers and unions of them).
+    let mut fib: FibParams = unsafe { mem::zeroed() };
+    fib.family = AF_INET as u8;
+    fib.l4_protocol = IPPROTO_TCP as u8;
+    fib.sport = flow.src_port;
+    fib.dport = flow.dst_port;
+    fib.__bindgen_anon_1.tot_len = pkt.tot_len;
+    // SAFETY: reading the context's ingress ifindex.
+    fib.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    fib.__bindgen_anon_3.ipv4_src = flow.src_addr;
+    fib.__bindgen_anon_4.ipv4_dst = flow.dst_addr;
+    // SAFETY: `fib` is a valid, writable parameter block of the size passed; the context is
+    // this program's skb.
+    let rc =
+        unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), ptr::from_mut(&mut fib), mem::size_of::<FibParams>() as i32, 0) };
+    let rc = rc as u32;
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || pkt.ttl <= 1 {
+        if let Some(s) = tc_stats() {
+            s.to_stack += 1;
+        }
+        return TC_ACT_OK as i32;
+    }
+    if decrement_ttl(ctx, pkt.ttl).is_err() {
+        return TC_ACT_SHOT as i32;
+    }
+    let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        if ctx.store(0, &fib.dmac, 0).is_err() || ctx.store(6, &fib.smac, 0).is_err() {
+            return TC_ACT_SHOT as i32;
+        }
+        // SAFETY: plain integer arguments.
+        unsafe { bpf_redirect(fib.ifindex, 0) }
+    } else {
+        // SAFETY: no neighbour parameters (NULL, 0): the kernel resolves the next hop from
+        // the packet's destination on that interface.
+        unsafe { bpf_redirect_neigh(fib.ifindex, ptr::null_mut(), 0, 0) }
+    };
+    if let Some(s) = tc_stats() {
+        s.redirected += 1;
+    }
+    verdict as i32
+}
+
+/// TTL - 1, with the IPv4 checksum. The helper takes the 16-bit word at 8 (TTL, protocol) as
+/// it lies in memory; the protocol byte is the same before and after, so it is left 0.
+#[inline(always)]
+fn decrement_ttl(ctx: &TcContext, ttl: u8) -> Result<(), i64> {
+    let new = ttl - 1;
+    let (from, to) = (u16::from_ne_bytes([ttl, 0]), u16::from_ne_bytes([new, 0]));
+    ctx.l3_csum_replace(IP_CSUM as usize, from as u64, to as u64, 2)?;
+    ctx.store(IP_TTL as usize, &new, 0)
+}

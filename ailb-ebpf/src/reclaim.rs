@@ -1,0 +1,95 @@
+//! `ailb_tc_reclaim` (`sched_cls`, never attached): the daemon's housekeeping runs it with
+//! `BPF_PROG_TEST_RUN` to remove the flows idle for `TcConfig::idle_timeout_ns`. It runs in
+//! the kernel because the in-flight counters change by atomic adds, which userspace cannot
+//! make on a map value; the uncount is exactly once for the same reason as at a FIN (the
+//! `FLOW_COUNT` delete). Returns the number of flows removed.
+
+use core::{
+    ffi::c_void,
+    ptr::{self, addr_of},
+};
+
+use ailb_common::abi::*;
+use aya_ebpf::{
+    helpers::generated::{bpf_for_each_map_elem, bpf_ktime_get_ns},
+    macros::classifier,
+    programs::TcContext,
+};
+
+use crate::{
+    conntrack::{remove_flow, uncount_once},
+    tc_maps::{tc_stats, AILB_FLOWS, AILB_TC_CONFIG},
+};
+
+struct Reclaim {
+    now: u64,
+    timeout: u64,
+    removed: u32,
+}
+
+#[classifier]
+pub fn ailb_tc_reclaim(_ctx: TcContext) -> i32 {
+    let Some(cfg) = AILB_TC_CONFIG.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: a non-null array map value pointer; one field copied.
+    let timeout = unsafe { ptr::read(cfg).idle_timeout_ns };
+    if timeout == 0 {
+        return 0;
+    }
+    // SAFETY: no arguments.
+    let mut r = Reclaim { now: unsafe { bpf_ktime_get_ns() }, timeout, removed: 0 };
+    // SAFETY: the map pointer is the BTF map definition's address (relocated by the loader);
+    // `reclaim_one` has the callback signature for a hash map and uses its context only as
+    // the `Reclaim` passed here, which outlives the call.
+    unsafe {
+        bpf_for_each_map_elem(
+            addr_of!(AILB_FLOWS) as *mut c_void,
+            reclaim_one as *mut c_void,
+            ptr::from_mut(&mut r).cast(),
+            0,
+        )
+    };
+    if let Some(s) = tc_stats() {
+        s.flows_reclaimed += r.removed as u64;
+    }
+    r.removed as i32
+}
+
+/// Whether an entry last seen at `seen` is idle.
+#[inline(always)]
+fn idle(r: &Reclaim, seen: u64) -> bool {
+    r.now > seen && r.now - seen >= r.timeout
+}
+
+/// `bpf_for_each_map_elem` callback: one entry of `AILB_FLOWS`. A forward entry is removed
+/// with its flow when neither side sent a packet within the timeout; a reply entry whose
+/// forward entry is gone (an open that failed half-way) when itself idle; a count entry
+/// whose forward entry is gone is uncounted. Returns 0: go on.
+#[inline(never)]
+extern "C" fn reclaim_one(_map: *mut c_void, key: *const FlowKey, value: *mut Flow, ctx: *mut c_void) -> i64 {
+    // SAFETY: the kernel passes this element's key and value and the context given above.
+    let (key, flow, r) = unsafe { (ptr::read(key), ptr::read(value), &mut *ctx.cast::<Reclaim>()) };
+    if key.kind == FLOW_FORWARD {
+        let peer_seen = match AILB_FLOWS.get_ptr(flow.peer) {
+            // SAFETY: a non-null hash map value pointer, valid for this run.
+            Some(p) => unsafe { (*p).last_seen_ns },
+            None => 0,
+        };
+        let seen = if peer_seen > flow.last_seen_ns { peer_seen } else { flow.last_seen_ns };
+        if idle(r, seen) {
+            remove_flow(&key, &flow.peer, &flow);
+            r.removed += 1;
+        }
+    } else if key.kind == FLOW_REPLY {
+        if AILB_FLOWS.get_ptr(flow.peer).is_none() && idle(r, flow.last_seen_ns) {
+            let _ = AILB_FLOWS.remove(key);
+        }
+    } else {
+        let fk = FlowKey { kind: FLOW_FORWARD, ..key };
+        if AILB_FLOWS.get_ptr(fk).is_none() {
+            uncount_once(&fk, &flow);
+        }
+    }
+    0
+}

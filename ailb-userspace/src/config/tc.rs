@@ -1,0 +1,196 @@
+//! `[daemon] interfaces` and `[daemon.tc]`: the TC datapath for remote clients, and each
+//! model's `remote_affinity`. Checked here for form (names, addresses, ranges); whether an
+//! interface exists is checked when the daemon attaches to it, in its network namespace.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use serde::Deserialize;
+
+use crate::validate::{parse_duration, ConfigError};
+
+/// `[daemon.tc]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcSettings {
+    /// "masquerade" (default: destination to the backend, source to `nat_address` and a port
+    /// of `nat_ports`, so backends need no change) or "routed" (destination only, for a
+    /// gateway that is the backends' route back to the clients).
+    #[serde(default = "default_mode")]
+    pub mode: String,
+    /// The gateway's IPv4 address the masqueraded flows come from (backends answer it);
+    /// required with `mode = "masquerade"` when `interfaces` is set.
+    #[serde(default)]
+    pub nat_address: Option<String>,
+    /// "MIN-MAX", the NAT ports (inclusive). Keep it apart from the gateway's own ephemeral
+    /// ports (`net.ipv4.ip_local_port_range`). Default "20000-29999".
+    #[serde(default = "default_ports")]
+    pub nat_ports: String,
+    /// A flow with no packet for this long is removed with its counts. Default "5m"; "0s":
+    /// never (flows end only at FIN or RST).
+    #[serde(default = "default_idle")]
+    pub idle_timeout: String,
+}
+
+fn default_mode() -> String {
+    "masquerade".into()
+}
+fn default_ports() -> String {
+    "20000-29999".into()
+}
+fn default_idle() -> String {
+    "5m".into()
+}
+
+impl Default for TcSettings {
+    fn default() -> Self {
+        Self { mode: default_mode(), nat_address: None, nat_ports: default_ports(), idle_timeout: default_idle() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcMode {
+    Masquerade,
+    Routed,
+}
+
+/// The TC datapath, validated. `interfaces` empty: off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidTc {
+    pub interfaces: Vec<String>,
+    pub mode: TcMode,
+    pub nat_address: Option<Ipv4Addr>,
+    pub nat_ports: (u16, u16),
+    pub idle_timeout: Duration,
+}
+
+/// Linux interface names: 1 to 15 bytes, no '/', no whitespace, not "." or "..".
+fn check_interface(field: String, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(ConfigError::invalid(field, name, "interface names are 1 to 15 bytes"));
+    }
+    if name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::invalid(field, name, "not a valid interface name"));
+    }
+    Ok(())
+}
+
+fn parse_ports(value: &str) -> Result<(u16, u16), ConfigError> {
+    let field = "daemon.tc.nat_ports";
+    let (lo, hi) = value.split_once('-').ok_or_else(|| ConfigError::invalid(field, value, "expected MIN-MAX"))?;
+    let port = |s: &str| {
+        s.trim().parse::<u16>().map_err(|e| ConfigError::invalid(field, value, format!("{s:?} is not a port ({e})")))
+    };
+    let (lo, hi) = (port(lo)?, port(hi)?);
+    if lo == 0 || lo > hi {
+        return Err(ConfigError::invalid(field, value, "need 1 <= MIN <= MAX"));
+    }
+    Ok((lo, hi))
+}
+
+/// `[daemon] interfaces` with `[daemon.tc]`.
+pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc, ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for (i, name) in interfaces.iter().enumerate() {
+        check_interface(format!("daemon.interfaces[{i}]"), name)?;
+        if !seen.insert(name) {
+            return Err(ConfigError::invalid(format!("daemon.interfaces[{i}]"), name, "listed twice"));
+        }
+    }
+    let mode = match s.mode.as_str() {
+        "masquerade" => TcMode::Masquerade,
+        "routed" => TcMode::Routed,
+        other => return Err(ConfigError::invalid("daemon.tc.mode", other, "expected \"masquerade\" or \"routed\"")),
+    };
+    let nat_address = s
+        .nat_address
+        .as_deref()
+        .map(|a| {
+            let ip = a.parse::<Ipv4Addr>().map_err(|e| {
+                ConfigError::invalid("daemon.tc.nat_address", a, format!("expected an IPv4 address ({e})"))
+            })?;
+            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+                return Err(ConfigError::invalid(
+                    "daemon.tc.nat_address",
+                    a,
+                    "must be a unicast address of the gateway",
+                ));
+            }
+            Ok(ip)
+        })
+        .transpose()?;
+    if mode == TcMode::Masquerade && nat_address.is_none() && !interfaces.is_empty() {
+        return Err(ConfigError::invalid(
+            "daemon.tc.nat_address",
+            "(absent)",
+            "masquerade mode needs the gateway address the backends answer",
+        ));
+    }
+    let nat_ports = parse_ports(&s.nat_ports)?;
+    let idle_timeout = parse_duration("daemon.tc.idle_timeout", &s.idle_timeout)?;
+    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_ports, idle_timeout })
+}
+
+/// `models[i].remote_affinity`: whether remote clients keep their backend by address.
+pub(crate) fn remote_affinity(field: String, value: Option<&str>) -> Result<bool, ConfigError> {
+    match value {
+        None | Some("none") => Ok(false),
+        Some("client_address") => Ok(true),
+        Some(other) => Err(ConfigError::invalid(field, other, "expected \"none\" or \"client_address\"")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(mode: &str, nat: Option<&str>, ports: &str) -> TcSettings {
+        TcSettings {
+            mode: mode.into(),
+            nat_address: nat.map(Into::into),
+            nat_ports: ports.into(),
+            ..Default::default()
+        }
+    }
+
+    fn err(interfaces: &[&str], s: &TcSettings) -> String {
+        let names: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
+        validate(&names, s).expect_err("must be refused").to_string()
+    }
+
+    #[test]
+    fn defaults_are_off_and_masquerade() {
+        let v = validate(&[], &TcSettings::default()).unwrap();
+        assert!(v.interfaces.is_empty());
+        assert_eq!(
+            (v.mode, v.nat_ports, v.idle_timeout),
+            (TcMode::Masquerade, (20000, 29999), Duration::from_secs(300))
+        );
+        let v = validate(&["veth0".into()], &settings("routed", None, "1-1")).unwrap();
+        assert_eq!((v.mode, v.nat_ports), (TcMode::Routed, (1, 1)));
+    }
+
+    #[test]
+    fn bad_values_name_the_field_and_the_value() {
+        let ok = settings("masquerade", Some("10.0.2.1"), "20000-29999");
+        for (interfaces, s, field, value) in [
+            (&["a/b"][..], &ok, "daemon.interfaces[0]", "a/b"),
+            (&["averyveryverylongname"], &ok, "daemon.interfaces[0]", "averyveryverylongname"),
+            (&["eth9", "eth9"], &ok, "daemon.interfaces[1]", "eth9"),
+            (&["v0"], &settings("nat", Some("10.0.2.1"), "1-2"), "daemon.tc.mode", "nat"),
+            (&["v0"], &settings("masquerade", None, "1-2"), "daemon.tc.nat_address", "(absent)"),
+            (&["v0"], &settings("masquerade", Some("10.0.2"), "1-2"), "daemon.tc.nat_address", "10.0.2"),
+            (&["v0"], &settings("masquerade", Some("0.0.0.0"), "1-2"), "daemon.tc.nat_address", "0.0.0.0"),
+            (&["v0"], &settings("masquerade", Some("10.0.2.1"), "30000-20000"), "daemon.tc.nat_ports", "30000-20000"),
+            (&["v0"], &settings("masquerade", Some("10.0.2.1"), "0-10"), "daemon.tc.nat_ports", "0-10"),
+            (&["v0"], &settings("masquerade", Some("10.0.2.1"), "20000"), "daemon.tc.nat_ports", "20000"),
+            (&["v0"], &settings("masquerade", Some("10.0.2.1"), "1-70000"), "daemon.tc.nat_ports", "1-70000"),
+        ] {
+            let e = err(interfaces, s);
+            assert!(e.contains(field) && e.contains(value), "{e:?} should name {field} and {value}");
+        }
+        let e = remote_affinity("models[0].remote_affinity".into(), Some("ip")).unwrap_err().to_string();
+        assert!(e.contains("models[0].remote_affinity") && e.contains("ip"), "{e}");
+        assert!(remote_affinity("f".into(), Some("client_address")).unwrap());
+    }
+}
