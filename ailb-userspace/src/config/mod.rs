@@ -2,6 +2,7 @@
 //! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
 //! and the value. A bad config stops start-up; on reload the previous config stays.
 
+mod limits;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
+pub use limits::{LimitsConfig, ValidLimits};
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
@@ -38,6 +40,9 @@ pub struct Config {
     /// The front door's `[gateway]` (`ailb gateway`); `ailb run` does not use it.
     #[serde(default)]
     pub gateway: crate::gateway::GatewayConfig,
+    /// The kernel's table and member arenas.
+    #[serde(default)]
+    pub limits: LimitsConfig,
 }
 
 /// One model of the catalog.

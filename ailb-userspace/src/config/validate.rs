@@ -36,6 +36,8 @@ pub struct ValidConfig {
     /// HTTP endpoint (`/metrics`, `/v1/plan`).
     pub listen: Option<std::net::SocketAddr>,
     pub policy: crate::policy::PolicyConfig,
+    /// `[limits]`: the kernel's arena sizes.
+    pub limits: super::ValidLimits,
 }
 
 /// One model of the catalog: what the policy plans it with, and where discovery finds it.
@@ -226,6 +228,13 @@ impl Config {
             .transpose()?;
         self.policy.validate()?;
         let backends = self.static_backends(&models)?;
+        let mut per_model: BTreeMap<&str, usize> = BTreeMap::new();
+        for b in &backends {
+            *per_model.entry(b.model.as_str()).or_default() += 1;
+        }
+        let members: Vec<usize> =
+            models.keys().map(|name| per_model.get(name.as_str()).copied().unwrap_or(0)).collect();
+        let limits = self.limits.validate(&members)?;
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -242,6 +251,7 @@ impl Config {
             source,
             listen,
             policy: self.policy.clone(),
+            limits,
         })
     }
 

@@ -3,13 +3,16 @@
 use std::{collections::BTreeMap, path::Path};
 
 use ailb_common::{
-    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MEM_BASE,
-    INFLIGHT_MODEL_BASE, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+    maps, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MEM_BASE,
+    INFLIGHT_MODEL_BASE, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MEM_UNKNOWN, MODEL_AVAILABLE,
+    TABLE_CHUNK,
 };
 use serde::Serialize;
 
 use super::{
     map_err,
+    memory::{read_memory, KernelMemory},
+    store::WriterMaps,
     values::{addr_from_be, model_name},
     DatapathError, Maps,
 };
@@ -22,6 +25,7 @@ pub struct Status {
     pub config: ConfigStatus,
     pub stats: Stats,
     pub models: Vec<ModelStatus>,
+    pub kernel_memory: KernelMemory,
 }
 
 #[derive(Debug, Serialize)]
@@ -43,6 +47,10 @@ pub struct ModelStatus {
     pub available: bool,
     pub table_size: u32,
     pub inflight: u64,
+    /// Kernel memory this model takes: its fixed entries (`KernelMemory::per_model_bytes`),
+    /// its active table and member list in the arenas (whole chunks), and its backends
+    /// (`KernelMemory::per_backend_bytes` each).
+    pub kernel_bytes: u64,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -116,6 +124,8 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         }
     }
     let mut models = Vec::new();
+    let mut used = (0u64, 0u64);
+    let mut arena_bytes = Vec::new();
     for idx in 0..MAX_MODELS {
         let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
         let name = model_name(&st);
@@ -126,11 +136,17 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
         // An unavailable model's last table is kept but not used: no backend has a share.
         if st.flags & MODEL_AVAILABLE != 0 && slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-            let row = maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
-            for &id in &row.slots[..slot.size as usize] {
+            for id in maps.table(slot.table_offset, slot.size)? {
                 *slots.entry(id).or_default() += 1;
             }
         }
+        let (t, m) = if st.flags & MODEL_AVAILABLE != 0 {
+            (round_up(slot.size, TABLE_CHUNK), round_up(slot.members, MEMBER_CHUNK))
+        } else {
+            (0, 0)
+        };
+        used = (used.0 + t, used.1 + m);
+        arena_bytes.push(4 * (t + m));
         let mut backends = Vec::new();
         for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
             let bs = backend_stats(&maps, id)?;
@@ -162,8 +178,14 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             available: st.flags & MODEL_AVAILABLE != 0,
             table_size: if st.flags & MODEL_AVAILABLE != 0 { slot.size } else { 0 },
             inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
+            kernel_bytes: 0,
             backends,
         });
+    }
+    let kernel_memory = read_memory(dir, used)?;
+    for (m, arena) in models.iter_mut().zip(arena_bytes) {
+        m.kernel_bytes =
+            kernel_memory.per_model_bytes + arena + m.backends.len() as u64 * kernel_memory.per_backend_bytes;
     }
     Ok(Status {
         bpffs: dir.display().to_string(),
@@ -180,5 +202,11 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         },
         stats: sum_stats(&maps)?,
         models,
+        kernel_memory,
     })
+}
+
+/// `n` rounded up to whole chunks of `chunk`.
+fn round_up(n: u32, chunk: u32) -> u64 {
+    u64::from(n.div_ceil(chunk)) * u64::from(chunk)
 }

@@ -88,6 +88,7 @@ fn served_metrics() -> BTreeSet<String> {
         },
         stats: Stats::default(),
         models: vec![],
+        kernel_memory: Default::default(),
     })));
     let _agent = agent::metrics::AgentMetrics::new(&mut registry);
     let gw = gateway::metrics::GatewayMetrics::new(&mut registry);
