@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use ailb_tests::{base_config, BackendCfg, BackendServer, CgroupGuard, Daemon};
 
@@ -51,7 +52,13 @@ fn case(bin: &Path, n: usize, servers: &[BackendServer]) -> (u64, f64) {
     let vip = model(n / 2).1;
     let before: u64 = servers.iter().map(BackendServer::accepted).sum();
     let r = measure(&cg, progs[0], &vip);
-    let after: u64 = servers.iter().map(BackendServer::accepted).sum();
+    // A connect returns at the handshake; the listeners' threads accept a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after: u64 = servers.iter().map(BackendServer::accepted).sum();
+    while after - before < CONNECTS as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        after = servers.iter().map(BackendServer::accepted).sum();
+    }
     assert_eq!(after - before, CONNECTS as u64, "every connect reached a backend");
     drop(daemon);
     r
