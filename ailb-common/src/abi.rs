@@ -23,19 +23,46 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
-pub const MAX_MODELS: u32 = 32;
-pub const MAX_BACKENDS: u32 = 4096;
+pub const MAX_MODELS: u32 = 1024;
+/// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by
+/// another 16,384 while the old ids wait for their connections to end.
+pub const MAX_BACKENDS: u32 = 32768;
 /// Backends one model can have (the member list the least-loaded fallback scans).
-pub const MAX_MEMBERS: u32 = 1024;
+pub const MAX_MEMBERS: u32 = 16384;
 /// Largest Maglev table; every table is a prime from [`TABLE_SIZES`].
-pub const MAX_TABLE_SIZE: u32 = 65521;
-pub const TABLE_SIZES: [u32; 3] = [4093, 16381, 65521];
+pub const MAX_TABLE_SIZE: u32 = 1_048_583;
+/// The Maglev table sizes. The first three hold 100 slots per backend up to 655 backends; the
+/// larger ones are the first primes above 64 x 2048, 64 x 4096, ..., so that a table of up to
+/// [`MAX_MEMBERS`] backends still has at least 64 slots per backend
+/// ([`crate::maglev::table_size_for`]).
+pub const TABLE_SIZES: [u32; 7] = [4093, 16381, 65521, 131_101, 262_147, 524_309, MAX_TABLE_SIZE];
 /// Upper bound on the number of table slots probed per pick.
 pub const MAX_PROBES: u32 = 8;
-pub const MAX_SERVICES: u32 = 256;
+/// VIPs in all (each model of a full catalog has its own).
+pub const MAX_SERVICES: u32 = 4096;
 pub const MAX_AFFINITY: u32 = 262_144;
+
+/// Table slots per `AILB_TABLES` entry ([`TableChunk`], 4 KiB). The tables live in one arena
+/// of chunks whose number the daemon sets at load (`[limits] table_slots`); a table's extent
+/// starts on a chunk, so a table of M slots takes `ceil(M / TABLE_CHUNK)` chunks (the table
+/// sizes are primes just below or above multiples of 1,024: at most 1 % is padding), and the
+/// writer writes a 4,093-slot table in 4 map updates.
+pub const TABLE_CHUNK: u32 = 1024;
+/// Member ids per `AILB_MEMBERS` entry ([`MemberChunk`]); the member lists share one arena
+/// the same way (`[limits] member_slots`).
+pub const MEMBER_CHUNK: u32 = 16;
+/// Default size of the table arena, in slots: 1,024 models of up to 40 backends (4,093 slots,
+/// 4 chunks each) and room to swap in the largest table ([`MAX_TABLE_SIZE`]) beside them.
+pub const DEFAULT_TABLE_SLOTS: u32 = 6 * 1024 * 1024;
+/// Default size of the member arena, in ids: 1,024 models of up to 16 backends, a swap of
+/// [`MAX_MEMBERS`] beside them, and room for larger models.
+pub const DEFAULT_MEMBER_SLOTS: u32 = 64 * 1024;
+/// Largest table arena the daemon accepts (1 GiB of tables).
+pub const MAX_TABLE_SLOTS: u32 = 256 * 1024 * 1024;
+/// Largest member arena the daemon accepts (64 MiB of ids).
+pub const MAX_MEMBER_SLOTS: u32 = 16 * 1024 * 1024;
 
 /// A table or member slot that holds no backend.
 pub const NO_BACKEND: u32 = u32::MAX;
@@ -207,18 +234,24 @@ impl Backend {
 pub struct TableSlot {
     /// Maglev table size M (a prime), 0 when the slot holds no table.
     pub size: u32,
-    /// Number of valid entries in the slot's member row.
+    /// Number of valid entries in the slot's member list.
     pub members: u32,
     /// Sum of the member weights.
     pub total_weight: u64,
     pub generation: u64,
+    /// Arena position of the table's first slot in `AILB_TABLES` (slot `i` of the table is
+    /// arena position `table_offset + i`; see [`TABLE_CHUNK`]).
+    pub table_offset: u32,
+    /// Arena position of the first member id in `AILB_MEMBERS` (see [`MEMBER_CHUNK`]).
+    pub member_offset: u32,
 }
 
 /// The model has at least one live backend; without it, connects to its VIP are refused.
 pub const MODEL_AVAILABLE: u32 = 1;
 
-/// `AILB_MODELS` value. Userspace fills the inactive slot's rows in `AILB_TABLES` and
-/// `AILB_MEMBERS`, writes this struct with the new slot described, then flips `active`.
+/// `AILB_MODELS` value. Userspace writes a new table and member list into free extents of
+/// the `AILB_TABLES` and `AILB_MEMBERS` arenas, describes them in the inactive slot of this
+/// struct, then flips `active` (and frees the old extents once no connect can read them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelState {
@@ -250,23 +283,24 @@ impl ModelState {
     }
 }
 
-/// Index of a model's table / member row for `slot` (0 or 1).
-pub fn row_index(model: u32, slot: u32) -> u32 {
-    model * 2 + (slot & 1)
+/// The chunk of an arena that holds arena position `pos`, and the position inside it.
+#[inline(always)]
+pub const fn chunk_of(pos: u32, chunk: u32) -> (u32, u32) {
+    (pos / chunk, pos % chunk)
 }
 
-/// `AILB_TABLES` value: one Maglev table (the first `TableSlot::size` entries are used).
+/// `AILB_TABLES` value: [`TABLE_CHUNK`] consecutive slots of the table arena.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct TableRow {
-    pub slots: [u32; MAX_TABLE_SIZE as usize],
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableChunk {
+    pub slots: [u32; TABLE_CHUNK as usize],
 }
 
-/// `AILB_MEMBERS` value: the backend ids of one table, for the least-loaded fallback.
+/// `AILB_MEMBERS` value: [`MEMBER_CHUNK`] consecutive ids of the member arena.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct MemberRow {
-    pub ids: [u32; MAX_MEMBERS as usize],
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberChunk {
+    pub ids: [u32; MEMBER_CHUNK as usize],
 }
 
 #[repr(C)]
@@ -434,8 +468,8 @@ mod pod {
         Backend,
         TableSlot,
         ModelState,
-        TableRow,
-        MemberRow,
+        TableChunk,
+        MemberChunk,
         AffinityKey,
         AffinityValue,
         SockState,
@@ -460,14 +494,15 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 8);
         assert_eq!(size_of::<Service>(), 8);
         assert_eq!(size_of::<Backend>(), 32);
-        assert_eq!(size_of::<TableSlot>(), 24);
-        assert_eq!(size_of::<ModelState>(), 56 + 64 + 8);
+        assert_eq!(size_of::<TableSlot>(), 32);
+        assert_eq!(size_of::<ModelState>(), 8 + 2 * 32 + 64 + 8);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 16);
         assert_eq!(size_of::<SockState>(), 40);
         assert_eq!(size_of::<GlobalConfig>(), 40);
         assert_eq!(size_of::<Stats>(), 12 * 8);
         assert_eq!(size_of::<BackendStats>(), 7 * 8);
-        assert_eq!(size_of::<TableRow>(), MAX_TABLE_SIZE as usize * 4);
+        assert_eq!(size_of::<TableChunk>(), TABLE_CHUNK as usize * 4);
+        assert_eq!(size_of::<MemberChunk>(), MEMBER_CHUNK as usize * 4);
     }
 }

@@ -87,10 +87,21 @@ fn is_prime(n: u32) -> bool {
     true
 }
 
-/// The smallest size in [`TABLE_SIZES`] with at least 100 slots per backend, else the largest.
+/// The smallest size in [`TABLE_SIZES`] with at least 100 slots per backend when one up to
+/// 65,521 has them (up to 655 backends); for more backends, the smallest with at least 64
+/// slots per backend (65,521 up to 1,023 backends, as before larger sizes existed; 1,048,583
+/// for 16,384), else the largest. 64 slots keep each share within 4 slots (6 %) of exact
+/// (the fill's slack is `clamp(M / N / 16, 1, 8)`), and the table's memory at 256 bytes per
+/// backend.
 pub fn table_size_for(backends: usize) -> u32 {
-    for m in TABLE_SIZES {
+    const DENSE_LIMIT: u32 = 65521;
+    for m in TABLE_SIZES.iter().copied().filter(|&m| m <= DENSE_LIMIT) {
         if m as usize >= backends.saturating_mul(100) {
+            return m;
+        }
+    }
+    for m in TABLE_SIZES {
+        if m as usize >= backends.saturating_mul(64) {
             return m;
         }
     }

@@ -30,21 +30,25 @@ use crate::hash::rehash;
 
 /// Read access to the maps the pick needs. Implementations must be cheap: the kernel calls
 /// these at most `probes + MAX_MEMBERS` times per connect.
+///
+/// Tables and member lists are read by arena position: entry `i` of the active slot's table
+/// is `table_entry(slot.table_offset + i)`, member `j` is `member(slot.member_offset + j)`.
 pub trait PickMaps {
     fn backend(&self, id: u32) -> Option<Backend>;
     fn inflight(&self, id: u32) -> u64;
     /// The memory hints (MB) of the connections in flight to backend `id`, summed.
     fn inflight_mem(&self, id: u32) -> u64;
-    /// Entry `index` of the Maglev table in `row` (see [`row_index`]).
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32>;
-    /// Entry `index` of the member row `row`.
-    fn member(&self, row: u32, index: u32) -> Option<u32>;
+    /// Slot `pos` of the table arena (`AILB_TABLES`).
+    fn table_entry(&self, pos: u32) -> Option<u32>;
+    /// Id `pos` of the member arena (`AILB_MEMBERS`).
+    fn member(&self, pos: u32) -> Option<u32>;
 
-    /// Step 3: [`MemberScan::step`] over members `0..members` of `row`, in order. The
+    /// Step 3: [`MemberScan::step`] over members `0..members` of the list at arena position
+    /// `offset`, in order. The
     /// default is a plain bounded loop; the eBPF side overrides it with `bpf_loop`, because
     /// the verifier cannot walk a [`MAX_MEMBERS`]-iteration loop within its instruction budget.
     #[inline(always)]
-    fn scan_members(&self, row: u32, members: u32, required_mem_mb: u32) -> MemberScan
+    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32) -> MemberScan
     where
         Self: Sized,
     {
@@ -54,7 +58,7 @@ pub trait PickMaps {
             if j >= members {
                 break;
             }
-            scan.step(self, row, j, required_mem_mb);
+            scan.step(self, offset, j, required_mem_mb);
             j += 1;
         }
         scan
@@ -62,16 +66,18 @@ pub trait PickMaps {
 }
 
 /// The pick's maps as plain vectors, for userspace (`ailb explain` over a copy of the pinned
-/// maps, the fleet model): backend `id` at index `id`; `table` and `members` are the rows of
-/// `row`, and any other row reads as absent.
+/// maps, the fleet model): backend `id` at index `id`; `table` is the extent of the table
+/// arena from position `table_offset`, `members` that of the member arena from
+/// `member_offset`, and any other position reads as absent.
 #[cfg(feature = "std")]
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct VecMaps {
     pub backends: Vec<Backend>,
     pub inflight: Vec<u64>,
     pub inflight_mem: Vec<u64>,
-    pub row: u32,
+    pub table_offset: u32,
     pub table: Vec<u32>,
+    pub member_offset: u32,
     pub members: Vec<u32>,
 }
 
@@ -79,6 +85,8 @@ pub struct VecMaps {
 impl VecMaps {
     /// The maps of one model whose members are `backends` (ids `0..n`, nothing in flight), with
     /// its weighted Maglev table in slot `active` of the returned state (`MODEL_AVAILABLE`).
+    /// The slot's extents start one chunk into each arena (model `model`'s place in a kernel
+    /// with one chunk per model before it), so a pick that reads from position 0 is caught.
     pub fn one_model(model: u32, active: u32, backends: Vec<Backend>) -> (VecMaps, ModelState) {
         let keyed: Vec<crate::maglev::MaglevBackend> = backends
             .iter()
@@ -92,18 +100,22 @@ impl VecMaps {
         let size = crate::maglev::table_size_for(keyed.len());
         let table = crate::maglev::build(&keyed, size).expect("ids 0..n and their keys are distinct");
         let mut state = ModelState { active, flags: MODEL_AVAILABLE, ..Default::default() };
+        let (table_offset, member_offset) = ((model + 1) * TABLE_CHUNK, (model + 1) * MEMBER_CHUNK);
         state.slots[(active & 1) as usize] = TableSlot {
             size,
             members: backends.len() as u32,
             total_weight: backends.iter().map(|b| b.weight as u64).sum(),
             generation: 1,
+            table_offset,
+            member_offset,
         };
         let n = backends.len();
         let maps = VecMaps {
             inflight: vec![0; n],
             inflight_mem: vec![0; n],
-            row: row_index(model, active),
+            table_offset,
             table,
+            member_offset,
             members: (0..n as u32).collect(),
             backends,
         };
@@ -122,11 +134,11 @@ impl PickMaps for VecMaps {
     fn inflight_mem(&self, id: u32) -> u64 {
         self.inflight_mem.get(id as usize).copied().unwrap_or(0)
     }
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        (row == self.row).then(|| self.table.get(index as usize).copied()).flatten()
+    fn table_entry(&self, pos: u32) -> Option<u32> {
+        self.table.get(pos.checked_sub(self.table_offset)? as usize).copied()
     }
-    fn member(&self, row: u32, index: u32) -> Option<u32> {
-        (row == self.row).then(|| self.members.get(index as usize).copied()).flatten()
+    fn member(&self, pos: u32) -> Option<u32> {
+        self.members.get(pos.checked_sub(self.member_offset)? as usize).copied()
     }
 }
 
@@ -175,10 +187,11 @@ impl MemberScan {
         }
     }
 
-    /// Considers member `j` of `row` (in-flight / weight, compared by cross-multiplication).
+    /// Considers member `j` of the list at arena position `offset` (in-flight / weight,
+    /// compared by cross-multiplication).
     #[inline(always)]
-    pub fn step<M: PickMaps>(&mut self, maps: &M, row: u32, j: u32, required_mem_mb: u32) {
-        let Some(id) = maps.member(row, j) else {
+    pub fn step<M: PickMaps>(&mut self, maps: &M, offset: u32, j: u32, required_mem_mb: u32) {
+        let Some(id) = maps.member(offset.wrapping_add(j)) else {
             return;
         };
         let Some(b) = maps.backend(id) else {
@@ -339,7 +352,6 @@ pub fn affinity_ttl_ns(state: &ModelState, cfg: &GlobalConfig) -> u64 {
 #[inline(always)]
 pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: &PickRequest) -> PickResult {
     let slot = state.active_slot();
-    let row = row_index(req.model, state.active);
     let mut affinity_break = false;
 
     if state.flags & MODEL_AVAILABLE == 0 || slot.size == 0 || slot.members == 0 || slot.total_weight == 0 {
@@ -360,7 +372,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     // Round robin (a baseline): the member whose turn it is, if still live.
     if cfg.flags & CONFIG_ROUND_ROBIN != 0 {
         let index = (req.turn % slot.members as u64) as u32;
-        if let Some(id) = maps.member(row, index) {
+        if let Some(id) = maps.member(slot.member_offset.wrapping_add(index)) {
             if maps.backend(id).is_some_and(|b| b.is_live()) {
                 return PickResult { backend: id, outcome: Outcome::Primary, affinity_break };
             }
@@ -385,7 +397,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
             break;
         }
         let index = ((start + i as u64 * step) % size) as u32;
-        if let Some(id) = maps.table_entry(row, index) {
+        if let Some(id) = maps.table_entry(slot.table_offset.wrapping_add(index)) {
             if let Some(b) = maps.backend(id) {
                 let inflight = maps.inflight(id);
                 let bound_ok = !use_bound
@@ -404,7 +416,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     }
 
     // 3. Least loaded member.
-    let scan = maps.scan_members(row, slot.members, req.required_mem_mb);
+    let scan = maps.scan_members(slot.member_offset, slot.members, req.required_mem_mb);
     let best = scan.best;
     let any_live = scan.any_live;
     if best != NO_BACKEND {

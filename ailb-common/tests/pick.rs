@@ -3,8 +3,8 @@
 use ailb_common::{
     hash::fmix64,
     pick::{load_bound, pick, Outcome, PickMaps, PickRequest, VecMaps},
-    row_index, AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY,
-    CONFIG_DEFAULT_FLAGS, CONFIG_ROUND_ROBIN, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_DEFAULT_FLAGS,
+    CONFIG_ROUND_ROBIN, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
 
@@ -27,13 +27,17 @@ impl PickMaps for Fleet {
     fn inflight_mem(&self, id: u32) -> u64 {
         self.maps.inflight_mem(id)
     }
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        assert_eq!(row, row_index(MODEL, self.state.active), "the pick must read the active row");
-        self.maps.table_entry(row, index)
+    fn table_entry(&self, pos: u32) -> Option<u32> {
+        let slot = self.state.active_slot();
+        let index = pos.checked_sub(slot.table_offset);
+        assert!(index.is_some_and(|i| i < slot.size), "the pick must read the active table, not position {pos}");
+        self.maps.table_entry(pos)
     }
-    fn member(&self, row: u32, index: u32) -> Option<u32> {
-        assert_eq!(row, row_index(MODEL, self.state.active));
-        self.maps.member(row, index)
+    fn member(&self, pos: u32) -> Option<u32> {
+        let slot = self.state.active_slot();
+        let index = pos.checked_sub(slot.member_offset);
+        assert!(index.is_some_and(|i| i < slot.members), "the pick must read the active members, not position {pos}");
+        self.maps.member(pos)
     }
 }
 

@@ -15,7 +15,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 
-const MODEL_ROWS: usize = (MAX_MODELS * 2) as usize;
+/// Chunks of the table and member arenas in the object; the daemon sets the real numbers at
+/// load from `[limits]` (`EbpfLoader::set_max_entries`).
+const TABLE_CHUNKS: usize = (DEFAULT_TABLE_SLOTS / TABLE_CHUNK) as usize;
+const MEMBER_CHUNKS: usize = (DEFAULT_MEMBER_SLOTS / MEMBER_CHUNK) as usize;
 
 #[btf_map]
 pub(crate) static AILB_SERVICES: HashMap<ServiceKey, Service, { MAX_SERVICES as usize }> = HashMap::new();
@@ -24,9 +27,9 @@ pub(crate) static AILB_BACKENDS: Array<Backend, { MAX_BACKENDS as usize }> = Arr
 #[btf_map]
 pub(crate) static AILB_MODELS: Array<ModelState, { MAX_MODELS as usize }> = Array::new();
 #[btf_map]
-pub(crate) static AILB_TABLES: Array<TableRow, MODEL_ROWS> = Array::new();
+pub(crate) static AILB_TABLES: Array<TableChunk, TABLE_CHUNKS> = Array::new();
 #[btf_map]
-pub(crate) static AILB_MEMBERS: Array<MemberRow, MODEL_ROWS> = Array::new();
+pub(crate) static AILB_MEMBERS: Array<MemberChunk, MEMBER_CHUNKS> = Array::new();
 #[btf_map]
 pub(crate) static AILB_MODEL_NAMES: HashMap<u64, u32, { MAX_MODELS as usize }> = HashMap::new();
 #[btf_map]

@@ -44,31 +44,28 @@ impl PickMaps for Maps {
     }
 
     #[inline(always)]
-    fn table_entry(&self, row: u32, index: u32) -> Option<u32> {
-        if row >= MAX_MODELS * 2 || index >= MAX_TABLE_SIZE {
-            return None;
-        }
-        let p = AILB_TABLES.get_ptr(row)?;
-        // SAFETY: `p` is a valid TableRow in the map and `index < MAX_TABLE_SIZE` (its length),
+    fn table_entry(&self, pos: u32) -> Option<u32> {
+        let (chunk, lane) = chunk_of(pos, TABLE_CHUNK);
+        // The array lookup fails past the arena's size (set at load).
+        let p = AILB_TABLES.get_ptr(chunk)?;
+        // SAFETY: `p` is a valid TableChunk in the map and `lane < TABLE_CHUNK` (its length),
         // so the element pointer is in bounds.
-        Some(unsafe { ptr::read(addr_of!((*p).slots).cast::<u32>().add(index as usize)) })
+        Some(unsafe { ptr::read(addr_of!((*p).slots).cast::<u32>().add(lane as usize)) })
     }
 
     #[inline(always)]
-    fn member(&self, row: u32, index: u32) -> Option<u32> {
-        if row >= MAX_MODELS * 2 || index >= MAX_MEMBERS {
-            return None;
-        }
-        let p = AILB_MEMBERS.get_ptr(row)?;
-        // SAFETY: `p` is a valid MemberRow in the map and `index < MAX_MEMBERS` (its length).
-        Some(unsafe { ptr::read(addr_of!((*p).ids).cast::<u32>().add(index as usize)) })
+    fn member(&self, pos: u32) -> Option<u32> {
+        let (chunk, lane) = chunk_of(pos, MEMBER_CHUNK);
+        let p = AILB_MEMBERS.get_ptr(chunk)?;
+        // SAFETY: `p` is a valid MemberChunk in the map and `lane < MEMBER_CHUNK` (its length).
+        Some(unsafe { ptr::read(addr_of!((*p).ids).cast::<u32>().add(lane as usize)) })
     }
 
     /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a
     /// 1024-iteration inline loop exceeds the verifier's 1M-instruction budget.
     #[inline(always)]
-    fn scan_members(&self, row: u32, members: u32, required_mem_mb: u32) -> MemberScan {
-        let mut ctx = ScanCtx { scan: MemberScan::new(), row, required_mem_mb };
+    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32) -> MemberScan {
+        let mut ctx = ScanCtx { scan: MemberScan::new(), offset, required_mem_mb };
         let n = if members > MAX_MEMBERS { MAX_MEMBERS } else { members };
         // SAFETY: `scan_member` has the callback signature bpf_loop expects and only uses
         // its context as the `ScanCtx` passed here, which outlives the call.
@@ -82,7 +79,8 @@ impl PickMaps for Maps {
 /// `bpf_loop` context of [`Maps::scan_members`].
 struct ScanCtx {
     scan: MemberScan,
-    row: u32,
+    /// Arena position of the member list.
+    offset: u32,
     required_mem_mb: u32,
 }
 
@@ -95,6 +93,6 @@ extern "C" fn scan_member(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the `ScanCtx` pointer given in `scan_members` (on the
     // caller's stack, alive for the whole loop).
     let ctx = unsafe { &mut *ctx.cast::<ScanCtx>() };
-    ctx.scan.step(&Maps, ctx.row, index as u32, ctx.required_mem_mb);
+    ctx.scan.step(&Maps, ctx.offset, index as u32, ctx.required_mem_mb);
     0
 }

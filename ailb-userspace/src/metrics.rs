@@ -326,6 +326,7 @@ mod tests {
             stats: Default::default(),
             models,
             tc: None,
+            kernel_memory: Default::default(),
         }
     }
 
@@ -337,6 +338,7 @@ mod tests {
             available: true,
             table_size: 0,
             table_digest: None,
+            kernel_bytes: 0,
             inflight,
             backends,
         }

@@ -20,3 +20,13 @@ fn readme_config_example_is_valid() {
         .unwrap_or_else(|e| panic!("README example [gateway]: {e}"));
     assert_eq!(gateway.kv_bytes_per_token.get("demo-7b"), Some(&131072));
 }
+
+#[test]
+fn readme_limits_example_shows_the_defaults() {
+    let readme = include_str!("../../README.md");
+    let open = readme.find("```toml\n  [limits]").expect("README shows [limits]") + "```toml\n".len();
+    let close = readme[open..].find("```").expect("end of the toml block");
+    let cfg = Config::parse(&readme[open..open + close], "README.md [limits]").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.limits.table_slots, ailb_common::DEFAULT_TABLE_SLOTS);
+    assert_eq!(cfg.limits.member_slots, ailb_common::DEFAULT_MEMBER_SLOTS);
+}

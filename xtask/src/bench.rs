@@ -17,7 +17,10 @@
 //!    interleaved rounds: req/s, added p50/p99, ratios, router CPU per request, whether the front
 //!    door meets its goals, and where its time goes (strace, perf). Its report is written to
 //!    `target/bench/frontdoor.md`.
-//! 6. The fleet comparison: `ailb-fleet-model` (which offered loads the fleet can carry,
+//! 6. Scale: `ailb-scale-bench` from the `ailb-tools` package: table write time and kernel memory
+//!    with 10, 100 and 1,024 models, a recompute of 1,000 models x 16 backends, and connect4's
+//!    run time with 1 vs 1,024 models loaded. Its report is written to `target/bench/scale.md`.
+//! 7. The fleet comparison: `ailb-fleet-model` (which offered loads the fleet can carry,
 //!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
@@ -46,6 +49,8 @@ pub(crate) enum Part {
     Fleet,
     /// Every fuzz target for `--fuzz-minutes` each.
     Fuzz,
+    /// `ailb-scale-bench`: table writes, kernel memory, recompute and connect4 at 1,024 models.
+    Scale,
 }
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
@@ -76,6 +81,10 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
     if runs(Part::FrontDoor) {
         frontdoor()?;
         say!("front-door report: {}", util::target_dir().join("bench/frontdoor.md").display());
+    }
+    if runs(Part::Scale) {
+        scale()?;
+        say!("scale report: {}", util::target_dir().join("bench/scale.md").display());
     }
     if runs(Part::Fleet) {
         compare()?;
@@ -127,6 +136,17 @@ fn datapath() -> Result<()> {
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
 
+    Ok(())
+}
+
+/// Scale: `ailb-scale-bench`.
+fn scale() -> Result<()> {
+    let step = Step::start("scale: ailb-scale-bench (1,024 models; about 2 minutes)");
+    util::build_release_bins(&["ailb-tools"], &["ailb-scale-bench"])?;
+    let bin = util::target_dir().join("release/ailb-scale-bench");
+    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
+        .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
     Ok(())
 }
 

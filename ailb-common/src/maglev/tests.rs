@@ -1,4 +1,5 @@
 use super::*;
+use crate::abi::MAX_TABLE_SIZE;
 use crate::hash::backend_key;
 use proptest::prelude::*;
 
@@ -25,6 +26,13 @@ fn sizes_are_prime_and_chosen_by_count() {
     assert_eq!(table_size_for(40), 4093);
     assert_eq!(table_size_for(41), 16381);
     assert_eq!(table_size_for(1000), 65521);
+    // Past 655 backends at least 64 slots each; 65,521 holds 1,023 of them.
+    assert_eq!(table_size_for(1023), 65521);
+    assert_eq!(table_size_for(1024), 131_101);
+    assert_eq!(table_size_for(MAX_MEMBERS as usize), MAX_TABLE_SIZE);
+    for n in [656usize, 2048, 4096, 8192, 16384] {
+        assert!(table_size_for(n) as usize >= 64 * n, "{n} backends");
+    }
     assert_eq!(build(&backends(3), 4096), Err(MaglevError::SizeNotPrime(4096)));
 }
 
@@ -263,5 +271,18 @@ proptest! {
         let b = weighted(&weights, salt);
         let m = if big { 16381 } else { 4093 };
         prop_assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap());
+    }
+}
+
+#[test]
+fn the_largest_member_count_fills_the_largest_table_within_the_slack() {
+    let n = MAX_MEMBERS;
+    let m = table_size_for(n as usize);
+    let t = build(&backends(n), m).unwrap();
+    let c = counts(&t, n as usize);
+    let exact = m as f64 / n as f64;
+    // Slack clamp(M / N / 16, 1, 8) = 4 slots, and the repair pass lifts any backend below it.
+    for (id, &got) in c.iter().enumerate() {
+        assert!((got as f64 - exact).abs() <= 5.0, "backend {id}: {got} slots, exact {exact:.1}");
     }
 }

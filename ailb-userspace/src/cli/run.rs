@@ -41,7 +41,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
         }
 
         let cgroup = datapath::resolve_cgroup(&cfg.cgroup)?;
-        let opened = datapath::open_or_load(&cfg.bpffs).map_err(|e| crate::cli::access::run_error(&e, &cfg.bpffs))?;
+        let opened = datapath::open_or_load(&cfg.bpffs, &cfg.limits).map_err(|e| crate::cli::access::run_error(&e, &cfg.bpffs))?;
         let fresh = opened.attach.is_fresh();
         let writer = Writer::new(opened.maps)?;
         let bpffs = cfg.bpffs.clone();

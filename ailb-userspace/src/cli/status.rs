@@ -33,15 +33,17 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
             t.flows_full, t.nat_exhausted, t.refused, t.malformed, t.redirected, t.to_stack
         );
     }
+    print_memory(&st.kernel_memory);
     for m in &st.models {
         println!(
-            "\nmodel {} (id {}) VIPs {} — {}, table {} slots, in-flight {}",
+            "\nmodel {} (id {}) VIPs {} — {}, table {} slots, in-flight {}, kernel memory {}",
             m.name,
             m.id,
             m.vips.join(", "),
             if m.available { "available" } else { "UNAVAILABLE" },
             m.table_size,
-            m.inflight
+            m.inflight,
+            bytes(m.kernel_bytes)
         );
         println!(
             "  {:>4} {:<22} {:>6} {:>7} {:>9} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9}",
@@ -75,4 +77,31 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `n` bytes in KiB or MiB.
+fn bytes(n: u64) -> String {
+    if n >= 1 << 20 {
+        format!("{:.1} MiB", n as f64 / f64::from(1 << 20))
+    } else {
+        format!("{:.1} KiB", n as f64 / 1024.0)
+    }
+}
+
+fn print_memory(k: &datapath::memory::KernelMemory) {
+    let (t, m) = (&k.table_arena, &k.member_arena);
+    println!(
+        "kernel memory {} in all: per model {} B, per backend {} B, per affinity entry {} B; tables {} of {} slots \
+         in use ({}), members {} of {} ids ({})",
+        bytes(k.total_bytes),
+        k.per_model_bytes,
+        k.per_backend_bytes,
+        k.per_affinity_entry_bytes,
+        t.used,
+        t.capacity,
+        bytes(t.used_bytes),
+        m.used,
+        m.capacity,
+        bytes(m.used_bytes)
+    );
 }

@@ -2,6 +2,7 @@
 //! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
 //! and the value. A bad config stops start-up; on reload the previous config stays.
 
+mod limits;
 mod tc;
 mod validate;
 
@@ -11,6 +12,7 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
+pub use limits::{LimitsConfig, ValidLimits};
 pub use tc::{TcMode, TcSettings, ValidTc};
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
@@ -40,6 +42,9 @@ pub struct Config {
     /// The front door's `[gateway]` (`ailb gateway`); `ailb run` does not use it.
     #[serde(default)]
     pub gateway: crate::gateway::GatewayConfig,
+    /// The kernel's table and member arenas.
+    #[serde(default)]
+    pub limits: LimitsConfig,
 }
 
 /// One model of the catalog.

@@ -43,6 +43,8 @@ pub struct ValidConfig {
     pub policy: crate::policy::PolicyConfig,
     /// The TC datapath for remote clients (off when it names no interface).
     pub tc: super::ValidTc,
+    /// `[limits]`: the kernel's arena sizes.
+    pub limits: super::ValidLimits,
 }
 
 /// One model of the catalog: what the policy plans it with, and where discovery finds it.
@@ -330,6 +332,13 @@ impl Config {
             return Err(ConfigError::invalid("daemon.sample_interval", &d.sample_interval, "must be 50ms to 60s"));
         }
         let tc = super::tc::validate(&d.interfaces, &d.tc)?;
+        let mut per_model: BTreeMap<&str, usize> = BTreeMap::new();
+        for b in &backends {
+            *per_model.entry(b.model.as_str()).or_default() += 1;
+        }
+        let members: Vec<usize> =
+            models.keys().map(|name| per_model.get(name.as_str()).copied().unwrap_or(0)).collect();
+        let limits = self.limits.validate(&members)?;
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
@@ -349,6 +358,7 @@ impl Config {
             nvml_library: d.nvml_library.clone(),
             policy,
             tc,
+            limits,
         })
     }
 

@@ -7,12 +7,13 @@ use ailb_common::{
     hash::conversation_hash,
     maps,
     pick::{pick, Outcome, PickRequest, VecMaps},
-    row_index, AffinityKey, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
+    AffinityKey, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
 };
 use serde::Serialize;
 
 use super::{
     map_err,
+    store::WriterMaps,
     values::{addr_from_be, model_name},
     DatapathError, Maps,
 };
@@ -65,13 +66,10 @@ pub fn explain_conversation(
         });
     };
     let slot = *state.active_slot();
-    let row = row_index(midx, state.active);
-    let size = slot.size.min(MAX_TABLE_SIZE) as usize;
-    let mut copy = VecMaps { row, ..Default::default() };
-    if size > 0 {
-        copy.table = maps.tables.get(&row, 0).map_err(map_err(maps::TABLES))?.slots[..size].to_vec();
-        let m = maps.members.get(&row, 0).map_err(map_err(maps::MEMBERS))?;
-        copy.members = m.ids[..(slot.members as usize).min(m.ids.len())].to_vec();
+    let mut copy = VecMaps { table_offset: slot.table_offset, member_offset: slot.member_offset, ..Default::default() };
+    if slot.size > 0 {
+        copy.table = maps.table(slot.table_offset, slot.size.min(MAX_TABLE_SIZE))?;
+        copy.members = maps.members(slot.member_offset, slot.members.min(MAX_MEMBERS))?;
     }
     for id in 0..MAX_BACKENDS {
         copy.backends.push(maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?);

@@ -4,32 +4,34 @@
 //!
 //! ```text
 //! CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-//! MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
-//! TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,0,0,1,1,0,1,0
-//! MEMBERS: ROW=1 IDS=0,1
+//! MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+//! TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,0,0,1,1,0,1,0
+//! MEMBERS: MODEL=0 POS=0 IDS=0,1
 //! BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 //! VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
 //! NAME: HASH=0x0123456789abcdef MODEL=0
 //! INFLIGHT: INDEX=0 COUNT=3
 //! ```
 //!
-//! The dump leaves out entries that read as zeros (never written, or cleared); the write log
-//! has one `set KIND: ...` or `remove KIND: ...` line per map update, where a cleared model
-//! or backend entry reads `set MODEL: IDX=1 ZERO`, `set BE: ID=2 ZERO`.
+//! The dump leaves out entries that read as zeros (never written, or cleared), and shows each
+//! model's active table and members (arena positions `at:TABLE/MEMBERS` in its slot); the
+//! write log has one `set KIND: ...` or `remove KIND: ...` line per map update (per table or
+//! member extent written, `set TABLE: POS=...`), where a cleared model or backend entry reads
+//! `set MODEL: IDX=1 ZERO`, `set BE: ID=2 ZERO`.
 #![forbid(unsafe_code)]
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use ailb_common::{
-    maps, Backend, GlobalConfig, MemberRow, ModelState, Service, ServiceKey, TableRow, TableSlot, BACKEND_LIVE,
-    CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_ENTRIES, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS,
-    MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND,
+    maps, Backend, GlobalConfig, ModelState, Service, ServiceKey, TableSlot, BACKEND_LIVE, CONFIG_AFFINITY,
+    CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS, INFLIGHT_ENTRIES, MAX_BACKENDS,
+    MAX_MODELS, MEMBER_CHUNK, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, TABLE_CHUNK,
 };
 use aya::maps::MapError;
 
 use super::{
     map_err,
-    store::WriterMaps,
+    store::{chunked, read_chunked, WriterMaps},
     values::{addr_from_be, model_name},
     DatapathError,
 };
@@ -37,12 +39,14 @@ use super::{
 /// Table slots shown by `HEAD=` in a table line.
 const TABLE_HEAD: usize = 8;
 
-#[derive(Default)]
 pub(crate) struct FakeMaps {
     config: GlobalConfig,
     models: BTreeMap<u32, ModelState>,
-    tables: BTreeMap<u32, Box<TableRow>>,
-    members: BTreeMap<u32, Box<MemberRow>>,
+    /// The arenas by chunk index; chunks never written read as zeros.
+    tables: BTreeMap<u32, [u32; TABLE_CHUNK as usize]>,
+    members: BTreeMap<u32, [u32; MEMBER_CHUNK as usize]>,
+    /// Chunks of the table and member arenas.
+    arena_chunks: (u32, u32),
     backends: BTreeMap<u32, Backend>,
     /// Set by the tests: what the kernel's sock_ops would count.
     pub(crate) inflight: BTreeMap<u32, u64>,
@@ -60,14 +64,6 @@ fn check_index(name: &str, index: u32, max_entries: u32) -> Result<(), DatapathE
     }
 }
 
-fn zero_table() -> Box<TableRow> {
-    Box::new(TableRow { slots: [0; ailb_common::MAX_TABLE_SIZE as usize] })
-}
-
-fn zero_members() -> Box<MemberRow> {
-    Box::new(MemberRow { ids: [0; MAX_MEMBERS as usize] })
-}
-
 fn flag_names(flags: u32, names: &[(u32, &str)]) -> String {
     let set: Vec<&str> = names.iter().filter(|(bit, _)| flags & bit != 0).map(|(_, n)| *n).collect();
     if set.is_empty() {
@@ -81,7 +77,10 @@ fn slot_line(s: &TableSlot) -> String {
     if *s == TableSlot::default() {
         return "-".to_string();
     }
-    format!("size:{},members:{},weight:{},gen:{}", s.size, s.members, s.total_weight, s.generation)
+    format!(
+        "size:{},members:{},weight:{},gen:{},at:{}/{}",
+        s.size, s.members, s.total_weight, s.generation, s.table_offset, s.member_offset
+    )
 }
 
 fn list(values: impl Iterator<Item = String>) -> String {
@@ -117,19 +116,19 @@ fn model_line(index: u32, m: &ModelState) -> String {
     )
 }
 
-/// Slots per backend id (in id order), and the first [`TABLE_HEAD`] slots.
-fn table_line(row: u32, t: &TableRow) -> String {
+/// Slots per backend id (in id order), and the first [`TABLE_HEAD`] slots; `at` names the
+/// model (dump) or the arena position (write log).
+fn table_line(at: &str, t: &[u32]) -> String {
     let mut shares: BTreeMap<u32, usize> = BTreeMap::new();
-    for &id in t.slots.iter().filter(|&&id| id != NO_BACKEND) {
+    for &id in t.iter().filter(|&&id| id != NO_BACKEND) {
         *shares.entry(id).or_default() += 1;
     }
-    let head = t.slots.iter().take(TABLE_HEAD).map(|&id| if id == NO_BACKEND { "-".into() } else { id.to_string() });
-    format!("TABLE: ROW={row} SHARES={} HEAD={}", list(shares.iter().map(|(id, n)| format!("{id}:{n}"))), list(head))
+    let head = t.iter().take(TABLE_HEAD).map(|&id| if id == NO_BACKEND { "-".into() } else { id.to_string() });
+    format!("TABLE: {at} SHARES={} HEAD={}", list(shares.iter().map(|(id, n)| format!("{id}:{n}"))), list(head))
 }
 
-fn members_line(row: u32, m: &MemberRow) -> String {
-    let ids = m.ids.iter().take_while(|&&id| id != NO_BACKEND).map(u32::to_string);
-    format!("MEMBERS: ROW={row} IDS={}", list(ids))
+fn members_line(at: &str, ids: &[u32]) -> String {
+    format!("MEMBERS: {at} IDS={}", list(ids.iter().map(u32::to_string)))
 }
 
 fn backend_line(id: u32, b: &Backend) -> String {
@@ -156,7 +155,29 @@ fn name_line(hash: u64, model: u32) -> String {
     format!("NAME: HASH={hash:#018x} MODEL={model}")
 }
 
+impl Default for FakeMaps {
+    fn default() -> Self {
+        Self::with_arenas(DEFAULT_TABLE_SLOTS / TABLE_CHUNK, DEFAULT_MEMBER_SLOTS / MEMBER_CHUNK)
+    }
+}
+
 impl FakeMaps {
+    /// Empty maps whose arenas have these many chunks.
+    pub(crate) fn with_arenas(table_chunks: u32, member_chunks: u32) -> Self {
+        Self {
+            config: GlobalConfig::default(),
+            models: BTreeMap::new(),
+            tables: BTreeMap::new(),
+            members: BTreeMap::new(),
+            arena_chunks: (table_chunks, member_chunks),
+            backends: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            services: BTreeMap::new(),
+            model_names: BTreeMap::new(),
+            writes: Vec::new(),
+        }
+    }
+
     /// The write log since the last call, one line per map update.
     pub(crate) fn take_writes(&mut self) -> String {
         std::mem::take(&mut self.writes).iter().map(|w| format!("{w}\n")).collect()
@@ -169,14 +190,20 @@ impl FakeMaps {
         if self.config != GlobalConfig::default() {
             line(config_line(&self.config));
         }
-        for (&i, m) in self.models.iter().filter(|(_, m)| **m != ModelState::default()) {
-            line(model_line(i, m));
+        let models: Vec<(u32, ModelState)> =
+            self.models.iter().filter(|(_, m)| **m != ModelState::default()).map(|(&i, m)| (i, *m)).collect();
+        for (i, m) in &models {
+            line(model_line(*i, m));
         }
-        for (&row, t) in self.tables.iter().filter(|(_, t)| t.slots.iter().any(|&s| s != 0)) {
-            line(table_line(row, t));
+        for (i, m) in models.iter().filter(|(_, m)| m.active_slot().size > 0) {
+            let s = m.active_slot();
+            let table = self.table(s.table_offset, s.size).expect("the fake's arena reads never fail");
+            line(table_line(&format!("MODEL={i} POS={}", s.table_offset), &table));
         }
-        for (&row, m) in self.members.iter().filter(|(_, m)| m.ids.iter().any(|&s| s != 0)) {
-            line(members_line(row, m));
+        for (i, m) in models.iter().filter(|(_, m)| m.active_slot().size > 0) {
+            let s = m.active_slot();
+            let ids = self.members(s.member_offset, s.members).expect("the fake's arena reads never fail");
+            line(members_line(&format!("MODEL={i} POS={}", s.member_offset), &ids));
         }
         for (&id, b) in self.backends.iter().filter(|(_, b)| **b != Backend::default()) {
             line(backend_line(id, b));
@@ -217,26 +244,37 @@ impl WriterMaps for FakeMaps {
         self.models.insert(index, value);
         Ok(())
     }
-    fn table(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError> {
-        check_index(maps::TABLES, row, MAX_MODELS * 2)?;
-        let slots = self.tables.get(&row).map_or(&[0; 0][..], |t| &t.slots[..]);
-        Ok((0..len.min(ailb_common::MAX_TABLE_SIZE as usize)).map(|i| slots.get(i).copied().unwrap_or(0)).collect())
+    fn arena_chunks(&self) -> (u32, u32) {
+        self.arena_chunks
     }
-    fn set_table(&mut self, row: u32, value: &TableRow) -> Result<(), DatapathError> {
-        check_index(maps::TABLES, row, MAX_MODELS * 2)?;
-        self.log("set", table_line(row, value));
-        self.tables.entry(row).or_insert_with(zero_table).slots = value.slots;
+    fn table(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError> {
+        read_chunked(pos, len, |c| {
+            check_index(maps::TABLES, c, self.arena_chunks.0)?;
+            Ok(self.tables.get(&c).copied().unwrap_or([0; TABLE_CHUNK as usize]))
+        })
+    }
+    fn set_table(&mut self, pos: u32, slots: &[u32]) -> Result<(), DatapathError> {
+        let chunks: Vec<_> = chunked::<{ TABLE_CHUNK as usize }>(pos, slots).collect();
+        for &(c, _) in &chunks {
+            check_index(maps::TABLES, c, self.arena_chunks.0)?;
+        }
+        self.log("set", table_line(&format!("POS={pos}"), slots));
+        self.tables.extend(chunks);
         Ok(())
     }
-    fn members(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError> {
-        check_index(maps::MEMBERS, row, MAX_MODELS * 2)?;
-        let ids = self.members.get(&row).map_or(&[0; 0][..], |m| &m.ids[..]);
-        Ok((0..len.min(MAX_MEMBERS as usize)).map(|i| ids.get(i).copied().unwrap_or(0)).collect())
+    fn members(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError> {
+        read_chunked(pos, len, |c| {
+            check_index(maps::MEMBERS, c, self.arena_chunks.1)?;
+            Ok(self.members.get(&c).copied().unwrap_or([0; MEMBER_CHUNK as usize]))
+        })
     }
-    fn set_members(&mut self, row: u32, value: &MemberRow) -> Result<(), DatapathError> {
-        check_index(maps::MEMBERS, row, MAX_MODELS * 2)?;
-        self.log("set", members_line(row, value));
-        self.members.entry(row).or_insert_with(zero_members).ids = value.ids;
+    fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError> {
+        let chunks: Vec<_> = chunked::<{ MEMBER_CHUNK as usize }>(pos, ids).collect();
+        for &(c, _) in &chunks {
+            check_index(maps::MEMBERS, c, self.arena_chunks.1)?;
+        }
+        self.log("set", members_line(&format!("POS={pos}"), ids));
+        self.members.extend(chunks);
         Ok(())
     }
     fn backend(&self, id: u32) -> Result<Backend, DatapathError> {

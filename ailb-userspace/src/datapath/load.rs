@@ -12,14 +12,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ailb_common::{maps, programs, ABI_VERSION};
+use ailb_common::{maps, programs, ABI_VERSION, MEMBER_CHUNK, TABLE_CHUNK};
 use aya::{
     programs::{CgroupSockAddr, CgroupSockopt, SockOps},
     Btf, Ebpf, EbpfLoader,
 };
-use tracing::info;
+use tracing::{info, warn};
 
-use super::{io_err, link_pin, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
+use super::{io_err, link_pin, store::WriterMaps, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
+use crate::config::ValidLimits;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
 
@@ -132,7 +133,9 @@ fn complete(dir: &Path) -> bool {
     maps::ALL.iter().all(|m| dir.join(m).exists()) && programs::ALL.iter().all(|p| link_pin(dir, p).exists())
 }
 
-pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
+/// Opens the pinned state in `dir`, or loads the object with arenas of `limits` and pins it.
+/// Pinned arenas keep the size they were created with (a warning says when `limits` differ).
+pub fn open_or_load(dir: &Path, limits: &ValidLimits) -> Result<Opened, DatapathError> {
     ensure_bpffs(dir)?;
     if dir.exists() && !empty_dir(dir)? {
         if !complete(dir) {
@@ -152,6 +155,17 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
                 reason: format!("pinned state has ABI version {abi}, this ailb uses {ABI_VERSION}; run `ailb teardown --bpffs {}` first", dir.display()),
             });
         }
+        let (tables, members) = maps.arena_chunks();
+        let pinned = ValidLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK };
+        if pinned != *limits {
+            warn!(
+                pinned_table_slots = pinned.table_slots,
+                pinned_member_slots = pinned.member_slots,
+                table_slots = limits.table_slots,
+                member_slots = limits.member_slots,
+                "the pinned arenas keep their size; [limits] takes effect after `ailb teardown`"
+            );
+        }
         info!(dir = %dir.display(), "reopened pinned maps and links: programs kept routing while the daemon was down");
         return Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: None } });
     }
@@ -159,7 +173,12 @@ pub fn open_or_load(dir: &Path) -> Result<Opened, DatapathError> {
         return Err(DatapathError::NoObject);
     }
     let btf = Btf::from_sys_fs().ok();
-    let ebpf = EbpfLoader::new().btf(btf.as_ref()).load(OBJECT).map_err(|e| DatapathError::Load(Box::new(e)))?;
+    let ebpf = EbpfLoader::new()
+        .btf(btf.as_ref())
+        .map_max_entries(maps::TABLES, limits.table_slots / TABLE_CHUNK)
+        .map_max_entries(maps::MEMBERS, limits.member_slots / MEMBER_CHUNK)
+        .load(OBJECT)
+        .map_err(|e| DatapathError::Load(Box::new(e)))?;
     let result = (|| {
         create_pin_dirs(dir)?;
         for name in maps::ALL {

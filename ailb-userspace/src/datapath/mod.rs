@@ -7,12 +7,14 @@
 //! [`WriterMaps`] only (`store.rs` implements it for [`Maps`]; the tests use the in-memory
 //! `fake.rs`), takes ids from `ids.rs` and the map values from [`values`].
 
+mod arena;
 pub mod cgroup;
 pub mod explain;
 #[cfg(test)]
 mod fake;
 mod ids;
 pub mod load;
+pub mod memory;
 pub mod model_load;
 pub mod status;
 mod store;
@@ -26,8 +28,8 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 use ailb_common::{
-    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberRow, ModelState, Service, ServiceKey,
-    Stats, TableRow,
+    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberChunk, ModelState, Service,
+    ServiceKey, Stats, TableChunk,
 };
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 
@@ -89,6 +91,11 @@ pub enum DatapathError {
     },
     #[error("{what}: no free slot (at most {max})")]
     Full { what: &'static str, max: u32 },
+    #[error(
+        "{field} = {capacity} is full: {need} more needed, {free} free (raise it; a new size takes effect after \
+         `ailb teardown`)"
+    )]
+    ArenaFull { field: &'static str, capacity: u64, need: u64, free: u64 },
 }
 
 impl DatapathError {
@@ -128,8 +135,8 @@ pub struct Maps {
     pub services: HashMap<MapData, ServiceKey, Service>,
     pub backends: Array<MapData, Backend>,
     pub models: Array<MapData, ModelState>,
-    pub tables: Array<MapData, TableRow>,
-    pub members: Array<MapData, MemberRow>,
+    pub tables: Array<MapData, TableChunk>,
+    pub members: Array<MapData, MemberChunk>,
     pub model_names: HashMap<MapData, u64, u32>,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     pub inflight: Array<MapData, u64>,

@@ -3,13 +3,16 @@
 use std::{collections::BTreeMap, path::Path};
 
 use ailb_common::{
-    maps, row_index, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MEM_BASE,
-    INFLIGHT_MODEL_BASE, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEM_UNKNOWN, MODEL_AVAILABLE,
+    maps, BackendStats, Stats, CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, INFLIGHT_MEM_BASE,
+    INFLIGHT_MODEL_BASE, MAX_BACKENDS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MEM_UNKNOWN, MODEL_AVAILABLE,
+    TABLE_CHUNK,
 };
 use serde::Serialize;
 
 use super::{
     map_err,
+    memory::{read_memory, KernelMemory},
+    store::WriterMaps,
     values::{addr_from_be, model_name},
     DatapathError, Maps,
 };
@@ -24,6 +27,7 @@ pub struct Status {
     pub models: Vec<ModelStatus>,
     /// The TC datapath for remote clients; absent when it is attached to no interface.
     pub tc: Option<super::tc::TcStatus>,
+    pub kernel_memory: KernelMemory,
 }
 
 #[derive(Debug, Serialize)]
@@ -48,6 +52,10 @@ pub struct ModelStatus {
     /// equal digests, equal picks for every conversation. `None` while unavailable.
     pub table_digest: Option<String>,
     pub inflight: u64,
+    /// Kernel memory this model takes: its fixed entries (`KernelMemory::per_model_bytes`),
+    /// its active table and member list in the arenas (whole chunks), and its backends
+    /// (`KernelMemory::per_backend_bytes` each).
+    pub kernel_bytes: u64,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -121,6 +129,8 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         }
     }
     let mut models = Vec::new();
+    let mut used = (0u64, 0u64);
+    let mut arena_bytes = Vec::new();
     for idx in 0..MAX_MODELS {
         let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
         let name = model_name(&st);
@@ -132,16 +142,21 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         let mut table_digest = None;
         // An unavailable model's last table is kept but not used: no backend has a share.
         if st.flags & MODEL_AVAILABLE != 0 && slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-            let row = maps.tables.get(&row_index(idx, st.active), 0).map_err(map_err(maps::TABLES))?;
-            let members = maps.members.get(&row_index(idx, st.active), 0).map_err(map_err(maps::MEMBERS))?;
-            let table = &row.slots[..slot.size as usize];
-            for &id in table {
+            let table = maps.table(slot.table_offset, slot.size)?;
+            for &id in &table {
                 *slots.entry(id).or_default() += 1;
             }
-            let n = (slot.members as usize).min(members.ids.len());
-            let bytes: Vec<u8> = table.iter().chain(&members.ids[..n]).flat_map(|id| id.to_le_bytes()).collect();
+            let members = maps.members(slot.member_offset, slot.members.min(ailb_common::abi::MAX_MEMBERS))?;
+            let bytes: Vec<u8> = table.iter().chain(&members).flat_map(|id| id.to_le_bytes()).collect();
             table_digest = Some(format!("{:016x}", ailb_common::hash::conversation_hash(&bytes)));
         }
+        let (t, m) = if st.flags & MODEL_AVAILABLE != 0 {
+            (round_up(slot.size, TABLE_CHUNK), round_up(slot.members, MEMBER_CHUNK))
+        } else {
+            (0, 0)
+        };
+        used = (used.0 + t, used.1 + m);
+        arena_bytes.push(4 * (t + m));
         let mut backends = Vec::new();
         for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
             let bs = backend_stats(&maps, id)?;
@@ -174,8 +189,14 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             table_size: if st.flags & MODEL_AVAILABLE != 0 { slot.size } else { 0 },
             table_digest,
             inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
+            kernel_bytes: 0,
             backends,
         });
+    }
+    let kernel_memory = read_memory(dir, used)?;
+    for (m, arena) in models.iter_mut().zip(arena_bytes) {
+        m.kernel_bytes =
+            kernel_memory.per_model_bytes + arena + m.backends.len() as u64 * kernel_memory.per_backend_bytes;
     }
     Ok(Status {
         bpffs: dir.display().to_string(),
@@ -193,5 +214,11 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         stats: sum_stats(&maps)?,
         models,
         tc: if super::tc::interfaces(dir).is_empty() { None } else { Some(super::tc::read_status(dir)?) },
+        kernel_memory,
     })
+}
+
+/// `n` rounded up to whole chunks of `chunk`.
+fn round_up(n: u32, chunk: u32) -> u64 {
+    u64::from(n.div_ceil(chunk)) * u64::from(chunk)
 }

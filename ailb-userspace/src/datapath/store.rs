@@ -3,7 +3,7 @@
 //! `FakeMaps` (`fake.rs`) implements it over plain collections and records every write.
 #![forbid(unsafe_code)]
 
-use ailb_common::{maps, Backend, GlobalConfig, MemberRow, ModelState, Service, ServiceKey, TableRow};
+use ailb_common::{maps, Backend, GlobalConfig, MemberChunk, ModelState, Service, ServiceKey, TableChunk, NO_BACKEND};
 
 use super::{map_err, DatapathError, Maps};
 
@@ -14,12 +14,17 @@ pub trait WriterMaps {
     fn set_config(&mut self, value: GlobalConfig) -> Result<(), DatapathError>;
     fn model(&self, index: u32) -> Result<ModelState, DatapathError>;
     fn set_model(&mut self, index: u32, value: ModelState) -> Result<(), DatapathError>;
-    /// The first `len` entries of table row `row` (at most the row's length).
-    fn table(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError>;
-    fn set_table(&mut self, row: u32, value: &TableRow) -> Result<(), DatapathError>;
-    /// The first `len` entries of member row `row` (at most the row's length).
-    fn members(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError>;
-    fn set_members(&mut self, row: u32, value: &MemberRow) -> Result<(), DatapathError>;
+    /// Chunks of the table and of the member arena (their maps' `max_entries`).
+    fn arena_chunks(&self) -> (u32, u32);
+    /// `len` slots of the table arena from position `pos`.
+    fn table(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError>;
+    /// Writes `slots` from arena position `pos` (a chunk start); the rest of the last chunk
+    /// holds [`NO_BACKEND`].
+    fn set_table(&mut self, pos: u32, slots: &[u32]) -> Result<(), DatapathError>;
+    /// `len` ids of the member arena from position `pos`.
+    fn members(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError>;
+    /// Writes `ids` from arena position `pos` (a chunk start), like [`WriterMaps::set_table`].
+    fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError>;
     fn backend(&self, id: u32) -> Result<Backend, DatapathError>;
     fn set_backend(&mut self, id: u32, value: Backend) -> Result<(), DatapathError>;
     /// Entry `index` of `AILB_INFLIGHT` (a backend id for its connection count).
@@ -49,19 +54,26 @@ impl WriterMaps for Maps {
     fn set_model(&mut self, index: u32, value: ModelState) -> Result<(), DatapathError> {
         self.models.set(index, value, 0).map_err(map_err(maps::MODELS))
     }
-    fn table(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError> {
-        let value = self.tables.get(&row, 0).map_err(map_err(maps::TABLES))?;
-        Ok(value.slots[..len.min(value.slots.len())].to_vec())
+    fn arena_chunks(&self) -> (u32, u32) {
+        (self.tables.len(), self.members.len())
     }
-    fn set_table(&mut self, row: u32, value: &TableRow) -> Result<(), DatapathError> {
-        self.tables.set(row, value, 0).map_err(map_err(maps::TABLES))
+    fn table(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError> {
+        read_chunked(pos, len, |c| Ok(self.tables.get(&c, 0).map_err(map_err(maps::TABLES))?.slots))
     }
-    fn members(&self, row: u32, len: usize) -> Result<Vec<u32>, DatapathError> {
-        let value = self.members.get(&row, 0).map_err(map_err(maps::MEMBERS))?;
-        Ok(value.ids[..len.min(value.ids.len())].to_vec())
+    fn set_table(&mut self, pos: u32, slots: &[u32]) -> Result<(), DatapathError> {
+        for (c, chunk) in chunked(pos, slots) {
+            self.tables.set(c, TableChunk { slots: chunk }, 0).map_err(map_err(maps::TABLES))?;
+        }
+        Ok(())
     }
-    fn set_members(&mut self, row: u32, value: &MemberRow) -> Result<(), DatapathError> {
-        self.members.set(row, value, 0).map_err(map_err(maps::MEMBERS))
+    fn members(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError> {
+        read_chunked(pos, len, |c| Ok(self.members.get(&c, 0).map_err(map_err(maps::MEMBERS))?.ids))
+    }
+    fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError> {
+        for (c, chunk) in chunked(pos, ids) {
+            self.members.set(c, MemberChunk { ids: chunk }, 0).map_err(map_err(maps::MEMBERS))?;
+        }
+        Ok(())
     }
     fn backend(&self, id: u32) -> Result<Backend, DatapathError> {
         self.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))
@@ -93,4 +105,34 @@ impl WriterMaps for Maps {
     fn remove_model_name(&mut self, hash: u64) -> Result<(), DatapathError> {
         self.model_names.remove(&hash).map_err(map_err(maps::MODEL_NAMES))
     }
+}
+
+/// The chunks (index, value) that hold `entries` from arena position `pos` (a chunk start),
+/// the last one padded with [`NO_BACKEND`].
+pub(crate) fn chunked<const N: usize>(pos: u32, entries: &[u32]) -> impl Iterator<Item = (u32, [u32; N])> + '_ {
+    let first = pos / N as u32;
+    entries.chunks(N).enumerate().map(move |(k, part)| {
+        let mut chunk = [NO_BACKEND; N];
+        chunk[..part.len()].copy_from_slice(part);
+        (first + k as u32, chunk)
+    })
+}
+
+/// `len` entries from arena position `pos`, read chunk by chunk (`N` entries each) with `get`.
+pub(crate) fn read_chunked<const N: usize>(
+    pos: u32,
+    len: u32,
+    get: impl Fn(u32) -> Result<[u32; N], DatapathError>,
+) -> Result<Vec<u32>, DatapathError> {
+    let mut out = Vec::with_capacity(len as usize);
+    let end = u64::from(pos) + u64::from(len);
+    let mut at = u64::from(pos);
+    while at < end {
+        let values = get((at / N as u64) as u32)?;
+        let lane = (at % N as u64) as usize;
+        let take = ((end - at) as usize).min(N - lane);
+        out.extend_from_slice(&values[lane..lane + take]);
+        at += take as u64;
+    }
+    Ok(out)
 }

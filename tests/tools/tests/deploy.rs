@@ -95,6 +95,7 @@ fn served_metrics() -> BTreeSet<String> {
             stats: Stats::default(),
             models: vec![],
             tc: None,
+            kernel_memory: Default::default(),
         },
         Default::default(),
     )));

@@ -1,9 +1,11 @@
 //! Writes a [`Plan`] into the maps. Order matters for readers running concurrently in the
 //! kernel: backend entries first (a new table may only name written backends), then each
-//! changed model's table into its inactive slot, the slot's description, and only then the
-//! flip of `active` (one 4-byte field in one map update: a connect sees the old table or the
-//! new one, never a mix), then VIPs, and finally backends that left are retired. A retired
-//! backend id is reused only once its in-flight count is 0, so counts never mix.
+//! changed model's table into a free extent of the table arena (and its members into one of
+//! the member arena), the description of the model's inactive slot, and only then the flip of
+//! `active` (one 4-byte field in one map update: a connect sees the old table or the new one,
+//! never a mix); the old extents are released, reusable after a grace (`arena.rs`). Then
+//! VIPs, and finally backends that left are retired. A retired backend id is reused only once
+//! its in-flight count is 0, so counts never mix.
 //!
 //! The writer reaches the maps through [`WriterMaps`] only; [`Writer::new`] reads back the
 //! state a previous daemon left, so that a restart rewrites nothing that did not change.
@@ -17,12 +19,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddrV4;
 
 use ailb_common::{
-    hash::conversation_hash, maglev::MaglevBackend, row_index, Backend, ModelState, Service, ServiceKey, MAX_BACKENDS,
-    MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE,
+    hash::conversation_hash, maglev::MaglevBackend, Backend, ModelState, Service, ServiceKey, MAX_BACKENDS,
+    MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MODEL_AVAILABLE, TABLE_CHUNK,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
+    arena::{Arena, Extent, GRACE},
     ids::{BackendKey, Ids},
     store::WriterMaps,
     values::{self, addr_be, addr_from_be, model_name},
@@ -42,11 +45,18 @@ pub struct ApplyReport {
     pub retired_backends: usize,
 }
 
-/// The table and member ids in a model's active slot, as last written or read back.
+/// The table and member ids in a model's active slot, as last written or read back, and
+/// the arena extents that hold them.
 struct ActiveTable {
     table: Vec<u32>,
     members: Vec<u32>,
+    table_at: Extent,
+    members_at: Extent,
 }
+
+/// The config fields that size the arenas (named when one is full).
+pub const TABLE_SLOTS_FIELD: &str = "limits.table_slots";
+pub const MEMBER_SLOTS_FIELD: &str = "limits.member_slots";
 
 /// A backend of the plan with the id it was given.
 struct Planned<'p> {
@@ -64,14 +74,19 @@ pub struct Writer<M: WriterMaps = Maps> {
     tables: HashMap<u32, ActiveTable>,
     /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
     built: HashMap<u32, Vec<MaglevBackend>>,
+    table_arena: Arena,
+    member_arena: Arena,
     generation: u64,
 }
 
 impl<M: WriterMaps> Writer<M> {
     /// Takes over the maps, reading back the state a previous daemon left (names, ids, tables).
     pub fn new(maps: M) -> Result<Self, DatapathError> {
+        let (table_chunks, member_chunks) = maps.arena_chunks();
         let mut w = Self {
             generation: maps.config()?.generation,
+            table_arena: Arena::new(TABLE_SLOTS_FIELD, TABLE_CHUNK, table_chunks),
+            member_arena: Arena::new(MEMBER_SLOTS_FIELD, MEMBER_CHUNK, member_chunks),
             maps,
             ids: Ids::default(),
             written: HashMap::new(),
@@ -91,7 +106,8 @@ impl<M: WriterMaps> Writer<M> {
         Ok(w)
     }
 
-    /// Model indices by name, and each model's active table and members.
+    /// Model indices by name, and each available model's active table and members (their
+    /// extents taken in the arenas; the inactive slots' extents are free).
     fn recover_models(&mut self) -> Result<(), DatapathError> {
         for idx in 0..MAX_MODELS {
             let st = self.maps.model(idx)?;
@@ -99,16 +115,42 @@ impl<M: WriterMaps> Writer<M> {
             if name.is_empty() {
                 continue;
             }
-            let slot = st.active_slot();
-            if slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-                let row = row_index(idx, st.active);
-                let table = self.maps.table(row, slot.size as usize)?;
-                let members = self.maps.members(row, slot.members.min(MAX_MEMBERS) as usize)?;
-                self.tables.insert(idx, ActiveTable { table, members });
+            let slot = *st.active_slot();
+            if st.flags & MODEL_AVAILABLE != 0
+                && slot.size > 0
+                && slot.size <= MAX_TABLE_SIZE
+                && slot.members <= MAX_MEMBERS
+            {
+                let table_at = Extent { pos: slot.table_offset, len: slot.size };
+                let members_at = Extent { pos: slot.member_offset, len: slot.members };
+                if self.table_arena.reserve(table_at) {
+                    if self.member_arena.reserve(members_at) {
+                        let table = self.maps.table(table_at.pos, table_at.len)?;
+                        let members = self.maps.members(members_at.pos, members_at.len)?;
+                        self.tables.insert(idx, ActiveTable { table, members, table_at, members_at });
+                    } else {
+                        self.table_arena.release(table_at);
+                    }
+                }
+                if !self.tables.contains_key(&idx) {
+                    warn!(model = %name, "its pinned table lies outside the arena or over another: it is rebuilt");
+                }
             }
             self.ids.recover_model(name, idx);
         }
         Ok(())
+    }
+
+    /// Releases the extents of a table no longer active (reusable after the grace).
+    fn release(&mut self, old: ActiveTable) {
+        self.table_arena.release(old.table_at);
+        self.member_arena.release(old.members_at);
+    }
+
+    /// How much of each arena is in use: (used, capacity) in table slots and in member ids.
+    pub fn arena_use(&self) -> ((u64, u64), (u64, u64)) {
+        let used = |a: &Arena| (a.capacity_entries() - a.free_entries(), a.capacity_entries());
+        (used(&self.table_arena), used(&self.member_arena))
     }
 
     /// Backend ids by (model, address), and their entries as written.
@@ -169,6 +211,8 @@ impl<M: WriterMaps> Writer<M> {
     pub fn apply(&mut self, plan: &Plan, cfg: &ValidConfig) -> Result<ApplyReport, DatapathError> {
         let generation = self.generation + 1;
         let mut report = ApplyReport { generation, ..Default::default() };
+        self.table_arena.reclaim(GRACE);
+        self.member_arena.reclaim(GRACE);
         let planned = self.allocate_ids(plan)?;
         report.live_backends = self.write_backends(&planned)?;
         self.write_tables(plan, cfg.seed, generation, &mut report)?;
@@ -267,7 +311,9 @@ impl<M: WriterMaps> Writer<M> {
     fn remove_gone_models(&mut self, plan: &Plan) -> Result<(), DatapathError> {
         for (name, idx) in self.ids.models_except(|n| plan.contains_key(n)) {
             self.maps.set_model(idx, ModelState::default())?;
-            self.tables.remove(&idx);
+            if let Some(old) = self.tables.remove(&idx) {
+                self.release(old);
+            }
             self.built.remove(&idx);
             self.ids.forget_model(&name);
             info!(model = %name, "model removed");

@@ -1,18 +1,20 @@
 //! Each model's Maglev table. The tables whose builder inputs changed are built together (on
-//! all cores), then swapped in one model at a time: the inactive slot's table and member rows
-//! first, then the slot's description, then the flip of `active`.
+//! all cores), then swapped in one model at a time: the table and members written into free
+//! arena extents first, then the inactive slot's description, then the flip of `active`, then
+//! the old extents released.
 
 use std::{collections::HashMap, time::Instant};
 
 use ailb_common::{
     maglev::{self, MaglevBackend},
-    row_index, MemberRow, ModelState, TableRow, TableSlot, MAX_MEMBERS, MAX_TABLE_SIZE, MODEL_AVAILABLE, NO_BACKEND,
+    ModelState, TableSlot, MODEL_AVAILABLE,
 };
 use tracing::{debug, info};
 
 use super::{ActiveTable, ApplyReport, Writer};
 use crate::{
     datapath::{
+        arena::Extent,
         store::WriterMaps,
         tables::{self, Built},
         values::{is_member, maglev_member, model_ttl_ns, name_bytes},
@@ -131,17 +133,20 @@ impl<M: WriterMaps> Writer<M> {
             debug!(model = name, "table unchanged");
             return Ok(());
         }
-        let slot = TableSlot { size, members: ids.len() as u32, total_weight, generation };
-        self.swap_table(input, st, NewTable { slot, table: &table, ids: &ids })?;
+        let slot = TableSlot { size, members: ids.len() as u32, total_weight, generation, ..Default::default() };
+        let (table_at, members_at) = self.swap_table(input, st, NewTable { slot, table: &table, ids: &ids })?;
         let (build_us, swap_us) = (took.as_micros() as u64, started.elapsed().as_micros() as u64);
         info!(model = name, backends = ids.len(), table_size = size, generation, build_us, swap_us, "table swapped");
         report.tables_rebuilt.push(name.to_string());
-        self.tables.insert(model, ActiveTable { table, members: ids });
+        if let Some(old) = self.tables.insert(model, ActiveTable { table, members: ids, table_at, members_at }) {
+            self.release(old);
+        }
         Ok(())
     }
 
-    /// A model without a live backend: connects to its VIPs are refused. Its last table stays
-    /// in the maps, unused; the cache forgets it, so that the next members are swapped in.
+    /// A model without a live backend: connects to its VIPs are refused. Its last table's
+    /// extents are released once the entry says so; the cache forgets it, so that the next
+    /// members are swapped in.
     fn mark_unavailable(&mut self, input: &TableInput<'_>, mut st: ModelState) -> Result<(), DatapathError> {
         let name = name_bytes(input.name);
         if st.flags & MODEL_AVAILABLE != 0 || st.name != name || st.affinity_ttl_ns != input.ttl_ns {
@@ -151,37 +156,41 @@ impl<M: WriterMaps> Writer<M> {
             self.maps.set_model(input.model, st)?;
             info!(model = input.name, "no live backend: connections to its VIPs are refused");
         }
-        self.tables.remove(&input.model);
+        if let Some(old) = self.tables.remove(&input.model) {
+            self.release(old);
+        }
         self.built.remove(&input.model);
         Ok(())
     }
 
-    /// Fills the inactive slot's rows, describes the slot (readers still use the active one),
-    /// then flips `active` to it.
+    /// Writes the table and members into free extents, describes them in the inactive slot
+    /// (readers still use the active one), then flips `active` to it. Returns the extents.
     fn swap_table(
         &mut self,
         input: &TableInput<'_>,
         mut st: ModelState,
-        new: NewTable<'_>,
-    ) -> Result<(), DatapathError> {
+        mut new: NewTable<'_>,
+    ) -> Result<(Extent, Extent), DatapathError> {
+        let table_at = self.table_arena.alloc(new.table.len() as u32)?;
+        let members_at = match self.member_arena.alloc(new.ids.len() as u32) {
+            Ok(e) => e,
+            Err(e) => {
+                self.table_arena.cancel(table_at);
+                return Err(e);
+            }
+        };
+        // Nothing names these extents until the slot's description below is written.
+        self.maps.set_table(table_at.pos, new.table)?;
+        self.maps.set_members(members_at.pos, new.ids)?;
+        new.slot.table_offset = table_at.pos;
+        new.slot.member_offset = members_at.pos;
         let inactive = (st.active & 1) ^ 1;
-        self.fill_rows(row_index(input.model, inactive), new.table, new.ids)?;
         st.slots[inactive as usize] = new.slot;
         st.name = name_bytes(input.name);
         st.affinity_ttl_ns = input.ttl_ns;
         self.maps.set_model(input.model, st)?;
-        self.flip_active(input.model, st, inactive)
-    }
-
-    /// The table and member rows of one slot; entries past the table's size or the member
-    /// count hold [`NO_BACKEND`].
-    fn fill_rows(&mut self, row: u32, table: &[u32], ids: &[u32]) -> Result<(), DatapathError> {
-        let mut t: Box<TableRow> = Box::new(TableRow { slots: [NO_BACKEND; MAX_TABLE_SIZE as usize] });
-        t.slots[..table.len()].copy_from_slice(table);
-        self.maps.set_table(row, &t)?;
-        let mut m: Box<MemberRow> = Box::new(MemberRow { ids: [NO_BACKEND; MAX_MEMBERS as usize] });
-        m.ids[..ids.len()].copy_from_slice(ids);
-        self.maps.set_members(row, &m)
+        self.flip_active(input.model, st, inactive)?;
+        Ok((table_at, members_at))
     }
 
     /// One update of the model entry that names `slot` active: a connect reads the entry

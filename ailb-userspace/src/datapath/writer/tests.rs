@@ -95,22 +95,22 @@ fn first_apply_writes_backends_then_the_inactive_rows_then_flips() {
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
-set MEMBERS: ROW=1 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set MEMBERS: POS=0 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
-TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
-MEMBERS: ROW=1 IDS=0,1
+CONFIG: ABI=6 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MEMBERS: MODEL=0 POS=0 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
@@ -224,7 +224,7 @@ fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
         &w.maps_mut().take_writes(),
         "\
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     let before = w.maps().dump();
@@ -234,7 +234,7 @@ set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         &f.apply(&mut w, &p),
         "\
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(&lines(&before, "BE:"), &lines(&w.maps().dump(), "BE:"));
@@ -255,29 +255,27 @@ fn a_weight_change_fills_the_inactive_rows_before_flipping_active() {
     let mut w = writer();
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
     let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 300)]))]));
-    // Slot 1 is active, so slot 0's rows are filled, then described while ACTIVE is still 1,
-    // then one write flips ACTIVE to 0. Both rows stay in the maps (double buffering).
+    // Slot 1 is active, so the new table goes to a free extent (the old one at 0 is still
+    // live), slot 0 describes it while ACTIVE is still 1, then one write flips ACTIVE to 0.
     assert_text(
         &writes,
         "\
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: ROW=0 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
-set MEMBERS: ROW=0 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
+set TABLE: POS=4096 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+set MEMBERS: POS=16 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2 SLOT1=size:4093,members:2,weight:200,gen:1
-TABLE: ROW=0 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
-TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
-MEMBERS: ROW=0 IDS=0,1
-MEMBERS: ROW=1 IDS=0,1
+CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=4096 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+MEMBERS: MODEL=0 POS=16 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
@@ -293,8 +291,8 @@ fn a_removed_model_clears_its_entries() {
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
     let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
     // Its VIP and name go, its entry is zeroed, its backend is retired and (nothing in
-    // flight) freed. Its table rows (3) stay, unreachable through a zeroed entry; a model
-    // that takes index 1 again fills them before it flips to them.
+    // flight) freed. Its table's extents are released: unreachable through a zeroed entry,
+    // reused after the grace.
     assert_text(
         &writes,
         "\
@@ -304,18 +302,16 @@ set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
 set MODEL: IDX=1 ZERO
 set BE: ID=2 ADDR=10.1.0.3:80 MODEL=1 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=2 ZERO
-set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
-TABLE: ROW=1 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
-TABLE: ROW=3 SHARES=2:4093 HEAD=2,2,2,2,2,2,2,2
-MEMBERS: ROW=1 IDS=0,1
-MEMBERS: ROW=3 IDS=2
+CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MEMBERS: MODEL=0 POS=0 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
@@ -337,9 +333,9 @@ fn a_model_without_live_backends_is_unavailable_until_one_returns() {
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     // Back: the table is swapped in again (into the other slot), available only at the flip.
@@ -349,12 +345,12 @@ set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: ROW=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
-set MEMBERS: ROW=0 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3 SLOT1=size:4093,members:2,weight:200,gen:1
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3 SLOT1=size:4093,members:2,weight:200,gen:1
+set TABLE: POS=4096 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set MEMBERS: POS=16 IDS=0,1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
 }
@@ -369,9 +365,53 @@ fn a_ttl_change_alone_updates_the_model_entry_without_a_swap() {
     assert_text(
         &f.apply(&mut w, &plan_of([("llama", m)])),
         "\
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=5 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
+}
+
+#[test]
+fn a_swapped_out_extent_is_reused_only_after_the_grace() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 300)]))]));
+    // Within the grace the extent at 0 is not reused, even though it is free of any table.
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 200)]))]));
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=8192 SHARES=0:1356,1:2737 HEAD=1,1,1,1,0,0,1,1\n");
+    std::thread::sleep(crate::datapath::arena::GRACE);
+    let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0\n");
+    assert_eq!(w.arena_use().0, (8192, u64::from(ailb_common::DEFAULT_TABLE_SLOTS)), "two tables' extents in use");
+}
+
+#[test]
+fn an_arena_too_small_for_a_table_is_an_error_naming_the_limit() {
+    let f = Fixture::new();
+    // Room for one 4,093-slot table (4 chunks) and not a second beside it.
+    let mut w = Writer::new(FakeMaps::with_arenas(6, 8)).unwrap();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
+    let e = w.apply(&plan_of([("llama", f.model(1, &[(1, 100)])), ("qwen", f.model(2, &[(3, 100)]))]), &f.cfg);
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "limits.table_slots = 6144 is full: 4096 more needed, 2048 free (raise it; a new size takes effect after \
+         `ailb teardown`)"
+    );
+}
+
+#[test]
+fn a_restart_takes_over_the_live_extents_and_allocates_around_them() {
+    let f = Fixture::new();
+    let mut w = writer();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
+    // llama now lives at 8192 (0 released), qwen at 4096; a new daemon must not hand out
+    // either live extent, and may reuse 0 (no old daemon's connect can still read it).
+    let mut w = Writer::new(w.into_maps()).unwrap();
+    assert_eq!(w.arena_use().0 .0, 8192);
+    let writes =
+        f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (4, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,0,1,1,0,1,1\n");
 }

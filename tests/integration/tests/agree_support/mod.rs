@@ -12,9 +12,9 @@ use std::net::SocketAddrV4;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ailb_common::{maps, row_index, Backend, ModelState, MAX_MODELS, MAX_TABLE_SIZE, MODEL_AVAILABLE, NO_BACKEND};
+use ailb_common::{maps, Backend, ModelState, MAX_MODELS, MAX_TABLE_SIZE, MODEL_AVAILABLE, NO_BACKEND};
 use ailb_userspace::datapath::values::{addr_from_be, model_name};
-use ailb_userspace::datapath::Maps;
+use ailb_userspace::datapath::{Maps, WriterMaps};
 
 /// A backend entry of `AILB_BACKENDS` without its id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,11 +93,11 @@ fn model_state(m: &Maps, model: &str) -> Result<(u32, ModelState), String> {
 }
 
 /// Reads model `model`'s active table and backend entries from the maps pinned under `bpffs`.
-/// With `scan_all`, also every other backend entry of the model (4096 lookups: once per phase,
-/// not in a polling loop).
+/// With `scan_all`, also every other backend entry of the model (one lookup per backend id:
+/// once per phase, not in a polling loop).
 pub(crate) fn dump(bpffs: &Path, model: &str, scan_all: bool) -> Result<Dump, String> {
-    // A table row is read by value (256 KiB, copied a few times in a debug build): more than a
-    // test thread's stack holds.
+    // The reader runs on a thread of its own with a large stack: map values are read by value
+    // (copied a few times in a debug build).
     let (bpffs, model) = (bpffs.to_path_buf(), model.to_owned());
     std::thread::Builder::new()
         .stack_size(READ_STACK)
@@ -117,8 +117,7 @@ fn dump_on_this_thread(bpffs: &Path, model: &str, scan_all: bool) -> Result<Dump
     if st.flags & MODEL_AVAILABLE == 0 || slot.size == 0 || slot.size > MAX_TABLE_SIZE {
         return Err(format!("model {model} has no usable table (flags {}, size {})", st.flags, slot.size));
     }
-    let row = m.tables.get(&row_index(idx, st.active), 0).map_err(|e| format!("{}: {e}", maps::TABLES))?;
-    let slots: Vec<u32> = row.slots[..slot.size as usize].to_vec();
+    let slots: Vec<u32> = m.table(slot.table_offset, slot.size).map_err(|e| format!("{}: {e}", maps::TABLES))?;
     let mut by_id: BTreeMap<u32, (SocketAddrV4, Entry)> = BTreeMap::new();
     for &id in &slots {
         if id == NO_BACKEND || by_id.contains_key(&id) {

@@ -5,9 +5,9 @@
 use std::net::Ipv4Addr;
 
 use ailb_common::{
-    maps, pick::VecMaps, programs, row_index, Backend, Flow, FlowKey, GlobalConfig, MemberRow, ModelState, Service,
-    ServiceKey, TableRow, TcConfig, TcModel, TcStats, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS,
-    INFLIGHT_MEM_BASE, INFLIGHT_MODEL_BASE, MAX_MEMBERS, MAX_TABLE_SIZE, MEM_UNKNOWN, NO_BACKEND, NO_CAP,
+    maps, pick::VecMaps, programs, Backend, Flow, FlowKey, GlobalConfig, MemberChunk, ModelState, Service, ServiceKey,
+    TableChunk, TcConfig, TcModel, TcStats, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, INFLIGHT_MEM_BASE,
+    INFLIGHT_MODEL_BASE, MEMBER_CHUNK, MEM_UNKNOWN, NO_BACKEND, NO_CAP, TABLE_CHUNK,
 };
 use aya::{
     maps::{Array, HashMap, PerCpuArray},
@@ -98,12 +98,19 @@ impl Fixture {
         for (i, be) in backends.iter().enumerate() {
             b.set(i as u32, be, 0).unwrap();
         }
-        let mut row = Box::new(TableRow { slots: [NO_BACKEND; MAX_TABLE_SIZE as usize] });
-        row.slots[..vm.table.len()].copy_from_slice(&vm.table);
-        self.array::<TableRow>(maps::TABLES).set(row_index(0, 0), row.as_ref(), 0).unwrap();
-        let mut members = MemberRow { ids: [NO_BACKEND; MAX_MEMBERS as usize] };
-        members.ids[..vm.members.len()].copy_from_slice(&vm.members);
-        self.array::<MemberRow>(maps::MEMBERS).set(row_index(0, 0), members, 0).unwrap();
+        // The one model's table and members at the arena positions `VecMaps::one_model` gave.
+        let mut tables = self.array::<TableChunk>(maps::TABLES);
+        for (i, part) in vm.table.chunks(TABLE_CHUNK as usize).enumerate() {
+            let mut chunk = TableChunk { slots: [NO_BACKEND; TABLE_CHUNK as usize] };
+            chunk.slots[..part.len()].copy_from_slice(part);
+            tables.set(vm.table_offset / TABLE_CHUNK + i as u32, chunk, 0).unwrap();
+        }
+        let mut members = self.array::<MemberChunk>(maps::MEMBERS);
+        for (i, part) in vm.members.chunks(MEMBER_CHUNK as usize).enumerate() {
+            let mut chunk = MemberChunk { ids: [NO_BACKEND; MEMBER_CHUNK as usize] };
+            chunk.ids[..part.len()].copy_from_slice(part);
+            members.set(vm.member_offset / MEMBER_CHUNK + i as u32, chunk, 0).unwrap();
+        }
         self.array::<ModelState>(maps::MODELS).set(0, state, 0).unwrap();
         self.array::<TcModel>(maps::TC_MODELS).set(0, setup.tc_model, 0).unwrap();
         let mut services: HashMap<_, ServiceKey, Service> =

@@ -71,7 +71,7 @@ fn measure(
 }
 
 /// (run_cnt, run_time_ns) of the loaded `ailb_connect4` program(s) attached by this bench.
-fn connect4_stats(prog_id: u64) -> (u64, u64) {
+pub(crate) fn connect4_stats(prog_id: u64) -> (u64, u64) {
     let out =
         run(Command::new("bpftool").args(["prog", "show", "id", &prog_id.to_string(), "--json"]), "bpftool prog show");
     let v: serde_json::Value = serde_json::from_str(&out).expect("bpftool json");
@@ -79,7 +79,7 @@ fn connect4_stats(prog_id: u64) -> (u64, u64) {
 }
 
 /// The ids of the (connect4, setsockopt, sock_ops) programs attached to `cg`.
-fn program_ids(cg: &CgroupGuard) -> [u64; 3] {
+pub(crate) fn program_ids(cg: &CgroupGuard) -> [u64; 3] {
     let out = run(
         Command::new("bpftool").args(["cgroup", "show", cg.path().to_str().expect("utf-8"), "--json"]),
         "bpftool cgroup show",
@@ -94,10 +94,10 @@ fn program_ids(cg: &CgroupGuard) -> [u64; 3] {
 }
 
 /// Restores `kernel.bpf_stats_enabled` on drop.
-struct BpfStats(String);
+pub(crate) struct BpfStats(String);
 
 impl BpfStats {
-    fn enable() -> Self {
+    pub(crate) fn enable() -> Self {
         let old = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_else(|_| "0".into());
         std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").expect("enable kernel.bpf_stats_enabled");
         Self(old.trim().to_string())
@@ -112,7 +112,7 @@ impl Drop for BpfStats {
 
 /// Child mode: `ailb-bench --connect-loop VIP COUNT CONVERSATIONS PREFIX` makes COUNT connects
 /// (conversation `PREFIX-<i % CONVERSATIONS>`, none when CONVERSATIONS is 0) and closes each.
-pub(super) fn connect_loop(args: &[String]) {
+pub(crate) fn connect_loop(args: &[String]) {
     let vip: std::net::SocketAddrV4 = args[0].parse().expect("vip");
     let count: usize = args[1].parse().expect("count");
     let convs: usize = args[2].parse().expect("conversations");

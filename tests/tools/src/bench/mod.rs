@@ -20,9 +20,9 @@
 //! absent: a debug build would measure the debug daemon's table builds.
 
 pub mod args;
-mod bpf;
+pub(crate) mod bpf;
 mod http;
-mod netns;
+pub(crate) mod netns;
 mod propagation;
 mod table;
 
@@ -92,7 +92,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 /// The `ailb` binary to measure: `$AILB_BIN` (unless empty), else the release build in the
 /// target directory this binary was built into; an error naming the path and how to build it
 /// when it is absent.
-fn ailb_under_test() -> anyhow::Result<PathBuf> {
+pub(crate) fn ailb_under_test() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("AILB_BIN").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p);
         if !path.is_file() {

@@ -36,7 +36,7 @@ impl Drop for Netns {
 }
 
 /// Runs `cmd` to completion, inside `cgroup` when given (moved in between fork and exec).
-pub(super) fn output_in(mut cmd: Command, cgroup: Option<&CgroupGuard>) -> std::process::Output {
+pub(crate) fn output_in(mut cmd: Command, cgroup: Option<&CgroupGuard>) -> std::process::Output {
     let Some(cg) = cgroup else {
         return cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     };

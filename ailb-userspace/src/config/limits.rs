@@ -1,0 +1,126 @@
+//! `[limits]`: the sizes of the kernel's table and member arenas (`AILB_TABLES`,
+//! `AILB_MEMBERS`), fixed when the maps are created. Each model's table takes what its member
+//! count needs (`maglev::table_size_for`), so the arenas are sized for the fleet, not per
+//! model; validation checks that the catalog fits.
+
+use serde::Deserialize;
+
+use ailb_common::{
+    maglev::table_size_for, DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS, MAX_MEMBER_SLOTS, MAX_TABLE_SLOTS, MEMBER_CHUNK,
+    TABLE_CHUNK,
+};
+
+use crate::validate::ConfigError;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Table slots in the kernel's table arena (4 bytes each), a multiple of 1,024. Default
+    /// 6,291,456 (24 MiB): 1,024 models of up to 40 backends and room to swap in a table of
+    /// 16,384 backends. A new size takes effect after `ailb teardown`.
+    #[serde(default = "default_table_slots")]
+    pub table_slots: u32,
+    /// Backend ids in the kernel's member arena (4 bytes each), a multiple of 16. Default
+    /// 65,536 (256 KiB).
+    #[serde(default = "default_member_slots")]
+    pub member_slots: u32,
+}
+
+fn default_table_slots() -> u32 {
+    DEFAULT_TABLE_SLOTS
+}
+fn default_member_slots() -> u32 {
+    DEFAULT_MEMBER_SLOTS
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
+    }
+}
+
+/// The validated `[limits]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValidLimits {
+    pub table_slots: u32,
+    pub member_slots: u32,
+}
+
+impl Default for ValidLimits {
+    fn default() -> Self {
+        Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
+    }
+}
+
+/// One arena's field: a multiple of `chunk`, at most `max`, and at least `need(members)`
+/// summed over the models plus the largest once more (a swap writes the new table beside the
+/// old one).
+fn check_arena(
+    field: &str,
+    value: u32,
+    chunk: u32,
+    max: u32,
+    members: &[usize],
+    need: impl Fn(usize) -> u64,
+) -> Result<(), ConfigError> {
+    if value == 0 || !value.is_multiple_of(chunk) || value > max {
+        return Err(ConfigError::invalid(field, value, format!("a multiple of {chunk} from {chunk} to {max}")));
+    }
+    let round = |n: u64| n.div_ceil(u64::from(chunk)) * u64::from(chunk);
+    let each: Vec<u64> = members.iter().map(|&n| round(need(n))).collect();
+    let live: u64 = each.iter().sum();
+    let largest = each.iter().copied().max().unwrap_or(0);
+    if live + largest > u64::from(value) {
+        return Err(ConfigError::invalid(
+            field,
+            value,
+            format!(
+                "too small for the catalog: its {} models need {live} and a swap of the largest {largest} more \
+                 (at least {})",
+                members.len(),
+                live + largest
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl LimitsConfig {
+    /// Checks the fields and that the catalog fits: `members` holds each model's member count
+    /// as far as the config knows it (its static backends; at least 1).
+    pub fn validate(&self, members: &[usize]) -> Result<ValidLimits, ConfigError> {
+        let members: Vec<usize> = members.iter().map(|&n| n.max(1)).collect();
+        check_arena("limits.table_slots", self.table_slots, TABLE_CHUNK, MAX_TABLE_SLOTS, &members, |n| {
+            u64::from(table_size_for(n))
+        })?;
+        check_arena("limits.member_slots", self.member_slots, MEMBER_CHUNK, MAX_MEMBER_SLOTS, &members, |n| n as u64)?;
+        Ok(ValidLimits { table_slots: self.table_slots, member_slots: self.member_slots })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_1024_small_models_or_one_of_16384_backends() {
+        let d = LimitsConfig::default();
+        assert!(d.validate(&[16; 1024]).is_ok());
+        assert!(d.validate(&[16384]).is_ok());
+    }
+
+    #[test]
+    fn bad_sizes_and_a_catalog_that_does_not_fit_name_the_field_and_value() {
+        let l = |table_slots, member_slots| LimitsConfig { table_slots, member_slots };
+        let e = l(1000, 64).validate(&[1]).unwrap_err().to_string();
+        assert!(e.contains("limits.table_slots") && e.contains("1000") && e.contains("multiple of 1024"), "{e}");
+        let e = l(8192, 24).validate(&[1]).unwrap_err().to_string();
+        assert!(e.contains("limits.member_slots") && e.contains("24"), "{e}");
+        // Two small models need 2 x 4,096 slots, and 4,096 more to swap one of them.
+        let e = l(8192, 64).validate(&[1, 3]).unwrap_err().to_string();
+        assert!(e.contains("limits.table_slots") && e.contains("8192") && e.contains("at least 12288"), "{e}");
+        assert!(l(12288, 64).validate(&[1, 3]).is_ok());
+        let e = l(12288, 32).validate(&[1, 17]).unwrap_err().to_string();
+        assert!(e.contains("limits.member_slots") && e.contains("at least 80"), "{e}");
+    }
+}
