@@ -5,12 +5,11 @@
 //!
 //! The memory need: the replay tags ailb's own sockets with the request's whole context (prompt
 //! plus output tokens) rounded up to whole 512-token KV blocks, times the KV bytes per token.
-//! Untagged, the gateway estimates `ceil((prompt bytes / 4 + max_tokens) * kv_bytes_per_token /
-//! 2^20)` MB; the replay's prompt text is exactly 4 bytes per token and `max_tokens` is the
-//! output length, so with `kv_bytes_per_token` set to the simulated GPUs' own value the
-//! estimate is the same context without the rounding up to whole blocks (less than one block,
-//! 256 MB, smaller). Whether a request fits a GPU's whole KV pool (whole blocks) comes out the
-//! same either way: a context fits `n` blocks exactly when its rounded-up size does.
+//! Untagged, the gateway estimates the same: the prompt's tokens (bytes / 4; the replay's prompt
+//! text is exactly 4 bytes per token) plus `max_tokens` (the output length), rounded up to whole
+//! KV blocks of `[gateway.kv_block_tokens]`, set here to the simulator's 512, times
+//! `kv_bytes_per_token`, set to the simulated GPUs' own value. Without the rounding the estimate
+//! could fit a GPU's free memory while the server, counting whole blocks, could not hold it.
 
 use std::net::{SocketAddrV4, TcpStream};
 use std::path::Path;
@@ -33,7 +32,11 @@ pub fn kv_bytes_per_token(sims: &[SimGpu]) -> u64 {
 
 /// The `[gateway]` section appended to the config of the ailb behind the front door.
 pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64) -> String {
-    format!("\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv_bytes_per_token}\n")
+    format!(
+        "\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv_bytes_per_token}\n\
+         [gateway.kv_block_tokens]\n\"{MODEL}\" = {}\n",
+        ailb_sim::gpu::BLOCK_TOKENS
+    )
 }
 
 /// Starts `ailb gateway --config CONFIG` inside `cg`, its log (warnings only: an access line per
@@ -72,7 +75,8 @@ mod tests {
         let t = toml(SocketAddrV4::new([127, 0, 10, 248].into(), 18_100), 524_288);
         assert_eq!(
             t,
-            "\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\n[gateway.kv_bytes_per_token]\n\"sim-7b\" = 524288\n"
+            "\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\n[gateway.kv_bytes_per_token]\n\"sim-7b\" = 524288\n\
+             [gateway.kv_block_tokens]\n\"sim-7b\" = 512\n"
         );
     }
 
