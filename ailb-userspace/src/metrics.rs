@@ -285,7 +285,7 @@ fn encode_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::status::{BackendStatus, ConfigStatus, ModelStatus, Status};
+    use crate::datapath::status::{BackendStatus, ModelStatus, Status};
 
     fn backend(free: Option<u32>, cap: Option<u32>, hinted: u64, live: bool) -> BackendStatus {
         BackendStatus {
@@ -310,24 +310,7 @@ mod tests {
     }
 
     fn status(models: Vec<ModelStatus>) -> Status {
-        Status {
-            bpffs: String::new(),
-            abi_version: 0,
-            generation: 0,
-            config: ConfigStatus {
-                load_factor: 0.0,
-                probes: 0,
-                affinity: false,
-                load_bound: false,
-                round_robin: false,
-                affinity_ttl_ms: 0,
-                affinity_wait_ms: 0,
-            },
-            stats: Default::default(),
-            models,
-            tc: None,
-            kernel_memory: Default::default(),
-        }
+        Status { models, ..Default::default() }
     }
 
     fn model(name: &str, inflight: u64, backends: Vec<BackendStatus>) -> ModelStatus {

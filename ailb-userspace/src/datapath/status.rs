@@ -17,7 +17,7 @@ use super::{
     DatapathError, Maps,
 };
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct Status {
     pub bpffs: String,
     pub abi_version: u32,
@@ -30,7 +30,7 @@ pub struct Status {
     pub kernel_memory: KernelMemory,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct ConfigStatus {
     pub load_factor: f64,
     pub probes: u32,

@@ -10,8 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ailb_common::Stats;
-use ailb_userspace::datapath::status::{ConfigStatus, Status};
+use ailb_userspace::datapath::status::Status;
 use ailb_userspace::{agent, gateway, metrics};
 use prometheus_client::registry::Registry;
 use promql_parser::parser::{self, Expr};
@@ -78,27 +77,7 @@ fn served_metrics() -> BTreeSet<String> {
         .set(0);
     // The kernel counters are read from the pinned maps at scrape time; an empty status
     // encodes every family they make.
-    registry.register_collector(Box::new(metrics::StatusCollector(
-        Status {
-            bpffs: String::new(),
-            abi_version: 0,
-            generation: 0,
-            config: ConfigStatus {
-                load_factor: 0.0,
-                probes: 0,
-                affinity: false,
-                load_bound: false,
-                round_robin: false,
-                affinity_ttl_ms: 0,
-                affinity_wait_ms: 0,
-            },
-            stats: Stats::default(),
-            models: vec![],
-            tc: None,
-            kernel_memory: Default::default(),
-        },
-        Default::default(),
-    )));
+    registry.register_collector(Box::new(metrics::StatusCollector(Status::default(), Default::default())));
     let _agent = agent::metrics::AgentMetrics::new(&mut registry);
     let gw = gateway::metrics::GatewayMetrics::new(&mut registry);
     gw.requests.get_or_create(&gateway::metrics::StatusLabel { model: "m".into(), status: 200 }).inc();
