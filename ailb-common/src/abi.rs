@@ -378,6 +378,22 @@ pub struct GlobalConfig {
     pub affinity_wait_ns: u64,
 }
 
+impl GlobalConfig {
+    /// The balancer's defaults as written into the map: load factor 1.25, 4 probes, affinity
+    /// and the load bound on, no affinity TTL and no wait, generation 1.
+    pub const fn defaults() -> Self {
+        Self {
+            abi_version: ABI_VERSION,
+            load_factor_milli: 1250,
+            probes: 4,
+            flags: CONFIG_DEFAULT_FLAGS,
+            affinity_ttl_ns: 0,
+            generation: 1,
+            affinity_wait_ns: 0,
+        }
+    }
+}
+
 /// `AILB_STATS` value (per-CPU, one entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

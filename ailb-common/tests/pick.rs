@@ -3,8 +3,8 @@
 use ailb_common::{
     hash::fmix64,
     pick::{load_bound, pick, Outcome, PickMaps, PickRequest, VecMaps},
-    AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_DEFAULT_FLAGS,
-    CONFIG_ROUND_ROBIN, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    AffinityValue, Backend, GlobalConfig, ModelState, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_ROUND_ROBIN, MEM_UNKNOWN,
+    MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
 
@@ -59,19 +59,7 @@ impl Fleet {
             })
             .collect();
         let (maps, state) = VecMaps::one_model(MODEL, 1, backends);
-        Self {
-            maps,
-            state,
-            cfg: GlobalConfig {
-                abi_version: ABI_VERSION,
-                load_factor_milli: 1250,
-                probes: 4,
-                flags: CONFIG_DEFAULT_FLAGS,
-                affinity_ttl_ns: 0,
-                generation: 1,
-                affinity_wait_ns: 0,
-            },
-        }
+        Self { maps, state, cfg: GlobalConfig::defaults() }
     }
 
     fn total(&self) -> u64 {

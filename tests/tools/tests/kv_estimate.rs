@@ -8,7 +8,7 @@
 
 use ailb_common::hash::fmix64;
 use ailb_common::pick::{pick, Outcome, PickRequest, VecMaps};
-use ailb_common::{Backend, GlobalConfig, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, NO_CAP};
+use ailb_common::{Backend, GlobalConfig, BACKEND_LIVE, NO_CAP};
 use ailb_sim::{parse_chat, GpuProfile, BLOCK_TOKENS};
 use ailb_userspace::config::Config;
 use ailb_userspace::gateway::routing_inputs;
@@ -63,15 +63,7 @@ fn picks(hint: u32) -> [u32; 2] {
         ..Default::default()
     };
     let (maps, state) = VecMaps::one_model(MODEL, 0, vec![backend(0, 3, &a100), backend(1, 1, &rtx)]);
-    let cfg = GlobalConfig {
-        abi_version: ABI_VERSION,
-        load_factor_milli: 1250,
-        probes: 4,
-        flags: CONFIG_DEFAULT_FLAGS,
-        affinity_ttl_ns: 0,
-        generation: 1,
-        affinity_wait_ns: 0,
-    };
+    let cfg = GlobalConfig::defaults();
     let mut counts = [0; 2];
     for i in 0..2_000u64 {
         let req = PickRequest {

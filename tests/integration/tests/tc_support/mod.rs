@@ -6,8 +6,8 @@ use std::net::Ipv4Addr;
 
 use ailb_common::{
     maps, pick::VecMaps, programs, Backend, Flow, FlowKey, GlobalConfig, MemberChunk, ModelState, Service, ServiceKey,
-    TableChunk, TcConfig, TcModel, TcStats, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, INFLIGHT_MEM_BASE,
-    INFLIGHT_MODEL_BASE, MEMBER_CHUNK, MEM_UNKNOWN, NO_BACKEND, NO_CAP, TABLE_CHUNK,
+    TableChunk, TcConfig, TcModel, TcStats, BACKEND_LIVE, INFLIGHT_MEM_BASE, INFLIGHT_MODEL_BASE, MEMBER_CHUNK,
+    MEM_UNKNOWN, NO_BACKEND, NO_CAP, TABLE_CHUNK,
 };
 use aya::{
     maps::{Array, HashMap, PerCpuArray},
@@ -84,15 +84,7 @@ impl Fixture {
             })
             .collect();
         let (vm, state) = VecMaps::one_model(0, 0, backends.clone());
-        let gc = GlobalConfig {
-            abi_version: ABI_VERSION,
-            load_factor_milli: 1250,
-            probes: 4,
-            flags: CONFIG_DEFAULT_FLAGS,
-            affinity_ttl_ns: 0,
-            generation: 1,
-            affinity_wait_ns: 0,
-        };
+        let gc = GlobalConfig::defaults();
         self.array::<GlobalConfig>(maps::CONFIG).set(0, gc, 0).unwrap();
         let mut b = self.array::<Backend>(maps::BACKENDS);
         for (i, be) in backends.iter().enumerate() {
