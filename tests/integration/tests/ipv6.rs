@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use ailb_tests::client::{assert_all_ok, backends_by_conversation, count_by_backend};
-use ailb_tests::status::{backend, stat};
+use ailb_tests::nacos::free_port;
+use ailb_tests::status::{ailb_explain, backend, stat};
 use ailb_tests::{
     base_config, client_bin, percent, preflight, run_cmd, BackendCfg, BackendServer, CgroupGuard, ConnResult,
     ConnectOpts, Daemon, TestClient,
@@ -162,6 +163,77 @@ fn a_mixed_model_is_reached_from_both_families() {
         status["models"][0]["vips"].as_array().expect("vips").iter().filter_map(|v| v.as_str()).collect();
     assert!(vips.contains(&VIP4) && vips.contains(&VIP6), "ailb status VIPs: {vips:?}");
     assert!(backend(&status, V4).is_some() && backend(&status, V6).is_some(), "ailb status: {status}");
+    daemon.wait_inflight_zero(Duration::from_secs(10));
+}
+
+/// The one backend each conversation of `results` reached.
+fn one_backend_each(results: &[ConnResult], phase: &str) -> BTreeMap<String, String> {
+    assert_all_ok(results, phase);
+    backends_by_conversation(results)
+        .into_iter()
+        .map(|(c, set)| {
+            assert_eq!(set.len(), 1, "{phase}: conversation {c} reached several backends: {set:?}");
+            (c, set.into_iter().next().expect("one"))
+        })
+        .collect()
+}
+
+/// A mixed model's conversations from IPv6 clients: `ailb explain` names the backend they
+/// really reach (and, for an IPv4 client, never the IPv6 one); they keep their backends with
+/// the daemon killed and after its restart; `bpftool` prints the IPv6 maps with field names.
+#[test]
+fn ipv6_conversations_survive_kill_and_restart_and_explain_agrees() {
+    const MODEL: &str = "fs6-7b";
+    const VIP6: &str = "[::1]:18640";
+    const V4: &str = "127.0.6.41:18641";
+    const V6: &str = "[::1]:18642";
+    let bin = preflight();
+    let cg = CgroupGuard::new("ipv6-restart");
+    let _servers = BackendServer::start_all(&[V4, V6]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut cfg = base_config("ipv6-restart", &cg)
+        .service(MODEL, VIP6)
+        .backend(BackendCfg::new(MODEL, V4, 1))
+        .backend(BackendCfg::new(MODEL, V6, 1));
+    cfg.listen = Some(listen.clone());
+    let mut daemon = Daemon::start(&bin, &cfg);
+    let bpffs = daemon.bpffs().to_str().expect("UTF-8").to_string();
+    let client = TestClient::new(client_bin!());
+    let convs = |per: usize| ConnectOpts::new(VIP6, 40 * per).conversations(40, "fs6");
+
+    let placed = one_backend_each(&client.connect(Some(&cg), &convs(2)), "placed");
+    let on: BTreeMap<&str, usize> = placed.values().fold(BTreeMap::new(), |mut m, b| {
+        *m.entry(b.as_str()).or_default() += 1;
+        m
+    });
+    assert_eq!(on.len(), 2, "40 conversations should use both backends: {on:?}");
+    for (conv, b) in placed.iter().take(8) {
+        let c = &ailb_explain(&bin, MODEL, &listen, &bpffs, &["--conversation", conv])["conversation"];
+        assert_eq!(c["backend_ipv6_client"].as_str(), Some(b.as_str()), "explain vs reality for {conv}: {c}");
+        assert_eq!(c["affinity_backend"].as_str(), Some(b.as_str()), "{c}");
+        // An IPv4 client of the same conversation can only get the IPv4 backend.
+        assert_eq!(c["backend"].as_str(), Some(V4), "{c}");
+        // Its entry holds for it only when it names the IPv4 backend.
+        assert_eq!(c["outcome"] == "AffinityHit", b == V4, "{conv} on {b}: {c}");
+    }
+
+    daemon.kill9();
+    let during = one_backend_each(&client.connect(Some(&cg), &convs(1)), "with the daemon killed");
+    assert_eq!(during, placed, "with the daemon killed, conversations must keep their backends");
+    daemon.restart();
+    let after = one_backend_each(&client.connect(Some(&cg), &convs(1)), "after the restart");
+    assert_eq!(after, placed, "after the restart, conversations must keep their backends");
+    let status = daemon.status();
+    assert!(backend(&status, V6).is_some_and(|b| b["live"] == true), "after the restart: {status}");
+
+    for (map, fields) in
+        [("AILB_SERVICES6", ["\"addr\"", "\"port\""]), ("AILB_BACKEND_ADDRS6", ["\"addr\"", "\"value\""])]
+    {
+        let pin = format!("{bpffs}/{map}");
+        let out = run_cmd(Command::new("bpftool").args(["map", "dump", "pinned", &pin]), Duration::from_secs(30));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && fields.iter().all(|f| text.contains(f)), "bpftool map dump {pin}: {text}");
+    }
     daemon.wait_inflight_zero(Duration::from_secs(10));
 }
 
