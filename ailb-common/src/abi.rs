@@ -23,7 +23,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 pub const MAX_MODELS: u32 = 1024;
 /// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by
@@ -102,10 +102,17 @@ pub mod maps {
     pub const TC_CONFIG: &str = "AILB_TC_CONFIG";
     pub const TC_MODELS: &str = "AILB_TC_MODELS";
     pub const TC_STATS: &str = "AILB_TC_STATS";
+    /// IPv6 VIPs ([`super::ServiceKey6`] -> [`super::Service`]).
+    pub const SERVICES6: &str = "AILB_SERVICES6";
+    /// The IPv6 address of each backend id whose `Backend::state` has
+    /// [`super::BACKEND_IPV6`] ([`super::BackendAddr6`]).
+    pub const BACKEND_ADDRS6: &str = "AILB_BACKEND_ADDRS6";
     /// Every map the daemon pins, in the order teardown removes them.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 18] = [
         SERVICES,
+        SERVICES6,
         BACKENDS,
+        BACKEND_ADDRS6,
         MODELS,
         TABLES,
         MEMBERS,
@@ -126,10 +133,12 @@ pub mod maps {
 /// Program names (ELF section functions); links are pinned under `links/<name>`.
 pub mod programs {
     pub const CONNECT4: &str = "ailb_connect4";
+    /// `cgroup/connect6`: IPv6 sockets, to IPv6 VIPs and (v4-mapped) to IPv4 VIPs.
+    pub const CONNECT6: &str = "ailb_connect6";
     pub const SETSOCKOPT: &str = "ailb_setsockopt";
     pub const SOCKOPS: &str = "ailb_sockops";
     /// The cgroup programs, attached by links pinned under `links/<name>`.
-    pub const ALL: [&str; 3] = [CONNECT4, SETSOCKOPT, SOCKOPS];
+    pub const ALL: [&str; 4] = [CONNECT4, CONNECT6, SETSOCKOPT, SOCKOPS];
     /// `sched_cls` on the ingress of each `[daemon] interfaces` entry: remote clients' flows.
     /// Its links are pinned under `links/tc-<interface>`.
     pub const TC_INGRESS: &str = "ailb_tc_ingress";
@@ -149,6 +158,38 @@ pub struct ServiceKey {
     pub _pad: u16,
 }
 
+/// `AILB_SERVICES6` key: an IPv6 VIP. The address is the 16 bytes in network order read as
+/// four `u32` words, as in `bpf_sock_addr::user_ip6`; the port in network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey6 {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub _pad: u16,
+}
+
+/// `AILB_BACKEND_ADDRS6` value: a backend's IPv6 address, as in [`ServiceKey6::addr`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BackendAddr6 {
+    pub addr: [u32; 4],
+}
+
+/// `user_ip6` word 2 of a v4-mapped address (`::ffff:a.b.c.d`): the bytes `00 00 ff ff`.
+pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// The IPv4 address (network order) of a v4-mapped IPv6 address, `None` for any other.
+#[inline(always)]
+pub fn v4_mapped(addr: &[u32; 4]) -> Option<u32> {
+    (addr[0] == 0 && addr[1] == 0 && addr[2] == V4_MAPPED_WORD).then_some(addr[3])
+}
+
+/// The v4-mapped IPv6 address (`::ffff:a.b.c.d`) of an IPv4 address in network order.
+#[inline(always)]
+pub const fn v4_to_mapped(addr: u32) -> [u32; 4] {
+    [0, 0, V4_MAPPED_WORD, addr]
+}
+
 /// The VIP's model comes from the socket's `AILB_MODEL` hint instead of `Service::model`.
 pub const SERVICE_SHARED: u32 = 1;
 
@@ -161,12 +202,15 @@ pub struct Service {
 
 /// The backend is a member of its model's active table (healthy, weight > 0).
 pub const BACKEND_LIVE: u32 = 1;
+/// The backend's address is IPv6, in `AILB_BACKEND_ADDRS6` at the same id (`Backend::addr`
+/// is then 0). Only `cgroup/connect6` picks such a backend; an IPv4 client skips it.
+pub const BACKEND_IPV6: u32 = 2;
 
 /// `AILB_BACKENDS` value, indexed by a backend id that stays stable across reloads and restarts.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Backend {
-    /// IPv4 address, network byte order.
+    /// IPv4 address, network byte order; 0 for an IPv6 backend ([`BACKEND_IPV6`]).
     pub addr: u32,
     /// Port, network byte order.
     pub port: u16,
@@ -188,6 +232,10 @@ pub struct Backend {
 impl Backend {
     pub fn is_live(&self) -> bool {
         self.state & BACKEND_LIVE != 0
+    }
+    /// Whether the backend's address is IPv6 (in `AILB_BACKEND_ADDRS6`).
+    pub fn is_ipv6(&self) -> bool {
+        self.state & BACKEND_IPV6 != 0
     }
     /// Whether the backend can take a request that needs `required_mem_mb` (0: no hint).
     pub fn fits(&self, required_mem_mb: u32) -> bool {
@@ -480,6 +528,8 @@ mod pod {
     }
     pod!(
         ServiceKey,
+        ServiceKey6,
+        BackendAddr6,
         Service,
         Backend,
         TableSlot,
@@ -508,6 +558,8 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<ServiceKey>(), 8);
+        assert_eq!(size_of::<ServiceKey6>(), 20);
+        assert_eq!(size_of::<BackendAddr6>(), 16);
         assert_eq!(size_of::<Service>(), 8);
         assert_eq!(size_of::<Backend>(), 32);
         assert_eq!(size_of::<TableSlot>(), 32);
@@ -520,5 +572,17 @@ mod tests {
         assert_eq!(size_of::<BackendStats>(), 7 * 8);
         assert_eq!(size_of::<TableChunk>(), TABLE_CHUNK as usize * 4);
         assert_eq!(size_of::<MemberChunk>(), MEMBER_CHUNK as usize * 4);
+    }
+
+    #[test]
+    fn v4_mapped_addresses_round_trip() {
+        // 127.0.0.1 in network order, and ::ffff:127.0.0.1 as the kernel's four words.
+        let v4 = u32::from_ne_bytes([127, 0, 0, 1]);
+        let mapped = v4_to_mapped(v4);
+        let bytes: [u8; 16] = core::array::from_fn(|i| mapped[i / 4].to_ne_bytes()[i % 4]);
+        assert_eq!(bytes, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]);
+        assert_eq!(v4_mapped(&mapped), Some(v4));
+        assert_eq!(v4_mapped(&[0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]), None, "::1 is not mapped");
+        assert_eq!(v4_mapped(&[0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xfe]), v4]), None);
     }
 }

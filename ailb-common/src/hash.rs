@@ -60,6 +60,14 @@ pub fn backend_key(addr_be: u32, port_be: u16, seed: u64) -> u64 {
     fmix64(((addr_be as u64) << 16 | port_be as u64) ^ fmix64(seed))
 }
 
+/// [`backend_key`] of an IPv6 backend: its 16 address bytes as `bpf_sock_addr::user_ip6`
+/// holds them (four `u32` words), and the port in network byte order.
+pub fn backend_key6(addr: &[u32; 4], port_be: u16, seed: u64) -> u64 {
+    let hi = (addr[0] as u64) << 32 | addr[1] as u64;
+    let lo = (addr[2] as u64) << 32 | addr[3] as u64;
+    fmix64(fmix64(hi) ^ rehash(lo ^ (port_be as u64) << 16) ^ fmix64(seed))
+}
+
 /// A second, independent hash used for probe steps and Maglev skips.
 #[inline(always)]
 pub fn rehash(h: u64) -> u64 {

@@ -24,6 +24,19 @@
 //!    fits it when idle (`Backend::mem_capacity_mb`): the one where it should finish first,
 //!    estimated as `(hinted MB in flight + its own) / (capacity x weight)` (see
 //!    [`MemberScan::later`]). Only a hint that no member could ever hold is refused (`NoFit`).
+//!
+//! A model's table may hold backends of both families. The client's family
+//! ([`ClientFamily`], [`pick_for`]) decides which it can reach: an IPv4 socket only IPv4
+//! backends, an IPv6 socket both (an IPv4 backend through its v4-mapped address). A backend
+//! it cannot reach is skipped at every step like one that does not fit (a probe that lands
+//! on one is spent), and an affinity entry naming one is not used (a break, unless expired).
+//! The load bound keeps the model's whole in-flight count and weight, so the same bound
+//! serves both families. When all `probes` slots hold unreachable backends (about `q^probes`
+//! of an IPv4 client's picks, `q` the IPv6 backends' share of the weight: 6 % at half the
+//! weight and 4 probes), the member scan (step 3) decides, which spreads by load but with
+//! nothing in flight takes the first member. Not spending a probe on such a slot (probing
+//! up to [`MAX_PROBES`] slots for `probes` reachable ones) made the TC program, which
+//! inlines the same pick, too large for the verifier.
 
 use crate::abi::*;
 use crate::hash::rehash;
@@ -48,11 +61,11 @@ pub trait PickMaps {
     /// default is a plain bounded loop; the eBPF side overrides it with `bpf_loop`, because
     /// the verifier cannot walk a [`MAX_MEMBERS`]-iteration loop within its instruction budget.
     #[inline(always)]
-    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32) -> MemberScan
+    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32, family: ClientFamily) -> MemberScan
     where
         Self: Sized,
     {
-        let mut scan = MemberScan::new();
+        let mut scan = MemberScan::for_family(family);
         let mut j = 0u32;
         while j < MAX_MEMBERS {
             if j >= members {
@@ -62,6 +75,24 @@ pub trait PickMaps {
             j += 1;
         }
         scan
+    }
+}
+
+/// The address family of the connecting socket, which decides the backends it can reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientFamily {
+    /// `cgroup/connect4` (and the TC datapath's IPv4 packets): IPv4 backends only.
+    Ipv4,
+    /// `cgroup/connect6`: IPv6 backends, and IPv4 ones through their v4-mapped address (a
+    /// dual-stack socket; on an `IPV6_V6ONLY` socket the connect to such a backend fails).
+    Ipv6,
+}
+
+impl ClientFamily {
+    /// Whether a socket of this family can connect to `b`.
+    #[inline(always)]
+    pub fn reaches(self, b: &Backend) -> bool {
+        matches!(self, ClientFamily::Ipv6) || !b.is_ipv6()
     }
 }
 
@@ -165,6 +196,10 @@ pub struct MemberScan {
     /// `C x w`; a capacity of [`MEM_UNKNOWN`] counts as `r` (the backend is assumed to fit
     /// the request, and nothing more).
     pub later_rate: u64,
+    /// The client's family: members it cannot reach are skipped. Kept here rather than in
+    /// the eBPF scan's context, whose size counts against the TC program's 512-byte stack
+    /// (this byte fits in the struct's padding).
+    pub family: ClientFamily,
 }
 
 impl Default for MemberScan {
@@ -174,8 +209,14 @@ impl Default for MemberScan {
 }
 
 impl MemberScan {
+    /// A scan for an IPv4 client.
     #[inline(always)]
     pub const fn new() -> Self {
+        Self::for_family(ClientFamily::Ipv4)
+    }
+
+    #[inline(always)]
+    pub const fn for_family(family: ClientFamily) -> Self {
         Self {
             best: NO_BACKEND,
             any_live: false,
@@ -184,6 +225,7 @@ impl MemberScan {
             later: NO_BACKEND,
             later_work: 0,
             later_rate: 1,
+            family,
         }
     }
 
@@ -197,7 +239,8 @@ impl MemberScan {
         let Some(b) = maps.backend(id) else {
             return;
         };
-        if !b.is_live() || b.weight == 0 {
+        // A backend the client cannot reach is no member for it (not even a live one).
+        if !b.is_live() || b.weight == 0 || !self.family.reaches(&b) {
             return;
         }
         self.any_live = true;
@@ -316,11 +359,18 @@ pub fn sat_mul(a: u64, b: u64) -> u64 {
 }
 
 #[inline(always)]
-fn affinity_usable<M: PickMaps>(maps: &M, req: &PickRequest, ttl_ns: u64, wait_ns: u64, aff: &AffinityValue) -> bool {
+fn affinity_usable<M: PickMaps>(
+    maps: &M,
+    req: &PickRequest,
+    family: ClientFamily,
+    (ttl_ns, wait_ns): (u64, u64),
+    aff: &AffinityValue,
+) -> bool {
     let Some(b) = maps.backend(aff.backend) else {
         return false;
     };
     b.model == req.model
+        && family.reaches(&b)
         && b.is_live()
         && b.weight > 0
         && b.under_cap(maps.inflight(aff.backend))
@@ -347,10 +397,22 @@ pub fn affinity_ttl_ns(state: &ModelState, cfg: &GlobalConfig) -> u64 {
     }
 }
 
-/// Picks a backend for one connection. Pure: the caller applies the result (affinity
-/// write, sk_storage, counters).
+/// Picks a backend for one IPv4 connection ([`pick_for`] with [`ClientFamily::Ipv4`]).
 #[inline(always)]
 pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: &PickRequest) -> PickResult {
+    pick_for(maps, state, cfg, req, ClientFamily::Ipv4)
+}
+
+/// Picks a backend for one connection from a socket of `family`, among the backends it can
+/// reach. Pure: the caller applies the result (affinity write, sk_storage, counters).
+#[inline(always)]
+pub fn pick_for<M: PickMaps>(
+    maps: &M,
+    state: &ModelState,
+    cfg: &GlobalConfig,
+    req: &PickRequest,
+    family: ClientFamily,
+) -> PickResult {
     let slot = state.active_slot();
     let mut affinity_break = false;
 
@@ -362,7 +424,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     if cfg.flags & CONFIG_AFFINITY != 0 && req.has_conversation {
         if let Some(aff) = &req.affinity {
             let ttl_ns = affinity_ttl_ns(state, cfg);
-            if affinity_usable(maps, req, ttl_ns, cfg.affinity_wait_ns, aff) {
+            if affinity_usable(maps, req, family, (ttl_ns, cfg.affinity_wait_ns), aff) {
                 return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);
@@ -373,7 +435,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     if cfg.flags & CONFIG_ROUND_ROBIN != 0 {
         let index = (req.turn % slot.members as u64) as u32;
         if let Some(id) = maps.member(slot.member_offset.wrapping_add(index)) {
-            if maps.backend(id).is_some_and(|b| b.is_live()) {
+            if maps.backend(id).is_some_and(|b| b.is_live() && family.reaches(&b)) {
                 return PickResult { backend: id, outcome: Outcome::Primary, affinity_break };
             }
         }
@@ -403,6 +465,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
                 let bound_ok = !use_bound
                     || inflight < load_bound(cfg.load_factor_milli, req.model_inflight, b.weight, slot.total_weight);
                 if b.is_live()
+                    && family.reaches(&b)
                     && b.under_cap(inflight)
                     && bound_ok
                     && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(id)))
@@ -416,7 +479,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
     }
 
     // 3. Least loaded member.
-    let scan = maps.scan_members(slot.member_offset, slot.members, req.required_mem_mb);
+    let scan = maps.scan_members(slot.member_offset, slot.members, req.required_mem_mb, family);
     let best = scan.best;
     let any_live = scan.any_live;
     if best != NO_BACKEND {

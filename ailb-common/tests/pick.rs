@@ -2,9 +2,9 @@
 
 use ailb_common::{
     hash::fmix64,
-    pick::{load_bound, pick, Outcome, PickMaps, PickRequest, VecMaps},
-    AffinityValue, Backend, GlobalConfig, ModelState, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_ROUND_ROBIN, MEM_UNKNOWN,
-    MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
+    pick::{load_bound, pick, pick_for, ClientFamily, Outcome, PickMaps, PickRequest, VecMaps},
+    AffinityValue, Backend, GlobalConfig, ModelState, BACKEND_IPV6, BACKEND_LIVE, CONFIG_AFFINITY, CONFIG_ROUND_ROBIN,
+    MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, NO_CAP,
 };
 use proptest::prelude::*;
 
@@ -378,4 +378,80 @@ fn memory_in_flight_counts_against_capacity() {
     assert_eq!(unknown.free_now_mb(1 << 40), MEM_UNKNOWN);
     let cap_only = Backend { free_mem_mb: MEM_UNKNOWN, mem_capacity_mb: 24_000, ..Default::default() };
     assert_eq!(cap_only.free_now_mb(4_000), 20_000);
+}
+
+/// A mixed model (weights 1:2:5, the weight-5 backend IPv6): an IPv4 client never gets the
+/// IPv6 backend and splits 1:2 over the others; an IPv6 client reaches all three, 1:2:5.
+#[test]
+fn the_client_family_decides_which_backends_a_pick_reaches() {
+    let mut f = Fleet::new(&[1, 2, 5], &[]);
+    f.maps.backends[2].state |= BACKEND_IPV6;
+    let n = 100_000u64;
+    let (mut v4, mut v6) = ([0u32; 3], [0u32; 3]);
+    let (mut probed, mut fallbacks) = ([0u32; 3], 0u32);
+    for i in 0..n {
+        let r = f.req(fmix64(i));
+        let p4 = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv4);
+        assert_ne!(p4.backend, NO_BACKEND, "{p4:?}");
+        v4[p4.backend as usize] += 1;
+        match p4.outcome {
+            Outcome::Primary | Outcome::Spill => probed[p4.backend as usize] += 1,
+            Outcome::Fallback => fallbacks += 1,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        let p6 = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv6);
+        v6[p6.backend as usize] += 1;
+    }
+    assert_eq!(v4[2], 0, "an IPv4 client reached the IPv6 backend");
+    // The picks the probes decide split 1:2. The rest are the hashes whose 4 probed slots
+    // all hold the IPv6 backend (about q^4 = (5/8)^4 = 15.3 % of them; the slots of one
+    // hash are distinct, so not quite independent draws: 2 points of slack), which the
+    // member scan, with nothing in flight, gives to the first member.
+    let share = probed[0] as f64 / (probed[0] + probed[1]) as f64;
+    assert!((share - 1.0 / 3.0).abs() < 0.01, "IPv4 probed split {probed:?}");
+    let q4 = (5.0f64 / 8.0).powi(f.cfg.probes as i32);
+    let fell = fallbacks as f64 / n as f64;
+    assert!((fell - q4).abs() < 0.02, "IPv4 fallbacks {fell:.4} vs {q4:.4}");
+    assert_eq!(v4[0], probed[0] + fallbacks, "fallbacks go to the first member: {v4:?} {probed:?}");
+    for (i, want) in [0.125, 0.25, 0.625].iter().enumerate() {
+        let got = v6[i] as f64 / n as f64;
+        assert!((got - want).abs() < 0.01, "IPv6 client, backend {i}: {got:.4} vs {want}");
+    }
+    // `pick` is the IPv4 client's pick.
+    let r = f.req(fmix64(3));
+    assert_eq!(f.pick(&r), pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv4));
+}
+
+/// An affinity entry naming a backend the client cannot reach is not used (a break); the
+/// same entry holds for a client that can. A model with only IPv6 backends has no backend
+/// for an IPv4 client, also when its fallback scans the members.
+#[test]
+fn affinity_and_fallback_skip_a_backend_of_the_other_family() {
+    let mut f = Fleet::new(&[1, 1, 1], &[]);
+    f.maps.backends[1].state |= BACKEND_IPV6;
+    let mut r = f.req(fmix64(11));
+    r.has_conversation = true;
+    r.affinity = Some(AffinityValue { backend: 1, _pad: 0, last_seen_ns: 900 });
+    let p6 = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv6);
+    assert_eq!((p6.backend, p6.outcome), (1, Outcome::AffinityHit));
+    let p4 = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv4);
+    assert!(p4.affinity_break && p4.backend != 1 && p4.backend != NO_BACKEND, "{p4:?}");
+
+    // Every probe over its bound: the member scan chooses, still never the IPv6 backend.
+    f.cfg.probes = 1;
+    f.maps.inflight = vec![50, 0, 50];
+    r.affinity = None;
+    r.model_inflight = 100;
+    for h in 0..64 {
+        r.hash = fmix64(h);
+        let p = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv4);
+        assert!(p.backend == 0 || p.backend == 2, "{p:?}");
+    }
+
+    for b in &mut f.maps.backends {
+        b.state |= BACKEND_IPV6;
+    }
+    let p = pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv4);
+    assert_eq!((p.backend, p.outcome), (NO_BACKEND, Outcome::NoBackend));
+    assert_ne!(pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv6).backend, NO_BACKEND);
 }

@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick, Outcome, PickMaps, PickRequest, PickResult},
+    pick::{pick_for, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -36,20 +36,60 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     let Some(service) = vip_service(sa) else {
         return ALLOW;
     };
+    let picked = match pick_connect(ctx, sa, &service, ClientFamily::Ipv4) {
+        Ok(p) => p,
+        Err(verdict) => return verdict,
+    };
+    sa.user_ip4 = picked.backend.addr;
+    sa.user_port = picked.backend.port as u32;
+    picked.commit();
+    ALLOW
+}
+
+/// A pick made for a connect, applied ([`Picked::commit`]) once the destination is rewritten.
+pub(crate) struct Picked {
+    pub(crate) id: u32,
+    pub(crate) backend: Backend,
+    res: PickResult,
+    now_ns: u64,
+    model: u32,
+    entry: AffinityEntry,
+    sock: &'static mut SockState,
+}
+
+impl Picked {
+    /// Records the pick: the affinity entry, the socket's storage (for sock_ops) and the counters.
+    #[inline(always)]
+    pub(crate) fn commit(self) {
+        self.entry.remember(&self.res, self.now_ns);
+        note_pick(self.sock, self.res.backend, self.model);
+        count_pick(&self.res);
+    }
+}
+
+/// The pick for a connect to `service` from a socket of `family`; `Err` holds the verdict
+/// of a refused connect (counted).
+#[inline(always)]
+pub(crate) fn pick_connect(
+    ctx: &SockAddrContext,
+    sa: &bpf_sock_addr,
+    service: &Service,
+    family: ClientFamily,
+) -> Result<Picked, i32> {
     // SAFETY: `sk` in bpf_sock_addr is a valid full socket (PTR_TO_SOCKET).
     let Some(sock) = (unsafe { sock_state(sa.__bindgen_anon_1.sk.cast(), true) }) else {
-        return refuse(ENOMEM);
+        return Err(refuse(ENOMEM));
     };
-    let Some(model) = model_of(&service, sock) else {
-        return refuse_connect(Outcome::NoBackend);
+    let Some(model) = model_of(service, sock) else {
+        return Err(refuse_connect(Outcome::NoBackend));
     };
     let Some(cfg) = AILB_CONFIG.get_ptr(0) else {
-        return refuse_connect(Outcome::NoBackend);
+        return Err(refuse_connect(Outcome::NoBackend));
     };
     // SAFETY: a non-null array map value pointer; copied.
     let cfg = unsafe { ptr::read(cfg) };
     let Some(state) = AILB_MODELS.get_ptr(model) else {
-        return refuse_connect(Outcome::NoBackend);
+        return Err(refuse_connect(Outcome::NoBackend));
     };
     // SAFETY: a non-null array map value pointer; copied so that `active` and the slot it
     // selects are read once.
@@ -59,20 +99,14 @@ fn try_connect4(ctx: &SockAddrContext) -> i32 {
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
     let req = request(&cfg, sock, model, hash, has_conversation, entry.value());
-    let res = pick(&Maps, &state, &cfg, &req);
+    let res = pick_for(&Maps, &state, &cfg, &req, family);
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
-        return refuse_connect(res.outcome);
+        return Err(refuse_connect(res.outcome));
     }
     let Some(backend) = Maps.backend(res.backend) else {
-        return refuse_connect(Outcome::NoBackend);
+        return Err(refuse_connect(Outcome::NoBackend));
     };
-
-    sa.user_ip4 = backend.addr;
-    sa.user_port = backend.port as u32;
-    entry.remember(&res, req.now_ns);
-    note_pick(sock, res.backend, model);
-    count_pick(&res);
-    ALLOW
+    Ok(Picked { id: res.backend, backend, res, now_ns: req.now_ns, model, entry, sock })
 }
 
 /// The VIP entry of a TCP/IPv4 connect's destination; `None` for any other connect.
@@ -213,7 +247,7 @@ pub(crate) fn count_pick(res: &PickResult) {
 
 /// Counts a refused connect and fails it with `ECONNREFUSED`.
 #[inline(always)]
-fn refuse_connect(outcome: Outcome) -> i32 {
+pub(crate) fn refuse_connect(outcome: Outcome) -> i32 {
     if let Some(s) = stats() {
         if outcome == Outcome::NoFit {
             s.no_fit += 1;

@@ -4,6 +4,9 @@
 //!   `AILB_SERVICES` is rewritten to the backend that [`ailb_common::pick::pick`] chooses
 //!   (conversation affinity, bounded-load weighted Maglev, least-loaded fallback), or refused
 //!   with `ECONNREFUSED` when the model has no live backend / none fits the memory hint.
+//! * `ailb_connect6` (`cgroup/connect6`, [`connect6`]): the same for IPv6 sockets, to a VIP
+//!   in `AILB_SERVICES6` or (a v4-mapped destination) in `AILB_SERVICES`; it reaches IPv6
+//!   backends (addresses in `AILB_BACKEND_ADDRS6`) and IPv4 ones through their v4-mapped address.
 //! * `ailb_setsockopt` (`cgroup/setsockopt`, [`setsockopt`]): consumes `SOL_AILB` options
 //!   (conversation id, required GPU memory, model name) into the socket's `AILB_SOCK` storage.
 //! * `ailb_sockops` (`sockops`, [`sockops`]): keeps the in-flight counters (`AILB_INFLIGHT`:
@@ -29,6 +32,7 @@
 #![feature(core_intrinsics)]
 
 mod connect4;
+mod connect6;
 mod conntrack;
 mod maps;
 mod nat;
@@ -43,6 +47,7 @@ use aya_ebpf::helpers::generated::bpf_set_retval;
 
 // Kernel constants (uapi) not worth a dependency.
 const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 const SOCK_STREAM: u32 = 1;
 const IPPROTO_TCP: u32 = 6;
 const EINVAL: i32 = 22;

@@ -23,7 +23,11 @@ const MEMBER_CHUNKS: usize = (DEFAULT_MEMBER_SLOTS / MEMBER_CHUNK) as usize;
 #[btf_map]
 pub(crate) static AILB_SERVICES: HashMap<ServiceKey, Service, { MAX_SERVICES as usize }> = HashMap::new();
 #[btf_map]
+pub(crate) static AILB_SERVICES6: HashMap<ServiceKey6, Service, { MAX_SERVICES as usize }> = HashMap::new();
+#[btf_map]
 pub(crate) static AILB_BACKENDS: Array<Backend, { MAX_BACKENDS as usize }> = Array::new();
+#[btf_map]
+pub(crate) static AILB_BACKEND_ADDRS6: Array<BackendAddr6, { MAX_BACKENDS as usize }> = Array::new();
 #[btf_map]
 pub(crate) static AILB_MODELS: Array<ModelState, { MAX_MODELS as usize }> = Array::new();
 #[btf_map]
@@ -61,6 +65,16 @@ pub(crate) fn backend_stats(backend: u32) -> Option<&'static mut BackendStats> {
     }
     // SAFETY: as in `stats`: a per-CPU slot, valid for the program run.
     AILB_BACKEND_STATS.get_ptr_mut(backend).map(|p| unsafe { &mut *p })
+}
+
+/// The IPv6 address of backend `id` (meaningful when its state has `BACKEND_IPV6`).
+#[inline(always)]
+pub(crate) fn backend_addr6(id: u32) -> Option<[u32; 4]> {
+    if id >= MAX_BACKENDS {
+        return None;
+    }
+    // SAFETY: a non-null array map value pointer of the right type; copied at once.
+    AILB_BACKEND_ADDRS6.get_ptr(id).map(|p| unsafe { ptr::read(p) }.addr)
 }
 
 /// `AILB_INFLIGHT[index]`, 0 when out of range.

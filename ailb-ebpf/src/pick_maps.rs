@@ -8,7 +8,7 @@ use core::{
 
 use ailb_common::{
     abi::*,
-    pick::{MemberScan, PickMaps},
+    pick::{ClientFamily, MemberScan, PickMaps},
 };
 use aya_ebpf::helpers::generated::bpf_loop;
 
@@ -64,8 +64,8 @@ impl PickMaps for Maps {
     /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a
     /// 1024-iteration inline loop exceeds the verifier's 1M-instruction budget.
     #[inline(always)]
-    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32) -> MemberScan {
-        let mut ctx = ScanCtx { scan: MemberScan::new(), offset, required_mem_mb };
+    fn scan_members(&self, offset: u32, members: u32, required_mem_mb: u32, family: ClientFamily) -> MemberScan {
+        let mut ctx = ScanCtx { scan: MemberScan::for_family(family), offset, required_mem_mb };
         let n = if members > MAX_MEMBERS { MAX_MEMBERS } else { members };
         // SAFETY: `scan_member` has the callback signature bpf_loop expects and only uses
         // its context as the `ScanCtx` passed here, which outlives the call.

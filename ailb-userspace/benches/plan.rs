@@ -1,7 +1,7 @@
 //! Policy plus table recompute for 100 models x 100 backends (goal: <= 100 ms on a
 //! 2-core machine, so that a fleet-wide change reaches the kernel well within the 1 s propagation goal): `cargo bench -p ailb-userspace --bench plan`.
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use ailb_common::{
     hash::backend_key,
@@ -26,7 +26,7 @@ fn fleet() -> (ailb_userspace::config::ValidConfig, Snapshot) {
     let template = cfg.models["model-0"].clone();
     for m in 1..MODELS {
         let mut model = template.clone();
-        model.spec.vips = vec![SocketAddrV4::new([127, 77, (m / 200) as u8, (m % 200 + 1) as u8].into(), 8000)];
+        model.spec.vips = vec![SocketAddr::new([127, 77, (m / 200) as u8, (m % 200 + 1) as u8].into(), 8000)];
         model.nacos_services = vec![format!("model-{m}")];
         cfg.models.insert(format!("model-{m}"), model);
     }
@@ -48,7 +48,7 @@ fn fleet() -> (ailb_userspace::config::ValidConfig, Snapshot) {
                 service: format!("model-{m}"),
                 group: "DEFAULT_GROUP".into(),
                 cluster: "DEFAULT".into(),
-                address: SocketAddrV4::new([10, (i >> 16) as u8, (i >> 8) as u8, i as u8].into(), 8000),
+                address: SocketAddr::new([10, (i >> 16) as u8, (i >> 8) as u8, i as u8].into(), 8000),
                 weight: 1.0,
                 healthy: true,
                 enabled: true,
@@ -84,7 +84,12 @@ fn bench(c: &mut Criterion) {
                         .filter(|(_, b)| b.eligible && b.weight > 0)
                         .map(|(i, b)| MaglevBackend {
                             id: i as u32,
-                            key: backend_key(u32::from_ne_bytes(b.address.ip().octets()), b.address.port().to_be(), 0),
+                            key: match b.address {
+                                SocketAddr::V4(a) => {
+                                    backend_key(u32::from_ne_bytes(a.ip().octets()), a.port().to_be(), 0)
+                                }
+                                SocketAddr::V6(_) => unreachable!("the bench's backends are IPv4"),
+                            },
                             weight: b.weight,
                         })
                         .collect()

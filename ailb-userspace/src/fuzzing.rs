@@ -3,7 +3,7 @@
 //! their results, so that the parsers and their types stay private. Not a stable API.
 #![forbid(unsafe_code)]
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use crate::{
     nacos::{wire, WireError},
@@ -14,7 +14,7 @@ use crate::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct Host {
     pub cluster: String,
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     pub weight: f64,
     pub healthy: bool,
     pub enabled: bool,

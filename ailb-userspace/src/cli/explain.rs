@@ -210,6 +210,9 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
             c.backend.as_deref().unwrap_or("refused"),
             c.why
         );
+        if let Some(b6) = &c.backend_ipv6_client {
+            println!("  from an IPv6 client: {b6}");
+        }
         if let (Some(b), Some(age)) = (&c.affinity_backend, c.affinity_age_ms) {
             println!("  affinity entry: {b}, last used {:.1} s ago", age as f64 / 1000.0);
         } else {

@@ -2,7 +2,7 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    net::{SocketAddr, SocketAddrV4},
+    net::SocketAddr,
     path::PathBuf,
     time::Duration,
 };
@@ -69,13 +69,28 @@ pub enum ValidSource {
     Nacos(Box<crate::nacos::ValidNacos>),
 }
 
-fn parse_v4(field: &str, value: &str) -> Result<SocketAddrV4, ConfigError> {
-    match value.parse::<SocketAddr>() {
-        Ok(SocketAddr::V4(a)) if a.port() != 0 => Ok(a),
-        Ok(SocketAddr::V4(_)) => Err(ConfigError::invalid(field, value, "port 0 is not allowed")),
-        Ok(SocketAddr::V6(_)) => Err(ConfigError::invalid(field, value, "IPv6 is not supported yet (connect4 only)")),
-        Err(e) => Err(ConfigError::invalid(field, value, format!("expected IPv4 address:port ({e})"))),
+/// A VIP or backend address: `a.b.c.d:port` or `[ipv6]:port`, port not 0. An IPv6 address
+/// with a zone (`%eth0`), the unspecified address and a multicast one are refused: a connect
+/// could not be rewritten to (or from) them meaningfully.
+fn parse_addr(field: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    let a = value.parse::<SocketAddr>().map_err(|e| {
+        ConfigError::invalid(field, value, format!("expected IPv4 address:port or [IPv6 address]:port ({e})"))
+    })?;
+    if a.port() == 0 {
+        return Err(ConfigError::invalid(field, value, "port 0 is not allowed"));
     }
+    if let SocketAddr::V6(v6) = a {
+        if v6.scope_id() != 0 {
+            return Err(ConfigError::invalid(field, value, "an IPv6 zone (scope id) is not supported"));
+        }
+        if v6.ip().is_unspecified() || v6.ip().is_multicast() {
+            return Err(ConfigError::invalid(field, value, "not a unicast IPv6 address"));
+        }
+        if v6.ip().to_ipv4_mapped().is_some() {
+            return Err(ConfigError::invalid(field, value, "a v4-mapped address: write the IPv4 address itself"));
+        }
+    }
+    Ok(a)
 }
 
 fn check_model_name(field: &str, name: &str) -> Result<(), ConfigError> {
@@ -90,12 +105,12 @@ fn check_model_name(field: &str, name: &str) -> Result<(), ConfigError> {
 
 /// Records a VIP of a model; a VIP used twice (by any model) is refused.
 fn add_vip(
-    vips: &mut HashSet<SocketAddrV4>,
+    vips: &mut HashSet<SocketAddr>,
     field: String,
     value: &str,
     model: &mut ModelSpec,
 ) -> Result<(), ConfigError> {
-    let vip = parse_v4(&field, value)?;
+    let vip = parse_addr(&field, value)?;
     if !vips.insert(vip) {
         return Err(ConfigError::invalid(field, value, "this VIP is used twice"));
     }
@@ -132,7 +147,7 @@ fn check_balancer(b: &BalancerConfig) -> Result<(Duration, Duration), ConfigErro
 }
 
 /// `models[i]`, with its VIPs recorded in `vips`.
-fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddrV4>) -> Result<ValidModel, ConfigError> {
+fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Result<ValidModel, ConfigError> {
     let field = |f: &str| format!("models[{i}].{f}");
     let mut vm = ValidModel {
         spec: ModelSpec {
@@ -216,15 +231,15 @@ fn check_backend(
     i: usize,
     c: &BackendConfig,
     models: &BTreeMap<String, ValidModel>,
-    vips: &HashSet<SocketAddrV4>,
-    seen: &mut HashSet<(String, SocketAddrV4)>,
+    vips: &HashSet<SocketAddr>,
+    seen: &mut HashSet<(String, SocketAddr)>,
 ) -> Result<StaticBackend, ConfigError> {
     let field = |f: &str| format!("backends[{i}].{f}");
     check_model_name(&field("model"), &c.model)?;
     if !models.contains_key(&c.model) {
         return Err(ConfigError::invalid(field("model"), &c.model, "no service (VIP) is configured for this model"));
     }
-    let address = parse_v4(&field("address"), &c.address)?;
+    let address = parse_addr(&field("address"), &c.address)?;
     if vips.contains(&address) {
         return Err(ConfigError::invalid(field("address"), &c.address, "a backend cannot be a VIP"));
     }
@@ -258,7 +273,7 @@ fn check_backend(
 fn local_telemetry(
     i: usize,
     c: &BackendConfig,
-    address: SocketAddrV4,
+    address: SocketAddr,
 ) -> Result<Option<Box<ValidInstance>>, ConfigError> {
     let field = |f: &str| format!("backends[{i}].{f}");
     let Some(url) = &c.metrics_url else {
@@ -285,9 +300,17 @@ fn local_telemetry(
             "a backend with metrics_url reports its free memory in samples; remove the declared value",
         ));
     }
+    // The agent's sampler (and its Nacos registration) knows IPv4 instances only.
+    let SocketAddr::V4(v4) = address else {
+        return Err(ConfigError::invalid(
+            field("address"),
+            address,
+            "a backend sampled on this node (metrics_url) must have an IPv4 address",
+        ));
+    };
     let inst = InstanceConfig {
         service: c.model.clone(),
-        ip: *address.ip(),
+        ip: *v4.ip(),
         port: address.port(),
         cluster: "DEFAULT".to_string(),
         weight: 1.0,
@@ -421,7 +444,7 @@ impl Config {
 
     /// The static source's `[[backends]]`, within the per-model and total limits.
     fn static_backends(&self, models: &BTreeMap<String, ValidModel>) -> Result<Vec<StaticBackend>, ConfigError> {
-        let vips: HashSet<SocketAddrV4> = models.values().flat_map(|m| m.spec.vips.iter().copied()).collect();
+        let vips: HashSet<SocketAddr> = models.values().flat_map(|m| m.spec.vips.iter().copied()).collect();
         let mut backends = Vec::with_capacity(self.backends.len());
         let mut seen = HashSet::new();
         let mut per_model: BTreeMap<&str, usize> = BTreeMap::new();
@@ -490,7 +513,7 @@ address = "127.0.0.11:18001"
         let cases: &[(&str, &str, &str)] = &[
             ("127.0.0.11:18001\"", "127.0.0.999:1\"", "backends[0].address"),
             ("127.0.0.11:18001\"", "127.0.0.11:18001\"\nweight = 70000", "backends[0].weight"),
-            ("127.0.0.11:18001\"", "[::1]:80\"", "IPv6"),
+            ("127.0.0.11:18001\"", "[::ffff:10.0.0.1]:80\"", "v4-mapped"),
             ("127.0.0.11:18001\"", "127.0.0.11:0\"", "port 0"),
             ("127.77.0.1:8000\"", "nonsense\"", "services[0].vip"),
         ];
@@ -516,6 +539,41 @@ address = "127.0.0.11:18001"
         assert!(e.contains("bogus"), "{e}");
         let e = err("this is not toml");
         assert!(e.contains("config test"), "{e}");
+    }
+
+    /// VIPs and backends of either family, a model with both; a bad IPv6 address names the
+    /// field and the value.
+    #[test]
+    fn ipv6_vips_and_backends_are_accepted_and_checked() {
+        let mixed = format!(
+            "{OK}[[services]]\nmodel = \"m\"\nvip = \"[fd00::77]:8000\"\n\
+             [[backends]]\nmodel = \"m\"\naddress = \"[2001:db8::11]:18001\"\nweight = 3\n"
+        );
+        let c = Config::parse(&mixed, "t").unwrap().validate().unwrap();
+        let vips: Vec<String> = c.models["m"].spec.vips.iter().map(ToString::to_string).collect();
+        assert_eq!(vips, ["127.77.0.1:8000", "[fd00::77]:8000"]);
+        let addrs: Vec<String> = c.backends.iter().map(|b| b.address.to_string()).collect();
+        assert_eq!(addrs, ["127.0.0.11:18001", "[2001:db8::11]:18001"]);
+        for (value, field, want) in [
+            ("[::1]:0", "backends[0].address", "port 0"),
+            ("[ff02::1]:80", "backends[0].address", "not a unicast IPv6 address"),
+            ("[::]:80", "backends[0].address", "not a unicast IPv6 address"),
+            ("[fe80::1%2]:80", "backends[0].address", "zone"),
+            ("::1:80", "backends[0].address", "[IPv6 address]:port"),
+        ] {
+            let e = err(&OK.replace("127.0.0.11:18001", value));
+            assert!(e.contains(field) && e.contains(value) && e.contains(want), "{value}: {e}");
+        }
+        let e = err(&OK.replace("127.77.0.1:8000", "[ff02::1]:8000"));
+        assert!(e.contains("services[0].vip") && e.contains("[ff02::1]:8000"), "{e}");
+        // The same VIP twice is refused in either family.
+        let twice = format!("{OK}[[services]]\nmodel = \"m\"\nvip = \"[fd00::77]:8000\"\n");
+        let twice = format!("{twice}[[services]]\nmodel = \"m\"\nvip = \"[fd00::77]:8000\"\n");
+        assert!(err(&twice).contains("used twice"));
+        // A backend sampled on this node goes through the agent's IPv4-only sampler.
+        let live = OK.replace("127.0.0.11:18001\"", "[::1]:18001\"\nmetrics_url = \"http://[::1]:8000/metrics\"");
+        let e = err(&live);
+        assert!(e.contains("backends[0].address") && e.contains("IPv4"), "{e}");
     }
 
     #[test]

@@ -327,7 +327,7 @@ mod tests {
                 service: "m".into(),
                 group: "DEFAULT_GROUP".into(),
                 cluster: "DEFAULT".into(),
-                address: std::net::SocketAddrV4::new([10, 0, 0, i].into(), 8000),
+                address: std::net::SocketAddr::new([10, 0, 0, i].into(), 8000),
                 weight: 1.0,
                 healthy: true,
                 enabled: true,

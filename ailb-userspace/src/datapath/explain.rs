@@ -1,20 +1,21 @@
 //! Which backend a conversation gets right now, and why: the kernel's own pick
-//! (`ailb_common::pick::pick`) run in userspace over a copy of the pinned maps.
+//! (`ailb_common::pick::pick`) run in userspace over a copy of the pinned maps. The pick is
+//! an IPv4 client's; for a model with IPv6 backends an IPv6 client's too, which may differ.
 
-use std::{net::SocketAddrV4, path::Path};
+use std::{net::SocketAddr, path::Path};
 
 use ailb_common::{
     hash::conversation_hash,
     maps,
-    pick::{pick, Outcome, PickRequest, VecMaps},
-    AffinityKey, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
+    pick::{pick_for, ClientFamily, Outcome, PickRequest, VecMaps},
+    AffinityKey, BackendAddr6, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
 };
 use serde::Serialize;
 
 use super::{
     map_err,
     store::WriterMaps,
-    values::{addr_from_be, model_name},
+    values::{backend_address, model_name},
     DatapathError, Maps,
 };
 
@@ -30,6 +31,10 @@ pub struct ConversationExplain {
     /// The affinity entry in the kernel, if any.
     pub affinity_backend: Option<String>,
     pub affinity_age_ms: Option<u64>,
+    /// For a model with IPv6 backends: the backend an IPv6 client's connection gets now
+    /// (`backend` is an IPv4 client's, which never reaches an IPv6 backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_ipv6_client: Option<String>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -71,8 +76,13 @@ pub fn explain_conversation(
         copy.table = maps.table(slot.table_offset, slot.size.min(MAX_TABLE_SIZE))?;
         copy.members = maps.members(slot.member_offset, slot.members.min(MAX_MEMBERS))?;
     }
+    let mut addrs6 = std::collections::HashMap::new();
     for id in 0..MAX_BACKENDS {
-        copy.backends.push(maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?);
+        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
+        if b.is_ipv6() {
+            addrs6.insert(id, maps.backend_addr6(id)?);
+        }
+        copy.backends.push(b);
         copy.inflight.push(maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?);
         let mem = ailb_common::INFLIGHT_MEM_BASE + id;
         copy.inflight_mem.push(maps.inflight.get(&mem, 0).map_err(map_err(maps::INFLIGHT))?);
@@ -96,10 +106,17 @@ pub fn explain_conversation(
         // With round robin: the next connect's turn.
         turn: maps.inflight.get(&(ailb_common::INFLIGHT_TURN_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?,
     };
-    let res = pick(&copy, &state, &gc, &req);
-    let addr = |id: u32| -> Option<SocketAddrV4> {
-        copy.backends.get(id as usize).filter(|_| id != NO_BACKEND).map(|b| addr_from_be(b.addr, b.port))
+    let res = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv4);
+    let addr = |id: u32| -> Option<SocketAddr> {
+        copy.backends
+            .get(id as usize)
+            .filter(|_| id != NO_BACKEND)
+            .map(|b| backend_address(b, &addrs6.get(&id).copied().unwrap_or(BackendAddr6::default())))
     };
+    let backend_ipv6_client = (!addrs6.is_empty()).then(|| {
+        let r6 = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv6);
+        addr(r6.backend).map_or_else(|| "refused".to_string(), |a| a.to_string())
+    });
     let why = match res.outcome {
         Outcome::AffinityHit => "its affinity entry's backend is live, under its cap and fits the hint (now, or \
                                  once idle while the conversation is within affinity_wait)"
@@ -129,5 +146,6 @@ pub fn explain_conversation(
         why,
         affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
         affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
+        backend_ipv6_client,
     })
 }

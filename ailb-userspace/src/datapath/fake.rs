@@ -23,16 +23,16 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use ailb_common::{
-    maps, Backend, GlobalConfig, ModelState, Service, ServiceKey, TableSlot, BACKEND_LIVE, CONFIG_AFFINITY,
-    CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS, INFLIGHT_ENTRIES, MAX_BACKENDS,
-    MAX_MODELS, MEMBER_CHUNK, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, TABLE_CHUNK,
+    maps, Backend, BackendAddr6, GlobalConfig, ModelState, Service, ServiceKey, ServiceKey6, TableSlot, BACKEND_LIVE,
+    CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS,
+    INFLIGHT_ENTRIES, MAX_BACKENDS, MAX_MODELS, MEMBER_CHUNK, MEM_UNKNOWN, MODEL_AVAILABLE, NO_BACKEND, TABLE_CHUNK,
 };
 use aya::maps::MapError;
 
 use super::{
     map_err,
     store::{chunked, read_chunked, WriterMaps},
-    values::{addr_from_be, model_name},
+    values::{addr6_from_be, addr_from_be, model_name},
     DatapathError,
 };
 
@@ -52,6 +52,8 @@ pub(crate) struct FakeMaps {
     pub(crate) inflight: BTreeMap<u32, u64>,
     /// By (address, port) so that the dump is in a stable order.
     services: BTreeMap<(u32, u16), (ServiceKey, Service)>,
+    services6: BTreeMap<([u32; 4], u16), (ServiceKey6, Service)>,
+    backend_addrs6: BTreeMap<u32, BackendAddr6>,
     model_names: BTreeMap<u64, u32>,
     writes: Vec<String>,
 }
@@ -137,18 +139,25 @@ fn backend_line(id: u32, b: &Backend) -> String {
     }
     let free = if b.free_mem_mb == MEM_UNKNOWN { "unknown".to_string() } else { b.free_mem_mb.to_string() };
     let state = if b.state & BACKEND_LIVE != 0 { "live" } else { "off" };
+    // An IPv6 backend's address is in its `BE6:` line.
+    let addr =
+        if b.is_ipv6() { format!("IPV6:{}", u16::from_be(b.port)) } else { addr_from_be(b.addr, b.port).to_string() };
     format!(
-        "BE: ID={id} ADDR={} MODEL={} WEIGHT={} CAP={} FREE_MB={free} IDLE_MB={} STATE={state}",
-        addr_from_be(b.addr, b.port),
-        b.model,
-        b.weight,
-        b.cap,
-        b.mem_capacity_mb
+        "BE: ID={id} ADDR={addr} MODEL={} WEIGHT={} CAP={} FREE_MB={free} IDLE_MB={} STATE={state}",
+        b.model, b.weight, b.cap, b.mem_capacity_mb
     )
 }
 
 fn service_line(k: &ServiceKey, v: &Service) -> String {
     format!("VIP: ADDR={} MODEL={} FLAGS={}", addr_from_be(k.addr, k.port), v.model, v.flags)
+}
+
+fn service6_line(k: &ServiceKey6, v: &Service) -> String {
+    format!("VIP6: ADDR={} MODEL={} FLAGS={}", addr6_from_be(&k.addr, k.port), v.model, v.flags)
+}
+
+fn addr6_line(id: u32, a: &BackendAddr6) -> String {
+    format!("BE6: ID={id} ADDR={}", addr6_from_be(&a.addr, 0).ip())
 }
 
 fn name_line(hash: u64, model: u32) -> String {
@@ -173,6 +182,8 @@ impl FakeMaps {
             backends: BTreeMap::new(),
             inflight: BTreeMap::new(),
             services: BTreeMap::new(),
+            services6: BTreeMap::new(),
+            backend_addrs6: BTreeMap::new(),
             model_names: BTreeMap::new(),
             writes: Vec::new(),
         }
@@ -208,8 +219,14 @@ impl FakeMaps {
         for (&id, b) in self.backends.iter().filter(|(_, b)| **b != Backend::default()) {
             line(backend_line(id, b));
         }
+        for (&id, a) in self.backend_addrs6.iter().filter(|(_, a)| **a != BackendAddr6::default()) {
+            line(addr6_line(id, a));
+        }
         for (k, v) in self.services.values() {
             line(service_line(k, v));
+        }
+        for (k, v) in self.services6.values() {
+            line(service6_line(k, v));
         }
         for (&hash, &model) in &self.model_names {
             line(name_line(hash, model));
@@ -287,6 +304,16 @@ impl WriterMaps for FakeMaps {
         self.backends.insert(id, value);
         Ok(())
     }
+    fn backend_addr6(&self, id: u32) -> Result<BackendAddr6, DatapathError> {
+        check_index(maps::BACKEND_ADDRS6, id, MAX_BACKENDS)?;
+        Ok(self.backend_addrs6.get(&id).copied().unwrap_or_default())
+    }
+    fn set_backend_addr6(&mut self, id: u32, value: BackendAddr6) -> Result<(), DatapathError> {
+        check_index(maps::BACKEND_ADDRS6, id, MAX_BACKENDS)?;
+        self.log("set", addr6_line(id, &value));
+        self.backend_addrs6.insert(id, value);
+        Ok(())
+    }
     fn inflight(&self, index: u32) -> Result<u64, DatapathError> {
         check_index(maps::INFLIGHT, index, INFLIGHT_ENTRIES)?;
         Ok(self.inflight.get(&index).copied().unwrap_or(0))
@@ -308,6 +335,25 @@ impl WriterMaps for FakeMaps {
             .remove(&(key.addr, key.port))
             .ok_or_else(|| map_err(maps::SERVICES)(MapError::KeyNotFound))?;
         self.log("remove", service_line(&k, &v));
+        Ok(())
+    }
+    fn service6_keys(&self) -> Vec<ServiceKey6> {
+        self.services6.values().map(|(k, _)| *k).collect()
+    }
+    fn service6(&self, key: &ServiceKey6) -> Option<Service> {
+        self.services6.get(&(key.addr, key.port)).map(|(_, v)| *v)
+    }
+    fn insert_service6(&mut self, key: &ServiceKey6, value: &Service) -> Result<(), DatapathError> {
+        self.log("set", service6_line(key, value));
+        self.services6.insert((key.addr, key.port), (*key, *value));
+        Ok(())
+    }
+    fn remove_service6(&mut self, key: &ServiceKey6) -> Result<(), DatapathError> {
+        let (k, v) = self
+            .services6
+            .remove(&(key.addr, key.port))
+            .ok_or_else(|| map_err(maps::SERVICES6)(MapError::KeyNotFound))?;
+        self.log("remove", service6_line(&k, &v));
         Ok(())
     }
     fn model_name_keys(&self) -> Vec<u64> {

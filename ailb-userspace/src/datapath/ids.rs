@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
+    net::SocketAddr,
 };
 
 use ailb_common::{MAX_BACKENDS, MAX_MODELS};
@@ -15,7 +15,7 @@ use ailb_common::{MAX_BACKENDS, MAX_MODELS};
 use super::DatapathError;
 
 /// A backend's identity: its model's index and its address.
-pub(crate) type BackendKey = (u32, SocketAddrV4);
+pub(crate) type BackendKey = (u32, SocketAddr);
 
 #[derive(Debug, Default)]
 pub(crate) struct Ids {
@@ -155,7 +155,7 @@ mod tests {
     use super::*;
 
     fn key(model: u32, last: u8) -> BackendKey {
-        (model, SocketAddrV4::new([10, 1, 0, last].into(), 80))
+        (model, SocketAddr::new([10, 1, 0, last].into(), 80))
     }
 
     #[test]

@@ -60,10 +60,15 @@ impl Attach {
         for name in programs::ALL {
             let program = ebpf.program_mut(name).ok_or(DatapathError::MissingProgram { name })?;
             let (fd, attach_type) = match name {
-                programs::CONNECT4 => {
+                programs::CONNECT4 | programs::CONNECT6 => {
                     let p: &mut CgroupSockAddr = program.try_into().map_err(prog_err(name))?;
                     p.load().map_err(prog_err(name))?;
-                    (p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(), sys::BPF_CGROUP_INET4_CONNECT)
+                    let attach_type = if name == programs::CONNECT4 {
+                        sys::BPF_CGROUP_INET4_CONNECT
+                    } else {
+                        sys::BPF_CGROUP_INET6_CONNECT
+                    };
+                    (p.fd().map_err(prog_err(name))?.as_fd().try_clone_to_owned(), attach_type)
                 }
                 programs::SETSOCKOPT => {
                     let p: &mut CgroupSockopt = program.try_into().map_err(prog_err(name))?;

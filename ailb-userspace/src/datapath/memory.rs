@@ -31,7 +31,7 @@ pub struct KernelMemory {
     /// and its two `AILB_INFLIGHT` counters; its table and members are in the arenas
     /// (`ModelStatus::kernel_bytes` adds them).
     pub per_model_bytes: u64,
-    /// One backend id, used or not: its `AILB_BACKENDS` entry, its per-CPU
+    /// One backend id, used or not: its `AILB_BACKENDS` and `AILB_BACKEND_ADDRS6` entries, its per-CPU
     /// `AILB_BACKEND_STATS` entry (on every possible CPU) and its two `AILB_INFLIGHT` counters.
     pub per_backend_bytes: u64,
     /// One `AILB_AFFINITY` entry (the LRU map holds all of them from the start).
@@ -88,7 +88,10 @@ pub fn read_memory(dir: &Path, used: (u64, u64)) -> Result<KernelMemory, Datapat
     Ok(KernelMemory {
         total_bytes: all.iter().map(|m| m.bytes).sum(),
         per_model_bytes: per_entry(&get(maps::MODELS)) + per_entry(&get(maps::MODEL_NAMES)) + counter,
-        per_backend_bytes: per_entry(&get(maps::BACKENDS)) + per_entry(&get(maps::BACKEND_STATS)) + counter,
+        per_backend_bytes: per_entry(&get(maps::BACKENDS))
+            + per_entry(&get(maps::BACKEND_ADDRS6))
+            + per_entry(&get(maps::BACKEND_STATS))
+            + counter,
         per_affinity_entry_bytes: per_entry(&get(maps::AFFINITY)),
         per_table_slot_bytes: 4,
         per_member_bytes: 4,

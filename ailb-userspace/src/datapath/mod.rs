@@ -28,8 +28,8 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 use ailb_common::{
-    maps, AffinityKey, AffinityValue, Backend, BackendStats, GlobalConfig, MemberChunk, ModelState, Service,
-    ServiceKey, Stats, TableChunk,
+    maps, AffinityKey, AffinityValue, Backend, BackendAddr6, BackendStats, GlobalConfig, MemberChunk, ModelState,
+    Service, ServiceKey, ServiceKey6, Stats, TableChunk,
 };
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 
@@ -133,7 +133,9 @@ pub(crate) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Er
 pub struct Maps {
     pub dir: PathBuf,
     pub services: HashMap<MapData, ServiceKey, Service>,
+    pub services6: HashMap<MapData, ServiceKey6, Service>,
     pub backends: Array<MapData, Backend>,
+    pub backend_addrs6: Array<MapData, BackendAddr6>,
     pub models: Array<MapData, ModelState>,
     pub tables: Array<MapData, TableChunk>,
     pub members: Array<MapData, MemberChunk>,
@@ -162,7 +164,9 @@ impl Maps {
         Ok(Self {
             dir: dir.to_path_buf(),
             services: typed!(dir, maps::SERVICES),
+            services6: typed!(dir, maps::SERVICES6),
             backends: typed!(dir, maps::BACKENDS),
+            backend_addrs6: typed!(dir, maps::BACKEND_ADDRS6),
             models: typed!(dir, maps::MODELS),
             tables: typed!(dir, maps::TABLES),
             members: typed!(dir, maps::MEMBERS),

@@ -13,7 +13,7 @@ use super::{
     map_err,
     memory::{read_memory, KernelMemory},
     store::WriterMaps,
-    values::{addr_from_be, model_name},
+    values::{addr6_from_be, addr_from_be, backend_address, model_name},
     DatapathError, Maps,
 };
 
@@ -121,6 +121,10 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         let (k, v) = item.map_err(map_err(maps::SERVICES))?;
         vips.entry(v.model).or_default().push(addr_from_be(k.addr, k.port).to_string());
     }
+    for item in maps.services6.iter() {
+        let (k, v) = item.map_err(map_err(maps::SERVICES6))?;
+        vips.entry(v.model).or_default().push(addr6_from_be(&k.addr, k.port).to_string());
+    }
     let mut backends_by_model: BTreeMap<u32, Vec<(u32, ailb_common::Backend)>> = BTreeMap::new();
     for id in 0..MAX_BACKENDS {
         let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
@@ -161,9 +165,10 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
             let bs = backend_stats(&maps, id)?;
             let n = slots.get(&id).copied().unwrap_or(0);
+            let addr6 = if b.is_ipv6() { maps.backend_addr6(id)? } else { Default::default() };
             backends.push(BackendStatus {
                 id,
-                address: addr_from_be(b.addr, b.port).to_string(),
+                address: backend_address(&b, &addr6).to_string(),
                 weight: b.weight,
                 cap: b.cap,
                 free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),

@@ -3,7 +3,10 @@
 //! `FakeMaps` (`fake.rs`) implements it over plain collections and records every write.
 #![forbid(unsafe_code)]
 
-use ailb_common::{maps, Backend, GlobalConfig, MemberChunk, ModelState, Service, ServiceKey, TableChunk, NO_BACKEND};
+use ailb_common::{
+    maps, Backend, BackendAddr6, GlobalConfig, MemberChunk, ModelState, Service, ServiceKey, ServiceKey6, TableChunk,
+    NO_BACKEND,
+};
 
 use super::{map_err, DatapathError, Maps};
 
@@ -27,6 +30,9 @@ pub trait WriterMaps {
     fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError>;
     fn backend(&self, id: u32) -> Result<Backend, DatapathError>;
     fn set_backend(&mut self, id: u32, value: Backend) -> Result<(), DatapathError>;
+    /// The IPv6 address of backend `id` (`AILB_BACKEND_ADDRS6`; meaningful for an IPv6 backend).
+    fn backend_addr6(&self, id: u32) -> Result<BackendAddr6, DatapathError>;
+    fn set_backend_addr6(&mut self, id: u32, value: BackendAddr6) -> Result<(), DatapathError>;
     /// Entry `index` of `AILB_INFLIGHT` (a backend id for its connection count).
     fn inflight(&self, index: u32) -> Result<u64, DatapathError>;
     /// The VIPs in `AILB_SERVICES` (a key that cannot be read is left out).
@@ -35,6 +41,11 @@ pub trait WriterMaps {
     fn service(&self, key: &ServiceKey) -> Option<Service>;
     fn insert_service(&mut self, key: &ServiceKey, value: &Service) -> Result<(), DatapathError>;
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), DatapathError>;
+    /// The IPv6 VIPs in `AILB_SERVICES6`, likewise.
+    fn service6_keys(&self) -> Vec<ServiceKey6>;
+    fn service6(&self, key: &ServiceKey6) -> Option<Service>;
+    fn insert_service6(&mut self, key: &ServiceKey6, value: &Service) -> Result<(), DatapathError>;
+    fn remove_service6(&mut self, key: &ServiceKey6) -> Result<(), DatapathError>;
     /// The name hashes in `AILB_MODEL_NAMES` (a key that cannot be read is left out).
     fn model_name_keys(&self) -> Vec<u64>;
     fn insert_model_name(&mut self, hash: u64, model: u32) -> Result<(), DatapathError>;
@@ -81,6 +92,12 @@ impl WriterMaps for Maps {
     fn set_backend(&mut self, id: u32, value: Backend) -> Result<(), DatapathError> {
         self.backends.set(id, value, 0).map_err(map_err(maps::BACKENDS))
     }
+    fn backend_addr6(&self, id: u32) -> Result<BackendAddr6, DatapathError> {
+        self.backend_addrs6.get(&id, 0).map_err(map_err(maps::BACKEND_ADDRS6))
+    }
+    fn set_backend_addr6(&mut self, id: u32, value: BackendAddr6) -> Result<(), DatapathError> {
+        self.backend_addrs6.set(id, value, 0).map_err(map_err(maps::BACKEND_ADDRS6))
+    }
     fn inflight(&self, index: u32) -> Result<u64, DatapathError> {
         self.inflight.get(&index, 0).map_err(map_err(maps::INFLIGHT))
     }
@@ -95,6 +112,18 @@ impl WriterMaps for Maps {
     }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), DatapathError> {
         self.services.remove(key).map_err(map_err(maps::SERVICES))
+    }
+    fn service6_keys(&self) -> Vec<ServiceKey6> {
+        self.services6.keys().filter_map(Result::ok).collect()
+    }
+    fn service6(&self, key: &ServiceKey6) -> Option<Service> {
+        self.services6.get(key, 0).ok()
+    }
+    fn insert_service6(&mut self, key: &ServiceKey6, value: &Service) -> Result<(), DatapathError> {
+        self.services6.insert(key, value, 0).map_err(map_err(maps::SERVICES6))
+    }
+    fn remove_service6(&mut self, key: &ServiceKey6) -> Result<(), DatapathError> {
+        self.services6.remove(key).map_err(map_err(maps::SERVICES6))
     }
     fn model_name_keys(&self) -> Vec<u64> {
         self.model_names.keys().filter_map(Result::ok).collect()

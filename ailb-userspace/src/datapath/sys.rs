@@ -17,6 +17,7 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 /// `enum bpf_attach_type` values used by ailb.
 pub(crate) const BPF_CGROUP_SOCK_OPS: u32 = 3;
 pub(crate) const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+pub(crate) const BPF_CGROUP_INET6_CONNECT: u32 = 11;
 pub(crate) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 
 /// A zeroed `union bpf_attr` large enough for every command used here; the kernel accepts a

@@ -3,12 +3,14 @@
 #![forbid(unsafe_code)]
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     time::Duration,
 };
 
 use ailb_common::{
-    hash::backend_key, maglev::MaglevBackend, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE,
+    hash::{backend_key, backend_key6},
+    maglev::MaglevBackend,
+    Backend, BackendAddr6, GlobalConfig, ModelState, ServiceKey, ServiceKey6, ABI_VERSION, BACKEND_IPV6, BACKEND_LIVE,
     CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, MAX_MODEL_NAME_LEN, MEM_UNKNOWN,
 };
 
@@ -22,6 +24,51 @@ pub fn addr_be(a: &SocketAddrV4) -> (u32, u16) {
 /// The inverse of [`addr_be`].
 pub fn addr_from_be(addr: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(addr.to_ne_bytes()), u16::from_be(port))
+}
+
+/// An IPv6 address as the kernel holds it (`bpf_sock_addr::user_ip6`: the 16 bytes in
+/// network order as four words) and the port in network byte order.
+pub fn addr6_be(a: &SocketAddrV6) -> ([u32; 4], u16) {
+    let o = a.ip().octets();
+    let words = std::array::from_fn(|i| u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]]));
+    (words, a.port().to_be())
+}
+
+/// The inverse of [`addr6_be`].
+pub fn addr6_from_be(addr: &[u32; 4], port: u16) -> SocketAddrV6 {
+    let mut o = [0u8; 16];
+    for (i, w) in addr.iter().enumerate() {
+        o[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    SocketAddrV6::new(Ipv6Addr::from(o), u16::from_be(port), 0, 0)
+}
+
+/// A backend entry's address: its IPv4 one, or (`BACKEND_IPV6`) the one in `AILB_BACKEND_ADDRS6`.
+pub fn backend_address(b: &Backend, addr6: &BackendAddr6) -> SocketAddr {
+    if b.is_ipv6() {
+        SocketAddr::V6(addr6_from_be(&addr6.addr, b.port))
+    } else {
+        SocketAddr::V4(addr_from_be(b.addr, b.port))
+    }
+}
+
+/// A VIP's key: in `AILB_SERVICES` (IPv4) or in `AILB_SERVICES6`.
+pub(crate) enum VipKey {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
+
+pub(crate) fn vip_key(vip: &SocketAddr) -> VipKey {
+    match vip {
+        SocketAddr::V4(a) => {
+            let (addr, port) = addr_be(a);
+            VipKey::V4(ServiceKey { addr, port, _pad: 0 })
+        }
+        SocketAddr::V6(a) => {
+            let (addr, port) = addr6_be(a);
+            VipKey::V6(ServiceKey6 { addr, port, _pad: 0 })
+        }
+    }
 }
 
 /// The model name of an `AILB_MODELS` entry (empty for an unused entry).
@@ -43,9 +90,16 @@ pub(crate) fn is_member(b: &PlannedBackend) -> bool {
     b.eligible && b.weight > 0
 }
 
-/// The `AILB_BACKENDS` entry of a planned backend of model `model`.
+/// The `AILB_BACKENDS` entry of a planned backend of model `model` (an IPv6 backend's
+/// address goes to `AILB_BACKEND_ADDRS6`: [`backend_addr6`]).
 pub(crate) fn backend_entry(model: u32, b: &PlannedBackend) -> Backend {
-    let (addr, port) = addr_be(&b.address);
+    let (addr, port, family) = match &b.address {
+        SocketAddr::V4(a) => {
+            let (addr, port) = addr_be(a);
+            (addr, port, 0)
+        }
+        SocketAddr::V6(a) => (0, a.port().to_be(), BACKEND_IPV6),
+    };
     Backend {
         addr,
         port,
@@ -54,15 +108,32 @@ pub(crate) fn backend_entry(model: u32, b: &PlannedBackend) -> Backend {
         cap: b.cap,
         free_mem_mb: b.free_memory_mb.unwrap_or(MEM_UNKNOWN),
         mem_capacity_mb: b.memory_capacity_mb.unwrap_or(0),
-        state: if is_member(b) { BACKEND_LIVE } else { 0 },
+        state: family | if is_member(b) { BACKEND_LIVE } else { 0 },
         ..Default::default()
+    }
+}
+
+/// The `AILB_BACKEND_ADDRS6` entry of an IPv6 backend; `None` for an IPv4 one.
+pub(crate) fn backend_addr6(b: &PlannedBackend) -> Option<BackendAddr6> {
+    match &b.address {
+        SocketAddr::V4(_) => None,
+        SocketAddr::V6(a) => Some(BackendAddr6 { addr: addr6_be(a).0 }),
     }
 }
 
 /// The Maglev table builder's input for backend `id`: its key hashes its kernel address.
 pub(crate) fn maglev_member(id: u32, b: &PlannedBackend, seed: u64) -> MaglevBackend {
-    let (addr, port) = addr_be(&b.address);
-    MaglevBackend { id, key: backend_key(addr, port, seed), weight: b.weight }
+    let key = match &b.address {
+        SocketAddr::V4(a) => {
+            let (addr, port) = addr_be(a);
+            backend_key(addr, port, seed)
+        }
+        SocketAddr::V6(a) => {
+            let (addr, port) = addr6_be(a);
+            backend_key6(&addr, port, seed)
+        }
+    };
+    MaglevBackend { id, key, weight: b.weight }
 }
 
 /// A model's affinity TTL in `ModelState::affinity_ttl_ns`: 0 for none (the global one
@@ -97,6 +168,20 @@ mod tests {
         assert_eq!(addr.to_ne_bytes(), [10, 1, 0, 1]);
         assert_eq!(port.to_ne_bytes(), 8080u16.to_be_bytes());
         assert_eq!(addr_from_be(addr, port), a);
+    }
+
+    #[test]
+    fn ipv6_addresses_round_trip_as_the_kernel_words() {
+        let a: SocketAddrV6 = "[2001:db8::7:1]:8443".parse().unwrap();
+        let (words, port) = addr6_be(&a);
+        assert_eq!(words[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
+        assert_eq!(words[3].to_ne_bytes(), [0, 0x07, 0, 0x01]);
+        assert_eq!(port.to_ne_bytes(), 8443u16.to_be_bytes());
+        assert_eq!(addr6_from_be(&words, port), a);
+        let b = Backend { port, state: BACKEND_IPV6, ..Default::default() };
+        assert_eq!(backend_address(&b, &BackendAddr6 { addr: words }), SocketAddr::V6(a));
+        let v4 = Backend { addr: u32::from_ne_bytes([10, 0, 0, 1]), port, ..Default::default() };
+        assert_eq!(backend_address(&v4, &BackendAddr6 { addr: words }), "10.0.0.1:8443".parse().unwrap());
     }
 
     #[test]

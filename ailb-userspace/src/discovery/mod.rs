@@ -6,7 +6,7 @@ pub mod local;
 pub mod nacos;
 mod static_source;
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 pub use static_source::{from_static, from_static_sampled, StaticBackend};
 
@@ -21,7 +21,7 @@ pub struct Instance {
     pub service: String,
     pub group: String,
     pub cluster: String,
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     /// Registry weight (Nacos: a float, default 1.0; static: the configured integer).
     pub weight: f64,
     pub healthy: bool,
@@ -57,7 +57,7 @@ impl Instance {
             service: "m".into(),
             group: "DEFAULT_GROUP".into(),
             cluster: "DEFAULT".into(),
-            address: SocketAddrV4::new([10, 0, 0, i].into(), 8000),
+            address: SocketAddr::new([10, 0, 0, i].into(), 8000),
             weight: 1.0,
             healthy: true,
             enabled: true,

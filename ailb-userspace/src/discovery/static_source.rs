@@ -1,7 +1,7 @@
 //! The static source: the config's `[[backends]]`, turned into instances that declare the
 //! contract's keys typed, so that the policy treats them like registry instances.
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use super::{Instance, Snapshot};
 use crate::{
@@ -13,7 +13,7 @@ use crate::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct StaticBackend {
     pub model: String,
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     pub weight: u32,
     pub gpu_type: Option<String>,
     pub free_memory_mb: Option<u32>,

@@ -64,7 +64,11 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
         .models
         .iter()
         .filter_map(|(name, m)| {
-            let vip = *m.spec.vips.first()?;
+            // The front door connects through the model's first IPv4 VIP.
+            let vip = m.spec.vips.iter().find_map(|v| match v {
+                SocketAddr::V4(a) => Some(*a),
+                SocketAddr::V6(_) => None,
+            })?;
             let facts = ModelFacts {
                 required_memory_mb: m.spec.required_memory_mb,
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),

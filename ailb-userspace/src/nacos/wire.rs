@@ -8,7 +8,7 @@
 use std::{
     collections::BTreeMap,
     io::Read,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
 };
 
 use serde_json::{Map, Value};
@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Host {
     pub cluster: String,
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     pub weight: f64,
     pub healthy: bool,
     pub enabled: bool,
@@ -170,11 +170,14 @@ fn host_label(h: &Value) -> String {
 fn parse_host(h: &Value) -> Result<Host, WireError> {
     let o = h.as_object().ok_or(field("host", "not an object"))?;
     let ip = match o.get("ip") {
-        Some(Value::String(s)) => s.parse::<Ipv4Addr>().map_err(|_| field("ip", "not an IPv4 address"))?,
+        Some(Value::String(s)) => s.parse::<IpAddr>().map_err(|_| field("ip", "not an IPv4 or IPv6 address"))?,
         Some(_) => return Err(field("ip", "not a string")),
         None => return Err(missing("ip")),
     };
-    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+    // A v4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 backend it names.
+    let ip = ip.to_canonical();
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if ip.is_unspecified() || broadcast || ip.is_multicast() {
         return Err(field("ip", "not a unicast address"));
     }
     let port = match o.get("port") {
@@ -214,7 +217,7 @@ fn parse_host(h: &Value) -> Result<Host, WireError> {
     };
     Ok(Host {
         cluster,
-        address: SocketAddrV4::new(ip, u16::try_from(port).unwrap_or(0)),
+        address: SocketAddr::new(ip, u16::try_from(port).unwrap_or(0)),
         weight,
         healthy,
         enabled,

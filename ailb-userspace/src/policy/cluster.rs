@@ -10,7 +10,7 @@
 //! only once the load is below 0.9 x that threshold, so a load at the threshold does not flap
 //! the tables. While spilling, every cluster's eligible backends serve (the own ones too).
 
-use std::{fmt, net::SocketAddrV4};
+use std::{fmt, net::SocketAddr};
 
 use tracing::info;
 
@@ -56,7 +56,7 @@ pub(super) fn prefer_own(
     model: &str,
     spec: &ModelSpec,
     cfg: &PolicyConfig,
-    evaluated: &mut [(SocketAddrV4, Evaluated)],
+    evaluated: &mut [(SocketAddr, Evaluated)],
     last: &mut Option<Spill>,
 ) {
     let Some(own) = cfg.own_cluster.as_deref() else { return };
@@ -145,13 +145,20 @@ mod tests {
         plan(&Snapshot { instances, services: Vec::new() }, &models, &cfg.policy, state).remove("m").unwrap()
     }
 
+    fn last_octet(a: &std::net::SocketAddr) -> u8 {
+        match a.ip() {
+            std::net::IpAddr::V4(v4) => v4.octets()[3],
+            std::net::IpAddr::V6(v6) => v6.octets()[15],
+        }
+    }
+
     /// The addresses' last octets that are in the table.
     fn serving(p: &ModelPlan) -> Vec<u8> {
-        p.backends.iter().filter(|b| b.weight > 0).map(|b| b.address.ip().octets()[3]).collect()
+        p.backends.iter().filter(|b| b.weight > 0).map(|b| last_octet(&b.address)).collect()
     }
 
     fn reason(p: &ModelPlan, i: u8) -> &str {
-        &p.backends.iter().find(|b| b.address.ip().octets()[3] == i).unwrap().reason
+        &p.backends.iter().find(|b| last_octet(&b.address) == i).unwrap().reason
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod tests;
 use crate::metadata;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::Duration,
 };
 
@@ -53,7 +53,7 @@ use crate::discovery::{Instance, Snapshot};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ModelSpec {
     /// The model's VIPs.
-    pub vips: Vec<SocketAddrV4>,
+    pub vips: Vec<SocketAddr>,
     /// GPU memory (MiB) a backend must have free to be eligible; `None`: no requirement.
     pub required_memory_mb: Option<u32>,
     /// Only instances whose `model_version` equals this are eligible.
@@ -78,9 +78,9 @@ impl AsRef<ModelSpec> for ModelSpec {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyState {
     /// Per (model, backend) seen in the last plan.
-    backends: BTreeMap<(String, SocketAddrV4), BackendMemory>,
+    backends: BTreeMap<(String, SocketAddr), BackendMemory>,
     /// Per model: the table weights last emitted for its eligible backends.
-    last_weights: BTreeMap<String, BTreeMap<SocketAddrV4, u32>>,
+    last_weights: BTreeMap<String, BTreeMap<SocketAddr, u32>>,
     /// Per model: why the last plan spilled to other clusters (absent: it did not).
     cluster_spill: BTreeMap<String, cluster::Spill>,
 }
@@ -100,35 +100,35 @@ pub(crate) struct BackendMemory {
 
 impl PolicyState {
     /// The smoothed GPU utilisation of a backend, if it reported one.
-    pub fn smoothed_util(&self, model: &str, backend: SocketAddrV4) -> Option<f64> {
+    pub fn smoothed_util(&self, model: &str, backend: SocketAddr) -> Option<f64> {
         self.backends.get(&(model.to_string(), backend)).and_then(|m| m.util_ewma)
     }
 
     /// Takes `capacity_mb` as the most free memory `backend` of `model` has reported (a
     /// previous daemon's knowledge, read back from the kernel's maps at a restart); a
     /// larger report later still raises it.
-    pub fn seed_capacity(&mut self, model: &str, backend: SocketAddrV4, capacity_mb: u32) {
+    pub fn seed_capacity(&mut self, model: &str, backend: SocketAddr, capacity_mb: u32) {
         let mem = self.backends.entry((model.to_string(), backend)).or_default();
         mem.peak_free_mb = Some(mem.peak_free_mb.map_or(capacity_mb, |p| p.max(capacity_mb)));
     }
 
     /// Takes `weights` as the table weights last emitted for `model` (a previous daemon's,
     /// read back at a restart), for the `min_weight_change` rule of the next plan.
-    pub fn seed_weights(&mut self, model: &str, weights: BTreeMap<SocketAddrV4, u32>) {
+    pub fn seed_weights(&mut self, model: &str, weights: BTreeMap<SocketAddr, u32>) {
         if !weights.is_empty() {
             self.last_weights.insert(model.to_string(), weights);
         }
     }
 
     /// The table weights last emitted for a model's eligible backends.
-    pub fn last_weights(&self, model: &str) -> Option<&BTreeMap<SocketAddrV4, u32>> {
+    pub fn last_weights(&self, model: &str) -> Option<&BTreeMap<SocketAddr, u32>> {
         self.last_weights.get(model)
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedBackend {
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     /// Table weight, 0..=65535 (0 when not eligible).
     pub weight: u32,
     /// Hard in-flight cap, 0 = none.
@@ -147,7 +147,7 @@ pub struct PlannedBackend {
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ModelPlan {
-    pub vips: Vec<SocketAddrV4>,
+    pub vips: Vec<SocketAddr>,
     /// Sorted by address, so that equal inputs give equal plans whatever their order.
     pub backends: Vec<PlannedBackend>,
     /// Shown as humantime writes it (`"10m"`); `null`: the balancer's TTL.
@@ -189,8 +189,12 @@ pub struct PlanView {
     pub models: Plan,
 }
 
-fn addr_key(a: &SocketAddrV4) -> (u32, u16) {
-    (u32::from(*a.ip()), a.port())
+/// Orders IPv4 addresses (by address, then port) before IPv6 ones (likewise).
+fn addr_key(a: &SocketAddr) -> (u8, u128, u16) {
+    match a {
+        SocketAddr::V4(v4) => (4, u128::from(u32::from(*v4.ip())), a.port()),
+        SocketAddr::V6(v6) => (6, u128::from(*v6.ip()), a.port()),
+    }
 }
 
 /// A total order on instances, so that the one kept among duplicates of an address does not
@@ -210,7 +214,7 @@ pub fn plan<M: AsRef<ModelSpec>>(
     cfg: &PolicyConfig,
     state: &mut PolicyState,
 ) -> Plan {
-    let mut seen: BTreeSet<(String, SocketAddrV4)> = BTreeSet::new();
+    let mut seen: BTreeSet<(String, SocketAddr)> = BTreeSet::new();
     // Instances per model, grouped once (not one pass over the snapshot per model).
     let mut of_model: HashMap<&str, Vec<&Instance>> = HashMap::new();
     for inst in &snapshot.instances {
@@ -257,9 +261,9 @@ fn evaluate_backends(
     instances: &[&Instance],
     cfg: &PolicyConfig,
     state: &mut PolicyState,
-    seen: &mut BTreeSet<(String, SocketAddrV4)>,
-) -> Vec<(SocketAddrV4, Evaluated)> {
-    let mut by_addr: BTreeMap<(u32, u16), Vec<&Instance>> = BTreeMap::new();
+    seen: &mut BTreeSet<(String, SocketAddr)>,
+) -> Vec<(SocketAddr, Evaluated)> {
+    let mut by_addr: BTreeMap<(u8, u128, u16), Vec<&Instance>> = BTreeMap::new();
     for &inst in instances {
         by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
     }
@@ -297,9 +301,9 @@ fn evaluate_backends(
 /// One model's table weights: the candidate from this plan, and what is emitted.
 struct TableWeights {
     /// Quantised composed weights of the eligible backends.
-    candidate: BTreeMap<SocketAddrV4, u32>,
+    candidate: BTreeMap<SocketAddr, u32>,
     /// The candidate, or the last table when the change is below `min_weight_change`.
-    emitted: BTreeMap<SocketAddrV4, u32>,
+    emitted: BTreeMap<SocketAddr, u32>,
     /// A change was suppressed (an unchanged candidate is simply emitted again).
     held: bool,
 }
@@ -308,14 +312,14 @@ struct TableWeights {
 /// emitted in `state`.
 fn table_weights(
     name: &str,
-    evaluated: &[(SocketAddrV4, Evaluated)],
+    evaluated: &[(SocketAddr, Evaluated)],
     cfg: &PolicyConfig,
     state: &mut PolicyState,
 ) -> TableWeights {
-    let eligible: Vec<&(SocketAddrV4, Evaluated)> =
+    let eligible: Vec<&(SocketAddr, Evaluated)> =
         evaluated.iter().filter(|(_, ev)| ev.explain.excluded_by.is_none()).collect();
     let composed: Vec<f64> = eligible.iter().map(|(_, ev)| ev.explain.composed).collect();
-    let candidate: BTreeMap<SocketAddrV4, u32> =
+    let candidate: BTreeMap<SocketAddr, u32> =
         eligible.iter().map(|(a, _)| *a).zip(weights::quantise(&composed)).collect();
     let held = state
         .last_weights
@@ -331,7 +335,7 @@ fn table_weights(
 }
 
 /// The evaluated backends with their table weights and one-line reasons.
-fn planned_backends(evaluated: Vec<(SocketAddrV4, Evaluated)>, w: &TableWeights) -> Vec<PlannedBackend> {
+fn planned_backends(evaluated: Vec<(SocketAddr, Evaluated)>, w: &TableWeights) -> Vec<PlannedBackend> {
     evaluated
         .into_iter()
         .map(|(address, ev)| {
@@ -354,7 +358,7 @@ fn planned_backends(evaluated: Vec<(SocketAddrV4, Evaluated)>, w: &TableWeights)
 }
 
 /// Logs a backend's exclusion or invalid metadata when it changes (not on every plan).
-fn log_change(model: &str, backend: SocketAddrV4, e: &BackendExplain, mem: &mut BackendMemory) {
+fn log_change(model: &str, backend: SocketAddr, e: &BackendExplain, mem: &mut BackendMemory) {
     let now = (e.excluded_by, e.invalid.iter().map(|f| f.key).collect::<Vec<_>>());
     if mem.logged.as_ref() == Some(&now) {
         return;

@@ -1,7 +1,7 @@
 //! The worked examples of the weighting chain, exactly, and its properties (order independence,
 //! hysteresis, exclusion reasons).
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use proptest::prelude::*;
 
@@ -30,8 +30,8 @@ fn config_with_model(model_fields: &str, policy: &str) -> ValidConfig {
     Config::parse(&format!("{policy}\n{CATALOG}{model_fields}\n"), "t").unwrap().validate().unwrap()
 }
 
-fn addr(i: u8) -> SocketAddrV4 {
-    SocketAddrV4::new([10, 0, 0, i].into(), 8000)
+fn addr(i: u8) -> SocketAddr {
+    SocketAddr::new([10, 0, 0, i].into(), 8000)
 }
 
 fn inst(i: u8, meta: &[(&str, &str)]) -> Instance {

@@ -1,7 +1,7 @@
 //! From composed float weights to table weights: quantisation, and the minimum change below
 //! which a model keeps its last table.
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 /// Largest table weight, and so the largest registry weight and static `weight` accepted:
 /// keeps the kernel's load-bound arithmetic in u64.
@@ -44,14 +44,14 @@ pub(super) fn quantise(composed: &[f64]) -> Vec<u32> {
 /// total weight moved by less than `min_change`, relative to its last share. Shares, not raw
 /// weights, so that a change of scale alone (e.g. `1:2:3` to `333:667:1000`) is no change.
 pub(super) fn within_min_change(
-    last: &BTreeMap<SocketAddrV4, u32>,
-    new: &BTreeMap<SocketAddrV4, u32>,
+    last: &BTreeMap<SocketAddr, u32>,
+    new: &BTreeMap<SocketAddr, u32>,
     min_change: f64,
 ) -> bool {
     if last.is_empty() || !last.keys().eq(new.keys()) {
         return false;
     }
-    let total = |m: &BTreeMap<SocketAddrV4, u32>| m.values().map(|&w| f64::from(w)).sum::<f64>();
+    let total = |m: &BTreeMap<SocketAddr, u32>| m.values().map(|&w| f64::from(w)).sum::<f64>();
     let (lt, nt) = (total(last), total(new));
     if lt <= 0.0 || nt <= 0.0 {
         return false;
@@ -66,8 +66,8 @@ pub(super) fn within_min_change(
 mod tests {
     use super::*;
 
-    fn map(ws: &[u32]) -> BTreeMap<SocketAddrV4, u32> {
-        ws.iter().enumerate().map(|(i, &w)| (SocketAddrV4::new([10, 0, 0, i as u8 + 1].into(), 80), w)).collect()
+    fn map(ws: &[u32]) -> BTreeMap<SocketAddr, u32> {
+        ws.iter().enumerate().map(|(i, &w)| (SocketAddr::new([10, 0, 0, i as u8 + 1].into(), 80), w)).collect()
     }
 
     #[test]

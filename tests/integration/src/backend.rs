@@ -1,4 +1,4 @@
-//! Real backend servers on 127.0.0.x: each answers any request with its own address as the
+//! Real backend servers on 127.0.0.x or ::1: each answers any request with its own address as the
 //! body, so a client can cross-check where the kernel sent it.
 
 use std::io::{Read, Write};
@@ -27,13 +27,14 @@ pub struct BackendServer {
 }
 
 impl BackendServer {
-    /// Binds `addr` (a 127.0.0.0/8 `ip:port`) and starts accepting. std sets SO_REUSEADDR
+    /// Binds `addr` (a 127.0.0.0/8 `ip:port`, or `[::1]:port`) and starts accepting. std sets SO_REUSEADDR
     /// on listeners, so sequential tests may reuse an address.
     pub fn start(addr: &str) -> Self {
         let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("backend address {addr}: {e}"));
         match addr {
             SocketAddr::V4(a) if a.ip().octets()[0] == 127 => {}
-            _ => panic!("backend {addr}: tests only use 127.0.0.0/8"),
+            SocketAddr::V6(a) if a.ip().is_loopback() => {}
+            _ => panic!("backend {addr}: tests only use 127.0.0.0/8 and ::1"),
         }
         let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding backend {addr}: {e}"));
         let stop = Arc::new(AtomicBool::new(false));

@@ -55,6 +55,8 @@ pub struct ConnectOpts {
     pub model: Option<String>,
     /// Close with SO_LINGER 0 (an RST instead of a FIN).
     pub linger0: bool,
+    /// An IPv6 VIP's socket is `IPV6_V6ONLY` (it cannot reach an IPv4 backend).
+    pub v6only: bool,
     /// Deadline for the whole run (or, with hold, until `HOLDING`).
     pub timeout: Duration,
 }
@@ -69,6 +71,7 @@ impl ConnectOpts {
             memory_mb: None,
             model: None,
             linger0: false,
+            v6only: false,
             timeout: Duration::from_secs(120),
         }
     }
@@ -89,6 +92,11 @@ impl ConnectOpts {
         self
     }
 
+    pub fn v6only(mut self) -> Self {
+        self.v6only = true;
+        self
+    }
+
     fn args(&self, hold: bool) -> Vec<String> {
         let mut a = vec!["connect".into(), "--vip".into(), self.vip.clone(), "--count".into(), self.count.to_string()];
         if let Some(c) = self.conversations {
@@ -105,6 +113,9 @@ impl ConnectOpts {
         }
         if self.linger0 {
             a.push("--linger0".into());
+        }
+        if self.v6only {
+            a.push("--v6only".into());
         }
         a
     }

@@ -13,7 +13,7 @@ use crate::{run_cmd, TestConfig};
 /// How long loading, pinning and attaching may take (2 slow cores, large maps).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Program names whose links are pinned under `<bpffs>/links/`.
-const PROGRAMS: [&str; 3] = ["ailb_connect4", "ailb_setsockopt", "ailb_sockops"];
+const PROGRAMS: [&str; 4] = ["ailb_connect4", "ailb_connect6", "ailb_setsockopt", "ailb_sockops"];
 
 /// How [`Daemon::start_with`] starts `ailb run`: under a wrapper command (e.g. `setpriv
 /// --reuid=nobody ...`: the config's directory is then made readable to every user) and with

@@ -106,7 +106,11 @@ fn fail_static_across_kill_restart_and_teardown() {
     let live: Vec<&str> = BACKENDS.iter().map(|b| b.0).collect();
 
     let placed = conversation_backends(&client.connect(Some(&cg), &convs(2)), "before the kill");
-    assert_eq!(ailb_programs_under(cg.path()).len(), 3, "the three ailb programs must be attached to the test cgroup");
+    assert_eq!(
+        ailb_programs_under(cg.path()).len(),
+        4,
+        "the four ailb programs (connect4 and 6, setsockopt, sockops) must be attached to the test cgroup"
+    );
 
     // kill -9: programs stay attached through their pinned links, maps stay pinned.
     daemon.kill9();

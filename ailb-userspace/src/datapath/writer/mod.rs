@@ -16,11 +16,11 @@ mod swap;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use ailb_common::{
-    hash::conversation_hash, maglev::MaglevBackend, Backend, ModelState, Service, ServiceKey, MAX_BACKENDS,
-    MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MODEL_AVAILABLE, TABLE_CHUNK,
+    hash::conversation_hash, maglev::MaglevBackend, Backend, BackendAddr6, ModelState, Service, BACKEND_IPV6,
+    MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MODEL_AVAILABLE, TABLE_CHUNK,
 };
 use tracing::{info, warn};
 
@@ -28,7 +28,7 @@ use super::{
     arena::{Arena, Extent, GRACE},
     ids::{BackendKey, Ids},
     store::WriterMaps,
-    values::{self, addr_be, addr_from_be, model_name},
+    values::{self, backend_address, model_name, VipKey},
     DatapathError, Maps,
 };
 use crate::{
@@ -70,6 +70,8 @@ pub struct Writer<M: WriterMaps = Maps> {
     ids: Ids,
     /// Last written entry per backend id.
     written: HashMap<u32, Backend>,
+    /// Last written `AILB_BACKEND_ADDRS6` entry per IPv6 backend id.
+    written6: HashMap<u32, BackendAddr6>,
     /// Active table and members per model index, as last written or read back.
     tables: HashMap<u32, ActiveTable>,
     /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
@@ -90,6 +92,7 @@ impl<M: WriterMaps> Writer<M> {
             maps,
             ids: Ids::default(),
             written: HashMap::new(),
+            written6: HashMap::new(),
             tables: HashMap::new(),
             built: HashMap::new(),
         };
@@ -158,24 +161,33 @@ impl<M: WriterMaps> Writer<M> {
         for id in 0..MAX_BACKENDS {
             let b = self.maps.backend(id)?;
             if b.addr != 0 || b.port != 0 {
-                self.ids.recover_backend((b.model, addr_from_be(b.addr, b.port)), id);
+                let addr6 = if b.is_ipv6() { self.maps.backend_addr6(id)? } else { BackendAddr6::default() };
+                self.ids.recover_backend((b.model, backend_address(&b, &addr6)), id);
                 self.written.insert(id, b);
+                if b.is_ipv6() {
+                    self.written6.insert(id, addr6);
+                }
             }
         }
         Ok(())
+    }
+
+    /// The address of a written backend entry.
+    fn address(&self, id: u32, b: &Backend) -> SocketAddr {
+        backend_address(b, &self.written6.get(&id).copied().unwrap_or_default())
     }
 
     /// The memory capacity (`mem_capacity_mb`, the most free memory it reported) of each
     /// backend entry as last written or read back, by model name and address; entries
     /// without one are left out. A restarted daemon's policy starts from these, so that it
     /// does not take a busy backend's free memory at its first poll for its capacity.
-    pub fn capacities(&self) -> Vec<(String, SocketAddrV4, u32)> {
+    pub fn capacities(&self) -> Vec<(String, SocketAddr, u32)> {
         self.written
-            .values()
-            .filter(|b| b.mem_capacity_mb > 0)
-            .filter_map(|b| {
+            .iter()
+            .filter(|(_, b)| b.mem_capacity_mb > 0)
+            .filter_map(|(&id, b)| {
                 let model = self.ids.model_name(b.model)?;
-                Some((model.to_string(), addr_from_be(b.addr, b.port), b.mem_capacity_mb))
+                Some((model.to_string(), self.address(id, b), b.mem_capacity_mb))
             })
             .collect()
     }
@@ -184,11 +196,11 @@ impl<M: WriterMaps> Writer<M> {
     /// model name and address (the members of its table). A restarted daemon's policy takes
     /// them as the last weights it emitted, so that its first plan holds them when the new
     /// ones moved less than `min_weight_change`, as the old daemon's would have.
-    pub fn table_weights(&self) -> BTreeMap<String, BTreeMap<SocketAddrV4, u32>> {
-        let mut out: BTreeMap<String, BTreeMap<SocketAddrV4, u32>> = BTreeMap::new();
-        for b in self.written.values().filter(|b| b.is_live() && b.weight > 0) {
+    pub fn table_weights(&self) -> BTreeMap<String, BTreeMap<SocketAddr, u32>> {
+        let mut out: BTreeMap<String, BTreeMap<SocketAddr, u32>> = BTreeMap::new();
+        for (&id, b) in self.written.iter().filter(|(_, b)| b.is_live() && b.weight > 0) {
             if let Some(model) = self.ids.model_name(b.model) {
-                out.entry(model.to_string()).or_default().insert(addr_from_be(b.addr, b.port), b.weight);
+                out.entry(model.to_string()).or_default().insert(self.address(id, b), b.weight);
             }
         }
         out
@@ -255,6 +267,13 @@ impl<M: WriterMaps> Writer<M> {
     fn write_backends(&mut self, planned: &[Planned<'_>]) -> Result<usize, DatapathError> {
         let mut live = 0;
         for p in planned {
+            // An IPv6 backend's address before its entry, which tells connect6 to read it.
+            if let Some(addr6) = values::backend_addr6(p.backend) {
+                if self.written6.get(&p.id) != Some(&addr6) {
+                    self.maps.set_backend_addr6(p.id, addr6)?;
+                    self.written6.insert(p.id, addr6);
+                }
+            }
             let entry = values::backend_entry(p.model, p.backend);
             self.write_backend(p.id, entry)?;
             live += usize::from(entry.is_live());
@@ -271,24 +290,37 @@ impl<M: WriterMaps> Writer<M> {
         Ok(())
     }
 
-    /// The plan's VIPs, each to its model: VIPs that left are removed, changed ones written.
+    /// The plan's VIPs (of either family), each to its model: VIPs that left are removed,
+    /// changed ones written.
     fn write_services(&mut self, plan: &Plan) -> Result<(), DatapathError> {
-        let order = |k: &ServiceKey| (k.addr, k.port, k._pad);
-        let mut want: BTreeMap<(u32, u16, u16), (ServiceKey, Service)> = BTreeMap::new();
+        let (mut want4, mut want6) = (BTreeMap::new(), BTreeMap::new());
         for (name, mp) in plan {
-            let model = self.model_index(name);
+            let service = Service { model: self.model_index(name), flags: 0 };
             for vip in &mp.vips {
-                let (addr, port) = addr_be(vip);
-                let key = ServiceKey { addr, port, _pad: 0 };
-                want.insert(order(&key), (key, Service { model, flags: 0 }));
+                match values::vip_key(vip) {
+                    VipKey::V4(k) => {
+                        want4.insert((k.addr, k.port, k._pad), (k, service));
+                    }
+                    VipKey::V6(k) => {
+                        want6.insert((k.addr, k.port, k._pad), (k, service));
+                    }
+                }
             }
         }
-        for key in self.maps.service_keys().iter().filter(|k| !want.contains_key(&order(k))) {
+        for key in self.maps.service_keys().iter().filter(|k| !want4.contains_key(&(k.addr, k.port, k._pad))) {
             self.maps.remove_service(key)?;
         }
-        for (key, value) in want.values() {
+        for (key, value) in want4.values() {
             if self.maps.service(key).as_ref() != Some(value) {
                 self.maps.insert_service(key, value)?;
+            }
+        }
+        for key in self.maps.service6_keys().iter().filter(|k| !want6.contains_key(&(k.addr, k.port, k._pad))) {
+            self.maps.remove_service6(key)?;
+        }
+        for (key, value) in want6.values() {
+            if self.maps.service6(key).as_ref() != Some(value) {
+                self.maps.insert_service6(key, value)?;
             }
         }
         Ok(())
@@ -326,7 +358,8 @@ impl<M: WriterMaps> Writer<M> {
     fn retire_backends(&mut self, planned: &BTreeSet<BackendKey>) -> Result<usize, DatapathError> {
         for id in self.ids.retire_unplanned(planned) {
             let mut entry = self.written.get(&id).copied().unwrap_or_default();
-            entry.state = 0;
+            // Not live; its family stays, so that its address still reads back after a restart.
+            entry.state &= BACKEND_IPV6;
             entry.weight = 0;
             self.write_backend(id, entry)?;
         }
@@ -341,6 +374,7 @@ impl<M: WriterMaps> Writer<M> {
                 self.write_backend(id, Backend::default())?;
                 self.ids.free(&key);
                 self.written.remove(&id);
+                self.written6.remove(&id);
                 freed += 1;
             }
         }

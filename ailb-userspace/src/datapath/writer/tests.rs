@@ -1,12 +1,12 @@
 //! The writer's state machine against the in-memory maps: golden dumps of their contents and
 //! of the writes, in order (the format is in `datapath/fake.rs`).
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use super::Writer;
 use crate::{
     config::{Config, ValidConfig},
-    datapath::fake::FakeMaps,
+    datapath::{fake::FakeMaps, WriterMaps},
     discovery::from_static,
     policy::{plan, ModelPlan, Plan, PlannedBackend, PolicyState},
 };
@@ -37,7 +37,7 @@ impl Fixture {
     /// Backend `10.1.0.<last>:80`; eligible with a weight > 0.
     fn backend(&self, last: u8, weight: u32) -> PlannedBackend {
         PlannedBackend {
-            address: SocketAddrV4::new([10, 1, 0, last].into(), 80),
+            address: SocketAddr::new([10, 1, 0, last].into(), 80),
             weight,
             cap: 0,
             free_memory_mb: None,
@@ -51,7 +51,7 @@ impl Fixture {
     fn model(&self, vip: u8, backends: &[(u8, u32)]) -> ModelPlan {
         let backends: Vec<PlannedBackend> = backends.iter().map(|&(last, w)| self.backend(last, w)).collect();
         ModelPlan {
-            vips: vec![SocketAddrV4::new([127, 77, 0, vip].into(), 8000)],
+            vips: vec![SocketAddr::new([127, 77, 0, vip].into(), 8000)],
             available: backends.iter().any(|b| b.eligible),
             backends,
             ..Default::default()
@@ -101,13 +101,13 @@ set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,me
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=6 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=7 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
 MEMBERS: MODEL=0 POS=0 IDS=0,1
@@ -204,7 +204,7 @@ fn a_restarted_writer_reads_back_each_backends_capacity_and_the_table_weights() 
     let mut w = writer();
     f.apply(&mut w, &plan_of([("llama", m)]));
     let w = Writer::new(w.into_maps()).unwrap();
-    let addr = SocketAddrV4::new([10, 1, 0, 1].into(), 80);
+    let addr = SocketAddr::new([10, 1, 0, 1].into(), 80);
     assert_eq!(w.capacities(), vec![("llama".to_string(), addr, 24_000)], "the backend without one is left out");
     let weights = w.table_weights();
     assert_eq!(weights.len(), 1);
@@ -224,7 +224,7 @@ fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
         &w.maps_mut().take_writes(),
         "\
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     let before = w.maps().dump();
@@ -234,7 +234,7 @@ set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         &f.apply(&mut w, &p),
         "\
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(&lines(&before, "BE:"), &lines(&w.maps().dump(), "BE:"));
@@ -266,13 +266,13 @@ set MEMBERS: POS=16 IDS=0,1
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=4096 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
 MEMBERS: MODEL=0 POS=16 IDS=0,1
@@ -302,13 +302,13 @@ set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
 set MODEL: IDX=1 ZERO
 set BE: ID=2 ADDR=10.1.0.3:80 MODEL=1 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=2 ZERO
-set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
 MEMBERS: MODEL=0 POS=0 IDS=0,1
@@ -335,7 +335,7 @@ set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 S
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     // Back: the table is swapped in again (into the other slot), available only at the flip.
@@ -350,7 +350,7 @@ set MEMBERS: POS=16 IDS=0,1
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
 }
@@ -367,7 +367,7 @@ fn a_ttl_change_alone_updates_the_model_entry_without_a_swap() {
         "\
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=6 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=7 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
 }
@@ -414,4 +414,47 @@ fn a_restart_takes_over_the_live_extents_and_allocates_around_them() {
     let writes =
         f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (4, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
     assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,0,1,1,0,1,1\n");
+}
+
+/// A model with a backend and a VIP of each family: the IPv6 backend's address is written
+/// before its entry (which names it IPv6), the IPv6 VIP goes to its own map, and a restarted
+/// writer reads both back (same ids, nothing rewritten, the address in the table weights).
+#[test]
+fn ipv6_backends_and_vips_are_written_apart_and_read_back() {
+    let f = Fixture::new();
+    let v6: SocketAddr = "[2001:db8::2]:80".parse().unwrap();
+    let mut m = f.model(1, &[(1, 100)]);
+    m.vips.push("[fd00::77]:8000".parse().unwrap());
+    m.backends.push(PlannedBackend { address: v6, ..f.backend(2, 300) });
+    let p = plan_of([("llama", m)]);
+    let mut w = writer();
+    let writes = f.apply(&mut w, &p);
+    assert_text(
+        &lines(&writes, "set BE"),
+        "set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live\n\
+         set BE6: ID=1 ADDR=2001:db8::2\n\
+         set BE: ID=1 ADDR=IPV6:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live\n",
+    );
+    assert_text(
+        &lines(&writes, "set VIP"),
+        "set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0\nset VIP6: ADDR=[fd00::77]:8000 MODEL=0 FLAGS=0\n",
+    );
+    assert!(w.maps().backend(1).unwrap().is_ipv6());
+
+    let mut again = Writer::new(w.into_maps()).expect("restart");
+    assert_eq!(again.table_weights()["llama"].get(&v6), Some(&300), "{:?}", again.table_weights());
+    let writes = f.apply(&mut again, &p);
+    assert_text(&lines(&writes, "set BE"), "");
+    assert_text(&lines(&writes, "set VIP"), "");
+
+    // The IPv6 VIP leaves; the IPv6 backend leaves with a connection in flight: not live,
+    // still IPv6, so a restart still knows its address.
+    let mut m = f.model(1, &[(1, 100)]);
+    m.vips.truncate(1);
+    again.maps_mut().inflight.insert(1, 1);
+    let writes = f.apply(&mut again, &plan_of([("llama", m)]));
+    assert!(writes.contains("remove VIP6: ADDR=[fd00::77]:8000"), "{writes}");
+    assert!(writes.contains("set BE: ID=1 ADDR=IPV6:80 MODEL=0 WEIGHT=0"), "{writes}");
+    let b = again.maps().backend(1).unwrap();
+    assert!(b.is_ipv6() && !b.is_live(), "{b:?}");
 }

@@ -213,7 +213,7 @@ async fn snapshots_are_sorted_so_reordered_answers_compare_equal() {
 
 #[tokio::test]
 async fn dropped_hosts_are_counted() {
-    let fake = Fake::new(|_| ok(json!({ "hosts": [{ "ip": "::1", "port": 1 }, { "ip": "10.0.0.1", "port": 1 }] })));
+    let fake = Fake::new(|_| ok(json!({ "hosts": [{ "ip": "ff02::1", "port": 1 }, { "ip": "10.0.0.1", "port": 1 }] })));
     let c = cfg(&["http://s1"], |c| c.api = NacosApi::V1);
     let mut src = NacosSource::with_transport(&c, &catalog(), fake).await.unwrap();
     assert_eq!(src.discover().await.unwrap().instances.len(), 1);

@@ -46,8 +46,9 @@ fn v1_bad_hosts_are_dropped_with_a_reason() {
     let cases = [
         (json!({ "port": 1 }), "no ip"),
         (json!({ "ip": 7, "port": 1 }), "ip is not a string"),
-        (json!({ "ip": "::1", "port": 1 }), "IPv4"),
-        (json!({ "ip": "fe80::1", "port": 1 }), "IPv4"),
+        (json!({ "ip": "fe80::1%eth0", "port": 1 }), "not an IPv4 or IPv6 address"),
+        (json!({ "ip": "ff02::1", "port": 1 }), "not a unicast address"),
+        (json!({ "ip": "::", "port": 1 }), "not a unicast address"),
         (json!({ "ip": "0.0.0.0", "port": 1 }), "unicast"),
         (json!({ "ip": "10.0.0.1" }), "no port"),
         (json!({ "ip": "10.0.0.1", "port": 0 }), "port"),
@@ -65,6 +66,11 @@ fn v1_bad_hosts_are_dropped_with_a_reason() {
         (json!("10.0.0.1:80"), "not an object"),
         (json!(null), "not an object"),
     ];
+    // IPv6 hosts are kept as they are, a v4-mapped one as the IPv4 address it maps.
+    let l = parse_v1_list(&v1(json!([{ "ip": "2001:db8::9", "port": 9 }, { "ip": "::ffff:10.0.0.9", "port": 9 }])))
+        .unwrap();
+    let addrs: Vec<String> = l.hosts.iter().map(|h| h.address.to_string()).collect();
+    assert_eq!(addrs, ["[2001:db8::9]:9", "10.0.0.9:9"], "{:?}", l.dropped);
     for (host, why) in cases {
         let l = parse_v1_list(&v1(json!([host, { "ip": "10.0.0.9", "port": 9 }]))).unwrap();
         assert_eq!(l.hosts.len(), 1, "{host}: the good host stays");

@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] [--memory-mb M]
-//!                         [--model NAME] [--hold] [--linger0]
+//!                         [--model NAME] [--hold] [--linger0] [--v6only]
 //! ailb-testclient sockopt-hostile --vip A:P
 //! ```
 //! `connect` prints one JSON line per connection:
 //! `{"i", "conversation", "backend", "reply", "ok", "errno", "error"}` where `backend` is the
 //! peer address from getpeername() and `reply` the body the server sent (its own address).
+//! A `[ipv6]:port` VIP is connected from an IPv6 socket (dual-stack unless `--v6only`), and
+//! a v4-mapped peer (an IPv4 backend reached from it) is printed as the IPv4 address it maps.
 //! With `--hold` every connection stays open; `HOLDING <n>` is printed once all were tried,
 //! and they are closed when stdin gets a line or closes (then `CLOSED <n>`).
 //! `sockopt-hostile` prints one JSON line per case: `{"case", "ret", "errno"}` (plus connect
@@ -17,7 +19,8 @@
 #![forbid(unsafe_code)]
 
 use std::io::{BufRead, Read, Write};
-use std::net::{SocketAddrV4, TcpStream};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use ailb_common::abi::{AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
@@ -28,7 +31,7 @@ use serde_json::json;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Args {
-    vip: SocketAddrV4,
+    vip: SocketAddr,
     count: usize,
     conversations: Option<usize>,
     prefix: String,
@@ -36,13 +39,14 @@ struct Args {
     model: Option<String>,
     hold: bool,
     linger0: bool,
+    v6only: bool,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("ailb-testclient: {msg}");
     eprintln!(
         "usage: ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] \
-         [--memory-mb M] [--model NAME] [--hold] [--linger0]\n       \
+         [--memory-mb M] [--model NAME] [--hold] [--linger0] [--v6only]\n       \
          ailb-testclient sockopt-hostile --vip A:P"
     );
     std::process::exit(2)
@@ -50,7 +54,7 @@ fn usage(msg: &str) -> ! {
 
 fn parse_args(rest: &[String]) -> Args {
     let mut a = Args {
-        vip: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
+        vip: SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0)),
         count: 1,
         conversations: None,
         prefix: "conv".into(),
@@ -58,6 +62,7 @@ fn parse_args(rest: &[String]) -> Args {
         model: None,
         hold: false,
         linger0: false,
+        v6only: false,
     };
     let mut have_vip = false;
     let mut it = rest.iter();
@@ -78,6 +83,7 @@ fn parse_args(rest: &[String]) -> Args {
             "--model" => a.model = Some(val()),
             "--hold" => a.hold = true,
             "--linger0" => a.linger0 = true,
+            "--v6only" => a.v6only = true,
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -94,13 +100,70 @@ fn main() {
     let argv: Vec<String> = std::env::args().collect();
     match argv.get(1).map(String::as_str) {
         Some("connect") => connect_mode(&parse_args(&argv[2..])),
-        Some("sockopt-hostile") => hostile(parse_args(&argv[2..]).vip),
+        Some("sockopt-hostile") => match parse_args(&argv[2..]).vip {
+            SocketAddr::V4(vip) => hostile(vip),
+            SocketAddr::V6(_) => usage("sockopt-hostile takes an IPv4 VIP"),
+        },
         _ => usage("missing mode"),
     }
 }
 
 fn new_socket() -> Socket {
     Socket::new().unwrap_or_else(|e| panic!("{e}: errno {:?}", e.raw_os_error()))
+}
+
+/// A socket of the VIP's family: the client library's IPv4 one, or an IPv6 one.
+enum AnySocket {
+    V4(Socket),
+    V6(socket2::Socket),
+}
+
+impl AnySocket {
+    fn for_vip(vip: &SocketAddr, v6only: bool) -> Self {
+        match vip {
+            SocketAddr::V4(_) => AnySocket::V4(new_socket()),
+            SocketAddr::V6(_) => {
+                let s =
+                    socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+                        .unwrap_or_else(|e| panic!("IPv6 socket: {e}"));
+                s.set_only_v6(v6only).unwrap_or_else(|e| panic!("IPV6_V6ONLY: {e}"));
+                AnySocket::V6(s)
+            }
+        }
+    }
+
+    /// Connects and returns the stream and its peer (a v4-mapped peer as its IPv4 address);
+    /// `Err`: the connect's errno.
+    fn connect(self, vip: SocketAddr) -> Result<(TcpStream, SocketAddr), Option<i32>> {
+        match (self, vip) {
+            (AnySocket::V4(s), SocketAddr::V4(v4)) => {
+                s.connect(v4, Some(IO_TIMEOUT)).map(|(st, p)| (st, SocketAddr::V4(p))).map_err(|e| e.raw_os_error())
+            }
+            (AnySocket::V6(s), vip) => {
+                s.connect_timeout(&vip.into(), IO_TIMEOUT).map_err(|e| e.raw_os_error())?;
+                let stream = TcpStream::from(s);
+                let peer = stream.peer_addr().map_err(|e| e.raw_os_error())?;
+                let peer = match peer {
+                    SocketAddr::V6(p) => match p.ip().to_ipv4_mapped() {
+                        Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, p.port())),
+                        None => peer,
+                    },
+                    v4 => v4,
+                };
+                Ok((stream, peer))
+            }
+            (AnySocket::V4(_), SocketAddr::V6(_)) => unreachable!("for_vip makes a socket of the VIP's family"),
+        }
+    }
+}
+
+impl AsFd for AnySocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            AnySocket::V4(s) => s.as_fd(),
+            AnySocket::V6(s) => s.as_fd(),
+        }
+    }
 }
 
 /// The `error` text of a hint that did not take: `ENOPROTOOPT` (no balancer) counts as one.
@@ -114,7 +177,7 @@ fn hint_error(field: Field, res: Result<Tagging, ClientError>) -> Option<String>
 }
 
 /// Sends one request and reads the reply body (the server's address).
-fn exchange(stream: &mut TcpStream, vip: SocketAddrV4, hold: bool) -> Result<String, String> {
+fn exchange(stream: &mut TcpStream, vip: SocketAddr, hold: bool) -> Result<String, String> {
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
     let req = format!("GET / HTTP/1.1\r\nHost: {vip}\r\n{}\r\n", if hold { "X-Ailb-Hold: 1\r\n" } else { "" });
@@ -155,7 +218,7 @@ fn connect_mode(a: &Args) {
     let mut held: Vec<TcpStream> = Vec::new();
     for i in 0..a.count {
         let conversation = a.conversations.map(|c| format!("{}-{}", a.prefix, i % c));
-        let sock = new_socket();
+        let sock = AnySocket::for_vip(&a.vip, a.v6only);
         // One call per option, so that every option is tried; the last failure is reported.
         let mut hint_err = None;
         if let Some(c) = &conversation {
@@ -167,9 +230,9 @@ fn connect_mode(a: &Args) {
         if let Some(m) = &a.model {
             hint_err = hint_error(Field::Model, client::tag_model(&sock, m.as_bytes())).or(hint_err);
         }
-        let line = match sock.connect(a.vip, Some(IO_TIMEOUT)) {
-            Err(e) => json!({"i": i, "conversation": conversation, "backend": null, "reply": null,
-                             "ok": false, "errno": e.raw_os_error(), "error": hint_err}),
+        let line = match sock.connect(a.vip) {
+            Err(errno) => json!({"i": i, "conversation": conversation, "backend": null, "reply": null,
+                             "ok": false, "errno": errno, "error": hint_err}),
             Ok((mut stream, peer)) => {
                 let reply = exchange(&mut stream, a.vip, a.hold);
                 let ok = reply.is_ok() && hint_err.is_none();
@@ -252,7 +315,7 @@ fn hostile(vip: SocketAddrV4) {
                 json!({"case": case, "ok": false, "errno": e.raw_os_error(), "backend": null, "reply": null})
             }
             Ok((mut s, peer)) => {
-                let r = exchange(&mut s, vip, false);
+                let r = exchange(&mut s, SocketAddr::V4(vip), false);
                 json!({"case": case, "ok": r.is_ok(), "errno": 0, "backend": peer.to_string(),
                        "reply": r.as_ref().ok(), "error": r.err()})
             }
