@@ -77,7 +77,14 @@ pub struct Writer<M: WriterMaps = Maps> {
     table_arena: Arena,
     member_arena: Arena,
     generation: u64,
+    /// The VIPs and model names as this writer last wrote them; `None` until its first apply,
+    /// which reads the maps (a previous daemon's entries) and writes every one.
+    services: Option<BTreeMap<VipOrder, (ServiceKey, Service)>>,
+    names: Option<BTreeMap<u64, u32>>,
 }
+
+/// A VIP key as a total order (address, port, padding).
+type VipOrder = (u32, u16, u16);
 
 impl<M: WriterMaps> Writer<M> {
     /// Takes over the maps, reading back the state a previous daemon left (names, ids, tables).
@@ -92,6 +99,8 @@ impl<M: WriterMaps> Writer<M> {
             written: HashMap::new(),
             tables: HashMap::new(),
             built: HashMap::new(),
+            services: None,
+            names: None,
         };
         w.recover_models()?;
         w.recover_backends()?;
@@ -252,13 +261,19 @@ impl<M: WriterMaps> Writer<M> {
     }
 
     /// Writes each planned backend's entry; returns how many are live.
+    /// The entries that changed go to the map together (one batch update in the kernel).
     fn write_backends(&mut self, planned: &[Planned<'_>]) -> Result<usize, DatapathError> {
         let mut live = 0;
+        let mut changed = Vec::new();
         for p in planned {
             let entry = values::backend_entry(p.model, p.backend);
-            self.write_backend(p.id, entry)?;
+            if self.written.get(&p.id) != Some(&entry) {
+                changed.push((p.id, entry));
+            }
             live += usize::from(entry.is_live());
         }
+        self.maps.set_backends(&changed)?;
+        self.written.extend(changed);
         Ok(live)
     }
 
@@ -272,9 +287,10 @@ impl<M: WriterMaps> Writer<M> {
     }
 
     /// The plan's VIPs, each to its model: VIPs that left are removed, changed ones written.
+    /// After the first apply only the differences from what it wrote reach the map.
     fn write_services(&mut self, plan: &Plan) -> Result<(), DatapathError> {
         let order = |k: &ServiceKey| (k.addr, k.port, k._pad);
-        let mut want: BTreeMap<(u32, u16, u16), (ServiceKey, Service)> = BTreeMap::new();
+        let mut want: BTreeMap<VipOrder, (ServiceKey, Service)> = BTreeMap::new();
         for (name, mp) in plan {
             let model = self.model_index(name);
             for vip in &mp.vips {
@@ -283,27 +299,45 @@ impl<M: WriterMaps> Writer<M> {
                 want.insert(order(&key), (key, Service { model, flags: 0 }));
             }
         }
-        for key in self.maps.service_keys().iter().filter(|k| !want.contains_key(&order(k))) {
+        let have = match self.services.take() {
+            Some(have) => have,
+            None => {
+                let keys = self.maps.service_keys();
+                keys.iter().filter_map(|k| Some((order(k), (*k, self.maps.service(k)?)))).collect()
+            }
+        };
+        for (key, _) in have.iter().filter(|(o, _)| !want.contains_key(o)).map(|(_, kv)| kv) {
             self.maps.remove_service(key)?;
         }
-        for (key, value) in want.values() {
-            if self.maps.service(key).as_ref() != Some(value) {
+        for (o, (key, value)) in &want {
+            if have.get(o).map(|(_, v)| v) != Some(value) {
                 self.maps.insert_service(key, value)?;
             }
         }
+        self.services = Some(want);
         Ok(())
     }
 
-    /// Model name hash -> index (for the `AILB_MODEL` hint of a shared VIP).
+    /// Model name hash -> index (for the `AILB_MODEL` hint of a shared VIP). The first apply
+    /// removes the names a previous daemon left that are not planned and writes every planned
+    /// one; later ones write only the differences.
     fn write_model_names(&mut self, plan: &Plan) -> Result<(), DatapathError> {
         let want: BTreeMap<u64, u32> =
             plan.keys().map(|name| (conversation_hash(name.as_bytes()), self.model_index(name))).collect();
-        for hash in self.maps.model_name_keys().into_iter().filter(|k| !want.contains_key(k)) {
+        let have = match self.names.take() {
+            Some(have) => have,
+            // Their values are not read back: every planned name is written once.
+            None => self.maps.model_name_keys().into_iter().map(|k| (k, u32::MAX)).collect(),
+        };
+        for &hash in have.keys().filter(|k| !want.contains_key(k)) {
             self.maps.remove_model_name(hash)?;
         }
         for (&hash, &model) in &want {
-            self.maps.insert_model_name(hash, model)?;
+            if have.get(&hash) != Some(&model) {
+                self.maps.insert_model_name(hash, model)?;
+            }
         }
+        self.names = Some(want);
         Ok(())
     }
 
