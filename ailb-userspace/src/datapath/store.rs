@@ -8,7 +8,14 @@ use ailb_common::{
     NO_BACKEND,
 };
 
-use super::{map_err, DatapathError, Maps};
+use std::os::fd::AsFd;
+
+use aya::{
+    maps::{Array, IterableMap, MapData},
+    Pod,
+};
+
+use super::{map_err, sys, DatapathError, Maps};
 
 /// Reads and writes of the maps the writer owns. Array entries never written read as zeros,
 /// as a BPF array's do.
@@ -33,6 +40,11 @@ pub trait WriterMaps {
     /// The IPv6 address of backend `id` (`AILB_BACKEND_ADDRS6`; meaningful for an IPv6 backend).
     fn backend_addr6(&self, id: u32) -> Result<BackendAddr6, DatapathError>;
     fn set_backend_addr6(&mut self, id: u32, value: BackendAddr6) -> Result<(), DatapathError>;
+    /// Writes each `(id, entry)`, in order, as [`WriterMaps::set_backend`] would (the kernel
+    /// maps take them in one call).
+    fn set_backends(&mut self, entries: &[(u32, Backend)]) -> Result<(), DatapathError> {
+        entries.iter().try_for_each(|&(id, b)| self.set_backend(id, b))
+    }
     /// Entry `index` of `AILB_INFLIGHT` (a backend id for its connection count).
     fn inflight(&self, index: u32) -> Result<u64, DatapathError>;
     /// The VIPs in `AILB_SERVICES` (a key that cannot be read is left out).
@@ -72,8 +84,13 @@ impl WriterMaps for Maps {
         read_chunked(pos, len, |c| Ok(self.tables.get(&c, 0).map_err(map_err(maps::TABLES))?.slots))
     }
     fn set_table(&mut self, pos: u32, slots: &[u32]) -> Result<(), DatapathError> {
-        for (c, chunk) in chunked(pos, slots) {
-            self.tables.set(c, TableChunk { slots: chunk }, 0).map_err(map_err(maps::TABLES))?;
+        let (keys, values): (Vec<u32>, Vec<TableChunk>) =
+            chunked(pos, slots).map(|(c, chunk)| (c, TableChunk { slots: chunk })).unzip();
+        if batch(&self.tables, &keys, &values) {
+            return Ok(());
+        }
+        for (c, chunk) in keys.into_iter().zip(values) {
+            self.tables.set(c, chunk, 0).map_err(map_err(maps::TABLES))?;
         }
         Ok(())
     }
@@ -81,8 +98,13 @@ impl WriterMaps for Maps {
         read_chunked(pos, len, |c| Ok(self.members.get(&c, 0).map_err(map_err(maps::MEMBERS))?.ids))
     }
     fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError> {
-        for (c, chunk) in chunked(pos, ids) {
-            self.members.set(c, MemberChunk { ids: chunk }, 0).map_err(map_err(maps::MEMBERS))?;
+        let (keys, values): (Vec<u32>, Vec<MemberChunk>) =
+            chunked(pos, ids).map(|(c, chunk)| (c, MemberChunk { ids: chunk })).unzip();
+        if batch(&self.members, &keys, &values) {
+            return Ok(());
+        }
+        for (c, chunk) in keys.into_iter().zip(values) {
+            self.members.set(c, chunk, 0).map_err(map_err(maps::MEMBERS))?;
         }
         Ok(())
     }
@@ -97,6 +119,13 @@ impl WriterMaps for Maps {
     }
     fn set_backend_addr6(&mut self, id: u32, value: BackendAddr6) -> Result<(), DatapathError> {
         self.backend_addrs6.set(id, value, 0).map_err(map_err(maps::BACKEND_ADDRS6))
+    }
+    fn set_backends(&mut self, entries: &[(u32, Backend)]) -> Result<(), DatapathError> {
+        let (keys, values): (Vec<u32>, Vec<Backend>) = entries.iter().copied().unzip();
+        if batch(&self.backends, &keys, &values) {
+            return Ok(());
+        }
+        entries.iter().try_for_each(|&(id, b)| self.set_backend(id, b))
     }
     fn inflight(&self, index: u32) -> Result<u64, DatapathError> {
         self.inflight.get(&index, 0).map_err(map_err(maps::INFLIGHT))
@@ -134,6 +163,13 @@ impl WriterMaps for Maps {
     fn remove_model_name(&mut self, hash: u64) -> Result<(), DatapathError> {
         self.model_names.remove(&hash).map_err(map_err(maps::MODEL_NAMES))
     }
+}
+
+/// Writes `values` at `keys` of an array map in one `BPF_MAP_UPDATE_BATCH`. False when the
+/// kernel refused it (a kernel without batch updates, or an entry it refuses): the caller then
+/// writes them one by one, which names the entry that fails.
+fn batch<V: Pod>(map: &Array<MapData, V>, keys: &[u32], values: &[V]) -> bool {
+    sys::map_update_batch(map.map().fd().as_fd(), keys, values).is_ok()
 }
 
 /// The chunks (index, value) that hold `entries` from arena position `pos` (a chunk start),

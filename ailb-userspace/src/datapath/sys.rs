@@ -1,6 +1,7 @@
 //! The few system calls aya 0.14 does not expose: creating a cgroup BPF link that we can pin
 //! (aya keeps its cgroup links private, so they die with the process, which would defeat
-//! fail-static routing), and pinning it. Also mount-table helpers.
+//! fail-static routing), and pinning it; the batch update of an array map (many entries in one
+//! call: a recompute writes thousands). Also mount-table helpers.
 #![allow(unsafe_code, reason = "raw bpf(2) and mount(2) calls that aya does not expose")]
 
 use std::{
@@ -13,6 +14,7 @@ use std::{
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
 /// `enum bpf_attach_type` values used by ailb.
 pub(crate) const BPF_CGROUP_SOCK_OPS: u32 = 3;
@@ -54,6 +56,30 @@ pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     attr.0[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
     attr.0[8..12].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
     bpf(BPF_OBJ_PIN, &mut attr)?;
+    Ok(())
+}
+
+/// `BPF_MAP_UPDATE_BATCH` of an array map: entry `keys[k]` becomes `values[k]` (`V` is the
+/// map's value type, so the kernel's value size). The kernel writes the entries in order, each
+/// as one update would, and stops at the first it refuses; an error means some may be written,
+/// so the caller writes them again one by one (each write is idempotent) to learn which.
+pub(crate) fn map_update_batch<V: aya::Pod>(map: BorrowedFd<'_>, keys: &[u32], values: &[V]) -> io::Result<()> {
+    if keys.len() != values.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a batch needs one value per key"));
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let count = u32::try_from(keys.len()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = Attr([0; 160]);
+    // struct { in_batch, out_batch, keys, values: u64; count, map_fd: u32; elem_flags, flags: u64 }
+    attr.0[16..24].copy_from_slice(&(keys.as_ptr() as u64).to_ne_bytes());
+    attr.0[24..32].copy_from_slice(&(values.as_ptr() as u64).to_ne_bytes());
+    attr.0[32..36].copy_from_slice(&count.to_ne_bytes());
+    attr.0[36..40].copy_from_slice(&(map.as_raw_fd() as u32).to_ne_bytes());
+    // The kernel reads `count` keys of 4 bytes and `count` values of `size_of::<V>()` bytes from
+    // the two slices, which outlive the call; `V: Pod` has no padding it could read uninitialised.
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     Ok(())
 }
 

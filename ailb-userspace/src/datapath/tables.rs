@@ -1,10 +1,16 @@
 //! Builds many Maglev tables at once on the machine's cores (a full recompute at start-up or
 //! after a fleet-wide change rebuilds every model's table). Each table is built by one thread
-//! from its own inputs, so the tables are the same as built one by one.
+//! from its own inputs, so the tables are the same as built one by one. [`build_streamed`]
+//! hands each table to the caller as soon as it and the ones before it are built, so that the
+//! caller writes tables into the kernel while the next ones are being built.
 
 use std::{
+    collections::BTreeMap,
     num::NonZeroUsize,
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        mpsc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -56,6 +62,61 @@ pub fn build_all(jobs: &[(&[MaglevBackend], u32)]) -> Vec<Built> {
     done.into_iter().map(|(_, t)| t).collect()
 }
 
+/// Calls `take(j, table)` for each job `j` in job order, on the calling thread, while worker
+/// threads build the jobs after it. Stops at the first error of `take` (the workers stop
+/// taking jobs) and returns it.
+pub fn build_streamed<E>(
+    jobs: &[(&[MaglevBackend], u32)],
+    mut take: impl FnMut(usize, Built) -> Result<(), E>,
+) -> Result<(), E> {
+    let threads = thread::available_parallelism().map_or(1, NonZeroUsize::get).min(jobs.len());
+    let slots: usize = jobs.iter().map(|(_, size)| *size as usize).sum();
+    if threads <= 1 || slots < PARALLEL_MIN_SLOTS {
+        return jobs.iter().enumerate().try_for_each(|(j, (members, size))| take(j, build_one(members, *size)));
+    }
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        let (tx, rx) = mpsc::channel::<(usize, Built)>();
+        for _ in 0..threads {
+            let (tx, next, stop) = (tx.clone(), &next, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let j = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((members, size)) = jobs.get(j) else { break };
+                    if tx.send((j, build_one(members, *size))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // Tables that came before their turn wait here.
+        let mut early: BTreeMap<usize, Built> = BTreeMap::new();
+        let mut want = 0;
+        let result = (|| {
+            while want < jobs.len() {
+                let built = match early.remove(&want) {
+                    Some(b) => b,
+                    None => match rx.recv() {
+                        Ok((j, b)) if j == want => b,
+                        Ok((j, b)) => {
+                            early.insert(j, b);
+                            continue;
+                        }
+                        Err(_) => panic!("a table builder thread panicked"),
+                    },
+                };
+                take(want, built)?;
+                want += 1;
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +145,25 @@ mod tests {
             assert_eq!(got.table, maglev::build(members, *size));
         }
         assert!(matches!(all[3].table, Err(MaglevError::SizeNotPrime(4096))));
+        // Streamed: the same tables, handed over in job order.
+        let mut order = Vec::new();
+        build_streamed(&jobs, |j, got| {
+            assert_eq!(got.table, all[j].table, "job {j}");
+            order.push(j);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(order, (0..jobs.len()).collect::<Vec<_>>());
+        // An error of the taker stops the stream and comes back.
+        let mut taken = 0;
+        let stopped = build_streamed(&jobs, |j, _| {
+            if j == 5 {
+                return Err(j);
+            }
+            taken += 1;
+            Ok(())
+        });
+        assert_eq!(stopped, Err(5));
+        assert_eq!(taken, 5);
     }
 }

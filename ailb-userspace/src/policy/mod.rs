@@ -30,7 +30,7 @@ mod tests;
 
 use crate::metadata;
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::SocketAddr,
     time::Duration,
 };
@@ -77,8 +77,9 @@ impl AsRef<ModelSpec> for ModelSpec {
 /// one (a restart) only loses the smoothing and the last weights.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyState {
-    /// Per (model, backend) seen in the last plan.
-    backends: BTreeMap<(String, SocketAddr), BackendMemory>,
+    /// Per model, per backend seen in the last plan (by model first, so that a plan looks a
+    /// model up once and its backends by address, without a key string per backend).
+    backends: BTreeMap<String, BTreeMap<SocketAddr, BackendMemory>>,
     /// Per model: the table weights last emitted for its eligible backends.
     last_weights: BTreeMap<String, BTreeMap<SocketAddr, u32>>,
     /// Per model: why the last plan spilled to other clusters (absent: it did not).
@@ -94,6 +95,8 @@ pub(crate) struct BackendMemory {
     pub(crate) last_report: Option<u64>,
     /// What was last logged: the excluding rule and the invalid keys.
     logged: Option<(Option<Exclusion>, Vec<&'static str>)>,
+    /// Evaluated by the plan running now (cleared when it ends): what is not is forgotten.
+    seen: bool,
     /// The most free memory (MiB) this backend has reported: what it holds when idle.
     peak_free_mb: Option<u32>,
 }
@@ -101,14 +104,14 @@ pub(crate) struct BackendMemory {
 impl PolicyState {
     /// The smoothed GPU utilisation of a backend, if it reported one.
     pub fn smoothed_util(&self, model: &str, backend: SocketAddr) -> Option<f64> {
-        self.backends.get(&(model.to_string(), backend)).and_then(|m| m.util_ewma)
+        self.backends.get(model).and_then(|b| b.get(&backend)).and_then(|m| m.util_ewma)
     }
 
     /// Takes `capacity_mb` as the most free memory `backend` of `model` has reported (a
     /// previous daemon's knowledge, read back from the kernel's maps at a restart); a
     /// larger report later still raises it.
     pub fn seed_capacity(&mut self, model: &str, backend: SocketAddr, capacity_mb: u32) {
-        let mem = self.backends.entry((model.to_string(), backend)).or_default();
+        let mem = self.backends.entry(model.to_string()).or_default().entry(backend).or_default();
         mem.peak_free_mb = Some(mem.peak_free_mb.map_or(capacity_mb, |p| p.max(capacity_mb)));
     }
 
@@ -214,17 +217,24 @@ pub fn plan<M: AsRef<ModelSpec>>(
     cfg: &PolicyConfig,
     state: &mut PolicyState,
 ) -> Plan {
-    let mut seen: BTreeSet<(String, SocketAddr)> = BTreeSet::new();
     // Instances per model, grouped once (not one pass over the snapshot per model).
     let mut of_model: HashMap<&str, Vec<&Instance>> = HashMap::new();
     for inst in &snapshot.instances {
         of_model.entry(inst.model.as_str()).or_default().push(inst);
     }
+    // The (model, service) pairs whose service reached its protection threshold, once (not a
+    // scan of every service per backend).
+    let protected: HashSet<(&str, &str)> = snapshot
+        .services
+        .iter()
+        .filter(|s| s.reach_protection_threshold)
+        .map(|s| (s.model.as_str(), s.service.as_str()))
+        .collect();
     let mut plan = Plan::new();
     for (name, spec) in models {
         let spec = spec.as_ref();
         let instances = of_model.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let mut evaluated = evaluate_backends(snapshot, name, spec, instances, cfg, state, &mut seen);
+        let mut evaluated = evaluate_backends(&protected, name, spec, instances, cfg, state);
         let mut spill = state.cluster_spill.remove(name);
         cluster::prefer_own(name, spec, cfg, &mut evaluated, &mut spill);
         if let Some(s) = spill {
@@ -245,38 +255,44 @@ pub fn plan<M: AsRef<ModelSpec>>(
         );
     }
     // Forget what is gone, so the state stays as large as the fleet.
-    state.backends.retain(|k, _| seen.contains(k));
+    for backends in state.backends.values_mut() {
+        backends.retain(|_, m| std::mem::take(&mut m.seen));
+    }
+    state.backends.retain(|_, b| !b.is_empty());
     state.last_weights.retain(|m, _| models.contains_key(m));
     state.cluster_spill.retain(|m, _| models.contains_key(m));
     plan
 }
 
 /// Evaluates each backend (address) of one model, in address order; duplicates (several
-/// services or clusters listing one address) resolved by `instance_order`. Every (model,
-/// backend) evaluated goes into `seen`.
+/// services or clusters listing one address) resolved by `instance_order`. Every backend
+/// evaluated is marked `seen` in `state`. `protected`: the (model, service) pairs whose service
+/// reached its protection threshold.
 fn evaluate_backends(
-    snapshot: &Snapshot,
+    protected: &HashSet<(&str, &str)>,
     name: &str,
     spec: &ModelSpec,
     instances: &[&Instance],
     cfg: &PolicyConfig,
     state: &mut PolicyState,
-    seen: &mut BTreeSet<(String, SocketAddr)>,
 ) -> Vec<(SocketAddr, Evaluated)> {
     let mut by_addr: BTreeMap<(u8, u128, u16), Vec<&Instance>> = BTreeMap::new();
     for &inst in instances {
         by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
     }
     let mut evaluated = Vec::with_capacity(by_addr.len());
+    if by_addr.is_empty() {
+        return evaluated;
+    }
+    if !state.backends.contains_key(name) {
+        state.backends.insert(name.to_string(), BTreeMap::new());
+    }
+    let memory = state.backends.get_mut(name).expect("inserted above");
     for dups in by_addr.values_mut() {
         dups.sort_by(|a, b| instance_order(a, b));
         let inst = dups[0];
-        let protection = snapshot
-            .services
-            .iter()
-            .any(|s| s.model == name && s.service == inst.service && s.reach_protection_threshold);
-        let key = (name.to_string(), inst.address);
-        let mem = state.backends.entry(key.clone()).or_default();
+        let protection = protected.contains(&(name, inst.service.as_str()));
+        let mem = memory.entry(inst.address).or_default();
         let mut ev = evaluate::evaluate(inst, name, spec, protection, cfg, mem);
         if let Some(f) = ev.free_memory_mb {
             mem.peak_free_mb = Some(mem.peak_free_mb.map_or(f, |p| p.max(f)));
@@ -292,7 +308,7 @@ fn evaluate_backends(
             ));
         }
         log_change(name, inst.address, &ev.explain, mem);
-        seen.insert(key);
+        mem.seen = true;
         evaluated.push((inst.address, ev));
     }
     evaluated

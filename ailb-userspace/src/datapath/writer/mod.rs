@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use ailb_common::{
-    hash::conversation_hash, maglev::MaglevBackend, Backend, BackendAddr6, ModelState, Service, BACKEND_IPV6,
-    MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MODEL_AVAILABLE, TABLE_CHUNK,
+    hash::conversation_hash, maglev::MaglevBackend, Backend, BackendAddr6, ModelState, Service, ServiceKey,
+    BACKEND_IPV6, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, MEMBER_CHUNK, MODEL_AVAILABLE, TABLE_CHUNK,
 };
 use tracing::{info, warn};
 
@@ -79,7 +79,14 @@ pub struct Writer<M: WriterMaps = Maps> {
     table_arena: Arena,
     member_arena: Arena,
     generation: u64,
+    /// The VIPs and model names as this writer last wrote them; `None` until its first apply,
+    /// which reads the maps (a previous daemon's entries) and writes every one.
+    services: Option<BTreeMap<VipOrder, (ServiceKey, Service)>>,
+    names: Option<BTreeMap<u64, u32>>,
 }
+
+/// A VIP key as a total order (address, port, padding).
+type VipOrder = (u32, u16, u16);
 
 impl<M: WriterMaps> Writer<M> {
     /// Takes over the maps, reading back the state a previous daemon left (names, ids, tables).
@@ -95,6 +102,8 @@ impl<M: WriterMaps> Writer<M> {
             written6: HashMap::new(),
             tables: HashMap::new(),
             built: HashMap::new(),
+            services: None,
+            names: None,
         };
         w.recover_models()?;
         w.recover_backends()?;
@@ -264,8 +273,10 @@ impl<M: WriterMaps> Writer<M> {
     }
 
     /// Writes each planned backend's entry; returns how many are live.
+    /// The entries that changed go to the map together (one batch update in the kernel).
     fn write_backends(&mut self, planned: &[Planned<'_>]) -> Result<usize, DatapathError> {
         let mut live = 0;
+        let mut changed = Vec::new();
         for p in planned {
             // An IPv6 backend's address before its entry, which tells connect6 to read it.
             if let Some(addr6) = values::backend_addr6(p.backend) {
@@ -275,9 +286,13 @@ impl<M: WriterMaps> Writer<M> {
                 }
             }
             let entry = values::backend_entry(p.model, p.backend);
-            self.write_backend(p.id, entry)?;
+            if self.written.get(&p.id) != Some(&entry) {
+                changed.push((p.id, entry));
+            }
             live += usize::from(entry.is_live());
         }
+        self.maps.set_backends(&changed)?;
+        self.written.extend(changed);
         Ok(live)
     }
 
@@ -291,15 +306,17 @@ impl<M: WriterMaps> Writer<M> {
     }
 
     /// The plan's VIPs (of either family), each to its model: VIPs that left are removed,
-    /// changed ones written.
+    /// changed ones written. After the first apply only the differences from what it wrote
+    /// reach the IPv4 map; the IPv6 map (rarely more than a few VIPs) is read back each time.
     fn write_services(&mut self, plan: &Plan) -> Result<(), DatapathError> {
-        let (mut want4, mut want6) = (BTreeMap::new(), BTreeMap::new());
+        let order = |k: &ServiceKey| (k.addr, k.port, k._pad);
+        let (mut want4, mut want6): (BTreeMap<VipOrder, (ServiceKey, Service)>, _) = (BTreeMap::new(), BTreeMap::new());
         for (name, mp) in plan {
             let service = Service { model: self.model_index(name), flags: 0 };
             for vip in &mp.vips {
                 match values::vip_key(vip) {
                     VipKey::V4(k) => {
-                        want4.insert((k.addr, k.port, k._pad), (k, service));
+                        want4.insert(order(&k), (k, service));
                     }
                     VipKey::V6(k) => {
                         want6.insert((k.addr, k.port, k._pad), (k, service));
@@ -307,14 +324,22 @@ impl<M: WriterMaps> Writer<M> {
                 }
             }
         }
-        for key in self.maps.service_keys().iter().filter(|k| !want4.contains_key(&(k.addr, k.port, k._pad))) {
+        let have = match self.services.take() {
+            Some(have) => have,
+            None => {
+                let keys = self.maps.service_keys();
+                keys.iter().filter_map(|k| Some((order(k), (*k, self.maps.service(k)?)))).collect()
+            }
+        };
+        for (key, _) in have.iter().filter(|(o, _)| !want4.contains_key(o)).map(|(_, kv)| kv) {
             self.maps.remove_service(key)?;
         }
-        for (key, value) in want4.values() {
-            if self.maps.service(key).as_ref() != Some(value) {
+        for (o, (key, value)) in &want4 {
+            if have.get(o).map(|(_, v)| v) != Some(value) {
                 self.maps.insert_service(key, value)?;
             }
         }
+        self.services = Some(want4);
         for key in self.maps.service6_keys().iter().filter(|k| !want6.contains_key(&(k.addr, k.port, k._pad))) {
             self.maps.remove_service6(key)?;
         }
@@ -326,16 +351,26 @@ impl<M: WriterMaps> Writer<M> {
         Ok(())
     }
 
-    /// Model name hash -> index (for the `AILB_MODEL` hint of a shared VIP).
+    /// Model name hash -> index (for the `AILB_MODEL` hint of a shared VIP). The first apply
+    /// removes the names a previous daemon left that are not planned and writes every planned
+    /// one; later ones write only the differences.
     fn write_model_names(&mut self, plan: &Plan) -> Result<(), DatapathError> {
         let want: BTreeMap<u64, u32> =
             plan.keys().map(|name| (conversation_hash(name.as_bytes()), self.model_index(name))).collect();
-        for hash in self.maps.model_name_keys().into_iter().filter(|k| !want.contains_key(k)) {
+        let have = match self.names.take() {
+            Some(have) => have,
+            // Their values are not read back: every planned name is written once.
+            None => self.maps.model_name_keys().into_iter().map(|k| (k, u32::MAX)).collect(),
+        };
+        for &hash in have.keys().filter(|k| !want.contains_key(k)) {
             self.maps.remove_model_name(hash)?;
         }
         for (&hash, &model) in &want {
-            self.maps.insert_model_name(hash, model)?;
+            if have.get(&hash) != Some(&model) {
+                self.maps.insert_model_name(hash, model)?;
+            }
         }
+        self.names = Some(want);
         Ok(())
     }
 

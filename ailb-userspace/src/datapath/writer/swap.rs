@@ -1,9 +1,9 @@
-//! Each model's Maglev table. The tables whose builder inputs changed are built together (on
-//! all cores), then swapped in one model at a time: the table and members written into free
-//! arena extents first, then the inactive slot's description, then the flip of `active`, then
-//! the old extents released.
+//! Each model's Maglev table. The tables whose builder inputs changed are built on all cores
+//! and swapped in one model at a time as they come (the writes overlap the next builds): the
+//! table and members written into free arena extents first, then the inactive slot's
+//! description, then the flip of `active`, then the old extents released.
 
-use std::{collections::HashMap, time::Instant};
+use std::time::Instant;
 
 use ailb_common::{
     maglev::{self, MaglevBackend},
@@ -48,9 +48,29 @@ impl<M: WriterMaps> Writer<M> {
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
         let inputs = self.table_inputs(plan, seed);
-        let mut prebuilt = self.build_changed(&inputs);
-        for (k, input) in inputs.iter().enumerate() {
-            self.write_model(input, prebuilt.remove(&k), generation, report)?;
+        let stale = self.stale(&inputs);
+        let jobs: Vec<(&[MaglevBackend], u32)> = stale
+            .iter()
+            .map(|&k| (inputs[k].members.as_slice(), maglev::table_size_for(inputs[k].members.len())))
+            .collect();
+        // Models in plan order; a stale one's table comes from the builders, which go on with
+        // the next tables while this thread writes.
+        let started = Instant::now();
+        let mut k = 0;
+        tables::build_streamed(&jobs, |j, built| {
+            while k < stale[j] {
+                self.write_model(&inputs[k], None, generation, report)?;
+                k += 1;
+            }
+            self.write_model(&inputs[k], Some(built), generation, report)?;
+            k += 1;
+            Ok(())
+        })?;
+        for input in &inputs[k..] {
+            self.write_model(input, None, generation, report)?;
+        }
+        if !jobs.is_empty() {
+            debug!(tables = jobs.len(), build_and_swap_us = started.elapsed().as_micros() as u64, "tables built");
         }
         Ok(())
     }
@@ -74,24 +94,15 @@ impl<M: WriterMaps> Writer<M> {
             .collect()
     }
 
-    /// Builds, together, the tables whose inputs differ from the cached ones; by input index.
-    fn build_changed(&self, inputs: &[TableInput<'_>]) -> HashMap<usize, Built> {
-        let stale: Vec<usize> = (0..inputs.len())
+    /// The inputs (by index) whose table must be built: members, and inputs other than the
+    /// cached table's.
+    fn stale(&self, inputs: &[TableInput<'_>]) -> Vec<usize> {
+        (0..inputs.len())
             .filter(|&k| {
                 let input = &inputs[k];
                 !input.members.is_empty() && self.built.get(&input.model).is_none_or(|b| *b != input.members)
             })
-            .collect();
-        let jobs: Vec<(&[MaglevBackend], u32)> = stale
-            .iter()
-            .map(|&k| (inputs[k].members.as_slice(), maglev::table_size_for(inputs[k].members.len())))
-            .collect();
-        let started = Instant::now();
-        let built = stale.iter().copied().zip(tables::build_all(&jobs)).collect();
-        if !jobs.is_empty() {
-            debug!(tables = jobs.len(), build_us = started.elapsed().as_micros() as u64, "tables built");
-        }
-        built
+            .collect()
     }
 
     /// One model's entry and table: unavailable without members; else the TTL updated in

@@ -6,8 +6,10 @@
 //! 2. A recompute of 1,000 models x 16 backends after every weight changed: `policy::plan`
 //!    plus `Writer::apply` (every table rebuilt and swapped).
 //! 3. `connect4` run time (kernel BPF statistics, `run_time_ns / run_cnt`) with one model
-//!    loaded and with 1,024, the daemon attached to a child cgroup.
+//!    loaded and with 1,024 for the same traffic (model 0's VIP), and with 1,024 for traffic
+//!    spread over every VIP, the daemon attached to a child cgroup.
 //!
+//! Arguments name the sections to run (`tables`, `recompute`, `connect`; all by default).
 //! Writes `target/bench/scale.md` and prints it. Measures the release build of `ailb` for
 //! section 3 (or `$AILB_BIN`); sections 1 and 2 run in this process.
 
@@ -42,11 +44,24 @@ pub fn backend(j: usize) -> String {
 
 /// `ailb-scale-bench`: the connect loop (a child mode), or every section.
 pub fn main(args: &[String]) -> anyhow::Result<()> {
-    if args.first().map(String::as_str) == Some("--connect-loop") {
-        crate::bench::bpf::connect_loop(&args[1..]);
-        return Ok(());
+    match args.first().map(String::as_str) {
+        Some("--connect-loop") => {
+            crate::bench::bpf::connect_loop(&args[1..]);
+            return Ok(());
+        }
+        Some("--connect-spread") => {
+            connect::connect_spread(&args[1..]);
+            return Ok(());
+        }
+        _ => {}
     }
     START.with(|_| ());
+    // Sections to run (all when none is named): `tables`, `recompute`, `connect`.
+    const SECTIONS: [&str; 3] = ["tables", "recompute", "connect"];
+    if let Some(bad) = args.iter().find(|a| !SECTIONS.contains(&a.as_str())) {
+        anyhow::bail!("unknown section {bad:?}: the sections are {}", SECTIONS.join(", "));
+    }
+    let runs = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
     ailb_tests::require_root();
     ailb_tests::ensure_bpffs();
     let bin = crate::bench::ailb_under_test()?;
@@ -56,9 +71,15 @@ pub fn main(args: &[String]) -> anyhow::Result<()> {
         "# ailb at scale\n\nMachine: {} cores. Reproduce: `cargo xtask bench --only scale` (as root).\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    tables::write_and_memory(&mut report)?;
-    tables::recompute(&mut report)?;
-    connect::run_time(&bin, &mut report);
+    if runs("tables") {
+        tables::write_and_memory(&mut report)?;
+    }
+    if runs("recompute") {
+        tables::recompute(&mut report)?;
+    }
+    if runs("connect") {
+        connect::run_time(&bin, &mut report);
+    }
     let out = crate::target_dir().join("bench");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let path = out.join("scale.md");
