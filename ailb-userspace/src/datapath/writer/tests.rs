@@ -413,7 +413,8 @@ fn a_restart_takes_over_the_live_extents_and_allocates_around_them() {
 
 /// A model with a backend and a VIP of each family: the IPv6 backend's address is written
 /// before its entry (which names it IPv6; the entries go in one batch after every address),
-/// the IPv6 VIP goes to its own map, and a restarted writer reads both back (same ids, nothing rewritten, the address in the table weights).
+/// the IPv6 VIP goes to its own map, and a restarted writer reads both back (same ids,
+/// nothing rewritten, the address in the table weights).
 #[test]
 fn ipv6_backends_and_vips_are_written_apart_and_read_back() {
     let f = Fixture::new();
