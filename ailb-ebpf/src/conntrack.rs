@@ -10,7 +10,7 @@ use ailb_common::{
     hash::{fmix64, rehash},
     pick::{pick, Outcome, PickMaps, PickRequest},
 };
-use aya_ebpf::{bindings::TC_ACT_SHOT, helpers::generated::bpf_get_smp_processor_id, programs::TcContext};
+use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 
 use crate::{
     connect4::{count_pick, AffinityEntry},
@@ -18,7 +18,7 @@ use crate::{
     nat,
     pick_maps::Maps,
     tc::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tc_maps::{model_state, tc_model, tc_stats, AILB_FLOWS},
+    tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS},
 };
 
 /// `-E2BIG`: a full hash map refuses an insert with it.
@@ -236,10 +236,6 @@ pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcCon
     nat::rewrite_and_forward(ctx, pkt, &forward)
 }
 
-/// How far apart the CPUs' NAT port cursors start (a prime, so that the offsets of the first
-/// CPUs spread over any range of more than a few thousand ports).
-const CPU_SPREAD: u64 = 2_003;
-
 const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
 
 #[inline(always)]
@@ -269,7 +265,7 @@ fn count_open(flow: &Flow) {
 /// Inserts the flow's reply entry and returns its key: routed, the backend answers the
 /// client itself; masquerading, the backend answers the NAT address at a port of the range
 /// that no other flow to this backend holds (the first of [`NAT_PROBES`] consecutive ports from
-/// this CPU's cursor that a no-exist insert accepts, so two SYNs never share one).
+/// the shared cursor that a no-exist insert accepts, so two SYNs never share one).
 #[inline(always)]
 fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -> Option<FlowKey> {
     let mut rk = FlowKey {
@@ -294,24 +290,24 @@ fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -
         return None;
     }
     rk.dst_addr = cfg.nat_addr;
-    // A cursor, not a hash of the client's address and port: a port freed at a flow's close is
-    // taken again only after the cursor has gone round the range. The backend holds the closed
-    // connection in TIME_WAIT (60 s on Linux) when it closed first, and answers a new SYN on
-    // the same (backend, NAT address, port) with the old connection's ACK: the client resets
-    // and retransmits its SYN a second later. With hashed ports that hit about one remote
-    // connection in sixteen of a burst (8,000 connections over 10,000 ports opened 8,492
-    // flows). The cursor is this CPU's count of flows opened (no shared atomic), offset per
-    // CPU so that two CPUs walk apart; the probes then take the following ports.
-    // SAFETY: no arguments.
-    let cpu = unsafe { bpf_get_smp_processor_id() } as u64;
-    let opened = tc_stats().map_or(0, |s| s.flows_opened);
-    let base = opened.wrapping_add(cpu.wrapping_mul(CPU_SPREAD));
+    // One cursor for all CPUs, not a hash of the client's address and port nor a cursor per
+    // CPU: a port freed at a flow's close is taken again only after the cursor has gone round
+    // the whole range. The backend holds the closed connection in TIME_WAIT (60 s on Linux)
+    // when it closed first, and answers a new SYN on the same (backend, NAT address, port)
+    // with the old connection's ACK: the client resets and retransmits its SYN a second
+    // later, as a new flow. Hashed ports hit that about once in sixteen connections of a burst
+    // (8,000 connections over 10,000 ports opened 8,492 flows); per-CPU cursors, whose walks
+    // overlap, about once in thirty (8,250). The cursor moves past the port taken.
+    let base = nat_cursor();
     let mut i = 0u64;
     while i < NAT_PROBES as u64 {
         let port = (min + base.wrapping_add(i) % range) as u16;
         rk.dst_port = port.to_be();
         match AILB_FLOWS.insert(rk, *reply, BPF_NOEXIST_FLAG) {
-            Ok(()) => return Some(rk),
+            Ok(()) => {
+                nat_cursor_advance(i + 1);
+                return Some(rk);
+            }
             Err(MAP_FULL) => {
                 count_full(MAP_FULL);
                 return None;

@@ -170,6 +170,32 @@ fn one_nat_port_holds_one_flow_per_backend() {
     assert_eq!(f.counts(0).0, 1);
 }
 
+/// The NAT port of the first SYN of `client` (opened, then reset by the client).
+fn port_of_a_closed_flow(f: &Fixture, setup: &Setup, client: (Ipv4Addr, u16)) -> u16 {
+    let (verdict, out, _) = open(f, setup, client);
+    assert_eq!(verdict, TC_ACT_OK);
+    let ((_, port), _) = endpoints(&out);
+    assert_eq!(f.run(&Frame::tcp(client, VIP, TCP_RST).build()).0, TC_ACT_OK);
+    port
+}
+
+#[test]
+fn a_freed_nat_port_comes_round_only_after_the_whole_range() {
+    // A backend may hold a closed connection's port in TIME_WAIT: the ports are taken in turn
+    // from one cursor, so a port freed at a close is not the next one taken.
+    let mut setup = Setup::new(TC_MODE_MASQUERADE, &[B1]);
+    setup.ports = (30000, 30003);
+    let f = Fixture::new(&setup);
+    let ports: Vec<u16> = (0..6u16).map(|i| port_of_a_closed_flow(&f, &setup, (CLIENT.0, 42000 + i))).collect();
+    assert_eq!(ports, [30000, 30001, 30002, 30003, 30000, 30001]);
+    // A port still held is skipped, and the cursor moves past the one taken instead.
+    let (verdict, held, _) = open(&f, &setup, (CLIENT.0, 43000));
+    assert_eq!((verdict, endpoints(&held).0 .1), (TC_ACT_OK, 30002));
+    let ports: Vec<u16> = (0..4u16).map(|i| port_of_a_closed_flow(&f, &setup, (CLIENT.0, 44000 + i))).collect();
+    assert_eq!(ports, [30003, 30000, 30001, 30003], "30002 is held");
+    assert!(f.flows().len() == 3 && f.counts(0).0 == 1, "only the held flow is left");
+}
+
 #[test]
 fn a_syn_flood_fills_the_flow_table_and_established_flows_go_on() {
     let setup = Setup::new(TC_MODE_ROUTED, &[B1, B2, B3]);
