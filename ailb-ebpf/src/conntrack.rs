@@ -57,7 +57,7 @@ pub(crate) fn on_forward(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u
     let flow = unsafe { ptr::read(entry) };
     let fk = key_of(pkt, FLOW_FORWARD);
     if pkt.flags & (TCP_SYN | TCP_ACK) == TCP_SYN && flow.flags != 0 {
-        remove_flow(&fk, &flow.peer, &flow);
+        let _ = remove_flow(&fk, &flow.peer, &flow);
         return REOPEN;
     }
     // SAFETY: as above; a racing writer can only store another recent time.
@@ -87,15 +87,19 @@ pub(crate) fn on_reply(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u64
 fn track_close(pkt: &Packet, fk: &FlowKey, rk: &FlowKey, flow: &Flow, fin: u32) {
     let both = FLOW_FIN_CLIENT | FLOW_FIN_BACKEND;
     if pkt.flags & TCP_RST != 0 {
-        remove_flow(fk, rk, flow);
+        if remove_flow(fk, rk, flow) {
+            if let Some(s) = tc_stats() {
+                s.ended_rst += 1;
+            }
+        }
     } else if pkt.flags & TCP_FIN != 0 {
         if flow.flags & fin == 0 {
             note_fin(fk, fin);
             note_fin(rk, fin);
         }
-        uncount_once(fk, flow);
+        let _ = uncount_once(fk, flow);
     } else if flow.flags & both == both {
-        remove_flow(fk, rk, flow);
+        let _ = remove_flow(fk, rk, flow);
     }
 }
 
@@ -111,12 +115,12 @@ fn note_fin(key: &FlowKey, fin: u32) {
 }
 
 /// Uncounts the flow of forward key `fk` if it is still counted: the delete of its
-/// `FLOW_COUNT` entry succeeds for one caller only.
+/// `FLOW_COUNT` entry succeeds for one caller only. Returns whether this call uncounted it.
 #[inline(always)]
-pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) {
+pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) -> bool {
     let ck = FlowKey { kind: FLOW_COUNT, ..*fk };
     if AILB_FLOWS.remove(ck).is_err() {
-        return;
+        return false;
     }
     if flow.backend < MAX_BACKENDS && flow.model < MAX_MODELS {
         inflight_add(flow.backend, u64::MAX);
@@ -128,14 +132,17 @@ pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) {
     if let Some(s) = tc_stats() {
         s.flows_closed += 1;
     }
+    true
 }
 
-/// Uncounts the flow and removes its entries.
+/// Uncounts the flow and removes its entries. Returns whether this call uncounted it (it was
+/// still counted: no FIN had been seen).
 #[inline(always)]
-pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) {
-    uncount_once(fk, flow);
+pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) -> bool {
+    let uncounted = uncount_once(fk, flow);
     let _ = AILB_FLOWS.remove(*fk);
     let _ = AILB_FLOWS.remove(*rk);
+    uncounted
 }
 
 /// Counts a SYN the pick refused, and drops it (a remote client has no `connect()` to fail).

@@ -261,7 +261,13 @@ pub struct GatewaySpec {
     /// Lines of the model's `[[models]]` entry besides its name and VIP.
     pub model_extra: String,
     pub masquerade: bool,
+    /// Serve the daemon's HTTP endpoints (`/metrics`) on [`METRICS_ADDR`] in the gateway
+    /// namespace.
+    pub listen: bool,
 }
+
+/// Where the daemon listens when [`GatewaySpec::listen`] (inside the gateway namespace).
+pub const METRICS_ADDR: &str = "127.0.0.1:9464";
 
 impl GatewaySpec {
     pub fn new(name: &'static str, masquerade: bool) -> Self {
@@ -274,6 +280,7 @@ impl GatewaySpec {
             tc: String::new(),
             model_extra: String::new(),
             masquerade,
+            listen: false,
         }
     }
 }
@@ -295,6 +302,7 @@ impl Gateway {
         let servers = Servers::start(&topo);
         let cg = CgroupGuard::new(spec.name);
         let mut cfg = base_config(spec.name, &cg);
+        cfg.listen = spec.listen.then(|| METRICS_ADDR.to_string());
         for (i, a) in BACKEND_ADDRS.iter().enumerate() {
             let mut b = BackendCfg::new(spec.model, &format!("{a}:{BACKEND_PORT}"), spec.weights[i]);
             b.free_memory_mb = spec.free_memory_mb[i];
@@ -339,6 +347,11 @@ impl Gateway {
         });
         self.daemon.wait_inflight_zero(timeout);
         self.tc()
+    }
+
+    /// The daemon's `/metrics`, fetched inside the gateway namespace.
+    pub fn metrics(&self) -> String {
+        self.topo.gateway.run(|| crate::sim::http_get(METRICS_ADDR, "/metrics"))
     }
 
     /// A TC counter of `ailb status` (`tc.stats.NAME`).

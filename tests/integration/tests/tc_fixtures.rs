@@ -80,6 +80,7 @@ fn masquerade_rewrites_both_ways_and_a_fin_close_leaves_nothing() {
     assert_eq!(f.counts(id), (0, 0, 0));
     let s = f.tc_stats();
     assert_eq!((s.flows_opened, s.flows_closed, s.malformed), (1, 1, 0));
+    assert_eq!((s.ended_fin(), s.ended_rst, s.ended_idle), (1, 0, 0), "a FIN ended it");
 }
 
 #[test]
@@ -102,6 +103,8 @@ fn routed_rewrites_the_destination_only_and_an_rst_ends_the_flow() {
     assert!(checksums_ok(&back));
     assert!(f.flows().is_empty());
     assert_eq!(f.counts(id), (0, 0, 0));
+    let s = f.tc_stats();
+    assert_eq!((s.flows_closed, s.ended_rst, s.ended_idle), (1, 1, 0), "the RST ended it");
 }
 
 #[test]
@@ -135,7 +138,8 @@ fn idle_flows_are_reclaimed_with_their_counts() {
     for id in 0..3 {
         assert_eq!(f.counts(id), (0, 0, 0));
     }
-    assert_eq!(f.tc_stats().flows_reclaimed, 10);
+    let s = f.tc_stats();
+    assert_eq!((s.flows_reclaimed, s.ended_idle, s.ended_rst, s.ended_fin()), (10, 10, 0, 0));
 }
 
 #[test]

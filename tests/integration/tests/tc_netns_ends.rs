@@ -26,6 +26,7 @@ fn in_flight_total(gw: &Gateway) -> u64 {
 fn an_rst_ends_remote_flows_with_every_counter_at_0() {
     let mut spec = GatewaySpec::new("tc-rst", true);
     spec.model_extra = "required_memory_mb = 1000\n".into();
+    spec.listen = true;
     let gw = Gateway::start(&spec);
     let mut held = hold(&gw, &spec, 6);
     for (i, r) in held.iter_mut().enumerate() {
@@ -38,11 +39,27 @@ fn an_rst_ends_remote_flows_with_every_counter_at_0() {
     }
     let tc = gw.wait_no_flow("every reset flow removed", Duration::from_secs(10));
     assert_eq!((tc["stats"]["flows_closed"].as_u64(), tc["stats"]["flows_reclaimed"].as_u64()), (Some(6), Some(0)));
+    assert_eq!(tc["stats"]["ended_rst"].as_u64(), Some(6), "{tc}");
+    // The same counters on the daemon's /metrics.
+    let text = gw.metrics();
+    for line in [
+        "ailb_tc_flows 0",
+        "ailb_tc_flows_counted 0",
+        "ailb_tc_nat_ports_in_use 0",
+        "ailb_tc_flows_opened_total 6",
+        "ailb_tc_flows_ended_total{reason=\"rst\"} 6",
+        "ailb_tc_flows_ended_total{reason=\"fin\"} 0",
+        "ailb_tc_flows_ended_total{reason=\"idle\"} 0",
+        "ailb_tc_dropped_total{reason=\"malformed\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not on /metrics:\n{text}");
+    }
 }
 
 #[test]
 fn an_idle_timeout_ends_remote_flows_with_every_counter_at_0() {
     let mut spec = GatewaySpec::new("tc-idle", true);
+    spec.listen = true;
     spec.tc = "idle_timeout = \"2s\"\n".into();
     spec.model_extra = "required_memory_mb = 1000\n".into();
     let gw = Gateway::start(&spec);
@@ -51,6 +68,12 @@ fn an_idle_timeout_ends_remote_flows_with_every_counter_at_0() {
     // Silent connections: the daemon's reclaim run removes them after 2 s without a packet.
     let tc = gw.wait_no_flow("the idle flows reclaimed", Duration::from_secs(15));
     assert_eq!((tc["stats"]["flows_reclaimed"].as_u64(), tc["stats"]["flows_closed"].as_u64()), (Some(4), Some(4)));
+    assert_eq!(tc["stats"]["ended_idle"].as_u64(), Some(4), "{tc}");
+    let text = gw.metrics();
+    assert!(
+        text.lines().any(|l| l == "ailb_tc_flows_ended_total{reason=\"idle\"} 4"),
+        "idle ends not on /metrics:\n{text}"
+    );
     drop(held);
 }
 
