@@ -187,18 +187,24 @@ pub fn connect_on(
     hold: bool,
     cpu: Option<usize>,
 ) -> Result<Remote, String> {
-    let stream = topo.client.run(move || -> Result<TcpStream, String> {
+    topo.client.run(move || {
         if let Some(cpu) = cpu {
             bind_to_cpu(cpu)?;
         }
-        let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).map_err(|e| format!("socket: {e}"))?;
-        if let Some(a) = source {
-            s.bind(&SocketAddrV4::new(a, 0).into()).map_err(|e| format!("bind {a}: {e}"))?;
-        }
-        s.connect_timeout(&SocketAddr::V4(vip).into(), Duration::from_secs(5))
-            .map_err(|e| format!("connect {vip} from {source:?}: {e}"))?;
-        Ok(s.into())
-    })?;
+        connect_here(vip, source, hold)
+    })
+}
+
+/// [`connect`] from the calling thread's network namespace (a thread that entered the
+/// client's, e.g. in [`crate::netns::NetNs::run`], for a loop of many connections).
+pub fn connect_here(vip: SocketAddrV4, source: Option<Ipv4Addr>, hold: bool) -> Result<Remote, String> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).map_err(|e| format!("socket: {e}"))?;
+    if let Some(a) = source {
+        s.bind(&SocketAddrV4::new(a, 0).into()).map_err(|e| format!("bind {a}: {e}"))?;
+    }
+    s.connect_timeout(&SocketAddr::V4(vip).into(), Duration::from_secs(5))
+        .map_err(|e| format!("connect {vip} from {source:?}: {e}"))?;
+    let stream: TcpStream = s.into();
     let backend = request(&stream, vip, hold).map_err(|e| format!("request to {vip}: {e}"))?;
     Ok(Remote { stream, backend })
 }
