@@ -10,7 +10,7 @@ use ailb_common::{
     hash::{fmix64, rehash},
     pick::{pick, Outcome, PickMaps, PickRequest},
 };
-use aya_ebpf::{bindings::TC_ACT_SHOT, helpers::generated::bpf_get_smp_processor_id, programs::TcContext};
+use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 
 use crate::{
     connect4::{count_pick, AffinityEntry},
@@ -18,7 +18,7 @@ use crate::{
     nat,
     pick_maps::Maps,
     tc::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tc_maps::{model_state, tc_model, tc_stats, AILB_FLOWS},
+    tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS},
 };
 
 /// `-E2BIG`: a full hash map refuses an insert with it.
@@ -57,7 +57,7 @@ pub(crate) fn on_forward(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u
     let flow = unsafe { ptr::read(entry) };
     let fk = key_of(pkt, FLOW_FORWARD);
     if pkt.flags & (TCP_SYN | TCP_ACK) == TCP_SYN && flow.flags != 0 {
-        remove_flow(&fk, &flow.peer, &flow);
+        let _ = remove_flow(&fk, &flow.peer, &flow);
         return REOPEN;
     }
     // SAFETY: as above; a racing writer can only store another recent time.
@@ -87,15 +87,19 @@ pub(crate) fn on_reply(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u64
 fn track_close(pkt: &Packet, fk: &FlowKey, rk: &FlowKey, flow: &Flow, fin: u32) {
     let both = FLOW_FIN_CLIENT | FLOW_FIN_BACKEND;
     if pkt.flags & TCP_RST != 0 {
-        remove_flow(fk, rk, flow);
+        if remove_flow(fk, rk, flow) {
+            if let Some(s) = tc_stats() {
+                s.ended_rst += 1;
+            }
+        }
     } else if pkt.flags & TCP_FIN != 0 {
         if flow.flags & fin == 0 {
             note_fin(fk, fin);
             note_fin(rk, fin);
         }
-        uncount_once(fk, flow);
+        let _ = uncount_once(fk, flow);
     } else if flow.flags & both == both {
-        remove_flow(fk, rk, flow);
+        let _ = remove_flow(fk, rk, flow);
     }
 }
 
@@ -111,12 +115,12 @@ fn note_fin(key: &FlowKey, fin: u32) {
 }
 
 /// Uncounts the flow of forward key `fk` if it is still counted: the delete of its
-/// `FLOW_COUNT` entry succeeds for one caller only.
+/// `FLOW_COUNT` entry succeeds for one caller only. Returns whether this call uncounted it.
 #[inline(always)]
-pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) {
+pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) -> bool {
     let ck = FlowKey { kind: FLOW_COUNT, ..*fk };
     if AILB_FLOWS.remove(ck).is_err() {
-        return;
+        return false;
     }
     if flow.backend < MAX_BACKENDS && flow.model < MAX_MODELS {
         inflight_add(flow.backend, u64::MAX);
@@ -128,14 +132,17 @@ pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) {
     if let Some(s) = tc_stats() {
         s.flows_closed += 1;
     }
+    true
 }
 
-/// Uncounts the flow and removes its entries.
+/// Uncounts the flow and removes its entries. Returns whether this call uncounted it (it was
+/// still counted: no FIN had been seen).
 #[inline(always)]
-pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) {
-    uncount_once(fk, flow);
+pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) -> bool {
+    let uncounted = uncount_once(fk, flow);
     let _ = AILB_FLOWS.remove(*fk);
     let _ = AILB_FLOWS.remove(*rk);
+    uncounted
 }
 
 /// Counts a SYN the pick refused, and drops it (a remote client has no `connect()` to fail).
@@ -236,10 +243,6 @@ pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcCon
     nat::rewrite_and_forward(ctx, pkt, &forward)
 }
 
-/// How far apart the CPUs' NAT port cursors start (a prime, so that the offsets of the first
-/// CPUs spread over any range of more than a few thousand ports).
-const CPU_SPREAD: u64 = 2_003;
-
 const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
 
 #[inline(always)]
@@ -269,7 +272,7 @@ fn count_open(flow: &Flow) {
 /// Inserts the flow's reply entry and returns its key: routed, the backend answers the
 /// client itself; masquerading, the backend answers the NAT address at a port of the range
 /// that no other flow to this backend holds (the first of [`NAT_PROBES`] consecutive ports from
-/// this CPU's cursor that a no-exist insert accepts, so two SYNs never share one).
+/// the shared cursor that a no-exist insert accepts, so two SYNs never share one).
 #[inline(always)]
 fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -> Option<FlowKey> {
     let mut rk = FlowKey {
@@ -294,24 +297,24 @@ fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -
         return None;
     }
     rk.dst_addr = cfg.nat_addr;
-    // A cursor, not a hash of the client's address and port: a port freed at a flow's close is
-    // taken again only after the cursor has gone round the range. The backend holds the closed
-    // connection in TIME_WAIT (60 s on Linux) when it closed first, and answers a new SYN on
-    // the same (backend, NAT address, port) with the old connection's ACK: the client resets
-    // and retransmits its SYN a second later. With hashed ports that hit about one remote
-    // connection in sixteen of a burst (8,000 connections over 10,000 ports opened 8,492
-    // flows). The cursor is this CPU's count of flows opened (no shared atomic), offset per
-    // CPU so that two CPUs walk apart; the probes then take the following ports.
-    // SAFETY: no arguments.
-    let cpu = unsafe { bpf_get_smp_processor_id() } as u64;
-    let opened = tc_stats().map_or(0, |s| s.flows_opened);
-    let base = opened.wrapping_add(cpu.wrapping_mul(CPU_SPREAD));
+    // One cursor for all CPUs, not a hash of the client's address and port nor a cursor per
+    // CPU: a port freed at a flow's close is taken again only after the cursor has gone round
+    // the whole range. The backend holds the closed connection in TIME_WAIT (60 s on Linux)
+    // when it closed first, and answers a new SYN on the same (backend, NAT address, port)
+    // with the old connection's ACK: the client resets and retransmits its SYN a second
+    // later, as a new flow. Hashed ports hit that about once in sixteen connections of a burst
+    // (8,000 connections over 10,000 ports opened 8,492 flows); per-CPU cursors, whose walks
+    // overlap, about once in thirty (8,250). The cursor moves past the port taken.
+    let base = nat_cursor();
     let mut i = 0u64;
     while i < NAT_PROBES as u64 {
         let port = (min + base.wrapping_add(i) % range) as u16;
         rk.dst_port = port.to_be();
         match AILB_FLOWS.insert(rk, *reply, BPF_NOEXIST_FLAG) {
-            Ok(()) => return Some(rk),
+            Ok(()) => {
+                nat_cursor_advance(i + 1);
+                return Some(rk);
+            }
             Err(MAP_FULL) => {
                 count_full(MAP_FULL);
                 return None;

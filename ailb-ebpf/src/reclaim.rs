@@ -56,6 +56,14 @@ pub fn ailb_tc_reclaim(_ctx: TcContext) -> i32 {
     r.removed as i32
 }
 
+/// Counts a flow uncounted by the reclaim (not by a FIN or RST before).
+#[inline(always)]
+fn count_idle_end() {
+    if let Some(s) = tc_stats() {
+        s.ended_idle += 1;
+    }
+}
+
 /// Whether an entry last seen at `seen` is idle.
 #[inline(always)]
 fn idle(r: &Reclaim, seen: u64) -> bool {
@@ -78,7 +86,9 @@ extern "C" fn reclaim_one(_map: *mut c_void, key: *const FlowKey, value: *mut Fl
         };
         let seen = if peer_seen > flow.last_seen_ns { peer_seen } else { flow.last_seen_ns };
         if idle(r, seen) {
-            remove_flow(&key, &flow.peer, &flow);
+            if remove_flow(&key, &flow.peer, &flow) {
+                count_idle_end();
+            }
             r.removed += 1;
         }
     } else if key.kind == FLOW_REPLY {
@@ -87,8 +97,8 @@ extern "C" fn reclaim_one(_map: *mut c_void, key: *const FlowKey, value: *mut Fl
         }
     } else {
         let fk = FlowKey { kind: FLOW_FORWARD, ..key };
-        if AILB_FLOWS.get_ptr(fk).is_none() {
-            uncount_once(&fk, &flow);
+        if AILB_FLOWS.get_ptr(fk).is_none() && uncount_once(&fk, &flow) {
+            count_idle_end();
         }
     }
     0

@@ -1,6 +1,9 @@
 //! The TC datapath's maps (layouts: `ailb_common::abi::tc`) and their accessors.
 
-use core::ptr;
+use core::{
+    intrinsics::{atomic_xadd, AtomicOrdering},
+    ptr,
+};
 
 use ailb_common::abi::*;
 use aya_ebpf::{
@@ -21,6 +24,34 @@ pub(crate) static AILB_TC_STATS: PerCpuArray<TcStats, 1> = PerCpuArray::new();
 /// CPU's slot at a time; never pinned (it holds nothing between runs).
 #[btf_map]
 static AILB_TC_SCRATCH: PerCpuArray<ModelState, 1> = PerCpuArray::new();
+
+/// The NAT port cursor, one for all CPUs: the offset in the port range where the next
+/// masqueraded flow's probes start. It lives with the program (never pinned): a daemon
+/// restart keeps the program, and with it the cursor; a fresh load starts it at 0.
+#[btf_map]
+static AILB_TC_NAT_CURSOR: Array<u64, 1> = Array::new();
+
+/// The shared NAT port cursor's value. A plain read: the fetching atomic add needs BPF CPU v3
+/// and this object is built for the generic CPU, so two SYNs on two CPUs may read the same
+/// value; their no-exist inserts then give them consecutive ports.
+#[inline(always)]
+pub(crate) fn nat_cursor() -> u64 {
+    match AILB_TC_NAT_CURSOR.get_ptr(0) {
+        // SAFETY: a non-null array map value pointer, 8-byte aligned, valid for this run.
+        Some(p) => unsafe { ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
+/// Moves the shared NAT port cursor on by `by` (an atomic add, so no CPU's step is lost).
+#[inline(always)]
+pub(crate) fn nat_cursor_advance(by: u64) {
+    if let Some(p) = AILB_TC_NAT_CURSOR.get_ptr_mut(0) {
+        // SAFETY: a non-null, 8-byte aligned u64 array map value valid for this run; every
+        // writer uses this atomic add. The result is unused: a BPF atomic add.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by) };
+    }
+}
 
 /// A copy of `AILB_MODELS[model]`, taken once so that `active` and the slot it selects are
 /// read together (as connect4's copy on its stack).

@@ -243,12 +243,64 @@ fn encode_models(
     )
 }
 
+/// A counter family by `reason`.
+fn reason_counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(&str, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (reason, v) in values {
+        ConstCounter::new(*v).encode(fam.encode_family(&ReasonLabel { reason: reason.to_string() })?)?;
+    }
+    Ok(())
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(v as i64);
+    let m = enc.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+/// The TC datapath's flow table and counters (remote clients); nothing while it is off.
+fn encode_tc(tc: &crate::datapath::tc::TcStatus, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let s = &tc.stats;
+    gauge(enc, "ailb_tc_flows", "Remote flows open in the TC datapath (forward entries)", tc.flows)?;
+    gauge(enc, "ailb_tc_flows_counted", "Remote flows counted in flight (no FIN, RST or idle end yet)", tc.counted)?;
+    gauge(enc, "ailb_tc_nat_ports_in_use", "Reply entries: in masquerade mode, the NAT ports in use", tc.nat_ports)?;
+    counter(enc, "ailb_tc_flows_opened", "Remote flows opened (SYNs to a VIP that got a backend)", s.flows_opened)?;
+    reason_counters(
+        enc,
+        "ailb_tc_flows_ended",
+        "Remote flows ended (uncounted), by what ended them: fin, rst, idle (the reclaim)",
+        &[("fin", s.ended_fin()), ("rst", s.ended_rst), ("idle", s.ended_idle)],
+    )?;
+    reason_counters(
+        enc,
+        "ailb_tc_dropped",
+        "Packets the TC datapath dropped, by reason: flows_full and nat_exhausted (SYNs), refused (the pick \
+         found no backend or fit), malformed (bad headers or checksum, a fragment)",
+        &[
+            ("flows_full", s.flows_full),
+            ("nat_exhausted", s.nat_exhausted),
+            ("refused", s.refused),
+            ("malformed", s.malformed),
+        ],
+    )?;
+    counter(enc, "ailb_tc_redirected", "Packets rewritten and redirected to the FIB's next hop", s.redirected)?;
+    counter(enc, "ailb_tc_to_stack", "Packets rewritten and handed to the gateway's stack", s.to_stack)
+}
+
 fn encode_status(
     st: &crate::datapath::status::Status,
     loads: &BTreeMap<String, ModelLoad>,
     mut enc: DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
     encode_models(st, loads, &mut enc)?;
+    if let Some(tc) = &st.tc {
+        encode_tc(tc, &mut enc)?;
+    }
     let s = &st.stats;
     for (name, help, v) in [
         ("ailb_kernel_picks", "Connects to a VIP that got a backend", s.picks),
@@ -361,5 +413,46 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
         }
         assert!(!text.contains("ailb_model_saturation{model=\"b\"}"), "no capacity, no ratio:\n{text}");
+        assert!(!text.contains("ailb_tc_"), "no TC datapath, no TC metrics:\n{text}");
+    }
+
+    #[test]
+    fn tc_counters_are_served_with_the_end_reasons_apart() {
+        let stats = ailb_common::TcStats {
+            flows_opened: 10,
+            flows_closed: 9,
+            ended_rst: 2,
+            ended_idle: 3,
+            flows_full: 4,
+            nat_exhausted: 5,
+            refused: 6,
+            malformed: 7,
+            redirected: 100,
+            to_stack: 1,
+            ..Default::default()
+        };
+        let tc = crate::datapath::tc::TcStatus { flows: 1, counted: 1, nat_ports: 1, interfaces: vec![], stats };
+        let st = Status { tc: Some(tc), ..Default::default() };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(StatusCollector(st, BTreeMap::new())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "ailb_tc_flows 1",
+            "ailb_tc_flows_counted 1",
+            "ailb_tc_nat_ports_in_use 1",
+            "ailb_tc_flows_opened_total 10",
+            "ailb_tc_flows_ended_total{reason=\"fin\"} 4",
+            "ailb_tc_flows_ended_total{reason=\"rst\"} 2",
+            "ailb_tc_flows_ended_total{reason=\"idle\"} 3",
+            "ailb_tc_dropped_total{reason=\"flows_full\"} 4",
+            "ailb_tc_dropped_total{reason=\"nat_exhausted\"} 5",
+            "ailb_tc_dropped_total{reason=\"refused\"} 6",
+            "ailb_tc_dropped_total{reason=\"malformed\"} 7",
+            "ailb_tc_redirected_total 100",
+            "ailb_tc_to_stack_total 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
     }
 }

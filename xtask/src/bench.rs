@@ -51,6 +51,8 @@ pub(crate) enum Part {
     Fuzz,
     /// `ailb-scale-bench`: table writes, kernel memory, recompute and connect4 at 1,024 models.
     Scale,
+    /// `ailb-tc-bench`: remote new connections through the TC VIP vs direct vs HAProxy; TC ns per packet.
+    Tc,
 }
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
@@ -85,6 +87,10 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
     if runs(Part::Scale) {
         scale()?;
         say!("scale report: {}", util::target_dir().join("bench/scale.md").display());
+    }
+    if runs(Part::Tc) {
+        tc()?;
+        say!("TC datapath report: {}", util::target_dir().join("bench/tc.md").display());
     }
     if runs(Part::Fleet) {
         compare()?;
@@ -136,6 +142,18 @@ fn datapath() -> Result<()> {
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
 
+    Ok(())
+}
+
+/// The TC datapath for remote clients: `ailb-tc-bench`.
+fn tc() -> Result<()> {
+    let step = Step::start("TC datapath: ailb-tc-bench (namespaces, HAProxy, BPF statistics; about 1 minute)");
+    util::build_release_bins(&["ailb-tools"], &["ailb-tc-bench"])?;
+    let bin = util::target_dir().join("release/ailb-tc-bench");
+    let out = util::target_dir().join("bench/tc.md");
+    util::run(std::process::Command::new(&bin).arg("--out").arg(&out).env("AILB_BIN", util::ailb_bin("release")))
+        .with_context(|| format!("running {}", bin.display()))?;
+    step.done();
     Ok(())
 }
 

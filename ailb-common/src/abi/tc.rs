@@ -120,7 +120,7 @@ pub struct TcModel {
 #[cfg_attr(feature = "user", derive(serde::Serialize))]
 pub struct TcStats {
     pub flows_opened: u64,
-    /// Flows uncounted at a FIN or RST.
+    /// Flows uncounted: at a FIN, an RST or by the idle reclaim (each flow once).
     pub flows_closed: u64,
     /// Flows removed by the idle reclaim.
     pub flows_reclaimed: u64,
@@ -137,6 +137,11 @@ pub struct TcStats {
     pub redirected: u64,
     /// Packets rewritten and handed to the gateway's own stack (no FIB answer to redirect by).
     pub to_stack: u64,
+    /// Of `flows_closed`, the flows an RST ended (no FIN before it).
+    pub ended_rst: u64,
+    /// Of `flows_closed`, the flows the idle reclaim ended (no FIN or RST before it). The rest
+    /// (`flows_closed - ended_rst - ended_idle`) ended with a FIN.
+    pub ended_idle: u64,
 }
 
 impl TcStats {
@@ -151,6 +156,13 @@ impl TcStats {
         self.malformed += o.malformed;
         self.redirected += o.redirected;
         self.to_stack += o.to_stack;
+        self.ended_rst += o.ended_rst;
+        self.ended_idle += o.ended_idle;
+    }
+
+    /// Flows ended with a FIN (the uncounted ones neither an RST nor the reclaim ended).
+    pub fn ended_fin(&self) -> u64 {
+        self.flows_closed.saturating_sub(self.ended_rst).saturating_sub(self.ended_idle)
     }
 }
 
@@ -167,7 +179,7 @@ mod tests {
         assert_eq!(size_of::<Flow>(), 56);
         assert_eq!(size_of::<TcConfig>(), 24);
         assert_eq!(size_of::<TcModel>(), 8);
-        assert_eq!(size_of::<TcStats>(), 9 * 8);
+        assert_eq!(size_of::<TcStats>(), 11 * 8);
         // Field sums equal the sizes: no byte the compiler added.
         assert_eq!(size_of::<Flow>(), 4 * 2 + 2 * 2 + 4 * 5 + 8 + 16);
         assert_eq!(size_of::<TcConfig>(), 4 * 2 + 2 * 2 + 4 + 8);

@@ -64,7 +64,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
             return Err(e);
         }
         let interfaces = daemon.cfg.tc.interfaces.clone();
-        if let Err(e) = opened.attach.attach(&cgroup, &interfaces) {
+        if let Err(e) = opened.attach.attach(&cgroup, &interfaces, daemon.cfg.tc.attach) {
             let _cleanup = datapath::teardown(&bpffs);
             return Err(crate::cli::access::run_error(&e, &bpffs));
         }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::validate::ConfigError;
 
 pub use limits::{LimitsConfig, ValidLimits};
-pub use tc::{TcMode, TcSettings, ValidTc};
+pub use tc::{TcAttach, TcMode, TcSettings, ValidTc};
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).

@@ -29,6 +29,11 @@ pub struct TcSettings {
     /// never (flows end only at FIN or RST).
     #[serde(default = "default_idle")]
     pub idle_timeout: String,
+    /// How the program is attached to each interface: "tcx" (a tcx link, Linux 6.6+),
+    /// "clsact" (a netlink filter on the interface's clsact qdisc, any kernel with BPF
+    /// direct action), or "auto" (default: tcx, and clsact where the kernel has no tcx).
+    #[serde(default = "default_attach")]
+    pub attach: String,
 }
 
 fn default_mode() -> String {
@@ -40,10 +45,19 @@ fn default_ports() -> String {
 fn default_idle() -> String {
     "5m".into()
 }
+fn default_attach() -> String {
+    "auto".into()
+}
 
 impl Default for TcSettings {
     fn default() -> Self {
-        Self { mode: default_mode(), nat_address: None, nat_ports: default_ports(), idle_timeout: default_idle() }
+        Self {
+            mode: default_mode(),
+            nat_address: None,
+            nat_ports: default_ports(),
+            idle_timeout: default_idle(),
+            attach: default_attach(),
+        }
     }
 }
 
@@ -51,6 +65,14 @@ impl Default for TcSettings {
 pub enum TcMode {
     Masquerade,
     Routed,
+}
+
+/// `[daemon.tc] attach`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcAttach {
+    Auto,
+    Tcx,
+    Clsact,
 }
 
 /// The TC datapath, validated. `interfaces` empty: off.
@@ -61,6 +83,7 @@ pub struct ValidTc {
     pub nat_address: Option<Ipv4Addr>,
     pub nat_ports: (u16, u16),
     pub idle_timeout: Duration,
+    pub attach: TcAttach,
 }
 
 /// Linux interface names: 1 to 15 bytes, no '/', no whitespace, not "." or "..".
@@ -126,9 +149,17 @@ pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc,
             "masquerade mode needs the gateway address the backends answer",
         ));
     }
+    let attach = match s.attach.as_str() {
+        "auto" => TcAttach::Auto,
+        "tcx" => TcAttach::Tcx,
+        "clsact" => TcAttach::Clsact,
+        other => {
+            return Err(ConfigError::invalid("daemon.tc.attach", other, "expected \"auto\", \"tcx\" or \"clsact\""))
+        }
+    };
     let nat_ports = parse_ports(&s.nat_ports)?;
     let idle_timeout = parse_duration("daemon.tc.idle_timeout", &s.idle_timeout)?;
-    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_ports, idle_timeout })
+    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_ports, idle_timeout, attach })
 }
 
 /// `models[i].remote_affinity`: whether remote clients keep their backend by address.
@@ -166,8 +197,13 @@ mod tests {
             (v.mode, v.nat_ports, v.idle_timeout),
             (TcMode::Masquerade, (20000, 29999), Duration::from_secs(300))
         );
+        assert_eq!(v.attach, TcAttach::Auto);
         let v = validate(&["veth0".into()], &settings("routed", None, "1-1")).unwrap();
         assert_eq!((v.mode, v.nat_ports), (TcMode::Routed, (1, 1)));
+        for (text, want) in [("tcx", TcAttach::Tcx), ("clsact", TcAttach::Clsact), ("auto", TcAttach::Auto)] {
+            let s = TcSettings { attach: text.into(), ..settings("routed", None, "1-1") };
+            assert_eq!(validate(&["veth0".into()], &s).unwrap().attach, want);
+        }
     }
 
     #[test]
@@ -185,6 +221,7 @@ mod tests {
             (&["v0"], &settings("masquerade", Some("10.0.2.1"), "0-10"), "daemon.tc.nat_ports", "0-10"),
             (&["v0"], &settings("masquerade", Some("10.0.2.1"), "20000"), "daemon.tc.nat_ports", "20000"),
             (&["v0"], &settings("masquerade", Some("10.0.2.1"), "1-70000"), "daemon.tc.nat_ports", "1-70000"),
+            (&["v0"], &TcSettings { attach: "xdp".into(), ..ok.clone() }, "daemon.tc.attach", "xdp"),
         ] {
             let e = err(interfaces, s);
             assert!(e.contains(field) && e.contains(value), "{e:?} should name {field} and {value}");

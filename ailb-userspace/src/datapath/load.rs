@@ -49,12 +49,17 @@ impl Attach {
     /// Attaches the programs to `cgroup` and the TC program to `interfaces` through links
     /// pinned under `<dir>/links/`. A no-op when the pins were reopened (the links are still
     /// attached; a changed interface list takes a teardown and a fresh start).
-    pub fn attach(mut self, cgroup: &Path, interfaces: &[String]) -> Result<(), DatapathError> {
+    pub fn attach(
+        mut self,
+        cgroup: &Path,
+        interfaces: &[String],
+        tc_attach: crate::config::TcAttach,
+    ) -> Result<(), DatapathError> {
         let Some(mut ebpf) = self.pending.take() else {
             return Ok(());
         };
         let dir = self.dir.clone();
-        super::tc::attach(&mut ebpf, &dir, interfaces)?;
+        super::tc::attach(&mut ebpf, &dir, interfaces, tc_attach)?;
         let cg = fs::File::open(cgroup).map_err(io_err("open cgroup", cgroup))?;
         let prog_err = |name| move |e| DatapathError::Program { name, source: Box::new(e) };
         for name in programs::ALL {

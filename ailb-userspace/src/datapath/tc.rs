@@ -1,7 +1,9 @@
 //! The TC datapath from userspace: on a fresh load, `ailb_tc_ingress` is attached to the
 //! ingress of each `[daemon] interfaces` entry through a tcx link pinned at
 //! `links/tc-<interface>` (so it keeps forwarding while no daemon runs, like the cgroup
-//! links), and `ailb_tc_reclaim` is pinned at `progs/ailb_tc_reclaim` for the housekeeping
+//! links), or, where the kernel has no tcx or `[daemon.tc] attach = "clsact"`, through a
+//! netlink filter on the interface's clsact qdisc (recorded by a pin of the program at
+//! `links/clsact:<priority>:<handle>:<interface>`), and `ailb_tc_reclaim` is pinned at `progs/ailb_tc_reclaim` for the housekeeping
 //! to run; the TC settings and each model's remote-client settings are written after every
 //! apply; `ailb teardown` removes the pins, which detaches the programs.
 
@@ -17,13 +19,17 @@ use ailb_common::{
 };
 use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
-    programs::{links::FdLink, tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions},
+    programs::{
+        links::FdLink,
+        tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+        Link, LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions,
+    },
     Ebpf,
 };
 use tracing::info;
 
 use super::{io_err, map_err, DatapathError, Maps, PIN_DIR_MODE};
-use crate::config::{TcMode, ValidConfig};
+use crate::config::{TcAttach, TcMode, ValidConfig};
 
 /// Pin of the tcx link of `interface`.
 pub fn link_pin(dir: &Path, interface: &str) -> PathBuf {
@@ -40,8 +46,9 @@ fn prog_err(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> Datap
 }
 
 /// Loads the TC programs of a fresh load, pins the reclaim program and attaches the ingress
-/// program to every interface. Nothing when no interface is configured.
-pub(crate) fn attach(ebpf: &mut Ebpf, dir: &Path, interfaces: &[String]) -> Result<(), DatapathError> {
+/// program to every interface (`how`: tcx, netlink clsact, or tcx with clsact where the
+/// kernel has no tcx). Nothing when no interface is configured.
+pub(crate) fn attach(ebpf: &mut Ebpf, dir: &Path, interfaces: &[String], how: TcAttach) -> Result<(), DatapathError> {
     if interfaces.is_empty() {
         return Ok(());
     }
@@ -59,19 +66,163 @@ pub(crate) fn attach(ebpf: &mut Ebpf, dir: &Path, interfaces: &[String]) -> Resu
         ebpf.program_mut(name).ok_or(DatapathError::MissingProgram { name })?.try_into().map_err(prog_err(name))?;
     ingress.load().map_err(prog_err(name))?;
     for interface in interfaces {
-        let iface_err = |e| DatapathError::Interface { name: interface.clone(), source: Box::new(e) };
-        let id = ingress
-            .attach_with_options(interface, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
-            .map_err(iface_err)?;
-        let link = ingress.take_link(id).map_err(iface_err)?;
-        let fd: FdLink = link
-            .try_into()
-            .map_err(|e| DatapathError::InterfaceLink { name: interface.clone(), source: Box::new(e) })?;
-        let pin = link_pin(dir, interface);
-        fd.pin(&pin).map_err(|e| DatapathError::Io { what: "pin link", path: pin.clone(), source: pin_io(e) })?;
-        info!(program = name, interface = %interface, "attached (tcx ingress)");
+        let tcx = match how {
+            TcAttach::Clsact => Err(None),
+            TcAttach::Tcx | TcAttach::Auto => attach_tcx(ingress, dir, interface).map_err(Some),
+        };
+        match tcx {
+            Ok(()) => info!(program = name, interface = %interface, "attached (tcx ingress)"),
+            Err(Some(e)) if !(how == TcAttach::Auto && tcx_unsupported(&e)) => return Err(e),
+            Err(e) => {
+                if let Some(e) = e {
+                    info!(interface = %interface, error = %e, "tcx is not supported here; attaching through clsact");
+                }
+                attach_clsact(ingress, dir, interface)?;
+                info!(program = name, interface = %interface, "attached (clsact ingress, netlink)");
+            }
+        }
     }
     Ok(())
+}
+
+/// A tcx link on `interface`'s ingress, pinned at [`link_pin`].
+fn attach_tcx(ingress: &mut SchedClassifier, dir: &Path, interface: &str) -> Result<(), DatapathError> {
+    let iface_err = |e| DatapathError::Interface { name: interface.to_string(), source: Box::new(e) };
+    let id = ingress
+        .attach_with_options(interface, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
+        .map_err(iface_err)?;
+    let link = ingress.take_link(id).map_err(iface_err)?;
+    let fd: FdLink = link
+        .try_into()
+        .map_err(|e| DatapathError::InterfaceLink { name: interface.to_string(), source: Box::new(e) })?;
+    let pin = link_pin(dir, interface);
+    fd.pin(&pin).map_err(|e| DatapathError::Io { what: "pin link", path: pin.clone(), source: pin_io(e) })?;
+    Ok(())
+}
+
+/// Whether a tcx attach failed because the kernel has no tcx (before 6.6: the link create
+/// refuses the attach type), not for a reason a clsact attach would share.
+fn tcx_unsupported(e: &DatapathError) -> bool {
+    let DatapathError::Interface { source, .. } = e else {
+        return false;
+    };
+    let aya::programs::ProgramError::SyscallError(s) = source.as_ref() else {
+        return false;
+    };
+    // ENOTSUPP (524) is the kernel-internal code some paths return for an unknown attach type.
+    matches!(s.io_error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | 524))
+}
+
+/// A netlink filter on `interface`'s clsact ingress (the qdisc added when absent). The
+/// filter holds the program, so it stays attached after the daemon exits, as a tcx link held
+/// by its pin does; its priority and handle are kept in the name of a pin of the program
+/// ([`clsact_pin`]) for `ailb teardown` to remove exactly this filter.
+fn attach_clsact(ingress: &mut SchedClassifier, dir: &Path, interface: &str) -> Result<(), DatapathError> {
+    let iface_err = |e| DatapathError::Interface { name: interface.to_string(), source: Box::new(e) };
+    if let Err(e) = qdisc_add_clsact(interface) {
+        // EEXIST: the interface has its clsact qdisc already.
+        let exists = matches!(&e, TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST));
+        if !exists {
+            return Err(iface_err(aya::programs::ProgramError::from(e)));
+        }
+    }
+    let id = ingress
+        .attach_with_options(interface, TcAttachType::Ingress, TcAttachOptions::Netlink(NlOptions::default()))
+        .map_err(iface_err)?;
+    let link = ingress.take_link(id).map_err(iface_err)?;
+    let (priority, handle) = (link.priority().map_err(iface_err)?, u32::from(link.handle().map_err(iface_err)?));
+    // Dropping the link would detach the filter; the filter is to outlive this process.
+    std::mem::forget(link);
+    let pin = clsact_pin(dir, interface, priority, handle);
+    ingress.pin(&pin).map_err(|e| DatapathError::Io { what: "pin program", path: pin.clone(), source: pin_io(e) })?;
+    Ok(())
+}
+
+/// Pin of the ingress program for a clsact filter on `interface` at `priority` and `handle`:
+/// `links/clsact:<priority>:<handle>:<interface>` (':' is in no interface name).
+pub fn clsact_pin(dir: &Path, interface: &str, priority: u16, handle: u32) -> PathBuf {
+    dir.join("links").join(format!("clsact:{priority}:{handle}:{interface}"))
+}
+
+/// How the TC program is attached to one interface, as its pin records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    Tcx { interface: String },
+    Clsact { interface: String, priority: u16, handle: u32 },
+}
+
+impl Attachment {
+    pub fn interface(&self) -> &str {
+        match self {
+            Self::Tcx { interface } | Self::Clsact { interface, .. } => interface,
+        }
+    }
+
+    /// The pin that records it.
+    pub fn pin(&self, dir: &Path) -> PathBuf {
+        match self {
+            Self::Tcx { interface } => link_pin(dir, interface),
+            Self::Clsact { interface, priority, handle } => clsact_pin(dir, interface, *priority, *handle),
+        }
+    }
+
+    /// Parses a file name under `links/`; `None` for the cgroup links.
+    fn parse(name: &str) -> Option<Self> {
+        if let Some(interface) = name.strip_prefix("tc-") {
+            return Some(Self::Tcx { interface: interface.to_string() });
+        }
+        let mut parts = name.strip_prefix("clsact:")?.splitn(3, ':');
+        let (priority, handle) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+        Some(Self::Clsact { interface: parts.next()?.to_string(), priority, handle })
+    }
+
+    /// Detaches a clsact filter (a tcx link goes with its pin). A filter or interface already
+    /// gone is nothing to do; the interface must be of this network namespace.
+    pub fn detach(&self) -> Result<(), DatapathError> {
+        let Self::Clsact { interface, priority, handle } = self else {
+            return Ok(());
+        };
+        let iface_err = |e| DatapathError::Interface { name: interface.clone(), source: Box::new(e) };
+        let link = match SchedClassifierLink::attached(
+            interface,
+            TcAttachType::Ingress,
+            *priority,
+            TcHandle::from(*handle),
+            None,
+        ) {
+            Ok(l) => l,
+            // No such interface here: it was removed (its filters with it), or it is in another
+            // network namespace, where its filter stays until removed there (`tc filter del`).
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) || e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(
+                    interface = %interface,
+                    priority = *priority,
+                    handle = *handle,
+                    "no such interface in this network namespace: nothing to detach here; if it exists in \
+                     another namespace, its clsact filter stays attached there"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(iface_err(aya::programs::ProgramError::from(TcError::IoError(e)))),
+        };
+        match link.detach() {
+            Ok(()) => Ok(()),
+            // The filter is gone already (removed by hand, or the qdisc with it).
+            Err(aya::programs::ProgramError::NetlinkError(n)) if n.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(iface_err(e)),
+        }
+    }
+}
+
+/// Every TC attachment recorded under `links/`, sorted by interface.
+pub fn attachments(dir: &Path) -> Vec<Attachment> {
+    let Ok(entries) = fs::read_dir(dir.join("links")) else {
+        return Vec::new();
+    };
+    let mut all: Vec<Attachment> =
+        entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().and_then(Attachment::parse)).collect();
+    all.sort_by(|a, b| a.interface().cmp(b.interface()));
+    all
 }
 
 fn pin_io(e: aya::pin::PinError) -> std::io::Error {
@@ -181,15 +332,47 @@ pub fn read_status(dir: &Path) -> Result<TcStatus, DatapathError> {
     Ok(st)
 }
 
-/// The interfaces with a pinned link, from `links/tc-*`.
+/// The interfaces with the TC program attached (tcx or clsact), from the pins under `links/`.
 pub fn interfaces(dir: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(dir.join("links")) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("tc-")).map(str::to_string))
-        .collect();
-    names.sort();
-    names
+    attachments(dir).iter().map(|a| a.interface().to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attachment_pins_name_their_kind_and_parse_back() {
+        let dir = Path::new("/sys/fs/bpf/x");
+        for a in [
+            Attachment::Tcx { interface: "eth0".into() },
+            Attachment::Clsact { interface: "veth.1-a".into(), priority: 49152, handle: 0x1_0001 },
+        ] {
+            let pin = a.pin(dir);
+            assert_eq!(pin.parent(), Some(dir.join("links").as_path()));
+            let name = pin.file_name().and_then(|n| n.to_str()).unwrap();
+            assert_eq!(Attachment::parse(name), Some(a));
+        }
+        // The cgroup links and anything else under links/ are no TC attachment.
+        for other in [programs::CONNECT4, "clsact:x:1:eth0", "clsact:1:2", "tcx-eth0"] {
+            assert_eq!(Attachment::parse(other), None, "{other}");
+        }
+    }
+
+    fn link_create_error(errno: i32) -> DatapathError {
+        let e = aya::sys::SyscallError { call: "bpf_mprog_attach", io_error: std::io::Error::from_raw_os_error(errno) };
+        DatapathError::Interface { name: "eth0".into(), source: Box::new(aya::programs::ProgramError::SyscallError(e)) }
+    }
+
+    #[test]
+    fn only_a_kernel_without_tcx_falls_back_to_clsact() {
+        for errno in [libc::EINVAL, libc::EOPNOTSUPP, 524] {
+            assert!(tcx_unsupported(&link_create_error(errno)), "errno {errno}");
+        }
+        // No such interface, no permission, a busy attach point: clsact would fail the same way.
+        for errno in [libc::ENODEV, libc::EPERM, libc::EEXIST] {
+            assert!(!tcx_unsupported(&link_create_error(errno)), "errno {errno}");
+        }
+        assert!(!tcx_unsupported(&DatapathError::MissingProgram { name: "x" }));
+    }
 }

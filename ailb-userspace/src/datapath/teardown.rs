@@ -1,5 +1,6 @@
 //! Removes every link pin (cgroup and TC; removing one detaches its program: the pin holds the
-//! last reference), the reclaim program's pin,
+//! last reference), the clsact filters (detached through netlink, in this network namespace),
+//! the reclaim program's pin,
 //! every map pin and the directory. Idempotent.
 
 use std::{fs, path::Path};
@@ -31,9 +32,11 @@ pub fn teardown(dir: &Path) -> Result<usize, DatapathError> {
     for p in programs::ALL {
         remove(&link_pin(dir, p))?;
     }
-    // The TC links (one per interface) and the reclaim program.
-    for interface in super::tc::interfaces(dir) {
-        remove(&super::tc::link_pin(dir, &interface))?;
+    // The TC attachments (one per interface: a tcx link, or a clsact filter, detached first,
+    // and its record) and the reclaim program.
+    for a in super::tc::attachments(dir) {
+        a.detach()?;
+        remove(&a.pin(dir))?;
     }
     remove(&super::tc::reclaim_pin(dir))?;
     let progs = dir.join("progs");

@@ -124,6 +124,8 @@ impl ConnectOpts {
 /// The client binary and how to spawn it.
 pub struct TestClient {
     bin: PathBuf,
+    /// A command the client runs under (e.g. `nsenter --net=NS --`); empty: none.
+    wrapper: Vec<String>,
 }
 
 impl TestClient {
@@ -133,13 +135,31 @@ impl TestClient {
         if !bin.is_file() {
             panic!("ailb-testclient binary not found at {}", bin.display());
         }
-        Self { bin }
+        Self { bin, wrapper: Vec::new() }
+    }
+
+    /// Runs the client under `wrapper` (a command and its arguments, the client's command
+    /// line appended), e.g. `nsenter --net=/run/netns/NAME --` to connect from a namespace.
+    pub fn wrapped(mut self, wrapper: Vec<String>) -> Self {
+        self.wrapper = wrapper;
+        self
+    }
+
+    fn command(&self) -> Command {
+        match self.wrapper.split_first() {
+            Some((w, args)) => {
+                let mut c = Command::new(w);
+                c.args(args).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        }
     }
 
     /// Runs `connect` to completion and returns one result per connection, in order.
     /// Panics if a successful connection's peer address and the server's reply disagree.
     pub fn connect(&self, cgroup: Option<&CgroupGuard>, opts: &ConnectOpts) -> Vec<ConnResult> {
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = self.command();
         cmd.args(opts.args(false));
         let mut proc = ClientProcess::spawn(cmd, cgroup.map(CgroupGuard::path), false);
         let lines = proc.read_until_exit(opts.timeout);
@@ -151,7 +171,7 @@ impl TestClient {
     /// Runs `connect --hold`: returns once every connection was tried and the open ones are
     /// held; [`HeldClients::release`] closes them.
     pub fn hold(&self, cgroup: Option<&CgroupGuard>, opts: &ConnectOpts) -> HeldClients {
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = self.command();
         cmd.args(opts.args(true));
         let mut proc = ClientProcess::spawn(cmd, cgroup.map(CgroupGuard::path), true);
         let mut lines = Vec::new();
@@ -176,7 +196,7 @@ impl TestClient {
 
     /// Runs `sockopt-hostile` and returns its lines keyed by `case`.
     pub fn hostile(&self, cgroup: Option<&CgroupGuard>, vip: &str) -> BTreeMap<String, Value> {
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = self.command();
         cmd.args(["sockopt-hostile", "--vip", vip]);
         let mut proc = ClientProcess::spawn(cmd, cgroup.map(CgroupGuard::path), false);
         let lines = proc.read_until_exit(Duration::from_secs(30));

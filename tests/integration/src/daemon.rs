@@ -37,6 +37,8 @@ pub struct Daemon {
     generation: u64,
     torn_down: bool,
     launch: Launch,
+    /// What `ailb teardown` runs under (empty: nothing).
+    teardown_wrapper: Vec<String>,
 }
 
 impl Daemon {
@@ -73,6 +75,7 @@ impl Daemon {
             generation: 0,
             torn_down: false,
             launch,
+            teardown_wrapper: Vec::new(),
         };
         if !d.launch.wrapper.is_empty() {
             use std::os::unix::fs::PermissionsExt;
@@ -178,8 +181,7 @@ impl Daemon {
     pub fn teardown(&mut self) -> Output {
         self.stop();
         self.torn_down = true;
-        let out =
-            run_cmd(Command::new(&self.bin).arg("teardown").arg("--bpffs").arg(&self.bpffs), Duration::from_secs(30));
+        let out = run_cmd(self.teardown_command().arg("--bpffs").arg(&self.bpffs), Duration::from_secs(30));
         if !out.status.success() {
             panic!(
                 "ailb teardown --bpffs {} failed ({}): {}\ndaemon log:\n{}",
@@ -207,6 +209,22 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("renaming to {}: {e}", self.config_path.display()));
     }
 
+    /// Runs `ailb teardown` under `wrapper` (e.g. `nsenter --net=NS --`, where the daemon ran:
+    /// a clsact filter is removed through netlink, in its interface's network namespace).
+    pub fn set_teardown_wrapper(&mut self, wrapper: Vec<String>) {
+        self.teardown_wrapper = wrapper;
+    }
+
+    fn teardown_command(&self) -> Command {
+        let mut c = wrapped(&self.teardown_wrapper, &self.bin);
+        c.arg("teardown");
+        c
+    }
+
+    fn command(&self) -> Command {
+        wrapped(&self.launch.wrapper, &self.bin)
+    }
+
     fn spawn(&mut self) {
         let log = File::options()
             .create(true)
@@ -214,15 +232,8 @@ impl Daemon {
             .open(&self.log_path)
             .unwrap_or_else(|e| panic!("opening {}: {e}", self.log_path.display()));
         let log2 = log.try_clone().unwrap_or_else(|e| panic!("dup log fd: {e}"));
-        let mut cmd = match self.launch.wrapper.split_first() {
-            Some((wrapper, args)) => {
-                let mut c = Command::new(wrapper);
-                c.args(args).arg(&self.bin);
-                c
-            }
-            None => Command::new(&self.bin),
-        };
-        let child = cmd
+        let child = self
+            .command()
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
@@ -314,16 +325,25 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("---- daemon log ({}) ----\n{}\n---- end of daemon log ----", self.bpffs.display(), self.log());
             self.stop();
-            let _ = run_cmd(
-                Command::new(&self.bin).arg("teardown").arg("--bpffs").arg(&self.bpffs),
-                Duration::from_secs(30),
-            );
+            let _ = run_cmd(self.teardown_command().arg("--bpffs").arg(&self.bpffs), Duration::from_secs(30));
             if self.bpffs.exists() {
                 eprintln!("teardown left {} behind: {:?}", self.bpffs.display(), list_dir(&self.bpffs));
             }
             return;
         }
         self.teardown();
+    }
+}
+
+/// `bin` run under `wrapper` (a command and its arguments; empty: none).
+fn wrapped(wrapper: &[String], bin: &Path) -> Command {
+    match wrapper.split_first() {
+        Some((w, args)) => {
+            let mut c = Command::new(w);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
     }
 }
 

@@ -21,6 +21,7 @@ pub mod gateway;
 pub mod nacos;
 pub mod netns;
 pub mod packet;
+pub mod remote;
 pub mod sim;
 pub mod status;
 

@@ -2,6 +2,7 @@
 //! namespace, a gateway namespace and a backends namespace joined by two veth pairs, and
 //! work run inside one of them on a thread of its own (`setns`).
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::Duration;
@@ -36,6 +37,34 @@ impl NetNs {
         let mut all = vec!["-n", self.name.as_str()];
         all.extend_from_slice(args);
         ip(&all);
+    }
+
+    /// This namespace's TCP and IP counters (`/proc/net/snmp` and `/proc/net/netstat` as seen
+    /// from inside it), by `Group:Name`, e.g. `Tcp:OutRsts`, `TcpExt:TCPSynRetrans`. A fresh
+    /// namespace starts them at 0, so they count what happened in it since.
+    pub fn counters(&self) -> HashMap<String, u64> {
+        self.run(|| {
+            let mut all = HashMap::new();
+            for file in ["snmp", "netstat"] {
+                // `thread-self`: `self` would name the thread group leader's namespace.
+                let path = format!("/proc/thread-self/net/{file}");
+                let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+                let lines: Vec<&str> = text.lines().collect();
+                for pair in lines.chunks(2) {
+                    let [names, values] = pair else { continue };
+                    let (Some((group, names)), Some((_, values))) = (names.split_once(':'), values.split_once(':'))
+                    else {
+                        continue;
+                    };
+                    for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+                        if let Ok(v) = v.parse::<u64>() {
+                            all.insert(format!("{group}:{n}"), v);
+                        }
+                    }
+                }
+            }
+            all
+        })
     }
 
     /// Runs `f` on a new thread that has entered this namespace; sockets it makes live there.
@@ -80,7 +109,11 @@ pub const BACKEND_ADDRS: [Ipv4Addr; 3] =
 
 impl Topology {
     pub fn new() -> Self {
-        let tag = std::process::id() % 100_000;
+        // Unique per process and per topology, so that two tests of one binary never share a
+        // name (interface names stay under 15 bytes).
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 100;
+        let tag = format!("{}x{seq}", std::process::id() % 100_000);
         let client = NetNs::new(format!("ailb-c{tag}"));
         let gateway = NetNs::new(format!("ailb-g{tag}"));
         let backends = NetNs::new(format!("ailb-b{tag}"));

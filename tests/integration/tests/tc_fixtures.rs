@@ -80,6 +80,7 @@ fn masquerade_rewrites_both_ways_and_a_fin_close_leaves_nothing() {
     assert_eq!(f.counts(id), (0, 0, 0));
     let s = f.tc_stats();
     assert_eq!((s.flows_opened, s.flows_closed, s.malformed), (1, 1, 0));
+    assert_eq!((s.ended_fin(), s.ended_rst, s.ended_idle), (1, 0, 0), "a FIN ended it");
 }
 
 #[test]
@@ -102,6 +103,8 @@ fn routed_rewrites_the_destination_only_and_an_rst_ends_the_flow() {
     assert!(checksums_ok(&back));
     assert!(f.flows().is_empty());
     assert_eq!(f.counts(id), (0, 0, 0));
+    let s = f.tc_stats();
+    assert_eq!((s.flows_closed, s.ended_rst, s.ended_idle), (1, 1, 0), "the RST ended it");
 }
 
 #[test]
@@ -135,7 +138,8 @@ fn idle_flows_are_reclaimed_with_their_counts() {
     for id in 0..3 {
         assert_eq!(f.counts(id), (0, 0, 0));
     }
-    assert_eq!(f.tc_stats().flows_reclaimed, 10);
+    let s = f.tc_stats();
+    assert_eq!((s.flows_reclaimed, s.ended_idle, s.ended_rst, s.ended_fin()), (10, 10, 0, 0));
 }
 
 #[test]
@@ -168,6 +172,32 @@ fn one_nat_port_holds_one_flow_per_backend() {
     assert_eq!((s.flows_opened, s.nat_exhausted), (1, 4));
     assert_eq!(f.flows().len(), 3, "a refused SYN leaves no entry");
     assert_eq!(f.counts(0).0, 1);
+}
+
+/// The NAT port of the first SYN of `client` (opened, then reset by the client).
+fn port_of_a_closed_flow(f: &Fixture, setup: &Setup, client: (Ipv4Addr, u16)) -> u16 {
+    let (verdict, out, _) = open(f, setup, client);
+    assert_eq!(verdict, TC_ACT_OK);
+    let ((_, port), _) = endpoints(&out);
+    assert_eq!(f.run(&Frame::tcp(client, VIP, TCP_RST).build()).0, TC_ACT_OK);
+    port
+}
+
+#[test]
+fn a_freed_nat_port_comes_round_only_after_the_whole_range() {
+    // A backend may hold a closed connection's port in TIME_WAIT: the ports are taken in turn
+    // from one cursor, so a port freed at a close is not the next one taken.
+    let mut setup = Setup::new(TC_MODE_MASQUERADE, &[B1]);
+    setup.ports = (30000, 30003);
+    let f = Fixture::new(&setup);
+    let ports: Vec<u16> = (0..6u16).map(|i| port_of_a_closed_flow(&f, &setup, (CLIENT.0, 42000 + i))).collect();
+    assert_eq!(ports, [30000, 30001, 30002, 30003, 30000, 30001]);
+    // A port still held is skipped, and the cursor moves past the one taken instead.
+    let (verdict, held, _) = open(&f, &setup, (CLIENT.0, 43000));
+    assert_eq!((verdict, endpoints(&held).0 .1), (TC_ACT_OK, 30002));
+    let ports: Vec<u16> = (0..4u16).map(|i| port_of_a_closed_flow(&f, &setup, (CLIENT.0, 44000 + i))).collect();
+    assert_eq!(ports, [30003, 30000, 30001, 30003], "30002 is held");
+    assert!(f.flows().len() == 3 && f.counts(0).0 == 1, "only the held flow is left");
 }
 
 #[test]

@@ -1,129 +1,137 @@
-//! The TC datapath end to end, in namespaces this test makes and removes: a client namespace
-//! connects to a VIP through a gateway namespace whose daemon (started inside it with
-//! `nsenter --net`, which keeps the bpffs pins visible) attached `ailb_tc_ingress` to both of
-//! its veths; the backends listen in a third namespace. 8,000 remote connections split
-//! 1:2:5, then every flow and count is gone.
+//! The TC datapath end to end, in namespaces each test makes and removes (client -- veth --
+//! gateway -- veth -- backends; `ailb_tests::remote`): remote connections split by weight in
+//! masquerade and routed mode, client-address affinity, and a memory hint that keeps a
+//! model's remote flows off the backends without the memory. Afterwards no flow, count or NAT
+//! entry is left and every in-flight counter is 0.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ailb_tests::netns::{Topology, BACKEND_ADDRS, GATEWAY_BACKEND_SIDE};
-use ailb_tests::{base_config, preflight, wait_until, BackendCfg, CgroupGuard, Daemon};
+use ailb_tests::netns::{NetNs, CLIENT_ADDR};
+use ailb_tests::remote::{connect, connect_on, Gateway, GatewaySpec};
 
-const MODEL: &str = "remote-7b";
-const VIP: &str = "10.201.9.1:8000";
-const WEIGHTS: [u32; 3] = [1, 2, 5];
 const CONNECTIONS: usize = 8000;
 
-/// Listeners in the backends namespace: each accepted connection gets the backend's index
-/// (one byte) and is closed by the backend.
-struct Servers {
-    accepted: Arc<[AtomicU64; 3]>,
-    stop: Arc<AtomicBool>,
+/// Opens `n` connections one after the other (each answered, then closed by the backend), from
+/// the CPUs in turn, and counts them by backend index.
+fn split(gw: &Gateway, spec: &GatewaySpec, n: usize) -> [usize; 3] {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut picked = [0usize; 3];
+    for i in 0..n {
+        let r = connect_on(&gw.topo, spec.vip, None, false, Some(i % cpus))
+            .unwrap_or_else(|e| panic!("remote connection {i}: {e}"));
+        picked[r.index()] += 1;
+    }
+    picked
 }
 
-impl Servers {
-    fn start(topo: &Topology) -> Self {
-        let accepted: Arc<[AtomicU64; 3]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
-        let stop = Arc::new(AtomicBool::new(false));
-        let listeners: Vec<TcpListener> = topo.backends.run(|| {
-            BACKEND_ADDRS
-                .iter()
-                .map(|a| TcpListener::bind((*a, 9000)).unwrap_or_else(|e| panic!("bind {a}:9000: {e}")))
-                .collect()
-        });
-        for (i, l) in listeners.into_iter().enumerate() {
-            let (acc, stop) = (accepted.clone(), stop.clone());
-            l.set_nonblocking(true).expect("nonblocking listener");
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    match l.accept() {
-                        Ok((mut s, _)) => {
-                            acc[i].fetch_add(1, Ordering::SeqCst);
-                            let _ = s.set_nonblocking(false);
-                            let _ = s.write_all(&[i as u8]);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(1)),
-                    }
-                }
-            });
-        }
-        Self { accepted, stop }
-    }
-
-    fn counts(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.accepted[i].load(Ordering::SeqCst))
+fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
+    let n: usize = picked.iter().sum();
+    let total: u32 = weights.iter().sum();
+    for (i, w) in weights.iter().enumerate() {
+        let share = 100.0 * picked[i] as f64 / n as f64;
+        let want = 100.0 * *w as f64 / total as f64;
+        assert!(
+            (share - want).abs() <= 3.0,
+            "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
+        );
     }
 }
 
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
+fn counter(m: &BTreeMap<String, u64>, k: &str) -> u64 {
+    m.get(k).copied().unwrap_or(0)
 }
 
-fn tc_status(d: &Daemon) -> serde_json::Value {
-    d.status().get("tc").cloned().unwrap_or(serde_json::Value::Null)
+fn counters(ns: &NetNs) -> BTreeMap<String, u64> {
+    ns.counters().into_iter().collect()
 }
 
 #[test]
-fn remote_connections_split_1_2_5_and_leave_no_flow_or_count() {
-    let bin = preflight();
-    let topo = Topology::new();
-    let servers = Servers::start(&topo);
-    let cg = CgroupGuard::new("tc-netns");
-    let mut cfg = base_config("tc-netns", &cg).service(MODEL, VIP);
-    for (a, w) in BACKEND_ADDRS.iter().zip(WEIGHTS) {
-        cfg = cfg.backend(BackendCfg::new(MODEL, &format!("{a}:9000"), w));
-    }
-    cfg.daemon_extra = format!(
-        "interfaces = [{:?}, {:?}]\n\n[daemon.tc]\nmode = \"masquerade\"\nnat_address = \"{GATEWAY_BACKEND_SIDE}\"\n",
-        topo.gateway_ifaces[0], topo.gateway_ifaces[1]
+fn remote_connections_split_1_2_5_one_flow_each_and_leave_no_flow_or_count() {
+    let mut spec = GatewaySpec::new("tc-netns", true);
+    spec.weights = [1, 2, 5];
+    let gw = Gateway::start(&spec);
+    let picked = split(&gw, &spec, CONNECTIONS);
+    assert_eq!(gw.servers.counts().iter().sum::<u64>(), CONNECTIONS as u64);
+    assert_shares(&picked, &spec.weights);
+    let tc = gw.wait_no_flow("every remote flow removed", Duration::from_secs(10));
+    // Exactly one flow per connection, with SYNs arriving on every CPU: a NAT port that came
+    // round while a backend still held its last connection in TIME_WAIT would have been
+    // answered with that connection's ACK, reset by the client and retried as a second flow
+    // (with a SYN retransmission).
+    let (c, b) = (counters(&gw.topo.client), counters(&gw.topo.backends));
+    let diag = format!(
+        "client: SYN retransmits {}, RSTs sent {}; backends: RSTs sent {}, passive opens {}; TC {tc}",
+        counter(&c, "TcpExt:TCPSynRetrans"),
+        counter(&c, "Tcp:OutRsts"),
+        counter(&b, "Tcp:OutRsts"),
+        counter(&b, "Tcp:PassiveOpens"),
     );
-    let launch = ailb_tests::daemon::Launch {
-        wrapper: vec!["nsenter".into(), format!("--net={}", topo.gateway.path()), "--".into()],
-        env: Vec::new(),
-    };
-    let daemon = Daemon::start_with(&bin, &cfg, launch);
-    assert!(tc_status(&daemon).is_object(), "status shows no TC datapath: {}", daemon.status());
+    assert_eq!(tc["stats"]["flows_opened"].as_u64(), Some(CONNECTIONS as u64), "{diag}");
+    assert_eq!(tc["stats"]["flows_closed"].as_u64(), Some(CONNECTIONS as u64), "{diag}");
+    assert_eq!(counter(&c, "TcpExt:TCPSynRetrans"), 0, "{diag}");
+    assert_eq!(tc["stats"]["malformed"], 0, "{diag}");
+    println!("picked {picked:?}; {diag}");
+}
 
-    let vip: SocketAddr = VIP.parse().unwrap();
-    let picked: [usize; 3] = topo.client.run(move || {
-        let mut n = [0usize; 3];
-        for i in 0..CONNECTIONS {
-            let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(5))
-                .unwrap_or_else(|e| panic!("remote connection {i} to {vip}: {e}"));
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let mut b = [0u8; 1];
-            s.read_exact(&mut b).unwrap_or_else(|e| panic!("remote connection {i}: reading the backend's byte: {e}"));
-            n[b[0] as usize] += 1;
-        }
-        n
-    });
-    assert_eq!(servers.counts().iter().sum::<u64>(), CONNECTIONS as u64);
-    let total: u32 = WEIGHTS.iter().sum();
-    for (i, w) in WEIGHTS.iter().enumerate() {
-        let share = 100.0 * picked[i] as f64 / CONNECTIONS as f64;
-        let want = 100.0 * *w as f64 / total as f64;
-        assert!((share - want).abs() <= 3.0, "backend {i}: {share:.1} % of remote connections, want {want:.1} % +- 3");
+#[test]
+fn routed_mode_keeps_the_client_address_and_splits_by_weight() {
+    let mut spec = GatewaySpec::new("tc-routed", false);
+    spec.weights = [1, 2, 5];
+    let gw = Gateway::start(&spec);
+    let picked = split(&gw, &spec, 2000);
+    assert_shares(&picked, &spec.weights);
+    // Routed: the backends see the client itself and answer it through the gateway.
+    let peers = gw.servers.peers();
+    assert_eq!(peers.keys().copied().collect::<Vec<_>>(), [CLIENT_ADDR], "peers seen by the backends: {peers:?}");
+    let tc = gw.wait_no_flow("every routed flow removed", Duration::from_secs(10));
+    assert_eq!(tc["stats"]["flows_opened"].as_u64(), Some(2000), "{tc}");
+    assert_eq!(tc["stats"]["flows_closed"].as_u64(), Some(2000), "{tc}");
+    println!("routed: picked {picked:?}; TC {tc}");
+}
+
+#[test]
+fn client_address_affinity_sticks_and_many_addresses_spread() {
+    let mut spec = GatewaySpec::new("tc-affinity", true);
+    spec.model_extra = "remote_affinity = \"client_address\"\n".into();
+    let gw = Gateway::start(&spec);
+    let sources: Vec<Ipv4Addr> = (10..42u8).map(|i| Ipv4Addr::new(10, 201, 1, i)).collect();
+    for a in &sources {
+        gw.topo.client.ip(&["addr", "add", &format!("{a}/24"), "dev", "c0"]);
     }
-    daemon.wait_inflight_zero(Duration::from_secs(10));
-    wait_until("every remote flow removed", Duration::from_secs(10), || {
-        let tc = tc_status(&daemon);
-        (tc["flows"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0).then_some(())
-    });
-    let tc = tc_status(&daemon);
-    // Every flow opened was closed. More flows than connections are opened: a NAT port that comes
-    // round while the backend still holds its last connection in TIME_WAIT gets the old
-    // connection's ACK, the client resets and its retried SYN opens another flow. Hashed ports
-    // gave 8,492 and 8,400 flows for 8,000 connections, the per-CPU cursor 8,250 (its CPUs'
-    // walks overlap); exactly 8,000 needs one shared cursor (docs/ARCHITECTURE.md, TC datapath).
-    let opened = tc["stats"]["flows_opened"].as_u64().unwrap_or(0);
-    assert!(opened >= CONNECTIONS as u64, "{tc}");
-    assert_eq!(tc["stats"]["flows_closed"].as_u64(), Some(opened), "{tc}");
-    assert_eq!(tc["stats"]["malformed"], 0, "{tc}");
-    println!("picked {picked:?}; TC: {tc}");
+    let mut by_source: BTreeMap<Ipv4Addr, BTreeSet<usize>> = BTreeMap::new();
+    for a in &sources {
+        for i in 0..8 {
+            let r = connect(&gw.topo, spec.vip, Some(*a), false).unwrap_or_else(|e| panic!("{a} connection {i}: {e}"));
+            by_source.entry(*a).or_default().insert(r.index());
+        }
+    }
+    for (a, b) in &by_source {
+        assert_eq!(b.len(), 1, "client {a} reached backends {b:?}: affinity did not stick");
+    }
+    let used: BTreeSet<usize> = by_source.values().flatten().copied().collect();
+    assert_eq!(used.len(), 3, "32 client addresses all landed on {used:?}");
+    gw.wait_no_flow("every flow removed", Duration::from_secs(10));
+}
+
+#[test]
+fn a_memory_hinted_models_remote_flows_only_reach_backends_with_the_memory() {
+    let mut spec = GatewaySpec::new("tc-memory", true);
+    spec.model_extra = "required_memory_mb = 8000\n".into();
+    spec.free_memory_mb = [Some(4000), Some(16000), Some(6000)];
+    let gw = Gateway::start(&spec);
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let r = connect(&gw.topo, spec.vip, None, true).unwrap_or_else(|e| panic!("remote connection {i}: {e}"));
+        assert_eq!(r.index(), 1, "connection {i} reached {} without 8000 MB free", r.backend);
+        held.push(r);
+    }
+    // While held, the memory hint is counted against the backend, as for local connections.
+    let st = gw.daemon.status();
+    let mem = ailb_tests::status::inflight_mem_by_address(&st);
+    assert_eq!(mem.values().copied().max(), Some(40 * 8000), "memory in flight: {mem:?}");
+    drop(held);
+    assert_eq!(gw.servers.counts(), [0, 40, 0]);
+    gw.wait_no_flow("every flow removed", Duration::from_secs(10));
 }

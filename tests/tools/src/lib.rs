@@ -26,6 +26,7 @@ pub mod frontdoor;
 pub mod scale;
 pub mod sim_gpus;
 pub mod soak;
+pub mod tc_bench;
 
 use std::path::{Path, PathBuf};
 

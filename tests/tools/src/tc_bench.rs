@@ -1,0 +1,341 @@
+//! `ailb-tc-bench` (root): remote clients through the TC datapath, in namespaces it makes and
+//! removes (client -- gateway -- backends, `ailb_tests::remote`). Side by side in one run, in
+//! interleaved rounds: new connections per second (connect, one short request and answer,
+//! close; the backend closes first) from the client namespace through the TC VIP, routed
+//! directly to one backend, and through HAProxy in TCP mode in the gateway namespace. Then the
+//! TC program's run time per packet from the kernel's BPF statistics (`run_time_ns / run_cnt`),
+//! for established packets (a phase of echoes on held connections only) and for SYNs (derived
+//! from the new-connection phase: its time less its established packets at the established
+//! rate, over the SYNs it opened).
+
+use std::fmt::Write as _;
+use std::net::SocketAddrV4;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ailb_tests::netns::{BACKEND_ADDRS, GATEWAY_CLIENT_SIDE};
+use ailb_tests::remote::{connect_here, Gateway, GatewaySpec, Remote, BACKEND_PORT};
+use anyhow::{bail, Context, Result};
+
+/// Options of `ailb-tc-bench`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "New connections per second through the TC VIP vs direct vs HAProxy, and the TC program's ns per packet"
+)]
+pub struct Args {
+    /// Rounds; each measures every path once, in turn.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds each path runs per round.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Client threads, each a loop of connections.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Where the report goes.
+    #[arg(long, default_value = "target/bench/tc.md")]
+    pub out: PathBuf,
+}
+
+/// The NAT ports of the run (the gateway's ephemeral ports are set above them).
+const NAT_PORTS: (u16, u16) = (1024, 49999);
+
+/// HAProxy's frontend, on the gateway's client-side address.
+const HAPROXY_PORT: u16 = 8001;
+
+fn say(msg: &str) {
+    eprintln!("[ailb-tc-bench] {msg}");
+}
+
+/// A child process stopped by pid on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// HAProxy in TCP mode in the gateway namespace, round robin over the backends, one thread per
+/// CPU (`nbthread`), its config in `work`.
+fn start_haproxy(gw: &Gateway, work: &Path) -> Result<Proc> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let servers: String =
+        BACKEND_ADDRS.iter().enumerate().map(|(i, a)| format!("  server s{i} {a}:{BACKEND_PORT}\n")).collect();
+    let conf = work.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "global\n  maxconn 8000\n  nbthread {threads}\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
+             timeout client 30s\n  timeout server 30s\nfrontend f\n  bind {GATEWAY_CLIENT_SIDE}:{HAPROXY_PORT}\n  \
+             default_backend b\nbackend b\n  balance roundrobin\n{servers}"
+        ),
+    )
+    .with_context(|| format!("writing {}", conf.display()))?;
+    let child = Command::new("nsenter")
+        .arg(format!("--net={}", gw.topo.gateway.path()))
+        .args(["--", "haproxy", "-db", "-f"])
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting haproxy (install it: `cargo xtask setup`)")?;
+    Ok(Proc(child))
+}
+
+/// `threads` loops of new connections to `to` from the client namespace for `secs`: the
+/// connections completed per second, and the failures.
+fn rate(gw: &Gateway, to: SocketAddrV4, threads: usize, secs: f64) -> (f64, u64) {
+    let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let (done, failed) = (&done, &failed);
+            let path = gw.topo.client.path();
+            s.spawn(move || {
+                enter(&path);
+                while Instant::now() < deadline {
+                    match connect_here(to, None, false) {
+                        Ok(_) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+        }
+    });
+    (done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(), failed.load(Ordering::Relaxed))
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+fn enter(path: &str) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: a valid namespace fd; setns changes only this thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+/// (run_cnt, run_time_ns) of the ingress program behind the tcx link pinned at `pin`.
+fn prog_stats(pin: &Path) -> Result<(u64, u64)> {
+    let link = json(Command::new("bpftool").args(["link", "show", "pinned"]).arg(pin).arg("--json"))?;
+    let id = link["prog_id"].as_u64().with_context(|| format!("no prog_id for {}: {link}", pin.display()))?;
+    let prog = json(Command::new("bpftool").args(["prog", "show", "id", &id.to_string(), "--json"]))?;
+    Ok((prog["run_cnt"].as_u64().unwrap_or(0), prog["run_time_ns"].as_u64().unwrap_or(0)))
+}
+
+fn json(cmd: &mut Command) -> Result<serde_json::Value> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| format!("{cmd:?}: not JSON"))
+}
+
+/// Restores `kernel.bpf_stats_enabled` on drop.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Result<Self> {
+        let path = "/proc/sys/kernel/bpf_stats_enabled";
+        let old = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        std::fs::write(path, "1").with_context(|| format!("enabling {path}"))?;
+        Ok(Self(old.trim().to_string()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The run: rates, then the per-packet run time; the report is written to `args.out`.
+pub fn main(args: Args) -> Result<()> {
+    if args.rounds == 0 || args.threads == 0 || args.seconds <= 0.0 {
+        bail!(
+            "--rounds, --threads and --seconds must be positive (got {}, {}, {})",
+            args.rounds,
+            args.threads,
+            args.seconds
+        );
+    }
+    let mut spec = GatewaySpec::new("tc-bench", true);
+    // Room for the run's connections: a NAT port comes round only after the whole range, and
+    // one that comes round while its backend holds the last connection in TIME_WAIT (60 s) costs
+    // the client a SYN retransmission (docs/ARCHITECTURE.md, NAT port allocation). The gateway's
+    // own ephemeral ports (HAProxy's) are moved above the range.
+    spec.tc = format!("nat_ports = \"{}-{}\"\n", NAT_PORTS.0, NAT_PORTS.1);
+    let gw = Gateway::start(&spec);
+    gw.topo
+        .gateway
+        .run(|| std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "50000 60999"))
+        .context("setting the gateway's ip_local_port_range")?;
+    let work = tempfile::tempdir().context("temp dir")?;
+    let _haproxy = start_haproxy(&gw, work.path())?;
+    let haproxy = SocketAddrV4::new(GATEWAY_CLIENT_SIDE, HAPROXY_PORT);
+    let direct = SocketAddrV4::new(BACKEND_ADDRS[0], BACKEND_PORT);
+    let paths = [("TC VIP", spec.vip), ("direct to one backend", direct), ("HAProxy, TCP mode", haproxy)];
+    // HAProxy is ready when it answers; warm every path up.
+    let ready = Instant::now() + Duration::from_secs(10);
+    while gw.topo.client.run(move || connect_here(haproxy, None, false)).is_err() {
+        if Instant::now() > ready {
+            bail!("haproxy did not answer on {haproxy} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (_, to) in paths {
+        rate(&gw, to, args.threads, 0.5);
+    }
+    let pin = gw.daemon.bpffs().join("links").join(format!("tc-{}", gw.topo.gateway_ifaces[0]));
+    let stats = BpfStats::enable()?;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut failures = [0u64; 3];
+    let (mut tc_runs, mut tc_ns, mut tc_syns) = (0u64, 0u64, 0u64);
+    for round in 0..args.rounds {
+        for (i, (name, to)) in paths.iter().enumerate() {
+            let (before, opened) = (prog_stats(&pin)?, gw.stat("flows_opened"));
+            let (r, failed) = rate(&gw, *to, args.threads, args.seconds);
+            let after = prog_stats(&pin)?;
+            if i == 0 {
+                tc_runs += after.0 - before.0;
+                tc_ns += after.1 - before.1;
+                tc_syns += gw.stat("flows_opened") - opened;
+            }
+            failures[i] += failed;
+            say(&format!("round {}: {name}: {r:.0} connections/s ({failed} failed)", round + 1));
+            rates[i].push(r);
+        }
+    }
+    let (est_runs, est_ns, echoes) = established_phase(&gw, &spec, &pin, args.threads)?;
+    drop(stats);
+    let est = est_ns as f64 / est_runs.max(1) as f64;
+    let syn = (tc_ns as f64 - (tc_runs - tc_syns) as f64 * est) / tc_syns.max(1) as f64;
+    let med: Vec<f64> = rates.iter_mut().map(|v| median(v)).collect();
+    let tc = gw.tc();
+    let retrans = gw.topo.client.counters().get("TcpExt:TCPSynRetrans").copied().unwrap_or(0);
+    let mut report = report(
+        &args,
+        &paths.map(|p| p.0),
+        &rates,
+        &med,
+        &failures,
+        (tc_runs, tc_ns, tc_syns),
+        (est_runs, echoes),
+        syn,
+        est,
+    );
+    let _ = writeln!(
+        report,
+        "\nAfter the run: client SYN retransmissions {retrans}; TC counters {}. NAT ports {}-{}: a port comes round \
+         after {} flows, so above {:.0} new remote flows a second sustained for a minute a port meets its backend's \
+         TIME_WAIT and costs a SYN retransmission.",
+        tc["stats"],
+        NAT_PORTS.0,
+        NAT_PORTS.1,
+        NAT_PORTS.1 - NAT_PORTS.0 + 1,
+        f64::from(NAT_PORTS.1 - NAT_PORTS.0 + 1) / 60.0
+    );
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.out, &report).with_context(|| format!("writing {}", args.out.display()))?;
+    println!("{report}");
+    say(&format!("report: {}", args.out.display()));
+    Ok(())
+}
+
+/// Echoes on held connections through the VIP (established packets only, both ways): the TC
+/// program's (runs, ns) over the phase and the echoes made.
+fn established_phase(gw: &Gateway, spec: &GatewaySpec, pin: &Path, threads: usize) -> Result<(u64, u64, u64)> {
+    let vip = spec.vip;
+    let mut held: Vec<Remote> = (0..threads)
+        .map(|_| gw.topo.client.run(move || connect_here(vip, None, true)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("held connection: {e}"))?;
+    let before = prog_stats(pin)?;
+    let echoes = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    std::thread::scope(|s| {
+        for r in held.iter_mut() {
+            let echoes = &echoes;
+            s.spawn(move || {
+                while Instant::now() < deadline && r.echo(b"x").is_ok() {
+                    echoes.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let after = prog_stats(pin)?;
+    drop(held);
+    Ok((after.0 - before.0, after.1 - before.1, echoes.load(Ordering::Relaxed)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    names: &[&str; 3],
+    rates: &[Vec<f64>],
+    med: &[f64],
+    failures: &[u64; 3],
+    (tc_runs, tc_ns, tc_syns): (u64, u64, u64),
+    (est_runs, echoes): (u64, u64),
+    syn: f64,
+    est: f64,
+) -> String {
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "# TC datapath: remote new connections\n\nClient namespace -> gateway namespace -> backends namespace (veth), \
+         {} client threads, {} rounds of {} s per path, interleaved; each connection: connect, one short request \
+         and answer, close (the backend closes first). HAProxy {} in TCP mode, nbthread = CPUs. Median of the rounds.\n",
+        args.threads,
+        args.rounds,
+        args.seconds,
+        haproxy_version()
+    );
+    let _ = writeln!(r, "| path | connections/s (median) | rounds | failed |\n|---|---:|---|---:|");
+    for i in 0..3 {
+        let rounds: Vec<String> = rates[i].iter().map(|v| format!("{v:.0}")).collect();
+        let _ = writeln!(r, "| {} | {:.0} | {} | {} |", names[i], med[i], rounds.join(", "), failures[i]);
+    }
+    let _ = writeln!(
+        r,
+        "\nRatios: TC VIP / direct = **{:.2}x** (goal >= 0.95), TC VIP / HAProxy = **{:.2}x** (goal >= 1.5).\n",
+        med[0] / med[1],
+        med[0] / med[2]
+    );
+    let _ = writeln!(
+        r,
+        "## TC program run time (kernel BPF statistics)\n\n`kernel.bpf_stats_enabled=1`, `run_time_ns / run_cnt` of \
+         `ailb_tc_ingress` (both interfaces).\n\n| phase | runs | ns per run |\n|---|---:|---:|\n\
+         | established only ({echoes} one-byte echoes on {} held connections) | {est_runs} | **{est:.0}** (goal <= 150) |\n\
+         | new connections through the VIP ({tc_syns} SYNs) | {tc_runs} | {:.0} |\n\
+         | SYN, derived: (phase ns - non-SYN runs x established ns) / SYNs | {tc_syns} | {syn:.0} |",
+        args.threads,
+        tc_ns as f64 / tc_runs.max(1) as f64,
+    );
+    r
+}
+
+fn haproxy_version() -> String {
+    Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(2).unwrap_or("").to_string())
+        })
+        .unwrap_or_default()
+}
