@@ -30,7 +30,7 @@ use serde_json::Value;
 /// Time between samples.
 pub const PERIOD: Duration = Duration::from_secs(2);
 /// Listings tried per sample for one whose count both counter reads around it equal.
-pub const MAX_TRIES: u32 = 40;
+pub const MAX_TRIES: u32 = 100;
 
 /// One process's footprint.
 #[derive(Debug, Clone, Serialize)]
