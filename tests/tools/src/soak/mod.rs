@@ -5,7 +5,8 @@
 //! looped at the fleet's stable load (0.4 of the trace's rate, `ailb-fleet-model`'s figure for
 //! the default fleet) for `--minutes`, split between the socket ABI and the front door
 //! ([`load`]), the faults of [`faults::SCHEDULE`] one at a time, and a sample every 2 s
-//! ([`sample`]). There is no TC entry point in ailb yet: the soak drives the two that exist.
+//! ([`sample`]). The TC datapath is not driven: its clients must come from another host or
+//! network namespace.
 //! Then [`analyze`] and [`report`]: `soak.md`, `soak-timeline.svg` and `soak-data.json`
 //! under `--out-dir`.
 //!

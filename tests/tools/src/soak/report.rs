@@ -68,8 +68,9 @@ fn markdown(args: &Args, run: &SoakRun) -> String {
          AI-aware policy, affinity and the load bound, attached to a child cgroup; `ailb gateway` inside it. Load: the \
          Mooncake conversation trace looped at {:.2} of its rate (speed {}: the default fleet's stable load, \
          `ailb-fleet-model`) for {:.0} s, its conversations split by a hash of their id between the **socket ABI** \
-         (tagged connects to the VIP) and the **front door** (plain HTTP to the gateway). There is **no TC entry \
-         point** in ailb yet, so the soak drives the two that exist. Faults: one every {:.0} s from {:.0} s; servers, \
+         (tagged connects to the VIP) and the **front door** (plain HTTP to the gateway). The **TC datapath** \
+         (remote clients) is not driven here: its clients must come from another host or network namespace \
+         (`tests/integration/tests/tc_netns.rs` and the `tc_packet` fuzz target cover it). Faults: one every {:.0} s from {:.0} s; servers, \
          memory and rnacos stay down {:.0} s; the daemon {} s.\n",
         args.a100,
         args.rtx3090,
