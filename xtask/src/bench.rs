@@ -27,7 +27,8 @@
 //! 7. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!    minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!    for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
-//!    the parser it broke. Needs no root.
+//!    the parser it broke. Its table goes to `docs/results/fuzz.md`. Needs no root but for
+//!    `tc_packet` (the TC program under `BPF_PROG_TEST_RUN`), which says it skipped without.
 
 use anyhow::{bail, Context, Result};
 
@@ -97,7 +98,13 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
         say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
     }
     if runs(Part::Fuzz) {
-        crate::fuzz::fuzz(fuzz_minutes * 60, &[])?;
+        let outcomes = crate::fuzz::fuzz(fuzz_minutes * 60, &[])?;
+        let when =
+            util::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+        let path = util::workspace_root().join("docs/results/fuzz.md");
+        std::fs::write(&path, crate::fuzz::report(&outcomes, when.trim()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        say!("long fuzz run: {}", path.display());
     }
     Ok(())
 }

@@ -5,6 +5,9 @@
 //! unit test in the crate that owns the parser. The binaries land in the workspace's target
 //! directory (`<target>/<host triple>/release/TARGET`), apart from the host builds.
 //!
+//! `tc_packet` runs the TC program with `BPF_PROG_TEST_RUN`: without root or BPF it exits with
+//! [`SKIPPED`] before fuzzing anything, and is reported skipped with its reason.
+//!
 //! Built without a sanitizer (`-s none`): the parsers are safe Rust, so AddressSanitizer finds
 //! nothing there that the panics, the overflow checks (`-a`) and the targets' own assertions do
 //! not, and costs a slower build and run. Run `cargo +nightly fuzz run --fuzz-dir tests/fuzz
@@ -24,6 +27,25 @@ pub(crate) const DEFAULT_SECONDS: u64 = 10;
 /// The largest input tried (bytes): room for a long config or metrics page, and a bound on
 /// what one input can make a parser allocate.
 const MAX_LEN: u32 = 64 * 1024;
+
+/// The exit status of a target that cannot run here (it prints `TARGET: skipped: REASON`);
+/// libFuzzer's own are 77 (a crash) and 70 (a timeout).
+const SKIPPED: i32 = 69;
+
+/// What one target's run did, from libFuzzer's final statistics.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub(crate) target: String,
+    pub(crate) seconds: u64,
+    pub(crate) executions: Option<u64>,
+    pub(crate) per_second: Option<u64>,
+    /// Code edges covered (`cov`) and features (`ft`) at the end.
+    pub(crate) coverage: Option<(u64, u64)>,
+    /// Inputs in the corpus at the end.
+    pub(crate) corpus: Option<u64>,
+    /// Why it did not run.
+    pub(crate) skipped: Option<String>,
+}
 
 /// `cargo +nightly fuzz SUB` on the fuzz crate; `build` without a sanitizer, with overflow
 /// checks, into the workspace's target directory.
@@ -54,7 +76,7 @@ pub(crate) fn check_installed() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn fuzz(seconds: u64, only: &[String]) -> Result<()> {
+pub(crate) fn fuzz(seconds: u64, only: &[String]) -> Result<Vec<Outcome>> {
     check_installed()?;
     let all: Vec<String> =
         util::output(&mut fuzz_cmd("list")).context("listing the fuzz targets")?.lines().map(str::to_owned).collect();
@@ -73,17 +95,23 @@ pub(crate) fn fuzz(seconds: u64, only: &[String]) -> Result<()> {
     step.done();
 
     let root = util::workspace_root().join(FUZZ_DIR);
+    let mut outcomes = Vec::new();
     for (i, target) in targets.iter().enumerate() {
         let step = Step::start(format!("fuzz {}/{}: {target} for {seconds}s", i + 1, targets.len()));
-        run_target(&root, target, seconds)?;
+        outcomes.push(run_target(&root, target, seconds)?);
         step.done();
     }
-    say!("fuzzing found nothing in {} target(s), {seconds}s each", targets.len());
-    Ok(())
+    let skipped: Vec<String> =
+        outcomes.iter().filter_map(|o| o.skipped.as_ref().map(|why| format!("{} ({why})", o.target))).collect();
+    say!("fuzzing found nothing in {} target(s), {seconds}s each", outcomes.len() - skipped.len());
+    if !skipped.is_empty() {
+        say!("SKIPPED, not run: {}", skipped.join("; "));
+    }
+    Ok(outcomes)
 }
 
 /// Runs the built binary itself rather than `cargo fuzz run`, which would build again first.
-fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
+fn run_target(root: &Path, target: &str, seconds: u64) -> Result<Outcome> {
     let corpus = root.join("corpus").join(target);
     let seeds = root.join("seeds").join(target);
     let artifacts = root.join("artifacts").join(target);
@@ -100,33 +128,115 @@ fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
     let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone().with_context(|| format!("opening {} twice", log.display()))?;
     // New inputs go to the first directory (the grown corpus); the seeds stay as checked in.
-    let result = util::run(
-        Command::new(&bin)
-            .stdout(out)
-            .stderr(err)
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg(format!("-max_total_time={seconds}"))
-            .arg(format!("-max_len={MAX_LEN}"))
-            // One input taking 10 s is a hang; more than 2 GiB resident is a leak or a bomb.
-            .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"])
-            .arg(&corpus)
-            .arg(&seeds),
-    );
+    let status = Command::new(&bin)
+        .stdout(out)
+        .stderr(err)
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg(format!("-max_total_time={seconds}"))
+        .arg(format!("-max_len={MAX_LEN}"))
+        // One input taking 10 s is a hang; more than 2 GiB resident is a leak or a bomb.
+        .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"])
+        .arg(&corpus)
+        .arg(&seeds)
+        .status()
+        .with_context(|| format!("starting {}", bin.display()))?;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    if let Some(last) = lines.iter().rev().find(|l| l.starts_with("stat::number_of_executed_units")) {
-        say!("{target}: {}", last.trim_start_matches("stat::"));
+    let prefix = format!("{target}: skipped: ");
+    let why = lines.iter().find_map(|l| l.strip_prefix(prefix.as_str()));
+    if let (Some(SKIPPED), Some(why)) = (status.code(), why) {
+        say!("{target}: SKIPPED: {why}");
+        return Ok(Outcome { target: target.into(), seconds, skipped: Some(why.into()), ..Outcome::default() });
     }
-    if result.is_err() {
+    if !status.success() {
         for line in &lines[lines.len().saturating_sub(40)..] {
             eprintln!("{line}");
         }
         bail!(
-            "fuzz target {target} failed: the input is in {} (rerun it with `{} <file>`); add it as a unit test \
-             where the parser lives and fix the bug",
+            "fuzz target {target} failed ({status}): the input is in {} (rerun it with `{} <file>`); add it as a \
+             regression test where the code it broke is tested and fix the bug",
             artifacts.display(),
             bin.display()
         );
     }
-    Ok(())
+    let o = outcome(target, seconds, &lines);
+    say!(
+        "{target}: {} runs, {} a second, cov {}, corpus {}",
+        o.executions.map_or("?".into(), |n| n.to_string()),
+        o.per_second.map_or("?".into(), |n| n.to_string()),
+        o.coverage.map_or("?".into(), |(c, _)| c.to_string()),
+        o.corpus.map_or("?".into(), |n| n.to_string())
+    );
+    Ok(o)
+}
+
+/// The statistics of a finished run's log: `stat::` lines and the last status line
+/// (`#N DONE cov: C ft: F corp: K/...`).
+fn outcome(target: &str, seconds: u64, lines: &[&str]) -> Outcome {
+    let stat = |name: &str| {
+        lines.iter().rev().find_map(|l| l.strip_prefix(name)?.trim_start_matches(':').trim().parse::<u64>().ok())
+    };
+    let last = lines.iter().rev().find(|l| l.starts_with('#') && l.contains(" cov: "));
+    let field = |name: &str| {
+        let l = last?;
+        let rest = &l[l.find(name)? + name.len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).find(|s| !s.is_empty())?.parse::<u64>().ok()
+    };
+    Outcome {
+        target: target.into(),
+        seconds,
+        executions: stat("stat::number_of_executed_units"),
+        per_second: stat("stat::average_exec_per_sec"),
+        coverage: field(" cov: ").zip(field(" ft: ")),
+        corpus: field(" corp: "),
+        skipped: None,
+    }
+}
+
+/// The long run's table (Markdown), one row per target.
+pub(crate) fn report(outcomes: &[Outcome], when: &str) -> String {
+    let mut md = format!(
+        "# Long fuzz run\n\nWritten by `cargo xtask bench --only fuzz` ({when}). Every target of `tests/fuzz` from \
+         its seeds and the corpus earlier runs grew; libFuzzer's final statistics. A crash stops the run.\n\n\
+         | target | seconds | executions | per second | coverage (edges / features) | corpus | |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for o in outcomes {
+        let cov = o.coverage.map_or("-".to_string(), |(c, f)| format!("{c} / {f}"));
+        let result = o.skipped.as_ref().map_or("no crash".to_string(), |why| format!("**skipped**: {why}"));
+        md.push_str(&format!(
+            "| `{}` | {} | {} | {} | {cov} | {} | {result} |\n",
+            o.target,
+            o.seconds,
+            n(o.executions),
+            n(o.per_second),
+            n(o.corpus)
+        ));
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_final_statistics_are_read_from_the_log() {
+        let log = "INFO: Seed: 1\n#2\tINITED cov: 10 ft: 11 corp: 1/1b exec/s: 0 rss: 30Mb\n\
+                   #5000\tDONE   cov: 1234 ft: 5678 corp: 321/40Kb lim: 4096 exec/s: 500 rss: 80Mb\n\
+                   stat::number_of_executed_units: 5000\nstat::average_exec_per_sec:     500\n";
+        let lines: Vec<&str> = log.lines().collect();
+        let o = outcome("t", 10, &lines);
+        assert_eq!(
+            (o.executions, o.per_second, o.coverage, o.corpus),
+            (Some(5000), Some(500), Some((1234, 5678)), Some(321))
+        );
+        let md = report(
+            &[o, Outcome { target: "tc".into(), skipped: Some("needs root".into()), ..Outcome::default() }],
+            "x",
+        );
+        assert!(md.contains("| `t` | 10 | 5000 | 500 | 1234 / 5678 | 321 | no crash |"), "{md}");
+        assert!(md.contains("| `tc` | 0 | - | - | - | - | **skipped**: needs root |"), "{md}");
+    }
 }

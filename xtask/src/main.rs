@@ -125,7 +125,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
         Cmd::Bench { only, fuzz_minutes } => bench::bench(&only, fuzz_minutes),
         Cmd::Soak { minutes, overload_only, debug } => soak::soak(minutes, overload_only, debug),
-        Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets),
+        Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets).map(drop),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }
 }

@@ -12,6 +12,7 @@
 //! state (restart) or answers a beat with 20404.
 
 pub mod config;
+pub mod health;
 pub mod metrics;
 pub mod publish;
 pub mod source;
@@ -22,6 +23,7 @@ use tracing::{info, warn};
 
 use self::{
     config::{ValidAgent, ValidInstance},
+    health::HealthGate,
     metrics::AgentMetrics,
     publish::Values,
     source::{ErrorSource, Telemetry},
@@ -49,6 +51,8 @@ pub struct InstanceState<S> {
     last_error: [Option<String>; 3],
     /// Why derived values are unknown (the last reasons logged).
     last_unknown: Vec<String>,
+    /// The failure threshold over the server's samples.
+    health: HealthGate,
 }
 
 pub struct Agent<T: Transport, S: Telemetry> {
@@ -125,6 +129,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
                 last_publish: None,
                 last_error: [None, None, None],
                 last_unknown: Vec::new(),
+                health: HealthGate::default(),
             })
             .collect();
         Self { cfg, nacos, instances, metrics, draining: false }
@@ -140,8 +145,11 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
         let t = self.cfg.thresholds;
         let hb = self.cfg.heartbeat_interval;
         let m = self.metrics.clone();
+        let threshold = self.cfg.health_failure_threshold;
         for st in &mut self.instances {
-            let sampled = st.source.sample().await;
+            let mut sampled = st.source.sample().await;
+            let server = std::mem::take(&mut sampled.sample.server);
+            sampled.sample.server = st.health.filter(server, threshold, &st.inst.name());
             let mut failed = [false; 2];
             for (src, msg) in sampled.errors {
                 if src != ErrorSource::Nacos {

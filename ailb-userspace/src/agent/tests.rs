@@ -196,6 +196,33 @@ fn beats_when_due_and_registers_again_on_20404() {
 }
 
 #[test]
+fn a_slow_server_stays_healthy_until_its_probes_time_out_three_times_in_a_row() {
+    rt().block_on(async {
+        let (mut a, nacos, tel) = agent("60s");
+        a.tick().await;
+        let publishes = nacos.registrations().len();
+        let healthy = tel.lock().unwrap().sample.server.clone();
+        let slow = ServerSample { healthy: false, timed_out: true, ..Default::default() };
+        tel.lock().unwrap().sample.server = slow;
+        for _ in 0..2 {
+            a.tick().await;
+            assert_eq!(nacos.last_metadata()["health_status"], "healthy");
+            assert_eq!(nacos.registrations().len(), publishes, "a timeout below the threshold publishes nothing");
+        }
+        tel.lock().unwrap().sample.server = healthy;
+        a.tick().await;
+        tel.lock().unwrap().sample.server.timed_out = true;
+        tel.lock().unwrap().sample.server.healthy = false;
+        for _ in 0..2 {
+            a.tick().await;
+        }
+        assert_eq!(nacos.last_metadata()["health_status"], "healthy", "the answer between restarted the count");
+        a.tick().await;
+        assert_eq!(nacos.last_metadata()["health_status"], "unhealthy", "the third timeout in a row");
+    });
+}
+
+#[test]
 fn a_dead_server_is_published_unhealthy_at_once() {
     rt().block_on(async {
         let (mut a, nacos, tel) = agent("60s");

@@ -1,7 +1,7 @@
 //! `ailb agent --config FILE`: the GPU node agent (see `crate::agent`). SIGTERM or SIGINT
 //! drains and exits 0.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc};
 
 use anyhow::Context;
 use axum::{extract::State, http::header, response::IntoResponse, routing::get, Router};
@@ -59,8 +59,6 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
             }
         }
         let nacos = ReqwestTransport::new(cfg.nacos.timeout, cfg.nacos.tls_ca_file.as_deref())?;
-        // A hung model server must not hold the loop for more than about one interval.
-        let scrape_timeout = cfg.publish_interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
         let sources = cfg
             .instances
             .iter()
@@ -69,7 +67,7 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
                     i.metrics_url.clone(),
                     i.health_url.clone(),
                     i.names.clone(),
-                    scrape_timeout,
+                    cfg.probe_timeout,
                 )?;
                 let nvml = match (&nvml, i.nvml) {
                     (Some(n), true) => Some((n.clone(), i.gpus.iter().map(NodeSource::selector).collect())),

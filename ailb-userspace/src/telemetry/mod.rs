@@ -34,6 +34,10 @@ pub struct ServerSample {
     pub kv_cache_usage: Option<f64>,
     /// Whether the health endpoint answered 2xx.
     pub healthy: bool,
+    /// Not healthy because the health probe or the scrape got no answer within the timeout:
+    /// the server may be slow (a loaded machine) or hung, but it accepted the connection or
+    /// may yet; unlike a refused connection or an error answer, it is not known to be down.
+    pub timed_out: bool,
     /// Free KV-cache capacity in tokens, when asked for ([`model_server::KvCapacity`]).
     pub kv_free_tokens: Option<f64>,
     /// Free GPU memory, MiB, from mapped gauges ([`model_server::GpuMetrics`]).

@@ -3,7 +3,9 @@
 //! One `sample()` fetches the metrics and the health endpoint concurrently:
 //! - health endpoint answers 2xx: healthy; any other status, refused, timed out: not healthy;
 //! - metrics unreachable (refused, timed out before an answer): the sample says `healthy = false`
-//!   with no load values, so the agent can publish the instance as unhealthy at once;
+//!   with no load values, so the agent can publish the instance as unhealthy;
+//! - `timed_out` says that no answer came in time (from either): slow or hung, not known down,
+//!   which the agent counts towards its failure threshold instead of acting at once;
 //! - metrics answer that is not 2xx, over [`MAX_BODY`], or not exposition text: an error, because
 //!   a server that answers is up and the problem is the configuration or the server's metrics.
 //!
@@ -217,30 +219,44 @@ impl ModelServerSource {
             }
         };
         let (metrics, health) = tokio::join!(self.scrape(), health);
-        let Some(samples) = metrics? else {
-            return Ok(ServerSample { healthy: false, ..ServerSample::default() });
+        let samples = match metrics? {
+            Ok(samples) => samples,
+            Err(NoAnswer { timed_out }) => {
+                let timed_out = timed_out || health.is_some_and(|h| h == Probe::TimedOut);
+                return Ok(ServerSample { healthy: false, timed_out, ..ServerSample::default() });
+            }
         };
-        Ok(read(&samples, &self.names, health.unwrap_or(true)))
+        let mut s = read(&samples, &self.names, health.is_none_or(|h| h == Probe::Healthy));
+        s.timed_out = health == Some(Probe::TimedOut);
+        Ok(s)
     }
 
-    async fn healthy(&self, url: &Url) -> bool {
+    async fn healthy(&self, url: &Url) -> Probe {
         match self.client.get(url.clone()).send().await {
-            Ok(r) => r.status().is_success(),
+            Ok(r) if r.status().is_success() => Probe::Healthy,
+            Ok(r) => {
+                tracing::debug!(url = %url, status = %r.status(), "health check answered not healthy");
+                Probe::Failed
+            }
             Err(e) => {
-                tracing::debug!(url = %url, error = %e, "health check failed");
-                false
+                tracing::debug!(url = %url, error = %crate::error_chain(&e), "health check failed");
+                if e.is_timeout() {
+                    Probe::TimedOut
+                } else {
+                    Probe::Failed
+                }
             }
         }
     }
 
-    /// `Ok(None)`: the server did not answer.
-    async fn scrape(&self) -> Result<Option<Vec<exposition::Sample>>, TelemetryError> {
+    /// `Ok(Err(_))`: the server did not answer.
+    async fn scrape(&self) -> Result<Result<Vec<exposition::Sample>, NoAnswer>, TelemetryError> {
         let url = &self.metrics_url;
         let resp = match self.client.get(url.clone()).send().await {
             Ok(r) => r,
             Err(e) if e.is_connect() || e.is_timeout() => {
-                tracing::debug!(url = %url, error = %e, "metrics endpoint unreachable");
-                return Ok(None);
+                tracing::debug!(url = %url, error = %crate::error_chain(&e), "metrics endpoint unreachable");
+                return Ok(Err(NoAnswer { timed_out: e.is_timeout() }));
             }
             Err(source) => return Err(TelemetryError::MetricsRequest { url: url.clone(), source }),
         };
@@ -249,12 +265,27 @@ impl ModelServerSource {
         }
         let body = read_bounded(resp, url).await?;
         let text = String::from_utf8_lossy(&body);
-        exposition::parse(&text).map(Some).map_err(|e| TelemetryError::MetricsParse {
+        exposition::parse(&text).map(Ok).map_err(|e| TelemetryError::MetricsParse {
             url: url.clone(),
             line: e.line,
             reason: e.reason,
         })
     }
+}
+
+/// What the health endpoint said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    Healthy,
+    /// An answer other than 2xx, or no connection.
+    Failed,
+    /// No answer within the timeout.
+    TimedOut,
+}
+
+/// The metrics endpoint did not answer: refused, or (`timed_out`) not within the timeout.
+struct NoAnswer {
+    timed_out: bool,
 }
 
 async fn read_bounded(mut resp: Response, url: &Url) -> Result<Vec<u8>, TelemetryError> {

@@ -1,6 +1,8 @@
 //! Helpers shared by the fuzz targets in `fuzz_targets/`: the checks a target makes besides
 //! "no panic" that more than one target needs.
 
+pub mod tc;
+
 use ailb_userspace::fuzzing::Sample;
 
 /// Equal as the parsers mean it: NaN equals NaN, and a float printed and read back by

@@ -288,8 +288,29 @@ async fn a_server_that_never_answers_is_healthy_false_within_the_timeout() {
     let started = std::time::Instant::now();
     let s = src.sample().await.unwrap_or_else(|e| panic!("{e}"));
     assert!(!s.healthy);
+    // Slow or hung, not known down: the agent's failure threshold counts it.
+    assert!(s.timed_out, "{s:?}");
     // Bound: the 300 ms timeout plus scheduling slack far below the next second.
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_health_endpoint_that_never_answers_timed_out_with_the_load_read() {
+    let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+    let health = Url::parse(&format!("http://{}/health", hung.local_addr().unwrap())).unwrap();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in hung.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let server = FakeServer::start(routes(VLLM));
+    let src =
+        ModelServerSource::new(server.url("/metrics"), Some(health), ServerKind::Vllm, Duration::from_millis(300))
+            .unwrap();
+    let s = src.sample().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!s.healthy && s.timed_out, "{s:?}");
+    assert_eq!(s.running, Some(5.0));
 }
 
 fn with_names(server: &FakeServer, names: ailb_userspace::telemetry::model_server::MetricNames) -> ModelServerSource {

@@ -4,6 +4,8 @@
 //! publish_interval = "500ms"   # how often telemetry is sampled; a write only when a value moved
 //! heartbeat_interval = "5s"    # Nacos beats for ephemeral instances
 //! drain_timeout = "30s"        # SIGTERM: longest wait for in-flight requests to finish
+//! probe_timeout = "1s"         # each scrape and health probe of a model server
+//! health_failure_threshold = 3 # timed-out probes in a row before the instance is unhealthy
 //! listen = "127.0.0.1:9464"    # the agent's /metrics (optional)
 //! nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"   # optional
 //!
@@ -78,6 +80,16 @@ pub struct AgentConfig {
     /// Default `"30s"`, at most 1h.
     #[serde(default = "default_drain")]
     pub drain_timeout: String,
+    /// How long a scrape or a health probe of a model server may take, connect to last byte.
+    /// Default `"1s"` (Kubernetes' probe timeout), 10ms to 60s.
+    #[serde(default = "default_probe_timeout")]
+    pub probe_timeout: String,
+    /// Timed-out samples in a row (no answer within `probe_timeout`) before an instance is
+    /// published unhealthy; until then its last healthy values stand. A refused connection or
+    /// an error answer is unhealthy at once. Default 3 (Kubernetes' `failureThreshold`), 1 to
+    /// 100: with the defaults a hung server leaves the table after about 3 s.
+    #[serde(default = "default_failure_threshold")]
+    pub health_failure_threshold: u32,
     /// The agent's `/metrics` and `/healthz`; default none.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
@@ -211,6 +223,12 @@ fn default_heartbeat() -> String {
 fn default_drain() -> String {
     "30s".into()
 }
+fn default_probe_timeout() -> String {
+    "1s".into()
+}
+fn default_failure_threshold() -> u32 {
+    3
+}
 fn default_cluster() -> String {
     "DEFAULT".into()
 }
@@ -228,6 +246,8 @@ pub struct ValidAgent {
     pub publish_interval: Duration,
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
+    pub probe_timeout: Duration,
+    pub health_failure_threshold: u32,
     pub listen: Option<SocketAddr>,
     pub thresholds: Thresholds,
     pub nvml_library: Option<PathBuf>,
@@ -304,6 +324,15 @@ impl AgentConfig {
             Duration::from_secs(60),
         )?;
         let drain_timeout = duration("drain_timeout", &self.drain_timeout, Duration::ZERO, Duration::from_secs(3600))?;
+        let probe_timeout =
+            duration("probe_timeout", &self.probe_timeout, Duration::from_millis(10), Duration::from_secs(60))?;
+        if !(1..=100).contains(&self.health_failure_threshold) {
+            return Err(ConfigError::invalid(
+                "health_failure_threshold",
+                self.health_failure_threshold.to_string(),
+                "expected 1 to 100 timed-out probes in a row",
+            ));
+        }
         check_thresholds(&self.thresholds)?;
         if self.instances.is_empty() {
             return Err(ConfigError::invalid("instances", "[]", "at least one [[instances]] is needed"));
@@ -316,6 +345,8 @@ impl AgentConfig {
             publish_interval,
             heartbeat_interval,
             drain_timeout,
+            probe_timeout,
+            health_failure_threshold: self.health_failure_threshold,
             listen: self.listen,
             thresholds: self.thresholds,
             nvml_library: self.nvml_library.clone(),

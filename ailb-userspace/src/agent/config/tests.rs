@@ -28,6 +28,7 @@ fn defaults() {
     assert_eq!(v.publish_interval, Duration::from_millis(500));
     assert_eq!(v.heartbeat_interval, Duration::from_secs(5));
     assert_eq!(v.drain_timeout, Duration::from_secs(30));
+    assert_eq!((v.probe_timeout, v.health_failure_threshold), (Duration::from_secs(1), 3));
     assert_eq!(v.thresholds, Thresholds::default());
     let i = &v.instances[0];
     assert_eq!((i.cluster.as_str(), i.weight, i.server), ("DEFAULT", 1.0, ServerKind::Vllm));
@@ -39,6 +40,12 @@ fn bad_values_name_the_field() {
     assert!(e.contains("instances[0].gpus"), "{e}");
     let e = parse(&format!("publish_interval = \"1ms\"\n{MIN}")).unwrap_err();
     assert!(e.contains("publish_interval"), "{e}");
+    let e = parse(&format!("probe_timeout = \"2m\"\n{MIN}")).unwrap_err();
+    assert!(e.contains("probe_timeout") && e.contains("2m"), "{e}");
+    for bad in [0, 101] {
+        let e = parse(&format!("health_failure_threshold = {bad}\n{MIN}")).unwrap_err();
+        assert!(e.contains("health_failure_threshold") && e.contains(&bad.to_string()), "{e}");
+    }
     let e = parse(&MIN.replace("http://127.0.0.1:8848", "ftp://x")).unwrap_err();
     assert!(e.contains("nacos.servers[0]") && !e.contains("discovery"), "{e}");
     let e = parse(&MIN.replace("http://127.0.0.1:8000/health", "nope")).unwrap_err();

@@ -89,11 +89,17 @@ pub fn continuity(recs: &[Rec], entry: Entry, cut: f64, w: f64) -> Continuity {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct InflightCheck {
     pub samples: usize,
-    /// Samples whose connection count lies between the in-flight reads around it.
+    /// Samples whose last listing's count lies between the counter reads around it.
     pub consistent: usize,
-    /// Samples where both reads equal the count.
+    /// Samples where both reads equal the count: the counters agreed with the connections.
     pub equal: usize,
-    /// The largest distance from the count to the nearer read.
+    /// Samples that took more than one listing.
+    pub retried: usize,
+    /// The most listings one sample took.
+    pub max_tries: u32,
+    /// Listings over all samples.
+    pub tries: u64,
+    /// Of the samples that never agreed, the largest distance from the count to the nearer read.
     pub max_gap: u64,
 }
 
@@ -104,7 +110,10 @@ pub fn inflight_check<'a>(samples: impl Iterator<Item = &'a Sample>) -> Inflight
         c.samples += 1;
         c.consistent += usize::from(s.consistent() == Some(true));
         c.equal += usize::from(s.equal() == Some(true));
-        let gap = if s.consistent() == Some(true) { 0 } else { s.open.abs_diff(a).min(s.open.abs_diff(b)) };
+        c.retried += usize::from(s.tries > 1);
+        c.max_tries = c.max_tries.max(s.tries);
+        c.tries += u64::from(s.tries);
+        let gap = if s.equal() == Some(true) { 0 } else { s.open.abs_diff(a).max(s.open.abs_diff(b)) };
         c.max_gap = c.max_gap.max(gap);
     }
     c
@@ -255,6 +264,7 @@ mod tests {
             inflight_before: None,
             inflight_after: None,
             open: 0,
+            tries: 1,
             live: None,
             procs: vec![super::super::sample::ProcSample { role: "gateway".into(), rss_kb, fds }],
         };

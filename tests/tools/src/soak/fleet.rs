@@ -56,6 +56,8 @@ pub struct FleetOpts {
     /// (the kernel's hard cap per backend, so the socket ABI's excess is refused at connect)
     /// and the front door runs with `gateway.admission = true` (429 above the sum of the caps).
     pub admission: bool,
+    /// The agents' `AILB_LOG`.
+    pub agent_log: String,
 }
 
 /// One GPU's agent: its files, and the process while it runs.
@@ -101,7 +103,10 @@ impl Fleet {
             if o.admission {
                 declare_cap(&config, s)?;
             }
-            let env = vec![("FAKE_NVML_STATE".to_string(), relay.agent_state(i).display().to_string())];
+            let env = vec![
+                ("FAKE_NVML_STATE".to_string(), relay.agent_state(i).display().to_string()),
+                ("AILB_LOG".to_string(), o.agent_log.clone()),
+            ];
             let proc = Some(spawn_agent(s.addr, &config, &log, &env)?);
             agents.push(Agent { proc, config, log, env, addr: s.addr });
         }
@@ -197,6 +202,19 @@ impl Fleet {
     /// The simulators' addresses.
     pub fn addrs(&self) -> Vec<SocketAddrV4> {
         self.sims.iter().map(|s| s.addr).collect()
+    }
+
+    /// Copies every log of the fleet (the daemon's, the gateway's, the agents') into `to`.
+    pub fn keep_logs(&self, to: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+        std::fs::write(to.join("daemon.log"), self.daemon.log()).context("writing daemon.log")?;
+        for e in std::fs::read_dir(self.dir.path()).context("listing the fleet's files")? {
+            let path = e.context("listing the fleet's files")?.path();
+            if let (Some(name), Some("log")) = (path.file_name(), path.extension().and_then(|x| x.to_str())) {
+                std::fs::copy(&path, to.join(name)).with_context(|| format!("copying {}", path.display()))?;
+            }
+        }
+        Ok(())
     }
 
     /// A command run inside `cg` (the load workers).

@@ -5,7 +5,8 @@
 //! looped at the fleet's stable load (0.4 of the trace's rate, `ailb-fleet-model`'s figure for
 //! the default fleet) for `--minutes`, split between the socket ABI and the front door
 //! ([`load`]), the faults of [`faults::SCHEDULE`] one at a time, and a sample every 2 s
-//! ([`sample`]). There is no TC entry point in ailb yet: the soak drives the two that exist.
+//! ([`sample`]). The TC datapath is not driven: its clients must come from another host or
+//! network namespace.
 //! Then [`analyze`] and [`report`]: `soak.md`, `soak-timeline.svg` and `soak-data.json`
 //! under `--out-dir`.
 //!
@@ -79,6 +80,17 @@ pub struct Args {
     /// `ailb-sim` binary (default: next to this one).
     #[arg(long)]
     pub sim_bin: Option<PathBuf>,
+    /// Run the soak's load without its faults (a baseline: every failure is then one a
+    /// healthy backend could have served).
+    #[arg(long)]
+    pub no_faults: bool,
+    /// The agents' log filter (`AILB_LOG`), e.g. `info,ailb_userspace::telemetry=debug` to log
+    /// every failed health probe and scrape.
+    #[arg(long, default_value = "info")]
+    pub agent_log: String,
+    /// Copy the daemon's, the gateway's and the agents' logs here when the soak ends.
+    #[arg(long)]
+    pub keep_logs: Option<PathBuf>,
     /// The command line that reproduces the run, for the report.
     #[arg(long, default_value = "cargo xtask soak")]
     pub reproduce: String,
@@ -143,6 +155,7 @@ pub fn fleet_opts(args: &Args, port: u16, max_concurrent: u32, name: &'static st
         max_concurrent,
         name,
         admission,
+        agent_log: args.agent_log.clone(),
     }
 }
 
@@ -208,12 +221,17 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
         cgroup: sample::cgroup_filter(cg),
     });
     let sampler = Sampler::start(target.clone(), t0);
-    eprintln!(
-        "ailb-soak: {:.0} s of load at speed {speed}; faults every {:.0} s from {:.0} s",
-        plan.duration_s, plan.slot_s, plan.warm_s
-    );
+    if args.no_faults {
+        eprintln!("ailb-soak: {:.0} s of load at speed {speed}, no faults", plan.duration_s);
+    } else {
+        eprintln!(
+            "ailb-soak: {:.0} s of load at speed {speed}; faults every {:.0} s from {:.0} s",
+            plan.duration_s, plan.slot_s, plan.warm_s
+        );
+    }
     let mut events = Vec::new();
-    for (k, f) in SCHEDULE.iter().enumerate() {
+    let schedule = if args.no_faults { &[][..] } else { &SCHEDULE[..] };
+    for (k, f) in schedule.iter().enumerate() {
         let at = Duration::from_secs_f64(plan.warm_s + k as f64 * plan.slot_s);
         std::thread::sleep(at.saturating_sub(t0.elapsed()));
         eprintln!("ailb-soak: {:.0} s: {}", t0.elapsed().as_secs_f64(), f.title());
@@ -225,6 +243,9 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
     workers.wait(Duration::from_secs_f64(plan.duration_s + 200.0), t0)?;
     let samples = sampler.stop();
     let (final_inflight, final_open) = drained(&fleet, &target);
+    if let Some(to) = &args.keep_logs {
+        fleet.keep_logs(to)?;
+    }
     let mut records = Vec::new();
     for p in &plans {
         records.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);

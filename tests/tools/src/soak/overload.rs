@@ -60,7 +60,7 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         procs: Mutex::new(fleet.pids()),
         cgroup: super::sample::cgroup_filter(cg),
     });
-    let before = super::sample::take(&target, t0);
+    let before = super::sample::take(&target, t0, &mut Default::default());
     let mut workers = Workers::spawn(cg, &plans)?;
     let sampler = Sampler::start(target.clone(), t0);
     let prober = Prober::start(fleet.gateway_listen);

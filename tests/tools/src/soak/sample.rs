@@ -1,26 +1,36 @@
-//! The soak's sampler, a thread that every [`PERIOD`] reads: the kernel's in-flight count
-//! (`ailb status --json`, the sum of every backend's `inflight`) just before and just after
-//! counting the open connections to the backends (`ss -tnH state established cgroup PATH`:
-//! sockets of the child cgroup, whose peer is a simulator: a load worker's or the gateway's
-//! upstream ones; the agents' and this tool's own probes are outside it and not steered), how
-//! many backends are live, and the RSS and open file descriptors of the daemon, the gateway
-//! and every agent from `/proc`.
-
+//! The soak's sampler, a thread that every [`PERIOD`] takes a sample: the kernel's in-flight
+//! count and the open connections to the backends, how many backends are live, and the RSS and
+//! open file descriptors of the daemon, the gateway and every agent from `/proc`.
+//!
+//! The in-flight count and the connections cannot be read at one instant, and about 27
+//! connections a second open and close. So a sample is one listing of the connections (`ss
+//! -tnH state established cgroup PATH`: sockets of the child cgroup whose peer is a simulator,
+//! a load worker's or the gateway's upstream ones; the agents' and this tool's own probes are
+//! outside the cgroup and not steered) between two reads of the kernel's counters (the pinned
+//! `AILB_INFLIGHT`, every backend id the daemon has listed in this run, summed; microseconds
+//! each), taken again, up to [`MAX_TRIES`] times, until both reads equal the listing's count:
+//! then at the instant the listing began and at the one it ended the counters and the open
+//! connections were the same. A sample that never agrees keeps its last try, and how far apart
+//! it was.
 use std::collections::BTreeSet;
 use std::net::SocketAddrV4;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ailb_common::maps;
 use ailb_tests::status::ailb_status;
+use aya::maps::{Array, Map, MapData};
 use serde::Serialize;
 use serde_json::Value;
 
 /// Time between samples.
 pub const PERIOD: Duration = Duration::from_secs(2);
+/// Listings tried per sample for one whose count both counter reads around it equal.
+pub const MAX_TRIES: u32 = 100;
 
 /// One process's footprint.
 #[derive(Debug, Clone, Serialize)]
@@ -34,12 +44,15 @@ pub struct ProcSample {
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
     pub t_s: f64,
-    /// The kernel's in-flight sum before and after the connections were counted (`None`: the
-    /// status could not be read).
+    /// The kernel's in-flight sum just before and just after the last listing (`None`: the
+    /// counters could not be read).
     pub inflight_before: Option<u64>,
     pub inflight_after: Option<u64>,
-    /// ESTABLISHED sockets from the cgroup's processes to the backends.
+    /// ESTABLISHED sockets from the cgroup's processes to the backends, in the last listing.
     pub open: u64,
+    /// Listings taken: the sample ended at the first whose count both reads equal, or after
+    /// [`MAX_TRIES`].
+    pub tries: u32,
     pub live: Option<u64>,
     pub procs: Vec<ProcSample>,
 }
@@ -51,7 +64,7 @@ impl Sample {
         let (a, b) = (self.inflight_before?, self.inflight_after?);
         Some((a.min(b)..=a.max(b)).contains(&self.open))
     }
-    /// Whether both reads equal the count.
+    /// Whether both reads equal the count: the counters agreed with the open connections.
     pub fn equal(&self) -> Option<bool> {
         Some(self.inflight_before? == self.open && self.inflight_after? == self.open)
     }
@@ -81,11 +94,12 @@ impl Sampler {
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut out = Vec::new();
+            let mut ids = BTreeSet::new();
             let mut next = Instant::now();
             while !s.load(Ordering::Relaxed) {
                 if Instant::now() >= next {
                     next += PERIOD;
-                    out.push(take(&target, t0));
+                    out.push(take(&target, t0, &mut ids));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -100,21 +114,50 @@ impl Sampler {
     }
 }
 
-/// One sample now.
-pub fn take(t: &Target, t0: Instant) -> Sample {
+/// One sample now. `ids`: every backend id listed by the daemon so far in this run (a removed
+/// backend's connections stay counted under its id until they close); this sample's are added.
+pub fn take(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>) -> Sample {
     let t_s = t0.elapsed().as_secs_f64();
-    let before = ailb_status(&t.ailb, &t.bpffs).ok();
-    let open = open_connections(&t.backends, &t.cgroup);
-    let after = ailb_status(&t.ailb, &t.bpffs).ok();
+    let status = ailb_status(&t.ailb, &t.bpffs).ok();
+    ids.extend(status.iter().flat_map(|s| backends(s).filter_map(|b| b["id"].as_u64()).map(|id| id as u32)));
+    let counters = inflight_map(&t.bpffs);
+    let read = || counters.as_ref().and_then(|m| ids.iter().map(|id| m.get(id, 0).ok()).sum::<Option<u64>>());
+    let (before, open, after, tries) = agreeing(read, || open_connections(&t.backends, &t.cgroup));
     let procs = t.procs.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Sample {
         t_s,
-        inflight_before: before.as_ref().map(inflight_sum),
-        inflight_after: after.as_ref().map(inflight_sum),
+        inflight_before: before,
+        inflight_after: after,
         open,
-        live: after.as_ref().map(live_count),
+        tries,
+        live: status.as_ref().map(live_count),
         procs: procs.iter().filter_map(|(role, pid)| footprint(role, *pid)).collect(),
     }
+}
+
+/// Reads the counters, lists the connections and reads the counters again until both reads
+/// equal the listing's count, [`MAX_TRIES`] times at most: (before, listed, after, tries) of
+/// the last try.
+fn agreeing(
+    mut read: impl FnMut() -> Option<u64>,
+    mut list: impl FnMut() -> u64,
+) -> (Option<u64>, u64, Option<u64>, u32) {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let before = read();
+        let open = list();
+        let after = read();
+        if (before == Some(open) && after == Some(open)) || tries == MAX_TRIES {
+            return (before, open, after, tries);
+        }
+    }
+}
+
+/// The pinned in-flight counters (`None`: not pinned, or not readable).
+fn inflight_map(bpffs: &Path) -> Option<Array<MapData, u64>> {
+    let md = MapData::from_pin(bpffs.join(maps::INFLIGHT)).ok()?;
+    Map::from_map_data(md).ok()?.try_into().ok()
 }
 
 /// The sum of every backend's `inflight`.
@@ -171,5 +214,26 @@ mod tests {
         assert!(counts(l, &peers));
         assert!(!counts(&l.replace("18300", "18301"), &peers));
         assert!(!counts("0 0 127.0.11.1:18300 127.0.0.1:5000", &peers), "the server's end");
+    }
+
+    #[test]
+    fn a_sample_lists_again_until_both_reads_equal_the_listing() {
+        // Counter reads 5, 6 around a listing of 6 (a connection opened meanwhile), then 6, 6.
+        let mut reads = [Some(5), Some(6), Some(6), Some(6)].into_iter();
+        let mut lists = [6, 6].into_iter();
+        let got = agreeing(|| reads.next().flatten(), || lists.next().unwrap_or(0));
+        assert_eq!(got, (Some(6), 6, Some(6), 2));
+        // Never agreeing: the last of MAX_TRIES tries is kept.
+        let mut n = 0;
+        let got = agreeing(
+            || {
+                n += 1;
+                Some(n)
+            },
+            || 0,
+        );
+        assert_eq!(got, (Some(2 * u64::from(MAX_TRIES) - 1), 0, Some(2 * u64::from(MAX_TRIES)), MAX_TRIES));
+        // Unreadable counters never agree.
+        assert_eq!(agreeing(|| None, || 0).3, MAX_TRIES);
     }
 }
