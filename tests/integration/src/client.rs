@@ -406,6 +406,19 @@ pub fn backends_by_conversation(results: &[ConnResult]) -> BTreeMap<String, BTre
     m
 }
 
+/// The one backend each conversation reached; panics unless every connection succeeded and
+/// every conversation stayed on one backend (`phase` names the run in the message).
+pub fn one_backend_per_conversation(results: &[ConnResult], phase: &str) -> BTreeMap<String, String> {
+    assert_all_ok(results, phase);
+    backends_by_conversation(results)
+        .into_iter()
+        .map(|(c, set)| {
+            assert_eq!(set.len(), 1, "{phase}: conversation {c} reached several backends: {set:?}");
+            (c, set.into_iter().next().expect("one"))
+        })
+        .collect()
+}
+
 /// Panics unless every connection succeeded (with the first few failures in the message).
 pub fn assert_all_ok(results: &[ConnResult], what: &str) {
     let failed: Vec<&ConnResult> = results.iter().filter(|r| !r.ok).collect();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use ailb_tests::client::{assert_all_ok, backends_by_conversation, count_by_backend};
+use ailb_tests::client::{assert_all_ok, backends_by_conversation, count_by_backend, one_backend_per_conversation};
 use ailb_tests::nacos::free_port;
 use ailb_tests::status::{ailb_explain, backend, stat};
 use ailb_tests::{
@@ -166,18 +166,6 @@ fn a_mixed_model_is_reached_from_both_families() {
     daemon.wait_inflight_zero(Duration::from_secs(10));
 }
 
-/// The one backend each conversation of `results` reached.
-fn one_backend_each(results: &[ConnResult], phase: &str) -> BTreeMap<String, String> {
-    assert_all_ok(results, phase);
-    backends_by_conversation(results)
-        .into_iter()
-        .map(|(c, set)| {
-            assert_eq!(set.len(), 1, "{phase}: conversation {c} reached several backends: {set:?}");
-            (c, set.into_iter().next().expect("one"))
-        })
-        .collect()
-}
-
 /// A mixed model's conversations from IPv6 clients: `ailb explain` names the backend they
 /// really reach (and, for an IPv4 client, never the IPv6 one); they keep their backends with
 /// the daemon killed and after its restart; `bpftool` prints the IPv6 maps with field names.
@@ -201,7 +189,7 @@ fn ipv6_conversations_survive_kill_and_restart_and_explain_agrees() {
     let client = TestClient::new(client_bin!());
     let convs = |per: usize| ConnectOpts::new(VIP6, 40 * per).conversations(40, "fs6");
 
-    let placed = one_backend_each(&client.connect(Some(&cg), &convs(2)), "placed");
+    let placed = one_backend_per_conversation(&client.connect(Some(&cg), &convs(2)), "placed");
     let on: BTreeMap<&str, usize> = placed.values().fold(BTreeMap::new(), |mut m, b| {
         *m.entry(b.as_str()).or_default() += 1;
         m
@@ -218,10 +206,10 @@ fn ipv6_conversations_survive_kill_and_restart_and_explain_agrees() {
     }
 
     daemon.kill9();
-    let during = one_backend_each(&client.connect(Some(&cg), &convs(1)), "with the daemon killed");
+    let during = one_backend_per_conversation(&client.connect(Some(&cg), &convs(1)), "with the daemon killed");
     assert_eq!(during, placed, "with the daemon killed, conversations must keep their backends");
     daemon.restart();
-    let after = one_backend_each(&client.connect(Some(&cg), &convs(1)), "after the restart");
+    let after = one_backend_per_conversation(&client.connect(Some(&cg), &convs(1)), "after the restart");
     assert_eq!(after, placed, "after the restart, conversations must keep their backends");
     let status = daemon.status();
     assert!(backend(&status, V6).is_some_and(|b| b["live"] == true), "after the restart: {status}");

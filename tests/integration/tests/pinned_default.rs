@@ -13,10 +13,10 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ailb_tests::client::{assert_all_ok, backends_by_conversation};
+use ailb_tests::client::{assert_all_ok, one_backend_per_conversation};
 use ailb_tests::{
-    cgroup2_mount, client_bin, preflight, run_cmd, BackendCfg, BackendServer, CgroupGuard, ConnResult, ConnectOpts,
-    Daemon, TestClient, TestConfig, DEFAULT_BPFFS,
+    cgroup2_mount, client_bin, preflight, run_cmd, BackendCfg, BackendServer, CgroupGuard, ConnectOpts, Daemon,
+    TestClient, TestConfig, DEFAULT_BPFFS,
 };
 use serde_json::Value;
 
@@ -36,17 +36,6 @@ fn config(cg: &CgroupGuard) -> TestConfig {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, w).free_memory_mb(mem));
     }
     cfg
-}
-
-fn conversation_backends(results: &[ConnResult], phase: &str) -> BTreeMap<String, String> {
-    assert_all_ok(results, phase);
-    backends_by_conversation(results)
-        .into_iter()
-        .map(|(c, set)| {
-            assert_eq!(set.len(), 1, "{phase}: conversation {c} reached several backends: {set:?}");
-            (c, set.into_iter().next().expect("one"))
-        })
-        .collect()
 }
 
 fn bpftool(args: &[&str]) -> String {
@@ -105,7 +94,7 @@ fn fail_static_across_kill_restart_and_teardown() {
     let convs = |per: usize| ConnectOpts::new(VIP, CONVERSATIONS * per).conversations(CONVERSATIONS, "fs");
     let live: Vec<&str> = BACKENDS.iter().map(|b| b.0).collect();
 
-    let placed = conversation_backends(&client.connect(Some(&cg), &convs(2)), "before the kill");
+    let placed = one_backend_per_conversation(&client.connect(Some(&cg), &convs(2)), "before the kill");
     assert_eq!(
         ailb_programs_under(cg.path()).len(),
         4,
@@ -121,12 +110,12 @@ fn fail_static_across_kill_restart_and_teardown() {
         let b = r.backend.as_deref().unwrap_or("?");
         assert!(live.contains(&b), "with the daemon killed, connection {} reached {b}", r.i);
     }
-    let during = conversation_backends(&client.connect(Some(&cg), &convs(1)), "with the daemon killed");
+    let during = one_backend_per_conversation(&client.connect(Some(&cg), &convs(1)), "with the daemon killed");
     assert_eq!(during, placed, "with the daemon killed, conversations must keep their backends");
 
     // Restart on the same config: it reopens the pins; conversations keep their backends.
     daemon.restart();
-    let after = conversation_backends(&client.connect(Some(&cg), &convs(2)), "after the restart");
+    let after = one_backend_per_conversation(&client.connect(Some(&cg), &convs(2)), "after the restart");
     let moved: Vec<_> = after.iter().filter(|(c, b)| placed.get(*c) != Some(*b)).collect();
     assert!(moved.is_empty(), "after the restart {} conversations changed backend: {moved:?}", moved.len());
 
