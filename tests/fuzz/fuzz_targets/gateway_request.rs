@@ -65,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
     match routing_inputs(config, gateway, path, &headers, body) {
         Ok((inputs, vip)) => {
             assert!(config.models.contains_key(&inputs.model), "a catalog model: {inputs:?}");
-            assert_eq!(config.models[&inputs.model].spec.vips.first(), Some(&vip));
+            // The front door connects to the model's first IPv4 VIP.
+            let first_v4 = config.models[&inputs.model].spec.vips.iter().find(|v| v.is_ipv4());
+            assert_eq!(first_v4, Some(&std::net::SocketAddr::V4(vip)));
             assert_eq!(inputs.memory_mb.is_some(), inputs.memory_source.is_some(), "{inputs:?}");
             if let Some(c) = &inputs.conversation {
                 assert!((1..=MAX_CONVERSATION_LEN).contains(&c.key.len()), "a key the kernel takes: {c:?}");
