@@ -106,7 +106,7 @@ async fn fake_garbage_answers_are_errors_or_dropped_hosts_never_panics() {
 
     let dropped = json!({ "hosts": [
         { "ip": "10.9.0.1", "port": 8000 },
-        { "ip": "::1", "port": 8000 },
+        { "ip": "ff02::1", "port": 8000 },
         { "ip": "fe80::1%eth0", "port": 8000 },
         { "ip": "10.9.0.2" },
         { "ip": "10.9.0.3", "port": 70000 },
