@@ -140,64 +140,52 @@ fn tables() -> Result<()> {
     Ok(())
 }
 
-/// The data plane: `ailb-bench`.
-fn datapath() -> Result<()> {
-    let step = Step::start("data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)");
-    util::build_release_bins(&["ailb-tools"], &["ailb-bench"])?;
-    let bin = util::target_dir().join("release/ailb-bench");
-    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
+/// Builds `bins` of `packages` in release and runs `bins[0]` with `args` (it finds the others
+/// next to itself), as the step `what`.
+fn release_bench(what: &str, packages: &[&str], bins: &[&str], args: &[std::ffi::OsString]) -> Result<()> {
+    let step = Step::start(what);
+    util::build_release_bins(packages, bins)?;
+    let bin = util::target_dir().join("release").join(bins[0]);
+    util::run(std::process::Command::new(&bin).args(args).env("AILB_BIN", util::ailb_bin("release")))
         .with_context(|| format!("running {}", bin.display()))?;
     step.done();
-
     Ok(())
+}
+
+/// The data plane: `ailb-bench`.
+fn datapath() -> Result<()> {
+    let what = "data plane: ailb-bench (wrk, BPF statistics, table swaps; about 2 minutes)";
+    release_bench(what, &["ailb-tools"], &["ailb-bench"], &[])
 }
 
 /// The TC datapath for remote clients: `ailb-tc-bench`.
 fn tc() -> Result<()> {
-    let step = Step::start("TC datapath: ailb-tc-bench (namespaces, HAProxy, BPF statistics; about 1 minute)");
-    util::build_release_bins(&["ailb-tools"], &["ailb-tc-bench"])?;
-    let bin = util::target_dir().join("release/ailb-tc-bench");
     let out = util::target_dir().join("bench/tc.md");
-    util::run(std::process::Command::new(&bin).arg("--out").arg(&out).env("AILB_BIN", util::ailb_bin("release")))
-        .with_context(|| format!("running {}", bin.display()))?;
-    step.done();
-    Ok(())
+    let what = "TC datapath: ailb-tc-bench (namespaces, HAProxy, BPF statistics; about 1 minute)";
+    release_bench(what, &["ailb-tools"], &["ailb-tc-bench"], &["--out".into(), out.into()])
 }
 
 /// Scale: `ailb-scale-bench`.
 fn scale() -> Result<()> {
-    let step = Step::start("scale: ailb-scale-bench (1,024 models; about 2 minutes)");
-    util::build_release_bins(&["ailb-tools"], &["ailb-scale-bench"])?;
-    let bin = util::target_dir().join("release/ailb-scale-bench");
-    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
-        .with_context(|| format!("running {}", bin.display()))?;
-    step.done();
-    Ok(())
+    release_bench(
+        "scale: ailb-scale-bench (1,024 models; about 2 minutes)",
+        &["ailb-tools"],
+        &["ailb-scale-bench"],
+        &[],
+    )
 }
 
 /// The GPU node agent: `ailb-agent-bench`.
 fn agent() -> Result<()> {
-    let step = Step::start("GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)");
-    util::build_release_bins(&["ailb-tools"], &["ailb-agent-bench"])?;
-    let bin = util::target_dir().join("release/ailb-agent-bench");
-    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
-        .with_context(|| format!("running {}", bin.display()))?;
-    step.done();
-    Ok(())
+    let what = "GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)";
+    release_bench(what, &["ailb-tools"], &["ailb-agent-bench"], &[])
 }
 
 /// The front door: `ailb-frontdoor-bench` (it finds `ailb-sim` next to itself: one build puts
 /// both there).
 fn frontdoor() -> Result<()> {
-    let step = Step::start(
-        "front door: ailb-frontdoor-bench (wrk vs direct, nginx, sglang-router, vllm-router; about 2 minutes)",
-    );
-    util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-frontdoor-bench", "ailb-sim"])?;
-    let bin = util::target_dir().join("release/ailb-frontdoor-bench");
-    util::run(std::process::Command::new(&bin).env("AILB_BIN", util::ailb_bin("release")))
-        .with_context(|| format!("running {}", bin.display()))?;
-    step.done();
-    Ok(())
+    let what = "front door: ailb-frontdoor-bench (wrk vs direct, nginx, sglang-router, vllm-router; about 2 minutes)";
+    release_bench(what, &["ailb-tools", "ailb-sim"], &["ailb-frontdoor-bench", "ailb-sim"], &[])
 }
 
 /// Every balancing policy on one simulated GPU fleet, on the Mooncake trace and on the
