@@ -24,7 +24,12 @@
 //!    `docs/results/fleet-model.md` and `.svg`), then `ailb-compare` on the Mooncake trace (1000 requests at
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
-//! 7. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
+//! 8. The peer routers on the fleet (`--only peers`, not part of a plain `cargo xtask bench`:
+//!    about 35 minutes): `ailb-compare` with ailb both ways in and on its static config, every
+//!    policy of `sglang-router` and `vllm-router` a team would pick instead, and round robin L4,
+//!    on the trace and on the synthetic mix, each at the load the fleet model calls stable and
+//!    at one above it ([`PeersRun`]); reports in `docs/results/peers-*/`.
+//! 9. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!    minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!    for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
 //!    the parser it broke. Its table goes to `docs/results/fuzz.md`. Needs no root but for
@@ -48,6 +53,8 @@ pub(crate) enum Part {
     FrontDoor,
     /// `ailb-fleet-model` and `ailb-compare` on the trace and the synthetic mix (`docs/results/`).
     Fleet,
+    /// `ailb-compare` against every peer router policy, `--peers-run` (only when asked for).
+    Peers,
     /// Every fuzz target for `--fuzz-minutes` each.
     Fuzz,
     /// `ailb-scale-bench`: table writes, kernel memory, recompute and connect4 at 1,024 models.
@@ -56,8 +63,59 @@ pub(crate) enum Part {
     Tc,
 }
 
-pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
-    let runs = |p: Part| only.is_empty() || only.contains(&p);
+/// One run of `--only peers`: a workload at a load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PeersRun {
+    /// The trace at load 0.4, the highest at which the fleet model calls the fleet stable (its
+    /// clairvoyant placement's P95 does not grow when the run is twice as long).
+    Trace,
+    /// The trace at load 0.5, where no placement is stable (every queue grows with the run).
+    TraceAbove,
+    /// The synthetic mix at its stable load (`ailb-fleet-model --synthetic`).
+    Synthetic,
+    /// The synthetic mix at the next load of the model's table, where that placement is no longer
+    /// stable.
+    SyntheticAbove,
+}
+
+impl PeersRun {
+    const ALL: [PeersRun; 4] = [PeersRun::Trace, PeersRun::TraceAbove, PeersRun::Synthetic, PeersRun::SyntheticAbove];
+
+    /// The directory under `docs/results/`, whether it is the synthetic mix, and the load.
+    fn setup(self) -> (&'static str, bool, f64) {
+        match self {
+            PeersRun::Trace => ("peers-trace", false, 0.4),
+            PeersRun::TraceAbove => ("peers-trace-above", false, 0.5),
+            PeersRun::Synthetic => ("peers-synthetic", true, SYNTHETIC_STABLE_LOAD),
+            PeersRun::SyntheticAbove => ("peers-synthetic-above", true, SYNTHETIC_ABOVE_LOAD),
+        }
+    }
+}
+
+/// The synthetic mix's stable load: the highest of `ailb-fleet-model --synthetic`'s loads at
+/// which the clairvoyant placement's P95 does not grow when the run is twice as long
+/// (`docs/results/fleet-model-synthetic.md`).
+const SYNTHETIC_STABLE_LOAD: f64 = 2.0;
+/// The next load of that table: there the clairvoyant placement's tail grows with the run (the
+/// model's kernel pick and its prefix-cache oracle still hold theirs; at 4 none does).
+const SYNTHETIC_ABOVE_LOAD: f64 = 3.0;
+
+/// The synthetic mix's time scale in the peer runs. Its short questions take about 10 ms of GPU
+/// time, 0.5 ms at the trace's 20x: below what a loopback HTTP hop through a userspace router
+/// costs on a shared 2-core host, so the peers' tails would measure the host's scheduling. At
+/// 5x they take 2 ms and 1000 requests still arrive within about 10 s.
+const SYNTHETIC_TIME_SCALE: f64 = 5.0;
+
+/// ailb both ways in and on its static config, every peer router policy, and the L4 baseline.
+const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-static,sglang-cache-aware,sglang-round-robin,\
+                             vllm-cache-aware,vllm-consistent-hash";
+
+pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -> Result<()> {
+    // The peer runs take half an hour: only when asked for by name.
+    let runs = |p: Part| (only.is_empty() && p != Part::Peers) || only.contains(&p);
+    if !peers_runs.is_empty() && !runs(Part::Peers) {
+        bail!("--peers-run needs --only peers");
+    }
     if fuzz_minutes == 0 {
         bail!("--fuzz-minutes 0: a fuzz run needs at least one minute per target");
     }
@@ -96,6 +154,9 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64) -> Result<()> {
     if runs(Part::Fleet) {
         compare()?;
         say!("fleet comparison: docs/results/trace/replay.md, docs/results/synthetic/replay.md (with SVG plots)");
+    }
+    if runs(Part::Peers) {
+        peers(if peers_runs.is_empty() { &PeersRun::ALL } else { peers_runs })?;
     }
     if runs(Part::Fuzz) {
         let outcomes = crate::fuzz::fuzz(fuzz_minutes * 60, &[])?;
@@ -196,13 +257,7 @@ fn compare() -> Result<()> {
     util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-compare", "ailb-sim", "ailb-fleet-model"])?;
     let bin = util::target_dir().join("release/ailb-compare");
     let docs = util::workspace_root().join("docs/results");
-    let trace = std::env::var_os("AILB_TRACE")
-        .filter(|t| !t.is_empty())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| util::workspace_root().join("tests/data/mooncake-conversation.jsonl.gz"));
-    if !trace.is_file() {
-        bail!("the Mooncake trace {} is absent (it ships in tests/data/; or set AILB_TRACE)", trace.display());
-    }
+    let trace = trace_path()?;
     let step = Step::start(
         "fleet capacity model: ailb-fleet-model (offered load vs placement in simulated time; under a minute)",
     );
@@ -220,6 +275,19 @@ fn compare() -> Result<()> {
             .stdout(std::process::Stdio::null()),
     )
     .with_context(|| format!("running {}", model.display()))?;
+    step.done();
+    let step = Step::start("fleet capacity model of the synthetic mix: ailb-fleet-model --synthetic (seconds)");
+    util::run(
+        std::process::Command::new(&model)
+            .arg("--synthetic")
+            .args(["--loads", SYNTHETIC_MODEL_LOADS])
+            .arg("--out")
+            .arg(docs.join("fleet-model-synthetic.md"))
+            .arg("--svg")
+            .arg(docs.join("fleet-model-synthetic.svg"))
+            .stdout(std::process::Stdio::null()),
+    )
+    .with_context(|| format!("running {} --synthetic", model.display()))?;
     step.done();
     let step = Step::start(
         "fleet comparison on the Mooncake trace: ailb-compare (1000 requests at load 0.4, six policies; about 7 minutes)",
@@ -245,5 +313,51 @@ fn compare() -> Result<()> {
     )
     .with_context(|| format!("running {}", bin.display()))?;
     step.done();
+    Ok(())
+}
+
+/// The loads `ailb-fleet-model --synthetic` checks (x the synthetic mix's 5 conversations/s).
+const SYNTHETIC_MODEL_LOADS: &str = "1,2,3,4,6,8";
+
+/// The Mooncake trace: `$AILB_TRACE` or the one shipped in `tests/data/`.
+fn trace_path() -> Result<std::path::PathBuf> {
+    let trace = std::env::var_os("AILB_TRACE")
+        .filter(|t| !t.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| util::workspace_root().join("tests/data/mooncake-conversation.jsonl.gz"));
+    if !trace.is_file() {
+        bail!("the Mooncake trace {} is absent (it ships in tests/data/; or set AILB_TRACE)", trace.display());
+    }
+    Ok(trace)
+}
+
+/// ailb against the peer routers, one `ailb-compare` per run of `runs`, one after the other
+/// (two replays at once would share the CPUs and each other's timing); each report goes to
+/// `docs/results/<run>/`.
+fn peers(runs: &[PeersRun]) -> Result<()> {
+    util::build_release_bins(&["ailb-tools", "ailb-sim"], &["ailb-compare", "ailb-sim"])?;
+    let bin = util::target_dir().join("release/ailb-compare");
+    let docs = util::workspace_root().join("docs/results");
+    let trace = trace_path()?;
+    for run in runs {
+        let (dir, synthetic, load) = run.setup();
+        let step = Step::start(format!(
+            "peer routers: ailb-compare {} at load {load}, 8 policies (about 8 minutes) -> docs/results/{dir}/",
+            if synthetic { "--synthetic" } else { "on the trace" }
+        ));
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.env("AILB_BIN", util::ailb_bin("release"))
+            .args(["--limit", "1000", "--load", &load.to_string(), "--policies", PEER_POLICIES])
+            .arg("--out-dir")
+            .arg(docs.join(dir));
+        if synthetic {
+            cmd.args(["--synthetic", "--time-scale", &SYNTHETIC_TIME_SCALE.to_string()]);
+        } else {
+            cmd.arg("--trace").arg(&trace);
+        }
+        util::run(&mut cmd).with_context(|| format!("running {} for docs/results/{dir}", bin.display()))?;
+        step.done();
+        say!("peer routers, {dir}: docs/results/{dir}/replay.md");
+    }
     Ok(())
 }

@@ -69,6 +69,9 @@ enum Cmd {
         /// Minutes per fuzz target in the long fuzz run (`fuzz`).
         #[arg(long, default_value_t = 10, value_name = "N")]
         fuzz_minutes: u64,
+        /// Which runs of `peers` (comma-separated; default: all four, each several minutes).
+        #[arg(long, value_enum, value_delimiter = ',', value_name = "RUN")]
+        peers_run: Vec<bench::PeersRun>,
     },
     /// The chaos soak (root): the fleet at its stable load through the socket ABI and the front
     /// door while the daemon, rnacos, an agent and a GPU server are killed and restarted, a bad
@@ -123,7 +126,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Test { args } => test::test(&args),
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
-        Cmd::Bench { only, fuzz_minutes } => bench::bench(&only, fuzz_minutes),
+        Cmd::Bench { only, fuzz_minutes, peers_run } => bench::bench(&only, fuzz_minutes, &peers_run),
         Cmd::Soak { minutes, overload_only, debug } => soak::soak(minutes, overload_only, debug),
         Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets).map(drop),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),

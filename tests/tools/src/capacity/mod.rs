@@ -1,12 +1,14 @@
 //! `ailb-fleet-model`: the capacity question behind the replay benchmark, answered in simulated
-//! time (no kernel, no HTTP, no root): the trace's requests at several offered loads go through
-//! each placement to the same GPU model `ailb-sim` serves ([`ailb_sim::fleet_model`]), and the
-//! table shows where the fleet is **stable** (a clairvoyant placement's tail does not grow when
-//! the run is twice as long) and where round robin already is not.
+//! time (no kernel, no HTTP, no root): the trace's requests (or the synthetic mix's, with
+//! `--synthetic`) at several offered loads go through each placement to the same GPU model
+//! `ailb-sim` serves ([`ailb_sim::fleet_model`]), and the table shows where the fleet is
+//! **stable** (a clairvoyant placement's tail does not grow when the run is twice as long) and
+//! where round robin already is not.
 //!
 //! ```text
 //! ailb-fleet-model [--limit N] [--loads 0.25,0.35,0.5,0.7,1.0] [--a100 2] [--rtx3090 4]
-//!                  [--a100-weight 3] [--windows 10] [--trace PATH] [--out FILE.md] [--svg FILE.svg]
+//!                  [--a100-weight 3] [--windows 10] [--trace PATH | --synthetic [--rate R] [--seed S]]
+//!                  [--out FILE.md] [--svg FILE.svg]
 //! ```
 
 pub mod plot;
@@ -15,6 +17,7 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use ailb_sim::fleet_model::{fleet_profiles, Placement};
+use ailb_sim::replay::synthetic::SyntheticOpts;
 use ailb_sim::replay::{self, trace, RequestSpec, TraceSelect};
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -25,7 +28,7 @@ pub struct Args {
     /// Requests of the trace to replay (from its start); the stability check also runs 2 x N.
     #[arg(long, default_value_t = 1000)]
     pub limit: usize,
-    /// Offered loads, relative to the trace's own arrival rate.
+    /// Offered loads, relative to the trace's own arrival rate (with `--synthetic`, to `--rate`).
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.35,0.5,0.7,1.0")]
     pub loads: Vec<f64>,
     #[arg(long, default_value_t = 2)]
@@ -40,8 +43,18 @@ pub struct Args {
     pub affinity_wait_s: f64,
     /// Mooncake trace, gzipped or plain (default: `$AILB_TRACE` or the one shipped in
     /// `tests/data/mooncake-conversation.jsonl.gz`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
+    /// The synthetic mix of `ailb-compare --synthetic` instead of the trace (its stretches
+    /// across the trace become runs with other seeds).
+    #[arg(long)]
+    pub synthetic: bool,
+    /// New synthetic conversations per (simulated) second at load 1 (`ailb-compare`'s default).
+    #[arg(long, default_value_t = 5.0)]
+    pub rate: f64,
+    /// Seed of the synthetic mix (the first run's; stretch k uses seed + k).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Also write the report (Markdown) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -49,7 +62,7 @@ pub struct Args {
     #[arg(long)]
     pub svg: Option<PathBuf>,
     /// Also compare the placements over this many stretches of `--limit` requests spread over
-    /// the trace, at each load where the fleet is stable (0: not).
+    /// the trace (synthetic: this many seeds), at each load where the fleet is stable (0: not).
     #[arg(long, default_value_t = 10)]
     pub windows: usize,
 }
@@ -62,10 +75,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if args.limit == 0 || args.a100 + args.rtx3090 == 0 || args.loads.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
         bail!("--limit, the fleet and every --loads value must be positive");
     }
-    let path = args.trace.clone().unwrap_or_else(replay::default_trace_path);
-    let tr = Trace::load(&path)?;
-    let short = tr.specs(0, args.limit);
-    let long = tr.specs(0, args.limit * 2);
+    if !(args.rate > 0.0 && args.rate.is_finite()) {
+        bail!("--rate must be a positive number of conversations per second, not {}", args.rate);
+    }
+    let tr = if args.synthetic {
+        Workload::Synthetic { rate: args.rate, seed: args.seed }
+    } else {
+        Workload::Trace(Trace::load(&args.trace.clone().unwrap_or_else(replay::default_trace_path))?)
+    };
+    let short = tr.specs(0, 1, args.limit);
+    let long = tr.specs(0, 1, args.limit * 2);
     let placements = [
         Placement::RoundRobin,
         Placement::LeastConnections,
@@ -74,7 +93,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         Placement::CacheOracle,
     ];
     let mut md = String::new();
-    report::intro(&mut md, &args, &short, &long);
+    report::intro(&mut md, &args, &tr, &short, &long);
     let profiles = fleet_profiles(args.a100, args.rtx3090);
     let (curves, stable_loads) = report::loads(&mut md, &args, &profiles, &placements, (&short, &long));
     if args.windows > 0 {
@@ -89,6 +108,54 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Where the requests come from.
+enum Workload {
+    Trace(Trace),
+    /// The synthetic mix at `rate` new conversations per second, from `seed`.
+    Synthetic {
+        rate: f64,
+        seed: u64,
+    },
+}
+
+impl Workload {
+    /// `limit` requests of stretch `k` of `n`: from `k/n` of the trace's length on, or the
+    /// synthetic mix with seed `seed + k`.
+    fn specs(&self, k: usize, n: usize, limit: usize) -> Vec<RequestSpec> {
+        match self {
+            Workload::Trace(t) => t.specs(t.window_start(k, n), limit),
+            Workload::Synthetic { rate, seed } => {
+                let opts = SyntheticOpts {
+                    requests: limit,
+                    conversations_per_s: *rate,
+                    seed: seed + k as u64,
+                    ..Default::default()
+                };
+                replay::synthetic_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, replay::DEFAULT_MODEL)
+            }
+        }
+    }
+
+    /// What the requests are, for the report: "the Mooncake trace's first" or "the synthetic
+    /// mix's" (then the count).
+    fn describe(&self) -> String {
+        match self {
+            Workload::Trace(_) => "the Mooncake trace's first".into(),
+            Workload::Synthetic { rate, seed } => {
+                format!("the synthetic mix (`--synthetic`, {rate} new conversations/s at load 1, seed {seed}),")
+            }
+        }
+    }
+
+    /// "the trace's arrival rate" or "the synthetic rate".
+    fn rate_name(&self) -> &'static str {
+        match self {
+            Workload::Trace(_) => "the trace's arrival rate",
+            Workload::Synthetic { .. } => "`--rate`",
+        }
+    }
 }
 
 /// The parsed trace with its conversation ids.
@@ -113,9 +180,55 @@ impl Trace {
         replay::trace_specs(&self.requests, &self.conversations, &sel)
     }
 
-    /// Start times of `n` windows spread evenly over the trace (the first at its start).
-    fn window_starts(&self, n: usize) -> Vec<u64> {
+    /// Start time of window `k` of `n` spread evenly over the trace (the first at its start).
+    fn window_start(&self, k: usize, n: usize) -> u64 {
         let span = self.requests.iter().map(|r| r.timestamp_ms).max().unwrap_or(0);
-        (0..n as u64).map(|w| span * w / n as u64).collect()
+        span * k as u64 / n.max(1) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from([&["ailb-fleet-model", "--synthetic", "--limit", "60", "--loads", "1"], extra].concat())
+    }
+
+    #[test]
+    fn synthetic_stretches_are_the_mix_with_successive_seeds() {
+        let w = Workload::Synthetic { rate: 5.0, seed: 7 };
+        let first = w.specs(0, 3, 60);
+        assert_eq!(first.len(), 60);
+        let again = SyntheticOpts { requests: 60, conversations_per_s: 5.0, seed: 7, ..Default::default() };
+        let want = replay::synthetic_specs(&again, trace::DEFAULT_KV_MB_PER_TOKEN, replay::DEFAULT_MODEL);
+        assert_eq!(first, want, "stretch 0 is the mix of --seed itself");
+        assert_ne!(w.specs(1, 3, 60), first, "stretch 1 has another seed");
+    }
+
+    #[test]
+    fn the_synthetic_report_names_its_workload_and_rate() {
+        let a = args(&["--rate", "2.5"]);
+        let w = Workload::Synthetic { rate: a.rate, seed: a.seed };
+        let (short, long) = (w.specs(0, 1, a.limit), w.specs(0, 1, a.limit * 2));
+        let mut md = String::new();
+        report::intro(&mut md, &a, &w, &short, &long);
+        assert!(md.contains("--limit 60 --synthetic"), "{md}");
+        assert!(
+            md.contains("the synthetic mix (`--synthetic`, 2.5 new conversations/s at load 1, seed 1), 60 requests")
+        );
+        assert!(!md.contains("Mooncake"), "{md}");
+    }
+
+    #[test]
+    fn a_bad_rate_is_refused_naming_it() {
+        let err = main(args(&["--rate", "0"])).unwrap_err().to_string();
+        assert!(err.contains("--rate") && err.contains("not 0"), "{err}");
+    }
+
+    #[test]
+    fn synthetic_conflicts_with_a_trace() {
+        let r = Args::try_parse_from(["ailb-fleet-model", "--synthetic", "--trace", "x.jsonl"]);
+        assert!(r.is_err());
     }
 }

@@ -9,17 +9,17 @@ use ailb_sim::replay::{self, RequestSpec};
 use ailb_sim::GpuProfile;
 
 use super::plot::Curve;
-use super::{Args, Trace, STABLE_GROWTH};
+use super::{Args, Workload, STABLE_GROWTH};
 
 /// The title and how to read the table, for `short` requests (and `long` for the stability
 /// check).
-pub(super) fn intro(md: &mut String, args: &Args, short: &[RequestSpec], long: &[RequestSpec]) {
+pub(super) fn intro(md: &mut String, args: &Args, w: &Workload, short: &[RequestSpec], long: &[RequestSpec]) {
     let unbounded = replay::oracle_prefix_hit_rate(short).unwrap_or(0.0);
     let _ = writeln!(
         md,
         "# Offered load vs placement, in simulated time\n\n\
-         `ailb-fleet-model --limit {}`: {} x A100-80GB + {} x RTX 3090 (the `ailb-sim` presets), the Mooncake trace's \
-         first {} requests (and {} for the stability check) at each load x the trace's arrival rate. Latencies \
+         `ailb-fleet-model --limit {}{}`: {} x A100-80GB + {} x RTX 3090 (the `ailb-sim` presets), {} \
+         {} requests (and {} for the stability check) at each load x {}. Latencies \
          are simulated seconds (the real comparison runs the same model 20x faster). ailb: the kernel's pick \
          (`ailb_common::pick`) with weights {}:1, load factor 1.25, affinity and memory fit (free memory: the KV \
          pool less the memory hints in flight, as the kernel counts them), without connection latency. Prefix-cache hits: the share of prompt tokens found cached, and in brackets against \
@@ -29,10 +29,13 @@ pub(super) fn intro(md: &mut String, args: &Args, short: &[RequestSpec], long: &
          Stable: the tail (E2E P95) at {} requests is under {STABLE_GROWTH}x the tail at {}; an unstable \
          placement's queue grows for as long as the run lasts, so its P95 measures the run's length.\n",
         args.limit,
+        if args.synthetic { " --synthetic" } else { "" },
         args.a100,
         args.rtx3090,
+        w.describe(),
         short.len(),
         long.len(),
+        w.rate_name(),
         args.a100_weight,
         unbounded * 100.0,
         long.len(),
@@ -118,26 +121,30 @@ pub(super) fn loads(
 /// over `windows` stretches of `limit` requests spread over the trace, at each load: the
 /// first `limit` requests alone (the table above, the real comparison) are one sample of a
 /// chaotic system, where one burst decides a tail.
-pub(super) fn windows(md: &mut String, tr: &Trace, args: &Args, loads: &[f64], placements: &[Placement]) {
+pub(super) fn windows(md: &mut String, tr: &Workload, args: &Args, loads: &[f64], placements: &[Placement]) {
     let profiles = fleet_profiles(args.a100, args.rtx3090);
-    let starts = tr.window_starts(args.windows);
+    let n = args.windows;
+    let (title, stretches) = match tr {
+        Workload::Trace(_) => ("Across the trace", format!("starting at {n} equally spaced times of the trace")),
+        Workload::Synthetic { seed, .. } => {
+            ("Across seeds", format!("of the synthetic mix with seeds {seed} to {}", seed + n as u64 - 1))
+        }
+    };
     let _ = writeln!(
         md,
-        "\n## Across the trace\n\n{} stretches of {} requests, starting at {} equally spaced times of the trace (the \
+        "\n## {title}\n\n{n} stretches of {} requests, {stretches} (the \
          first is the table's), at each load where the clairvoyant placement is stable: every placement's E2E P95 \
          against round robin's and against the clairvoyant bound's on the same stretch, mean and worst (largest) \
          over the stretches, and its failures summed.\n\n\
          | load | placement | p95 vs round robin, mean / worst | p95 vs clairvoyant, mean / worst | failures |\n\
          |---:|---|---:|---:|---:|",
-        starts.len(),
         args.limit,
-        starts.len(),
     );
     for &load in loads {
         // Per placement: (ratios to round robin, ratios to the bound, failures).
         let mut rows: Vec<(Vec<f64>, Vec<f64>, usize)> = vec![(Vec::new(), Vec::new(), 0); placements.len()];
-        for &start in &starts {
-            let specs = tr.specs(start, args.limit);
+        for k in 0..n {
+            let specs = tr.specs(k, n, args.limit);
             let results: Vec<RunResult> = placements.iter().map(|p| run(&specs, &profiles, load, *p)).collect();
             let p95 = |want: Placement| {
                 placements.iter().zip(&results).find(|(p, _)| **p == want).map(|(_, r)| r.e2e_percentile(0.95))
@@ -166,9 +173,9 @@ pub(super) fn windows(md: &mut String, tr: &Trace, args: &Args, loads: &[f64], p
                 worst(to_rr),
                 mean(to_bound),
                 worst(to_bound),
-                args.limit * starts.len(),
+                args.limit * n,
             );
         }
-        eprintln!("ailb-fleet-model: {} stretches at load {load} done", starts.len());
+        eprintln!("ailb-fleet-model: {n} stretches at load {load} done");
     }
 }
