@@ -14,6 +14,8 @@ enum Weights {
     Equal,
     Small,
     Policy,
+    /// 1..3, the scale bench's recompute (16 backends a model).
+    Narrow,
 }
 
 fn fleet(n: u32, weights: Weights) -> Vec<MaglevBackend> {
@@ -25,6 +27,7 @@ fn fleet(n: u32, weights: Weights) -> Vec<MaglevBackend> {
                 Weights::Equal => 1,
                 Weights::Small => 1 + i % 7,
                 Weights::Policy => 1000 / (1 + (i * 7919) % 30),
+                Weights::Narrow => 1 + i % 3,
             },
         })
         .collect()
@@ -35,6 +38,7 @@ fn bench(c: &mut Criterion) {
     g.sample_size(20);
     let cases = [
         (10u32, Weights::Equal),
+        (16, Weights::Narrow),
         (100, Weights::Small),
         (90, Weights::Policy),
         (1000, Weights::Equal),
@@ -49,6 +53,7 @@ fn bench(c: &mut Criterion) {
                 Weights::Equal => "",
                 Weights::Small => "_weighted",
                 Weights::Policy => "_policy_weights",
+                Weights::Narrow => "_weights_1_to_3",
             }
         );
         g.bench_with_input(BenchmarkId::from_parameter(label), &backends, |b, backends| {

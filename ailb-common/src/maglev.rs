@@ -440,11 +440,14 @@ fn fill_dense(
             if pos[i] >= m {
                 pos[i] -= m;
             }
-            if owner[c] == NONE {
-                owner[c] = i as u16;
-                got[i] += 1;
-                filled += 1;
-            }
+            // Without a branch: while the table fills, whether the slot is free is a coin
+            // toss that the branch predictor loses (measured: the scale bench's 1,000 tables
+            // of 16 backends build in about 2/3 of the time this way; same bytes).
+            let o = owner[c];
+            let free = o == NONE;
+            owner[c] = if free { i as u16 } else { o };
+            got[i] += free as u64;
+            filled += free as u64;
         }
     }
     filled

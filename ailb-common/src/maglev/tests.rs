@@ -272,6 +272,21 @@ proptest! {
         let m = if big { 16381 } else { 4093 };
         prop_assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap());
     }
+
+    /// Narrow weights (at most 8x apart) take the dense fill, which the wide draws above
+    /// rarely reach: the same bytes as the reference there too.
+    #[test]
+    fn dense_fill_matches_the_reference(
+        low in 1u32..400,
+        spread in prop::collection::vec(0u32..=7, 1..70),
+        salt: u32,
+        big in any::<bool>(),
+    ) {
+        let weights: Vec<u32> = spread.iter().map(|&s| low + s * low / 7).collect();
+        let b = weighted(&weights, salt);
+        let m = if big { 16381 } else { 4093 };
+        prop_assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap());
+    }
 }
 
 #[test]

@@ -196,7 +196,7 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
                 "  {:<22} {:>5}  {}",
                 b.address.to_string(),
                 if b.eligible { b.weight.to_string() } else { "-".to_string() },
-                b.reason
+                b.reason()
             );
         }
     } else {

@@ -157,8 +157,8 @@ mod tests {
         p.backends.iter().filter(|b| b.weight > 0).map(|b| last_octet(&b.address)).collect()
     }
 
-    fn reason(p: &ModelPlan, i: u8) -> &str {
-        &p.backends.iter().find(|b| last_octet(&b.address) == i).unwrap().reason
+    fn reason(p: &ModelPlan, i: u8) -> String {
+        p.backends.iter().find(|b| last_octet(&b.address) == i).unwrap().reason()
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub(super) fn evaluate(
     registry_weight(&mut n, w);
     let gpu_capability = gpu_capability(&mut n, md, cfg);
     let load = load(&mut n, md, gpu_capability, cfg);
-    let util = utilisation(&mut n, md, report_id(inst), cfg, mem);
+    let util = utilisation(&mut n, md, inst, cfg, mem);
     let cap = cap(&mut n, md);
     informational(&mut n, md);
 
@@ -260,10 +260,16 @@ fn load(n: &mut Notes, md: &Metadata, gpu_capability: f64, cfg: &PolicyConfig) -
     }
 }
 
-/// Step 7, GPU utilisation: a new report (`report`, see [`report_id`]) moves the EWMA; the same
-/// report seen again (identical metadata, `updated_at_ms` included) is not a new sample, so
-/// re-planning unchanged inputs changes nothing.
-fn utilisation(n: &mut Notes, md: &Metadata, report: u64, cfg: &PolicyConfig, mem: &mut BackendMemory) -> UtilExplain {
+/// Step 7, GPU utilisation: a new report of `inst` (see [`report_id`], hashed only when it
+/// carries a utilisation) moves the EWMA; the same report seen again (identical metadata,
+/// `updated_at_ms` included) is not a new sample, so re-planning unchanged inputs changes nothing.
+fn utilisation(
+    n: &mut Notes,
+    md: &Metadata,
+    inst: &Instance,
+    cfg: &PolicyConfig,
+    mem: &mut BackendMemory,
+) -> UtilExplain {
     let sample = match &md.gpu_util {
         Field::Valid(u) => Some(*u),
         Field::Invalid { raw, reason } => {
@@ -274,6 +280,7 @@ fn utilisation(n: &mut Notes, md: &Metadata, report: u64, cfg: &PolicyConfig, me
     };
     match sample {
         Some(u) => {
+            let report = report_id(inst);
             if mem.last_report != Some(report) {
                 let s = smooth(mem.util_ewma, u, cfg.util_smoothing);
                 mem.band = match mem.util_ewma {

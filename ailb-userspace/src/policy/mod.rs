@@ -129,7 +129,10 @@ impl PolicyState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One backend of a model's plan. `/v1/plan` also carries [`PlannedBackend::reason`], the
+/// one-line summary, as the field `reason` (written from the explanation when served; a plan
+/// read back recomputes it).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct PlannedBackend {
     pub address: SocketAddr,
     /// Table weight, 0..=65535 (0 when not eligible).
@@ -143,9 +146,44 @@ pub struct PlannedBackend {
     /// when no backend has it free, instead of refused. `None`: never reported.
     pub memory_capacity_mb: Option<u32>,
     pub eligible: bool,
-    /// One line: why excluded, or the product that gave the weight.
-    pub reason: String,
     pub explain: BackendExplain,
+}
+
+impl PlannedBackend {
+    /// One line: why excluded, or the product that gave the weight. Formatted when asked
+    /// (`/v1/plan`, `ailb explain`), not in every plan: a plan of 16,000 backends spent a third
+    /// of its time writing these lines.
+    pub fn reason(&self) -> String {
+        self.explain.summary(self.weight)
+    }
+}
+
+impl Serialize for PlannedBackend {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        /// The fields in their order on the wire, `reason` before `explain`.
+        #[derive(Serialize)]
+        struct Wire<'a> {
+            address: &'a SocketAddr,
+            weight: u32,
+            cap: u32,
+            free_memory_mb: Option<u32>,
+            memory_capacity_mb: Option<u32>,
+            eligible: bool,
+            reason: String,
+            explain: &'a BackendExplain,
+        }
+        Wire {
+            address: &self.address,
+            weight: self.weight,
+            cap: self.cap,
+            free_memory_mb: self.free_memory_mb,
+            memory_capacity_mb: self.memory_capacity_mb,
+            eligible: self.eligible,
+            reason: self.reason(),
+            explain: &self.explain,
+        }
+        .serialize(s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -276,20 +314,20 @@ fn evaluate_backends(
     cfg: &PolicyConfig,
     state: &mut PolicyState,
 ) -> Vec<(SocketAddr, Evaluated)> {
-    let mut by_addr: BTreeMap<(u8, u128, u16), Vec<&Instance>> = BTreeMap::new();
-    for &inst in instances {
-        by_addr.entry(addr_key(&inst.address)).or_default().push(inst);
-    }
-    let mut evaluated = Vec::with_capacity(by_addr.len());
-    if by_addr.is_empty() {
+    // One sort by address, duplicates of an address in `instance_order` (stable: equal
+    // instances keep the registry's order), then each run of one address: no map and no
+    // list per backend.
+    let mut sorted: Vec<&Instance> = instances.to_vec();
+    sorted.sort_by(|a, b| addr_key(&a.address).cmp(&addr_key(&b.address)).then_with(|| instance_order(a, b)));
+    let mut evaluated = Vec::with_capacity(sorted.len());
+    if sorted.is_empty() {
         return evaluated;
     }
     if !state.backends.contains_key(name) {
         state.backends.insert(name.to_string(), BTreeMap::new());
     }
     let memory = state.backends.get_mut(name).expect("inserted above");
-    for dups in by_addr.values_mut() {
-        dups.sort_by(|a, b| instance_order(a, b));
+    for dups in sorted.chunk_by(|a, b| addr_key(&a.address) == addr_key(&b.address)) {
         let inst = dups[0];
         let protection = protected.contains(&(name, inst.service.as_str()));
         let mem = memory.entry(inst.address).or_default();
@@ -350,7 +388,7 @@ fn table_weights(
     TableWeights { candidate, emitted, held }
 }
 
-/// The evaluated backends with their table weights and one-line reasons.
+/// The evaluated backends with their table weights.
 fn planned_backends(evaluated: Vec<(SocketAddr, Evaluated)>, w: &TableWeights) -> Vec<PlannedBackend> {
     evaluated
         .into_iter()
@@ -366,7 +404,6 @@ fn planned_backends(evaluated: Vec<(SocketAddr, Evaluated)>, w: &TableWeights) -
                 free_memory_mb: ev.free_memory_mb,
                 memory_capacity_mb: ev.memory_capacity_mb,
                 eligible: explain.excluded_by.is_none(),
-                reason: explain.summary(weight),
                 explain,
             }
         })

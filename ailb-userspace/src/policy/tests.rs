@@ -66,7 +66,7 @@ fn article_memory_need_8gb_nodes_12_6_9_keeps_first_and_third() {
     );
     assert_eq!(outcome(&p), [(true, 1), (false, 0), (true, 1)]);
     assert_eq!(p.backends[1].explain.excluded_by, Some(Exclusion::Memory));
-    assert_eq!(p.backends[1].reason, "excluded: memory: 6144 MB free (remaining_memory=\"6\") < 8192 MB required");
+    assert_eq!(p.backends[1].reason(), "excluded: memory: 6144 MB free (remaining_memory=\"6\") < 8192 MB required");
     assert_eq!(p.backends.iter().map(|b| b.free_memory_mb).collect::<Vec<_>>(), [Some(12288), Some(6144), Some(9216)]);
 }
 
@@ -78,7 +78,7 @@ fn article_5_vs_2_current_requests_gives_the_second_more_weight() {
     );
     // 1/(1+5) : 1/(1+2) = 1 : 2, scaled to a maximum of 1000.
     assert_eq!(outcome(&p), [(true, 500), (true, 1000)]);
-    assert!(p.backends[1].reason.contains("load: 2 running, 0 queued"), "{}", p.backends[1].reason);
+    assert!(p.backends[1].reason().contains("load: 2 running, 0 queued"), "{}", p.backends[1].reason());
 }
 
 #[test]
@@ -156,9 +156,9 @@ fn exclusions_name_the_rule_field_and_value() {
     for (i, want, needle) in cases {
         let p = run(&with_version, vec![i.clone()]);
         let b = &p.backends[0];
-        assert_eq!((b.eligible, b.weight, b.explain.excluded_by), (false, 0, Some(want)), "{i:?}: {}", b.reason);
-        assert!(b.reason.starts_with(&format!("excluded: {}: ", want.as_str())), "{}", b.reason);
-        assert!(b.reason.contains(needle), "{:?} should contain {needle:?}", b.reason);
+        assert_eq!((b.eligible, b.weight, b.explain.excluded_by), (false, 0, Some(want)), "{i:?}: {}", b.reason());
+        assert!(b.reason().starts_with(&format!("excluded: {}: ", want.as_str())), "{}", b.reason());
+        assert!(b.reason().contains(needle), "{:?} should contain {needle:?}", b.reason());
         assert!(!p.available);
     }
 }
@@ -176,7 +176,7 @@ fn invalid_optional_fields_are_ignored_with_a_line() {
     ];
     let p = run(&config(""), vec![inst(1, &meta), inst(2, &[])]);
     let b = &p.backends[0];
-    assert_eq!((b.eligible, b.weight, b.cap, b.free_memory_mb), (true, 1, 0, None), "{}", b.reason);
+    assert_eq!((b.eligible, b.weight, b.cap, b.free_memory_mb), (true, 1, 0, None), "{}", b.reason());
     let keys: Vec<_> = b.explain.invalid.iter().map(|f| (f.key, f.effect)).collect();
     for key in ["gpu_util", "current_requests", "queue_length", "max_inflight", "remaining_memory_mb", "kv_cache_usage"]
     {
@@ -206,7 +206,7 @@ fn composition_capability_cap_and_one_line_reason() {
     assert_eq!(outcome(&p), [(true, 1000), (true, 800), (true, 800)]);
     assert_eq!(p.backends[0].cap, 16);
     assert_eq!(
-        p.backends[0].reason,
+        p.backends[0].reason(),
         "eligible: weight 1000 ~ 1.25 = 1 (registry) x 2 (a100-80gb) x 0.5 (load: 2 running, 0 queued) x 1.25 \
          (util 25% low)"
     );
@@ -282,7 +282,7 @@ fn small_changes_keep_the_last_table_and_eligibility_changes_do_not() {
     let p = plan(&two("0", "1.1"), &cfg, &mut st).remove("m").unwrap();
     assert_eq!((outcome(&p), p.weights_held), (vec![(true, 1000), (true, 500)], true));
     assert_eq!(p.backends[1].explain.candidate_weight, 476);
-    assert!(p.backends[1].reason.contains("held (new 476 within min change)"), "{}", p.backends[1].reason);
+    assert!(p.backends[1].reason().contains("held (new 476 within min change)"), "{}", p.backends[1].reason());
     // Drift adds up against the last emitted table, not the last candidate.
     let p = plan(&two("0", "1.5"), &cfg, &mut st).remove("m").unwrap();
     assert_eq!((outcome(&p), p.weights_held), (vec![(true, 1000), (true, 400)], false));
@@ -405,7 +405,7 @@ fn check_weights(p: &Plan) {
                 assert!(f.is_finite() && f >= 0.0, "{f} in {e:?}");
             }
             assert!(!b.eligible || e.composed > 0.0, "{e:?}");
-            assert!(!b.reason.contains('\n'), "{:?}", b.reason);
+            assert!(!b.reason().contains('\n'), "{:?}", b.reason());
         }
         assert!(m.backends.windows(2).all(|w| addr_key(&w[0].address) < addr_key(&w[1].address)));
     }
@@ -532,4 +532,22 @@ fn a_catalog_of_plain_specs_plans_as_the_config_does() {
     // A model gone from the catalog is forgotten.
     super::plan(&s, &BTreeMap::<String, ModelSpec>::new(), &cfg.policy, &mut a);
     assert_eq!(a, PolicyState::default());
+}
+
+#[test]
+fn a_served_backend_carries_its_reason_where_it_always_did() {
+    let cfg = config_with_model("required_memory_mb = 8192", "");
+    let p = run(&cfg, vec![inst(1, &[("remaining_memory", "12")]), inst(2, &[("remaining_memory", "6")])]);
+    assert!(p.backends[0].reason().starts_with("eligible: weight"), "{}", p.backends[0].reason());
+    assert!(p.backends[1].reason().starts_with("excluded: memory:"), "{}", p.backends[1].reason());
+    for b in &p.backends {
+        let json = serde_json::to_string(b).unwrap();
+        let fields =
+            ["address", "weight", "cap", "free_memory_mb", "memory_capacity_mb", "eligible", "reason", "explain"];
+        let at: Vec<usize> = fields.iter().map(|f| json.find(&format!("\"{f}\":")).expect(f)).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "fields in their order: {json}");
+        let reason = serde_json::to_string(&b.reason()).unwrap();
+        assert!(json.contains(&format!(",\"reason\":{reason},\"explain\":")), "{json}");
+        assert_eq!(&serde_json::from_str::<PlannedBackend>(&json).unwrap(), b, "reads back");
+    }
 }

@@ -22,11 +22,13 @@ use crate::bench::{
 };
 
 /// Connects per measured case. Each closes at once and leaves its client port in TIME_WAIT
-/// for 60 s; 10,000 a case keeps a whole run (7 rounds of 3 cases) within the ephemeral ports
-/// of 16 backend addresses.
+/// for 60 s (loopback connects reuse such ports, `net.ipv4.tcp_tw_reuse` 2, the default);
+/// 10,000 a case keeps a round (3 cases) well within the ephemeral ports of 16 backend
+/// addresses.
 const CONNECTS: usize = 10_000;
-/// Interleaved rounds.
-const ROUNDS: usize = 7;
+/// Interleaved rounds: 15 give a distribution-free 96 % interval of the paired ratio's
+/// median between its 4th and 12th smallest values.
+const ROUNDS: usize = 15;
 /// Models loaded in the large case.
 const MANY: usize = 1024;
 
@@ -108,6 +110,26 @@ fn summary(xs: &[f64]) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// A distribution-free confidence interval of the median of `xs` (independent rounds, no
+/// assumption on their distribution): the `k`-th smallest and `k`-th largest values, `k` the
+/// largest with `P(Binomial(n, 1/2) < k) <= (1 - level) / 2`; returns (low, high, the
+/// interval's exact coverage). `None` when `xs` is too short for `level`.
+pub(super) fn median_interval(xs: &[f64], level: f64) -> Option<(f64, f64, f64)> {
+    let n = xs.len();
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    // cdf[j] = P(B <= j) for B ~ Binomial(n, 1/2).
+    let mut cdf = Vec::with_capacity(n + 1);
+    let (mut term, mut sum) = (0.5f64.powi(n as i32), 0.0);
+    for j in 0..=n {
+        sum += term;
+        cdf.push(sum);
+        term *= (n - j) as f64 / (j + 1) as f64;
+    }
+    let k = (1..=n / 2).take_while(|&k| cdf[k - 1] <= (1.0 - level) / 2.0).last()?;
+    Some((v[k - 1], v[n - k], 1.0 - 2.0 * cdf[k - 1]))
+}
+
 pub(super) fn run_time(bin: &Path, report: &mut String) {
     let addrs: Vec<String> = (0..PER_MODEL).map(backend).collect();
     let servers = BackendServer::start_all(&addrs.iter().map(String::as_str).collect::<Vec<_>>());
@@ -148,9 +170,36 @@ pub(super) fn run_time(bin: &Path, report: &mut String) {
         let _ = writeln!(report, "| {n} | {traffic} | {count} | {med:.0} | {lo:.0}-{hi:.0} |");
     }
     let (med, lo, hi) = summary(&ratio);
+    let (ci_lo, ci_hi, coverage) = median_interval(&ratio, 0.95).expect("enough rounds for a 95 % interval");
     let _ = writeln!(
         report,
-        "\nSame traffic, {MANY} models over 1 model, per round: median {med:.3} (range {lo:.3}-{hi:.3}; 1.000 = equal)."
+        "\nSame traffic, {MANY} models over 1 model, per round: median {med:.3} (range {lo:.3}-{hi:.3}; 1.000 = equal); \
+         {:.1} % interval of the median (order statistics, distribution-free): {ci_lo:.3}-{ci_hi:.3}. Rounds: {}.",
+        coverage * 100.0,
+        ratio.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ")
     );
-    say(&format!("same traffic, {MANY} / 1 model: median ratio {med:.3} ({lo:.3}-{hi:.3})"));
+    say(&format!(
+        "same traffic, {MANY} / 1 model: median ratio {med:.3} ({lo:.3}-{hi:.3}), {:.1} % interval {ci_lo:.3}-{ci_hi:.3}",
+        coverage * 100.0
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_interval;
+
+    #[test]
+    fn the_median_interval_is_the_binomial_order_statistics() {
+        // n = 15: P(B <= 3) = 0.0176 <= 0.025 < P(B <= 4) = 0.059, so the 4th smallest and
+        // the 4th largest, with coverage 1 - 2 x 0.0176 = 0.9648.
+        let xs: Vec<f64> = (1..=15).rev().map(f64::from).collect();
+        let (lo, hi, cov) = median_interval(&xs, 0.95).unwrap();
+        assert_eq!((lo, hi), (4.0, 12.0));
+        assert!((cov - 0.96484375).abs() < 1e-9, "{cov}");
+        // n = 7: P(B <= 0) = 0.0078, P(B <= 1) = 0.0625: the extremes.
+        let (lo, hi, _) = median_interval(&[3.0, 1.0, 2.0, 7.0, 5.0, 6.0, 4.0], 0.95).unwrap();
+        assert_eq!((lo, hi), (1.0, 7.0));
+        // Five values cannot give 95 %: P(B <= 0) = 1/32 > 0.025.
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.95), None);
+    }
 }
