@@ -23,7 +23,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 pub const MAX_MODELS: u32 = 1024;
 /// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by
@@ -102,13 +102,19 @@ pub mod maps {
     pub const TC_CONFIG: &str = "AILB_TC_CONFIG";
     pub const TC_MODELS: &str = "AILB_TC_MODELS";
     pub const TC_STATS: &str = "AILB_TC_STATS";
+    /// Remote IPv6 clients' flows ([`super::FlowKey6`] -> [`super::Flow6`]).
+    pub const FLOWS6: &str = "AILB_FLOWS6";
+    /// The programs `ailb_tc_ingress` tail-calls (slot [`super::TC_PROG_IPV6`]).
+    pub const TC_PROGS: &str = "AILB_TC_PROGS";
+    /// The IPv6 flows' settings ([`super::TcConfig6`], one entry).
+    pub const TC_CONFIG6: &str = "AILB_TC_CONFIG6";
     /// IPv6 VIPs ([`super::ServiceKey6`] -> [`super::Service`]).
     pub const SERVICES6: &str = "AILB_SERVICES6";
     /// The IPv6 address of each backend id whose `Backend::state` has
     /// [`super::BACKEND_IPV6`] ([`super::BackendAddr6`]).
     pub const BACKEND_ADDRS6: &str = "AILB_BACKEND_ADDRS6";
     /// Every map the daemon pins, in the order teardown removes them.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 21] = [
         SERVICES,
         SERVICES6,
         BACKENDS,
@@ -124,7 +130,10 @@ pub mod maps {
         BACKEND_STATS,
         CONFIG,
         FLOWS,
+        FLOWS6,
+        TC_PROGS,
         TC_CONFIG,
+        TC_CONFIG6,
         TC_MODELS,
         TC_STATS,
     ];
@@ -146,7 +155,10 @@ pub mod programs {
     /// to reclaim idle flows in the kernel, where the counters' atomic adds are. Pinned under
     /// `progs/<name>`.
     pub const TC_RECLAIM: &str = "ailb_tc_reclaim";
-    pub const TC: [&str; 2] = [TC_INGRESS, TC_RECLAIM];
+    /// `sched_cls`, never attached: `ailb_tc_ingress` tail-calls it for IPv6 frames (slot
+    /// `TC_PROG_IPV6` of `AILB_TC_PROGS`).
+    pub const TC_INGRESS6: &str = "ailb_tc_ingress6";
+    pub const TC: [&str; 3] = [TC_INGRESS, TC_INGRESS6, TC_RECLAIM];
 }
 
 /// `AILB_SERVICES` key: a VIP. Address and port in network byte order, as in `bpf_sock_addr`.
@@ -544,7 +556,10 @@ mod pod {
         BackendStats,
         FlowKey,
         Flow,
+        FlowKey6,
+        Flow6,
         TcConfig,
+        TcConfig6,
         TcModel,
         TcStats
     );

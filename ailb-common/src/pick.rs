@@ -86,13 +86,20 @@ pub enum ClientFamily {
     /// `cgroup/connect6`: IPv6 backends, and IPv4 ones through their v4-mapped address (a
     /// dual-stack socket; on an `IPV6_V6ONLY` socket the connect to such a backend fails).
     Ipv6,
+    /// The TC datapath's IPv6 packets: IPv6 backends only (the packet is rewritten, not
+    /// re-sent from a dual-stack socket, and there is no NAT64).
+    Ipv6Only,
 }
 
 impl ClientFamily {
     /// Whether a socket of this family can connect to `b`.
     #[inline(always)]
     pub fn reaches(self, b: &Backend) -> bool {
-        matches!(self, ClientFamily::Ipv6) || !b.is_ipv6()
+        match self {
+            ClientFamily::Ipv4 => !b.is_ipv6(),
+            ClientFamily::Ipv6 => true,
+            ClientFamily::Ipv6Only => b.is_ipv6(),
+        }
     }
 }
 

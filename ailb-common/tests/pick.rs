@@ -455,3 +455,29 @@ fn affinity_and_fallback_skip_a_backend_of_the_other_family() {
     assert_eq!((p.backend, p.outcome), (NO_BACKEND, Outcome::NoBackend));
     assert_ne!(pick_for(&f, &f.state, &f.cfg, &r, ClientFamily::Ipv6).backend, NO_BACKEND);
 }
+
+/// The TC datapath's IPv6 client (`Ipv6Only`, no NAT64) reaches the model's IPv6 backends
+/// only, split by their weights; a model without one has no backend for it.
+#[test]
+fn an_ipv6_only_client_never_gets_an_ipv4_backend() {
+    let mut f = Fleet::new(&[1, 2, 5], &[]);
+    f.maps.backends[1].state |= BACKEND_IPV6;
+    f.maps.backends[2].state |= BACKEND_IPV6;
+    let n = 20_000u64;
+    let mut got = [0u32; 3];
+    for i in 0..n {
+        let p = pick_for(&f, &f.state, &f.cfg, &f.req(fmix64(i)), ClientFamily::Ipv6Only);
+        assert_ne!(p.backend, NO_BACKEND, "{p:?}");
+        got[p.backend as usize] += 1;
+    }
+    assert_eq!(got[0], 0, "an IPv6-only client reached the IPv4 backend: {got:?}");
+    let share = got[1] as f64 / n as f64;
+    // Probes that land on the IPv4 backend's slots are spent: (1/8)^4 of the picks fall back
+    // to the member scan, which takes the first reachable member; 2:5 otherwise.
+    assert!((share - 2.0 / 7.0).abs() < 0.02, "IPv6 backends 2:5 split {got:?}");
+    for b in &mut f.maps.backends {
+        b.state &= !BACKEND_IPV6;
+    }
+    let p = pick_for(&f, &f.state, &f.cfg, &f.req(fmix64(7)), ClientFamily::Ipv6Only);
+    assert_eq!((p.backend, p.outcome), (NO_BACKEND, Outcome::NoBackend));
+}

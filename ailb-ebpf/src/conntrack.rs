@@ -8,7 +8,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::{fmix64, rehash},
-    pick::{pick, Outcome, PickMaps, PickRequest},
+    pick::{pick_for, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
 };
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 
@@ -18,11 +18,11 @@ use crate::{
     nat,
     pick_maps::Maps,
     tc::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS},
+    tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS, NAT_CURSOR_V4},
 };
 
 /// `-E2BIG`: a full hash map refuses an insert with it.
-const MAP_FULL: i32 = -7;
+pub(crate) const MAP_FULL: i32 = -7;
 
 /// The key of `pkt` as it arrives, of `kind`.
 #[inline(always)]
@@ -122,17 +122,23 @@ pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) -> bool {
     if AILB_FLOWS.remove(ck).is_err() {
         return false;
     }
-    if flow.backend < MAX_BACKENDS && flow.model < MAX_MODELS {
-        inflight_add(flow.backend, u64::MAX);
-        inflight_add(INFLIGHT_MODEL_BASE + flow.model, u64::MAX);
-        if flow.counted_mem_mb != 0 {
-            inflight_add(INFLIGHT_MEM_BASE + flow.backend, (flow.counted_mem_mb as u64).wrapping_neg());
+    uncount(flow.backend, flow.model, flow.counted_mem_mb);
+    true
+}
+
+/// Takes a flow of `backend` and `model` holding `mem_mb` out of the in-flight counters.
+#[inline(always)]
+pub(crate) fn uncount(backend: u32, model: u32, mem_mb: u32) {
+    if backend < MAX_BACKENDS && model < MAX_MODELS {
+        inflight_add(backend, u64::MAX);
+        inflight_add(INFLIGHT_MODEL_BASE + model, u64::MAX);
+        if mem_mb != 0 {
+            inflight_add(INFLIGHT_MEM_BASE + backend, (mem_mb as u64).wrapping_neg());
         }
     }
     if let Some(s) = tc_stats() {
         s.flows_closed += 1;
     }
-    true
 }
 
 /// Uncounts the flow and removes its entries. Returns whether this call uncounted it (it was
@@ -147,7 +153,7 @@ pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) -> bool {
 
 /// Counts a SYN the pick refused, and drops it (a remote client has no `connect()` to fail).
 #[inline(always)]
-fn refuse_syn(outcome: Outcome) -> i32 {
+pub(crate) fn refuse_syn(outcome: Outcome) -> i32 {
     if let Some(s) = stats() {
         if outcome == Outcome::NoFit {
             s.no_fit += 1;
@@ -166,43 +172,12 @@ fn refuse_syn(outcome: Outcome) -> i32 {
 /// Its own subprogram, as [`on_forward`].
 #[inline(never)]
 pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcConfig, now: u64) -> i32 {
-    // A shared VIP picks its model from a socket hint, which a remote client cannot send.
-    if service.flags & SERVICE_SHARED != 0 || service.model >= MAX_MODELS {
-        return refuse_syn(Outcome::NoBackend);
-    }
-    let model = service.model;
-    let (Some(gcfg), Some(state)) = (AILB_CONFIG.get_ptr(0), model_state(model)) else {
-        return refuse_syn(Outcome::NoBackend);
-    };
-    // SAFETY: a non-null array map value pointer; copied.
-    let gcfg = unsafe { ptr::read(gcfg) };
-    let tcm = tc_model(model);
-    let by_client = tcm.affinity == TC_AFFINITY_CLIENT_ADDR;
-    let hash = if by_client {
-        fmix64(pkt.saddr as u64)
-    } else {
-        fmix64(((pkt.saddr as u64) << 32 | (pkt.sport as u64) << 16 | pkt.dport as u64) ^ rehash(pkt.daddr as u64))
-    };
-    let used = by_client && gcfg.flags & CONFIG_AFFINITY != 0;
-    let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CLIENT, pkt.saddr as u64, used);
-    let affinity = entry.value();
-    let turn = if gcfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
-    let req = PickRequest {
-        model,
-        hash,
-        has_conversation: by_client,
-        required_mem_mb: tcm.required_mem_mb,
-        affinity,
-        now_ns: now,
-        model_inflight: inflight_read(INFLIGHT_MODEL_BASE + model),
-        turn,
-    };
-    let res = pick(&Maps, state, &gcfg, &req);
-    if res.backend >= MAX_BACKENDS {
-        return refuse_syn(res.outcome);
-    }
-    let Some(backend) = Maps.backend(res.backend) else {
-        return refuse_syn(Outcome::NoBackend);
+    let conn_hash =
+        fmix64(((pkt.saddr as u64) << 32 | (pkt.sport as u64) << 16 | pkt.dport as u64) ^ rehash(pkt.daddr as u64));
+    let client = Client { addr: pkt.saddr as u64, space: AFFINITY_SPACE_CLIENT, conn_hash };
+    let (res, backend, model, tcm, entry) = match pick_remote(service, &client, ClientFamily::Ipv4, now) {
+        Ok(p) => p,
+        Err(verdict) => return verdict,
     };
     let fk = key_of(pkt, FLOW_FORWARD);
     let reply = Flow {
@@ -237,16 +212,72 @@ pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcCon
         count_full(e);
         return TC_ACT_SHOT as i32;
     }
-    count_open(&forward);
+    count_open(forward.backend, forward.model, forward.counted_mem_mb);
     entry.remember(&res, now);
     count_pick(&res);
     nat::rewrite_and_forward(ctx, pkt, &forward)
 }
 
-const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
+/// A remote client as the pick sees it: the affinity key of its address (in `space`), and the
+/// hash of its connection for a model without client-address affinity.
+pub(crate) struct Client {
+    pub addr: u64,
+    pub space: u32,
+    pub conn_hash: u64,
+}
+
+/// The pick for a SYN from `client` to `service`, among the backends `family` reaches: the
+/// result, the backend, the model, its remote-client settings and the affinity entry to
+/// remember the pick in; `Err(verdict)` when refused (counted). Shared by both families'
+/// open paths.
+#[inline(always)]
+pub(crate) fn pick_remote(
+    service: &Service,
+    client: &Client,
+    family: ClientFamily,
+    now: u64,
+) -> Result<(PickResult, Backend, u32, TcModel, AffinityEntry), i32> {
+    // A shared VIP picks its model from a socket hint, which a remote client cannot send.
+    if service.flags & SERVICE_SHARED != 0 || service.model >= MAX_MODELS {
+        return Err(refuse_syn(Outcome::NoBackend));
+    }
+    let model = service.model;
+    let (Some(gcfg), Some(state)) = (AILB_CONFIG.get_ptr(0), model_state(model)) else {
+        return Err(refuse_syn(Outcome::NoBackend));
+    };
+    // SAFETY: a non-null array map value pointer; copied.
+    let gcfg = unsafe { ptr::read(gcfg) };
+    let tcm = tc_model(model);
+    let by_client = tcm.affinity == TC_AFFINITY_CLIENT_ADDR;
+    let hash = if by_client { fmix64(client.addr) } else { client.conn_hash };
+    let used = by_client && gcfg.flags & CONFIG_AFFINITY != 0;
+    let entry = AffinityEntry::lookup(model, client.space, client.addr, used);
+    let affinity = entry.value();
+    let turn = if gcfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
+    let req = PickRequest {
+        model,
+        hash,
+        has_conversation: by_client,
+        required_mem_mb: tcm.required_mem_mb,
+        affinity,
+        now_ns: now,
+        model_inflight: inflight_read(INFLIGHT_MODEL_BASE + model),
+        turn,
+    };
+    let res = pick_for(&Maps, state, &gcfg, &req, family);
+    if res.backend >= MAX_BACKENDS {
+        return Err(refuse_syn(res.outcome));
+    }
+    let Some(backend) = Maps.backend(res.backend) else {
+        return Err(refuse_syn(Outcome::NoBackend));
+    };
+    Ok((res, backend, model, tcm, entry))
+}
+
+pub(crate) const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
 
 #[inline(always)]
-fn count_full(err: i32) {
+pub(crate) fn count_full(err: i32) {
     if err == MAP_FULL {
         if let Some(s) = tc_stats() {
             s.flows_full += 1;
@@ -256,12 +287,12 @@ fn count_full(err: i32) {
 
 /// Counts a new flow in flight at its backend and model, with the model's memory hint.
 #[inline(always)]
-fn count_open(flow: &Flow) {
-    if flow.backend < MAX_BACKENDS && flow.model < MAX_MODELS {
-        inflight_add(flow.backend, 1);
-        inflight_add(INFLIGHT_MODEL_BASE + flow.model, 1);
-        if flow.counted_mem_mb != 0 {
-            inflight_add(INFLIGHT_MEM_BASE + flow.backend, flow.counted_mem_mb as u64);
+pub(crate) fn count_open(backend: u32, model: u32, mem_mb: u32) {
+    if backend < MAX_BACKENDS && model < MAX_MODELS {
+        inflight_add(backend, 1);
+        inflight_add(INFLIGHT_MODEL_BASE + model, 1);
+        if mem_mb != 0 {
+            inflight_add(INFLIGHT_MEM_BASE + backend, mem_mb as u64);
         }
     }
     if let Some(s) = tc_stats() {
@@ -305,14 +336,14 @@ fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -
     // later, as a new flow. Hashed ports hit that about once in sixteen connections of a burst
     // (8,000 connections over 10,000 ports opened 8,492 flows); per-CPU cursors, whose walks
     // overlap, about once in thirty (8,250). The cursor moves past the port taken.
-    let base = nat_cursor();
+    let base = nat_cursor(NAT_CURSOR_V4);
     let mut i = 0u64;
     while i < NAT_PROBES as u64 {
         let port = (min + base.wrapping_add(i) % range) as u16;
         rk.dst_port = port.to_be();
         match AILB_FLOWS.insert(rk, *reply, BPF_NOEXIST_FLAG) {
             Ok(()) => {
-                nat_cursor_advance(i + 1);
+                nat_cursor_advance(NAT_CURSOR_V4, i + 1);
                 return Some(rk);
             }
             Err(MAP_FULL) => {

@@ -16,7 +16,9 @@
 //! * `ailb_tc_ingress` (`sched_cls`, [`tc`]): remote clients on the `[daemon] interfaces`: a
 //!   SYN to a VIP runs the same pick, the flow is kept in `AILB_FLOWS` ([`conntrack`]) and its
 //!   packets are rewritten both ways and forwarded ([`nat`]), counted in the same in-flight
-//!   counters. `ailb_tc_reclaim` ([`reclaim`]) removes idle flows when the daemon runs it.
+//!   counters; IPv6 VIPs and flows the same way ([`tc6`], [`conntrack6`], [`nat6`], flows in
+//!   `AILB_FLOWS6`, IPv6 backends only). `ailb_tc_reclaim` ([`reclaim`]) removes idle flows
+//!   of both families when the daemon runs it.
 //!
 //! The maps and their accessors are in [`maps`]; the pick reads them through [`pick_maps`].
 //! Every array index is checked against its bound before use (the verifier needs it and a
@@ -34,13 +36,16 @@
 mod connect4;
 mod connect6;
 mod conntrack;
+mod conntrack6;
 mod maps;
 mod nat;
+mod nat6;
 mod pick_maps;
 mod reclaim;
 mod setsockopt;
 mod sockops;
 mod tc;
+mod tc6;
 mod tc_maps;
 
 use aya_ebpf::helpers::generated::bpf_set_retval;

@@ -27,9 +27,9 @@ const IP_TTL: u32 = ETH_HLEN + 8;
 const IP_SADDR: u32 = ETH_HLEN + 12;
 const IP_DADDR: u32 = ETH_HLEN + 16;
 /// Offsets inside the TCP header.
-const TCP_SPORT: u32 = 0;
-const TCP_DPORT: u32 = 2;
-const TCP_CSUM: u32 = 16;
+pub(crate) const TCP_SPORT: u32 = 0;
+pub(crate) const TCP_DPORT: u32 = 2;
+pub(crate) const TCP_CSUM: u32 = 16;
 
 /// Rewrites `pkt` to `flow`'s addresses and ports and forwards it. A helper failing midway
 /// (it cannot on a packet `parse` accepted) drops the packet rather than pass it half-written.
@@ -69,7 +69,7 @@ fn replace_addr(ctx: &TcContext, tcp_csum: u32, at: u32, old: u32, new: u32) -> 
 
 /// A TCP port at `at`: the TCP checksum, then the bytes.
 #[inline(always)]
-fn replace_port(ctx: &TcContext, tcp_csum: u32, at: u32, old: u16, new: u16) -> Result<(), i64> {
+pub(crate) fn replace_port(ctx: &TcContext, tcp_csum: u32, at: u32, old: u16, new: u16) -> Result<(), i64> {
     ctx.l4_csum_replace(tcp_csum as usize, old as u64, new as u64, 2)?;
     ctx.store(at as usize, &new, 0)
 }

@@ -2,7 +2,8 @@
 //! `BPF_PROG_TEST_RUN` to remove the flows idle for `TcConfig::idle_timeout_ns`. It runs in
 //! the kernel because the in-flight counters change by atomic adds, which userspace cannot
 //! make on a map value; the uncount is exactly once for the same reason as at a FIN (the
-//! `FLOW_COUNT` delete). Returns the number of flows removed.
+//! `FLOW_COUNT` delete). Both families' flows (`AILB_FLOWS`, then `AILB_FLOWS6`). Returns the
+//! number of flows removed.
 
 use core::{
     ffi::c_void,
@@ -18,7 +19,8 @@ use aya_ebpf::{
 
 use crate::{
     conntrack::{remove_flow, uncount_once},
-    tc_maps::{tc_stats, AILB_FLOWS, AILB_TC_CONFIG},
+    conntrack6,
+    tc_maps::{tc_stats, AILB_FLOWS, AILB_FLOWS6, AILB_TC_CONFIG},
 };
 
 struct Reclaim {
@@ -46,6 +48,15 @@ pub fn ailb_tc_reclaim(_ctx: TcContext) -> i32 {
         bpf_for_each_map_elem(
             addr_of!(AILB_FLOWS) as *mut c_void,
             reclaim_one as *mut c_void,
+            ptr::from_mut(&mut r).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above, for the IPv6 flows and their callback.
+    unsafe {
+        bpf_for_each_map_elem(
+            addr_of!(AILB_FLOWS6) as *mut c_void,
+            reclaim_one6 as *mut c_void,
             ptr::from_mut(&mut r).cast(),
             0,
         )
@@ -98,6 +109,37 @@ extern "C" fn reclaim_one(_map: *mut c_void, key: *const FlowKey, value: *mut Fl
     } else {
         let fk = FlowKey { kind: FLOW_FORWARD, ..key };
         if AILB_FLOWS.get_ptr(fk).is_none() && uncount_once(&fk, &flow) {
+            count_idle_end();
+        }
+    }
+    0
+}
+
+/// `bpf_for_each_map_elem` callback: one entry of `AILB_FLOWS6`, as [`reclaim_one`].
+#[inline(never)]
+extern "C" fn reclaim_one6(_map: *mut c_void, key: *const FlowKey6, value: *mut Flow6, ctx: *mut c_void) -> i64 {
+    // SAFETY: the kernel passes this element's key and value and the context given above.
+    let (key, flow, r) = unsafe { (ptr::read(key), ptr::read(value), &mut *ctx.cast::<Reclaim>()) };
+    if key.kind == FLOW_FORWARD {
+        let peer_seen = match AILB_FLOWS6.get_ptr(flow.peer) {
+            // SAFETY: a non-null hash map value pointer, valid for this run.
+            Some(p) => unsafe { (*p).last_seen_ns },
+            None => 0,
+        };
+        let seen = if peer_seen > flow.last_seen_ns { peer_seen } else { flow.last_seen_ns };
+        if idle(r, seen) {
+            if conntrack6::remove_flow(&key, &flow.peer, &flow) {
+                count_idle_end();
+            }
+            r.removed += 1;
+        }
+    } else if key.kind == FLOW_REPLY {
+        if AILB_FLOWS6.get_ptr(flow.peer).is_none() && idle(r, flow.last_seen_ns) {
+            let _ = AILB_FLOWS6.remove(key);
+        }
+    } else {
+        let fk = FlowKey6 { kind: FLOW_FORWARD, ..key };
+        if AILB_FLOWS6.get_ptr(fk).is_none() && conntrack6::uncount_once(&fk, &flow) {
             count_idle_end();
         }
     }

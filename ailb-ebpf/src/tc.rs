@@ -1,7 +1,8 @@
 //! `sched_cls` on the ingress of the `[daemon] interfaces` (`ailb_tc_ingress`): a TCP SYN
 //! from a remote client to a VIP runs the pick ([`conntrack::open`]), the flow's packets are
-//! rewritten both ways ([`nat`]) and forwarded to the FIB's next hop. Everything that is not
-//! IPv4 TCP to a VIP or of a known flow passes untouched, as does what cannot be parsed
+//! rewritten both ways ([`nat`]) and forwarded to the FIB's next hop; IPv6 frames go to
+//! `ailb_tc_ingress6` ([`tc6`], a tail call), the same for IPv6 VIPs and flows. Everything that is not TCP to a VIP or of a
+//! known flow passes untouched, as does what cannot be parsed
 //! (the stack drops it); a packet that matches a VIP or a flow but is malformed (bad header
 //! lengths, bad IPv4 checksum, a fragment) is dropped, never rewritten.
 
@@ -15,7 +16,7 @@ use aya_ebpf::{
 use ailb_common::abi::*;
 
 use crate::{
-    conntrack,
+    conntrack, tc6,
     tc_maps::{tc_config, tc_stats},
     IPPROTO_TCP,
 };
@@ -58,6 +59,9 @@ pub(crate) struct Packet {
 
 #[classifier]
 pub fn ailb_tc_ingress(ctx: TcContext) -> i32 {
+    if tc6::is_ipv6(&ctx) {
+        return tc6::to_ingress6(&ctx);
+    }
     try_ingress(&ctx)
 }
 
@@ -194,7 +198,7 @@ fn ip_checksum_ok(ctx: &TcContext, ip: usize, ihl: u32) -> bool {
 /// `[at, at + size_of::<T>())` must be inside the packet's linear data, checked against
 /// `data_end` by the caller.
 #[inline(always)]
-unsafe fn read<T: Copy>(at: usize) -> T {
+pub(crate) unsafe fn read<T: Copy>(at: usize) -> T {
     // SAFETY: per this function's contract.
     unsafe { core::ptr::read_unaligned(at as *const T) }
 }

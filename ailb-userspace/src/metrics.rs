@@ -266,7 +266,8 @@ fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<
 /// The TC datapath's flow table and counters (remote clients); nothing while it is off.
 fn encode_tc(tc: &crate::datapath::tc::TcStatus, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let s = &tc.stats;
-    gauge(enc, "ailb_tc_flows", "Remote flows open in the TC datapath (forward entries)", tc.flows)?;
+    gauge(enc, "ailb_tc_flows", "Remote flows open in the TC datapath (forward entries, both families)", tc.flows)?;
+    gauge(enc, "ailb_tc_flows_ipv6", "Of ailb_tc_flows, the IPv6 ones", tc.flows_ipv6)?;
     gauge(enc, "ailb_tc_flows_counted", "Remote flows counted in flight (no FIN, RST or idle end yet)", tc.counted)?;
     gauge(enc, "ailb_tc_nat_ports_in_use", "Reply entries: in masquerade mode, the NAT ports in use", tc.nat_ports)?;
     counter(enc, "ailb_tc_flows_opened", "Remote flows opened (SYNs to a VIP that got a backend)", s.flows_opened)?;
@@ -431,14 +432,22 @@ mod tests {
             to_stack: 1,
             ..Default::default()
         };
-        let tc = crate::datapath::tc::TcStatus { flows: 1, counted: 1, nat_ports: 1, interfaces: vec![], stats };
+        let tc = crate::datapath::tc::TcStatus {
+            flows: 3,
+            flows_ipv6: 2,
+            counted: 1,
+            nat_ports: 1,
+            interfaces: vec![],
+            stats,
+        };
         let st = Status { tc: Some(tc), ..Default::default() };
         let mut registry = Registry::default();
         registry.register_collector(Box::new(StatusCollector(st, BTreeMap::new())));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
-            "ailb_tc_flows 1",
+            "ailb_tc_flows 3",
+            "ailb_tc_flows_ipv6 2",
             "ailb_tc_flows_counted 1",
             "ailb_tc_nat_ports_in_use 1",
             "ailb_tc_flows_opened_total 10",

@@ -20,9 +20,18 @@
 pub const MAX_FLOWS: u32 = 32_768;
 /// `AILB_FLOWS` entries.
 pub const FLOW_ENTRIES: u32 = 3 * MAX_FLOWS;
+/// IPv6 flows `AILB_FLOWS6` can hold (three entries each, as in `AILB_FLOWS`).
+pub const MAX_FLOWS6: u32 = 32_768;
+/// `AILB_FLOWS6` entries.
+pub const FLOW6_ENTRIES: u32 = 3 * MAX_FLOWS6;
 /// NAT ports tried for one new flow (masquerade) before its SYN is dropped: with a port range
 /// a fraction `u` in use towards one backend, a SYN fails with probability `u^NAT_PROBES`.
 pub const NAT_PROBES: u32 = 16;
+
+/// Slots of `AILB_TC_PROGS`, the programs `ailb_tc_ingress` tail-calls.
+pub const TC_PROGS: u32 = 1;
+/// `AILB_TC_PROGS` slot of `ailb_tc_ingress6` (IPv6 frames).
+pub const TC_PROG_IPV6: u32 = 0;
 
 /// [`FlowKey::kind`]: the client's side of a flow.
 pub const FLOW_FORWARD: u32 = 1;
@@ -40,6 +49,37 @@ pub struct FlowKey {
     pub src_port: u16,
     pub dst_port: u16,
     pub kind: u32,
+}
+
+/// `AILB_FLOWS6` key: an IPv6 packet's addresses (the 16 bytes as four words, as
+/// [`super::ServiceKey6::addr`]) and ports as it arrives, network byte order. IPv6 flows have
+/// their own map so that an IPv4 flow's key stays 16 bytes (hashed on every IPv4 packet) and
+/// its entry 56.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey6 {
+    pub src_addr: [u32; 4],
+    pub dst_addr: [u32; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub kind: u32,
+}
+
+/// `AILB_FLOWS6` value: [`Flow`] with IPv6 addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flow6 {
+    pub src_addr: [u32; 4],
+    pub dst_addr: [u32; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub backend: u32,
+    pub model: u32,
+    pub counted_mem_mb: u32,
+    pub flags: u32,
+    pub _pad: u32,
+    pub last_seen_ns: u64,
+    pub peer: FlowKey6,
 }
 
 /// The client sent a FIN on this flow.
@@ -92,6 +132,18 @@ pub struct TcConfig {
     pub idle_timeout_ns: u64,
 }
 
+/// `AILB_TC_CONFIG6` value (one entry): what IPv6 flows need beyond [`TcConfig`], which they
+/// share (mode, port range, idle timeout). A map of its own so that the IPv4 program's copy
+/// of [`TcConfig`] stays 24 bytes of its stack, which is full.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcConfig6 {
+    /// The gateway's IPv6 address the masqueraded IPv6 flows come from (as
+    /// [`super::ServiceKey6::addr`]); all zero: IPv6 packets are not balanced in masquerade
+    /// mode (they pass untouched). The port range and its use are the IPv4 flows'.
+    pub nat_addr6: [u32; 4],
+}
+
 /// [`TcModel::affinity`]: every remote connection is placed afresh.
 pub const TC_AFFINITY_NONE: u32 = 0;
 /// [`TcModel::affinity`]: a client address keeps its backend (as IPVS persistence), in the
@@ -103,6 +155,9 @@ pub const AFFINITY_SPACE_CONVERSATION: u32 = 0;
 /// [`super::AffinityKey::space`] of remote client addresses (`conversation` = the IPv4
 /// address, network byte order).
 pub const AFFINITY_SPACE_CLIENT: u32 = 1;
+/// [`super::AffinityKey::space`] of remote IPv6 client addresses (`conversation` = a 64-bit
+/// hash of the 16 address bytes: its own space, so that no hash equals an IPv4 client's key).
+pub const AFFINITY_SPACE_CLIENT6: u32 = 2;
 
 /// `AILB_TC_MODELS` value, indexed by model: what a remote connection to the model's VIP is
 /// picked with (it carries no socket hints).
@@ -178,6 +233,12 @@ mod tests {
         assert_eq!(offset_of!(Flow, peer), 40);
         assert_eq!(size_of::<Flow>(), 56);
         assert_eq!(size_of::<TcConfig>(), 24);
+        assert_eq!(size_of::<TcConfig6>(), 16);
+        assert_eq!(size_of::<FlowKey6>(), 40);
+        assert_eq!(offset_of!(Flow6, last_seen_ns), 56);
+        assert_eq!(offset_of!(Flow6, peer), 64);
+        assert_eq!(size_of::<Flow6>(), 104);
+        assert_eq!(size_of::<Flow6>(), 16 * 2 + 2 * 2 + 4 * 5 + 8 + 40);
         assert_eq!(size_of::<TcModel>(), 8);
         assert_eq!(size_of::<TcStats>(), 11 * 8);
         // Field sums equal the sizes: no byte the compiler added.

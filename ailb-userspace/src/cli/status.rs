@@ -28,8 +28,8 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
     if let Some(tc) = &st.tc {
         let t = &tc.stats;
         println!(
-            "remote (TC on {}): flows {} (counted in flight {})  NAT ports in use {}  opened {}  closed {}  reclaimed {}  dropped: table full {} no NAT port {} refused {} malformed {}  redirected {}  to stack {}",
-            tc.interfaces.join(", "), tc.flows, tc.counted, tc.nat_ports, t.flows_opened, t.flows_closed, t.flows_reclaimed,
+            "remote (TC on {}): flows {} ({} IPv6, counted in flight {})  NAT ports in use {}  opened {}  closed {}  reclaimed {}  dropped: table full {} no NAT port {} refused {} malformed {}  redirected {}  to stack {}",
+            tc.interfaces.join(", "), tc.flows, tc.flows_ipv6, tc.counted, tc.nat_ports, t.flows_opened, t.flows_closed, t.flows_reclaimed,
             t.flows_full, t.nat_exhausted, t.refused, t.malformed, t.redirected, t.to_stack
         );
     }

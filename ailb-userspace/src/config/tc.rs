@@ -2,7 +2,10 @@
 //! model's `remote_affinity`. Checked here for form (names, addresses, ranges); whether an
 //! interface exists is checked when the daemon attaches to it, in its network namespace.
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use serde::Deserialize;
 
@@ -21,6 +24,11 @@ pub struct TcSettings {
     /// required with `mode = "masquerade"` when `interfaces` is set.
     #[serde(default)]
     pub nat_address: Option<String>,
+    /// The gateway's IPv6 address the masqueraded IPv6 flows come from (with the same
+    /// `nat_ports`). Without it, in masquerade mode, IPv6 clients are not balanced by the TC
+    /// datapath (their packets pass untouched); routed mode needs none.
+    #[serde(default)]
+    pub nat_address6: Option<String>,
     /// "MIN-MAX", the NAT ports (inclusive). Keep it apart from the gateway's own ephemeral
     /// ports (`net.ipv4.ip_local_port_range`). Default "20000-29999".
     #[serde(default = "default_ports")]
@@ -54,6 +62,7 @@ impl Default for TcSettings {
         Self {
             mode: default_mode(),
             nat_address: None,
+            nat_address6: None,
             nat_ports: default_ports(),
             idle_timeout: default_idle(),
             attach: default_attach(),
@@ -81,6 +90,7 @@ pub struct ValidTc {
     pub interfaces: Vec<String>,
     pub mode: TcMode,
     pub nat_address: Option<Ipv4Addr>,
+    pub nat_address6: Option<Ipv6Addr>,
     pub nat_ports: (u16, u16),
     pub idle_timeout: Duration,
     pub attach: TcAttach,
@@ -149,6 +159,7 @@ pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc,
             "masquerade mode needs the gateway address the backends answer",
         ));
     }
+    let nat_address6 = s.nat_address6.as_deref().map(parse_nat6).transpose()?;
     let attach = match s.attach.as_str() {
         "auto" => TcAttach::Auto,
         "tcx" => TcAttach::Tcx,
@@ -159,7 +170,19 @@ pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc,
     };
     let nat_ports = parse_ports(&s.nat_ports)?;
     let idle_timeout = parse_duration("daemon.tc.idle_timeout", &s.idle_timeout)?;
-    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_ports, idle_timeout, attach })
+    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_address6, nat_ports, idle_timeout, attach })
+}
+
+/// `daemon.tc.nat_address6`: a unicast IPv6 address (not v4-mapped: IPv4 flows have
+/// `nat_address`).
+fn parse_nat6(a: &str) -> Result<Ipv6Addr, ConfigError> {
+    let field = "daemon.tc.nat_address6";
+    let ip =
+        a.parse::<Ipv6Addr>().map_err(|e| ConfigError::invalid(field, a, format!("expected an IPv6 address ({e})")))?;
+    if ip.is_unspecified() || ip.is_multicast() || ip.to_ipv4_mapped().is_some() {
+        return Err(ConfigError::invalid(field, a, "must be a unicast IPv6 address of the gateway (not v4-mapped)"));
+    }
+    Ok(ip)
 }
 
 /// `models[i].remote_affinity`: whether remote clients keep their backend by address.
@@ -197,7 +220,10 @@ mod tests {
             (v.mode, v.nat_ports, v.idle_timeout),
             (TcMode::Masquerade, (20000, 29999), Duration::from_secs(300))
         );
-        assert_eq!(v.attach, TcAttach::Auto);
+        assert_eq!((v.attach, v.nat_address6), (TcAttach::Auto, None));
+        let s =
+            TcSettings { nat_address6: Some("fd00:a1b::1".into()), ..settings("masquerade", Some("10.0.2.1"), "1-2") };
+        assert_eq!(validate(&["veth0".into()], &s).unwrap().nat_address6, Some("fd00:a1b::1".parse().unwrap()));
         let v = validate(&["veth0".into()], &settings("routed", None, "1-1")).unwrap();
         assert_eq!((v.mode, v.nat_ports), (TcMode::Routed, (1, 1)));
         for (text, want) in [("tcx", TcAttach::Tcx), ("clsact", TcAttach::Clsact), ("auto", TcAttach::Auto)] {
@@ -222,6 +248,25 @@ mod tests {
             (&["v0"], &settings("masquerade", Some("10.0.2.1"), "20000"), "daemon.tc.nat_ports", "20000"),
             (&["v0"], &settings("masquerade", Some("10.0.2.1"), "1-70000"), "daemon.tc.nat_ports", "1-70000"),
             (&["v0"], &TcSettings { attach: "xdp".into(), ..ok.clone() }, "daemon.tc.attach", "xdp"),
+            (
+                &["v0"],
+                &TcSettings { nat_address6: Some("10.0.2.1".into()), ..ok.clone() },
+                "daemon.tc.nat_address6",
+                "10.0.2.1",
+            ),
+            (&["v0"], &TcSettings { nat_address6: Some("::".into()), ..ok.clone() }, "daemon.tc.nat_address6", "::"),
+            (
+                &["v0"],
+                &TcSettings { nat_address6: Some("ff02::1".into()), ..ok.clone() },
+                "daemon.tc.nat_address6",
+                "ff02::1",
+            ),
+            (
+                &["v0"],
+                &TcSettings { nat_address6: Some("::ffff:10.0.2.1".into()), ..ok.clone() },
+                "daemon.tc.nat_address6",
+                "::ffff:10.0.2.1",
+            ),
         ] {
             let e = err(interfaces, s);
             assert!(e.contains(field) && e.contains(value), "{e:?} should name {field} and {value}");

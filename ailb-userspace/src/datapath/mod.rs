@@ -66,6 +66,8 @@ pub enum DatapathError {
     },
     #[error("program {name}: not found in the eBPF object")]
     MissingProgram { name: &'static str },
+    #[error("map {name}: not found in the eBPF object")]
+    MissingMap { name: &'static str },
     #[error("map {name}: {source}")]
     Map {
         name: String,

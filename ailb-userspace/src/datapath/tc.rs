@@ -9,16 +9,18 @@
 
 use std::{
     fs,
+    net::SocketAddrV6,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
 };
 
 use ailb_common::{
-    hash::conversation_hash, maps, programs, TcConfig, TcModel, TcStats, FLOW_COUNT, FLOW_FORWARD, FLOW_REPLY,
-    TC_AFFINITY_CLIENT_ADDR, TC_AFFINITY_NONE, TC_MODE_MASQUERADE, TC_MODE_OFF, TC_MODE_ROUTED,
+    hash::conversation_hash, maps, programs, TcConfig, TcConfig6, TcModel, TcStats, FLOW_COUNT, FLOW_FORWARD,
+    FLOW_REPLY, TC_AFFINITY_CLIENT_ADDR, TC_AFFINITY_NONE, TC_MODE_MASQUERADE, TC_MODE_OFF, TC_MODE_ROUTED,
+    TC_PROG_IPV6,
 };
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, ProgramArray},
     programs::{
         links::FdLink,
         tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
@@ -61,6 +63,7 @@ pub(crate) fn attach(ebpf: &mut Ebpf, dir: &Path, interfaces: &[String], how: Tc
     let pin = reclaim_pin(dir);
     reclaim.pin(&pin).map_err(|e| DatapathError::Io { what: "pin program", path: pin.clone(), source: pin_io(e) })?;
 
+    load_ingress6(ebpf)?;
     let name = programs::TC_INGRESS;
     let ingress: &mut SchedClassifier =
         ebpf.program_mut(name).ok_or(DatapathError::MissingProgram { name })?.try_into().map_err(prog_err(name))?;
@@ -83,6 +86,24 @@ pub(crate) fn attach(ebpf: &mut Ebpf, dir: &Path, interfaces: &[String], how: Tc
         }
     }
     Ok(())
+}
+
+/// Loads `ailb_tc_ingress6` and puts it in its `AILB_TC_PROGS` slot, where the ingress
+/// program tail-calls it for IPv6 frames. The map is pinned, so the slot stays filled after
+/// this process exits (and with it the program, which nothing else holds).
+pub fn load_ingress6(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+    let name = programs::TC_INGRESS6;
+    let prog: &mut SchedClassifier =
+        ebpf.program_mut(name).ok_or(DatapathError::MissingProgram { name })?.try_into().map_err(prog_err(name))?;
+    prog.load().map_err(prog_err(name))?;
+    let fd = prog
+        .fd()
+        .map_err(prog_err(name))?
+        .try_clone()
+        .map_err(|e| DatapathError::Program { name, source: Box::new(aya::programs::ProgramError::IOError(e)) })?;
+    let map = ebpf.map_mut(maps::TC_PROGS).ok_or(DatapathError::MissingMap { name: maps::TC_PROGS })?;
+    let mut slots: ProgramArray<&mut MapData> = ProgramArray::try_from(map).map_err(map_err(maps::TC_PROGS))?;
+    slots.set(TC_PROG_IPV6, &fd, 0).map_err(map_err(maps::TC_PROGS))
 }
 
 /// A tcx link on `interface`'s ingress, pinned at [`link_pin`].
@@ -257,6 +278,10 @@ pub fn write(maps: &Maps, cfg: &ValidConfig) -> Result<(), DatapathError> {
     let mut config: Array<MapData, TcConfig> =
         open_map(&maps.dir, maps::TC_CONFIG)?.try_into().map_err(map_err(maps::TC_CONFIG))?;
     config.set(0, value, 0).map_err(map_err(maps::TC_CONFIG))?;
+    let nat_addr6 = tc.nat_address6.map_or([0; 4], |a| super::values::addr6_be(&SocketAddrV6::new(a, 0, 0, 0)).0);
+    let mut config6: Array<MapData, TcConfig6> =
+        open_map(&maps.dir, maps::TC_CONFIG6)?.try_into().map_err(map_err(maps::TC_CONFIG6))?;
+    config6.set(0, TcConfig6 { nat_addr6 }, 0).map_err(map_err(maps::TC_CONFIG6))?;
     let mut models: Array<MapData, TcModel> =
         open_map(&maps.dir, maps::TC_MODELS)?.try_into().map_err(map_err(maps::TC_MODELS))?;
     for (name, m) in &cfg.models {
@@ -297,11 +322,14 @@ impl Reclaimer {
     }
 }
 
-/// What `ailb status` shows of the TC datapath.
+/// What `ailb status` shows of the TC datapath. Both families' flows are in the same
+/// numbers and counters; `flows_ipv6` says how many of the flows are IPv6.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct TcStatus {
-    /// Flows with a forward entry.
+    /// Flows with a forward entry (IPv4 and IPv6).
     pub flows: u64,
+    /// Of `flows`, the IPv6 ones (`AILB_FLOWS6`).
+    pub flows_ipv6: u64,
     /// Flows still counted in flight.
     pub counted: u64,
     /// Reply entries: in masquerade mode, the NAT ports in use.
@@ -310,18 +338,31 @@ pub struct TcStatus {
     pub stats: TcStats,
 }
 
-/// Reads the flow table and the TC counters from the pins in `dir`.
+impl TcStatus {
+    /// Counts one flow table entry of `kind`.
+    fn count_entry(&mut self, kind: u32) {
+        match kind {
+            FLOW_FORWARD => self.flows += 1,
+            FLOW_REPLY => self.nat_ports += 1,
+            FLOW_COUNT => self.counted += 1,
+            _ => {}
+        }
+    }
+}
+
+/// Reads the flow tables and the TC counters from the pins in `dir`.
 pub fn read_status(dir: &Path) -> Result<TcStatus, DatapathError> {
     let mut st = TcStatus::default();
     let flows: HashMap<MapData, ailb_common::FlowKey, ailb_common::Flow> =
         open_map(dir, maps::FLOWS)?.try_into().map_err(map_err(maps::FLOWS))?;
     for key in flows.keys().filter_map(Result::ok) {
-        match key.kind {
-            FLOW_FORWARD => st.flows += 1,
-            FLOW_REPLY => st.nat_ports += 1,
-            FLOW_COUNT => st.counted += 1,
-            _ => {}
-        }
+        st.count_entry(key.kind);
+    }
+    let flows6: HashMap<MapData, ailb_common::FlowKey6, ailb_common::Flow6> =
+        open_map(dir, maps::FLOWS6)?.try_into().map_err(map_err(maps::FLOWS6))?;
+    for key in flows6.keys().filter_map(Result::ok) {
+        st.count_entry(key.kind);
+        st.flows_ipv6 += u64::from(key.kind == FLOW_FORWARD);
     }
     let stats: PerCpuArray<MapData, TcStats> =
         open_map(dir, maps::TC_STATS)?.try_into().map_err(map_err(maps::TC_STATS))?;
