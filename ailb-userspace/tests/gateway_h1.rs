@@ -371,3 +371,30 @@ async fn with_the_fast_path_off_hyper_serves_every_connection() {
     }
     assert_eq!(handoffs(gw).await, 0, "nothing to hand off: hyper had them all");
 }
+
+/// An upstream that answers with a `Content-Length` of 100 and closes after 10 bytes.
+async fn short_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").await;
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_body_cut_short_cuts_the_clients_answer() {
+    let gw = gateway(short_upstream().await, "").await;
+    let mut s = TcpStream::connect(gw).await.unwrap();
+    s.write_all(chat(CHAT, "X-Session-ID: s1\r\n").as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    while fill(&mut s, &mut buf).await.is_some() {}
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("content-length: 100\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\n0123456789"), "the 10 bytes that came, then the close: {text}");
+}

@@ -26,7 +26,7 @@ use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, BoxError, Relay, Reuse, Sent};
+use super::proxy::{self, BoxError, Relay, Reuse, Sent, UpBody};
 use super::route::{self, Endpoint, ModelFacts, Rules};
 use crate::config::ValidConfig;
 
@@ -350,7 +350,7 @@ impl Gateway {
         body: RequestBody,
         peer: &ClientIp,
         log: &mut RequestLog,
-    ) -> Result<(Response<Incoming>, Conn, Option<Reuse>), ApiError> {
+    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>), ApiError> {
         let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
@@ -374,7 +374,7 @@ impl Gateway {
         let mut upstream_req = Request::builder()
             .method(parts.method)
             .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-            .body(Full::new(bytes))
+            .body(bytes)
             .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
         let mut headers = parts.headers;
         end_to_end(&mut headers);
@@ -418,8 +418,8 @@ impl Gateway {
         key: Option<&PoolKey>,
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
-        mut req: Request<Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, Conn), ApiError> {
+        mut req: Request<Bytes>,
+    ) -> Result<(Response<UpBody>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
             match proxy::send(&mut conn, req, idle).await? {
@@ -431,7 +431,8 @@ impl Gateway {
             }
         }
         let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
-        let mut conn = proxy::open(up).await?;
+        // The fast path's own HTTP/1 client, or hyper's.
+        let mut conn = if self.cfg.http1_fast_path { proxy::open_raw(up) } else { proxy::open(up).await? };
         self.metrics.upstream_request(false);
         match proxy::send(&mut conn, req, idle).await? {
             Sent::Answered(resp) => Ok((resp, conn)),

@@ -25,6 +25,8 @@
 pub mod head;
 pub mod response;
 pub mod rewind;
+pub mod upbody;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
