@@ -40,15 +40,13 @@ impl RawConn {
     }
 
     /// Reads more into the buffer; `Ok(0)` at the end of the connection.
+    ///
+    /// Through the stream's `AsyncRead`: a read that fills less than the room given clears the
+    /// socket's readiness, so the next [`RawConn::is_open`] costs no system call (a
+    /// `try_read` would leave it set, and that check would find `EAGAIN` in a `recvfrom`).
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            self.buf.reserve(READ_SIZE);
-            match self.stream.try_read_buf(&mut self.buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(self.stream.poll_read_ready(cx))?,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        self.buf.reserve(READ_SIZE);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
     }
 }
 
