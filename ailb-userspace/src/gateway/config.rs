@@ -19,6 +19,7 @@
 //! upstream_max_age = "1s"
 //! upstream_max_idle = 256
 //! worker_threads = 0               # 0: one per core
+//! http1_fast_path = true           # false: every connection served by hyper
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
@@ -114,6 +115,17 @@ pub struct GatewayConfig {
     /// The `Retry-After` of an answer shed by the admission, whole seconds. Default "1s".
     #[serde(default = "default_retry_after")]
     pub admission_retry_after: String,
+    /// Whether client connections are read by the front door's own HTTP/1 path first
+    /// (`gateway/h1/`): HTTP/1.x GET and POST requests with a `Content-Length` body (or none)
+    /// are parsed in place and answered without hyper's server; anything else (HTTP/2, a
+    /// chunked body, an upgrade, `Expect`, a head it does not take) hands the connection to
+    /// hyper with the bytes read so far. `false`: hyper serves every connection. Default true.
+    #[serde(default = "default_true")]
+    pub http1_fast_path: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_retry_after() -> String {
@@ -181,6 +193,7 @@ impl Default for GatewayConfig {
             worker_threads: 0,
             admission: false,
             admission_retry_after: default_retry_after(),
+            http1_fast_path: true,
         }
     }
 }
@@ -206,6 +219,8 @@ pub struct ValidGateway {
     pub worker_threads: Option<usize>,
     /// `Some(Retry-After)`: admission per model on.
     pub admission: Option<Duration>,
+    /// Client connections read by the HTTP/1 fast path first (`false`: hyper only).
+    pub http1_fast_path: bool,
 }
 
 /// A duration that must be above zero.
@@ -305,6 +320,7 @@ impl GatewayConfig {
             upstream_max_idle: self.upstream_max_idle,
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
             admission: self.admission.then_some(admission_retry),
+            http1_fast_path: self.http1_fast_path,
         })
     }
 }

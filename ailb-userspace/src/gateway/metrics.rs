@@ -47,6 +47,8 @@ pub struct GatewayMetrics {
     pub duration_seconds: Family<ModelLabel, Histogram, Buckets>,
     pub in_flight: Family<ModelLabel, Gauge>,
     pub upstream_connections: Family<ReuseLabel, Counter>,
+    /// Client connections the HTTP/1 fast path handed to hyper's server.
+    pub handoffs: Counter,
     /// `upstream_connections` with `reused = false` and `true`, resolved on first use.
     reuse: [OnceLock<Counter>; 2],
 }
@@ -59,6 +61,7 @@ impl GatewayMetrics {
             duration_seconds: Family::new_with_constructor(Buckets),
             in_flight: Family::default(),
             upstream_connections: Family::default(),
+            handoffs: Counter::default(),
             reuse: Default::default(),
         };
         registry.register(
@@ -82,6 +85,12 @@ impl GatewayMetrics {
             "Requests sent upstream, on a fresh connection (reused=false, a new kernel pick) or on an idle one \
              with the same routing inputs (reused=true)",
             m.upstream_connections.clone(),
+        );
+        registry.register(
+            "ailb_gateway_http1_handoffs",
+            "Client connections the front door's HTTP/1 fast path handed to hyper's server (HTTP/2, a chunked \
+             body, an upgrade, Expect, a head it does not take)",
+            m.handoffs.clone(),
         );
         m
     }

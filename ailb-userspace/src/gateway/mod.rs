@@ -23,6 +23,7 @@ pub mod admission;
 mod body;
 pub mod config;
 pub mod error;
+pub mod h1;
 mod log;
 pub mod metrics;
 pub mod models;

@@ -29,6 +29,7 @@ use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::HeaderValue;
 
+use super::h1::upbody::RawConn;
 use super::proxy::AbortOnDrop;
 
 /// What a reusable connection must match: the routing inputs the socket was tagged with.
@@ -39,10 +40,18 @@ pub struct PoolKey {
     pub conversation: String,
 }
 
+/// How an upstream connection is driven.
+pub enum Link {
+    /// By hyper's client: a sender, and the connection's own task.
+    Hyper { sender: SendRequest<Full<Bytes>>, driver: AbortOnDrop },
+    /// By the front door itself (`gateway.http1_fast_path`); `None` while a response body
+    /// holds the socket, or after one that did not end cleanly.
+    Raw(Option<RawConn>),
+}
+
 /// One open HTTP/1.1 connection to a backend.
 pub struct Conn {
-    pub sender: SendRequest<Full<Bytes>>,
-    pub driver: AbortOnDrop,
+    pub link: Link,
     pub backend: SocketAddrV4,
     /// `backend` as the value of the response's `x-ailb-backend` header, formatted once.
     pub backend_value: HeaderValue,
@@ -53,6 +62,14 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether it can carry another request (its backend has not closed it).
+    pub fn is_open(&self) -> bool {
+        match &self.link {
+            Link::Hyper { sender, .. } => !sender.is_closed(),
+            Link::Raw(raw) => raw.as_ref().is_some_and(RawConn::is_open),
+        }
+    }
+
     /// Ends the connection now: a `shutdown` on the socket sends the FIN in this call, so the
     /// kernel stops counting it in flight before anything else happens (dropping the
     /// connection's task would close it only when the runtime gets to it).
@@ -90,7 +107,7 @@ impl Pool {
     }
 
     fn fresh(&self, c: &Conn, now: Instant) -> bool {
-        now.saturating_duration_since(c.born) < self.max_age && !c.sender.is_closed()
+        now.saturating_duration_since(c.born) < self.max_age && c.is_open()
     }
 
     /// An idle connection for `key` that is young enough and still open (the newest first).
@@ -186,7 +203,7 @@ mod tests {
             _ => unreachable!(),
         };
         let backend_value = HeaderValue::from_static("test");
-        (Conn { sender, driver, backend, backend_value, born, fd: None }, l)
+        (Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd: None }, l)
     }
 
     fn key(c: &str) -> PoolKey {
@@ -254,7 +271,7 @@ mod tests {
         loop {
             let closed = {
                 let idle = pool.idle.lock().unwrap();
-                idle.by_key.get(&key("a")).is_none_or(|l| l.iter().all(|c| c.sender.is_closed()))
+                idle.by_key.get(&key("a")).is_none_or(|l| l.iter().all(|c| !c.is_open()))
             };
             if closed {
                 break;

@@ -25,8 +25,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
 use super::error::ApiError;
+use super::h1::upbody::{RawBody, RawConn};
+use super::h1::upstream::{self, Exchanged};
 use super::log::RequestLog;
-use super::pool::{Conn, Pool, PoolKey};
+use super::pool::{Conn, Link, Pool, PoolKey};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -123,17 +125,8 @@ impl Drop for AbortOnDrop {
 /// [`Conn`]'s driver). The [`Conn`] holds a duplicate of the socket, to end its count in the
 /// kernel the moment its response ends ([`Conn::done`]) or to mark it idle in the pool.
 pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
-    use std::os::fd::AsFd;
     let backend = up.backend;
-    let born = Instant::now();
-    // Without the duplicate the connection still works; its count only ends when its task
-    // closes it, and it is never marked idle.
-    let fd = up
-        .stream
-        .as_fd()
-        .try_clone_to_owned()
-        .inspect_err(|e| tracing::debug!(error = %e, "dup of an upstream socket"))
-        .ok();
+    let (born, fd) = (Instant::now(), dup(&up.stream));
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up.stream))
         .await
         .map_err(|e| upstream_failure(backend, "handshake", &e))?;
@@ -143,7 +136,22 @@ pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
         }
     }));
     let backend_value = HeaderValue::try_from(backend.to_string()).expect("an address is a valid header value");
-    Ok(Conn { sender, driver, backend, backend_value, born, fd })
+    Ok(Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd })
+}
+
+/// A connection on `up` that the front door drives itself ([`super::h1::upstream`]), with the
+/// same duplicate of the socket as [`open`]'s.
+pub fn open_raw(up: Upstream) -> Conn {
+    let (born, fd) = (Instant::now(), dup(&up.stream));
+    let backend_value = HeaderValue::try_from(up.backend.to_string()).expect("an address is a valid header value");
+    Conn { link: Link::Raw(Some(RawConn::new(up.stream))), backend: up.backend, backend_value, born, fd }
+}
+
+/// A duplicate of the socket (without it the connection still works; its count only ends
+/// when it closes, and it is never marked idle).
+fn dup(stream: &TcpStream) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
+    stream.as_fd().try_clone_to_owned().inspect_err(|e| tracing::debug!(error = %e, "dup of an upstream socket")).ok()
 }
 
 fn upstream_failure(backend: SocketAddrV4, what: &str, e: &dyn std::error::Error) -> ApiError {
@@ -153,23 +161,34 @@ fn upstream_failure(backend: SocketAddrV4, what: &str, e: &dyn std::error::Error
 /// What became of a request sent on a connection.
 pub enum Sent {
     /// The response head.
-    Answered(hyper::Response<Incoming>),
+    Answered(hyper::Response<UpBody>),
     /// The connection could not take the request (it closed while idle, for one): nothing was
     /// sent, and the request comes back for another connection.
-    NotSent(hyper::Request<Full<Bytes>>),
+    NotSent(hyper::Request<Bytes>),
 }
 
 /// Sends `req` on `conn` and waits at most `idle` for the response head.
-pub async fn send(conn: &mut Conn, req: hyper::Request<Full<Bytes>>, idle: Duration) -> Result<Sent, ApiError> {
+pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -> Result<Sent, ApiError> {
     let backend = conn.backend;
     let work = async {
-        if conn.sender.ready().await.is_err() {
+        let sender = match &mut conn.link {
+            Link::Hyper { sender, .. } => sender,
+            Link::Raw(raw) => {
+                let Some(r) = raw.take() else { return Ok(Sent::NotSent(req)) };
+                return match upstream::exchange(r, req, backend).await? {
+                    Exchanged::Answered(resp) => Ok(Sent::Answered(resp.map(UpBody::Raw))),
+                    Exchanged::NotSent(req) => Ok(Sent::NotSent(req)),
+                };
+            }
+        };
+        if sender.ready().await.is_err() {
             return Ok(Sent::NotSent(req));
         }
-        match conn.sender.try_send_request(req).await {
-            Ok(resp) => Ok(Sent::Answered(resp)),
+        let body = req.body().clone();
+        match sender.try_send_request(req.map(Full::new)).await {
+            Ok(resp) => Ok(Sent::Answered(resp.map(UpBody::Hyper))),
             Err(mut e) => match e.take_message() {
-                Some(req) => Ok(Sent::NotSent(req)),
+                Some(req) => Ok(Sent::NotSent(req.map(|_| body))),
                 None => Err(upstream_failure(backend, "sending the request", e.error())),
             },
         }
@@ -177,6 +196,48 @@ pub async fn send(conn: &mut Conn, req: hyper::Request<Full<Bytes>>, idle: Durat
     match tokio::time::timeout(idle, work).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::timeout(format!("upstream {backend}: no response head within {idle:?}"))),
+    }
+}
+
+/// An upstream response body: hyper's client's, or read by the front door itself.
+pub enum UpBody {
+    Hyper(Incoming),
+    Raw(RawBody),
+}
+
+impl UpBody {
+    /// The connection a whole raw body read from, to keep.
+    fn take_raw(&mut self) -> Option<RawConn> {
+        match self {
+            UpBody::Hyper(_) => None,
+            UpBody::Raw(b) => b.take_conn(),
+        }
+    }
+}
+
+impl HttpBody for UpBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpBody::Raw(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpBody::Hyper(b) => b.is_end_stream(),
+            UpBody::Raw(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpBody::Hyper(b) => b.size_hint(),
+            UpBody::Raw(b) => b.size_hint(),
+        }
     }
 }
 
@@ -205,7 +266,7 @@ pub enum RelayError {
 /// cut connection would look like a network fault or, to some clients, like a hang. Other
 /// bodies end with an error, which aborts the response (the client sees it incomplete).
 pub struct Relay {
-    inner: Incoming,
+    inner: UpBody,
     sse: bool,
     done: bool,
     idle: Duration,
@@ -231,7 +292,7 @@ impl Relay {
         reason = "each is a separate part of one relayed request; a struct would only rename them"
     )]
     pub fn new(
-        inner: Incoming,
+        inner: UpBody,
         sse: bool,
         conn: Conn,
         reuse: Option<Reuse>,
@@ -268,7 +329,10 @@ impl Relay {
     /// The whole response came: the connection goes back to the pool for the next request
     /// with the same routing inputs, or is shut down now.
     fn release(&mut self) {
-        let Some(conn) = self.conn.take() else { return };
+        let Some(mut conn) = self.conn.take() else { return };
+        if let Link::Raw(raw @ None) = &mut conn.link {
+            *raw = self.inner.take_raw();
+        }
         match self.reuse.take() {
             Some(Reuse { pool, key }) => pool.put(key, conn),
             None => conn.done(),
@@ -318,7 +382,7 @@ impl HttpBody for Relay {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => this.fail("upstream error", Box::new(e)),
+            Poll::Ready(Some(Err(e))) => this.fail("upstream error", e),
             Poll::Ready(None) => {
                 this.finish("ok");
                 this.release();

@@ -1,5 +1,6 @@
 //! The HTTP server (hyper: HTTP/1.1 with keep-alive, and HTTP/2 with prior knowledge, h2c, on
-//! the same port) and its routes.
+//! the same port; in front of it, by default, the front door's own HTTP/1 path, [`super::h1`])
+//! and its routes.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -10,6 +11,7 @@ use bytes::Bytes;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -24,7 +26,7 @@ use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, BoxError, Relay, Reuse, Sent};
+use super::proxy::{self, BoxError, Relay, Reuse, Sent, UpBody};
 use super::route::{self, Endpoint, ModelFacts, Rules};
 use crate::config::ValidConfig;
 
@@ -111,6 +113,19 @@ fn find_inputs(
     route::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
 }
 
+/// A request's body as the routes get it.
+pub enum RequestBody {
+    /// hyper's, read when the route needs it.
+    Hyper(Incoming),
+    /// Read whole already (by the HTTP/1 fast path), or why it could not be.
+    Read(Result<Bytes, ApiError>),
+}
+
+/// 408: a request body slower than `within` (`gateway.header_timeout`).
+pub fn body_timeout(within: std::time::Duration) -> ApiError {
+    ApiError::client_timeout(format!("the request body did not arrive within {within:?} (gateway.header_timeout)"))
+}
+
 /// The front door's state, shared by every connection.
 pub struct Gateway {
     cfg: ValidGateway,
@@ -167,8 +182,19 @@ impl Gateway {
         })
     }
 
+    /// The `[gateway]` settings.
+    pub fn config(&self) -> &ValidGateway {
+        &self.cfg
+    }
+
+    /// Counts a client connection the HTTP/1 fast path handed to hyper's server.
+    pub fn count_handoff(&self) {
+        self.metrics.handoffs.inc();
+    }
+
     /// Accepts connections on `listener` and serves each (HTTP/1.1 with keep-alive, or
-    /// HTTP/2 when the client's first bytes are its preface), until the task is dropped.
+    /// HTTP/2 when the client's first bytes are its preface; the HTTP/1 fast path first when
+    /// `gateway.http1_fast_path`), until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         if let Some(pool) = &self.pool {
             Pool::spawn_sweeper(pool);
@@ -185,28 +211,48 @@ impl Gateway {
             };
             let _ = stream.set_nodelay(true);
             let gw = self.clone();
-            let header_timeout = self.cfg.header_timeout;
             tokio::spawn(async move {
                 let client = ClientIp::new(peer);
-                let svc = hyper::service::service_fn(move |req| gw.clone().handle(req, client.clone()));
-                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-                builder.http2().timer(TokioTimer::new());
-                if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                    tracing::debug!(%peer, error = %crate::error_chain(&*e), "gateway: client connection ended");
+                if gw.cfg.http1_fast_path {
+                    super::h1::serve(gw, stream, peer, client).await;
+                } else {
+                    gw.serve_hyper(TokioIo::new(stream), peer, client).await;
                 }
             });
         }
     }
 
+    /// Serves one client connection with hyper's server (HTTP/1.1, or HTTP/2 when its first
+    /// bytes are the preface) until it closes.
+    pub async fn serve_hyper<I>(self: Arc<Self>, io: I, peer: SocketAddr, client: ClientIp)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let header_timeout = self.cfg.header_timeout;
+        let svc = hyper::service::service_fn(move |req| self.clone().handle(req, client.clone()));
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+        builder.http2().timer(TokioTimer::new());
+        if let Err(e) = builder.serve_connection(io, svc).await {
+            tracing::debug!(%peer, error = %crate::error_chain(&*e), "gateway: client connection ended");
+        }
+    }
+
     /// One request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
-        let endpoint = Endpoint::from_path(req.uri().path());
-        if let (&Method::POST, Some(ep)) = (req.method(), endpoint) {
-            return Ok(self.proxy(ep, req, peer).await);
+        let (parts, body) = req.into_parts();
+        Ok(self.route(parts, RequestBody::Hyper(body), peer).await)
+    }
+
+    /// One request, from its head and its body (hyper's server and the HTTP/1 fast path both
+    /// answer through here).
+    pub async fn route(self: Arc<Self>, parts: Parts, body: RequestBody, peer: ClientIp) -> Response<Body> {
+        let endpoint = Endpoint::from_path(parts.uri.path());
+        if let (&Method::POST, Some(ep)) = (&parts.method, endpoint) {
+            return self.proxy(ep, parts, body, peer).await;
         }
-        let path = req.uri().path();
-        let resp = match (req.method(), path, endpoint) {
+        let path = parts.uri.path();
+        match (&parts.method, path, endpoint) {
             (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -214,12 +260,11 @@ impl Gateway {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
                 "method_not_allowed",
-                format!("{} {path}: method not allowed", req.method()),
+                format!("{} {path}: method not allowed", parts.method),
             )
             .into_response(),
-            _ => ApiError::not_found(format!("{} {path}: no such route", req.method())).into_response(),
-        };
-        Ok(resp)
+            _ => ApiError::not_found(format!("{} {path}: no such route", parts.method)).into_response(),
+        }
     }
 
     /// `GET /v1/models`: the catalog's models that have a live backend now (the daemon's plan,
@@ -255,13 +300,19 @@ impl Gateway {
         }
     }
 
-    async fn proxy(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>, peer: ClientIp) -> Response<Body> {
-        let mut log = RequestLog::start(self.metrics.clone(), req.method(), req.uri().path());
+    async fn proxy(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        parts: Parts,
+        body: RequestBody,
+        peer: ClientIp,
+    ) -> Response<Body> {
+        let mut log = RequestLog::start(self.metrics.clone(), &parts.method, parts.uri.path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
         };
-        let work = self.clone().forward(endpoint, req, &peer, &mut log);
+        let work = self.clone().forward(endpoint, parts, body, &peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(ApiError::timeout(format!(
@@ -295,11 +346,11 @@ impl Gateway {
     async fn forward(
         self: Arc<Self>,
         endpoint: Endpoint,
-        req: Request<Incoming>,
+        parts: Parts,
+        body: RequestBody,
         peer: &ClientIp,
         log: &mut RequestLog,
-    ) -> Result<(Response<Incoming>, Conn, Option<Reuse>), ApiError> {
-        let (parts, body) = req.into_parts();
+    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>), ApiError> {
         let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
@@ -323,7 +374,7 @@ impl Gateway {
         let mut upstream_req = Request::builder()
             .method(parts.method)
             .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-            .body(Full::new(bytes))
+            .body(bytes)
             .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
         let mut headers = parts.headers;
         end_to_end(&mut headers);
@@ -367,8 +418,8 @@ impl Gateway {
         key: Option<&PoolKey>,
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
-        mut req: Request<Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, Conn), ApiError> {
+        mut req: Request<Bytes>,
+    ) -> Result<(Response<UpBody>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
             match proxy::send(&mut conn, req, idle).await? {
@@ -380,7 +431,8 @@ impl Gateway {
             }
         }
         let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
-        let mut conn = proxy::open(up).await?;
+        // The fast path's own HTTP/1 client, or hyper's.
+        let mut conn = if self.cfg.http1_fast_path { proxy::open_raw(up) } else { proxy::open(up).await? };
         self.metrics.upstream_request(false);
         match proxy::send(&mut conn, req, idle).await? {
             Sent::Answered(resp) => Ok((resp, conn)),
@@ -394,7 +446,11 @@ impl Gateway {
     /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
     /// reading, a chunked body is read up to the limit only; a body slower than
     /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
-    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
+    async fn read_body(&self, headers: &HeaderMap, body: RequestBody) -> Result<Bytes, ApiError> {
+        let body = match body {
+            RequestBody::Hyper(b) => b,
+            RequestBody::Read(read) => return read,
+        };
         let max = self.cfg.max_body_bytes;
         let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
@@ -403,9 +459,7 @@ impl Gateway {
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
         let within = self.cfg.header_timeout;
         let Ok(read) = tokio::time::timeout(within, Limited::new(body, limit).collect()).await else {
-            return Err(ApiError::client_timeout(format!(
-                "the request body did not arrive within {within:?} (gateway.header_timeout)"
-            )));
+            return Err(body_timeout(within));
         };
         match read {
             Ok(c) => Ok(c.to_bytes()),

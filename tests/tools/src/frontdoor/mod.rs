@@ -6,7 +6,7 @@
 //! [`paths::SIM_TIME_SCALE`], so that a one-token completion answers at once):
 //!
 //! - direct: no router;
-//! - `ailb gateway`, once per value of [`UPSTREAM_REUSE`]: `ailb run` attached to a child
+//! - `ailb gateway`, once per value of [`GATEWAY_VARIANTS`]: `ailb run` attached to a child
 //!   cgroup created here, the gateway inside it, the server the model's only backend (static
 //!   config), so that every upstream connect of the gateway goes through the kernel's pick;
 //! - nginx as an L7 proxy with upstream keep-alive (`keepalive` in the upstream block, HTTP/1.1
@@ -51,10 +51,11 @@ use crate::sim_gpus::Proc;
 
 /// The model the server serves and the requests name.
 pub const MODEL: &str = "sim-7b";
-/// The front door's upstream behaviours measured, one row each (`[gateway] upstream_reuse`):
-/// a fresh upstream socket and kernel pick per request, and idle upstream connections kept per
-/// routing inputs (the default).
-pub const UPSTREAM_REUSE: &[&str] = &["never", "conversation"];
+/// The front door's settings measured, one row each (`[gateway] upstream_reuse` and
+/// `http1_fast_path`): a fresh upstream socket and kernel pick per request, idle upstream
+/// connections kept per routing inputs (the default), both on the front door's own HTTP/1 path
+/// (the default); and the default reuse with hyper on both sides (`http1_fast_path = false`).
+pub const GATEWAY_VARIANTS: &[(&str, bool)] = &[("never", true), ("conversation", true), ("conversation", false)];
 /// wrk's keep-alive client connections in the saturated runs.
 pub const CONNECTIONS: u32 = 16;
 /// The closed loop: one connection, one request at a time. Every path sustains that rate (no
@@ -160,8 +161,8 @@ fn enter_private_netns() -> anyhow::Result<()> {
 fn start_targets(ailb: &Path, catalog: &str, cg: &CgroupGuard, dir: &Path) -> Vec<Target> {
     let venv = peers::venv();
     let mut targets = vec![paths::direct()];
-    for (i, reuse) in UPSTREAM_REUSE.iter().enumerate() {
-        targets.push(paths::gateway(ailb, catalog, cg, reuse, i, dir));
+    for (i, &(reuse, fast)) in GATEWAY_VARIANTS.iter().enumerate() {
+        targets.push(paths::gateway(ailb, catalog, cg, (reuse, fast), i, dir));
     }
     targets.push(paths::nginx(dir));
     targets.push(paths::peer(Policy::SglangCacheAware, &venv, dir));

@@ -1,5 +1,5 @@
 //! The paths measured, each in front of the same one simulated server: none (direct), the
-//! front door (one per `upstream_reuse` value), nginx as an L7 proxy with upstream
+//! front door (one per `upstream_reuse` and `http1_fast_path` variant), nginx as an L7 proxy with upstream
 //! keep-alive, `sglang-router` and `vllm-router`. Each is started here, ready before it is
 //! measured, and stopped by pid on drop ([`Proc`]).
 
@@ -84,27 +84,31 @@ pub fn direct() -> Target {
     }
 }
 
-/// The `[gateway]` section of the front door for `upstream_reuse` value `reuse`, listening
-/// on `listen`; every other key keeps its default. Warnings-only logging comes from `AILB_LOG`.
-pub fn gateway_toml(listen: SocketAddrV4, reuse: &str) -> String {
-    format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\n")
+/// The `[gateway]` section of the front door for `upstream_reuse` value `reuse` and
+/// `http1_fast_path` value `fast`, listening on `listen`; every other key keeps its default.
+/// Warnings-only logging comes from `AILB_LOG`.
+pub fn gateway_toml(listen: SocketAddrV4, reuse: &str, fast: bool) -> String {
+    format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\nhttp1_fast_path = {fast}\n")
 }
 
 /// `ailb gateway` inside `cg`, reading the daemon's catalog (`catalog`, the daemon's config
-/// text) plus its own `[gateway]` section, one per `upstream_reuse` value (index `i` gives
-/// its port).
-pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, reuse: &str, i: usize, dir: &Path) -> Target {
+/// text) plus its own `[gateway]` section, one per (`upstream_reuse`, `http1_fast_path`)
+/// variant (index `i` gives its port).
+pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, variant: (&str, bool), i: usize, dir: &Path) -> Target {
+    let (reuse, fast) = variant;
     let listen = SocketAddrV4::new(GATEWAY_IP.parse().expect("GATEWAY_IP"), GATEWAY_BASE_PORT + i as u16);
-    let name = format!("ailb gateway, upstream_reuse = \"{reuse}\"");
+    let hyper = if fast { "" } else { ", http1_fast_path = false (hyper)" };
+    let name = format!("ailb gateway, upstream_reuse = \"{reuse}\"{hyper}");
     let settings = format!(
         "daemon attached to the child cgroup, the gateway inside it; the server is the model's only backend \
-         (static config, VIP {VIP}); `AILB_LOG=warn`; `[gateway] upstream_reuse = \"{reuse}\"`, other keys default"
+         (static config, VIP {VIP}); `AILB_LOG=warn`; `[gateway] upstream_reuse = \"{reuse}\"`, \
+         `http1_fast_path = {fast}`, other keys default"
     );
     let started = (|| {
-        let sub = dir.join(format!("gateway-{reuse}"));
+        let sub = dir.join(format!("gateway-{reuse}-{}", if fast { "fast" } else { "hyper" }));
         std::fs::create_dir_all(&sub)?;
         let cfg = sub.join("ailb.toml");
-        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, reuse)))?;
+        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, reuse, fast)))?;
         front_door::start(ailb, &cfg, cg, listen, &sub)
     })();
     finish(name, Role::Ailb, settings, url(listen), started)
@@ -227,7 +231,8 @@ mod tests {
 
     #[test]
     fn the_gateway_section_names_its_listen_address_and_reuse() {
-        let t = gateway_toml("127.0.0.21:8080".parse().expect("addr"), "never");
-        assert_eq!(t, "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\nupstream_reuse = \"never\"\n");
+        let t = gateway_toml("127.0.0.21:8080".parse().expect("addr"), "never", false);
+        let want = "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\nupstream_reuse = \"never\"\nhttp1_fast_path = false\n";
+        assert_eq!(t, want);
     }
 }

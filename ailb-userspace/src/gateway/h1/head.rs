@@ -1,0 +1,217 @@
+//! A client's request head, parsed in place with `httparse`, for the requests the fast path
+//! takes: HTTP/1.0 or 1.1, `GET` or `POST`, an origin-form target, a body framed by one
+//! `Content-Length` (or none), and no `Transfer-Encoding`, `Upgrade` or `Expect`. Any other
+//! head, and any head that does not parse, is [`Parsed::Fallback`]: hyper then reads it from
+//! the same bytes and answers it as it always did (400, 431, HTTP/2, chunked bodies, ...).
+
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Method, Request, Uri, Version};
+
+/// Headers a head may have on the fast path (hyper's own limit is 100: a head with more
+/// goes to hyper, which answers 431).
+pub const MAX_HEADERS: usize = 100;
+/// Bytes of an unfinished head after which the fast path stops waiting for its end and hands
+/// the connection to hyper (which reads on to its own limit, then answers 431).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// What the bytes at the start of a connection's buffer are.
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "one per request, moved once: a box would be one more allocation")]
+pub enum Parsed {
+    /// The start of a head the fast path may take: more bytes are needed.
+    Partial,
+    /// Not for the fast path: hyper serves the connection from these bytes on.
+    Fallback(Fallback),
+    /// A whole head.
+    Request(Head),
+}
+
+/// Why a head goes to hyper (for the debug log and the tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// It does not parse as HTTP/1.x (an HTTP/2 preface, a malformed line or header).
+    Unparsed,
+    /// More than [`MAX_HEADERS`] headers or [`MAX_HEAD_BYTES`] bytes.
+    TooLarge,
+    /// A method other than GET and POST.
+    Method,
+    /// A target that is not a path (`*`, an absolute URI), or one `Uri` refuses.
+    Target,
+    /// A name or value `http` refuses.
+    Header,
+    /// `Transfer-Encoding`, `Upgrade` or `Expect`.
+    Framing,
+    /// A `Content-Length` that is not one decimal number (or several that differ).
+    Length,
+}
+
+/// A request head the fast path serves.
+#[derive(Debug)]
+pub struct Head {
+    pub parts: Parts,
+    /// Its length in the buffer (the body starts there).
+    pub len: usize,
+    /// Its body's length (`Content-Length`, 0 without one).
+    pub body_len: u64,
+    /// Whether the connection stays open after the answer: HTTP/1.1 without
+    /// `Connection: close`. An HTTP/1.0 connection closes after each answer (hyper's server
+    /// closes it too: the front door's answers never carry `Connection: keep-alive`).
+    pub keep_alive: bool,
+}
+
+/// Parses the head at the start of `buf`.
+pub fn parse(buf: &[u8]) -> Parsed {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => return Parsed::Fallback(Fallback::TooLarge),
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => return Parsed::Fallback(Fallback::TooLarge),
+        Err(_) => return Parsed::Fallback(Fallback::Unparsed),
+    };
+    match build(&req) {
+        Ok((parts, body_len, keep_alive)) => Parsed::Request(Head { parts, len, body_len, keep_alive }),
+        Err(why) => Parsed::Fallback(why),
+    }
+}
+
+fn build(req: &httparse::Request<'_, '_>) -> Result<(Parts, u64, bool), Fallback> {
+    let version = match req.version {
+        Some(1) => Version::HTTP_11,
+        Some(0) => Version::HTTP_10,
+        _ => return Err(Fallback::Unparsed),
+    };
+    let method = match req.method {
+        Some("POST") => Method::POST,
+        Some("GET") => Method::GET,
+        _ => return Err(Fallback::Method),
+    };
+    let path = req.path.ok_or(Fallback::Unparsed)?;
+    if !path.starts_with('/') {
+        return Err(Fallback::Target);
+    }
+    let uri = Uri::try_from(path).map_err(|_| Fallback::Target)?;
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    let mut body_len = None;
+    let mut close = version == Version::HTTP_10;
+    for h in req.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Fallback::Header)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| Fallback::Header)?;
+        match name.as_str() {
+            "transfer-encoding" | "upgrade" | "expect" => return Err(Fallback::Framing),
+            "content-length" => {
+                let n = content_length(h.value).ok_or(Fallback::Length)?;
+                if body_len.is_some_and(|prior| prior != n) {
+                    return Err(Fallback::Length);
+                }
+                body_len = Some(n);
+            }
+            "connection" if has_token(h.value, "close") => close = true,
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    let mut parts = Request::new(()).into_parts().0;
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
+    Ok((parts, body_len.unwrap_or(0), !close))
+}
+
+/// A `Content-Length` value: decimal digits only (as hyper takes it), at most 19 of them.
+fn content_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Whether the comma-separated header value `v` holds `token` (any case).
+pub fn has_token(v: &[u8], token: &str) -> bool {
+    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Head {
+        match parse(text.as_bytes()) {
+            Parsed::Request(h) => h,
+            other => panic!("{text:?}: expected a head, got {other:?}"),
+        }
+    }
+
+    fn fallback(text: &[u8]) -> Fallback {
+        match parse(text) {
+            Parsed::Fallback(f) => f,
+            other => panic!("{:?}: expected a fallback, got {other:?}", String::from_utf8_lossy(text)),
+        }
+    }
+
+    #[test]
+    fn a_post_with_a_body_is_taken_and_its_body_starts_after_the_head() {
+        let text = "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 7\r\nX-Session-ID: s\r\n\r\n{\"a\":1}";
+        let h = head(text);
+        assert_eq!(h.parts.method, Method::POST);
+        assert_eq!(h.parts.uri.path(), "/v1/chat/completions");
+        assert_eq!(h.parts.uri.query(), Some("x=1"));
+        assert_eq!(h.parts.version, Version::HTTP_11);
+        assert_eq!(h.body_len, 7);
+        assert_eq!(&text[h.len..], "{\"a\":1}");
+        assert_eq!(h.parts.headers["x-session-id"], "s");
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn a_head_split_anywhere_is_partial_until_its_last_byte() {
+        let text = "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n";
+        for cut in 0..text.len() {
+            assert!(matches!(parse(&text.as_bytes()[..cut]), Parsed::Partial), "cut at {cut}");
+        }
+        assert_eq!(head(text).len, text.len());
+    }
+
+    #[test]
+    fn connection_close_and_http10_close_after_the_answer() {
+        assert!(!head("GET / HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
+        assert!(!head("GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(!head("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").keep_alive);
+        assert_eq!(head("GET / HTTP/1.0\r\n\r\n").parts.version, Version::HTTP_10);
+    }
+
+    #[test]
+    fn what_the_fast_path_does_not_take_goes_to_hyper() {
+        assert_eq!(fallback(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), Fallback::Unparsed);
+        assert_eq!(fallback(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), Fallback::Framing);
+        assert_eq!(fallback(b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n"), Fallback::Framing);
+        assert_eq!(fallback(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n"), Fallback::Framing);
+        assert_eq!(fallback(b"PUT / HTTP/1.1\r\n\r\n"), Fallback::Method);
+        assert_eq!(fallback(b"HEAD / HTTP/1.1\r\n\r\n"), Fallback::Method);
+        assert_eq!(fallback(b"OPTIONS * HTTP/1.1\r\n\r\n"), Fallback::Method);
+        assert_eq!(fallback(b"GET http://x/ HTTP/1.1\r\n\r\n"), Fallback::Target);
+        assert_eq!(fallback(b"POST / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n"), Fallback::Length);
+        assert_eq!(fallback(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), Fallback::Length);
+        assert_eq!(fallback(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n"), Fallback::Length);
+        assert_eq!(fallback(b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n"), Fallback::Unparsed);
+        assert_eq!(fallback(b"\x16\x03\x01\x02\x00"), Fallback::Unparsed);
+    }
+
+    #[test]
+    fn the_same_content_length_twice_is_one_length() {
+        assert_eq!(head("POST / HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\nab").body_len, 2);
+        assert_eq!(head("POST / HTTP/1.1\r\nContent-Length:  12 \r\n\r\n").body_len, 12);
+    }
+
+    #[test]
+    fn too_many_headers_or_too_long_a_head_goes_to_hyper() {
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(fallback(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()), Fallback::TooLarge);
+        let long = format!("GET / HTTP/1.1\r\nX-Long: {}", "a".repeat(MAX_HEAD_BYTES));
+        assert_eq!(fallback(long.as_bytes()), Fallback::TooLarge);
+    }
+}

@@ -1,0 +1,264 @@
+//! The answer to a fast-path request, written the way hyper's server writes it: the status
+//! line in the client's version, the headers as the route left them, `date` when there is
+//! none, the body framed by its `Content-Length` (the header's, or the body's exact size), by
+//! chunks when its size is unknown (close-delimited for HTTP/1.0), and `connection: close`
+//! when the connection ends after it. The head and a body that is there whole go out in one
+//! write; a body that has to wait (a stream) goes out frame by frame as each arrives.
+//!
+//! While it waits for the next frame it also reads the client: an end of the connection
+//! (the client went away) drops the body at once, which closes the upstream connection so
+//! the model server frees the request's slot; bytes that arrive (a pipelined request) are
+//! kept for the next head.
+
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Frame};
+use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE};
+use hyper::{Response, StatusCode, Version};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::head::MAX_HEAD_BYTES;
+use super::Client;
+use crate::gateway::proxy::BoxError;
+use crate::gateway::server::Body;
+
+/// How a response's body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (1xx, 204, 304).
+    None,
+    /// `Content-Length`; `true` when the head must say it (the route did not).
+    Length(u64, bool),
+    Chunked,
+    /// Until the connection closes (HTTP/1.0, size unknown).
+    Close,
+}
+
+/// How a response's body is delimited, as hyper's server decides it.
+pub fn framing(resp: &Response<Body>, version: Version) -> Framing {
+    let status = resp.status();
+    if status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Framing::None;
+    }
+    let declared = resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    match (declared, resp.body().size_hint().exact()) {
+        (Some(n), _) => Framing::Length(n, false),
+        (None, Some(n)) => Framing::Length(n, true),
+        (None, None) if version == Version::HTTP_10 => Framing::Close,
+        (None, None) => Framing::Chunked,
+    }
+}
+
+/// Appends the response head to `out`.
+pub fn encode_head(
+    out: &mut Vec<u8>,
+    version: Version,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: Framing,
+    close: bool,
+) {
+    out.extend_from_slice(if version == Version::HTTP_10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        header(out, name.as_str(), value.as_bytes());
+    }
+    if !headers.contains_key(DATE) {
+        DATE_NOW.with(|d| header(out, "date", d.borrow_mut().now().as_bytes()));
+    }
+    match framing {
+        Framing::Length(n, true) => header(out, "content-length", n.to_string().as_bytes()),
+        Framing::Chunked => header(out, "transfer-encoding", b"chunked"),
+        Framing::Length(..) | Framing::None | Framing::Close => {}
+    }
+    if close && version == Version::HTTP_11 && !headers.contains_key(CONNECTION) {
+        header(out, "connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `date` as HTTP writes it, formatted once a second per thread (as hyper caches it).
+struct CachedDate {
+    second: u64,
+    value: HeaderValue,
+}
+
+impl CachedDate {
+    fn now(&mut self) -> &HeaderValue {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if second != self.second {
+            self.second = second;
+            self.value = HeaderValue::try_from(httpdate::fmt_http_date(now)).expect("an HTTP date is a header value");
+        }
+        &self.value
+    }
+}
+
+thread_local! {
+    static DATE_NOW: RefCell<CachedDate> =
+        const { RefCell::new(CachedDate { second: u64::MAX, value: HeaderValue::from_static("") }) };
+}
+
+/// Appends one body frame's data to `out`, framed.
+fn encode_data(out: &mut Vec<u8>, framing: Framing, data: &Bytes) {
+    if data.is_empty() {
+        return;
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    } else {
+        out.extend_from_slice(data);
+    }
+}
+
+/// The next frame when the body has one now, without waiting.
+fn frame_now(body: &mut Body) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(body).poll_frame(&mut cx)
+}
+
+/// The next frame; meanwhile the client's connection is read, and `None` comes back (with
+/// the body left unfinished) when the client closed it or it failed.
+async fn next_frame(client: &mut Client, body: &mut Body) -> Option<Option<Result<Frame<Bytes>, BoxError>>> {
+    loop {
+        let room = client.buf.len() < MAX_HEAD_BYTES;
+        tokio::select! {
+            biased;
+            f = body.frame() => return Some(f),
+            r = client.stream.read_buf(&mut client.buf), if room => match r {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => continue,
+            },
+        }
+    }
+}
+
+/// Writes `resp` to the client of a `version` request; `close` when the connection ends after
+/// it. Whether the connection can carry another request.
+pub async fn send(client: &mut Client, resp: Response<Body>, version: Version, close: bool) -> bool {
+    let framing = framing(&resp, version);
+    let close = close || framing == Framing::Close;
+    let (parts, mut body) = resp.into_parts();
+    let mut out = Vec::with_capacity(512);
+    encode_head(&mut out, version, parts.status, &parts.headers, framing, close);
+    if framing == Framing::None {
+        return client.stream.write_all(&out).await.is_ok() && !close;
+    }
+    let mut sent = 0u64;
+    loop {
+        let frame = match frame_now(&mut body) {
+            Poll::Ready(f) => f,
+            Poll::Pending => {
+                // The body has to wait: what is ready goes out now (the head of a stream, its
+                // last event).
+                if !out.is_empty() && client.stream.write_all(&out).await.is_err() {
+                    return false;
+                }
+                out.clear();
+                match next_frame(client, &mut body).await {
+                    Some(f) => f,
+                    None => return false,
+                }
+            }
+        };
+        let end = match frame {
+            None => true,
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    sent += data.len() as u64;
+                    encode_data(&mut out, framing, data);
+                }
+                body.is_end_stream()
+            }
+            Some(Err(e)) => {
+                // As hyper does: the answer is cut, the client sees it incomplete.
+                tracing::debug!(error = %crate::error_chain(&*e), "gateway: a response body failed");
+                let _ = client.stream.write_all(&out).await;
+                return false;
+            }
+        };
+        if end {
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"0\r\n\r\n");
+            }
+            let whole = !matches!(framing, Framing::Length(n, _) if n != sent);
+            return client.stream.write_all(&out).await.is_ok() && whole && !close;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    fn resp(status: u16, headers: &[(&str, &str)], body: Body) -> Response<Body> {
+        let mut b = Response::builder().status(status);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(body).unwrap()
+    }
+
+    fn full(s: &'static str) -> Body {
+        Full::new(Bytes::from_static(s.as_bytes())).map_err(|e| match e {}).boxed_unsync()
+    }
+
+    #[test]
+    fn framing_follows_the_header_then_the_size_then_the_version() {
+        let with_header = resp(200, &[("content-length", "3")], full("abc"));
+        assert_eq!(framing(&with_header, Version::HTTP_11), Framing::Length(3, false));
+        assert_eq!(framing(&resp(200, &[], full("abc")), Version::HTTP_11), Framing::Length(3, true));
+        let (_tx, chan) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
+        let stream = || resp(200, &[], chan.boxed_unsync());
+        assert_eq!(framing(&stream(), Version::HTTP_11), Framing::Chunked);
+        let (_tx, chan) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
+        let stream10 = resp(200, &[], chan.boxed_unsync());
+        assert_eq!(framing(&stream10, Version::HTTP_10), Framing::Close);
+        assert_eq!(framing(&resp(204, &[], full("")), Version::HTTP_11), Framing::None);
+    }
+
+    #[test]
+    fn the_head_has_a_date_a_length_and_closes_when_asked() {
+        let mut out = Vec::new();
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        encode_head(&mut out, Version::HTTP_11, StatusCode::PAYLOAD_TOO_LARGE, &h, Framing::Length(5, true), true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ndate: "),
+            "{text}"
+        );
+        assert!(text.ends_with("\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"), "{text}");
+        let mut out = Vec::new();
+        encode_head(&mut out, Version::HTTP_10, StatusCode::OK, &h, Framing::Close, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.0 200 OK\r\n") && !text.contains("connection"), "{text}");
+    }
+
+    #[test]
+    fn chunks_are_framed_and_empty_frames_skipped() {
+        let mut out = Vec::new();
+        encode_data(&mut out, Framing::Chunked, &Bytes::from_static(b"data: x\n\n"));
+        encode_data(&mut out, Framing::Chunked, &Bytes::new());
+        assert_eq!(out, b"9\r\ndata: x\n\n\r\n");
+    }
+}
