@@ -94,14 +94,27 @@ fn forward(ctx: &TcContext, pkt: &Packet, flow: &Flow) -> i32 {
     // this program's skb.
     let rc =
         unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), ptr::from_mut(&mut fib), mem::size_of::<FibParams>() as i32, 0) };
-    let rc = rc as u32;
-    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || pkt.ttl <= 1 {
+    send_by_fib(ctx, rc as u32, &fib, pkt.ttl, || decrement_ttl(ctx, pkt.ttl))
+}
+
+/// After the FIB lookup (`rc`, `fib`), for both families: to the stack without a usable answer
+/// or with no hop left (`hops`: the TTL or hop limit), else the hop count decremented by
+/// `decrement` and the packet redirected to the next hop; a failed write drops it.
+#[inline(always)]
+pub(crate) fn send_by_fib(
+    ctx: &TcContext,
+    rc: u32,
+    fib: &FibParams,
+    hops: u8,
+    decrement: impl FnOnce() -> Result<(), i64>,
+) -> i32 {
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || hops <= 1 {
         if let Some(s) = tc_stats() {
             s.to_stack += 1;
         }
         return TC_ACT_OK as i32;
     }
-    if decrement_ttl(ctx, pkt.ttl).is_err() {
+    if decrement().is_err() {
         return TC_ACT_SHOT as i32;
     }
     let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {

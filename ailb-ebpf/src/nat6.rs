@@ -9,19 +9,15 @@ use core::{mem, ptr};
 
 use ailb_common::abi::Flow6;
 use aya_ebpf::{
-    bindings::{
-        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_PSEUDO_HDR, TC_ACT_OK,
-        TC_ACT_SHOT,
-    },
-    helpers::generated::{bpf_csum_diff, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    bindings::{bpf_fib_lookup as FibParams, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
+    helpers::generated::{bpf_csum_diff, bpf_fib_lookup},
     programs::TcContext,
 };
 
 use crate::{
-    nat::{replace_port, TCP_CSUM, TCP_DPORT, TCP_SPORT},
+    nat::{replace_port, send_by_fib, TCP_CSUM, TCP_DPORT, TCP_SPORT},
     tc::ETH_HLEN,
     tc6::{Packet6, IP6_HLEN},
-    tc_maps::tc_stats,
     AF_INET6, IPPROTO_TCP,
 };
 
@@ -90,29 +86,5 @@ fn forward(ctx: &TcContext, pkt: &Packet6, flow: &Flow6) -> i32 {
     // this program's skb.
     let rc =
         unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), ptr::from_mut(&mut fib), mem::size_of::<FibParams>() as i32, 0) };
-    let rc = rc as u32;
-    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || pkt.hop_limit <= 1 {
-        if let Some(s) = tc_stats() {
-            s.to_stack += 1;
-        }
-        return TC_ACT_OK as i32;
-    }
-    if ctx.store(IP6_HOP_LIMIT as usize, &(pkt.hop_limit - 1), 0).is_err() {
-        return TC_ACT_SHOT as i32;
-    }
-    let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
-        if ctx.store(0, &fib.dmac, 0).is_err() || ctx.store(6, &fib.smac, 0).is_err() {
-            return TC_ACT_SHOT as i32;
-        }
-        // SAFETY: plain integer arguments.
-        unsafe { bpf_redirect(fib.ifindex, 0) }
-    } else {
-        // SAFETY: no neighbour parameters (NULL, 0): the kernel resolves the next hop from
-        // the packet's destination on that interface.
-        unsafe { bpf_redirect_neigh(fib.ifindex, ptr::null_mut(), 0, 0) }
-    };
-    if let Some(s) = tc_stats() {
-        s.redirected += 1;
-    }
-    verdict as i32
+    send_by_fib(ctx, rc as u32, &fib, pkt.hop_limit, || ctx.store(IP6_HOP_LIMIT as usize, &(pkt.hop_limit - 1), 0))
 }
