@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ailb_userspace::config::Config;
-use ailb_userspace::gateway::Gateway;
 use bytes::Bytes;
 use http_body_util::{channel::Channel, combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
+
+mod support;
+use support::serve;
 
 const CHAT_REPLY: &str =
     r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#;
@@ -111,17 +111,6 @@ async fn gateway(up: SocketAddr, extra: &str) -> SocketAddr {
         refused_port()
     );
     serve(&text).await
-}
-
-/// The gateway of config `text` on 127.0.0.1:0.
-async fn serve(text: &str) -> SocketAddr {
-    let config = Config::parse(text, "test").unwrap();
-    let valid = config.validate().unwrap();
-    let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Gateway::new(&valid, gw, Registry::default()).serve(listener));
-    addr
 }
 
 type ReqBody = UnsyncBoxBody<Bytes, Infallible>;

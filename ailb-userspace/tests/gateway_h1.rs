@@ -7,15 +7,14 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ailb_userspace::config::Config;
-use ailb_userspace::gateway::Gateway;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod support;
 
 const REPLY: &str = r#"{"id":"c1","object":"chat.completion","choices":[]}"#;
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
@@ -57,13 +56,7 @@ async fn closing_upstream() -> SocketAddr {
 /// The gateway with model `m` at `up`, `max_body_bytes = 4096`, and `extra` settings.
 async fn gateway(up: SocketAddr, extra: &str) -> SocketAddr {
     let text = format!("[[models]]\nname = \"m\"\nvips = [\"{up}\"]\n\n[gateway]\nmax_body_bytes = 4096\n{extra}");
-    let config = Config::parse(&text, "test").unwrap();
-    let valid = config.validate().unwrap();
-    let gw = config.gateway.validate(valid.models.keys().map(String::as_str)).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(Gateway::new(&valid, gw, Registry::default()).serve(listener));
-    addr
+    support::serve(&text).await
 }
 
 fn chat(body: &str, extra_headers: &str) -> String {
