@@ -87,11 +87,12 @@ fn setup(s: &mut String, args: &Args) {
     } else {
         format!("the trace {}, first {} requests", trace_name(args), args.limit)
     };
+    let base = if args.synthetic { "that rate" } else { "the trace's rate" };
     let _ = writeln!(s, "# Policies compared on one simulated fleet\n");
     let _ = writeln!(
         s,
         "Fleet: {} x A100-80GB + {} x RTX 3090 24GB (`ailb-sim`, 7B fp16 model), time scale x{}. \
-         Workload: {described}, offered at {} x the trace's rate (replay speed {}). Every policy gets a \
+         Workload: {described}, offered at {} x {base} (replay speed {}). Every policy gets a \
          freshly started fleet (empty KV caches) and a fresh `ailb run` (nginx: a fresh nginx and no ailb); the replay client runs in the \
          attached child cgroup.\n",
         args.a100,
