@@ -261,7 +261,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
         let req = SimRequest {
             prompt_tokens: spec.prompt_tokens as u64,
             max_tokens: spec.max_tokens as u64,
-            hash_ids: spec.hash_ids.clone(),
+            hash_ids: crate::text::cache_keys(&spec.hash_ids, spec.prompt_tokens as u64),
         };
         let gpu = match placement {
             Placement::RoundRobin => i % profiles.len(),
@@ -441,9 +441,9 @@ fn shared_blocks(specs: &[RequestSpec]) -> HashSet<u64> {
     let mut first: HashMap<u64, &str> = HashMap::new();
     let mut shared = HashSet::new();
     for s in specs {
-        for h in &s.hash_ids {
-            if *first.entry(*h).or_insert(&s.conversation) != s.conversation {
-                shared.insert(*h);
+        for h in crate::text::cache_keys(&s.hash_ids, s.prompt_tokens as u64) {
+            if *first.entry(h).or_insert(&s.conversation) != s.conversation {
+                shared.insert(h);
             }
         }
     }

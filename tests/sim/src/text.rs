@@ -14,7 +14,11 @@
 //! approximation), each key the hash of the previous key and the chunk, as vLLM chains its
 //! block hashes, so that a key stands for the whole prefix up to its block. Unlike vLLM, the
 //! partial last chunk has a key too: the trace's ids include the partial last block, and the
-//! simulator caches it, so the hits on rendered text are those on the ids.
+//! simulator caches it. A partial chunk's key is that of its bytes, so it matches only the same
+//! block cut at the same length: a conversation's next turn, which resends the block grown to
+//! its full length, misses it even though the synthetic mix gives both the same id. Models that
+//! work on ids rather than text (the fleet model, the oracle bounds) take [`cache_keys`], the ids
+//! with each partial block's length folded in, so that they count the hits the text gets.
 
 use ailb_common::hash::ConversationHasher;
 
@@ -160,6 +164,30 @@ pub fn block_keys(text: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// The prefix-cache keys of the prompt [`prompt_text`] renders from `hash_ids`, in id space:
+/// a key per id inside the prompt, equal between two prompts exactly where their
+/// [`block_keys`] are (given the same leading ids). A full block's key is its id; a partial last
+/// block's key mixes its id with its length and has bit 62 set (trace and synthetic ids are far
+/// smaller, and filler ids have bit 63 set), so a turn's partial block never matches the next
+/// turn's full block of the same id, as their text does not.
+pub fn cache_keys(hash_ids: &[u64], prompt_tokens: u64) -> Vec<u64> {
+    let blocks = prompt_tokens.div_ceil(BLOCK_TOKENS) as usize;
+    hash_ids
+        .iter()
+        .take(blocks)
+        .enumerate()
+        .map(|(i, &id)| {
+            let tokens = (prompt_tokens - i as u64 * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            if tokens == BLOCK_TOKENS {
+                id
+            } else {
+                let mixed = SplitMix(id ^ tokens.rotate_right(24)).next();
+                (mixed | 1 << 62) & !(1 << 63)
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +232,41 @@ mod tests {
         let c = prompt_text(&[1, 10], 1024, 3);
         assert_ne!(block_keys(c.as_bytes())[1], ka[1]);
         assert_eq!(block_keys(b""), Vec::<u64>::new());
+    }
+
+    /// Leading keys shared between two prompts, by text and by [`cache_keys`].
+    fn shared_both_ways(a: (&[u64], u64), b: (&[u64], u64)) -> (usize, usize) {
+        let lead = |x: &[u64], y: &[u64]| x.iter().zip(y).take_while(|(p, q)| p == q).count();
+        let text = |(ids, tokens): (&[u64], u64), seed| block_keys(prompt_text(ids, tokens, seed).as_bytes());
+        (lead(&text(a, 1), &text(b, 2)), lead(&cache_keys(a.0, a.1), &cache_keys(b.0, b.1)))
+    }
+
+    #[test]
+    fn cache_keys_match_where_the_texts_keys_match() {
+        // A conversation's next turn: the partial last block grown to full, under the same id.
+        assert_eq!(shared_both_ways((&[1, 2, 3], 1300), (&[1, 2, 3, 4], 2000)), (2, 2));
+        // The same prompt again, partial block and all.
+        assert_eq!(shared_both_ways((&[1, 2, 3], 1300), (&[1, 2, 3], 1300)), (3, 3));
+        // The same partial block at another length.
+        assert_eq!(shared_both_ways((&[1, 2, 3], 1300), (&[1, 2, 3], 1400)), (2, 2));
+        // Full blocks only: every common id is a common key.
+        assert_eq!(shared_both_ways((&[1, 2, 3], 1536), (&[1, 2, 3, 4], 1800)), (3, 3));
+        // Ids past the prompt have no key; a prompt past its ids ends the keys there.
+        assert_eq!(cache_keys(&[1, 2, 3], 600), vec![1, cache_keys(&[2], 88)[0]]);
+        assert_eq!(cache_keys(&[1], 2000), vec![1]);
+        assert!(cache_keys(&[7], 100)[0] & (1 << 62) != 0);
+    }
+
+    #[test]
+    fn cache_keys_agree_with_the_text_over_many_prompt_pairs() {
+        let mut rng = SplitMix(42);
+        for _ in 0..200 {
+            let ids: Vec<u64> = (1..=6).collect();
+            let ta = 1 + rng.next() % 3072;
+            let tb = 1 + rng.next() % 3072;
+            let nb = 1 + (rng.next() % 6) as usize;
+            let (text, keys) = shared_both_ways((&ids, ta), (&ids[..nb], tb));
+            assert_eq!(text, keys, "prompts of {ta} and {tb} tokens, {nb} ids");
+        }
     }
 }

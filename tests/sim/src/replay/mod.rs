@@ -117,17 +117,20 @@ pub fn untag(specs: &mut [RequestSpec]) {
 
 /// The prefix-cache hit rate of an oracle placement: every request served where all earlier
 /// prompts are cached, in a cache that never evicts. A request's cached tokens are the leading
-/// run of its 512-token blocks that were part of an earlier request's prompt (the simulator
-/// always computes at least one token), over all prompt tokens. An upper bound for any placement.
+/// run of its 512-token blocks that were part of an earlier request's prompt, keyed as the
+/// simulator keys the text ([`crate::text::cache_keys`]: a partial block matches only the same
+/// block cut at the same length; the simulator always computes at least one token), over all
+/// prompt tokens. An upper bound for any placement.
 pub fn oracle_prefix_hit_rate(specs: &[RequestSpec]) -> Option<f64> {
     let mut seen = std::collections::HashSet::new();
     let (mut cached, mut prompt) = (0u64, 0u64);
     for s in specs {
-        let run = s.hash_ids.iter().take_while(|h| seen.contains(*h)).count() as u64;
         let p = s.prompt_tokens as u64;
+        let keys = crate::text::cache_keys(&s.hash_ids, p);
+        let run = keys.iter().take_while(|h| seen.contains(*h)).count() as u64;
         cached += (run * 512).min(p.saturating_sub(1));
         prompt += p;
-        seen.extend(s.hash_ids.iter().copied());
+        seen.extend(keys);
     }
     (prompt > 0).then(|| cached as f64 / prompt as f64)
 }
