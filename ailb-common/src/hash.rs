@@ -61,11 +61,13 @@ pub fn backend_key(addr_be: u32, port_be: u16, seed: u64) -> u64 {
 }
 
 /// [`backend_key`] of an IPv6 backend: its 16 address bytes as `bpf_sock_addr::user_ip6`
-/// holds them (four `u32` words), and the port in network byte order.
+/// holds them (four `u32` words), and the port in network byte order. The port is mixed in
+/// after the address, not XORed into its bits: a port XORed into the last word made
+/// `[..::2]:9001` and `[..::3]:9000` one key (a model with both could not be built).
 pub fn backend_key6(addr: &[u32; 4], port_be: u16, seed: u64) -> u64 {
     let hi = (addr[0] as u64) << 32 | addr[1] as u64;
     let lo = (addr[2] as u64) << 32 | addr[3] as u64;
-    fmix64(fmix64(hi) ^ rehash(lo ^ (port_be as u64) << 16) ^ fmix64(seed))
+    fmix64(rehash(fmix64(hi) ^ lo) ^ port_be as u64 ^ fmix64(seed))
 }
 
 /// A second, independent hash used for probe steps and Maglev skips.
@@ -77,6 +79,21 @@ pub fn rehash(h: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_backend_keys_of_nearby_addresses_and_ports_differ() {
+        // Addresses ..::1 to ..::256 of one /64 (the last word as user_ip6 holds it: the
+        // bytes in network order read as a native u32), each on 32 ports around 9000.
+        let mut keys = [0u64; 256 * 32];
+        for i in 0..256u32 {
+            let addr = [0xfd00_0a1bu32.to_be(), 2u32.to_be(), 0, (i + 1).to_be()];
+            for p in 0..32u16 {
+                keys[(i * 32 + p as u32) as usize] = backend_key6(&addr, (8990 + p).to_be(), 7);
+            }
+        }
+        keys.sort_unstable();
+        assert!(keys.windows(2).all(|w| w[0] != w[1]), "two addresses and ports share a key");
+    }
 
     const GOLDEN_HELLO: u64 = 2797699151107936019;
 

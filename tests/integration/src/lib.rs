@@ -13,6 +13,7 @@
 
 pub mod agent_harness;
 pub mod backend;
+pub mod bpfstats;
 pub mod cgroup;
 pub mod client;
 pub mod config;

@@ -1,9 +1,10 @@
 //! Network namespaces the tests create and remove (never the host's interfaces): a client
-//! namespace, a gateway namespace and a backends namespace joined by two veth pairs, and
-//! work run inside one of them on a thread of its own (`setns`).
+//! namespace, a gateway namespace and a backends namespace joined by two veth pairs, both
+//! families on every veth (IPv6: unique local addresses), and work run inside one of them on
+//! a thread of its own (`setns`).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::time::Duration;
 
@@ -37,6 +38,31 @@ impl NetNs {
         let mut all = vec!["-n", self.name.as_str()];
         all.extend_from_slice(args);
         ip(&all);
+    }
+
+    /// Writes `value` to `/proc/sys/KEY` (a `/`-separated sysctl) as seen from inside this
+    /// namespace (the `net.` ones are per namespace).
+    pub fn sysctl(&self, key: &str, value: &str) {
+        let (path, value) = (format!("/proc/sys/{key}"), value.to_string());
+        self.run(move || std::fs::write(&path, &value).unwrap_or_else(|e| panic!("write {value} to {path}: {e}")));
+    }
+
+    /// Adds `addr/prefix` of either family to `dev`; an IPv6 one with `nodad`, so that it is
+    /// usable at once instead of tentative during duplicate address detection (the addresses
+    /// are unique inside the test's own namespaces).
+    pub fn add_addr(&self, addr: IpAddr, prefix: u8, dev: &str) {
+        let a = format!("{addr}/{prefix}");
+        match addr {
+            IpAddr::V4(_) => self.ip(&["addr", "add", &a, "dev", dev]),
+            IpAddr::V6(_) => self.ip(&["-6", "addr", "add", &a, "dev", dev, "nodad"]),
+        }
+    }
+
+    /// Brings `dev` up; for IPv6 without duplicate address detection on its link-local
+    /// address either (set before the link goes up, so no address of it is ever tentative).
+    fn up(&self, dev: &str) {
+        self.sysctl(&format!("net/ipv6/conf/{dev}/accept_dad"), "0");
+        self.ip(&["link", "set", dev, "up"]);
     }
 
     /// This namespace's TCP and IP counters (`/proc/net/snmp` and `/proc/net/netstat` as seen
@@ -91,8 +117,9 @@ impl Drop for NetNs {
 }
 
 /// client (CLIENT_ADDR) -- veth -- gateway (GATEWAY_CLIENT_SIDE, GATEWAY_BACKEND_SIDE) -- veth
-/// -- backends (the BACKEND_ADDRS). The client routes everything through the gateway, the
-/// backends too (so routed mode works); the gateway forwards.
+/// -- backends (the BACKEND_ADDRS), and the same in IPv6 (the `*6` addresses, one /64 per
+/// veth). The client routes everything through the gateway, the backends too (so routed mode
+/// works); the gateway forwards both families.
 pub struct Topology {
     pub client: NetNs,
     pub gateway: NetNs,
@@ -106,6 +133,15 @@ pub const GATEWAY_CLIENT_SIDE: Ipv4Addr = Ipv4Addr::new(10, 201, 1, 1);
 pub const GATEWAY_BACKEND_SIDE: Ipv4Addr = Ipv4Addr::new(10, 201, 2, 1);
 pub const BACKEND_ADDRS: [Ipv4Addr; 3] =
     [Ipv4Addr::new(10, 201, 2, 2), Ipv4Addr::new(10, 201, 2, 3), Ipv4Addr::new(10, 201, 2, 4)];
+
+pub const CLIENT_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa1b, 1, 0, 0, 0, 0, 2);
+pub const GATEWAY_CLIENT_SIDE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa1b, 1, 0, 0, 0, 0, 1);
+pub const GATEWAY_BACKEND_SIDE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa1b, 2, 0, 0, 0, 0, 1);
+pub const BACKEND_ADDRS6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd00, 0xa1b, 2, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0xa1b, 2, 0, 0, 0, 0, 3),
+    Ipv6Addr::new(0xfd00, 0xa1b, 2, 0, 0, 0, 0, 4),
+];
 
 impl Topology {
     pub fn new() -> Self {
@@ -136,20 +172,29 @@ impl Topology {
         for ns in [&client, &gateway, &backends] {
             ns.ip(&["link", "set", "lo", "up"]);
         }
-        client.ip(&["addr", "add", &format!("{CLIENT_ADDR}/24"), "dev", "c0"]);
-        client.ip(&["link", "set", "c0", "up"]);
+        // Forwarding before the links are up: it makes the gateway's interfaces routers.
+        gateway.sysctl("net/ipv4/ip_forward", "1");
+        gateway.sysctl("net/ipv6/conf/all/forwarding", "1");
+        client.add_addr(CLIENT_ADDR.into(), 24, "c0");
+        client.add_addr(CLIENT_ADDR6.into(), 64, "c0");
+        client.up("c0");
         client.ip(&["route", "add", "default", "via", &GATEWAY_CLIENT_SIDE.to_string()]);
-        gateway.ip(&["addr", "add", &format!("{GATEWAY_CLIENT_SIDE}/24"), "dev", &gc]);
-        gateway.ip(&["addr", "add", &format!("{GATEWAY_BACKEND_SIDE}/24"), "dev", &gb]);
-        gateway.ip(&["link", "set", &gc, "up"]);
-        gateway.ip(&["link", "set", &gb, "up"]);
+        client.ip(&["-6", "route", "add", "default", "via", &GATEWAY_CLIENT_SIDE6.to_string()]);
+        gateway.add_addr(GATEWAY_CLIENT_SIDE.into(), 24, &gc);
+        gateway.add_addr(GATEWAY_CLIENT_SIDE6.into(), 64, &gc);
+        gateway.add_addr(GATEWAY_BACKEND_SIDE.into(), 24, &gb);
+        gateway.add_addr(GATEWAY_BACKEND_SIDE6.into(), 64, &gb);
+        gateway.up(&gc);
+        gateway.up(&gb);
         for b in BACKEND_ADDRS {
-            backends.ip(&["addr", "add", &format!("{b}/24"), "dev", "b0"]);
+            backends.add_addr(b.into(), 24, "b0");
         }
-        backends.ip(&["link", "set", "b0", "up"]);
+        for b in BACKEND_ADDRS6 {
+            backends.add_addr(b.into(), 64, "b0");
+        }
+        backends.up("b0");
         backends.ip(&["route", "add", "default", "via", &GATEWAY_BACKEND_SIDE.to_string()]);
-        gateway
-            .run(|| std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap_or_else(|e| panic!("ip_forward: {e}")));
+        backends.ip(&["-6", "route", "add", "default", "via", &GATEWAY_BACKEND_SIDE6.to_string()]);
         Self { client, gateway, backends, gateway_ifaces: [gc, gb] }
     }
 }

@@ -1,7 +1,8 @@
 //! Remote clients through the TC datapath, in the namespaces of [`crate::netns::Topology`]:
 //! backend servers in the backends namespace, a daemon in the gateway namespace (started with
 //! `nsenter --net`, which keeps the bpffs pins visible) attached to both of the gateway's
-//! veths, and connections made from the client namespace.
+//! veths, and connections made from the client namespace, over IPv4 or IPv6 (every backend
+//! address listens in both families: [`BACKEND_ADDRS`] and [`BACKEND_ADDRS6`]).
 //!
 //! The servers speak the protocol of `ailb-testclient`: a request ending in an empty line is
 //! answered with `Content-Length` and the backend's own `ip:port` as the body; a request with
@@ -10,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,20 +20,28 @@ use serde_json::Value;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::backend::HOLD_HEADER;
-use crate::netns::{Topology, BACKEND_ADDRS, GATEWAY_BACKEND_SIDE};
+use crate::netns::{Topology, BACKEND_ADDRS, BACKEND_ADDRS6, GATEWAY_BACKEND_SIDE, GATEWAY_BACKEND_SIDE6};
 use crate::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, Launch, TestConfig};
 
 /// The port every backend listens on.
 pub const BACKEND_PORT: u16 = 9000;
 
-/// What the servers saw: connections accepted per backend, and the peer addresses.
+/// What the servers saw: connections accepted per listener (the three [`BACKEND_ADDRS`], then
+/// the three [`BACKEND_ADDRS6`]), and the peer addresses.
 #[derive(Default)]
 struct Seen {
-    accepted: [u64; 3],
-    peers: BTreeMap<Ipv4Addr, u64>,
+    accepted: [u64; 6],
+    peers: BTreeMap<IpAddr, u64>,
 }
 
-/// Listeners on the three [`BACKEND_ADDRS`] in the backends namespace; stopped on drop.
+/// The addresses the servers listen on, in the order of [`Seen::accepted`].
+fn listen_addrs() -> Vec<SocketAddr> {
+    let v4 = BACKEND_ADDRS.iter().map(|a| SocketAddr::from((*a, BACKEND_PORT)));
+    v4.chain(BACKEND_ADDRS6.iter().map(|a| SocketAddr::from((*a, BACKEND_PORT)))).collect()
+}
+
+/// Listeners on the three [`BACKEND_ADDRS`] and the three [`BACKEND_ADDRS6`] in the backends
+/// namespace; stopped on drop.
 pub struct Servers {
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
@@ -43,15 +52,11 @@ impl Servers {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let listeners: Vec<TcpListener> = topo.backends.run(|| {
-            BACKEND_ADDRS
-                .iter()
-                .map(|a| {
-                    TcpListener::bind((*a, BACKEND_PORT)).unwrap_or_else(|e| panic!("bind {a}:{BACKEND_PORT}: {e}"))
-                })
-                .collect()
+            listen_addrs().iter().map(|a| TcpListener::bind(a).unwrap_or_else(|e| panic!("bind {a}: {e}"))).collect()
         });
+        let addrs = listen_addrs();
         for (i, l) in listeners.into_iter().enumerate() {
-            let (seen, stop) = (seen.clone(), stop.clone());
+            let (seen, stop, me) = (seen.clone(), stop.clone(), addrs[i]);
             l.set_nonblocking(true).expect("nonblocking listener");
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
@@ -60,14 +65,10 @@ impl Servers {
                             {
                                 let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                                 seen.accepted[i] += 1;
-                                if let SocketAddr::V4(p) = peer {
-                                    *seen.peers.entry(*p.ip()).or_default() += 1;
-                                }
+                                *seen.peers.entry(peer.ip()).or_default() += 1;
                             }
                             let stop = stop.clone();
-                            std::thread::spawn(move || {
-                                serve(s, SocketAddrV4::new(BACKEND_ADDRS[i], BACKEND_PORT), stop)
-                            });
+                            std::thread::spawn(move || serve(s, me, stop));
                         }
                         // Nothing to accept: poll the stop flag again shortly.
                         Err(_) => std::thread::sleep(Duration::from_millis(1)),
@@ -78,14 +79,28 @@ impl Servers {
         Self { seen, stop }
     }
 
-    /// Connections accepted by each backend.
+    /// Connections accepted by each IPv4 backend ([`BACKEND_ADDRS`]).
     pub fn counts(&self) -> [u64; 3] {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).accepted
+        let a = self.seen.lock().unwrap_or_else(|e| e.into_inner()).accepted;
+        [a[0], a[1], a[2]]
     }
 
-    /// Connections accepted, by the client address the backends saw.
+    /// Connections accepted by each IPv6 backend ([`BACKEND_ADDRS6`]).
+    pub fn counts6(&self) -> [u64; 3] {
+        let a = self.seen.lock().unwrap_or_else(|e| e.into_inner()).accepted;
+        [a[3], a[4], a[5]]
+    }
+
+    /// Connections accepted by the IPv4 backends, by the client address they saw.
     pub fn peers(&self) -> BTreeMap<Ipv4Addr, u64> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).peers.clone()
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.peers.iter().filter_map(|(a, n)| if let IpAddr::V4(a) = a { Some((*a, *n)) } else { None }).collect()
+    }
+
+    /// Connections accepted by the IPv6 backends, by the client address they saw.
+    pub fn peers6(&self) -> BTreeMap<Ipv6Addr, u64> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.peers.iter().filter_map(|(a, n)| if let IpAddr::V6(a) = a { Some((*a, *n)) } else { None }).collect()
     }
 }
 
@@ -95,8 +110,9 @@ impl Drop for Servers {
     }
 }
 
-/// One accepted connection: the request, the reply with `me`, then (held) an echo until EOF.
-fn serve(mut s: TcpStream, me: SocketAddrV4, stop: Arc<AtomicBool>) {
+/// One accepted connection: the request, the reply with `me`, then (held) an echo until EOF
+/// (or until `stop` is set). `ailb-testclient serve` runs the same, in a process of its own.
+pub fn serve(mut s: TcpStream, me: SocketAddr, stop: Arc<AtomicBool>) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
     let mut req = Vec::new();
@@ -135,6 +151,44 @@ fn is_timeout(e: &std::io::Error) -> bool {
     matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }
 
+/// A backend server in a process of its own (`ailb-testclient serve`) in the backends
+/// namespace, for a test that kills it; killed on drop.
+pub struct BackendProcess {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl BackendProcess {
+    /// Starts `client_bin serve --listen ADDR` in `topo`'s backends namespace and waits for its
+    /// `LISTENING` line (printed once the socket listens).
+    pub fn start(topo: &Topology, client_bin: &str, addr: SocketAddr) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", topo.backends.path()))
+            .args(["--", client_bin, "serve", "--listen", &addr.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {client_bin} serve --listen {addr}: {e}"));
+        let out = child.stdout.take().unwrap_or_else(|| panic!("no stdout of the server on {addr}"));
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap_or_else(|e| panic!("server on {addr}: {e}"));
+        assert_eq!(line.trim(), "LISTENING", "server on {addr} did not start");
+        Self { child, addr }
+    }
+
+    /// SIGKILL, and waits for the process to be gone (its sockets closed by the kernel).
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BackendProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
 /// A remote connection from the client namespace, after its request was answered.
 pub struct Remote {
     pub stream: TcpStream,
@@ -143,12 +197,24 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// Index of the backend in [`BACKEND_ADDRS`].
+    /// The address of the backend that answered.
+    pub fn backend_addr(&self) -> SocketAddr {
+        self.backend.parse().unwrap_or_else(|e| panic!("answered by {:?}, not an address: {e}", self.backend))
+    }
+
+    /// Index of the backend's address in [`BACKEND_ADDRS`] or, for an IPv6 one, in
+    /// [`BACKEND_ADDRS6`] (whatever its port).
     pub fn index(&self) -> usize {
-        BACKEND_ADDRS
-            .iter()
-            .position(|a| self.backend == format!("{a}:{BACKEND_PORT}"))
-            .unwrap_or_else(|| panic!("answered by {:?}, not a backend", self.backend))
+        match self.backend_addr().ip() {
+            IpAddr::V4(a) => BACKEND_ADDRS.iter().position(|b| *b == a),
+            IpAddr::V6(a) => BACKEND_ADDRS6.iter().position(|b| *b == a),
+        }
+        .unwrap_or_else(|| panic!("answered by {:?}, not a backend", self.backend))
+    }
+
+    /// Whether an IPv6 backend answered.
+    pub fn is_ipv6(&self) -> bool {
+        self.backend_addr().is_ipv6()
     }
 
     /// Sends `data` on a held connection and reads the backend's echo of it.
@@ -170,10 +236,15 @@ impl Remote {
     }
 }
 
-/// Connects from `topo`'s client namespace to `vip` (from `source` when given, an address of
-/// the client's interface), sends a request (`hold`: the backend keeps the connection) and
-/// reads the answer.
-pub fn connect(topo: &Topology, vip: SocketAddrV4, source: Option<Ipv4Addr>, hold: bool) -> Result<Remote, String> {
+/// Connects from `topo`'s client namespace to `vip` of either family (from `source` when
+/// given, an address of the client's interface), sends a request (`hold`: the backend keeps
+/// the connection) and reads the answer.
+pub fn connect(
+    topo: &Topology,
+    vip: impl Into<SocketAddr>,
+    source: Option<IpAddr>,
+    hold: bool,
+) -> Result<Remote, String> {
     connect_on(topo, vip, source, hold, None)
 }
 
@@ -182,27 +253,34 @@ pub fn connect(topo: &Topology, vip: SocketAddrV4, source: Option<Ipv4Addr>, hol
 /// CPUs on purpose instead of wherever the scheduler ran the client.
 pub fn connect_on(
     topo: &Topology,
-    vip: SocketAddrV4,
-    source: Option<Ipv4Addr>,
+    vip: impl Into<SocketAddr>,
+    source: Option<IpAddr>,
     hold: bool,
     cpu: Option<usize>,
 ) -> Result<Remote, String> {
+    let vip = vip.into();
     topo.client.run(move || {
         if let Some(cpu) = cpu {
             bind_to_cpu(cpu)?;
         }
-        connect_here(vip, source, hold)
+        connect_addr(vip, source, hold)
     })
 }
 
 /// [`connect`] from the calling thread's network namespace (a thread that entered the
 /// client's, e.g. in [`crate::netns::NetNs::run`], for a loop of many connections).
 pub fn connect_here(vip: SocketAddrV4, source: Option<Ipv4Addr>, hold: bool) -> Result<Remote, String> {
-    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).map_err(|e| format!("socket: {e}"))?;
+    connect_addr(vip.into(), source.map(IpAddr::V4), hold)
+}
+
+/// [`connect_here`] to a VIP of either family (a socket of the VIP's family).
+pub fn connect_addr(vip: SocketAddr, source: Option<IpAddr>, hold: bool) -> Result<Remote, String> {
+    let s =
+        Socket::new(Domain::for_address(vip), Type::STREAM, Some(Protocol::TCP)).map_err(|e| format!("socket: {e}"))?;
     if let Some(a) = source {
-        s.bind(&SocketAddrV4::new(a, 0).into()).map_err(|e| format!("bind {a}: {e}"))?;
+        s.bind(&SocketAddr::new(a, 0).into()).map_err(|e| format!("bind {a}: {e}"))?;
     }
-    s.connect_timeout(&SocketAddr::V4(vip).into(), Duration::from_secs(5))
+    s.connect_timeout(&vip.into(), Duration::from_secs(5))
         .map_err(|e| format!("connect {vip} from {source:?}: {e}"))?;
     let stream: TcpStream = s.into();
     let backend = request(&stream, vip, hold).map_err(|e| format!("request to {vip}: {e}"))?;
@@ -228,7 +306,7 @@ fn bind_to_cpu(cpu: usize) -> Result<(), String> {
 }
 
 /// Writes one request and reads the reply's body.
-fn request(mut stream: &TcpStream, vip: SocketAddrV4, hold: bool) -> Result<String, std::io::Error> {
+fn request(mut stream: &TcpStream, vip: SocketAddr, hold: bool) -> Result<String, std::io::Error> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let req = format!("GET / HTTP/1.1\r\nHost: {vip}\r\n{}\r\n", if hold { "X-Ailb-Hold: 1\r\n" } else { "" });
     stream.write_all(req.as_bytes())?;
@@ -258,8 +336,18 @@ pub struct GatewaySpec {
     /// Names the pin directory and the cgroup.
     pub name: &'static str,
     pub model: &'static str,
+    /// Whether the model has the IPv4 VIP `vip` and the IPv4 backends ([`BACKEND_ADDRS`],
+    /// weighted by `weights`).
+    pub ipv4: bool,
     pub vip: SocketAddrV4,
     pub weights: [u32; 3],
+    /// The model's IPv6 VIP, with the IPv6 backends ([`BACKEND_ADDRS6`], weighted by
+    /// `weights6`; masquerade gets `nat_address6` too). None: an IPv4-only model.
+    pub vip6: Option<SocketAddrV6>,
+    pub weights6: [u32; 3],
+    /// The port of each backend in the config (of both families); the servers listen on
+    /// [`BACKEND_PORT`], another port is one a test serves itself ([`BackendProcess`]).
+    pub ports: [u16; 3],
     /// `free_memory_mb` of each backend (None: not reported).
     pub free_memory_mb: [Option<u32>; 3],
     /// Lines of `[daemon.tc]` (the mode, `nat_address` added for masquerade).
@@ -275,19 +363,43 @@ pub struct GatewaySpec {
 /// Where the daemon listens when [`GatewaySpec::listen`] (inside the gateway namespace).
 pub const METRICS_ADDR: &str = "127.0.0.1:9464";
 
+/// The IPv6 VIP of [`GatewaySpec::ipv6`] (on no interface: the client routes it to the gateway).
+pub const VIP6: SocketAddrV6 = SocketAddrV6::new(Ipv6Addr::new(0xfd00, 0xa1b, 9, 0, 0, 0, 0, 1), 8000, 0, 0);
+
 impl GatewaySpec {
     pub fn new(name: &'static str, masquerade: bool) -> Self {
         Self {
             name,
             model: "remote-7b",
+            ipv4: true,
             vip: SocketAddrV4::new(Ipv4Addr::new(10, 201, 9, 1), 8000),
             weights: [1, 1, 1],
+            vip6: None,
+            weights6: [1, 1, 1],
+            ports: [BACKEND_PORT; 3],
             free_memory_mb: [None; 3],
             tc: String::new(),
             model_extra: String::new(),
             masquerade,
             listen: false,
         }
+    }
+
+    /// An IPv6-only model: the VIP [`VIP6`] and the IPv6 backends.
+    pub fn ipv6(name: &'static str, masquerade: bool) -> Self {
+        Self { ipv4: false, vip6: Some(VIP6), ..Self::new(name, masquerade) }
+    }
+
+    /// The model's backends as the config names them, with their weights.
+    fn backends(&self) -> Vec<(String, u32)> {
+        let mut all = Vec::new();
+        if self.ipv4 {
+            all.extend((0..3).map(|i| (SocketAddr::from((BACKEND_ADDRS[i], self.ports[i])), self.weights[i])));
+        }
+        if self.vip6.is_some() {
+            all.extend((0..3).map(|i| (SocketAddr::from((BACKEND_ADDRS6[i], self.ports[i])), self.weights6[i])));
+        }
+        all.into_iter().map(|(a, w)| (a.to_string(), w)).collect()
     }
 }
 
@@ -309,21 +421,25 @@ impl Gateway {
         let cg = CgroupGuard::new(spec.name);
         let mut cfg = base_config(spec.name, &cg);
         cfg.listen = spec.listen.then(|| METRICS_ADDR.to_string());
-        for (i, a) in BACKEND_ADDRS.iter().enumerate() {
-            let mut b = BackendCfg::new(spec.model, &format!("{a}:{BACKEND_PORT}"), spec.weights[i]);
-            b.free_memory_mb = spec.free_memory_mb[i];
+        for (i, (address, weight)) in spec.backends().into_iter().enumerate() {
+            let mut b = BackendCfg::new(spec.model, &address, weight);
+            b.free_memory_mb = spec.free_memory_mb[i % 3];
             cfg = cfg.backend(b);
         }
-        let mode = if spec.masquerade {
-            format!("mode = \"masquerade\"\nnat_address = \"{GATEWAY_BACKEND_SIDE}\"\n")
-        } else {
-            "mode = \"routed\"\n".to_string()
+        let mode = match (spec.masquerade, spec.vip6) {
+            (true, None) => format!("mode = \"masquerade\"\nnat_address = \"{GATEWAY_BACKEND_SIDE}\"\n"),
+            (true, Some(_)) => format!(
+                "mode = \"masquerade\"\nnat_address = \"{GATEWAY_BACKEND_SIDE}\"\nnat_address6 = \"{GATEWAY_BACKEND_SIDE6}\"\n"
+            ),
+            (false, _) => "mode = \"routed\"\n".to_string(),
         };
         cfg.daemon_extra = format!(
             "interfaces = [{:?}, {:?}]\n\n[daemon.tc]\n{mode}{}",
             topo.gateway_ifaces[0], topo.gateway_ifaces[1], spec.tc
         );
-        cfg.extra = format!("[[models]]\nname = {:?}\nvips = [\"{}\"]\n{}\n", spec.model, spec.vip, spec.model_extra);
+        let vips: Vec<String> =
+            spec.ipv4.then(|| spec.vip.to_string()).into_iter().chain(spec.vip6.map(|v| v.to_string())).collect();
+        cfg.extra = format!("[[models]]\nname = {:?}\nvips = {vips:?}\n{}\n", spec.model, spec.model_extra);
         let launch = Self::launch(&topo);
         let mut daemon = Daemon::start_with(&bin, &cfg, Launch { wrapper: launch.wrapper.clone(), env: Vec::new() });
         daemon.set_teardown_wrapper(launch.wrapper);
@@ -349,7 +465,7 @@ impl Gateway {
     pub fn wait_no_flow(&self, what: &str, timeout: Duration) -> Value {
         crate::wait_until(what, timeout, || {
             let tc = self.tc();
-            (tc["flows"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0).then_some(tc)
+            (tc["flows"] == 0 && tc["flows_ipv6"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0).then_some(tc)
         });
         self.daemon.wait_inflight_zero(timeout);
         self.tc()

@@ -2,7 +2,8 @@
 //! here explicitly (`[daemon.tc] attach = "clsact"`) in namespaces the test makes and removes:
 //! the filter is on both of the gateway's interfaces (and no tcx link), remote connections
 //! split by weight through it, it keeps forwarding after `kill -9` of the daemon, and
-//! `ailb teardown` removes the filters.
+//! `ailb teardown` removes the filters; IPv6 goes through the same filter (the program it
+//! holds tail-calls the IPv6 one).
 
 use std::process::Command;
 use std::time::Duration;
@@ -74,6 +75,29 @@ fn clsact_attach_forwards_survives_kill_9_and_teardown_removes_the_filters() {
     let tc = gw.wait_no_flow("every flow removed", Duration::from_secs(10));
     assert_eq!(tc["stats"]["flows_opened"].as_u64(), Some(821), "{tc}");
 
+    gw.daemon.teardown();
+    for iface in &gw.topo.gateway_ifaces {
+        let filters = ingress_filters(&gw.topo, iface);
+        assert!(!filters.contains("ailb_tc_ingress"), "{iface}: a filter is left after teardown: {filters}");
+    }
+}
+
+#[test]
+fn clsact_attach_carries_ipv6_through_the_tail_called_program() {
+    let mut spec = GatewaySpec::new("tc-clsact6", true);
+    spec.vip6 = Some(ailb_tests::remote::VIP6);
+    spec.tc = "attach = \"clsact\"\n".into();
+    let mut gw = Gateway::start(&spec);
+    for i in 0..100 {
+        let r = connect(&gw.topo, ailb_tests::remote::VIP6, None, false)
+            .unwrap_or_else(|e| panic!("IPv6 connection {i} through clsact: {e}"));
+        assert!(r.is_ipv6(), "IPv6 connection {i} answered by {}", r.backend);
+        let r = connect(&gw.topo, spec.vip, None, false).unwrap_or_else(|e| panic!("IPv4 connection {i}: {e}"));
+        assert!(!r.is_ipv6(), "IPv4 connection {i} answered by {}", r.backend);
+    }
+    assert_eq!(gw.servers.counts6().iter().sum::<u64>(), 100);
+    let tc = gw.wait_no_flow("every flow removed", Duration::from_secs(10));
+    assert_eq!(tc["stats"]["flows_opened"].as_u64(), Some(200), "{tc}");
     gw.daemon.teardown();
     for iface in &gw.topo.gateway_ifaces {
         let filters = ingress_filters(&gw.topo, iface);

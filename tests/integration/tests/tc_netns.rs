@@ -103,7 +103,8 @@ fn client_address_affinity_sticks_and_many_addresses_spread() {
     let mut by_source: BTreeMap<Ipv4Addr, BTreeSet<usize>> = BTreeMap::new();
     for a in &sources {
         for i in 0..8 {
-            let r = connect(&gw.topo, spec.vip, Some(*a), false).unwrap_or_else(|e| panic!("{a} connection {i}: {e}"));
+            let r = connect(&gw.topo, spec.vip, Some((*a).into()), false)
+                .unwrap_or_else(|e| panic!("{a} connection {i}: {e}"));
             by_source.entry(*a).or_default().insert(r.index());
         }
     }

@@ -5,6 +5,7 @@
 //! ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] [--memory-mb M]
 //!                         [--model NAME] [--hold] [--linger0] [--v6only]
 //! ailb-testclient sockopt-hostile --vip A:P
+//! ailb-testclient serve --listen A:P
 //! ```
 //! `connect` prints one JSON line per connection:
 //! `{"i", "conversation", "backend", "reply", "ok", "errno", "error"}` where `backend` is the
@@ -14,7 +15,9 @@
 //! With `--hold` every connection stays open; `HOLDING <n>` is printed once all were tried,
 //! and they are closed when stdin gets a line or closes (then `CLOSED <n>`).
 //! `sockopt-hostile` prints one JSON line per case: `{"case", "ret", "errno"}` (plus connect
-//! results), see [`hostile`].
+//! results), see [`hostile`]. `serve` is a backend in a process of its own (for a test that
+//! kills it): it listens on `A:P`, prints `LISTENING`, and serves the protocol of
+//! `ailb_tests::remote` until killed.
 
 #![forbid(unsafe_code)]
 
@@ -47,7 +50,8 @@ fn usage(msg: &str) -> ! {
     eprintln!(
         "usage: ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] \
          [--memory-mb M] [--model NAME] [--hold] [--linger0] [--v6only]\n       \
-         ailb-testclient sockopt-hostile --vip A:P"
+         ailb-testclient sockopt-hostile --vip A:P\n       \
+         ailb-testclient serve --listen A:P"
     );
     std::process::exit(2)
 }
@@ -104,7 +108,24 @@ fn main() {
             SocketAddr::V4(vip) => hostile(vip),
             SocketAddr::V6(_) => usage("sockopt-hostile takes an IPv4 VIP"),
         },
+        Some("serve") => match (argv.get(2).map(String::as_str), argv.get(3).map(|a| a.parse::<SocketAddr>())) {
+            (Some("--listen"), Some(Ok(addr))) => serve_mode(addr),
+            _ => usage("serve takes --listen A:P"),
+        },
         _ => usage("missing mode"),
+    }
+}
+
+/// Listens on `addr` and serves every connection on a thread of its own, until killed.
+fn serve_mode(addr: SocketAddr) -> ! {
+    let listener = std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    println!("LISTENING");
+    std::io::stdout().flush().unwrap_or_else(|e| panic!("stdout: {e}"));
+    let never = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    loop {
+        let (s, _) = listener.accept().unwrap_or_else(|e| panic!("accept on {addr}: {e}"));
+        let never = never.clone();
+        std::thread::spawn(move || ailb_tests::remote::serve(s, addr, never));
     }
 }
 
