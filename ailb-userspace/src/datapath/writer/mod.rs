@@ -173,6 +173,17 @@ impl<M: WriterMaps> Writer<M> {
         Ok(())
     }
 
+    /// Writes model entries in order (one call to the kernel), keeping the last of each index.
+    fn set_models(&mut self, entries: &[(u32, ModelState)]) -> Result<(), DatapathError> {
+        self.maps.set_models(entries)?;
+        for &(index, st) in entries {
+            if let Some(kept) = self.states.get_mut(index as usize) {
+                *kept = st;
+            }
+        }
+        Ok(())
+    }
+
     /// Releases the extents of a table no longer active (reusable after the grace).
     fn release(&mut self, old: ActiveTable) {
         self.table_arena.release(old.table_at);

@@ -199,16 +199,13 @@ impl<M: WriterMaps> Writer<M> {
         st.slots[inactive as usize] = new.slot;
         st.name = name_bytes(input.name);
         st.affinity_ttl_ns = input.ttl_ns;
-        self.set_model(input.model, st)?;
-        self.flip_active(input.model, st, inactive)?;
+        // The inactive slot described first (readers still use the active one), then the
+        // flip of `active` alone: a connect reads the entry once, so it uses the old table or
+        // the new one, never a mix. Both go in one call; the kernel writes them in order.
+        let mut flipped = st;
+        flipped.active = inactive;
+        flipped.flags = MODEL_AVAILABLE;
+        self.set_models(&[(input.model, st), (input.model, flipped)])?;
         Ok((table_at, members_at))
-    }
-
-    /// One update of the model entry that names `slot` active: a connect reads the entry
-    /// once, so it uses the old table or the new one, never a mix.
-    fn flip_active(&mut self, model: u32, mut st: ModelState, slot: u32) -> Result<(), DatapathError> {
-        st.active = slot;
-        st.flags = MODEL_AVAILABLE;
-        self.set_model(model, st)
     }
 }
