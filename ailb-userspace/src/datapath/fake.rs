@@ -20,7 +20,7 @@
 //! `set MODEL: IDX=1 ZERO`, `set BE: ID=2 ZERO`.
 #![forbid(unsafe_code)]
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 use ailb_common::{
     maps, Backend, BackendAddr6, GlobalConfig, ModelState, Service, ServiceKey, ServiceKey6, TableSlot, BACKEND_LIVE,
@@ -56,6 +56,8 @@ pub(crate) struct FakeMaps {
     backend_addrs6: BTreeMap<u32, BackendAddr6>,
     model_names: BTreeMap<u64, u32>,
     writes: Vec<String>,
+    /// How many model entries were read (a writer reads them only when it starts).
+    pub(crate) model_reads: Cell<usize>,
 }
 
 fn check_index(name: &str, index: u32, max_entries: u32) -> Result<(), DatapathError> {
@@ -186,6 +188,7 @@ impl FakeMaps {
             backend_addrs6: BTreeMap::new(),
             model_names: BTreeMap::new(),
             writes: Vec::new(),
+            model_reads: Cell::new(0),
         }
     }
 
@@ -253,6 +256,7 @@ impl WriterMaps for FakeMaps {
     }
     fn model(&self, index: u32) -> Result<ModelState, DatapathError> {
         check_index(maps::MODELS, index, MAX_MODELS)?;
+        self.model_reads.set(self.model_reads.get() + 1);
         Ok(self.models.get(&index).copied().unwrap_or_default())
     }
     fn set_model(&mut self, index: u32, value: ModelState) -> Result<(), DatapathError> {

@@ -24,6 +24,11 @@ pub trait WriterMaps {
     fn set_config(&mut self, value: GlobalConfig) -> Result<(), DatapathError>;
     fn model(&self, index: u32) -> Result<ModelState, DatapathError>;
     fn set_model(&mut self, index: u32, value: ModelState) -> Result<(), DatapathError>;
+    /// Writes each `(index, entry)`, in order, as [`WriterMaps::set_model`] would (the kernel
+    /// maps take them in one call, one entry after the other).
+    fn set_models(&mut self, entries: &[(u32, ModelState)]) -> Result<(), DatapathError> {
+        entries.iter().try_for_each(|&(index, st)| self.set_model(index, st))
+    }
     /// Chunks of the table and of the member arena (their maps' `max_entries`).
     fn arena_chunks(&self) -> (u32, u32);
     /// `len` slots of the table arena from position `pos`.
@@ -76,6 +81,13 @@ impl WriterMaps for Maps {
     }
     fn set_model(&mut self, index: u32, value: ModelState) -> Result<(), DatapathError> {
         self.models.set(index, value, 0).map_err(map_err(maps::MODELS))
+    }
+    fn set_models(&mut self, entries: &[(u32, ModelState)]) -> Result<(), DatapathError> {
+        let (keys, values): (Vec<u32>, Vec<ModelState>) = entries.iter().copied().unzip();
+        if batch(&self.models, &keys, &values) {
+            return Ok(());
+        }
+        entries.iter().try_for_each(|&(index, st)| self.set_model(index, st))
     }
     fn arena_chunks(&self) -> (u32, u32) {
         (self.tables.len(), self.members.len())

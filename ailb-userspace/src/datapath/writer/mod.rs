@@ -72,6 +72,10 @@ pub struct Writer<M: WriterMaps = Maps> {
     written: HashMap<u32, Backend>,
     /// Last written `AILB_BACKEND_ADDRS6` entry per IPv6 backend id.
     written6: HashMap<u32, BackendAddr6>,
+    /// Every model index's `ModelState` as last written or read back (the daemon is the only
+    /// writer of `AILB_MODELS`, so this is what the kernel holds): a swap reads the entry here,
+    /// not with a map lookup per model. [`Writer::new`] fills it from the pinned map.
+    states: Vec<ModelState>,
     /// Active table and members per model index, as last written or read back.
     tables: HashMap<u32, ActiveTable>,
     /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
@@ -100,6 +104,7 @@ impl<M: WriterMaps> Writer<M> {
             ids: Ids::default(),
             written: HashMap::new(),
             written6: HashMap::new(),
+            states: Vec::with_capacity(MAX_MODELS as usize),
             tables: HashMap::new(),
             built: HashMap::new(),
             services: None,
@@ -123,6 +128,7 @@ impl<M: WriterMaps> Writer<M> {
     fn recover_models(&mut self) -> Result<(), DatapathError> {
         for idx in 0..MAX_MODELS {
             let st = self.maps.model(idx)?;
+            self.states.push(st);
             let name = model_name(&st);
             if name.is_empty() {
                 continue;
@@ -149,6 +155,31 @@ impl<M: WriterMaps> Writer<M> {
                 }
             }
             self.ids.recover_model(name, idx);
+        }
+        Ok(())
+    }
+
+    /// Model `index`'s entry as the kernel holds it (last written or read back).
+    fn model_state(&self, index: u32) -> ModelState {
+        self.states.get(index as usize).copied().unwrap_or_default()
+    }
+
+    /// Writes model `index`'s entry, and keeps it as what the kernel holds.
+    fn set_model(&mut self, index: u32, st: ModelState) -> Result<(), DatapathError> {
+        self.maps.set_model(index, st)?;
+        if let Some(kept) = self.states.get_mut(index as usize) {
+            *kept = st;
+        }
+        Ok(())
+    }
+
+    /// Writes model entries in order (one call to the kernel), keeping the last of each index.
+    fn set_models(&mut self, entries: &[(u32, ModelState)]) -> Result<(), DatapathError> {
+        self.maps.set_models(entries)?;
+        for &(index, st) in entries {
+            if let Some(kept) = self.states.get_mut(index as usize) {
+                *kept = st;
+            }
         }
         Ok(())
     }
@@ -377,7 +408,7 @@ impl<M: WriterMaps> Writer<M> {
     /// Models that left the plan: their entry cleared (unavailable, nameless), then forgotten.
     fn remove_gone_models(&mut self, plan: &Plan) -> Result<(), DatapathError> {
         for (name, idx) in self.ids.models_except(|n| plan.contains_key(n)) {
-            self.maps.set_model(idx, ModelState::default())?;
+            self.set_model(idx, ModelState::default())?;
             if let Some(old) = self.tables.remove(&idx) {
                 self.release(old);
             }

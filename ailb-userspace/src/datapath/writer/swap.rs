@@ -115,7 +115,7 @@ impl<M: WriterMaps> Writer<M> {
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
         let TableInput { name, model, ref members, ttl_ns } = *input;
-        let mut st = self.maps.model(model)?;
+        let mut st = self.model_state(model);
         if members.is_empty() {
             return self.mark_unavailable(input, st);
         }
@@ -123,7 +123,7 @@ impl<M: WriterMaps> Writer<M> {
         if st.affinity_ttl_ns != ttl_ns && available {
             // A TTL change alone needs no table swap: one update of the model entry.
             st.affinity_ttl_ns = ttl_ns;
-            self.maps.set_model(model, st)?;
+            self.set_model(model, st)?;
         }
         // Same builder inputs as the table in the kernel: nothing to build or write.
         if available && self.tables.contains_key(&model) && self.built.get(&model).is_some_and(|b| b == members) {
@@ -164,7 +164,7 @@ impl<M: WriterMaps> Writer<M> {
             st.flags = 0;
             st.name = name;
             st.affinity_ttl_ns = input.ttl_ns;
-            self.maps.set_model(input.model, st)?;
+            self.set_model(input.model, st)?;
             info!(model = input.name, "no live backend: connections to its VIPs are refused");
         }
         if let Some(old) = self.tables.remove(&input.model) {
@@ -199,16 +199,13 @@ impl<M: WriterMaps> Writer<M> {
         st.slots[inactive as usize] = new.slot;
         st.name = name_bytes(input.name);
         st.affinity_ttl_ns = input.ttl_ns;
-        self.maps.set_model(input.model, st)?;
-        self.flip_active(input.model, st, inactive)?;
+        // The inactive slot described first (readers still use the active one), then the
+        // flip of `active` alone: a connect reads the entry once, so it uses the old table or
+        // the new one, never a mix. Both go in one call; the kernel writes them in order.
+        let mut flipped = st;
+        flipped.active = inactive;
+        flipped.flags = MODEL_AVAILABLE;
+        self.set_models(&[(input.model, st), (input.model, flipped)])?;
         Ok((table_at, members_at))
-    }
-
-    /// One update of the model entry that names `slot` active: a connect reads the entry
-    /// once, so it uses the old table or the new one, never a mix.
-    fn flip_active(&mut self, model: u32, mut st: ModelState, slot: u32) -> Result<(), DatapathError> {
-        st.active = slot;
-        st.flags = MODEL_AVAILABLE;
-        self.maps.set_model(model, st)
     }
 }

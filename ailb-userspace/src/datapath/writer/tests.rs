@@ -196,6 +196,31 @@ set BE: ID=0 ZERO
 }
 
 #[test]
+fn swaps_read_no_model_entry_and_a_restarted_writer_swaps_from_the_pinned_ones() {
+    let f = Fixture::new();
+    let first = plan_of([("llama", f.model(1, &[(1, 100), (2, 100)])), ("qwen", f.model(2, &[(3, 100)]))]);
+    let next = plan_of([("llama", f.model(1, &[(1, 100), (2, 300)])), ("qwen", f.model(2, &[(3, 100), (4, 100)]))]);
+    let mut kept = writer();
+    f.apply(&mut kept, &first);
+    let mut restarted = writer();
+    f.apply(&mut restarted, &first);
+    let mut restarted = Writer::new(restarted.into_maps()).unwrap();
+    let reads = restarted.maps().model_reads.get();
+    let kept_writes = f.apply(&mut kept, &next);
+    let restarted_writes = f.apply(&mut restarted, &next);
+    assert_eq!(restarted.maps().model_reads.get(), reads, "an apply reads no model entry from the map");
+    assert!(restarted_writes.contains("set MODEL:"), "both tables were swapped:\n{restarted_writes}");
+    // A restarted writer's first apply also writes every model name once (it does not read their values back).
+    let but_names =
+        |w: &str| w.lines().filter(|l| !l.starts_with("set NAME:")).map(|l| format!("{l}\n")).collect::<String>();
+    assert_eq!(
+        but_names(&restarted_writes),
+        but_names(&kept_writes),
+        "the entries read back at the start are the ones a running writer keeps"
+    );
+}
+
+#[test]
 fn a_restarted_writer_reads_back_each_backends_capacity_and_the_table_weights() {
     let f = Fixture::new();
     let mut m = f.model(1, &[(1, 100), (2, 100), (3, 0)]);
