@@ -116,7 +116,7 @@ pub(crate) fn malformed() -> i32 {
 /// The packet's IPv4 and TCP fields; `None` for anything else (not IPv4, not TCP, a later
 /// fragment, too short to hold the ports).
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<Packet> {
+pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
     let len = ctx.len();
     if ctx.data_end() - ctx.data() < PARSE_LEN as usize && len > (ctx.data_end() - ctx.data()) as u32 {
         // A failed pull leaves the linear part as it was; the bounds checks below decide.
