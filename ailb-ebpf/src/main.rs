@@ -46,6 +46,7 @@ mod setsockopt;
 mod sockops;
 mod tc;
 mod tc6;
+mod tc_floor;
 mod tc_maps;
 
 use aya_ebpf::helpers::generated::bpf_set_retval;

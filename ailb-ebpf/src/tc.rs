@@ -75,20 +75,35 @@ fn try_ingress(ctx: &TcContext) -> i32 {
     };
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
+    let step = conntrack::seen_step(cfg.idle_timeout_ns);
+    // Masquerading, a packet to the NAT address is a reply (a VIP on the NAT address at a port
+    // of the NAT range would be the only forward key it could also match, and the forward
+    // entry is looked up after it): one lookup instead of a miss on the forward key first.
+    let reply_first = cfg.mode == TC_MODE_MASQUERADE && pkt.daddr == cfg.nat_addr;
+    if reply_first {
+        if let Some(flow) = conntrack::lookup(&pkt, FLOW_REPLY) {
+            if !pkt.valid {
+                return malformed();
+            }
+            return conntrack::on_reply(ctx, &pkt, flow, now, step);
+        }
+    }
     if let Some(flow) = conntrack::lookup(&pkt, FLOW_FORWARD) {
         if !pkt.valid {
             return malformed();
         }
-        let verdict = conntrack::on_forward(ctx, &pkt, flow, now);
+        let verdict = conntrack::on_forward(ctx, &pkt, flow, now, step);
         if verdict != conntrack::REOPEN {
             return verdict;
         }
     }
-    if let Some(flow) = conntrack::lookup(&pkt, FLOW_REPLY) {
-        if !pkt.valid {
-            return malformed();
+    if !reply_first {
+        if let Some(flow) = conntrack::lookup(&pkt, FLOW_REPLY) {
+            if !pkt.valid {
+                return malformed();
+            }
+            return conntrack::on_reply(ctx, &pkt, flow, now, step);
         }
-        return conntrack::on_reply(ctx, &pkt, flow, now);
     }
     if let Some(service) = conntrack::vip(&pkt) {
         if pkt.flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN {
@@ -116,7 +131,7 @@ pub(crate) fn malformed() -> i32 {
 /// The packet's IPv4 and TCP fields; `None` for anything else (not IPv4, not TCP, a later
 /// fragment, too short to hold the ports).
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<Packet> {
+pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
     let len = ctx.len();
     if ctx.data_end() - ctx.data() < PARSE_LEN as usize && len > (ctx.data_end() - ctx.data()) as u32 {
         // A failed pull leaves the linear part as it was; the bounds checks below decide.

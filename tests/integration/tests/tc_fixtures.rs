@@ -319,3 +319,28 @@ fn ip_options_are_kept_and_a_bad_tcp_checksum_stays_bad() {
     }
     let _ = be_addr;
 }
+
+/// The flow entry's time is written only when it moved by a sixteenth of the idle timeout (at
+/// most a second), not at every packet; with a timeout that makes that step 1 ns, every packet
+/// writes it.
+#[test]
+fn a_flow_entry_time_is_written_once_per_step() {
+    let mut setup = Setup::new(TC_MODE_MASQUERADE, &[B1, B2, B3]);
+    setup.idle_timeout_ns = 3_600_000_000_000;
+    let mut f = Fixture::new(&setup);
+    let opened = std::time::Instant::now();
+    assert_eq!(open(&f, &setup, CLIENT).0, TC_ACT_OK);
+    let seen = |f: &Fixture| {
+        let flows = f.flows();
+        flows.iter().find(|(k, _)| k.kind == FLOW_FORWARD).expect("forward entry").1.last_seen_ns
+    };
+    let t0 = seen(&f);
+    assert_eq!(f.run(&Frame::tcp(CLIENT, VIP, TCP_ACK).build()).0, TC_ACT_OK);
+    // A second step: the packet came less than a second after the open unless this run stalled.
+    if opened.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(seen(&f), t0, "a packet within the step left the entry's time as it was");
+    }
+    f.set_tc_config(setup.mode, setup.ports, 16);
+    assert_eq!(f.run(&Frame::tcp(CLIENT, VIP, TCP_ACK).build()).0, TC_ACT_OK);
+    assert!(seen(&f) > t0, "a 1 ns step: the packet wrote the entry's time");
+}
