@@ -106,9 +106,10 @@ const SYNTHETIC_ABOVE_LOAD: f64 = 3.0;
 /// 5x they take 2 ms and 1000 requests still arrive within about 10 s.
 const SYNTHETIC_TIME_SCALE: f64 = 5.0;
 
-/// ailb both ways in and on its static config, every peer router policy, and the L4 baseline.
-const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-static,sglang-cache-aware,sglang-round-robin,\
-                             vllm-cache-aware,vllm-consistent-hash";
+/// ailb both ways in (the front door also with its admission by fleet memory on) and on its
+/// static config, every peer router policy, and the L4 baseline.
+const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-gateway-admission,ailb-static,sglang-cache-aware,\
+                             sglang-round-robin,vllm-cache-aware,vllm-consistent-hash";
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -> Result<()> {
     // The peer runs take half an hour: only when asked for by name.
@@ -342,7 +343,7 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
     for run in runs {
         let (dir, synthetic, load) = run.setup();
         let step = Step::start(format!(
-            "peer routers: ailb-compare {} at load {load}, 8 policies (about 8 minutes) -> docs/results/{dir}/",
+            "peer routers: ailb-compare {} at load {load}, 9 policies (about 9 minutes) -> docs/results/{dir}/",
             if synthetic { "--synthetic" } else { "on the trace" }
         ));
         let mut cmd = std::process::Command::new(&bin);

@@ -21,7 +21,7 @@ pub(crate) fn soak(minutes: f64, overload_only: bool, debug: bool) -> Result<()>
     util::run(&mut build).context("building ailb-soak and ailb-sim")?;
     let bin = util::target_dir().join(profile).join("ailb-soak");
     let what = if overload_only {
-        "the overload (about 2 minutes)".to_string()
+        "the overload (about 3 minutes: 30 s at the stable load, then the minute at 10x and the drain)".to_string()
     } else {
         format!("the chaos soak ({minutes} minutes) and the overload")
     };

@@ -172,6 +172,31 @@ impl Admission {
     }
 }
 
+/// The admission a front door runs (`gateway.admission`).
+#[derive(Clone)]
+pub enum Control {
+    /// Connections in flight against the members' `max_inflight` (this module).
+    Inflight(Arc<Admission>),
+    /// Memory in flight against the members' KV capacity, with a bounded wait
+    /// ([`super::fleet_memory`]).
+    FleetMemory(Arc<super::fleet_memory::FleetMemory>),
+}
+
+impl Control {
+    /// Admits a request of `model` that needs `need_mb`; the ticket, when there is one, is
+    /// held until the request is done.
+    pub async fn admit(
+        &self,
+        model: &str,
+        need_mb: Option<u32>,
+    ) -> Result<Option<super::fleet_memory::Ticket>, ApiError> {
+        match self {
+            Control::Inflight(a) => a.admit(model).map(|()| None),
+            Control::FleetMemory(f) => f.admit(model, need_mb).await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

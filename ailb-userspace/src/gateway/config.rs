@@ -39,6 +39,9 @@ use serde::Deserialize;
 
 use crate::validate::{parse_duration, ConfigError};
 
+mod admission;
+pub use admission::{AdmissionSetting, AdmissionTable, FleetMemoryLimits, ValidAdmission, MAX_FACTOR, MAX_QUEUED};
+
 /// Tokens per KV block of a model not in `kv_block_tokens`: vLLM's default `--block-size`.
 pub const DEFAULT_KV_BLOCK_TOKENS: u64 = 16;
 /// The largest `kv_block_tokens` accepted (far above any paged KV cache's block).
@@ -106,12 +109,16 @@ pub struct GatewayConfig {
     /// and idle upstream connections; 0 = one per core. Default 0.
     #[serde(default)]
     pub worker_threads: u32,
-    /// Admission per model across both entry points (`gateway/admission.rs`): a request whose
-    /// model has as many connections in flight (the kernel's count, read from the pins under
-    /// `daemon.bpffs`) as the sum of its backends' `max_inflight` gets 429 with `Retry-After`.
-    /// Needs `daemon.listen` and read access to the pins. Default false.
+    /// Admission per model across both entry points, read from the pins under
+    /// `daemon.bpffs` (read access needed). `true` (mode "inflight", `gateway/admission.rs`):
+    /// a request whose model has as many connections in flight as the sum of its backends'
+    /// `max_inflight` gets 429 with `Retry-After` (needs `daemon.listen`). A table
+    /// `[gateway.admission]` with `mode = "fleet_memory"` (`gateway/fleet_memory.rs`): a
+    /// request waits while its model's hinted memory in flight and its own exceed `factor` x
+    /// the live backends' KV capacity, at most `max_wait`, then gets 503 with `Retry-After`
+    /// (see [`AdmissionTable`]). Default false (off).
     #[serde(default)]
-    pub admission: bool,
+    pub admission: AdmissionSetting,
     /// The `Retry-After` of an answer shed by the admission, whole seconds. Default "1s".
     #[serde(default = "default_retry_after")]
     pub admission_retry_after: String,
@@ -191,7 +198,7 @@ impl Default for GatewayConfig {
             upstream_max_age: default_max_age(),
             upstream_max_idle: default_max_idle(),
             worker_threads: 0,
-            admission: false,
+            admission: AdmissionSetting::Off,
             admission_retry_after: default_retry_after(),
             http1_fast_path: true,
         }
@@ -199,7 +206,7 @@ impl Default for GatewayConfig {
 }
 
 /// `[gateway]`, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ValidGateway {
     pub listen: Vec<SocketAddr>,
     pub max_body_bytes: u64,
@@ -217,8 +224,8 @@ pub struct ValidGateway {
     pub upstream_max_idle: u32,
     /// `None`: one per core.
     pub worker_threads: Option<usize>,
-    /// `Some(Retry-After)`: admission per model on.
-    pub admission: Option<Duration>,
+    /// Admission per model, and its mode.
+    pub admission: ValidAdmission,
     /// Client connections read by the HTTP/1 fast path first (`false`: hyper only).
     pub http1_fast_path: bool,
 }
@@ -319,7 +326,7 @@ impl GatewayConfig {
             upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
             upstream_max_idle: self.upstream_max_idle,
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
-            admission: self.admission.then_some(admission_retry),
+            admission: self.admission.validate(admission_retry)?,
             http1_fast_path: self.http1_fast_path,
         })
     }
@@ -356,7 +363,7 @@ mod tests {
         assert_eq!(g.upstream_max_age.as_secs(), 1);
         assert_eq!(g.upstream_max_idle, 256);
         assert_eq!(g.worker_threads, None, "one per core");
-        assert_eq!(g.admission, None, "admission off");
+        assert_eq!(g.admission, super::ValidAdmission::Off, "admission off");
     }
 
     #[test]
@@ -375,9 +382,38 @@ mod tests {
         assert_eq!(g.kv_block_tokens["m"], 512);
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
         assert_eq!(g.worker_threads, Some(3));
-        assert_eq!(g.admission, None);
+        assert_eq!(g.admission, super::ValidAdmission::Off);
         let g = check("admission = true\nadmission_retry_after = \"2s\"").unwrap();
-        assert_eq!(g.admission, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(2) });
+        let g = check("admission = false").unwrap();
+        assert_eq!(g.admission, super::ValidAdmission::Off);
+        let g = check("[gateway.admission]\nmode = \"inflight\"").unwrap();
+        assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(1) });
+        let g = check("[gateway.admission]\nmode = \"off\"").unwrap();
+        assert_eq!(g.admission, super::ValidAdmission::Off);
+    }
+
+    #[test]
+    fn fleet_memory_admission_has_documented_defaults_and_takes_values() {
+        let g = check("[gateway.admission]\nmode = \"fleet_memory\"").unwrap();
+        let want = super::FleetMemoryLimits {
+            factor: 1.0,
+            max_wait: std::time::Duration::from_secs(5),
+            max_queued: 1024,
+            retry_after: 1,
+        };
+        assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want));
+        let g = check(
+            "admission_retry_after = \"3s\"\n[gateway.admission]\nfactor = 1.5\nmax_wait = \"250ms\"\nmax_queued = 0",
+        )
+        .unwrap();
+        let want = super::FleetMemoryLimits {
+            factor: 1.5,
+            max_wait: std::time::Duration::from_millis(250),
+            max_queued: 0,
+            retry_after: 3,
+        };
+        assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want), "the table's mode defaults to fleet_memory");
     }
 
     #[test]
@@ -397,6 +433,15 @@ mod tests {
             ("kv_block_tokens = { m = 0 }", &["gateway.kv_block_tokens.m", "1 to 65536"]),
             ("admission_retry_after = \"1500ms\"", &["gateway.admission_retry_after", "1500ms", "whole seconds"]),
             ("admission_retry_after = \"0s\"", &["gateway.admission_retry_after", "above zero"]),
+            ("admission = 1", &["admission", "true, false or a table"]),
+            ("[gateway.admission]\nmode = \"memory\"", &["gateway.admission.mode", "memory", "fleet_memory"]),
+            ("[gateway.admission]\nfactor = 0.0", &["gateway.admission.factor", "0", "above 0"]),
+            ("[gateway.admission]\nfactor = -1.0", &["gateway.admission.factor", "-1", "above 0"]),
+            ("[gateway.admission]\nfactor = 1000.0", &["gateway.admission.factor", "1000", "at most 100"]),
+            ("[gateway.admission]\nfactor = nan", &["gateway.admission.factor", "NaN"]),
+            ("[gateway.admission]\nmax_wait = \"later\"", &["gateway.admission.max_wait", "later"]),
+            ("[gateway.admission]\nmax_queued = 2000000", &["gateway.admission.max_queued", "2000000"]),
+            ("[gateway.admission]\nmax_wait_ms = 5", &["max_wait_ms"]),
             ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
             ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
             ("bogus = 1", &["bogus"]),

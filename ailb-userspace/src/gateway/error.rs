@@ -2,6 +2,7 @@
 //! responses of a request ([`ApiError`]: `{"error":{"message","type","param","code"}}`).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -92,6 +93,38 @@ impl ApiError {
             format!(
                 "the model `{model}` is at its capacity: {inflight} requests in flight, capacity {capacity} \
                  (the sum of its backends' max_inflight)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503: the model's memory in flight stayed above its limit for the whole admission wait
+    /// (`gateway.admission`, mode "fleet_memory").
+    pub fn model_overloaded(model: &str, inflight_mb: u64, limit_mb: u64, waited: Duration, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_overloaded",
+            format!(
+                "the model `{model}` is overloaded: {inflight_mb} MB of requests in flight against a limit of \
+                 {limit_mb} MB (its backends' KV capacity x gateway.admission.factor), no room within {waited:?} \
+                 (gateway.admission.max_wait)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 429: `max_queued` requests of the model already wait for admission.
+    pub fn admission_queue_full(model: &str, max_queued: u32, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "admission_queue_full",
+            format!(
+                "the model `{model}` has {max_queued} requests waiting for admission already \
+                 (gateway.admission.max_queued)"
             ),
         );
         e.retry_after = Some(retry_after);

@@ -25,6 +25,13 @@ pub struct StatusLabel {
     pub status: u16,
 }
 
+/// An admission decision of a model (`gateway/fleet_memory.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabel {
+    pub model: String,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReuseLabel {
     pub reused: bool,

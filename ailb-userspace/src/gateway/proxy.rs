@@ -283,7 +283,14 @@ pub struct Relay {
     /// The connection: closed on drop, or back to the pool after a whole response.
     conn: Option<Conn>,
     reuse: Option<Reuse>,
-    _permit: OwnedSemaphorePermit,
+    _held: Held,
+}
+
+/// What a request holds until its answer is relayed whole or dropped: its `max_concurrent`
+/// slot and its share of the admission's memory.
+pub struct Held {
+    pub _permit: OwnedSemaphorePermit,
+    pub _ticket: Option<super::fleet_memory::Ticket>,
 }
 
 impl Relay {
@@ -296,7 +303,7 @@ impl Relay {
         sse: bool,
         conn: Conn,
         reuse: Option<Reuse>,
-        permit: OwnedSemaphorePermit,
+        held: Held,
         log: RequestLog,
         idle: Duration,
         total_deadline: tokio::time::Instant,
@@ -316,7 +323,7 @@ impl Relay {
             log: Some(log),
             conn: Some(conn),
             reuse,
-            _permit: permit,
+            _held: held,
         }
     }
 

@@ -19,14 +19,15 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::admission::Admission;
+use super::admission::Control;
 use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
+use super::fleet_memory::Ticket;
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, BoxError, Relay, Reuse, Sent, UpBody};
+use super::proxy::{self, BoxError, Held, Relay, Reuse, Sent, UpBody};
 use super::route::{self, Endpoint, ModelFacts, Rules};
 use crate::config::ValidConfig;
 
@@ -136,7 +137,7 @@ pub struct Gateway {
     /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
     pool: Option<Arc<Pool>>,
     live: Arc<Liveness>,
-    admission: Option<Arc<Admission>>,
+    admission: Option<Control>,
 }
 
 impl Gateway {
@@ -150,7 +151,7 @@ impl Gateway {
         config: &ValidConfig,
         cfg: ValidGateway,
         mut registry: Registry,
-        admission: Option<Arc<Admission>>,
+        admission: Option<Control>,
     ) -> Arc<Self> {
         let models = routes(config, &cfg);
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
@@ -321,7 +322,7 @@ impl Gateway {
             ))),
         };
         match result {
-            Ok((resp, conn, reuse)) => {
+            Ok((resp, conn, reuse, ticket)) => {
                 let (parts, body) = resp.into_parts();
                 let sse = parts.headers.get(CONTENT_TYPE).is_some_and(is_event_stream);
                 let relay = Relay::new(
@@ -329,7 +330,7 @@ impl Gateway {
                     sse,
                     conn,
                     reuse,
-                    permit,
+                    Held { _permit: permit, _ticket: ticket },
                     log,
                     self.cfg.idle_timeout,
                     deadline,
@@ -350,7 +351,7 @@ impl Gateway {
         body: RequestBody,
         peer: &ClientIp,
         log: &mut RequestLog,
-    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>), ApiError> {
+    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>, Option<Ticket>), ApiError> {
         let client_version = parts.version;
         let bytes = self.read_body(&parts.headers, body).await?;
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
@@ -359,9 +360,10 @@ impl Gateway {
             }
         })?;
         let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
-        if let Some(a) = &self.admission {
-            a.admit(&inputs.model)?;
-        }
+        let ticket = match &self.admission {
+            Some(a) => a.admit(&inputs.model, inputs.memory_mb).await?,
+            None => None,
+        };
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
         let mut tags = ailb_common::client::Tags::new().model(inputs.model.as_str());
@@ -408,7 +410,7 @@ impl Gateway {
         if let Some(hash) = conv_hash {
             h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
         }
-        Ok((resp, conn, reuse))
+        Ok((resp, conn, reuse, ticket))
     }
 
     /// Sends `req` on an idle connection with the same routing inputs (`key`) when the pool

@@ -77,6 +77,13 @@ pub struct Args {
     /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 20.0)]
     pub ailb_affinity_wait_s: f64,
+    /// `ailb-gateway-admission`: `gateway.admission.max_wait` in simulated seconds (the
+    /// gateway, in real time, gets it divided by the time scale).
+    #[arg(long, default_value_t = 20.0)]
+    pub admission_max_wait_s: f64,
+    /// `ailb-gateway-admission`: `gateway.admission.factor`.
+    #[arg(long, default_value_t = 1.0)]
+    pub admission_factor: f64,
     /// The A100's GPU capability (weight) against the RTX 3090's 1, for ailb and ailb-static.
     #[arg(long, default_value_t = 3.0)]
     pub a100_capability: f64,
@@ -103,6 +110,12 @@ impl Args {
         }
         if !(self.ailb_affinity_wait_s >= 0.0 && self.ailb_affinity_wait_s.is_finite()) {
             bail!("--ailb-affinity-wait-s must be a finite number of seconds >= 0, not {}", self.ailb_affinity_wait_s);
+        }
+        if !(self.admission_max_wait_s >= 0.0 && self.admission_max_wait_s.is_finite()) {
+            bail!("--admission-max-wait-s must be a finite number of seconds >= 0, not {}", self.admission_max_wait_s);
+        }
+        if !(self.admission_factor > 0.0 && self.admission_factor.is_finite()) {
+            bail!("--admission-factor must be a finite number above 0, not {}", self.admission_factor);
         }
         if self.a100 + self.rtx3090 == 0 || self.a100 + self.rtx3090 > 250 {
             bail!("the fleet needs 1..=250 GPUs");

@@ -39,6 +39,17 @@ pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64) -> String {
     )
 }
 
+/// The `[gateway.admission]` table of `ailb-gateway-admission`, after [`toml`]: admission by
+/// fleet memory with `--admission-factor` and `--admission-max-wait-s` (simulated seconds, so
+/// divided by the time scale: the gateway waits in real time).
+pub fn admission_toml(args: &super::args::Args) -> String {
+    let max_wait_ms = (args.admission_max_wait_s * 1000.0 / args.time_scale).round() as u64;
+    format!(
+        "[gateway.admission]\nmode = \"fleet_memory\"\nfactor = {:?}\nmax_wait = \"{max_wait_ms}ms\"\n",
+        args.admission_factor
+    )
+}
+
 /// Starts `ailb gateway --config CONFIG` inside `cg`, its log (warnings only: an access line per
 /// request would cost host CPU the simulated GPUs share, as the peers' INFO logs would) in
 /// `dir`; returns once it accepts connections on `listen` (20 s at most). Stopped by pid on drop.
@@ -77,6 +88,23 @@ mod tests {
             t,
             "\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\n[gateway.kv_bytes_per_token]\n\"sim-7b\" = 524288\n\
              [gateway.kv_block_tokens]\n\"sim-7b\" = 512\n"
+        );
+    }
+
+    #[test]
+    fn the_admission_table_waits_in_real_time() {
+        use clap::Parser;
+        let args = crate::compare::args::Args::parse_from([
+            "ailb-compare",
+            "--admission-max-wait-s",
+            "30",
+            "--admission-factor",
+            "1.5",
+        ]);
+        assert_eq!(
+            admission_toml(&args),
+            "[gateway.admission]\nmode = \"fleet_memory\"\nfactor = 1.5\nmax_wait = \"1500ms\"\n",
+            "30 s of simulated time at the default time scale of 20"
         );
     }
 

@@ -13,7 +13,7 @@
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
 //!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,ailb-static,
-//!               ailb-gateway,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
+//!               ailb-gateway,ailb-gateway-admission,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH] [--replot]
 //!              [--sim-bin PATH]
 //! ```
@@ -40,6 +40,9 @@
 //!   front door ([`front_door`]): the same `ailb run`, plus `ailb gateway` in the same child
 //!   cgroup; the replay sends it plain untagged HTTP with `X-Session-ID`, as to nginx, and the
 //!   gateway estimates each request's memory from its prompt and `max_tokens`.
+//! - `ailb-gateway-admission`: `ailb-gateway` with the front door's admission by fleet memory
+//!   (`[gateway.admission] mode = "fleet_memory"`, `--admission-factor`, `--admission-max-wait-s`
+//!   in simulated seconds): past the fleet's KV a request waits, then gets 503, a failure.
 //! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
 //! - `sglang-cache-aware`, `sglang-round-robin`, `vllm-cache-aware`, `vllm-consistent-hash`:
 //!   the routers users would pick instead ([`peers`]: `sglang-router` 0.3.2, `vllm-router`

@@ -18,6 +18,8 @@ pub enum Policy {
     Ailb,
     AilbStatic,
     AilbGateway,
+    /// ailb in full through its front door with `[gateway.admission] mode = "fleet_memory"`.
+    AilbGatewayAdmission,
     AilbStaticGateway,
     Nginx,
     SglangCacheAware,
@@ -35,6 +37,7 @@ impl Policy {
             "ailb" => Self::Ailb,
             "ailb-static" => Self::AilbStatic,
             "ailb-gateway" => Self::AilbGateway,
+            "ailb-gateway-admission" => Self::AilbGatewayAdmission,
             "ailb-static-gateway" => Self::AilbStaticGateway,
             "nginx" => Self::Nginx,
             "sglang-cache-aware" => Self::SglangCacheAware,
@@ -43,7 +46,7 @@ impl Policy {
             "vllm-consistent-hash" => Self::VllmConsistentHash,
             other => bail!(
                 "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
-                 ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
+                 ailb-gateway-admission, ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
             ),
         })
     }
@@ -57,7 +60,7 @@ impl Policy {
     /// The ailb behind `ailb gateway` for a front-door policy (`None` for every other).
     pub fn behind_front_door(self) -> Option<Policy> {
         match self {
-            Self::AilbGateway => Some(Self::Ailb),
+            Self::AilbGateway | Self::AilbGatewayAdmission => Some(Self::Ailb),
             Self::AilbStaticGateway => Some(Self::AilbStatic),
             _ => None,
         }
@@ -71,7 +74,10 @@ impl Policy {
 
     /// Whether this is one of ailb's rows (socket ABI or front door).
     pub fn is_ailb(self) -> bool {
-        matches!(self, Self::Ailb | Self::AilbStatic | Self::AilbGateway | Self::AilbStaticGateway)
+        matches!(
+            self,
+            Self::Ailb | Self::AilbStatic | Self::AilbGateway | Self::AilbGatewayAdmission | Self::AilbStaticGateway
+        )
     }
 
     /// The policy's name on the command line and in file names.
@@ -83,6 +89,7 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb-static",
             Self::AilbGateway => "ailb-gateway",
+            Self::AilbGatewayAdmission => "ailb-gateway-admission",
             Self::AilbStaticGateway => "ailb-static-gateway",
             Self::Nginx => "nginx",
             Self::SglangCacheAware => "sglang-cache-aware",
@@ -100,6 +107,7 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb, static config",
             Self::AilbGateway => "ailb (front door)",
+            Self::AilbGatewayAdmission => "ailb (front door, admission on)",
             Self::AilbStaticGateway => "ailb, static config (front door)",
             Self::Nginx => "nginx L7 round robin",
             Self::SglangCacheAware => "sglang-router cache-aware",

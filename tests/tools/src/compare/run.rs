@@ -122,7 +122,13 @@ impl Balancer {
             }
             p => {
                 let front_door = p.behind_front_door().map(|_| SocketAddrV4::new([127, 0, 10, 248].into(), port));
-                let extra = front_door.map(|l| front_door::toml(l, front_door::kv_bytes_per_token(sims)));
+                let extra = front_door.map(|l| {
+                    let mut t = front_door::toml(l, front_door::kv_bytes_per_token(sims));
+                    if p == Policy::AilbGatewayAdmission {
+                        t.push_str(&front_door::admission_toml(args));
+                    }
+                    t
+                });
                 let http = SocketAddrV4::new([127, 0, 10, 247].into(), port);
                 let mut b = start_ailb(args, ailb, cg, p, sims, dir, extra.as_deref().unwrap_or_default(), http)?;
                 if let (Some(listen), Some(d)) = (front_door, &b.daemon) {

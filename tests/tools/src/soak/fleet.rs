@@ -52,10 +52,10 @@ pub struct FleetOpts {
     pub max_concurrent: u32,
     /// A name for the cgroup's pins.
     pub name: &'static str,
-    /// Admission per model: each agent publishes its server's `max_seqs` as `max_inflight`
-    /// (the kernel's hard cap per backend, so the socket ABI's excess is refused at connect)
-    /// and the front door runs with `gateway.admission = true` (429 above the sum of the caps).
-    pub admission: bool,
+    /// Admission per model: with either mode each agent publishes its server's `max_seqs` as
+    /// `max_inflight` (the kernel's hard cap per backend: a socket-ABI connect past it is
+    /// refused), and the front door runs the mode's `gateway.admission`.
+    pub admission: Admission,
     /// The agents' `AILB_LOG`.
     pub agent_log: String,
 }
@@ -100,7 +100,7 @@ impl Fleet {
         let mut agents = Vec::new();
         for (i, s) in sims.iter().enumerate() {
             let (config, log) = s.write_agent_config(MODEL, &nacos.url(), AGENT_PUBLISH, dir.path())?;
-            if o.admission {
+            if o.admission != Admission::Off {
                 declare_cap(&config, s)?;
             }
             let env = vec![
@@ -252,17 +252,63 @@ fn config(o: &FleetOpts, cg: &CgroupGuard, nacos: &RnacosServer, listen: SocketA
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"{NACOS_POLL}\"\n\n\
          [policy]\n[policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n\n\
-         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\nadmission = {}\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\
+         [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\n{}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\
          [gateway.kv_block_tokens]\n\"{MODEL}\" = {BLOCK_TOKENS}\n",
         nacos.url(),
         o.max_concurrent,
-        o.admission,
+        o.admission.flag(),
     );
+    cfg.extra.push_str(&o.admission.table());
     if cfg.listen.is_none() {
         // The front door's admission reads each model's capacity from the daemon's plan.
         cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
     }
     cfg
+}
+
+/// The front door's admission in a fleet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admission {
+    Off,
+    /// `gateway.admission = true`: connections in flight against the sum of the caps, 429.
+    Inflight,
+    /// `[gateway.admission] mode = "fleet_memory"`: hinted memory in flight against the KV
+    /// pools, a wait of at most `max_wait_ms` (real time), then 503.
+    FleetMemory {
+        factor: f64,
+        max_wait_ms: u64,
+    },
+}
+
+impl Admission {
+    /// The `admission = ...` line of `[gateway]` (none for the table).
+    fn flag(self) -> &'static str {
+        match self {
+            Admission::Off => "admission = false\n",
+            Admission::Inflight => "admission = true\n",
+            Admission::FleetMemory { .. } => "",
+        }
+    }
+    /// The `[gateway.admission]` table, at the config's end (empty for the flag).
+    fn table(self) -> String {
+        match self {
+            Admission::FleetMemory { factor, max_wait_ms } => format!(
+                "[gateway.admission]\nmode = \"fleet_memory\"\nfactor = {factor:?}\nmax_wait = \"{max_wait_ms}ms\"\n"
+            ),
+            _ => String::new(),
+        }
+    }
+    /// In words, for the reports.
+    pub fn describe(self) -> String {
+        match self {
+            Admission::Off => "off".into(),
+            Admission::Inflight => "`gateway.admission = true` (connections in flight against the sum of the caps, 429)".into(),
+            Admission::FleetMemory { factor, max_wait_ms } => format!(
+                "`[gateway.admission] mode = \"fleet_memory\"`, factor {factor}, max_wait {max_wait_ms} ms (hinted memory \
+                 in flight, both entry points, against the KV pools; a first-come-first-served wait, then 503)"
+            ),
+        }
+    }
 }
 
 /// Adds `max_inflight` = the simulated server's `max_seqs` to the agent's config at `path`

@@ -67,6 +67,18 @@ pub struct Args {
     /// The front door's `gateway.max_concurrent` in the overload.
     #[arg(long, default_value_t = 128)]
     pub overload_max_concurrent: u32,
+    /// The front door's admission in the overload: "fleet_memory" (`[gateway.admission]`) or
+    /// "inflight" (`gateway.admission = true`).
+    #[arg(long, default_value = "fleet_memory")]
+    pub overload_admission: String,
+    /// `gateway.admission.max_wait` of the fleet-memory admission, simulated seconds (the
+    /// gateway gets it divided by the time scale).
+    #[arg(long, default_value_t = 20.0)]
+    pub overload_max_wait_s: f64,
+    /// Seconds at the stable load (`--load`) on the same fleet before the overload: the
+    /// latencies the overload's admitted requests are compared with (0: none).
+    #[arg(long, default_value_t = 30.0)]
+    pub overload_stable_s: f64,
     /// Simulated seconds per real second, for every GPU.
     #[arg(long, default_value_t = 20.0)]
     pub time_scale: f64,
@@ -127,6 +139,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if !(args.minutes > 0.0 && args.load > 0.0 && args.time_scale > 0.0 && args.overload_factor > 0.0) {
         bail!("--minutes, --load, --time-scale and --overload-factor must be positive");
     }
+    overload::admission(&args)?;
+    if !(args.overload_stable_s >= 0.0 && args.overload_stable_s.is_finite()) {
+        bail!("--overload-stable-s must be a finite number of seconds >= 0, not {}", args.overload_stable_s);
+    }
     let ailb = preflight();
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     if !args.overload_only {
@@ -145,7 +161,13 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 }
 
 /// The fleet's options for a run.
-pub fn fleet_opts(args: &Args, port: u16, max_concurrent: u32, name: &'static str, admission: bool) -> FleetOpts {
+pub fn fleet_opts(
+    args: &Args,
+    port: u16,
+    max_concurrent: u32,
+    name: &'static str,
+    admission: fleet::Admission,
+) -> FleetOpts {
     FleetOpts {
         sim_bin: args.sim_bin.clone().unwrap_or_else(|| sibling_bin("ailb-sim")),
         time_scale: args.time_scale,
@@ -198,7 +220,7 @@ pub struct SoakRun {
 fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
     let plan = Plan::of(args.minutes);
     let speed = args.load * args.time_scale;
-    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_300, 1024, "soak", false))?;
+    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_300, 1024, "soak", fleet::Admission::Off))?;
     let dir = tempfile::tempdir().context("temp dir")?;
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();

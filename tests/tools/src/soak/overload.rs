@@ -22,7 +22,7 @@ use ailb_tests::CgroupGuard;
 use anyhow::Context;
 
 use super::analyze::percentile;
-use super::fleet::{Fleet, MODEL, VIP};
+use super::fleet::{Admission, Fleet, MODEL, VIP};
 use super::load::{self, Entry, Rec, WorkerPlan};
 use super::sample::{Sampler, Target};
 use super::{fleet_opts, report, Args, Workers};
@@ -34,25 +34,66 @@ const ABI_THREADS: usize = 512;
 /// excess is offered).
 const FRONT_DOOR_THREADS: usize = 1024;
 
-/// Runs the overload; returns its report.
-pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
-    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_400, args.overload_max_concurrent, "overload", true))?;
-    let dir = tempfile::tempdir().context("temp dir")?;
-    let speed = args.load * args.overload_factor * args.time_scale;
+/// The front door's admission of the overload, from `--overload-admission`.
+pub fn admission(args: &Args) -> anyhow::Result<Admission> {
+    match args.overload_admission.as_str() {
+        "inflight" => Ok(Admission::Inflight),
+        "fleet_memory" => {
+            if !(args.overload_max_wait_s >= 0.0 && args.overload_max_wait_s.is_finite()) {
+                anyhow::bail!(
+                    "--overload-max-wait-s must be a finite number of seconds >= 0, not {}",
+                    args.overload_max_wait_s
+                );
+            }
+            let max_wait_ms = (args.overload_max_wait_s * 1000.0 / args.time_scale).round() as u64;
+            Ok(Admission::FleetMemory { factor: 1.0, max_wait_ms })
+        }
+        other => anyhow::bail!("--overload-admission {other:?}: expected \"fleet_memory\" or \"inflight\""),
+    }
+}
+
+/// The two load workers (socket ABI, front door) at `speed` for `duration_s`, their reports
+/// named after `phase`.
+fn plans(
+    fleet: &Fleet,
+    speed: f64,
+    duration_s: f64,
+    dir: &std::path::Path,
+    phase: &str,
+) -> anyhow::Result<[WorkerPlan; 2]> {
     let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
-    let plans = [(Entry::Abi, vip, ABI_THREADS), (Entry::FrontDoor, fleet.gateway_listen, FRONT_DOOR_THREADS)].map(
+    Ok([(Entry::Abi, vip, ABI_THREADS), (Entry::FrontDoor, fleet.gateway_listen, FRONT_DOOR_THREADS)].map(
         |(entry, target, concurrency)| WorkerPlan {
             entry,
             target,
             speed,
-            duration_s: args.overload_s,
+            duration_s,
             concurrency,
             timeout_s: 120.0,
-            out: dir.path().join(format!("overload-{}.json", entry.key())),
+            out: dir.join(format!("{phase}-{}.json", entry.key())),
         },
-    );
+    ))
+}
+
+/// Runs `plans` to their end (their window plus the drain); their records.
+fn phase(cg: &CgroupGuard, plans: &[WorkerPlan], window_s: f64) -> anyhow::Result<Vec<Rec>> {
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();
+    let mut workers = Workers::spawn(cg, plans)?;
+    workers.wait(Duration::from_secs_f64(window_s + 200.0), t0)?;
+    let mut recs = Vec::new();
+    for p in plans {
+        recs.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);
+    }
+    Ok(recs)
+}
+
+/// Runs the overload; returns its report.
+pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
+    let admission = admission(args)?;
+    let opts = fleet_opts(args, 18_400, args.overload_max_concurrent, "overload", admission);
+    let mut fleet = Fleet::start(ailb, cg, &opts)?;
+    let dir = tempfile::tempdir().context("temp dir")?;
     let target = Arc::new(Target {
         ailb: ailb.to_path_buf(),
         bpffs: fleet.daemon.bpffs().to_path_buf(),
@@ -60,56 +101,71 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         procs: Mutex::new(fleet.pids()),
         cgroup: super::sample::cgroup_filter(cg),
     });
-    let before = super::sample::take(&target, t0, &mut Default::default());
-    let mut workers = Workers::spawn(cg, &plans)?;
+    let before = super::sample::take(&target, Instant::now(), &mut Default::default());
+    let stable = if args.overload_stable_s > 0.0 {
+        let speed = args.load * args.time_scale;
+        eprintln!("ailb-soak: overload: first {:.0} s at the stable load (speed {speed})", args.overload_stable_s);
+        phase(cg, &plans(&fleet, speed, args.overload_stable_s, dir.path(), "stable")?, args.overload_stable_s)?
+    } else {
+        Vec::new()
+    };
+    let speed = args.load * args.overload_factor * args.time_scale;
+    let plans = plans(&fleet, speed, args.overload_s, dir.path(), "overload")?;
+    let t0 = Instant::now();
     let sampler = Sampler::start(target.clone(), t0);
     let prober = Prober::start(fleet.gateway_listen);
     eprintln!(
         "ailb-soak: overload: {:.0} s at speed {speed} ({}x the stable load)",
         args.overload_s, args.overload_factor
     );
-    std::thread::sleep(Duration::from_secs_f64(args.overload_s));
-    let probes = prober.stop();
-    workers.wait(Duration::from_secs_f64(args.overload_s + 200.0), t0)?;
+    // The prober runs for the offered window only; the workers then drain.
+    let recs = std::thread::scope(|s| {
+        let load = s.spawn(|| phase(cg, &plans, args.overload_s));
+        std::thread::sleep(Duration::from_secs_f64(args.overload_s));
+        let probes = prober.stop();
+        load.join()
+            .map_err(|_| anyhow::anyhow!("the overload's load thread panicked"))
+            .and_then(|r| r.map(|r| (r, probes)))
+    });
+    let (recs, probes) = recs?;
     let samples = sampler.stop();
     let (final_inflight, _) = super::drained(&fleet, &target);
+    let after = super::sample::take(&target, t0, &mut Default::default());
     let alive = alive(&mut fleet);
-    let mut recs = Vec::new();
-    for p in &plans {
-        recs.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);
-    }
-    let peak =
-        |role: &str| samples.iter().flat_map(|s| s.procs.iter()).filter(|p| p.role == role).map(|p| p.rss_kb).max();
-    let base = |role: &str| before.procs.iter().find(|p| p.role == role).map(|p| p.rss_kb);
+    let rss = Rss::of(&before, &samples, &after);
     let mut md = String::new();
     let _ = writeln!(md, "# Overload\n");
     let _ = writeln!(
         md,
         "Reproduce (as root): `{}`. {}x the fleet's stable load ({} x A100 + {} x RTX 3090 at time scale {}; the Mooncake \
          trace at speed {speed}) for {:.0} s, split by conversation between the socket ABI ({ABI_THREADS} client threads) and \
-         the front door ({FRONT_DOOR_THREADS} client threads; `gateway.max_concurrent = {}`).\n",
+         the front door ({FRONT_DOOR_THREADS} client threads; `gateway.max_concurrent = {}`), after {:.0} s at the stable load \
+         (speed {}) on the same fleet. Front-door admission: {}.\n",
         report::command(args, " --overload-only"),
         args.overload_factor,
         args.a100,
         args.rtx3090,
         args.time_scale,
         args.overload_s,
-        args.overload_max_concurrent
+        args.overload_max_concurrent,
+        args.overload_stable_s,
+        args.load * args.time_scale,
+        admission.describe(),
     );
     entries_table(&mut md, &recs);
+    stable_table(&mut md, &stable, &recs);
     latency_table(&mut md, &recs, args.overload_s);
-    bound(&mut md, &recs, args);
+    bound(&mut md, &recs, args, admission);
     probes_table(&mut md, &probes);
-    let mib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1}", v as f64 / 1024.0));
     let _ = writeln!(
         md,
-        "Processes alive at the end: {alive}. In-flight after the drain: {}. RSS before -> peak, MiB: daemon {} -> {}, \
-         gateway {} -> {}.\n",
+        "Processes alive at the end: {alive}. In-flight after the drain: {}. {}\n",
         final_inflight.map_or("unreadable".into(), |v| v.to_string()),
-        mib(base("daemon")),
-        mib(peak("daemon")),
-        mib(base("gateway")),
-        mib(peak("gateway"))
+        rss.line(),
+    );
+    goals(
+        &mut md,
+        &Goals { stable: &stable, recs: &recs, probes: &probes, alive: &alive, rss: &rss, window_s: args.overload_s },
     );
     let _ = writeln!(
         md,
@@ -214,7 +270,7 @@ fn latency_table(md: &mut String, recs: &[Rec], window_s: f64) {
 /// connections in flight, from both entry points, at the fleet's running capacity (the sum of
 /// the servers' `max_seqs`, published as `max_inflight`), so an admitted request starts on a
 /// server at once; its latency is its service time. Compared with the latencies measured.
-fn bound(md: &mut String, recs: &[Rec], args: &Args) {
+fn bound(md: &mut String, recs: &[Rec], args: &Args, admission: Admission) {
     let (from, to) = (args.overload_s / 6.0, args.overload_s);
     let done = recs.iter().filter(|r| r.ok && r.end_s >= from && r.end_s < to).count();
     let per_s = done as f64 / (to - from);
@@ -233,16 +289,137 @@ fn bound(md: &mut String, recs: &[Rec], args: &Args) {
         "The fleet answered {per_s:.1} requests/s while overloaded ({done} answers from {from:.0} s to {to:.0} s). \
          Admission: each agent publishes its server's `max_seqs` as `max_inflight` (64 per A100, 16 per RTX 3090: {} \
          for this fleet), which is the kernel's hard cap per backend, so a socket-ABI connect to a model whose backends \
-         are all at their caps is refused at `connect()` (`ECONNREFUSED`) instead of queueing; and the front door runs \
-         with `gateway.admission = true`: a request whose model has as many connections in flight (the kernel's count, \
-         both entry points) as the sum of the caps gets 429 with `Retry-After` before any upstream connect. The slowest \
-         admitted request took {max_s:.1} s. Admitted requests' p50 in the first and the last third of the minute: \
-         socket ABI {} and {}, front door {} and {}.\n",
+         are all at their caps is refused at `connect()` (`ECONNREFUSED`) instead of queueing; the front door runs {}. \
+         The slowest admitted request took {max_s:.1} s. Admitted requests' p50 in the first and the last third of the \
+         minute: socket ABI {} and {}, front door {} and {}.\n",
         seqs(args),
+        admission.describe(),
         p50(Entry::Abi, 0.0, third),
         p50(Entry::Abi, 2.0 * third, args.overload_s),
         p50(Entry::FrontDoor, 0.0, third),
         p50(Entry::FrontDoor, 2.0 * third, args.overload_s),
+    );
+}
+
+/// Percentiles of the admitted (200) requests' E2E latency, ms, of `entry` among `recs`
+/// sent in `[lo, hi)`.
+fn admitted(recs: &[Rec], entry: Entry, lo: f64, hi: f64) -> Vec<f64> {
+    recs.iter().filter(|r| r.entry == entry && r.ok && r.sent_s >= lo && r.sent_s < hi).map(|r| r.e2e_ms).collect()
+}
+
+/// The admitted requests' latency at the stable load against the overload's.
+fn stable_table(md: &mut String, stable: &[Rec], recs: &[Rec]) {
+    let _ = writeln!(
+        md,
+        "Admitted (200) requests' E2E latency, ms, at the stable load (before) and in the overload:\n\n\
+         | entry point | load | answered 200 / sent | p50 | p95 | p99 |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for e in [Entry::Abi, Entry::FrontDoor] {
+        for (label, rs) in [("stable", stable), ("10x", recs)] {
+            let v = admitted(rs, e, 0.0, f64::MAX);
+            let sent = rs.iter().filter(|r| r.entry == e).count();
+            let q = |p| percentile(&v, p).map_or("-".into(), |x| format!("{x:.0}"));
+            let _ = writeln!(
+                md,
+                "| {} | {label} | {} / {sent} | {} | {} | {} |",
+                e.title(),
+                v.len(),
+                q(50.0),
+                q(95.0),
+                q(99.0)
+            );
+        }
+    }
+    md.push('\n');
+}
+
+/// Resident memory of the daemon and the gateway: before, at the peak, at the end, KiB.
+struct Rss {
+    daemon: [Option<u64>; 3],
+    gateway: [Option<u64>; 3],
+}
+
+impl Rss {
+    fn of(before: &super::sample::Sample, samples: &[super::sample::Sample], after: &super::sample::Sample) -> Self {
+        let one = |s: &super::sample::Sample, role: &str| s.procs.iter().find(|p| p.role == role).map(|p| p.rss_kb);
+        let peak = |role: &str| samples.iter().chain([after]).filter_map(|s| one(s, role)).max();
+        let row = |role: &str| [one(before, role), peak(role), one(after, role)];
+        Rss { daemon: row("daemon"), gateway: row("gateway") }
+    }
+    fn line(&self) -> String {
+        let mib = |v: Option<u64>| v.map_or("-".into(), |v| format!("{:.1}", v as f64 / 1024.0));
+        let row = |r: &[Option<u64>; 3]| format!("{} -> {} -> {}", mib(r[0]), mib(r[1]), mib(r[2]));
+        format!(
+            "RSS before -> peak -> after the drain, MiB: daemon {}, gateway {}.",
+            row(&self.daemon),
+            row(&self.gateway)
+        )
+    }
+    /// Whether the end is within twice the start (and 64 MiB above it at most).
+    fn bounded(r: &[Option<u64>; 3]) -> Option<bool> {
+        let (a, z) = (r[0]?, r[2]?);
+        Some(z <= 2 * a.max(1) || z <= a + 64 * 1024)
+    }
+}
+
+/// What the goals table reads.
+struct Goals<'a> {
+    stable: &'a [Rec],
+    recs: &'a [Rec],
+    probes: &'a [(u16, bool)],
+    alive: &'a str,
+    rss: &'a Rss,
+    window_s: f64,
+}
+
+/// The overload's goals, each met or not from the numbers above.
+fn goals(md: &mut String, g: &Goals) {
+    let met = |ok: bool| if ok { "met" } else { "**not met**" };
+    let shed: Vec<&(u16, bool)> = g.probes.iter().filter(|(s, _)| *s != 200).collect();
+    let fd_bad =
+        g.recs.iter().filter(|r| r.entry == Entry::FrontDoor && !r.ok && !matches!(r.status, Some(429 | 503))).count();
+    let with_ra = shed.iter().filter(|(s, ra)| matches!(s, 429 | 503) && *ra).count();
+    let _ = writeln!(md, "| goal | measured | |\n| --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| front door: the excess gets 429 or 503 with `Retry-After` | prober: {with_ra} of {} refusals 429/503 with \
+         `Retry-After`; load: {fd_bad} front-door failures other than 429/503 | {} |",
+        shed.len(),
+        met(with_ra == shed.len() && fd_bad == 0)
+    );
+    let abi_other =
+        g.recs.iter().filter(|r| r.entry == Entry::Abi && !r.ok && !outcome(r).starts_with("connect")).count();
+    let _ = writeln!(
+        md,
+        "| socket ABI: the excess is refused at `connect()` (every backend at its cap) or waits in a server's queue | \
+         {abi_other} socket-ABI failures other than a refused connect | {} |",
+        met(abi_other == 0)
+    );
+    let third = g.window_s / 3.0;
+    for e in [Entry::Abi, Entry::FrontDoor] {
+        let p95 = |v: Vec<f64>| percentile(&v, 95.0);
+        let (first, last) = (p95(admitted(g.recs, e, 0.0, third)), p95(admitted(g.recs, e, 2.0 * third, g.window_s)));
+        let stable = p95(admitted(g.stable, e, 0.0, f64::MAX));
+        let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{:.1} s", x / 1000.0));
+        let level = matches!((first, last), (Some(a), Some(z)) if z <= 1.5 * a);
+        let _ = writeln!(
+            md,
+            "| {}: admitted requests' latency stays bounded (the last third's p95 within 1.5x the first's) | p95 {} \
+             (stable load) / {} (first third) / {} (last third) | {} |",
+            e.title(),
+            f(stable),
+            f(first),
+            f(last),
+            met(level)
+        );
+    }
+    let _ = writeln!(md, "| nothing crashes | alive at the end: {} | {} |", g.alive, met(!g.alive.contains("not all")));
+    let bounded = [&g.rss.daemon, &g.rss.gateway].iter().all(|r| Rss::bounded(r) == Some(true));
+    let _ = writeln!(
+        md,
+        "| memory stays bounded (after the drain within 2x, or 64 MiB, of the start) | {} | {} |\n",
+        g.rss.line(),
+        met(bounded)
     );
 }
 
