@@ -481,3 +481,17 @@ impl Gateway {
         self.tc()["stats"][name].as_u64().unwrap_or_else(|| panic!("tc.stats.{name} missing: {}", self.tc()))
     }
 }
+
+/// Asserts that `picked` (connections per backend) splits as `weights` within 3 points each.
+pub fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
+    let n: usize = picked.iter().sum();
+    let total: u32 = weights.iter().sum();
+    for (i, w) in weights.iter().enumerate() {
+        let share = 100.0 * picked[i] as f64 / n as f64;
+        let want = 100.0 * *w as f64 / total as f64;
+        assert!(
+            (share - want).abs() <= 3.0,
+            "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
+        );
+    }
+}

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ailb_tests::netns::{NetNs, CLIENT_ADDR};
-use ailb_tests::remote::{connect, connect_on, Gateway, GatewaySpec};
+use ailb_tests::remote::{assert_shares, connect, connect_on, Gateway, GatewaySpec};
 
 const CONNECTIONS: usize = 8000;
 
@@ -24,19 +24,6 @@ fn split(gw: &Gateway, spec: &GatewaySpec, n: usize) -> [usize; 3] {
         picked[r.index()] += 1;
     }
     picked
-}
-
-fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
-    let n: usize = picked.iter().sum();
-    let total: u32 = weights.iter().sum();
-    for (i, w) in weights.iter().enumerate() {
-        let share = 100.0 * picked[i] as f64 / n as f64;
-        let want = 100.0 * *w as f64 / total as f64;
-        assert!(
-            (share - want).abs() <= 3.0,
-            "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
-        );
-    }
 }
 
 fn counter(m: &BTreeMap<String, u64>, k: &str) -> u64 {

@@ -11,20 +11,7 @@ use std::time::Duration;
 
 use ailb_tests::bpfstats::{link_prog_id, prog_array_id, prog_runs, Runs, StatsEnabled};
 use ailb_tests::netns::{BACKEND_ADDRS6, GATEWAY_BACKEND_SIDE6};
-use ailb_tests::remote::{connect, connect_on, Gateway, GatewaySpec, Remote};
-
-fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
-    let n: usize = picked.iter().sum();
-    let total: u32 = weights.iter().sum();
-    for (i, w) in weights.iter().enumerate() {
-        let share = 100.0 * picked[i] as f64 / n as f64;
-        let want = 100.0 * *w as f64 / total as f64;
-        assert!(
-            (share - want).abs() <= 3.0,
-            "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
-        );
-    }
-}
+use ailb_tests::remote::{assert_shares, connect, connect_on, Gateway, GatewaySpec, Remote};
 
 fn hold(gw: &Gateway, vip: impl Into<SocketAddr> + Copy, n: usize) -> Vec<Remote> {
     (0..n)
