@@ -67,6 +67,11 @@ impl ModelLoad {
         ids.into_iter().map(|id| Ok((id, self.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?))).collect()
     }
 
+    /// Connections in flight to backend `id` (what the kernel compares with its `max_inflight`).
+    pub fn backend_inflight(&self, id: u32) -> Result<u64, DatapathError> {
+        self.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))
+    }
+
     /// The memory hints (MB) of the connections in flight to backend `id`, summed.
     pub fn inflight_mem(&self, id: u32) -> Result<u64, DatapathError> {
         self.inflight.get(&(INFLIGHT_MEM_BASE + id), 0).map_err(map_err(maps::INFLIGHT))

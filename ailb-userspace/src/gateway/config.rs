@@ -400,17 +400,20 @@ mod tests {
             factor: 1.0,
             max_wait: std::time::Duration::from_secs(5),
             max_queued: 1024,
+            reserve: 0.5,
             retry_after: 1,
         };
         assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want));
         let g = check(
-            "admission_retry_after = \"3s\"\n[gateway.admission]\nfactor = 1.5\nmax_wait = \"250ms\"\nmax_queued = 0",
+            "admission_retry_after = \"3s\"\n[gateway.admission]\nfactor = 1.5\nmax_wait = \"250ms\"\nmax_queued = 0\n\
+             reserve = 0.25",
         )
         .unwrap();
         let want = super::FleetMemoryLimits {
             factor: 1.5,
             max_wait: std::time::Duration::from_millis(250),
             max_queued: 0,
+            reserve: 0.25,
             retry_after: 3,
         };
         assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want), "the table's mode defaults to fleet_memory");
@@ -442,6 +445,9 @@ mod tests {
             ("[gateway.admission]\nmax_wait = \"later\"", &["gateway.admission.max_wait", "later"]),
             ("[gateway.admission]\nmax_queued = 2000000", &["gateway.admission.max_queued", "2000000"]),
             ("[gateway.admission]\nmax_wait_ms = 5", &["max_wait_ms"]),
+            ("[gateway.admission]\nreserve = 1.5", &["gateway.admission.reserve", "1.5", "from 0 to 1"]),
+            ("[gateway.admission]\nreserve = -0.1", &["gateway.admission.reserve", "-0.1", "from 0 to 1"]),
+            ("[gateway.admission]\nreserve = nan", &["gateway.admission.reserve", "NaN"]),
             ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
             ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
             ("bogus = 1", &["bogus"]),

@@ -116,6 +116,22 @@ impl ApiError {
         e
     }
 
+    /// 503: every backend of the model stayed at its `max_inflight` for the whole admission
+    /// wait (a connect would be refused).
+    pub fn model_at_caps(model: &str, waited: Duration, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_overloaded",
+            format!(
+                "the model `{model}` is overloaded: every backend is at its max_inflight, no slot within {waited:?} \
+                 (gateway.admission.max_wait)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
     /// 429: `max_queued` requests of the model already wait for admission.
     pub fn admission_queue_full(model: &str, max_queued: u32, retry_after: u32) -> Self {
         let mut e = Self::new(

@@ -1,9 +1,11 @@
 //! Admission per model by fleet memory (`[gateway.admission] mode = "fleet_memory"`).
 //!
 //! A request is admitted while its model's memory in flight plus its own need fits `factor` x
-//! the model's KV capacity; otherwise it waits in a queue of the front door, first come first
-//! served, at most `max_wait`, and is then answered 503 with `Retry-After` (429 at once when
-//! `max_queued` requests of the model already wait). A server that queues internally (vLLM,
+//! the model's KV capacity (or the front door's own requests' fits its `reserve` of it) and a
+//! member is under its `max_inflight` (the kernel would not refuse the connect); otherwise it
+//! waits in a queue of the front door, first come first served, at most `max_wait`, and is
+//! then answered 503 with `Retry-After` (429 at once when `max_queued` requests of the model
+//! already wait). A server that queues internally (vLLM,
 //! SGLang) would hold the same request in its own queue, where it delays every request behind
 //! it and is refused only by a client timeout; shed here, early, it costs nothing upstream.
 //!
@@ -15,6 +17,16 @@
 //!   (`AILB_INFLIGHT[INFLIGHT_MEM_BASE + id]`: both entry points, counted at connect and close)
 //!   and the front door's own sum of the needs of the requests it admitted and has not finished
 //!   (counted at admission, so a burst admitted together sees itself before its connects).
+//! - **Reserve**: the socket ABI is not gated (a kernel hook cannot wait) and, offered more than
+//!   the fleet holds, keeps the memory in flight above the limit by itself; the front door's
+//!   requests would then wait for room that the ABI's next connect always takes first. So a
+//!   request whose need fits in `reserve` x the limit minus what the front door's own admitted
+//!   requests hold is admitted whatever the kernel counts: under contention the front door keeps
+//!   that share, and above it competes for the rest as before.
+//! - **Slots**: the kernel refuses a connect when every member is at its hard cap
+//!   (`max_inflight`, the same for both entry points); a request admitted then would be
+//!   answered 503 at once. So the gate also waits until a member is under its cap (read from
+//!   the pins with the memory), and the head of the queue takes the first slot that frees.
 //! - **Need**: the request's memory (`route.rs`: a hint header, the model's
 //!   `required_memory_mb`, or the KV estimate); a request without one needs 0 MB (admitted
 //!   unless the model is already over). A need larger than every member's capacity is admitted
@@ -50,6 +62,9 @@ pub const POLL: Duration = Duration::from_millis(5);
 pub struct Capacity {
     /// The members' ids (where their memory in flight is counted).
     pub ids: Vec<u32>,
+    /// Their hard caps on connections in flight (`max_inflight`), in the order of `ids`; 0:
+    /// none.
+    pub caps: Vec<u32>,
     /// Sum of the members' memory when idle, MB.
     pub total_mb: u64,
     /// The largest member's, MB.
@@ -63,6 +78,9 @@ pub trait Fleet: Send + Sync {
     fn capacity(&self, model: &str) -> Result<Option<Capacity>, DatapathError>;
     /// The hinted memory in flight (MB) to the members of `cap`.
     fn inflight_mb(&self, cap: &Capacity) -> Result<u64, DatapathError>;
+    /// Whether a member of `cap` is under its hard cap (or has none): a connect now would not
+    /// be refused for the caps.
+    fn slot_free(&self, cap: &Capacity) -> Result<bool, DatapathError>;
 }
 
 /// One model's queue and accounting.
@@ -116,7 +134,13 @@ impl Drop for Ticket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Look {
     Fits,
-    Full { inflight_mb: u64, limit_mb: u64 },
+    /// The memory in flight leaves no room (nor does the front door's reserve).
+    Full {
+        inflight_mb: u64,
+        limit_mb: u64,
+    },
+    /// There is room, but every member is at its `max_inflight`.
+    NoSlot,
 }
 
 impl FleetMemory {
@@ -181,12 +205,23 @@ impl FleetMemory {
                 return Look::Fits;
             }
         };
-        let inflight_mb = kernel.max(gate.admitted_mb.load(Ordering::Acquire));
+        let own_mb = gate.admitted_mb.load(Ordering::Acquire);
+        let inflight_mb = kernel.max(own_mb);
         let limit_mb = (cap.total_mb as f64 * self.limits.factor) as u64;
-        if inflight_mb == 0 || inflight_mb.saturating_add(need_mb) <= limit_mb {
-            Look::Fits
-        } else {
-            Look::Full { inflight_mb, limit_mb }
+        let reserved_mb = (limit_mb as f64 * self.limits.reserve) as u64;
+        let room = inflight_mb == 0
+            || inflight_mb.saturating_add(need_mb) <= limit_mb
+            || (reserved_mb > 0 && own_mb.saturating_add(need_mb) <= reserved_mb);
+        if !room {
+            return Look::Full { inflight_mb, limit_mb };
+        }
+        match self.fleet.slot_free(cap) {
+            Ok(false) => Look::NoSlot,
+            Ok(true) => Look::Fits,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "gateway admission: admitting unread");
+                Look::Fits
+            }
         }
     }
 
@@ -223,17 +258,14 @@ impl FleetMemory {
             }
             Err(_) => {
                 self.metrics.count(model, "shed_wait");
-                let (inflight_mb, limit_mb) = match self.look(gate, need) {
-                    Look::Full { inflight_mb, limit_mb } => (inflight_mb, limit_mb),
-                    Look::Fits => (0, 0),
-                };
-                Err(ApiError::model_overloaded(
-                    model,
-                    inflight_mb,
-                    limit_mb,
-                    self.limits.max_wait,
-                    self.limits.retry_after,
-                ))
+                let (max_wait, retry_after) = (self.limits.max_wait, self.limits.retry_after);
+                Err(match self.look(gate, need) {
+                    Look::Full { inflight_mb, limit_mb } => {
+                        ApiError::model_overloaded(model, inflight_mb, limit_mb, max_wait, retry_after)
+                    }
+                    Look::NoSlot => ApiError::model_at_caps(model, max_wait, retry_after),
+                    Look::Fits => ApiError::model_overloaded(model, 0, 0, max_wait, retry_after),
+                })
             }
         }
     }
@@ -270,6 +302,7 @@ impl Fleet for KernelFleet {
         }
         Ok(Some(Capacity {
             ids: members.iter().map(|(id, _)| *id).collect(),
+            caps: members.iter().map(|(_, b)| b.cap).collect(),
             total_mb: members.iter().map(|(_, b)| u64::from(b.mem_capacity_mb)).sum(),
             largest_mb: members.iter().map(|(_, b)| u64::from(b.mem_capacity_mb)).max().unwrap_or(0),
         }))
@@ -277,6 +310,15 @@ impl Fleet for KernelFleet {
 
     fn inflight_mb(&self, cap: &Capacity) -> Result<u64, DatapathError> {
         cap.ids.iter().try_fold(0u64, |sum, &id| Ok(sum.saturating_add(self.0.inflight_mem(id)?)))
+    }
+
+    fn slot_free(&self, cap: &Capacity) -> Result<bool, DatapathError> {
+        for (&id, &c) in cap.ids.iter().zip(&cap.caps) {
+            if c == ailb_common::NO_CAP || self.0.backend_inflight(id)? < u64::from(c) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -1,4 +1,4 @@
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex as StdMutex;
 
 use super::*;
@@ -8,6 +8,8 @@ use super::*;
 struct Fixed {
     capacity: Arc<StdMutex<Option<Capacity>>>,
     kernel_mb: Arc<AtomicU64>,
+    /// Whether every member is at its `max_inflight` (the kernel would refuse a connect).
+    at_caps: Arc<AtomicBool>,
 }
 
 impl Fleet for Fixed {
@@ -17,18 +19,28 @@ impl Fleet for Fixed {
     fn inflight_mb(&self, _cap: &Capacity) -> Result<u64, DatapathError> {
         Ok(self.kernel_mb.load(Ordering::Acquire))
     }
+    fn slot_free(&self, _cap: &Capacity) -> Result<bool, DatapathError> {
+        Ok(!self.at_caps.load(Ordering::Acquire))
+    }
 }
 
 fn cap(members: &[u64]) -> Option<Capacity> {
     Some(Capacity {
         ids: (0..members.len() as u32).collect(),
+        caps: vec![0; members.len()],
         total_mb: members.iter().sum(),
         largest_mb: members.iter().copied().max().unwrap_or(0),
     })
 }
 
 fn limits(max_wait_ms: u64, max_queued: u32) -> FleetMemoryLimits {
-    FleetMemoryLimits { factor: 1.0, max_wait: Duration::from_millis(max_wait_ms), max_queued, retry_after: 2 }
+    FleetMemoryLimits {
+        factor: 1.0,
+        max_wait: Duration::from_millis(max_wait_ms),
+        max_queued,
+        reserve: 0.0,
+        retry_after: 2,
+    }
 }
 
 fn gate(fleet: &Fixed, limits: FleetMemoryLimits) -> (Arc<FleetMemory>, Registry) {
@@ -183,4 +195,58 @@ fn the_larger_of_the_kernels_count_and_the_front_doors_own_is_in_flight() {
     *fleet.capacity.lock().unwrap() = None;
     f.refresh();
     assert!(rt().block_on(f.admit("m", Some(5000))).is_ok(), "no capacity known: not limited");
+}
+
+#[test]
+fn the_front_door_keeps_its_reserve_while_the_socket_abi_holds_the_memory() {
+    let fleet = Fixed::default();
+    *fleet.capacity.lock().unwrap() = cap(&[600, 400]);
+    // The socket ABI's connections hold 1500 MB of the 1000 MB (the kernel's count), and go on
+    // holding it: without a reserve the front door would wait out max_wait for every request.
+    fleet.kernel_mb.store(1500, Ordering::Release);
+    let mut l = limits(0, 8);
+    l.reserve = 0.5;
+    let (f, _r) = gate(&fleet, l);
+    rt().block_on(async {
+        let a = f.admit("m", Some(300)).await.expect("300 MB of the 500 MB reserve").unwrap();
+        let b = f.admit("m", Some(200)).await.expect("500 MB: the reserve's end").unwrap();
+        let e = f.admit("m", Some(1)).await.err().expect("past the reserve: the ABI's memory counts again");
+        assert_eq!((e.status.as_u16(), e.code), (503, Some("model_overloaded")));
+        assert!(e.message.contains("1500 MB") && e.message.contains("1000 MB"), "{}", e.message);
+        drop(a);
+        assert!(f.admit("m", Some(300)).await.is_ok(), "a finished request gives its share back");
+        drop(b);
+    });
+    assert_eq!((count(&f, "admitted"), count(&f, "shed_wait")), (3, 1));
+    // Without a reserve (`reserve = 0`) the same request waits and is shed.
+    let (f, _r) = gate(&fleet, limits(0, 8));
+    assert!(rt().block_on(f.admit("m", Some(300))).is_err(), "no reserve: the ABI's 1500 MB leave no room");
+}
+
+#[test]
+fn with_every_member_at_its_cap_a_request_waits_for_a_slot() {
+    let fleet = Fixed::default();
+    *fleet.capacity.lock().unwrap() = cap(&[1000]);
+    fleet.at_caps.store(true, Ordering::Release);
+    let (f, _r) = gate(&fleet, limits(5_000, 8));
+    rt().block_on(async {
+        let f2 = f.clone();
+        let waiter = tokio::spawn(async move { f2.admit("m", Some(100)).await.map(|t| t.is_some()) });
+        let until = Instant::now() + Duration::from_secs(5);
+        while f.gates["m"].waiting.load(Ordering::Acquire) == 0 {
+            assert!(Instant::now() < until, "the request never waited: the memory fits, the slots do not");
+            tokio::task::yield_now().await;
+        }
+        let freed_at = Instant::now();
+        fleet.at_caps.store(false, Ordering::Release);
+        assert_eq!(waiter.await.unwrap(), Ok(true));
+        assert!(freed_at.elapsed() < Duration::from_secs(1), "taken at the next look, not after max_wait");
+    });
+    assert_eq!((count(&f, "admitted"), count(&f, "queued")), (0, 1));
+    // Still at the caps after max_wait: 503 naming the caps.
+    fleet.at_caps.store(true, Ordering::Release);
+    let (f, _r) = gate(&fleet, limits(30, 8));
+    let e = rt().block_on(f.admit("m", Some(100))).err().expect("shed");
+    assert_eq!((e.status.as_u16(), e.code, e.retry_after), (503, Some("model_overloaded"), Some(2)));
+    assert!(e.message.contains("max_inflight") && e.message.contains("`m`"), "{}", e.message);
 }

@@ -7,7 +7,15 @@
 //! factor = 1.0            # admit while the hinted MB in flight + this request's <= factor x KV
 //! max_wait = "5s"         # longest wait in the front door's queue, then 503 ("0s": at once)
 //! max_queued = 1024       # requests waiting per model; one more gets 429 at once
+//! reserve = 0.5           # share of the limit kept for the front door's own requests
 //! ```
+//!
+//! `reserve`: the socket ABI cannot be gated (a kernel hook does not wait), so offered more than
+//! the fleet holds it keeps the memory in flight above the limit alone, and every front-door
+//! request would wait out `max_wait` and get 503. With a reserve, a front-door request is
+//! admitted while the front door's own admitted requests plus its need fit `reserve` x the
+//! limit, whatever the ABI holds (it still waits for a backend under its `max_inflight`, the
+//! kernel's cap for both entry points). 0 keeps no share.
 
 use std::time::Duration;
 
@@ -52,6 +60,10 @@ pub struct AdmissionTable {
     /// Default 1024.
     #[serde(default = "default_max_queued")]
     pub max_queued: u32,
+    /// `fleet_memory`: the share (0 to 1) of the limit kept for the front door's own requests
+    /// while the socket ABI holds the rest. Default 0.5.
+    #[serde(default = "default_reserve")]
+    pub reserve: f64,
 }
 
 fn default_mode() -> String {
@@ -65,6 +77,9 @@ fn default_max_wait() -> String {
 }
 fn default_max_queued() -> u32 {
     1024
+}
+fn default_reserve() -> f64 {
+    0.5
 }
 
 impl<'de> Deserialize<'de> for AdmissionSetting {
@@ -92,6 +107,8 @@ pub struct FleetMemoryLimits {
     pub factor: f64,
     pub max_wait: Duration,
     pub max_queued: u32,
+    /// The share of the limit kept for the front door's own requests.
+    pub reserve: f64,
     /// `Retry-After` of a shed request (`gateway.admission_retry_after`), whole seconds.
     pub retry_after: u32,
 }
@@ -141,10 +158,14 @@ impl AdmissionSetting {
                 format!("must be at most {MAX_QUEUED}"),
             ));
         }
+        if !(t.reserve.is_finite() && (0.0..=1.0).contains(&t.reserve)) {
+            return Err(ConfigError::invalid("gateway.admission.reserve", t.reserve, "must be from 0 to 1"));
+        }
         Ok(ValidAdmission::FleetMemory(FleetMemoryLimits {
             factor: t.factor,
             max_wait: parse_duration("gateway.admission.max_wait", &t.max_wait)?,
             max_queued: t.max_queued,
+            reserve: t.reserve,
             retry_after: retry_after.as_secs().clamp(1, u64::from(u32::MAX)) as u32,
         }))
     }
