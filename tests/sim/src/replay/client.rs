@@ -87,6 +87,8 @@ pub struct RequestRecord {
     pub tokens: u32,
     pub cached_tokens: Option<u32>,
     pub backend: Option<String>,
+    /// The answer's `Retry-After`, seconds (a refusal's advice to the client).
+    pub retry_after: Option<u32>,
 }
 
 impl RequestRecord {
@@ -100,7 +102,7 @@ impl RequestRecord {
             "sent_ms": self.sent_ms, "prompt_tokens": self.prompt_tokens, "max_tokens": self.max_tokens,
             "memory_mb": self.memory_mb, "tagged": self.tagged, "status": self.status, "error": self.error,
             "ttft_ms": self.ttft_ms, "e2e_ms": self.e2e_ms, "tokens": self.tokens,
-            "cached_tokens": self.cached_tokens, "backend": self.backend,
+            "cached_tokens": self.cached_tokens, "backend": self.backend, "retry_after": self.retry_after,
         })
     }
 }
@@ -163,6 +165,7 @@ fn exchange(
     let (status, headers) = read_head(&mut reader)?;
     rec.status = Some(status);
     rec.backend = header(&headers, "x-ailb-backend").map(str::to_string);
+    rec.retry_after = header(&headers, "retry-after").and_then(|v| v.parse().ok());
     let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
     let body: Box<dyn Read> = if chunked { Box::new(Chunked::new(reader)) } else { Box::new(reader) };
     let mut body = BufReader::new(body);

@@ -239,6 +239,7 @@ mod tests {
             backend: Some(backend.into()),
             e2e_ms: 1000.0,
             late_ms: 0.0,
+            retry_after: None,
         }
     }
 

@@ -273,10 +273,12 @@ pub enum Admission {
     /// `gateway.admission = true`: connections in flight against the sum of the caps, 429.
     Inflight,
     /// `[gateway.admission] mode = "fleet_memory"`: hinted memory in flight against the KV
-    /// pools, a wait of at most `max_wait_ms` (real time), then 503.
+    /// pools, a wait of at most `max_wait_ms` (real time), then 503; `reserve` of the limit
+    /// kept for the front door's own requests.
     FleetMemory {
         factor: f64,
         max_wait_ms: u64,
+        reserve: f64,
     },
 }
 
@@ -292,8 +294,9 @@ impl Admission {
     /// The `[gateway.admission]` table, at the config's end (empty for the flag).
     fn table(self) -> String {
         match self {
-            Admission::FleetMemory { factor, max_wait_ms } => format!(
-                "[gateway.admission]\nmode = \"fleet_memory\"\nfactor = {factor:?}\nmax_wait = \"{max_wait_ms}ms\"\n"
+            Admission::FleetMemory { factor, max_wait_ms, reserve } => format!(
+                "[gateway.admission]\nmode = \"fleet_memory\"\nfactor = {factor:?}\nmax_wait = \"{max_wait_ms}ms\"\n\
+                 reserve = {reserve:?}\n"
             ),
             _ => String::new(),
         }
@@ -302,10 +305,14 @@ impl Admission {
     pub fn describe(self) -> String {
         match self {
             Admission::Off => "off".into(),
-            Admission::Inflight => "`gateway.admission = true` (connections in flight against the sum of the caps, 429)".into(),
-            Admission::FleetMemory { factor, max_wait_ms } => format!(
-                "`[gateway.admission] mode = \"fleet_memory\"`, factor {factor}, max_wait {max_wait_ms} ms (hinted memory \
-                 in flight, both entry points, against the KV pools; a first-come-first-served wait, then 503)"
+            Admission::Inflight => {
+                "`gateway.admission = true` (connections in flight against the sum of the caps, 429)".into()
+            }
+            Admission::FleetMemory { factor, max_wait_ms, reserve } => format!(
+                "`[gateway.admission] mode = \"fleet_memory\"`, factor {factor}, max_wait {max_wait_ms} ms, reserve \
+                 {reserve} (hinted memory in flight, both entry points, against the KV pools, the front door's own \
+                 requests keeping {reserve} of it; a backend under its `max_inflight` needed too; a \
+                 first-come-first-served wait, then 503)"
             ),
         }
     }

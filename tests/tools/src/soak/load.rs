@@ -164,6 +164,8 @@ pub struct Rec {
     pub e2e_ms: f64,
     /// How late the client sent it after its planned time (every thread busy), ms.
     pub late_ms: f64,
+    /// The answer's `Retry-After`, seconds.
+    pub retry_after: Option<u32>,
 }
 
 /// The records of a worker's report at `path`, on the clock of `t0_unix_ms`.
@@ -191,6 +193,7 @@ pub fn read(path: &Path, entry: Entry, t0_unix_ms: f64, speed: f64) -> anyhow::R
                 backend: r["backend"].as_str().map(str::to_string),
                 e2e_ms,
                 late_ms: ((sent_s - planned_s) * 1000.0).max(0.0),
+                retry_after: r["retry_after"].as_u64().and_then(|s| u32::try_from(s).ok()),
             }
         })
         .collect())

@@ -75,6 +75,14 @@ pub struct Args {
     /// gateway gets it divided by the time scale).
     #[arg(long, default_value_t = 20.0)]
     pub overload_max_wait_s: f64,
+    /// `gateway.admission.factor` of the fleet-memory admission (100: the memory compared with
+    /// nothing, only the kernel's caps hold requests back).
+    #[arg(long, default_value_t = 1.0)]
+    pub overload_mem_factor: f64,
+    /// `gateway.admission.reserve` of the fleet-memory admission: the share of the limit kept
+    /// for the front door's own requests.
+    #[arg(long, default_value_t = 0.5)]
+    pub overload_reserve: f64,
     /// Seconds at the stable load (`--load`) on the same fleet before the overload: the
     /// latencies the overload's admitted requests are compared with (0: none).
     #[arg(long, default_value_t = 30.0)]

@@ -1,7 +1,9 @@
 //! The overload: `--overload-factor` (10) times the fleet's stable load for `--overload-s`
 //! (60) seconds through the front door and the socket ABI at once, on a fresh fleet whose
 //! gateway admits `--overload-max-concurrent` requests at once and runs the admission per model
-//! (`gateway.admission`, each agent publishing its server's `max_seqs` as `max_inflight`).
+//! (`gateway.admission`, each agent publishing its server's `max_seqs` as `max_inflight`; the
+//! fleet-memory mode keeps `--overload-reserve` of the limit for the front door's own requests,
+//! which the socket ABI's connections would otherwise hold alone).
 //! Expected, as documented: the front door answers the excess 429 (the model at its capacity,
 //! or `gateway.max_concurrent`) or 503 (every backend at its cap at connect), all with
 //! `Retry-After`; the socket ABI's excess is refused at `connect()` (`ECONNREFUSED`: every
@@ -14,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddrV4, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,7 +49,14 @@ pub fn admission(args: &Args) -> anyhow::Result<Admission> {
                 );
             }
             let max_wait_ms = (args.overload_max_wait_s * 1000.0 / args.time_scale).round() as u64;
-            Ok(Admission::FleetMemory { factor: 1.0, max_wait_ms })
+            let (factor, reserve) = (args.overload_mem_factor, args.overload_reserve);
+            if !(factor > 0.0 && factor <= 100.0) {
+                anyhow::bail!("--overload-mem-factor must be above 0 and at most 100, not {factor}");
+            }
+            if !(0.0..=1.0).contains(&reserve) {
+                anyhow::bail!("--overload-reserve must be from 0 to 1, not {reserve}");
+            }
+            Ok(Admission::FleetMemory { factor, max_wait_ms, reserve })
         }
         other => anyhow::bail!("--overload-admission {other:?}: expected \"fleet_memory\" or \"inflight\""),
     }
@@ -75,8 +85,9 @@ fn plans(
     ))
 }
 
-/// Runs `plans` to their end (their window plus the drain); their records.
-fn phase(cg: &CgroupGuard, plans: &[WorkerPlan], window_s: f64) -> anyhow::Result<Vec<Rec>> {
+/// Runs `plans` to their end (their window plus the drain); their records (their reports also
+/// copied to `keep`, `--keep-logs`, when given).
+fn phase(cg: &CgroupGuard, plans: &[WorkerPlan], window_s: f64, keep: Option<&Path>) -> anyhow::Result<Vec<Rec>> {
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();
     let mut workers = Workers::spawn(cg, plans)?;
@@ -84,6 +95,12 @@ fn phase(cg: &CgroupGuard, plans: &[WorkerPlan], window_s: f64) -> anyhow::Resul
     let mut recs = Vec::new();
     for p in plans {
         recs.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);
+        if let Some(keep) = keep {
+            let name = p.out.file_name().context("a worker report without a name")?;
+            std::fs::create_dir_all(keep)
+                .and_then(|()| std::fs::copy(&p.out, keep.join(name)).map(drop))
+                .with_context(|| format!("keeping {} in {}", p.out.display(), keep.display()))?;
+        }
     }
     Ok(recs)
 }
@@ -105,7 +122,8 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
     let stable = if args.overload_stable_s > 0.0 {
         let speed = args.load * args.time_scale;
         eprintln!("ailb-soak: overload: first {:.0} s at the stable load (speed {speed})", args.overload_stable_s);
-        phase(cg, &plans(&fleet, speed, args.overload_stable_s, dir.path(), "stable")?, args.overload_stable_s)?
+        let plans = plans(&fleet, speed, args.overload_stable_s, dir.path(), "stable")?;
+        phase(cg, &plans, args.overload_stable_s, args.keep_logs.as_deref())?
     } else {
         Vec::new()
     };
@@ -120,7 +138,7 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
     );
     // The prober runs for the offered window only; the workers then drain.
     let recs = std::thread::scope(|s| {
-        let load = s.spawn(|| phase(cg, &plans, args.overload_s));
+        let load = s.spawn(|| phase(cg, &plans, args.overload_s, args.keep_logs.as_deref()));
         std::thread::sleep(Duration::from_secs_f64(args.overload_s));
         let probes = prober.stop();
         load.join()
@@ -152,7 +170,7 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         args.load * args.time_scale,
         admission.describe(),
     );
-    entries_table(&mut md, &recs);
+    entries_table(&mut md, &[("stable", &stable), ("10x", &recs)]);
     stable_table(&mut md, &stable, &recs);
     latency_table(&mut md, &recs, args.overload_s);
     bound(&mut md, &recs, args, admission);
@@ -163,6 +181,7 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         final_inflight.map_or("unreadable".into(), |v| v.to_string()),
         rss.line(),
     );
+    kernel_line(&mut md, &samples, args);
     goals(
         &mut md,
         &Goals { stable: &stable, recs: &recs, probes: &probes, alive: &alive, rss: &rss, window_s: args.overload_s },
@@ -205,28 +224,59 @@ fn alive(fleet: &mut Fleet) -> String {
     }
 }
 
-/// The outcome of a record: "200", "HTTP 429", "HTTP 503", or the error's first words.
+/// The outcome of a record: "200", "HTTP 503 model_overloaded" (the status and the error's
+/// `code`, which says who refused: the admission's wait, the kernel at connect, ...), or the
+/// error's first words.
 fn outcome(r: &Rec) -> String {
     if r.ok {
         return "200".into();
     }
     match (r.status, &r.error) {
-        (Some(s), _) if s != 200 => format!("HTTP {s}"),
-        (_, Some(e)) => {
-            e.split(':').take(2).collect::<Vec<_>>().join(":").chars().filter(|c| !c.is_ascii_digit()).collect()
-        }
+        (Some(s), e) if s != 200 => match e.as_deref().and_then(error_code) {
+            Some(code) => format!("HTTP {s} {code}"),
+            None => format!("HTTP {s}"),
+        },
+        (_, Some(e)) => match e.split_once(": ") {
+            // "connect to 127.0.0.1:80: Connection refused (os error 111)": the address's digits
+            // dropped, the reason kept.
+            Some((what, why)) => format!("{}: {why}", what.chars().filter(|c| !c.is_ascii_digit()).collect::<String>()),
+            None => e.chars().filter(|c| !c.is_ascii_digit()).collect(),
+        },
         _ => "?".into(),
     }
 }
 
-fn entries_table(md: &mut String, recs: &[Rec]) {
-    let _ = writeln!(md, "| entry point | outcome | requests |\n| --- | --- | --- |");
-    let mut by: BTreeMap<(Entry, String), usize> = BTreeMap::new();
-    for r in recs {
-        *by.entry((r.entry, outcome(r))).or_default() += 1;
-    }
-    for ((e, o), n) in &by {
-        let _ = writeln!(md, "| {} | {o} | {n} |", e.title());
+/// The `code` of an OpenAI-shaped error body quoted in a record's error
+/// (`HTTP 503: {"error":{...,"code":"model_overloaded"}}`).
+fn error_code(error: &str) -> Option<&str> {
+    let body = error.find('{').map(|i| &error[i..])?;
+    let at = body.find("\"code\":\"")? + "\"code\":\"".len();
+    let code = &body[at..];
+    code.find('"').map(|end| &code[..end]).filter(|c| !c.is_empty())
+}
+
+/// Whether a record is a refusal (429 or 503) and carries `Retry-After`.
+fn refusal(r: &Rec) -> Option<bool> {
+    matches!(r.status, Some(429 | 503)).then_some(r.retry_after.is_some())
+}
+
+/// Outcomes per phase (`stable`, `10x`), entry point and outcome, with how many of them
+/// carried `Retry-After`.
+fn entries_table(md: &mut String, phases: &[(&str, &[Rec])]) {
+    let _ = writeln!(
+        md,
+        "| load | entry point | outcome | requests | with `Retry-After` |\n| --- | --- | --- | --- | --- |"
+    );
+    for (label, recs) in phases {
+        let mut by: BTreeMap<(Entry, String), (usize, usize)> = BTreeMap::new();
+        for r in *recs {
+            let e = by.entry((r.entry, outcome(r))).or_default();
+            e.0 += 1;
+            e.1 += usize::from(r.retry_after.is_some());
+        }
+        for ((e, o), (n, ra)) in &by {
+            let _ = writeln!(md, "| {label} | {} | {o} | {n} | {ra} |", e.title());
+        }
     }
     md.push('\n');
 }
@@ -376,16 +426,20 @@ struct Goals<'a> {
 fn goals(md: &mut String, g: &Goals) {
     let met = |ok: bool| if ok { "met" } else { "**not met**" };
     let shed: Vec<&(u16, bool)> = g.probes.iter().filter(|(s, _)| *s != 200).collect();
-    let fd_bad =
-        g.recs.iter().filter(|r| r.entry == Entry::FrontDoor && !r.ok && !matches!(r.status, Some(429 | 503))).count();
     let with_ra = shed.iter().filter(|(s, ra)| matches!(s, 429 | 503) && *ra).count();
+    let front: Vec<&Rec> = g.stable.iter().chain(g.recs).filter(|r| r.entry == Entry::FrontDoor).collect();
+    let fd_bad = front.iter().filter(|r| !r.ok && refusal(r).is_none()).count();
+    let refusals: Vec<bool> = front.iter().filter_map(|r| refusal(r)).collect();
+    let refusals_ra = refusals.iter().filter(|ra| **ra).count();
     let _ = writeln!(md, "| goal | measured | |\n| --- | --- | --- |");
     let _ = writeln!(
         md,
-        "| front door: the excess gets 429 or 503 with `Retry-After` | prober: {with_ra} of {} refusals 429/503 with \
-         `Retry-After`; load: {fd_bad} front-door failures other than 429/503 | {} |",
+        "| front door: the excess gets 429 or 503 with `Retry-After` | load (both phases): {refusals_ra} of {} \
+         refusals 429/503 with `Retry-After`, {fd_bad} front-door failures other than 429/503; prober: {with_ra} of {} \
+         refusals 429/503 with `Retry-After` | {} |",
+        refusals.len(),
         shed.len(),
-        met(with_ra == shed.len() && fd_bad == 0)
+        met(with_ra == shed.len() && fd_bad == 0 && refusals_ra == refusals.len())
     );
     let abi_other =
         g.recs.iter().filter(|r| r.entry == Entry::Abi && !r.ok && !outcome(r).starts_with("connect")).count();
@@ -420,6 +474,30 @@ fn goals(md: &mut String, g: &Goals) {
         "| memory stays bounded (after the drain within 2x, or 64 MiB, of the start) | {} | {} |\n",
         g.rss.line(),
         met(bounded)
+    );
+}
+
+/// The kernel's connections in flight while the load was offered (the sampler's reads, every
+/// backend summed) against the sum of the caps: how much of the window the fleet was full; and
+/// the fewest live backends seen (a connect is refused also when a model has none).
+fn kernel_line(md: &mut String, samples: &[super::sample::Sample], args: &Args) {
+    let window: Vec<&super::sample::Sample> = samples.iter().filter(|s| s.t_s < args.overload_s).collect();
+    let v: Vec<f64> = window.iter().filter_map(|s| s.inflight_before.map(|n| n as f64)).collect();
+    // Over the drain too: requests sent late are refused then.
+    let live = samples.iter().filter_map(|s| s.live).min().map_or("-".into(), |n| n.to_string());
+    let cap = seqs(args) as f64;
+    let full = v.iter().filter(|n| **n >= cap).count();
+    let q = |p| percentile(&v, p).map_or("-".into(), |x| format!("{x:.0}"));
+    let _ = writeln!(
+        md,
+        "The kernel's connections in flight, all backends, sampled every {} s while the load was offered: p50 {}, \
+         max {}, against the caps' sum {cap:.0}; at the caps in {full} of {} samples. Fewest live backends in a \
+         sample (the drain included): {live} of {}.\n",
+        super::sample::PERIOD.as_secs(),
+        q(50.0),
+        q(100.0),
+        v.len(),
+        args.a100 + args.rtx3090,
     );
 }
 
@@ -499,3 +577,7 @@ fn probe(addr: SocketAddrV4) -> Option<(u16, bool)> {
     }
     Some((status, retry_after))
 }
+
+#[cfg(test)]
+#[path = "overload_tests.rs"]
+mod tests;
