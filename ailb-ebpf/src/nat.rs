@@ -85,7 +85,11 @@ fn forward(ctx: &TcContext, pkt: &Packet, flow: &Flow) -> i32 {
     fib.l4_protocol = IPPROTO_TCP as u8;
     fib.sport = flow.src_port;
     fib.dport = flow.dst_port;
-    fib.__bindgen_anon_1.tot_len = pkt.tot_len;
+    // `tot_len` stays 0, so the kernel checks the skb itself against the egress MTU
+    // (`is_skb_forwardable`), which passes a GSO packet whose segments fit. A GSO packet's own
+    // IP length is that of all its segments, past the MTU: given it, the lookup answers
+    // "fragmentation needed" and the packet would go to the stack, which does not forward a
+    // packet whose source is the gateway's NAT address.
     // SAFETY: reading the context's ingress ifindex.
     fib.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
     fib.__bindgen_anon_3.ipv4_src = flow.src_addr;

@@ -17,7 +17,7 @@ use aya_ebpf::{
 use crate::{
     nat::{replace_port, send_by_fib, TCP_CSUM, TCP_DPORT, TCP_SPORT},
     tc::ETH_HLEN,
-    tc6::{Packet6, IP6_HLEN},
+    tc6::Packet6,
     AF_INET6, IPPROTO_TCP,
 };
 
@@ -77,7 +77,11 @@ fn forward(ctx: &TcContext, pkt: &Packet6, flow: &Flow6) -> i32 {
     fib.l4_protocol = IPPROTO_TCP as u8;
     fib.sport = flow.src_port;
     fib.dport = flow.dst_port;
-    fib.__bindgen_anon_1.tot_len = (IP6_HLEN as u16).wrapping_add(pkt.payload_len);
+    // `tot_len` stays 0, so the kernel checks the skb itself against the egress MTU
+    // (`is_skb_forwardable`), which passes a GSO packet whose segments fit. A GSO packet's own
+    // IP length is that of all its segments, past the MTU: given it, the lookup answers
+    // "fragmentation needed" and the packet would go to the stack, which does not forward a
+    // packet whose source is the gateway's NAT address.
     // SAFETY: reading the context's ingress ifindex.
     fib.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
     fib.__bindgen_anon_3.ipv6_src = flow.src_addr;

@@ -49,8 +49,6 @@ pub(crate) struct Packet {
     pub l4: u32,
     pub flags: u8,
     pub ttl: u8,
-    /// IPv4 total length, host order.
-    pub tot_len: u16,
     /// The first fragment of a fragmented datagram.
     pub fragment: bool,
     /// Header lengths and checksum checked ([`valid`]).
@@ -176,7 +174,7 @@ pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
     let fragment = frag & IP_MF != 0;
     let lengths_ok = doff >= 20 && (tot_len as u32) >= ihl + doff && ETH_HLEN + tot_len as u32 <= len;
     let valid = lengths_ok && !fragment && ip_checksum_ok(ctx, ip, ihl);
-    Some(Packet { saddr, daddr, sport, dport, l4, flags, ttl, tot_len, fragment, valid })
+    Some(Packet { saddr, daddr, sport, dport, l4, flags, ttl, fragment, valid })
 }
 
 /// Whether the IPv4 header of `ihl` bytes at `ip` sums to 0xffff (its checksum is right).

@@ -228,6 +228,52 @@ impl Remote {
         Ok(())
     }
 
+    /// Sends `len` bytes on a held connection from a thread of its own while this one reads the
+    /// backend's echo back (one thread for both would stall once both directions' buffers
+    /// filled), all within `timeout`: a bulk transfer in both directions, whose segments the
+    /// client's stack hands to its veth as GSO packets larger than the MTU. A transfer that only
+    /// creeps on in retransmissions fails at the deadline; the socket is shut down then, so the
+    /// writer ends too.
+    pub fn echo_bulk(&mut self, len: usize, timeout: Duration) -> Result<(), std::io::Error> {
+        let deadline = std::time::Instant::now() + timeout;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut w = self.stream.try_clone()?;
+        w.set_write_timeout(Some(timeout))?;
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || w.write_all(&sent));
+        let mut back = vec![0u8; len];
+        let mut got = 0;
+        let read = loop {
+            if got == len {
+                break Ok(());
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{got} of {len} bytes echoed in {timeout:?}"),
+                ));
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            match self.stream.read(&mut back[got..]) {
+                Ok(0) => break Err(std::io::Error::other(format!("EOF after {got} of {len} echoed bytes"))),
+                Ok(n) => got += n,
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => break Err(std::io::Error::new(e.kind(), format!("after {got} of {len} echoed bytes: {e}"))),
+            }
+        };
+        if read.is_err() {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+        let wrote = writer.join().map_err(|_| std::io::Error::other("the writer thread panicked"))?;
+        read?;
+        wrote?;
+        if back != data {
+            return Err(std::io::Error::other("the echo differs from what was sent"));
+        }
+        Ok(())
+    }
+
     /// Closes with SO_LINGER 0: the kernel sends an RST instead of a FIN.
     pub fn reset(self) {
         let s = Socket::from(self.stream);
@@ -494,4 +540,24 @@ pub fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
             "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
         );
     }
+}
+
+/// Bulk data both ways through `vip` of a gateway started from `spec`: 4 held connections, each
+/// echoing 4 MiB. The client's veth hands its stack's GSO packets (up to 64 KiB, past the
+/// 1500-byte MTU) to the gateway as they are, and the backends' replies come back the same way:
+/// each must be redirected like any other packet. A forwarded packet that the program handed to
+/// the stack instead (`to_stack`) would, in masquerade mode, carry the gateway's own NAT address
+/// as its source, which the stack refuses to forward: the transfer stalls in retransmissions.
+pub fn assert_bulk_transfers(spec: &GatewaySpec, vip: impl Into<SocketAddr> + Copy) {
+    let gw = Gateway::start(spec);
+    let to_stack = |tc: &Value| tc["stats"]["to_stack"].as_u64().unwrap_or_else(|| panic!("no to_stack in {tc}"));
+    let before = to_stack(&gw.tc());
+    for i in 0..4 {
+        let mut r = connect(&gw.topo, vip, None, true).unwrap_or_else(|e| panic!("remote connection {i}: {e}"));
+        r.echo_bulk(4 << 20, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("4 MiB echo {i} through {}: {e}; TC {}", r.backend, gw.tc()));
+    }
+    let tc = gw.wait_no_flow("every bulk flow removed", Duration::from_secs(10));
+    assert_eq!(to_stack(&tc), before, "forwarded packets handed to the stack: {tc}");
+    println!("4 x 4 MiB echoed through {}; TC {tc}", vip.into());
 }

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ailb_tests::netns::{NetNs, CLIENT_ADDR};
-use ailb_tests::remote::{assert_shares, connect, connect_on, Gateway, GatewaySpec};
+use ailb_tests::remote::{assert_bulk_transfers, assert_shares, connect, connect_on, Gateway, GatewaySpec};
 
 const CONNECTIONS: usize = 8000;
 
@@ -122,4 +122,16 @@ fn a_memory_hinted_models_remote_flows_only_reach_backends_with_the_memory() {
     drop(held);
     assert_eq!(gw.servers.counts(), [0, 40, 0]);
     gw.wait_no_flow("every flow removed", Duration::from_secs(10));
+}
+
+#[test]
+fn bulk_transfers_of_gso_packets_pass_through_masquerade() {
+    let spec = GatewaySpec::new("tc-bulk", true);
+    assert_bulk_transfers(&spec, spec.vip);
+}
+
+#[test]
+fn bulk_transfers_of_gso_packets_pass_through_routed_mode() {
+    let spec = GatewaySpec::new("tc-bulk-routed", false);
+    assert_bulk_transfers(&spec, spec.vip);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ailb_tests::bpfstats::{link_prog_id, prog_array_id, prog_runs, Runs, StatsEnabled};
 use ailb_tests::netns::{BACKEND_ADDRS6, GATEWAY_BACKEND_SIDE6};
-use ailb_tests::remote::{assert_shares, connect, connect_on, Gateway, GatewaySpec, Remote};
+use ailb_tests::remote::{assert_bulk_transfers, assert_shares, connect, connect_on, Gateway, GatewaySpec, Remote};
 
 fn hold(gw: &Gateway, vip: impl Into<SocketAddr> + Copy, n: usize) -> Vec<Remote> {
     (0..n)
@@ -211,4 +211,10 @@ fn a_dual_stack_model_is_reached_over_both_families_each_on_its_own_backends() {
     assert_eq!(tc["stats"]["flows_opened"].as_u64(), Some(2 * N as u64), "{tc}");
     assert_eq!(tc["stats"]["refused"].as_u64(), Some(0), "{tc}");
     println!("dual stack: IPv4 {by4:?}, IPv6 {by6:?} over {:?}", BACKEND_ADDRS6);
+}
+
+#[test]
+fn bulk_transfers_of_gso_packets_pass_through_masquerade_over_ipv6() {
+    let spec = GatewaySpec::ipv6("tc-bulk6", true);
+    assert_bulk_transfers(&spec, spec.vip6.unwrap_or_else(|| panic!("an IPv6 spec without vip6")));
 }
