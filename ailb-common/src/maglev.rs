@@ -409,10 +409,117 @@ struct DenseInput<'a> {
     skip: &'a [u64],
 }
 
+/// Most entries in the dense fill's schedule of one period of rounds ([`schedule`]); a longer
+/// period is filled by visiting every backend each round instead.
+const MAX_SCHEDULE: u64 = 1 << 16;
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The backends that look, in order, over one period of the rounds: backend `i` looks in
+/// round `r` when its credit `(r + 1) * w` crosses another multiple of `w_max`, which repeats
+/// every `w_max / g` rounds (`g` the weights' greatest common divisor), `w / g` looks a period.
+/// `None` when a period has more than [`MAX_SCHEDULE`] looks.
+fn schedule(weights: &[u64], w_max: u64) -> Option<Vec<u32>> {
+    let g = weights.iter().fold(w_max, |g, &w| gcd(g, w)).max(1);
+    let len: u64 = weights.iter().map(|w| w / g).sum();
+    if len > MAX_SCHEDULE {
+        return None;
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    let mut credit = vec![0u64; weights.len()];
+    for _ in 0..w_max / g {
+        for (i, (c, &w)) in credit.iter_mut().zip(weights).enumerate() {
+            *c += w;
+            if *c >= w_max {
+                *c -= w_max;
+                out.push(i as u32);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One backend's state in the scheduled dense fill, packed (the loop's working set).
+#[derive(Clone, Copy)]
+struct Lane {
+    /// The slot at its next rank.
+    pos: u32,
+    skip: u32,
+    /// Slots it may still take (capacity minus slots taken).
+    left: u32,
+    /// Ranks of its permutation not yet looked at.
+    ranks: u32,
+}
+
 /// [`Fill::rounds`] for narrow weights, on its own (so that it keeps its loop state in
-/// registers): returns the new `filled`, `m`.
+/// registers): returns the new `filled`, `m`. Plays the rounds from a [`schedule`] of one
+/// period when it is short (no visit of a backend that does not look this round), else visits
+/// every backend each round; the same looks in the same order either way.
 #[inline(never)]
 fn fill_dense(
+    input: DenseInput,
+    owner: &mut [u16],
+    got: &mut [u64],
+    next: &mut [u64],
+    pos: &mut [u64],
+    filled: u64,
+) -> u64 {
+    let Some(mut order) = schedule(input.weights, input.w_max) else {
+        return fill_dense_visiting(input, owner, got, next, pos, filled);
+    };
+    let DenseInput { m, caps, skip, .. } = input;
+    let mut lanes: Vec<Lane> = (0..caps.len())
+        .map(|i| Lane {
+            pos: pos[i] as u32,
+            skip: skip[i] as u32,
+            left: caps[i].saturating_sub(got[i]) as u32,
+            ranks: m.saturating_sub(next[i]) as u32,
+        })
+        .collect();
+    let (m32, mut filled) = (m as u32, filled);
+    while filled < m && !order.is_empty() {
+        let mut idle = 0;
+        for &i in &order {
+            let b = &mut lanes[i as usize];
+            if b.left == 0 || b.ranks == 0 {
+                idle += 1;
+                continue;
+            }
+            let c = b.pos as usize;
+            b.ranks -= 1;
+            b.pos += b.skip;
+            if b.pos >= m32 {
+                b.pos -= m32;
+            }
+            // Without a branch, as in `fill_dense_visiting`.
+            let o = owner[c];
+            let free = o == NONE;
+            owner[c] = if free { i as u16 } else { o };
+            b.left -= free as u32;
+            filled += free as u64;
+        }
+        // Backends that never look again leave the schedule once they are half of it (a
+        // full backend is skipped either way).
+        if idle * 2 > order.len() {
+            order.retain(|&i| lanes[i as usize].left > 0 && lanes[i as usize].ranks > 0);
+        }
+    }
+    for (i, b) in lanes.iter().enumerate() {
+        got[i] = caps[i] - u64::from(b.left);
+        next[i] = m - u64::from(b.ranks);
+        pos[i] = u64::from(b.pos);
+    }
+    filled
+}
+
+/// The dense fill visiting every backend each round (for weights whose period of rounds is
+/// too long to schedule).
+fn fill_dense_visiting(
     input: DenseInput,
     owner: &mut [u16],
     got: &mut [u64],

@@ -264,6 +264,25 @@ fn fast_fill_matches_the_reference_on_wide_weight_ranges() {
     }
 }
 
+/// The dense fill plays a short period of rounds from its schedule (the weights' common
+/// divisor shortens it) and visits every backend each round when the period is too long: the
+/// reference's bytes either way.
+#[test]
+fn dense_fill_matches_the_reference_scheduled_and_visiting() {
+    let scheduled: Vec<u32> = (0..16).map(|j| 6 * (1 + j % 3)).collect();
+    let visiting: Vec<u32> = (0..100).map(|j| 5000 + 37 * j).collect();
+    let as_u64 = |w: &[u32]| w.iter().map(|&w| u64::from(w)).collect::<Vec<u64>>();
+    let order = super::schedule(&as_u64(&scheduled), 18).expect("a period of 3 rounds");
+    assert_eq!(order.len(), 31, "weights 1..3 after the divisor 6: 6 x 1 + 5 x 2 + 5 x 3 looks a period");
+    assert!(super::schedule(&as_u64(&visiting), 8663).is_none(), "a period too long to schedule");
+    for (n, w) in [scheduled, visiting].iter().enumerate() {
+        let b = weighted(w, n as u32);
+        for m in [4093, 16381] {
+            assert_eq!(build(&b, m).unwrap(), reference_build(&b, m).unwrap(), "case {n}, m {m}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]

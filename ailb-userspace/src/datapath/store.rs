@@ -40,6 +40,15 @@ pub trait WriterMaps {
     fn members(&self, pos: u32, len: u32) -> Result<Vec<u32>, DatapathError>;
     /// Writes `ids` from arena position `pos` (a chunk start), like [`WriterMaps::set_table`].
     fn set_members(&mut self, pos: u32, ids: &[u32]) -> Result<(), DatapathError>;
+    /// Writes each `(pos, slots)` as [`WriterMaps::set_table`] would, in order (the kernel maps
+    /// take them all in one call).
+    fn set_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DatapathError> {
+        tables.iter().try_for_each(|&(pos, slots)| self.set_table(pos, slots))
+    }
+    /// Writes each `(pos, ids)` as [`WriterMaps::set_members`] would, in order (one call).
+    fn set_member_lists(&mut self, lists: &[(u32, &[u32])]) -> Result<(), DatapathError> {
+        lists.iter().try_for_each(|&(pos, ids)| self.set_members(pos, ids))
+    }
     fn backend(&self, id: u32) -> Result<Backend, DatapathError>;
     fn set_backend(&mut self, id: u32, value: Backend) -> Result<(), DatapathError>;
     /// The IPv6 address of backend `id` (`AILB_BACKEND_ADDRS6`; meaningful for an IPv6 backend).
@@ -119,6 +128,28 @@ impl WriterMaps for Maps {
             self.members.set(c, chunk, 0).map_err(map_err(maps::MEMBERS))?;
         }
         Ok(())
+    }
+    fn set_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DatapathError> {
+        let (keys, values): (Vec<u32>, Vec<TableChunk>) = tables
+            .iter()
+            .flat_map(|&(pos, slots)| chunked(pos, slots))
+            .map(|(c, chunk)| (c, TableChunk { slots: chunk }))
+            .unzip();
+        if batch(&self.tables, &keys, &values) {
+            return Ok(());
+        }
+        tables.iter().try_for_each(|&(pos, slots)| self.set_table(pos, slots))
+    }
+    fn set_member_lists(&mut self, lists: &[(u32, &[u32])]) -> Result<(), DatapathError> {
+        let (keys, values): (Vec<u32>, Vec<MemberChunk>) = lists
+            .iter()
+            .flat_map(|&(pos, ids)| chunked(pos, ids))
+            .map(|(c, chunk)| (c, MemberChunk { ids: chunk }))
+            .unzip();
+        if batch(&self.members, &keys, &values) {
+            return Ok(());
+        }
+        lists.iter().try_for_each(|&(pos, ids)| self.set_members(pos, ids))
     }
     fn backend(&self, id: u32) -> Result<Backend, DatapathError> {
         self.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))

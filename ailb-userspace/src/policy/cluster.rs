@@ -14,7 +14,11 @@ use std::{fmt, net::SocketAddr};
 
 use tracing::info;
 
-use super::{evaluate::Evaluated, explain::Exclusion, ModelSpec, PolicyConfig};
+use super::{
+    evaluate::Evaluated,
+    explain::{Exclusion, Reason},
+    ModelSpec, PolicyConfig,
+};
 
 /// A spill for saturation ends below this fraction of the threshold.
 pub(crate) const SPILL_HYSTERESIS: f64 = 0.9;
@@ -87,27 +91,27 @@ pub(super) fn prefer_own(
         }
     }
     *last = spill;
+    let shared: std::sync::Arc<str> = own.into();
     for (_, ev) in evaluated.iter_mut() {
         if ev.cluster == own {
-            ev.explain.reasons.push(format!("cluster: own cluster {own:?}"));
+            ev.explain.reasons.push(Reason::OwnCluster(shared.clone()));
             continue;
         }
         let other = ev.cluster.clone();
         match spill {
-            Some(s) => ev
-                .explain
-                .reasons
-                .push(format!("cluster: other cluster {other:?}; own cluster {own:?} {s}: spilling here")),
+            Some(s) => ev.explain.reasons.push(Reason::Text(format!(
+                "cluster: other cluster {other:?}; own cluster {own:?} {s}: spilling here"
+            ))),
             None if eligible(ev) => {
                 let why = if cap > 0.0 {
                     format!("{load} running + queued of {cap}, below {t} x capacity")
                 } else {
                     "no capacity reported".to_string()
                 };
-                ev.explain.reasons.push(format!(
+                ev.explain.reasons.push(Reason::Text(format!(
                     "{}: other cluster {other:?}, own cluster {own:?} serving ({why})",
                     Exclusion::OtherCluster.as_str()
-                ));
+                )));
                 ev.explain.excluded_by = Some(Exclusion::OtherCluster);
                 ev.explain.composed = 0.0;
             }

@@ -2,11 +2,11 @@
 //! weight x GPU capability x load x GPU utilisation, one function per step. Every decision
 //! leaves a line.
 
-use std::fmt::Display;
+use std::{fmt::Display, sync::Arc};
 
 use super::{
     config::PolicyConfig,
-    explain::{num, BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
+    explain::{num, BackendExplain, Exclusion, LoadExplain, MemoryExplain, Reason, UtilExplain},
     factors::{load_factor, smooth, UtilBand},
     weights::MAX_WEIGHT,
     BackendMemory, ModelSpec,
@@ -31,17 +31,20 @@ pub(super) struct Evaluated {
 
 #[derive(Default)]
 struct Notes {
-    reasons: Vec<String>,
+    reasons: Vec<Reason>,
     invalid: Vec<InvalidField>,
     excluded_by: Option<Exclusion>,
 }
 
 impl Notes {
     fn line(&mut self, s: impl Into<String>) {
-        self.reasons.push(s.into());
+        self.reasons.push(Reason::Text(s.into()));
+    }
+    fn reason(&mut self, r: Reason) {
+        self.reasons.push(r);
     }
     fn exclude(&mut self, e: Exclusion, detail: impl Display) {
-        self.reasons.push(format!("{}: {detail}", e.as_str()));
+        self.reasons.push(Reason::Text(format!("{}: {detail}", e.as_str())));
         self.excluded_by.get_or_insert(e);
     }
     /// An invalid value; `excluded_by` set: it excludes the backend, else it is ignored.
@@ -55,9 +58,10 @@ impl Notes {
     }
 }
 
+/// `model`: the model's name, shared by its backends' explanations.
 pub(super) fn evaluate(
     inst: &Instance,
-    model: &str,
+    model: &Arc<str>,
     spec: &ModelSpec,
     protection_threshold: bool,
     cfg: &PolicyConfig,
@@ -109,7 +113,8 @@ pub(super) fn evaluate(
 
 /// Step 1, model affinity: `model_id` / `supported_models` must name the model (none: trusted from
 /// the registry service); a pinned `model_version` must match.
-fn model_affinity(n: &mut Notes, md: &Metadata, inst: &Instance, model: &str, spec: &ModelSpec) {
+fn model_affinity(n: &mut Notes, md: &Metadata, inst: &Instance, shared: &Arc<str>, spec: &ModelSpec) {
+    let model: &str = shared;
     let mut claims: Vec<&str> = Vec::new();
     let mut claim_invalid = false;
     match &md.model_id {
@@ -132,7 +137,7 @@ fn model_affinity(n: &mut Notes, md: &Metadata, inst: &Instance, model: &str, sp
         if claims.is_empty() {
             n.line(format!("model: no model_id; trusted from registry service {:?}", shorten(&inst.service)));
         } else if claims.contains(&model) {
-            n.line(format!("model: serves {model:?}"));
+            n.reason(Reason::Serves(shared.clone()));
         } else {
             let shown: Vec<String> = claims.iter().take(8).map(|c| shorten(c)).collect();
             n.exclude(Exclusion::ModelId, format!("model_id/supported_models {shown:?} do not include {model:?}"));
@@ -198,7 +203,7 @@ fn health(n: &mut Notes, md: &Metadata, inst: &Instance, protection_threshold: b
         ));
     }
     match &md.health_status {
-        Field::Valid(HealthStatus::Healthy) => n.line("health_status: healthy"),
+        Field::Valid(HealthStatus::Healthy) => n.reason(Reason::Fixed("health_status: healthy")),
         Field::Valid(HealthStatus::Draining) => n.exclude(Exclusion::HealthStatus, "health_status=\"draining\""),
         Field::Valid(HealthStatus::NotHealthy) => {
             let raw = inst.metadata.get(keys::HEALTH_STATUS).map_or(String::new(), |r| shorten(r.trim()));

@@ -1,7 +1,9 @@
 //! Why a backend got its weight: a structured explanation (served as JSON from `/v1/plan`,
 //! printed by `ailb explain`) and the one-line summary in [`super::PlannedBackend::reason`].
 
-use serde::{de, Deserialize, Deserializer, Serialize};
+use std::{borrow::Cow, fmt, sync::Arc};
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use super::factors::UtilBand;
 use crate::metadata::{keys, InvalidField};
@@ -46,6 +48,77 @@ impl Exclusion {
             Exclusion::RegistryWeight => "registry_weight",
             Exclusion::OtherCluster => "other_cluster",
         }
+    }
+}
+
+/// One decision about a backend, kept as data and formatted when shown (`Display`: the line
+/// `/v1/plan` serves and `ailb explain` prints, as a string). The lines an eligible backend
+/// leaves in every plan are variants of their own, so that a plan writes no text for them;
+/// the rarer lines (exclusions, invalid values, spills) are written when the decision is made.
+/// Read back from JSON, every line is [`Reason::Text`]; equal text is an equal reason.
+#[derive(Debug, Clone)]
+pub enum Reason {
+    /// `model: serves "<model>"` (the name is shared by the model's backends).
+    Serves(Arc<str>),
+    /// `cluster: own cluster "<cluster>"` (the gateway's cluster, shared likewise).
+    OwnCluster(Arc<str>),
+    /// A line without a value (`health_status: healthy`).
+    Fixed(&'static str),
+    /// Any other line, as written.
+    Text(String),
+}
+
+impl Reason {
+    /// The line as shown; borrowed unless it has a value to format.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            Reason::Fixed(s) => Cow::Borrowed(s),
+            Reason::Text(s) => Cow::Borrowed(s),
+            other => Cow::Owned(other.to_string()),
+        }
+    }
+
+    pub fn starts_with(&self, prefix: &str) -> bool {
+        self.text().starts_with(prefix)
+    }
+
+    pub fn contains(&self, part: &str) -> bool {
+        self.text().contains(part)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Serves(model) => write!(f, "model: serves {:?}", &**model),
+            Reason::OwnCluster(own) => write!(f, "cluster: own cluster {:?}", &**own),
+            Reason::Fixed(s) => f.write_str(s),
+            Reason::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl PartialEq for Reason {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl From<String> for Reason {
+    fn from(s: String) -> Self {
+        Reason::Text(s)
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Reason::Text)
     }
 }
 
@@ -106,7 +179,7 @@ pub struct BackendExplain {
     /// Metadata values that were refused, and what that did.
     pub invalid: Vec<InvalidField>,
     /// One line per decision, in the order taken.
-    pub reasons: Vec<String>,
+    pub reasons: Vec<Reason>,
     /// The first rule that excluded the backend.
     pub excluded_by: Option<Exclusion>,
 }
@@ -187,15 +260,17 @@ pub(super) fn num(v: f64) -> String {
 }
 
 impl BackendExplain {
+    /// The first line recorded for the excluding rule `e` (it carries field and value).
+    pub fn exclusion_detail(&self, e: Exclusion) -> Option<Cow<'_, str>> {
+        let prefix = e.as_str();
+        self.reasons.iter().map(Reason::text).find(|r| r.starts_with(prefix) && r[prefix.len()..].starts_with(": "))
+    }
+
     /// The one-line summary: why excluded, or the product that gave the weight.
     pub fn summary(&self, weight: u32) -> String {
         if let Some(e) = self.excluded_by {
             // The first reason recorded for the excluding rule carries field and value.
-            let detail = self
-                .reasons
-                .iter()
-                .find(|r| r.starts_with(&format!("{}: ", e.as_str())))
-                .map_or(e.as_str(), |r| r.as_str());
+            let detail = self.exclusion_detail(e).unwrap_or(Cow::Borrowed(e.as_str()));
             return format!("excluded: {detail}");
         }
         let gpu = self.gpu_type.as_deref().unwrap_or("gpu_type unknown");
@@ -225,7 +300,31 @@ impl BackendExplain {
 
 #[cfg(test)]
 mod tests {
-    use super::num;
+    use super::{num, Reason};
+
+    /// The structured lines print as the text the policy wrote before, go to JSON as strings
+    /// and read back as text equal to them.
+    #[test]
+    fn reasons_print_as_their_lines_and_round_trip_as_strings() {
+        let model: std::sync::Arc<str> = "llama \"3\"".into();
+        let reasons = vec![
+            Reason::Serves(model.clone()),
+            Reason::OwnCluster("east".into()),
+            Reason::Fixed("health_status: healthy"),
+        ];
+        let lines: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [r#"model: serves "llama \"3\"""#, r#"cluster: own cluster "east""#, "health_status: healthy"]
+        );
+        let json = serde_json::to_string(&reasons).unwrap();
+        assert_eq!(json, serde_json::to_string(&lines).unwrap());
+        let back: Vec<Reason> = serde_json::from_str(&json).unwrap();
+        assert!(back.iter().all(|r| matches!(r, Reason::Text(_))));
+        assert_eq!(back, reasons);
+        assert_ne!(Reason::Serves(model), Reason::Text("model: serves \"qwen\"".into()));
+        assert!(reasons[0].starts_with("model: serves") && reasons[1].contains("east"));
+    }
 
     #[test]
     fn numbers_are_short() {

@@ -42,7 +42,7 @@ use self::evaluate::Evaluated;
 pub use self::{
     config::{PolicyConfig, MAX_GPU_CAPABILITY},
     evaluate::MIN_REGISTRY_WEIGHT,
-    explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, UtilExplain},
+    explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, Reason, UtilExplain},
     factors::UtilBand,
     metadata::InvalidField,
     weights::{MAX_WEIGHT, WEIGHT_SCALE},
@@ -327,23 +327,25 @@ fn evaluate_backends(
         state.backends.insert(name.to_string(), BTreeMap::new());
     }
     let memory = state.backends.get_mut(name).expect("inserted above");
+    // The model's name, shared by its backends' `model: serves ..` lines.
+    let shared: std::sync::Arc<str> = name.into();
     for dups in sorted.chunk_by(|a, b| addr_key(&a.address) == addr_key(&b.address)) {
         let inst = dups[0];
         let protection = protected.contains(&(name, inst.service.as_str()));
         let mem = memory.entry(inst.address).or_default();
-        let mut ev = evaluate::evaluate(inst, name, spec, protection, cfg, mem);
+        let mut ev = evaluate::evaluate(inst, &shared, spec, protection, cfg, mem);
         if let Some(f) = ev.free_memory_mb {
             mem.peak_free_mb = Some(mem.peak_free_mb.map_or(f, |p| p.max(f)));
         }
         ev.memory_capacity_mb = mem.peak_free_mb;
         if dups.len() > 1 {
-            ev.explain.reasons.push(format!(
+            ev.explain.reasons.push(Reason::Text(format!(
                 "listed {} times; using service {:?} group {:?} cluster {:?}",
                 dups.len(),
                 metadata::shorten(&inst.service),
                 metadata::shorten(&inst.group),
                 metadata::shorten(&inst.cluster)
-            ));
+            )));
         }
         log_change(name, inst.address, &ev.explain, mem);
         mem.seen = true;
@@ -421,8 +423,8 @@ fn log_change(model: &str, backend: SocketAddr, e: &BackendExplain, mem: &mut Ba
     }
     match e.excluded_by {
         Some(rule) => {
-            let detail = e.reasons.iter().find(|r| r.starts_with(rule.as_str())).map_or("", String::as_str);
-            warn!(model, %backend, rule = rule.as_str(), detail, "backend excluded");
+            let detail = e.reasons.iter().map(Reason::text).find(|r| r.starts_with(rule.as_str())).unwrap_or_default();
+            warn!(model, %backend, rule = rule.as_str(), detail = &*detail, "backend excluded");
         }
         None if mem.logged.as_ref().is_some_and(|(ex, _)| ex.is_some()) => {
             info!(model, %backend, "backend eligible again");

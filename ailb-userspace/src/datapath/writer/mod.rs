@@ -80,6 +80,8 @@ pub struct Writer<M: WriterMaps = Maps> {
     tables: HashMap<u32, ActiveTable>,
     /// The table builder's inputs of the cached table per model: equal inputs, no rebuild.
     built: HashMap<u32, Vec<MaglevBackend>>,
+    /// Swaps whose extents are taken but not yet written (`swap.rs`: written a batch at a time).
+    swaps: Vec<swap::PendingSwap>,
     table_arena: Arena,
     member_arena: Arena,
     generation: u64,
@@ -107,6 +109,7 @@ impl<M: WriterMaps> Writer<M> {
             states: Vec::with_capacity(MAX_MODELS as usize),
             tables: HashMap::new(),
             built: HashMap::new(),
+            swaps: Vec::new(),
             services: None,
             names: None,
         };

@@ -1,7 +1,11 @@
 //! Each model's Maglev table. The tables whose builder inputs changed are built on all cores
-//! and swapped in one model at a time as they come (the writes overlap the next builds): the
-//! table and members written into free arena extents first, then the inactive slot's
-//! description, then the flip of `active`, then the old extents released.
+//! and handed to this thread in plan order as they come (the writes overlap the next builds).
+//! Swaps are written [`SWAP_BATCH`] models at a time: the batch's tables into free arena
+//! extents (one call), then its member lists (one call), then each model's entry twice, the
+//! inactive slot's description and then the flip of `active` (one call; the kernel writes a
+//! batch's entries in order). Every model's entry is written after its own table and members,
+//! so a connect sees its old table or its new one, complete; a model's old extents are
+//! released only once its entry no longer names them.
 
 use std::time::Instant;
 
@@ -33,10 +37,23 @@ struct TableInput<'p> {
 }
 
 /// A table ready to be swapped in, with its slot's description.
-struct NewTable<'t> {
+struct NewTable {
     slot: TableSlot,
-    table: &'t [u32],
-    ids: &'t [u32],
+    table: Vec<u32>,
+    ids: Vec<u32>,
+}
+
+/// Models whose swaps are written together (three `bpf(2)` calls for the batch instead of
+/// three per model). A larger batch saves few calls more and delays the last models' flips
+/// behind the builds; a swap waits at most for the batch's other tables to be built.
+pub(super) const SWAP_BATCH: usize = 32;
+
+/// A swap whose extents are taken and whose entry is ready, not yet written.
+pub(super) struct PendingSwap {
+    model: u32,
+    /// The entry with the inactive slot described, then with `active` flipped to it.
+    entries: [ModelState; 2],
+    new: ActiveTable,
 }
 
 impl<M: WriterMaps> Writer<M> {
@@ -57,7 +74,7 @@ impl<M: WriterMaps> Writer<M> {
         // the next tables while this thread writes.
         let started = Instant::now();
         let mut k = 0;
-        tables::build_streamed(&jobs, |j, built| {
+        let streamed = tables::build_streamed(&jobs, |j, built| {
             while k < stale[j] {
                 self.write_model(&inputs[k], None, generation, report)?;
                 k += 1;
@@ -65,9 +82,13 @@ impl<M: WriterMaps> Writer<M> {
             self.write_model(&inputs[k], Some(built), generation, report)?;
             k += 1;
             Ok(())
-        })?;
-        for input in &inputs[k..] {
-            self.write_model(input, None, generation, report)?;
+        });
+        let written = streamed
+            .and_then(|()| inputs[k..].iter().try_for_each(|input| self.write_model(input, None, generation, report)))
+            .and_then(|()| self.flush_swaps());
+        if let Err(e) = written {
+            self.drop_swaps();
+            return Err(e);
         }
         if !jobs.is_empty() {
             debug!(tables = jobs.len(), build_and_swap_us = started.elapsed().as_micros() as u64, "tables built");
@@ -145,13 +166,13 @@ impl<M: WriterMaps> Writer<M> {
             return Ok(());
         }
         let slot = TableSlot { size, members: ids.len() as u32, total_weight, generation, ..Default::default() };
-        let (table_at, members_at) = self.swap_table(input, st, NewTable { slot, table: &table, ids: &ids })?;
-        let (build_us, swap_us) = (took.as_micros() as u64, started.elapsed().as_micros() as u64);
-        info!(model = name, backends = ids.len(), table_size = size, generation, build_us, swap_us, "table swapped");
+        let (backends, build_us) = (ids.len(), took.as_micros() as u64);
+        self.queue_swap(input, st, NewTable { slot, table, ids })?;
+        // The swap is written with its batch (`swap_us` includes that write when this model
+        // completed the batch).
+        let swap_us = started.elapsed().as_micros() as u64;
+        info!(model = name, backends, table_size = size, generation, build_us, swap_us, "table swapped");
         report.tables_rebuilt.push(name.to_string());
-        if let Some(old) = self.tables.insert(model, ActiveTable { table, members: ids, table_at, members_at }) {
-            self.release(old);
-        }
         Ok(())
     }
 
@@ -174,38 +195,98 @@ impl<M: WriterMaps> Writer<M> {
         Ok(())
     }
 
-    /// Writes the table and members into free extents, describes them in the inactive slot
-    /// (readers still use the active one), then flips `active` to it. Returns the extents.
-    fn swap_table(
+    /// Takes free extents for the table and members and queues the swap: the inactive slot
+    /// described (readers still use the active one), then `active` flipped to it. Writes the
+    /// queue when it holds [`SWAP_BATCH`] swaps.
+    fn queue_swap(
         &mut self,
         input: &TableInput<'_>,
         mut st: ModelState,
-        mut new: NewTable<'_>,
-    ) -> Result<(Extent, Extent), DatapathError> {
-        let table_at = self.table_arena.alloc(new.table.len() as u32)?;
-        let members_at = match self.member_arena.alloc(new.ids.len() as u32) {
-            Ok(e) => e,
-            Err(e) => {
-                self.table_arena.cancel(table_at);
-                return Err(e);
-            }
-        };
-        // Nothing names these extents until the slot's description below is written.
-        self.maps.set_table(table_at.pos, new.table)?;
-        self.maps.set_members(members_at.pos, new.ids)?;
+        mut new: NewTable,
+    ) -> Result<(), DatapathError> {
+        let (table_at, members_at) = self.alloc_extents(new.table.len() as u32, new.ids.len() as u32)?;
         new.slot.table_offset = table_at.pos;
         new.slot.member_offset = members_at.pos;
         let inactive = (st.active & 1) ^ 1;
         st.slots[inactive as usize] = new.slot;
         st.name = name_bytes(input.name);
         st.affinity_ttl_ns = input.ttl_ns;
-        // The inactive slot described first (readers still use the active one), then the
-        // flip of `active` alone: a connect reads the entry once, so it uses the old table or
-        // the new one, never a mix. Both go in one call; the kernel writes them in order.
         let mut flipped = st;
         flipped.active = inactive;
         flipped.flags = MODEL_AVAILABLE;
-        self.set_models(&[(input.model, st), (input.model, flipped)])?;
-        Ok((table_at, members_at))
+        let new = ActiveTable { table: new.table, members: new.ids, table_at, members_at };
+        self.swaps.push(PendingSwap { model: input.model, entries: [st, flipped], new });
+        if self.swaps.len() >= SWAP_BATCH {
+            self.flush_swaps()?;
+        }
+        Ok(())
+    }
+
+    /// Free extents for a table and its members. When an arena is full, the queued swaps are
+    /// written first, which releases the extents they replace (reusable after the grace), and
+    /// the allocation is tried again.
+    fn alloc_extents(&mut self, table_len: u32, member_len: u32) -> Result<(Extent, Extent), DatapathError> {
+        match self.try_alloc_extents(table_len, member_len) {
+            Err(DatapathError::ArenaFull { .. }) if !self.swaps.is_empty() => {
+                self.flush_swaps()?;
+                self.try_alloc_extents(table_len, member_len)
+            }
+            other => other,
+        }
+    }
+
+    fn try_alloc_extents(&mut self, table_len: u32, member_len: u32) -> Result<(Extent, Extent), DatapathError> {
+        let table_at = self.table_arena.alloc(table_len)?;
+        match self.member_arena.alloc(member_len) {
+            Ok(members_at) => Ok((table_at, members_at)),
+            Err(e) => {
+                self.table_arena.cancel(table_at);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the queued swaps: every table, then every member list (nothing names these
+    /// extents yet), then the entries in queue order, each model's description before its flip.
+    /// Then the replaced extents are released. On an error the queued models' cache entries are
+    /// dropped, so that the next apply builds and writes them again.
+    pub(super) fn flush_swaps(&mut self) -> Result<(), DatapathError> {
+        if self.swaps.is_empty() {
+            return Ok(());
+        }
+        let swaps = std::mem::take(&mut self.swaps);
+        if let Err(e) = self.write_swaps(&swaps) {
+            for s in &swaps {
+                self.built.remove(&s.model);
+            }
+            return Err(e);
+        }
+        for s in swaps {
+            if let Some(old) = self.tables.insert(s.model, s.new) {
+                self.release(old);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the queued swaps after an error: their extents were never named in an entry
+    /// (free at once), and their models are built and written again by the next apply.
+    fn drop_swaps(&mut self) {
+        for s in std::mem::take(&mut self.swaps) {
+            self.table_arena.cancel(s.new.table_at);
+            self.member_arena.cancel(s.new.members_at);
+            self.built.remove(&s.model);
+        }
+    }
+
+    fn write_swaps(&mut self, swaps: &[PendingSwap]) -> Result<(), DatapathError> {
+        let tables: Vec<(u32, &[u32])> = swaps.iter().map(|s| (s.new.table_at.pos, s.new.table.as_slice())).collect();
+        self.maps.set_tables(&tables)?;
+        let members: Vec<(u32, &[u32])> =
+            swaps.iter().map(|s| (s.new.members_at.pos, s.new.members.as_slice())).collect();
+        self.maps.set_member_lists(&members)?;
+        let entries: Vec<(u32, ModelState)> =
+            swaps.iter().flat_map(|s| [(s.model, s.entries[0]), (s.model, s.entries[1])]).collect();
+        self.set_models(&entries)
     }
 }

@@ -421,6 +421,90 @@ fn an_arena_too_small_for_a_table_is_an_error_naming_the_limit() {
     );
 }
 
+/// Swaps are written a batch of models at a time: every table, then every member list, then
+/// the entries, each model's description before its flip. Each entry comes after its own
+/// model's table and members, the one order a connect depends on.
+#[test]
+fn swaps_of_several_models_write_the_tables_then_the_members_then_the_entries() {
+    let f = Fixture::new();
+    let mut w = writer();
+    let writes = f.apply(
+        &mut w,
+        &plan_of([
+            ("llama", f.model(1, &[(1, 100), (2, 100)])),
+            ("qwen", f.model(2, &[(3, 100)])),
+            ("mistral", f.model(3, &[(4, 100), (5, 300)])),
+        ]),
+    );
+    let swaps: String = writes
+        .lines()
+        .filter(|l| ["set TABLE:", "set MEMBERS:", "set MODEL:"].iter().any(|p| l.starts_with(p)))
+        .map(|l| format!("{}\n", l.split(" SHARES=").next().unwrap_or(l)))
+        .collect();
+    // Plan order is by name: llama (index 0), mistral (1), qwen (2).
+    assert_text(
+        &swaps,
+        "\
+set TABLE: POS=0
+set TABLE: POS=4096
+set TABLE: POS=8192
+set MEMBERS: POS=0 IDS=0,1
+set MEMBERS: POS=16 IDS=2,3
+set MEMBERS: POS=32 IDS=4
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=1 NAME=mistral ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:400,gen:1,at:4096/16
+set MODEL: IDX=1 NAME=mistral ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:400,gen:1,at:4096/16
+set MODEL: IDX=2 NAME=qwen ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:1,weight:100,gen:1,at:8192/32
+set MODEL: IDX=2 NAME=qwen ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:1,weight:100,gen:1,at:8192/32
+",
+    );
+}
+
+/// More models than one batch: the first batch's entries are written before the next batch's
+/// tables, and every entry after its own table.
+#[test]
+fn a_recompute_of_more_models_than_a_batch_writes_them_batch_by_batch() {
+    let f = Fixture::new();
+    let n = super::swap::SWAP_BATCH + 3;
+    let names: Vec<&'static str> = (0..n).map(|i| &*format!("m{i:03}").leak()).collect();
+    let plan_with =
+        |w: u32| plan_of(names.iter().enumerate().map(|(i, &name)| (name, f.model(i as u8, &[(i as u8, w)]))));
+    let mut w = writer();
+    for weight in [100, 200] {
+        let writes = f.apply(&mut w, &plan_with(weight));
+        let kinds: Vec<&str> = writes
+            .lines()
+            .filter_map(|l| ["set TABLE:", "set MEMBERS:", "set MODEL:"].into_iter().find(|p| l.starts_with(p)))
+            .collect();
+        let batch = super::swap::SWAP_BATCH;
+        let mut want = Vec::new();
+        for size in [batch, n - batch] {
+            want.extend(std::iter::repeat_n("set TABLE:", size));
+            want.extend(std::iter::repeat_n("set MEMBERS:", size));
+            want.extend(std::iter::repeat_n("set MODEL:", 2 * size));
+        }
+        assert_eq!(kinds, want, "weight {weight}");
+    }
+}
+
+/// With room for one spare table, a recompute of every model still fits: when the arena is
+/// full, the queued swaps are written, which releases the tables they replace.
+#[test]
+fn a_recompute_of_every_model_needs_room_for_one_more_table_only() {
+    let f = Fixture::new();
+    // Two live tables of 4 chunks and member lists of 1 chunk, and one spare of each.
+    let mut w = Writer::new(FakeMaps::with_arenas(12, 3)).unwrap();
+    let both =
+        |w2: u32| plan_of([("llama", f.model(1, &[(1, 100), (2, w2)])), ("qwen", f.model(2, &[(3, 100), (4, w2)]))]);
+    f.apply(&mut w, &both(100));
+    let writes = f.apply(&mut w, &both(300));
+    assert_eq!(lines(&writes, "set TABLE:").lines().count(), 2, "both tables swapped:\n{writes}");
+    // Two live tables and a replaced one still in its grace: the whole arena.
+    assert_eq!(w.arena_use().0, (12288, 12288));
+    assert_eq!(w.arena_use().1, (48, 48));
+}
+
 #[test]
 fn a_restart_takes_over_the_live_extents_and_allocates_around_them() {
     let f = Fixture::new();
