@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod models;
 pub mod pool;
 pub mod proxy;
+pub mod request;
 pub mod route;
 pub mod server;
 

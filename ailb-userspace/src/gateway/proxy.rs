@@ -29,6 +29,7 @@ use super::h1::upbody::{RawBody, RawConn};
 use super::h1::upstream::{self, Exchanged};
 use super::log::RequestLog;
 use super::pool::{Conn, Link, Pool, PoolKey};
+use super::request::UpRequest;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -164,11 +165,11 @@ pub enum Sent {
     Answered(hyper::Response<UpBody>),
     /// The connection could not take the request (it closed while idle, for one): nothing was
     /// sent, and the request comes back for another connection.
-    NotSent(hyper::Request<Bytes>),
+    NotSent(UpRequest),
 }
 
 /// Sends `req` on `conn` and waits at most `idle` for the response head.
-pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -> Result<Sent, ApiError> {
+pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration) -> Result<Sent, ApiError> {
     let backend = conn.backend;
     let work = async {
         let sender = match &mut conn.link {
@@ -184,11 +185,10 @@ pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -
         if sender.ready().await.is_err() {
             return Ok(Sent::NotSent(req));
         }
-        let body = req.body().clone();
-        match sender.try_send_request(req.map(Full::new)).await {
+        match sender.try_send_request(req.to_hyper().map(Full::new)).await {
             Ok(resp) => Ok(Sent::Answered(resp.map(UpBody::Hyper))),
             Err(mut e) => match e.take_message() {
-                Some(req) => Ok(Sent::NotSent(req.map(|_| body))),
+                Some(_) => Ok(Sent::NotSent(req)),
                 None => Err(upstream_failure(backend, "sending the request", e.error())),
             },
         }

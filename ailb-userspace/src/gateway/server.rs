@@ -10,8 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
-use hyper::http::request::Parts;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -28,7 +27,8 @@ use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
 use super::proxy::{self, BoxError, Held, Relay, Reuse, Sent, UpBody};
-use super::route::{self, Endpoint, ModelFacts, Rules};
+use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
+use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
 use crate::config::ValidConfig;
 
 /// The response body of every route.
@@ -39,24 +39,14 @@ pub const BACKEND_HEADER: &str = "x-ailb-backend";
 /// `x-ailb-conversation`: the kernel's hash of the conversation key, as `ailb hash` prints it.
 pub const CONVERSATION_HEADER: &str = "x-ailb-conversation";
 
-/// Hop-by-hop headers: they describe one connection and are never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-];
-
 /// A model of the catalog as the front door routes it.
 #[derive(Clone, Debug)]
 pub struct ModelRoute {
     /// The model's first VIP: every request of the model connects there.
     pub vip: SocketAddrV4,
     pub facts: ModelFacts,
+    /// Its place in the catalog (by name), which keys its kept upstream connections.
+    pub index: u32,
     /// Its metric series, reached without a label lookup per request.
     pub series: Arc<ModelSeries>,
 }
@@ -77,7 +67,13 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
                 kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
             };
-            Some((name.clone(), ModelRoute { vip, facts, series: Arc::new(ModelSeries::new(name.clone())) }))
+            Some((name.clone(), vip, facts))
+        })
+        .enumerate()
+        .map(|(i, (name, vip, facts))| {
+            let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
+            let series = Arc::new(ModelSeries::new(name.clone()));
+            (name, ModelRoute { vip, facts, index, series })
         })
         .collect()
 }
@@ -105,7 +101,7 @@ fn find_inputs(
     models: &BTreeMap<String, ModelRoute>,
     cfg: &ValidGateway,
     endpoint: Endpoint,
-    headers: &HeaderMap,
+    headers: &impl Headers,
     body: &[u8],
 ) -> Result<route::Inputs, route::RouteError> {
     let json = route::parse_body(body)?;
@@ -242,18 +238,18 @@ impl Gateway {
     /// One request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
         let (parts, body) = req.into_parts();
-        Ok(self.route(parts, RequestBody::Hyper(body), peer).await)
+        Ok(self.route(ReqHead::Hyper(parts), RequestBody::Hyper(body), peer).await)
     }
 
     /// One request, from its head and its body (hyper's server and the HTTP/1 fast path both
     /// answer through here).
-    pub async fn route(self: Arc<Self>, parts: Parts, body: RequestBody, peer: ClientIp) -> Response<Body> {
-        let endpoint = Endpoint::from_path(parts.uri.path());
-        if let (&Method::POST, Some(ep)) = (&parts.method, endpoint) {
-            return self.proxy(ep, parts, body, peer).await;
+    pub async fn route(self: Arc<Self>, head: ReqHead, body: RequestBody, peer: ClientIp) -> Response<Body> {
+        let endpoint = Endpoint::from_path(head.path());
+        if let (&Method::POST, Some(ep)) = (head.method(), endpoint) {
+            return self.proxy(ep, head, body, peer).await;
         }
-        let path = parts.uri.path();
-        match (&parts.method, path, endpoint) {
+        let path = head.path();
+        match (head.method(), path, endpoint) {
             (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -261,10 +257,10 @@ impl Gateway {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
                 "method_not_allowed",
-                format!("{} {path}: method not allowed", parts.method),
+                format!("{} {path}: method not allowed", head.method()),
             )
             .into_response(),
-            _ => ApiError::not_found(format!("{} {path}: no such route", parts.method)).into_response(),
+            _ => ApiError::not_found(format!("{} {path}: no such route", head.method())).into_response(),
         }
     }
 
@@ -304,16 +300,16 @@ impl Gateway {
     async fn proxy(
         self: Arc<Self>,
         endpoint: Endpoint,
-        parts: Parts,
+        head: ReqHead,
         body: RequestBody,
         peer: ClientIp,
     ) -> Response<Body> {
-        let mut log = RequestLog::start(self.metrics.clone(), &parts.method, parts.uri.path());
+        let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
         };
-        let work = self.clone().forward(endpoint, parts, body, &peer, &mut log);
+        let work = self.clone().forward(endpoint, head, body, peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(ApiError::timeout(format!(
@@ -347,14 +343,14 @@ impl Gateway {
     async fn forward(
         self: Arc<Self>,
         endpoint: Endpoint,
-        parts: Parts,
+        head: ReqHead,
         body: RequestBody,
-        peer: &ClientIp,
+        client: ClientIp,
         log: &mut RequestLog,
     ) -> Result<(Response<UpBody>, Conn, Option<Reuse>, Option<Ticket>), ApiError> {
-        let client_version = parts.version;
-        let bytes = self.read_body(&parts.headers, body).await?;
-        let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
+        let client_version = head.version();
+        let bytes = self.read_body(&head, body).await?;
+        let inputs = find_inputs(&self.models, &self.cfg, endpoint, &head, &bytes).inspect_err(|e| {
             if let route::RouteError::UnknownModel { model } = e {
                 log.model(model);
             }
@@ -373,24 +369,10 @@ impl Gateway {
         if let Some(mb) = inputs.memory_mb {
             tags = tags.required_memory_mb(mb);
         }
-        let mut upstream_req = Request::builder()
-            .method(parts.method)
-            .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-            .body(bytes)
-            .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
-        let mut headers = parts.headers;
-        end_to_end(&mut headers);
-        forwarded_for(&mut headers, peer);
-        if !headers.contains_key(HOST) {
-            // An HTTP/2 client names the host in `:authority`, which HTTP/1.1 carries as Host.
-            if let Some(a) = parts.uri.authority() {
-                headers.insert(HOST, header_value(a.to_string()));
-            }
-        }
-        *upstream_req.headers_mut() = headers;
-        let key = match (&self.pool, &inputs.conversation) {
-            (Some(_), Some(c)) => {
-                Some(PoolKey { model: inputs.model.clone(), memory_mb: inputs.memory_mb, conversation: c.key.clone() })
+        let upstream_req = UpRequest { head, body: bytes, client };
+        let key = match (&self.pool, conv_hash) {
+            (Some(_), Some(conversation)) => {
+                Some(PoolKey { model: model.index, memory_mb: inputs.memory_mb, conversation })
             }
             _ => None,
         };
@@ -420,7 +402,7 @@ impl Gateway {
         key: Option<&PoolKey>,
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
-        mut req: Request<Bytes>,
+        mut req: UpRequest,
     ) -> Result<(Response<UpBody>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
@@ -448,13 +430,13 @@ impl Gateway {
     /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
     /// reading, a chunked body is read up to the limit only; a body slower than
     /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
-    async fn read_body(&self, headers: &HeaderMap, body: RequestBody) -> Result<Bytes, ApiError> {
+    async fn read_body(&self, headers: &impl Headers, body: RequestBody) -> Result<Bytes, ApiError> {
         let body = match body {
             RequestBody::Hyper(b) => b,
             RequestBody::Read(read) => return read,
         };
         let max = self.cfg.max_body_bytes;
-        let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let declared = headers.first("content-length").and_then(|v| route::visible_ascii(v)?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
             return Err(ApiError::too_large(max));
         }
@@ -514,19 +496,11 @@ impl ClientIp {
     pub fn new(peer: SocketAddr) -> Self {
         Self(header_value(peer.ip().to_string()))
     }
-}
 
-/// Appends the client's address to `X-Forwarded-For` (the model server's logs then name the
-/// client rather than the front door).
-fn forwarded_for(headers: &mut HeaderMap, peer: &ClientIp) {
-    let name = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => {
-            header_value(format!("{prior}, {}", peer.0.to_str().unwrap_or_default()))
-        }
-        _ => peer.0.clone(),
-    };
-    headers.insert(name, value);
+    /// The address as a header value.
+    pub fn value(&self) -> &HeaderValue {
+        &self.0
+    }
 }
 
 /// Whether the upstream leaves its connection open after `resp` (HTTP/1.1 without

@@ -4,14 +4,15 @@
 //! would have done for the same exchange (a task per connection, a channel crossed by the
 //! request and each body frame) is not needed: the request's own task reads the answer.
 
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
-use hyper::{Request, Response, StatusCode, Version};
+use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
 use super::head::{has_token, MAX_HEADERS, MAX_HEAD_BYTES};
 use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::error::ApiError;
+use crate::gateway::request::UpRequest;
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
 /// after it.
@@ -22,48 +23,26 @@ pub enum Exchanged {
     Answered(Response<RawBody>),
     /// The connection failed before it took any of the request (it was closed while idle):
     /// the request comes back for another connection, and the connection is gone.
-    NotSent(Request<Bytes>),
-}
-
-/// The request as HTTP/1.1 bytes: its target, its headers (a `Content-Length` added when it
-/// has none), then the body when it is small.
-fn encode(req: &Request<Bytes>) -> Vec<u8> {
-    let body = req.body();
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let mut out = Vec::with_capacity(256 + req.headers().len() * 32 + body.len().min(JOIN_BODY));
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if !req.headers().contains_key(CONTENT_LENGTH) {
-        out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
-    }
-    out.extend_from_slice(b"\r\n");
-    if body.len() <= JOIN_BODY {
-        out.extend_from_slice(body);
-    }
-    out
+    NotSent(UpRequest),
 }
 
 /// Sends `req` on `conn` and reads the response head. `backend` names the connection in errors.
 pub async fn exchange(
     mut conn: RawConn,
-    req: Request<Bytes>,
+    req: UpRequest,
     backend: std::net::SocketAddrV4,
 ) -> Result<Exchanged, ApiError> {
-    let body = req.body().clone();
-    let bytes = encode(&req);
+    let joined = req.body.len() <= JOIN_BODY;
+    let mut bytes = Vec::with_capacity(512 + if joined { req.body.len() } else { 0 });
+    req.encode_head(&mut bytes);
+    if joined {
+        bytes.extend_from_slice(&req.body);
+    }
     if conn.stream.write_all(&bytes).await.is_err() {
         return Ok(Exchanged::NotSent(req));
     }
-    if body.len() > JOIN_BODY {
-        if let Err(e) = conn.stream.write_all(&body).await {
+    if !joined {
+        if let Err(e) = conn.stream.write_all(&req.body).await {
             return Err(failure(backend, "sending the request body", &e));
         }
     }
@@ -170,13 +149,5 @@ mod tests {
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-").unwrap().is_none());
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err());
         assert!(parse(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn the_request_is_one_buffer_with_its_length() {
-        let req =
-            Request::post("/v1/chat/completions?x=1").header("host", "gw").body(Bytes::from_static(b"{}")).unwrap();
-        let text = String::from_utf8(encode(&req)).unwrap();
-        assert_eq!(text, "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{}");
     }
 }
