@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod answer;
 mod body;
 pub mod config;
 pub mod error;

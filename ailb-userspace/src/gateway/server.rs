@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::admission::Control;
+use super::answer::{Answer, HeadLines};
 use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::fleet_memory::Ticket;
@@ -30,6 +31,11 @@ use super::proxy::{self, BoxError, Held, Relay, Reuse, Sent, UpBody};
 use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
 use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
 use crate::config::ValidConfig;
+
+/// A forwarded request: the upstream's response (with its headers as lines when the front
+/// door's own client read it), its connection, where the connection goes after, and the
+/// request's share of the admission.
+type Forwarded = (Response<UpBody>, Option<HeadLines>, Conn, Option<Reuse>, Option<Ticket>);
 
 /// The response body of every route.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -238,18 +244,18 @@ impl Gateway {
     /// One request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
         let (parts, body) = req.into_parts();
-        Ok(self.route(ReqHead::Hyper(parts), RequestBody::Hyper(body), peer).await)
+        Ok(self.route(ReqHead::Hyper(parts), RequestBody::Hyper(body), peer).await.into_response())
     }
 
     /// One request, from its head and its body (hyper's server and the HTTP/1 fast path both
     /// answer through here).
-    pub async fn route(self: Arc<Self>, head: ReqHead, body: RequestBody, peer: ClientIp) -> Response<Body> {
+    pub async fn route(self: Arc<Self>, head: ReqHead, body: RequestBody, peer: ClientIp) -> Answer {
         let endpoint = Endpoint::from_path(head.path());
         if let (&Method::POST, Some(ep)) = (head.method(), endpoint) {
             return self.proxy(ep, head, body, peer).await;
         }
         let path = head.path();
-        match (head.method(), path, endpoint) {
+        let resp = match (head.method(), path, endpoint) {
             (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -261,7 +267,8 @@ impl Gateway {
             )
             .into_response(),
             _ => ApiError::not_found(format!("{} {path}: no such route", head.method())).into_response(),
-        }
+        };
+        resp.into()
     }
 
     /// `GET /v1/models`: the catalog's models that have a live backend now (the daemon's plan,
@@ -297,17 +304,11 @@ impl Gateway {
         }
     }
 
-    async fn proxy(
-        self: Arc<Self>,
-        endpoint: Endpoint,
-        head: ReqHead,
-        body: RequestBody,
-        peer: ClientIp,
-    ) -> Response<Body> {
+    async fn proxy(self: Arc<Self>, endpoint: Endpoint, head: ReqHead, body: RequestBody, peer: ClientIp) -> Answer {
         let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
+            return answer(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
         };
         let work = self.clone().forward(endpoint, head, body, peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
@@ -318,9 +319,12 @@ impl Gateway {
             ))),
         };
         match result {
-            Ok((resp, conn, reuse, ticket)) => {
+            Ok((resp, lines, conn, reuse, ticket)) => {
                 let (parts, body) = resp.into_parts();
-                let sse = parts.headers.get(CONTENT_TYPE).is_some_and(is_event_stream);
+                let sse = match &lines {
+                    Some(l) => l.event_stream,
+                    None => parts.headers.get(CONTENT_TYPE).is_some_and(|v| is_event_stream(v.as_bytes())),
+                };
                 let relay = Relay::new(
                     body,
                     sse,
@@ -332,9 +336,9 @@ impl Gateway {
                     deadline,
                     self.cfg.total_timeout,
                 );
-                Response::from_parts(parts, relay.boxed_unsync())
+                Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
             }
-            Err(e) => answer(log, e),
+            Err(e) => answer(log, e).into(),
         }
     }
 
@@ -347,7 +351,7 @@ impl Gateway {
         body: RequestBody,
         client: ClientIp,
         log: &mut RequestLog,
-    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>, Option<Ticket>), ApiError> {
+    ) -> Result<Forwarded, ApiError> {
         let client_version = head.version();
         let bytes = self.read_body(&head, body).await?;
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, &head, &bytes).inspect_err(|e| {
@@ -376,7 +380,7 @@ impl Gateway {
             }
             _ => None,
         };
-        let (mut resp, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
+        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
         let backend = conn.backend;
         let reuse = match (key, &self.pool) {
             (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
@@ -387,12 +391,23 @@ impl Gateway {
         // The upstream's HTTP version is its connection's business (an HTTP/1.0 answer would
         // make the client's keep-alive connection close).
         *resp.version_mut() = client_version;
-        let h = resp.headers_mut();
-        h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
-        if let Some(hash) = conv_hash {
-            h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+        match &mut lines {
+            Some(l) => {
+                l.push(BACKEND_HEADER, conn.backend_value.as_bytes());
+                if let Some(hash) = conv_hash {
+                    let mut hex = [0u8; 18];
+                    l.push(CONVERSATION_HEADER, hash_hex(hash, &mut hex));
+                }
+            }
+            None => {
+                let h = resp.headers_mut();
+                h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
+                if let Some(hash) = conv_hash {
+                    h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+                }
+            }
         }
-        Ok((resp, conn, reuse, ticket))
+        Ok((resp, lines, conn, reuse, ticket))
     }
 
     /// Sends `req` on an idle connection with the same routing inputs (`key`) when the pool
@@ -403,13 +418,13 @@ impl Gateway {
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
         mut req: UpRequest,
-    ) -> Result<(Response<UpBody>, Conn), ApiError> {
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
             match proxy::send(&mut conn, req, idle).await? {
-                Sent::Answered(resp) => {
+                Sent::Answered(resp, lines) => {
                     self.metrics.upstream_request(true);
-                    return Ok((resp, conn));
+                    return Ok((resp, lines, conn));
                 }
                 Sent::NotSent(back) => req = back,
             }
@@ -419,7 +434,7 @@ impl Gateway {
         let mut conn = if self.cfg.http1_fast_path { proxy::open_raw(up) } else { proxy::open(up).await? };
         self.metrics.upstream_request(false);
         match proxy::send(&mut conn, req, idle).await? {
-            Sent::Answered(resp) => Ok((resp, conn)),
+            Sent::Answered(resp, lines) => Ok((resp, lines, conn)),
             Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
                 "upstream {}: the new connection closed before the request could be sent",
                 conn.backend
@@ -483,9 +498,10 @@ fn end_to_end(headers: &mut HeaderMap) {
 }
 
 /// Whether a `Content-Type` is an event stream (`text/event-stream`, any case, parameters allowed).
-fn is_event_stream(v: &HeaderValue) -> bool {
-    const SSE: &str = "text/event-stream";
-    v.to_str().is_ok_and(|v| v.trim_start().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
+pub fn is_event_stream(v: &[u8]) -> bool {
+    const SSE: &[u8] = b"text/event-stream";
+    route::visible_ascii(v)
+        .is_some_and(|v| v.trim_start().as_bytes().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
 }
 
 /// A client's IP address as `X-Forwarded-For` carries it, formatted once per connection.
@@ -514,6 +530,16 @@ fn keeps_alive<B>(resp: &Response<B>) -> bool {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// `hash` as `0x` and 16 hex digits (as `{hash:#018x}` writes it), in `out`.
+fn hash_hex(hash: u64, out: &mut [u8; 18]) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out[..2].copy_from_slice(b"0x");
+    for (i, d) in out[2..].iter_mut().enumerate() {
+        *d = HEX[((hash >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 fn header_value(s: String) -> HeaderValue {

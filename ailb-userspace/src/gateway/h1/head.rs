@@ -129,7 +129,7 @@ fn place(buf: &[u8], part: &[u8]) -> Range<u32> {
 }
 
 /// Whether `http` takes `v` as a header value (visible ASCII, tabs, spaces and obs-text).
-fn valid_value(v: &[u8]) -> bool {
+pub fn valid_value(v: &[u8]) -> bool {
     v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
