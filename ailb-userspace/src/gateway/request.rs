@@ -6,7 +6,7 @@
 use std::io::Write as _;
 
 use bytes::Bytes;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
 use hyper::http::request::Parts;
 use hyper::{Method, Request, Version};
 
@@ -70,10 +70,18 @@ impl ReqHead {
 
     /// Calls `f` with every header, in order (names lowercase for hyper's, as the client
     /// wrote them for the fast path's).
-    fn each_header(&self, mut f: impl FnMut(&str, &[u8])) {
+    fn each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
         match self {
-            ReqHead::Hyper(p) => p.headers.iter().for_each(|(n, v)| f(n.as_str(), v.as_bytes())),
+            ReqHead::Hyper(p) => p.headers.iter().for_each(|(n, v)| f(n.as_str().as_bytes(), v.as_bytes())),
             ReqHead::Raw(r) => r.iter().for_each(|(n, v)| f(n, v)),
+        }
+    }
+
+    /// Whether it has a `Connection` header.
+    fn has_connection(&self) -> bool {
+        match self {
+            ReqHead::Hyper(p) => p.headers.contains_key(CONNECTION),
+            ReqHead::Raw(r) => r.has_connection(),
         }
     }
 
@@ -86,9 +94,9 @@ impl ReqHead {
     }
 
     /// Whether header `name` is hop-by-hop: one of [`HOP_BY_HOP`], or named in `Connection`.
-    fn hop_by_hop(&self, name: &str) -> bool {
-        HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
-            || self.find_value("connection", |v| has_token(v, name).then_some(())).is_some()
+    fn hop_by_hop(&self, name: &[u8]) -> bool {
+        HOP_BY_HOP.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(name))
+            || (self.has_connection() && self.find_value("connection", |v| has_token(v, name).then_some(())).is_some())
     }
 }
 
@@ -121,7 +129,7 @@ impl UpRequest {
     fn forwarded_for(&self, mut f: impl FnMut(&[u8])) {
         let ip = self.client.value().as_bytes();
         // A client's `X-Forwarded-For` that its `Connection` names is hop-by-hop: not kept.
-        let prior = if self.head.hop_by_hop(FORWARDED_FOR) { None } else { self.head.first(FORWARDED_FOR) };
+        let prior = if self.head.hop_by_hop(FORWARDED_FOR.as_bytes()) { None } else { self.head.first(FORWARDED_FOR) };
         match prior {
             Some(prior) if !prior.trim_ascii().is_empty() => {
                 let mut v = Vec::with_capacity(prior.len() + 2 + ip.len());
@@ -145,25 +153,25 @@ impl UpRequest {
         out.extend_from_slice(b" HTTP/1.1\r\n");
         let (mut xff, mut host, mut length) = (false, false, false);
         self.head.each_header(|name, value| {
-            if name.eq_ignore_ascii_case(FORWARDED_FOR) {
+            if name.eq_ignore_ascii_case(FORWARDED_FOR.as_bytes()) {
                 if !xff {
                     xff = true;
-                    self.forwarded_for(|v| header(out, FORWARDED_FOR, v));
+                    self.forwarded_for(|v| header(out, FORWARDED_FOR.as_bytes(), v));
                 }
                 return;
             }
             if self.head.hop_by_hop(name) {
                 return;
             }
-            host |= name.eq_ignore_ascii_case("host");
-            length |= name.eq_ignore_ascii_case("content-length");
+            host |= name.eq_ignore_ascii_case(b"host");
+            length |= name.eq_ignore_ascii_case(b"content-length");
             header(out, name, value);
         });
         if !xff {
-            self.forwarded_for(|v| header(out, FORWARDED_FOR, v));
+            self.forwarded_for(|v| header(out, FORWARDED_FOR.as_bytes(), v));
         }
         if let Some(a) = self.head.authority().filter(|_| !host) {
-            header(out, "host", a.as_bytes());
+            header(out, b"host", a.as_bytes());
         }
         if !length {
             // Writing to a Vec cannot fail.
@@ -177,7 +185,7 @@ impl UpRequest {
         let mut headers = HeaderMap::new();
         let mut xff = false;
         self.head.each_header(|name, value| {
-            let name = if name.eq_ignore_ascii_case(FORWARDED_FOR) {
+            let name = if name.eq_ignore_ascii_case(FORWARDED_FOR.as_bytes()) {
                 if xff {
                     return;
                 }
@@ -189,7 +197,7 @@ impl UpRequest {
             } else if self.head.hop_by_hop(name) {
                 return;
             } else {
-                HeaderName::from_bytes(name.as_bytes()).expect("a request's header names are valid")
+                HeaderName::from_bytes(name).expect("a request's header names are valid")
             };
             headers.append(name, value_of(value));
         });
@@ -213,8 +221,8 @@ fn value_of(v: &[u8]) -> HeaderValue {
     HeaderValue::from_bytes(v).expect("a request's header values (and an address appended) are valid")
 }
 
-fn header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend(name.iter().map(u8::to_ascii_lowercase));
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");

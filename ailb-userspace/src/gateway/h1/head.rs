@@ -56,6 +56,8 @@ pub struct Head {
     pub version: Version,
     /// Each header's name and value, as places in the head's bytes.
     headers: Vec<(Range<u32>, Range<u32>)>,
+    /// Whether one of them is `Connection`.
+    connection: bool,
     /// Its length in the buffer (the body starts there).
     pub len: usize,
     /// Its body's length (`Content-Length`, 0 without one).
@@ -74,33 +76,39 @@ pub struct RawHead {
     pub version: Version,
     bytes: Bytes,
     headers: Vec<(Range<u32>, Range<u32>)>,
+    connection: bool,
 }
 
 impl Head {
     /// The head with `bytes`, the buffer it was parsed from (at least its first `len` bytes).
     pub fn into_raw(self, bytes: Bytes) -> RawHead {
-        RawHead { method: self.method, uri: self.uri, version: self.version, bytes, headers: self.headers }
+        let Head { method, uri, version, headers, connection, .. } = self;
+        RawHead { method, uri, version, bytes, headers, connection }
     }
 }
 
 impl RawHead {
-    /// Every header as the client wrote it, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+    /// Every header (name, value) as the client wrote it, in order. Names are httparse's
+    /// tokens (ASCII), compared as bytes: no text conversion per lookup.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.headers.iter().map(|(n, v)| {
-            let name = &self.bytes[n.start as usize..n.end as usize];
-            // httparse took the name as a token: ASCII.
-            (std::str::from_utf8(name).unwrap_or_default(), &self.bytes[v.start as usize..v.end as usize])
+            (&self.bytes[n.start as usize..n.end as usize], &self.bytes[v.start as usize..v.end as usize])
         })
+    }
+
+    /// Whether it has a `Connection` header (which may name more hop-by-hop headers).
+    pub fn has_connection(&self) -> bool {
+        self.connection
     }
 }
 
 impl Headers for RawHead {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v)
+        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
     }
 
     fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
-        self.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v).find_map(f)
+        self.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v).find_map(f)
     }
 }
 
@@ -152,6 +160,7 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
     let mut headers = Vec::with_capacity(req.headers.len());
     let mut body_len = None;
     let mut close = version == Version::HTTP_10;
+    let mut connection = false;
     for h in req.headers.iter() {
         if !valid_value(h.value) {
             return Err(Fallback::Header);
@@ -166,12 +175,15 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
                 }
                 body_len = Some(n);
             }
-            () if is("connection") && has_token(h.value, "close") => close = true,
+            () if is("connection") => {
+                connection = true;
+                close |= has_token(h.value, "close");
+            }
             () => {}
         }
         headers.push((place(buf, h.name.as_bytes()), place(buf, h.value)));
     }
-    Ok(Head { method, uri, version, headers, len, body_len: body_len.unwrap_or(0), keep_alive: !close })
+    Ok(Head { method, uri, version, headers, connection, len, body_len: body_len.unwrap_or(0), keep_alive: !close })
 }
 
 /// A `Content-Length` value: decimal digits only (as hyper takes it), at most 19 of them.
@@ -184,8 +196,9 @@ fn content_length(v: &[u8]) -> Option<u64> {
 }
 
 /// Whether the comma-separated header value `v` holds `token` (any case).
-pub fn has_token(v: &[u8], token: &str) -> bool {
-    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+pub fn has_token(v: &[u8], token: impl AsRef<[u8]>) -> bool {
+    let token = token.as_ref();
+    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
@@ -220,8 +233,9 @@ mod tests {
         let raw = h.into_raw(Bytes::from_static(text.as_bytes()));
         assert_eq!(raw.first("x-session-id"), Some(&b"s"[..]));
         assert_eq!(raw.first("HOST"), Some(&b"gw"[..]));
-        let names: Vec<&str> = raw.iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["Host", "Content-Length", "X-Session-ID"]);
+        let names: Vec<&[u8]> = raw.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"Host"[..], b"Content-Length", b"X-Session-ID"]);
+        assert!(!raw.has_connection());
     }
 
     #[test]

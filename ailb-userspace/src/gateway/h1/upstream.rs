@@ -112,8 +112,10 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     // is read from it); it and every other hop-by-hop header stay out of the lines.
     let mut headers = HeaderMap::new();
     let mut lines = HeadLines::with_capacity(len + 96);
-    let named =
-        |name: &str| r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection") && has_token(h.value, name));
+    let connection = r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection"));
+    let named = |name: &str| {
+        connection && r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection") && has_token(h.value, name))
+    };
     let (mut length, mut chunked, mut content_type) = (None, false, false);
     for h in r.headers.iter() {
         if !valid_value(h.value) {
