@@ -1,9 +1,18 @@
 //! The first parse of a request body: a JSON object whose fields the routing rules read
-//! ([`ROUTING_FIELDS`]) are kept as `Value`s, and every other value is checked by the same
-//! parser (strings and their escapes, numbers, nesting depth) but kept nowhere, so a body is
-//! accepted or refused exactly as a parse into a `Value` would, at a fraction of its
-//! allocations.
+//! ([`ROUTING_FIELDS`]) are kept, and every other value is checked by the same parser
+//! (strings and their escapes, numbers, nesting depth) but kept nowhere, so a body is accepted
+//! or refused exactly as a parse into a `Value` would, at a fraction of its allocations.
+//!
+//! The chat messages are the bulk of a body that routing reads: they are kept as borrowed
+//! text ([`Message`]: the role and the content's text, slices of the body unless the JSON
+//! escaped them), not as `Value`s, so a message costs no allocation of its own beyond its
+//! place in one `Vec`. The scalar fields whose wrong values an error quotes (`model`,
+//! `max_tokens`, ...) are kept as `Value`s (numbers and short strings).
 
+use std::borrow::Cow;
+
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
 /// The top-level fields of a body that the rules read. Every other field is parsed and checked
@@ -13,12 +22,130 @@ pub(super) const ROUTING_FIELDS: [&str; 7] =
     ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "prompt_cache_key"];
 
 /// A body: its routing fields when it is an object, else what it is.
-pub(super) enum Top {
-    Object(serde_json::Map<String, Value>),
+pub(super) enum Top<'a> {
+    Object(Fields<'a>),
     Other(&'static str),
 }
 
-impl<'de> serde::Deserialize<'de> for Top {
+/// The routing fields of a body object (a repeated field keeps its last value, as a parse into
+/// a `Value` does).
+#[derive(Debug, Default, PartialEq)]
+pub struct Fields<'a> {
+    pub model: Option<StrOr<'a>>,
+    pub messages: Option<Messages<'a>>,
+    pub prompt: Option<Value>,
+    pub input: Option<Value>,
+    pub max_tokens: Option<Value>,
+    pub max_completion_tokens: Option<Value>,
+    /// Its text when it is a string.
+    pub prompt_cache_key: Option<Text<'a>>,
+}
+
+/// A value that is read as text when it is a string, and quoted in an error when it is not.
+#[derive(Debug, PartialEq)]
+pub enum StrOr<'a> {
+    Str(Cow<'a, str>),
+    Other(Value),
+}
+
+/// A value's text when it is a string (`None` for any other value, which is checked and skipped).
+#[derive(Debug, Default, PartialEq)]
+pub struct Text<'a>(pub Option<Cow<'a, str>>);
+
+/// The `messages` field.
+#[derive(Debug, Default, PartialEq)]
+pub enum Messages<'a> {
+    List(Vec<Message<'a>>),
+    /// Not an array.
+    #[default]
+    NotList,
+}
+
+/// One chat message as the rules read it: a message that is not an object has neither.
+#[derive(Debug, Default, PartialEq)]
+pub struct Message<'a> {
+    /// `role` when it is a string.
+    pub role: Option<Cow<'a, str>>,
+    pub content: Content<'a>,
+}
+
+/// A message's `content`.
+#[derive(Debug, Default, PartialEq)]
+pub enum Content<'a> {
+    Text(Cow<'a, str>),
+    /// An array: the `text` of each part that has a string one, in order.
+    Parts(Vec<Cow<'a, str>>),
+    /// Absent, or neither a string nor an array.
+    #[default]
+    None,
+}
+
+impl Content<'_> {
+    /// Bytes of its text: a string, or its parts' texts joined by newlines.
+    pub fn text_len(&self) -> usize {
+        match self {
+            Content::Text(s) => s.len(),
+            Content::Parts(p) => p.iter().map(|t| t.len()).sum::<usize>() + p.len().saturating_sub(1),
+            Content::None => 0,
+        }
+    }
+
+    /// Appends its text (as [`Content::text_len`] counts it) to `out`.
+    pub fn write_text(&self, out: &mut Vec<u8>) {
+        match self {
+            Content::Text(s) => out.extend_from_slice(s.as_bytes()),
+            Content::Parts(parts) => {
+                for (i, t) in parts.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b'\n');
+                    }
+                    out.extend_from_slice(t.as_bytes());
+                }
+            }
+            Content::None => {}
+        }
+    }
+}
+
+/// Visitor methods for the JSON kinds a type does not keep: each value is checked by the parser
+/// (a map's or an array's members through [`Skip`]) and becomes the type's default.
+macro_rules! skip_kinds {
+    (scalars) => {
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+    };
+    (str) => {
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+    };
+    (map) => {
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<Skip, Skip>()?.is_some() {}
+            Ok(Default::default())
+        }
+    };
+    (seq) => {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Skip::seq(seq).map(|_| Default::default())
+        }
+    };
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Top<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(TopVisitor)
     }
@@ -27,55 +154,234 @@ impl<'de> serde::Deserialize<'de> for Top {
 struct TopVisitor;
 
 impl<'de> serde::de::Visitor<'de> for TopVisitor {
-    type Value = Top;
+    type Value = Top<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
-        let mut fields = serde_json::Map::new();
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
+        let mut f = Fields::default();
         while let Some(Field(name)) = map.next_key()? {
             match name {
-                // A repeated field keeps its last value, as a parse into a `Value` does.
-                Some(name) => drop(fields.insert(name.to_string(), map.next_value()?)),
-                None => map.next_value::<Skip>().map(drop)?,
+                Some("model") => f.model = Some(map.next_value()?),
+                Some("messages") => f.messages = Some(map.next_value()?),
+                Some("prompt") => f.prompt = Some(map.next_value()?),
+                Some("input") => f.input = Some(map.next_value()?),
+                Some("max_tokens") => f.max_tokens = Some(map.next_value()?),
+                Some("max_completion_tokens") => f.max_completion_tokens = Some(map.next_value()?),
+                Some("prompt_cache_key") => f.prompt_cache_key = Some(map.next_value()?),
+                _ => map.next_value::<Skip>().map(drop)?,
             }
         }
-        Ok(Top::Object(fields))
+        Ok(Top::Object(f))
     }
 
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Top, A::Error> {
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
         Skip::seq(seq).map(|_| Top::Other("an array"))
     }
 
-    fn visit_unit<E>(self) -> Result<Top, E> {
+    fn visit_unit<E>(self) -> Result<Top<'de>, E> {
         Ok(Top::Other("null"))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Top, E> {
+    fn visit_bool<E>(self, _: bool) -> Result<Top<'de>, E> {
         Ok(Top::Other("a boolean"))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<Top, E> {
+    fn visit_i64<E>(self, _: i64) -> Result<Top<'de>, E> {
         Ok(Top::Other("a number"))
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Top, E> {
+    fn visit_u64<E>(self, _: u64) -> Result<Top<'de>, E> {
         Ok(Top::Other("a number"))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Top, E> {
+    fn visit_f64<E>(self, _: f64) -> Result<Top<'de>, E> {
         Ok(Top::Other("a number"))
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Top, E> {
+    fn visit_str<E>(self, _: &str) -> Result<Top<'de>, E> {
         Ok(Top::Other("a string"))
     }
 }
 
-/// A top-level key: which of the [`ROUTING_FIELDS`] it is, if any (compared without a copy).
+impl<'de: 'a, 'a> Deserialize<'de> for StrOr<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = StrOr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Str(Cow::Owned(v.to_string())))
+            }
+            fn visit_unit<E>(self) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Other(Value::Null))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Other(Value::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Other(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Other(v.into()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<StrOr<'de>, E> {
+                Ok(StrOr::Other(v.into()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<StrOr<'de>, A::Error> {
+                Value::deserialize(MapAccessDeserializer::new(map)).map(StrOr::Other)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<StrOr<'de>, A::Error> {
+                Value::deserialize(SeqAccessDeserializer::new(seq)).map(StrOr::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Some(Cow::Owned(v.to_string()))))
+            }
+            skip_kinds!(scalars);
+            skip_kinds!(map);
+            skip_kinds!(seq);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Messages<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Messages<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Messages<'de>, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(64));
+                while let Some(m) = seq.next_element()? {
+                    list.push(m);
+                }
+                Ok(Messages::List(list))
+            }
+            skip_kinds!(scalars);
+            skip_kinds!(str);
+            skip_kinds!(map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Message<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Message<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
+                let mut m = Message::default();
+                while let Some(Field(name)) = map.next_key()? {
+                    match name {
+                        Some("role") => m.role = map.next_value::<Text>()?.0,
+                        Some("content") => m.content = map.next_value()?,
+                        _ => map.next_value::<Skip>().map(drop)?,
+                    }
+                }
+                Ok(m)
+            }
+            skip_kinds!(scalars);
+            skip_kinds!(str);
+            skip_kinds!(seq);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Content<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
+                let mut texts = Vec::new();
+                while let Some(Part(t)) = seq.next_element()? {
+                    texts.extend(t);
+                }
+                Ok(Content::Parts(texts))
+            }
+            skip_kinds!(scalars);
+            skip_kinds!(map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A content part: its `text` when it is an object with a string one.
+#[derive(Default)]
+struct Part<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Part<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Part<'de>, A::Error> {
+                let mut text = None;
+                while let Some(Field(name)) = map.next_key()? {
+                    match name {
+                        Some("text") => text = map.next_value::<Text>()?.0,
+                        _ => map.next_value::<Skip>().map(drop)?,
+                    }
+                }
+                Ok(Part(text))
+            }
+            skip_kinds!(scalars);
+            skip_kinds!(str);
+            skip_kinds!(seq);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A key: which of the [`ROUTING_FIELDS`] or of the message keys the rules read it is, if
+/// any (compared without a copy).
 struct Field(Option<&'static str>);
+
+/// The keys of a message and of a content part that the rules read.
+const MESSAGE_FIELDS: [&str; 3] = ["role", "content", "text"];
 
 impl<'de> serde::Deserialize<'de> for Field {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -86,7 +392,7 @@ impl<'de> serde::Deserialize<'de> for Field {
                 f.write_str("a field name")
             }
             fn visit_str<E>(self, v: &str) -> Result<Field, E> {
-                Ok(Field(ROUTING_FIELDS.iter().copied().find(|f| *f == v)))
+                Ok(Field(ROUTING_FIELDS.iter().chain(&MESSAGE_FIELDS).copied().find(|f| *f == v)))
             }
         }
         d.deserialize_str(V)
@@ -146,23 +452,44 @@ impl<'de> serde::Deserialize<'de> for Skip {
 mod tests {
     use super::*;
 
-    /// What a parse into a `Value` gives, cut down to the routing fields (or its error, or
-    /// the kind of a non-object).
-    fn reference(bytes: &[u8]) -> Result<Result<serde_json::Map<String, Value>, &'static str>, String> {
-        match serde_json::from_slice::<Value>(bytes).map_err(|e| e.to_string())? {
-            Value::Object(mut m) => {
-                m.retain(|k, _| ROUTING_FIELDS.contains(&k.as_str()));
-                Ok(Ok(m))
-            }
-            Value::Null => Ok(Err("null")),
-            Value::Bool(_) => Ok(Err("a boolean")),
-            Value::Number(_) => Ok(Err("a number")),
-            Value::String(_) => Ok(Err("a string")),
-            Value::Array(_) => Ok(Err("an array")),
-        }
+    /// What the rules read of a parse into a `Value`, the way they read it from a `Value`
+    /// (or its error, or the kind of a non-object).
+    fn reference(bytes: &[u8]) -> Result<Result<Fields<'static>, &'static str>, String> {
+        let m = match serde_json::from_slice::<Value>(bytes).map_err(|e| e.to_string())? {
+            Value::Object(m) => m,
+            Value::Null => return Ok(Err("null")),
+            Value::Bool(_) => return Ok(Err("a boolean")),
+            Value::Number(_) => return Ok(Err("a number")),
+            Value::String(_) => return Ok(Err("a string")),
+            Value::Array(_) => return Ok(Err("an array")),
+        };
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(|s| Cow::Owned(s.to_string()));
+        let message = |v: &Value| Message {
+            role: text(v.get("role")),
+            content: match v.get("content") {
+                Some(Value::String(s)) => Content::Text(Cow::Owned(s.clone())),
+                Some(Value::Array(parts)) => Content::Parts(parts.iter().filter_map(|p| text(p.get("text"))).collect()),
+                _ => Content::None,
+            },
+        };
+        Ok(Ok(Fields {
+            model: m.get("model").map(|v| match v {
+                Value::String(s) => StrOr::Str(Cow::Owned(s.clone())),
+                other => StrOr::Other(other.clone()),
+            }),
+            messages: m.get("messages").map(|v| match v {
+                Value::Array(list) => Messages::List(list.iter().map(message).collect()),
+                _ => Messages::NotList,
+            }),
+            prompt: m.get("prompt").cloned(),
+            input: m.get("input").cloned(),
+            max_tokens: m.get("max_tokens").cloned(),
+            max_completion_tokens: m.get("max_completion_tokens").cloned(),
+            prompt_cache_key: m.get("prompt_cache_key").map(|v| Text(text(Some(v)))),
+        }))
     }
 
-    fn parsed(bytes: &[u8]) -> Result<Result<serde_json::Map<String, Value>, &'static str>, String> {
+    fn parsed(bytes: &[u8]) -> Result<Result<Fields<'_>, &'static str>, String> {
         match serde_json::from_slice::<Top>(bytes).map_err(|e| e.to_string())? {
             Top::Object(m) => Ok(Ok(m)),
             Top::Other(kind) => Ok(Err(kind)),
@@ -172,6 +499,8 @@ mod tests {
     #[test]
     fn accepts_refuses_and_keeps_what_a_value_parse_does() {
         let deep = format!("{{\"model\":\"m\",\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        let deep_msg =
+            format!("{{\"messages\":[{{\"content\":[{{\"text\":{}1{}}}]}}]}}", "[".repeat(126), "]".repeat(126));
         let inputs: Vec<Vec<u8>> = [
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"stream":false}"#,
             r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,2.5,-3e7,null,true]}}}]}"#,
@@ -184,6 +513,14 @@ mod tests {
             r#"{"model":"m"} trailing"#,
             r#"{"model":"m","x":01}"#,
             r#"{"m\u006fdel":"escaped key"}"#,
+            r#"{"model":{"a":[1,"x"]},"max_tokens":"many","max_completion_tokens":1.5,"prompt_cache_key":7}"#,
+            r#"{"model":null,"messages":{"role":"user"},"prompt_cache_key":"p\u0041"}"#,
+            r#"{"messages":[1,"s",null,{"role":7,"content":{"text":"x"}},{"role":"user","role":"system"}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},"b",{"text":2},{"text":"c","text":"d"}]}]}"#,
+            r#"{"messages":[{"role":"u\u0073er","content":"esc\u00e9\n","content":"last","extra":[{"z":1}]}],"messages":[]}"#,
+            r#"{"messages":[{"role":"user","content":"\ud800"}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"text":"x"},]}]}"#,
+            r#"{"messages":[{"role":"user","content":"a"}"#,
             "[1,{\"a\":2}]",
             "null",
             "true",
@@ -194,14 +531,28 @@ mod tests {
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
-        .chain([deep.into_bytes(), b"{\"model\":\"m\",\"x\":\"\xff\"}".to_vec()])
+        .chain([deep.into_bytes(), deep_msg.into_bytes(), b"{\"model\":\"m\",\"x\":\"\xff\"}".to_vec()])
         .collect();
         for bytes in &inputs {
             assert_eq!(parsed(bytes), reference(bytes), "{}", String::from_utf8_lossy(bytes));
         }
         // A repeated field keeps its last value; the others are not kept at all.
         let m = parsed(inputs[2].as_slice()).unwrap().unwrap();
-        assert_eq!(m["model"], "b");
-        assert!(parsed(inputs[0].as_slice()).unwrap().unwrap().get("stream").is_none());
+        assert_eq!(m.model, Some(StrOr::Str("b".into())));
+        // Unescaped text is a slice of the body, not a copy.
+        let m = parsed(inputs[0].as_slice()).unwrap().unwrap();
+        let Some(Messages::List(list)) = &m.messages else { panic!("messages: {:?}", m.messages) };
+        assert!(matches!(&list[0].content, Content::Text(Cow::Borrowed("hi"))), "{:?}", list[0].content);
+    }
+
+    #[test]
+    fn content_text_joins_parts_with_newlines() {
+        let parts = Content::Parts(vec!["ab".into(), "c".into()]);
+        let mut out = Vec::new();
+        parts.write_text(&mut out);
+        assert_eq!(out, b"ab\nc");
+        assert_eq!(parts.text_len(), out.len());
+        assert_eq!(Content::Parts(vec![]).text_len(), 0);
+        assert_eq!(Content::Text("xyz".into()).text_len(), 3);
     }
 }

@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod answer;
 mod body;
 pub mod config;
 pub mod error;
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod models;
 pub mod pool;
 pub mod proxy;
+pub mod request;
 pub mod route;
 pub mod server;
 

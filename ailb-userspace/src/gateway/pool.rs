@@ -33,11 +33,18 @@ use super::h1::upbody::RawConn;
 use super::proxy::AbortOnDrop;
 
 /// What a reusable connection must match: the routing inputs the socket was tagged with.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+///
+/// The conversation is its key's hash, as the kernel stores it: the kernel's pick reads the
+/// hash, never the key's bytes, so two keys with one hash get the same pick, and one entry of
+/// the pool may serve both. A key of fixed size is hashed and compared without touching the
+/// key's strings on every request.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub struct PoolKey {
-    pub model: String,
+    /// The model's index in the front door's catalog ([`super::server::ModelRoute::index`]).
+    pub model: u32,
     pub memory_mb: Option<u32>,
-    pub conversation: String,
+    /// [`super::route::Conversation::hash`].
+    pub conversation: u64,
 }
 
 /// How an upstream connection is driven.
@@ -207,7 +214,7 @@ mod tests {
     }
 
     fn key(c: &str) -> PoolKey {
-        PoolKey { model: "m".into(), memory_mb: Some(8192), conversation: c.into() }
+        PoolKey { model: 0, memory_mb: Some(8192), conversation: ailb_common::hash::conversation_hash(c.as_bytes()) }
     }
 
     #[tokio::test]
@@ -218,7 +225,7 @@ mod tests {
         assert!(pool.take(&key("b")).is_none(), "another conversation");
         let other_memory = PoolKey { memory_mb: None, ..key("a") };
         assert!(pool.take(&other_memory).is_none(), "another memory need");
-        let other_model = PoolKey { model: "n".into(), ..key("a") };
+        let other_model = PoolKey { model: 1, ..key("a") };
         assert!(pool.take(&other_model).is_none(), "another model");
         assert!(pool.take(&key("a")).is_some());
         assert!(pool.take(&key("a")).is_none(), "handed out once");

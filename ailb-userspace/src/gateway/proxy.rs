@@ -24,11 +24,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
+use super::answer::HeadLines;
 use super::error::ApiError;
 use super::h1::upbody::{RawBody, RawConn};
 use super::h1::upstream::{self, Exchanged};
 use super::log::RequestLog;
 use super::pool::{Conn, Link, Pool, PoolKey};
+use super::request::UpRequest;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -160,15 +162,16 @@ fn upstream_failure(backend: SocketAddrV4, what: &str, e: &dyn std::error::Error
 
 /// What became of a request sent on a connection.
 pub enum Sent {
-    /// The response head.
-    Answered(hyper::Response<UpBody>),
+    /// The response head (and its end-to-end headers as lines when the front door's own
+    /// client read it: the response's map then holds only `Connection`).
+    Answered(hyper::Response<UpBody>, Option<HeadLines>),
     /// The connection could not take the request (it closed while idle, for one): nothing was
     /// sent, and the request comes back for another connection.
-    NotSent(hyper::Request<Bytes>),
+    NotSent(UpRequest),
 }
 
 /// Sends `req` on `conn` and waits at most `idle` for the response head.
-pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -> Result<Sent, ApiError> {
+pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration) -> Result<Sent, ApiError> {
     let backend = conn.backend;
     let work = async {
         let sender = match &mut conn.link {
@@ -176,7 +179,7 @@ pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -
             Link::Raw(raw) => {
                 let Some(r) = raw.take() else { return Ok(Sent::NotSent(req)) };
                 return match upstream::exchange(r, req, backend).await? {
-                    Exchanged::Answered(resp) => Ok(Sent::Answered(resp.map(UpBody::Raw))),
+                    Exchanged::Answered(resp, lines) => Ok(Sent::Answered(resp.map(UpBody::Raw), Some(lines))),
                     Exchanged::NotSent(req) => Ok(Sent::NotSent(req)),
                 };
             }
@@ -184,11 +187,10 @@ pub async fn send(conn: &mut Conn, req: hyper::Request<Bytes>, idle: Duration) -
         if sender.ready().await.is_err() {
             return Ok(Sent::NotSent(req));
         }
-        let body = req.body().clone();
-        match sender.try_send_request(req.map(Full::new)).await {
-            Ok(resp) => Ok(Sent::Answered(resp.map(UpBody::Hyper))),
+        match sender.try_send_request(req.to_hyper().map(Full::new)).await {
+            Ok(resp) => Ok(Sent::Answered(resp.map(UpBody::Hyper), None)),
             Err(mut e) => match e.take_message() {
-                Some(req) => Ok(Sent::NotSent(req.map(|_| body))),
+                Some(_) => Ok(Sent::NotSent(req)),
                 None => Err(upstream_failure(backend, "sending the request", e.error())),
             },
         }

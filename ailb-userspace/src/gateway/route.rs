@@ -21,10 +21,39 @@
 
 use ailb_common::abi::MAX_CONVERSATION_LEN;
 use ailb_common::hash::conversation_hash;
-use hyper::header::{HeaderMap, HeaderName, COOKIE};
+use hyper::header::{HeaderMap, HeaderName};
 use serde_json::Value;
 
-use super::body;
+use super::body::{self, Fields, Messages, StrOr, Text};
+
+/// A request's headers as the rules read them: hyper's map, or the HTTP/1 fast path's head
+/// (values as slices of the bytes read). Names are given in lowercase; a head's names match
+/// in any case.
+pub trait Headers {
+    /// The first value of `name`.
+    fn first(&self, name: &str) -> Option<&[u8]>;
+    /// Calls `f` with every value of `name`, in order, until it returns `Some`.
+    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T>;
+}
+
+impl Headers for HeaderMap {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(|v| v.as_bytes())
+    }
+
+    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
+        self.get_all(name).iter().map(|v| v.as_bytes()).find_map(f)
+    }
+}
+
+/// A header value as text when it is visible ASCII (tabs allowed), as `HeaderValue::to_str` takes it.
+pub fn visible_ascii(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
+    }
+}
 
 /// The API a request calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,10 +167,11 @@ impl RouteError {
 }
 
 /// Parses a request body as a JSON object, keeping only the fields the rules read
-/// ([`super::body::ROUTING_FIELDS`]; the body goes upstream as it came).
-pub fn parse_body(bytes: &[u8]) -> Result<Value, RouteError> {
+/// ([`super::body::ROUTING_FIELDS`], borrowed from `bytes` where they can be; the body goes
+/// upstream as it came).
+pub fn parse_body(bytes: &[u8]) -> Result<Fields<'_>, RouteError> {
     match serde_json::from_slice(bytes).map_err(|e| RouteError::Json { reason: e.to_string() })? {
-        body::Top::Object(fields) => Ok(Value::Object(fields)),
+        body::Top::Object(fields) => Ok(fields),
         body::Top::Other(found) => Err(RouteError::NotObject { found }),
     }
 }
@@ -149,23 +179,20 @@ pub fn parse_body(bytes: &[u8]) -> Result<Value, RouteError> {
 /// The routing inputs of a request to `endpoint`; `facts` looks a model up in the catalog.
 pub fn extract(
     endpoint: Endpoint,
-    headers: &HeaderMap,
-    body: &Value,
+    headers: &impl Headers,
+    body: &Fields<'_>,
     rules: Rules<'_>,
     facts: impl Fn(&str) -> Option<ModelFacts>,
 ) -> Result<Inputs, RouteError> {
+    let bad_model =
+        |value: String| RouteError::BadField { field: "model", value, reason: "expected a non-empty string" };
     let model = match header_str(headers, "x-model-id")? {
         Some(m) => m.to_string(),
-        None => match body.get("model") {
-            Some(Value::String(m)) if !m.is_empty() => m.clone(),
-            None | Some(Value::Null) => return Err(RouteError::NoModel),
-            Some(v) => {
-                return Err(RouteError::BadField {
-                    field: "model",
-                    value: v.to_string(),
-                    reason: "expected a non-empty string",
-                })
-            }
+        None => match &body.model {
+            Some(StrOr::Str(m)) if !m.is_empty() => m.to_string(),
+            Some(StrOr::Str(m)) => return Err(bad_model(Value::String(m.to_string()).to_string())),
+            None | Some(StrOr::Other(Value::Null)) => return Err(RouteError::NoModel),
+            Some(StrOr::Other(v)) => return Err(bad_model(v.to_string())),
         },
     };
     let Some(model_facts) = facts(&model) else {
@@ -177,11 +204,11 @@ pub fn extract(
 }
 
 /// A header's value as text; `None` when absent or empty.
-fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, RouteError> {
-    let Some(v) = headers.get(name) else { return Ok(None) };
-    let s = v.to_str().map_err(|_| RouteError::BadHeader {
+fn header_str<'h>(headers: &'h impl Headers, name: &'static str) -> Result<Option<&'h str>, RouteError> {
+    let Some(v) = headers.first(name) else { return Ok(None) };
+    let s = visible_ascii(v).ok_or_else(|| RouteError::BadHeader {
         header: name,
-        value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        value: String::from_utf8_lossy(v).into_owned(),
         reason: "not visible ASCII",
     })?;
     let s = s.trim();
@@ -190,8 +217,8 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&
 
 fn memory_mb(
     endpoint: Endpoint,
-    headers: &HeaderMap,
-    body: &Value,
+    headers: &impl Headers,
+    body: &Fields<'_>,
     facts: ModelFacts,
 ) -> Result<Option<(u32, MemorySource)>, RouteError> {
     if let Some(gb) = header_str(headers, "x-required-memory")? {
@@ -232,9 +259,9 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
     u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
-fn max_tokens(body: &Value) -> Result<u64, RouteError> {
-    for field in ["max_tokens", "max_completion_tokens"] {
-        match body.get(field) {
+fn max_tokens(body: &Fields<'_>) -> Result<u64, RouteError> {
+    for (field, value) in [("max_tokens", &body.max_tokens), ("max_completion_tokens", &body.max_completion_tokens)] {
+        match value {
             None | Some(Value::Null) => continue,
             Some(v) => {
                 return v.as_u64().ok_or(RouteError::BadField {
@@ -249,14 +276,14 @@ fn max_tokens(body: &Value) -> Result<u64, RouteError> {
 }
 
 /// Bytes of prompt text: chat messages' text, or the prompt/input strings.
-fn prompt_text_bytes(endpoint: Endpoint, body: &Value) -> usize {
+fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize {
     match endpoint {
-        Endpoint::ChatCompletions => match body.get("messages") {
-            Some(Value::Array(msgs)) => msgs.iter().map(|m| content_text(m.get("content")).len()).sum(),
+        Endpoint::ChatCompletions => match &body.messages {
+            Some(Messages::List(msgs)) => msgs.iter().map(|m| m.content.text_len()).sum(),
             _ => 0,
         },
-        Endpoint::Completions => strings_len(body.get("prompt")),
-        Endpoint::Embeddings => strings_len(body.get("input")),
+        Endpoint::Completions => strings_len(body.prompt.as_ref()),
+        Endpoint::Embeddings => strings_len(body.input.as_ref()),
     }
 }
 
@@ -268,21 +295,10 @@ fn strings_len(v: Option<&Value>) -> usize {
     }
 }
 
-/// A message's text: a string content, or the `text` of its parts.
-fn content_text(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
-}
-
 fn conversation(
     endpoint: Endpoint,
-    headers: &HeaderMap,
-    body: &Value,
+    headers: &impl Headers,
+    body: &Fields<'_>,
     rules: Rules<'_>,
     model: &str,
 ) -> Result<Option<Conversation>, RouteError> {
@@ -290,7 +306,7 @@ fn conversation(
     if let Some(id) = header_str(headers, "x-session-id")? {
         return Ok(Some(given(id, KeySource::SessionHeader)));
     }
-    if let Some(Value::String(id)) = body.get("prompt_cache_key") {
+    if let Some(Text(Some(id))) = &body.prompt_cache_key {
         if !id.is_empty() {
             return Ok(Some(given(id, KeySource::PromptCacheKey)));
         }
@@ -299,8 +315,8 @@ fn conversation(
         return Ok(Some(given(id, KeySource::Cookie)));
     }
     if let Some(name) = rules.session_header {
-        if let Some(v) = headers.get(name) {
-            let id = String::from_utf8_lossy(v.as_bytes());
+        if let Some(v) = headers.first(name.as_str()) {
+            let id = String::from_utf8_lossy(v);
             if !id.trim().is_empty() {
                 return Ok(Some(given(id.trim(), KeySource::ConfiguredHeader)));
             }
@@ -310,15 +326,14 @@ fn conversation(
 }
 
 /// `name`'s value in the Cookie headers.
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, v)| *k == name && !v.is_empty())
-        .map(|(_, v)| v)
+fn cookie<'h>(headers: &'h impl Headers, name: &str) -> Option<&'h str> {
+    headers.find_value("cookie", |v| {
+        visible_ascii(v)?
+            .split(';')
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(k, v)| *k == name && !v.is_empty())
+            .map(|(_, v)| v)
+    })
 }
 
 /// A given id as the kernel takes it: unchanged when it fits, else `h-<hash>`.
@@ -331,22 +346,24 @@ fn fit(id: &str) -> String {
 }
 
 /// The derived key `d-<hash>` of a request without an id; `None` when nothing identifies it.
-fn derive(endpoint: Endpoint, body: &Value, rules: Rules<'_>, model: &str) -> Option<String> {
+fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) -> Option<String> {
     let mut material = Vec::new();
     material.extend_from_slice(model.as_bytes());
     material.push(0);
     match endpoint {
         Endpoint::ChatCompletions => {
-            let msgs = body.get("messages")?.as_array()?;
-            let role = |m: &&Value, r: &str| m.get("role").and_then(Value::as_str) == Some(r);
+            let Some(Messages::List(msgs)) = &body.messages else { return None };
+            let role = |m: &&body::Message<'_>, r: &str| m.role.as_deref() == Some(r);
             let system = msgs.iter().find(|m| role(m, "system") || role(m, "developer"));
             let user = msgs.iter().find(|m| role(m, "user"))?;
-            material.extend_from_slice(content_text(system.and_then(|m| m.get("content"))).as_bytes());
+            if let Some(system) = system {
+                system.content.write_text(&mut material);
+            }
             material.push(0);
-            material.extend_from_slice(content_text(user.get("content")).as_bytes());
+            user.content.write_text(&mut material);
         }
         Endpoint::Completions => {
-            let prompt = match body.get("prompt")? {
+            let prompt = match body.prompt.as_ref()? {
                 Value::String(s) => s.clone(),
                 Value::Array(items) => match items.first()? {
                     Value::String(s) => s.clone(),

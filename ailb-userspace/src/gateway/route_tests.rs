@@ -27,8 +27,20 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 
 const RULES: Rules<'static> = Rules { session_header: None, completion_prefix_bytes: 8 };
 
+/// [`extract`] of the JSON text of `body`, parsed as the front door parses a request's body.
+fn extract_json(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Value,
+    rules: Rules<'_>,
+    facts: impl Fn(&str) -> Option<ModelFacts>,
+) -> Result<Inputs, RouteError> {
+    let bytes = serde_json::to_vec(body).unwrap();
+    extract(endpoint, headers, &parse_body(&bytes)?, rules, facts)
+}
+
 fn chat(h: &[(&str, &str)], body: Value) -> Result<Inputs, RouteError> {
-    extract(Endpoint::ChatCompletions, &headers(h), &body, RULES, facts)
+    extract_json(Endpoint::ChatCompletions, &headers(h), &body, RULES, facts)
 }
 
 fn chat_body(turns: &[(&str, &str)]) -> Value {
@@ -80,7 +92,7 @@ fn memory_headers_then_model_then_estimate() {
 #[test]
 fn estimate_for_completions_uses_the_prompt() {
     let body = json!({"model": "kv", "prompt": "y".repeat(8), "max_tokens": 2});
-    let i = extract(Endpoint::Completions, &HeaderMap::new(), &body, RULES, facts).unwrap();
+    let i = extract_json(Endpoint::Completions, &HeaderMap::new(), &body, RULES, facts).unwrap();
     assert_eq!(i.memory_mb, Some(4));
 }
 
@@ -108,7 +120,7 @@ fn conversation_sources_in_order() {
     let name = HeaderName::from_static("x-user");
     let rules = Rules { session_header: Some(&name), ..RULES };
     let conv = |h: &[(&str, &str)], b: &Value| {
-        extract(Endpoint::ChatCompletions, &headers(h), b, rules, facts).unwrap().conversation.unwrap()
+        extract_json(Endpoint::ChatCompletions, &headers(h), b, rules, facts).unwrap().conversation.unwrap()
     };
     let all = [("x-SESSION-id", "s1"), ("Cookie", "a=b; llm-d-session=ck"), ("X-User", "u")];
     assert_eq!(conv(&all, &body), Conversation { key: "s1".into(), source: KeySource::SessionHeader });
@@ -150,7 +162,7 @@ fn derived_chat_key_is_stable_over_turns_and_differs_by_system_user_and_model() 
 #[test]
 fn derived_completion_key_uses_the_prompt_prefix() {
     let key = |p: Value| {
-        extract(Endpoint::Completions, &HeaderMap::new(), &json!({"model": "m", "prompt": p}), RULES, facts)
+        extract_json(Endpoint::Completions, &HeaderMap::new(), &json!({"model": "m", "prompt": p}), RULES, facts)
             .unwrap()
             .conversation
             .map(|c| c.key)
@@ -159,6 +171,6 @@ fn derived_completion_key_uses_the_prompt_prefix() {
     assert_eq!(key(json!("12345678-a")), key(json!("12345678-b")));
     assert_ne!(key(json!("12345678")), key(json!("1234567x")));
     assert_eq!(key(json!(["12345678-a", "z"])), key(json!("12345678")));
-    let e = extract(Endpoint::Embeddings, &HeaderMap::new(), &json!({"model": "m", "input": "x"}), RULES, facts);
+    let e = extract_json(Endpoint::Embeddings, &HeaderMap::new(), &json!({"model": "m", "input": "x"}), RULES, facts);
     assert_eq!(e.unwrap().conversation, None, "embeddings derive no key");
 }

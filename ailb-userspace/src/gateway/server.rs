@@ -10,8 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
-use hyper::http::request::Parts;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -20,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::admission::Control;
+use super::answer::{Answer, HeadLines};
 use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::fleet_memory::Ticket;
@@ -28,8 +28,14 @@ use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
 use super::proxy::{self, BoxError, Held, Relay, Reuse, Sent, UpBody};
-use super::route::{self, Endpoint, ModelFacts, Rules};
+use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
+use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
 use crate::config::ValidConfig;
+
+/// A forwarded request: the upstream's response (with its headers as lines when the front
+/// door's own client read it), its connection, where the connection goes after, and the
+/// request's share of the admission.
+type Forwarded = (Response<UpBody>, Option<HeadLines>, Conn, Option<Reuse>, Option<Ticket>);
 
 /// The response body of every route.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -39,24 +45,14 @@ pub const BACKEND_HEADER: &str = "x-ailb-backend";
 /// `x-ailb-conversation`: the kernel's hash of the conversation key, as `ailb hash` prints it.
 pub const CONVERSATION_HEADER: &str = "x-ailb-conversation";
 
-/// Hop-by-hop headers: they describe one connection and are never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-];
-
 /// A model of the catalog as the front door routes it.
 #[derive(Clone, Debug)]
 pub struct ModelRoute {
     /// The model's first VIP: every request of the model connects there.
     pub vip: SocketAddrV4,
     pub facts: ModelFacts,
+    /// Its place in the catalog (by name), which keys its kept upstream connections.
+    pub index: u32,
     /// Its metric series, reached without a label lookup per request.
     pub series: Arc<ModelSeries>,
 }
@@ -77,7 +73,13 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
                 kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
             };
-            Some((name.clone(), ModelRoute { vip, facts, series: Arc::new(ModelSeries::new(name.clone())) }))
+            Some((name.clone(), vip, facts))
+        })
+        .enumerate()
+        .map(|(i, (name, vip, facts))| {
+            let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
+            let series = Arc::new(ModelSeries::new(name.clone()));
+            (name, ModelRoute { vip, facts, index, series })
         })
         .collect()
 }
@@ -105,7 +107,7 @@ fn find_inputs(
     models: &BTreeMap<String, ModelRoute>,
     cfg: &ValidGateway,
     endpoint: Endpoint,
-    headers: &HeaderMap,
+    headers: &impl Headers,
     body: &[u8],
 ) -> Result<route::Inputs, route::RouteError> {
     let json = route::parse_body(body)?;
@@ -242,18 +244,18 @@ impl Gateway {
     /// One request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
         let (parts, body) = req.into_parts();
-        Ok(self.route(parts, RequestBody::Hyper(body), peer).await)
+        Ok(self.route(ReqHead::Hyper(parts), RequestBody::Hyper(body), peer).await.into_response())
     }
 
     /// One request, from its head and its body (hyper's server and the HTTP/1 fast path both
     /// answer through here).
-    pub async fn route(self: Arc<Self>, parts: Parts, body: RequestBody, peer: ClientIp) -> Response<Body> {
-        let endpoint = Endpoint::from_path(parts.uri.path());
-        if let (&Method::POST, Some(ep)) = (&parts.method, endpoint) {
-            return self.proxy(ep, parts, body, peer).await;
+    pub async fn route(self: Arc<Self>, head: ReqHead, body: RequestBody, peer: ClientIp) -> Answer {
+        let endpoint = Endpoint::from_path(head.path());
+        if let (&Method::POST, Some(ep)) = (head.method(), endpoint) {
+            return self.proxy(ep, head, body, peer).await;
         }
-        let path = parts.uri.path();
-        match (&parts.method, path, endpoint) {
+        let path = head.path();
+        let resp = match (head.method(), path, endpoint) {
             (&Method::GET, "/v1/models", _) => self.list_models().await,
             (&Method::GET, "/healthz", _) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             (&Method::GET, "/metrics", _) => self.encode_metrics(),
@@ -261,11 +263,12 @@ impl Gateway {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
                 "method_not_allowed",
-                format!("{} {path}: method not allowed", parts.method),
+                format!("{} {path}: method not allowed", head.method()),
             )
             .into_response(),
-            _ => ApiError::not_found(format!("{} {path}: no such route", parts.method)).into_response(),
-        }
+            _ => ApiError::not_found(format!("{} {path}: no such route", head.method())).into_response(),
+        };
+        resp.into()
     }
 
     /// `GET /v1/models`: the catalog's models that have a live backend now (the daemon's plan,
@@ -301,19 +304,13 @@ impl Gateway {
         }
     }
 
-    async fn proxy(
-        self: Arc<Self>,
-        endpoint: Endpoint,
-        parts: Parts,
-        body: RequestBody,
-        peer: ClientIp,
-    ) -> Response<Body> {
-        let mut log = RequestLog::start(self.metrics.clone(), &parts.method, parts.uri.path());
+    async fn proxy(self: Arc<Self>, endpoint: Endpoint, head: ReqHead, body: RequestBody, peer: ClientIp) -> Answer {
+        let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
         let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            return answer(log, ApiError::overloaded(self.cfg.max_concurrent));
+            return answer(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
         };
-        let work = self.clone().forward(endpoint, parts, body, &peer, &mut log);
+        let work = self.clone().forward(endpoint, head, body, peer, &mut log);
         let result = match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(ApiError::timeout(format!(
@@ -322,9 +319,12 @@ impl Gateway {
             ))),
         };
         match result {
-            Ok((resp, conn, reuse, ticket)) => {
+            Ok((resp, lines, conn, reuse, ticket)) => {
                 let (parts, body) = resp.into_parts();
-                let sse = parts.headers.get(CONTENT_TYPE).is_some_and(is_event_stream);
+                let sse = match &lines {
+                    Some(l) => l.event_stream,
+                    None => parts.headers.get(CONTENT_TYPE).is_some_and(|v| is_event_stream(v.as_bytes())),
+                };
                 let relay = Relay::new(
                     body,
                     sse,
@@ -336,9 +336,9 @@ impl Gateway {
                     deadline,
                     self.cfg.total_timeout,
                 );
-                Response::from_parts(parts, relay.boxed_unsync())
+                Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
             }
-            Err(e) => answer(log, e),
+            Err(e) => answer(log, e).into(),
         }
     }
 
@@ -347,14 +347,14 @@ impl Gateway {
     async fn forward(
         self: Arc<Self>,
         endpoint: Endpoint,
-        parts: Parts,
+        head: ReqHead,
         body: RequestBody,
-        peer: &ClientIp,
+        client: ClientIp,
         log: &mut RequestLog,
-    ) -> Result<(Response<UpBody>, Conn, Option<Reuse>, Option<Ticket>), ApiError> {
-        let client_version = parts.version;
-        let bytes = self.read_body(&parts.headers, body).await?;
-        let inputs = find_inputs(&self.models, &self.cfg, endpoint, &parts.headers, &bytes).inspect_err(|e| {
+    ) -> Result<Forwarded, ApiError> {
+        let client_version = head.version();
+        let bytes = self.read_body(&head, body).await?;
+        let inputs = find_inputs(&self.models, &self.cfg, endpoint, &head, &bytes).inspect_err(|e| {
             if let route::RouteError::UnknownModel { model } = e {
                 log.model(model);
             }
@@ -373,28 +373,14 @@ impl Gateway {
         if let Some(mb) = inputs.memory_mb {
             tags = tags.required_memory_mb(mb);
         }
-        let mut upstream_req = Request::builder()
-            .method(parts.method)
-            .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-            .body(bytes)
-            .map_err(|e| ApiError::invalid_request("invalid_request", format!("request: {e}")))?;
-        let mut headers = parts.headers;
-        end_to_end(&mut headers);
-        forwarded_for(&mut headers, peer);
-        if !headers.contains_key(HOST) {
-            // An HTTP/2 client names the host in `:authority`, which HTTP/1.1 carries as Host.
-            if let Some(a) = parts.uri.authority() {
-                headers.insert(HOST, header_value(a.to_string()));
-            }
-        }
-        *upstream_req.headers_mut() = headers;
-        let key = match (&self.pool, &inputs.conversation) {
-            (Some(_), Some(c)) => {
-                Some(PoolKey { model: inputs.model.clone(), memory_mb: inputs.memory_mb, conversation: c.key.clone() })
+        let upstream_req = UpRequest { head, body: bytes, client };
+        let key = match (&self.pool, conv_hash) {
+            (Some(_), Some(conversation)) => {
+                Some(PoolKey { model: model.index, memory_mb: inputs.memory_mb, conversation })
             }
             _ => None,
         };
-        let (mut resp, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
+        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
         let backend = conn.backend;
         let reuse = match (key, &self.pool) {
             (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
@@ -405,12 +391,23 @@ impl Gateway {
         // The upstream's HTTP version is its connection's business (an HTTP/1.0 answer would
         // make the client's keep-alive connection close).
         *resp.version_mut() = client_version;
-        let h = resp.headers_mut();
-        h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
-        if let Some(hash) = conv_hash {
-            h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+        match &mut lines {
+            Some(l) => {
+                l.push(BACKEND_HEADER, conn.backend_value.as_bytes());
+                if let Some(hash) = conv_hash {
+                    let mut hex = [0u8; 18];
+                    l.push(CONVERSATION_HEADER, hash_hex(hash, &mut hex));
+                }
+            }
+            None => {
+                let h = resp.headers_mut();
+                h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
+                if let Some(hash) = conv_hash {
+                    h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+                }
+            }
         }
-        Ok((resp, conn, reuse, ticket))
+        Ok((resp, lines, conn, reuse, ticket))
     }
 
     /// Sends `req` on an idle connection with the same routing inputs (`key`) when the pool
@@ -420,14 +417,14 @@ impl Gateway {
         key: Option<&PoolKey>,
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
-        mut req: Request<Bytes>,
-    ) -> Result<(Response<UpBody>, Conn), ApiError> {
+        mut req: UpRequest,
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
             match proxy::send(&mut conn, req, idle).await? {
-                Sent::Answered(resp) => {
+                Sent::Answered(resp, lines) => {
                     self.metrics.upstream_request(true);
-                    return Ok((resp, conn));
+                    return Ok((resp, lines, conn));
                 }
                 Sent::NotSent(back) => req = back,
             }
@@ -437,7 +434,7 @@ impl Gateway {
         let mut conn = if self.cfg.http1_fast_path { proxy::open_raw(up) } else { proxy::open(up).await? };
         self.metrics.upstream_request(false);
         match proxy::send(&mut conn, req, idle).await? {
-            Sent::Answered(resp) => Ok((resp, conn)),
+            Sent::Answered(resp, lines) => Ok((resp, lines, conn)),
             Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
                 "upstream {}: the new connection closed before the request could be sent",
                 conn.backend
@@ -448,13 +445,13 @@ impl Gateway {
     /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
     /// reading, a chunked body is read up to the limit only; a body slower than
     /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
-    async fn read_body(&self, headers: &HeaderMap, body: RequestBody) -> Result<Bytes, ApiError> {
+    async fn read_body(&self, headers: &impl Headers, body: RequestBody) -> Result<Bytes, ApiError> {
         let body = match body {
             RequestBody::Hyper(b) => b,
             RequestBody::Read(read) => return read,
         };
         let max = self.cfg.max_body_bytes;
-        let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let declared = headers.first("content-length").and_then(|v| route::visible_ascii(v)?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
             return Err(ApiError::too_large(max));
         }
@@ -501,9 +498,10 @@ fn end_to_end(headers: &mut HeaderMap) {
 }
 
 /// Whether a `Content-Type` is an event stream (`text/event-stream`, any case, parameters allowed).
-fn is_event_stream(v: &HeaderValue) -> bool {
-    const SSE: &str = "text/event-stream";
-    v.to_str().is_ok_and(|v| v.trim_start().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
+pub fn is_event_stream(v: &[u8]) -> bool {
+    const SSE: &[u8] = b"text/event-stream";
+    route::visible_ascii(v)
+        .is_some_and(|v| v.trim_start().as_bytes().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
 }
 
 /// A client's IP address as `X-Forwarded-For` carries it, formatted once per connection.
@@ -514,19 +512,11 @@ impl ClientIp {
     pub fn new(peer: SocketAddr) -> Self {
         Self(header_value(peer.ip().to_string()))
     }
-}
 
-/// Appends the client's address to `X-Forwarded-For` (the model server's logs then name the
-/// client rather than the front door).
-fn forwarded_for(headers: &mut HeaderMap, peer: &ClientIp) {
-    let name = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => {
-            header_value(format!("{prior}, {}", peer.0.to_str().unwrap_or_default()))
-        }
-        _ => peer.0.clone(),
-    };
-    headers.insert(name, value);
+    /// The address as a header value.
+    pub fn value(&self) -> &HeaderValue {
+        &self.0
+    }
 }
 
 /// Whether the upstream leaves its connection open after `resp` (HTTP/1.1 without
@@ -540,6 +530,16 @@ fn keeps_alive<B>(resp: &Response<B>) -> bool {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// `hash` as `0x` and 16 hex digits (as `{hash:#018x}` writes it), in `out`.
+fn hash_hex(hash: u64, out: &mut [u8; 18]) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out[..2].copy_from_slice(b"0x");
+    for (i, d) in out[2..].iter_mut().enumerate() {
+        *d = HEX[((hash >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 fn header_value(s: String) -> HeaderValue {

@@ -4,9 +4,12 @@
 //! head, and any head that does not parse, is [`Parsed::Fallback`]: hyper then reads it from
 //! the same bytes and answers it as it always did (400, 431, HTTP/2, chunked bodies, ...).
 
-use hyper::header::{HeaderMap, HeaderName, HeaderValue};
-use hyper::http::request::Parts;
-use hyper::{Method, Request, Uri, Version};
+use std::ops::Range;
+
+use bytes::Bytes;
+use hyper::{Method, Uri, Version};
+
+use crate::gateway::route::Headers;
 
 /// Headers a head may have on the fast path (hyper's own limit is 100: a head with more
 /// goes to hyper, which answers 431).
@@ -17,7 +20,6 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// What the bytes at the start of a connection's buffer are.
 #[derive(Debug)]
-#[expect(clippy::large_enum_variant, reason = "one per request, moved once: a box would be one more allocation")]
 pub enum Parsed {
     /// The start of a head the fast path may take: more bytes are needed.
     Partial,
@@ -46,10 +48,16 @@ pub enum Fallback {
     Length,
 }
 
-/// A request head the fast path serves.
+/// A request head the fast path serves, as found in the buffer.
 #[derive(Debug)]
 pub struct Head {
-    pub parts: Parts,
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    /// Each header's name and value, as places in the head's bytes.
+    headers: Vec<(Range<u32>, Range<u32>)>,
+    /// Whether one of them is `Connection`.
+    connection: bool,
     /// Its length in the buffer (the body starts there).
     pub len: usize,
     /// Its body's length (`Content-Length`, 0 without one).
@@ -58,6 +66,50 @@ pub struct Head {
     /// `Connection: close`. An HTTP/1.0 connection closes after each answer (hyper's server
     /// closes it too: the front door's answers never carry `Connection: keep-alive`).
     pub keep_alive: bool,
+}
+
+/// A request head with its bytes: header values are read in place, never copied.
+#[derive(Debug)]
+pub struct RawHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    bytes: Bytes,
+    headers: Vec<(Range<u32>, Range<u32>)>,
+    connection: bool,
+}
+
+impl Head {
+    /// The head with `bytes`, the buffer it was parsed from (at least its first `len` bytes).
+    pub fn into_raw(self, bytes: Bytes) -> RawHead {
+        let Head { method, uri, version, headers, connection, .. } = self;
+        RawHead { method, uri, version, bytes, headers, connection }
+    }
+}
+
+impl RawHead {
+    /// Every header (name, value) as the client wrote it, in order. Names are httparse's
+    /// tokens (ASCII), compared as bytes: no text conversion per lookup.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.headers.iter().map(|(n, v)| {
+            (&self.bytes[n.start as usize..n.end as usize], &self.bytes[v.start as usize..v.end as usize])
+        })
+    }
+
+    /// Whether it has a `Connection` header (which may name more hop-by-hop headers).
+    pub fn has_connection(&self) -> bool {
+        self.connection
+    }
+}
+
+impl Headers for RawHead {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
+    }
+
+    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
+        self.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v).find_map(f)
+    }
 }
 
 /// Parses the head at the start of `buf`.
@@ -71,13 +123,25 @@ pub fn parse(buf: &[u8]) -> Parsed {
         Err(httparse::Error::TooManyHeaders) => return Parsed::Fallback(Fallback::TooLarge),
         Err(_) => return Parsed::Fallback(Fallback::Unparsed),
     };
-    match build(&req) {
-        Ok((parts, body_len, keep_alive)) => Parsed::Request(Head { parts, len, body_len, keep_alive }),
+    match build(&req, buf, len) {
+        Ok(head) => Parsed::Request(head),
         Err(why) => Parsed::Fallback(why),
     }
 }
 
-fn build(req: &httparse::Request<'_, '_>) -> Result<(Parts, u64, bool), Fallback> {
+/// Where `part` (a slice of `buf`) lies in it.
+fn place(buf: &[u8], part: &[u8]) -> Range<u32> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    // A head is at most MAX_HEAD_BYTES plus one read, far below 4 GiB.
+    start as u32..(start + part.len()) as u32
+}
+
+/// Whether `http` takes `v` as a header value (visible ASCII, tabs, spaces and obs-text).
+pub fn valid_value(v: &[u8]) -> bool {
+    v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head, Fallback> {
     let version = match req.version {
         Some(1) => Version::HTTP_11,
         Some(0) => Version::HTTP_10,
@@ -93,32 +157,33 @@ fn build(req: &httparse::Request<'_, '_>) -> Result<(Parts, u64, bool), Fallback
         return Err(Fallback::Target);
     }
     let uri = Uri::try_from(path).map_err(|_| Fallback::Target)?;
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    let mut headers = Vec::with_capacity(req.headers.len());
     let mut body_len = None;
     let mut close = version == Version::HTTP_10;
+    let mut connection = false;
     for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Fallback::Header)?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| Fallback::Header)?;
-        match name.as_str() {
-            "transfer-encoding" | "upgrade" | "expect" => return Err(Fallback::Framing),
-            "content-length" => {
+        if !valid_value(h.value) {
+            return Err(Fallback::Header);
+        }
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        match () {
+            () if is("transfer-encoding") || is("upgrade") || is("expect") => return Err(Fallback::Framing),
+            () if is("content-length") => {
                 let n = content_length(h.value).ok_or(Fallback::Length)?;
                 if body_len.is_some_and(|prior| prior != n) {
                     return Err(Fallback::Length);
                 }
                 body_len = Some(n);
             }
-            "connection" if has_token(h.value, "close") => close = true,
-            _ => {}
+            () if is("connection") => {
+                connection = true;
+                close |= has_token(h.value, "close");
+            }
+            () => {}
         }
-        headers.append(name, value);
+        headers.push((place(buf, h.name.as_bytes()), place(buf, h.value)));
     }
-    let mut parts = Request::new(()).into_parts().0;
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = headers;
-    Ok((parts, body_len.unwrap_or(0), !close))
+    Ok(Head { method, uri, version, headers, connection, len, body_len: body_len.unwrap_or(0), keep_alive: !close })
 }
 
 /// A `Content-Length` value: decimal digits only (as hyper takes it), at most 19 of them.
@@ -131,8 +196,9 @@ fn content_length(v: &[u8]) -> Option<u64> {
 }
 
 /// Whether the comma-separated header value `v` holds `token` (any case).
-pub fn has_token(v: &[u8], token: &str) -> bool {
-    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+pub fn has_token(v: &[u8], token: impl AsRef<[u8]>) -> bool {
+    let token = token.as_ref();
+    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
@@ -157,14 +223,19 @@ mod tests {
     fn a_post_with_a_body_is_taken_and_its_body_starts_after_the_head() {
         let text = "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 7\r\nX-Session-ID: s\r\n\r\n{\"a\":1}";
         let h = head(text);
-        assert_eq!(h.parts.method, Method::POST);
-        assert_eq!(h.parts.uri.path(), "/v1/chat/completions");
-        assert_eq!(h.parts.uri.query(), Some("x=1"));
-        assert_eq!(h.parts.version, Version::HTTP_11);
+        assert_eq!(h.method, Method::POST);
+        assert_eq!(h.uri.path(), "/v1/chat/completions");
+        assert_eq!(h.uri.query(), Some("x=1"));
+        assert_eq!(h.version, Version::HTTP_11);
         assert_eq!(h.body_len, 7);
         assert_eq!(&text[h.len..], "{\"a\":1}");
-        assert_eq!(h.parts.headers["x-session-id"], "s");
         assert!(h.keep_alive);
+        let raw = h.into_raw(Bytes::from_static(text.as_bytes()));
+        assert_eq!(raw.first("x-session-id"), Some(&b"s"[..]));
+        assert_eq!(raw.first("HOST"), Some(&b"gw"[..]));
+        let names: Vec<&[u8]> = raw.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"Host"[..], b"Content-Length", b"X-Session-ID"]);
+        assert!(!raw.has_connection());
     }
 
     #[test]
@@ -181,7 +252,7 @@ mod tests {
         assert!(!head("GET / HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("GET / HTTP/1.0\r\n\r\n").keep_alive);
         assert!(!head("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").keep_alive);
-        assert_eq!(head("GET / HTTP/1.0\r\n\r\n").parts.version, Version::HTTP_10);
+        assert_eq!(head("GET / HTTP/1.0\r\n\r\n").version, Version::HTTP_10);
     }
 
     #[test]

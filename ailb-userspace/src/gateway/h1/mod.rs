@@ -32,12 +32,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::ApiError;
+use super::request::ReqHead;
 use super::server::{body_timeout, ClientIp, Gateway, RequestBody};
 use head::{Head, Parsed};
 
@@ -48,7 +49,6 @@ pub struct Client {
 }
 
 /// The next thing on a connection.
-#[expect(clippy::large_enum_variant, reason = "one per request, moved once: a box would be one more allocation")]
 enum Next {
     Request(Head),
     /// hyper takes the connection (why, for the debug log).
@@ -82,11 +82,12 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
                 return;
             }
         };
-        client.buf.advance(head.len);
+        let bytes = client.buf.split_to(head.len).freeze();
         let (body, unread) = read_body(&gw, &mut client, &head).await;
         let keep_alive = head.keep_alive && body.is_ok();
-        let version = head.parts.version;
-        let resp = gw.clone().route(head.parts, RequestBody::Read(body), client_ip.clone()).await;
+        let version = head.version;
+        let head = ReqHead::Raw(head.into_raw(bytes));
+        let resp = gw.clone().route(head, RequestBody::Read(body), client_ip.clone()).await;
         if !response::send(&mut client, resp, version, !keep_alive).await {
             return close(client, unread).await;
         }

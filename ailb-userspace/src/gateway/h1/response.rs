@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::head::MAX_HEAD_BYTES;
 use super::Client;
+use crate::gateway::answer::{Answer, HeadLines};
 use crate::gateway::proxy::BoxError;
 use crate::gateway::server::Body;
 
@@ -39,13 +40,16 @@ pub enum Framing {
     Close,
 }
 
-/// How a response's body is delimited, as hyper's server decides it.
-pub fn framing(resp: &Response<Body>, version: Version) -> Framing {
+/// How a response's body is delimited, as hyper's server decides it (`lines`: the upstream's
+/// headers written before the response's own).
+pub fn framing(resp: &Response<Body>, lines: Option<&HeadLines>, version: Version) -> Framing {
     let status = resp.status();
     if status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Framing::None;
     }
-    let declared = resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    let declared = lines
+        .and_then(|l| l.content_length)
+        .or_else(|| resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok()));
     match (declared, resp.body().size_hint().exact()) {
         (Some(n), _) => Framing::Length(n, false),
         (None, Some(n)) => Framing::Length(n, true),
@@ -54,12 +58,12 @@ pub fn framing(resp: &Response<Body>, version: Version) -> Framing {
     }
 }
 
-/// Appends the response head to `out`.
+/// Appends the response head to `out`: `lines` (the upstream's headers), then `headers`.
 pub fn encode_head(
     out: &mut Vec<u8>,
     version: Version,
     status: StatusCode,
-    headers: &HeaderMap,
+    (lines, headers): (Option<&HeadLines>, &HeaderMap),
     framing: Framing,
     close: bool,
 ) {
@@ -68,10 +72,13 @@ pub fn encode_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    if let Some(l) = lines {
+        out.extend_from_slice(l.as_bytes());
+    }
     for (name, value) in headers {
         header(out, name.as_str(), value.as_bytes());
     }
-    if !headers.contains_key(DATE) {
+    if !headers.contains_key(DATE) && !lines.is_some_and(|l| l.has_date) {
         DATE_NOW.with(|d| header(out, "date", d.borrow_mut().now().as_bytes()));
     }
     match framing {
@@ -153,12 +160,14 @@ async fn next_frame(client: &mut Client, body: &mut Body) -> Option<Option<Resul
 
 /// Writes `resp` to the client of a `version` request; `close` when the connection ends after
 /// it. Whether the connection can carry another request.
-pub async fn send(client: &mut Client, resp: Response<Body>, version: Version, close: bool) -> bool {
-    let framing = framing(&resp, version);
+pub async fn send(client: &mut Client, answer: Answer, version: Version, close: bool) -> bool {
+    let Answer { resp, lines } = answer;
+    let framing = framing(&resp, lines.as_ref(), version);
     let close = close || framing == Framing::Close;
     let (parts, mut body) = resp.into_parts();
-    let mut out = Vec::with_capacity(512);
-    encode_head(&mut out, version, parts.status, &parts.headers, framing, close);
+    let mut out = Vec::with_capacity(512 + lines.as_ref().map_or(0, |l| l.as_bytes().len()));
+    encode_head(&mut out, version, parts.status, (lines.as_ref(), &parts.headers), framing, close);
+    drop(lines);
     if framing == Framing::None {
         return client.stream.write_all(&out).await.is_ok() && !close;
     }
@@ -225,15 +234,15 @@ mod tests {
     #[test]
     fn framing_follows_the_header_then_the_size_then_the_version() {
         let with_header = resp(200, &[("content-length", "3")], full("abc"));
-        assert_eq!(framing(&with_header, Version::HTTP_11), Framing::Length(3, false));
-        assert_eq!(framing(&resp(200, &[], full("abc")), Version::HTTP_11), Framing::Length(3, true));
+        assert_eq!(framing(&with_header, None, Version::HTTP_11), Framing::Length(3, false));
+        assert_eq!(framing(&resp(200, &[], full("abc")), None, Version::HTTP_11), Framing::Length(3, true));
         let (_tx, chan) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
         let stream = || resp(200, &[], chan.boxed_unsync());
-        assert_eq!(framing(&stream(), Version::HTTP_11), Framing::Chunked);
+        assert_eq!(framing(&stream(), None, Version::HTTP_11), Framing::Chunked);
         let (_tx, chan) = http_body_util::channel::Channel::<Bytes, BoxError>::new(1);
         let stream10 = resp(200, &[], chan.boxed_unsync());
-        assert_eq!(framing(&stream10, Version::HTTP_10), Framing::Close);
-        assert_eq!(framing(&resp(204, &[], full("")), Version::HTTP_11), Framing::None);
+        assert_eq!(framing(&stream10, None, Version::HTTP_10), Framing::Close);
+        assert_eq!(framing(&resp(204, &[], full("")), None, Version::HTTP_11), Framing::None);
     }
 
     #[test]
@@ -241,7 +250,8 @@ mod tests {
         let mut out = Vec::new();
         let mut h = HeaderMap::new();
         h.insert("content-type", HeaderValue::from_static("application/json"));
-        encode_head(&mut out, Version::HTTP_11, StatusCode::PAYLOAD_TOO_LARGE, &h, Framing::Length(5, true), true);
+        let both = (None, &h);
+        encode_head(&mut out, Version::HTTP_11, StatusCode::PAYLOAD_TOO_LARGE, both, Framing::Length(5, true), true);
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ndate: "),
@@ -249,9 +259,33 @@ mod tests {
         );
         assert!(text.ends_with("\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"), "{text}");
         let mut out = Vec::new();
-        encode_head(&mut out, Version::HTTP_10, StatusCode::OK, &h, Framing::Close, true);
+        encode_head(&mut out, Version::HTTP_10, StatusCode::OK, (None, &h), Framing::Close, true);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.0 200 OK\r\n") && !text.contains("connection"), "{text}");
+    }
+
+    #[test]
+    fn upstream_lines_come_first_and_their_length_and_date_count() {
+        let mut lines = HeadLines::with_capacity(64);
+        lines.push("Content-Length", b"3");
+        lines.content_length = Some(3);
+        lines.push("Date", b"Wed, 02 Dec 2026 01:00:00 GMT");
+        lines.has_date = true;
+        let r = resp(200, &[("x-ailb-backend", "10.0.0.1:80")], full("abc"));
+        assert_eq!(framing(&r, Some(&lines), Version::HTTP_11), Framing::Length(3, false));
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            Version::HTTP_11,
+            StatusCode::OK,
+            (Some(&lines), r.headers()),
+            Framing::Length(3, false),
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ndate: Wed, 02 Dec 2026 01:00:00 GMT\r\nx-ailb-backend: 10.0.0.1:80\r\n\r\n"
+        );
     }
 
     #[test]

@@ -4,14 +4,17 @@
 //! would have done for the same exchange (a task per connection, a channel crossed by the
 //! request and each body frame) is not needed: the request's own task reads the answer.
 
-use bytes::{Buf, Bytes};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
-use hyper::{Request, Response, StatusCode, Version};
+use bytes::Buf;
+use hyper::header::{HeaderMap, HeaderValue, CONNECTION};
+use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
-use super::head::{has_token, MAX_HEADERS, MAX_HEAD_BYTES};
+use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
 use super::upbody::{Framing, RawBody, RawConn};
+use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
+use crate::gateway::request::{UpRequest, HOP_BY_HOP};
+use crate::gateway::server::is_event_stream;
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
 /// after it.
@@ -19,56 +22,36 @@ const JOIN_BODY: usize = 64 * 1024;
 
 /// What became of a request on a raw connection.
 pub enum Exchanged {
-    Answered(Response<RawBody>),
+    /// The response (its headers only those that describe the connection, `Connection`) and
+    /// its end-to-end headers as lines.
+    Answered(Response<RawBody>, HeadLines),
     /// The connection failed before it took any of the request (it was closed while idle):
     /// the request comes back for another connection, and the connection is gone.
-    NotSent(Request<Bytes>),
-}
-
-/// The request as HTTP/1.1 bytes: its target, its headers (a `Content-Length` added when it
-/// has none), then the body when it is small.
-fn encode(req: &Request<Bytes>) -> Vec<u8> {
-    let body = req.body();
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let mut out = Vec::with_capacity(256 + req.headers().len() * 32 + body.len().min(JOIN_BODY));
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if !req.headers().contains_key(CONTENT_LENGTH) {
-        out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
-    }
-    out.extend_from_slice(b"\r\n");
-    if body.len() <= JOIN_BODY {
-        out.extend_from_slice(body);
-    }
-    out
+    NotSent(UpRequest),
 }
 
 /// Sends `req` on `conn` and reads the response head. `backend` names the connection in errors.
 pub async fn exchange(
     mut conn: RawConn,
-    req: Request<Bytes>,
+    req: UpRequest,
     backend: std::net::SocketAddrV4,
 ) -> Result<Exchanged, ApiError> {
-    let body = req.body().clone();
-    let bytes = encode(&req);
+    let joined = req.body.len() <= JOIN_BODY;
+    let mut bytes = Vec::with_capacity(512 + if joined { req.body.len() } else { 0 });
+    req.encode_head(&mut bytes);
+    if joined {
+        bytes.extend_from_slice(&req.body);
+    }
     if conn.stream.write_all(&bytes).await.is_err() {
         return Ok(Exchanged::NotSent(req));
     }
-    if body.len() > JOIN_BODY {
-        if let Err(e) = conn.stream.write_all(&body).await {
+    if !joined {
+        if let Err(e) = conn.stream.write_all(&req.body).await {
             return Err(failure(backend, "sending the request body", &e));
         }
     }
-    let (head, framing) = read_head(&mut conn, backend).await?;
-    Ok(Exchanged::Answered(head.map(|()| RawBody::new(conn, framing))))
+    let (head, framing, lines) = read_head(&mut conn, backend).await?;
+    Ok(Exchanged::Answered(head.map(|()| RawBody::new(conn, framing)), lines))
 }
 
 fn failure(backend: std::net::SocketAddrV4, what: &str, e: &dyn std::error::Error) -> ApiError {
@@ -77,16 +60,19 @@ fn failure(backend: std::net::SocketAddrV4, what: &str, e: &dyn std::error::Erro
 
 /// Reads the response head (skipping `100 Continue` and other informational heads) and how
 /// its body is framed.
-async fn read_head(conn: &mut RawConn, backend: std::net::SocketAddrV4) -> Result<(Response<()>, Framing), ApiError> {
+async fn read_head(
+    conn: &mut RawConn,
+    backend: std::net::SocketAddrV4,
+) -> Result<(Response<()>, Framing, HeadLines), ApiError> {
     loop {
         if !conn.buf.is_empty() {
             match parse(&conn.buf) {
-                Ok(Some((len, resp, framing))) => {
+                Ok(Some((len, resp, framing, lines))) => {
                     conn.buf.advance(len);
                     if resp.status().is_informational() {
                         continue;
                     }
-                    return Ok((resp, framing));
+                    return Ok((resp, framing, lines));
                 }
                 Ok(None) if conn.buf.len() > MAX_HEAD_BYTES => {
                     return Err(ApiError::bad_gateway(format!(
@@ -109,7 +95,7 @@ async fn read_head(conn: &mut RawConn, backend: std::net::SocketAddrV4) -> Resul
     }
 }
 
-type HeadParse = Option<(usize, Response<()>, Framing)>;
+type HeadParse = Option<(usize, Response<()>, Framing, HeadLines)>;
 
 /// A whole response head at the start of `buf` (`None`: not whole yet), or what is wrong with it.
 fn parse(buf: &[u8]) -> Result<HeadParse, String> {
@@ -122,22 +108,47 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     };
     let status = r.code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or("a response head without a valid status")?;
     let version = if r.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-    let mut headers = HeaderMap::with_capacity(r.headers.len());
-    let (mut length, mut chunked) = (None, false);
+    // `Connection` stays in the response's map (whether the upstream keeps the connection open
+    // is read from it); it and every other hop-by-hop header stay out of the lines.
+    let mut headers = HeaderMap::new();
+    let mut lines = HeadLines::with_capacity(len + 96);
+    let connection = r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection"));
+    let named = |name: &str| {
+        connection && r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection") && has_token(h.value, name))
+    };
+    let (mut length, mut chunked, mut content_type) = (None, false, false);
     for h in r.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| format!("a bad header name {:?}", h.name))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| format!("a bad value of header {}", h.name))?;
-        if name == CONTENT_LENGTH {
+        if !valid_value(h.value) {
+            return Err(format!("a bad value of header {}", h.name));
+        }
+        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        if is("content-length") {
             let n = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
             match (n, length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(prior)) if n == prior => {}
                 _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(h.value))),
             }
-        } else if name == TRANSFER_ENCODING {
+        } else if is("transfer-encoding") {
             chunked = has_token(h.value, "chunked");
         }
-        headers.append(name, value);
+        if is("connection") {
+            headers
+                .append(CONNECTION, HeaderValue::from_bytes(h.value).map_err(|_| "a bad value of header Connection")?);
+            continue;
+        }
+        if HOP_BY_HOP.iter().any(|n| is(n)) || named(h.name) {
+            continue;
+        }
+        if is("content-length") {
+            lines.content_length = length;
+        } else if is("date") {
+            lines.has_date = true;
+        } else if is("content-type") && !content_type {
+            content_type = true;
+            lines.event_stream = is_event_stream(h.value);
+        }
+        lines.push(h.name, h.value);
     }
     let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let framing = match (bodiless, chunked, length) {
@@ -150,7 +161,7 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     *resp.status_mut() = status;
     *resp.version_mut() = version;
     *resp.headers_mut() = headers;
-    Ok(Some((len, resp, framing)))
+    Ok(Some((len, resp, framing, lines)))
 }
 
 #[cfg(test)]
@@ -159,13 +170,13 @@ mod tests {
 
     #[test]
     fn response_heads_are_framed_as_http_says() {
-        let (len, resp, f) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").unwrap().unwrap();
+        let (len, resp, f, _) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").unwrap().unwrap();
         assert_eq!((len, resp.status(), f), (38, StatusCode::OK, Framing::Length(5)));
-        let (_, _, f) = parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
+        let (_, _, f, _) = parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
         assert_eq!(f, Framing::Chunked);
-        let (_, resp, f) = parse(b"HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
+        let (_, resp, f, _) = parse(b"HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
         assert_eq!((resp.version(), f), (Version::HTTP_10, Framing::Close));
-        let (_, _, f) = parse(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().unwrap();
+        let (_, _, f, _) = parse(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().unwrap();
         assert_eq!(f, Framing::Length(0));
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-").unwrap().is_none());
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err());
@@ -173,10 +184,23 @@ mod tests {
     }
 
     #[test]
-    fn the_request_is_one_buffer_with_its_length() {
-        let req =
-            Request::post("/v1/chat/completions?x=1").header("host", "gw").body(Bytes::from_static(b"{}")).unwrap();
-        let text = String::from_utf8(encode(&req)).unwrap();
-        assert_eq!(text, "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{}");
+    fn end_to_end_headers_become_lines_and_connection_stays_in_the_map() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\nConnection: close, X-Hop\r\n\
+                     X-Hop: 1\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nDate: Wed, 02 Dec 2026 01:00:00 GMT\r\n\
+                     X-Request-Id: r1\r\n\r\n";
+        let (_, resp, f, lines) = parse(head).unwrap().unwrap();
+        assert_eq!(f, Framing::Chunked);
+        assert_eq!(resp.headers().get_all(CONNECTION).iter().collect::<Vec<_>>(), ["close, X-Hop"]);
+        assert_eq!(
+            lines.as_bytes(),
+            b"content-type: Text/Event-Stream; charset=utf-8\r\ndate: Wed, 02 Dec 2026 01:00:00 GMT\r\nx-request-id: r1\r\n"
+        );
+        assert!(lines.event_stream && lines.has_date);
+        assert_eq!(lines.content_length, None);
+        let (_, resp, _, lines) =
+            parse(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n").unwrap().unwrap();
+        assert!(resp.headers().is_empty());
+        assert_eq!((lines.content_length, lines.has_date, lines.event_stream), (Some(2), false, false));
+        assert!(parse(b"HTTP/1.1 200 OK\r\nX-Bad: a\x7fb\r\n\r\n").is_err());
     }
 }

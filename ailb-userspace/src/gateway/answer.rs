@@ -1,0 +1,118 @@
+//! What the routes answer ([`Answer`]): a response, and for a response relayed from the front
+//! door's own upstream client, the upstream's end-to-end headers as lines ready to write
+//! ([`HeadLines`]), so that the HTTP/1 fast path writes them as they came, without building an
+//! `http` header map for them. Hyper's server gets one map of both (the upstream's headers
+//! first, then the response's own, the order the fast path writes them in).
+
+use bytes::Bytes;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::Response;
+
+use super::server::Body;
+
+/// An upstream response's end-to-end headers, each a `name: value\r\n` line (names in lowercase).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HeadLines {
+    lines: Vec<u8>,
+    /// Its `Content-Length`.
+    pub content_length: Option<u64>,
+    /// Whether it has a `Date`.
+    pub has_date: bool,
+    /// Whether its `Content-Type` is an event stream (`text/event-stream`).
+    pub event_stream: bool,
+}
+
+impl HeadLines {
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self { lines: Vec::with_capacity(bytes), ..Self::default() }
+    }
+
+    /// Appends a header, its name in lowercase (as hyper writes names; `value` valid as a
+    /// header value).
+    pub fn push(&mut self, name: &str, value: &[u8]) {
+        self.lines.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+        self.lines.extend_from_slice(b": ");
+        self.lines.extend_from_slice(value);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
+    /// The lines, as written.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.lines
+    }
+
+    /// Each header's name and value.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.split(|b| *b == b'\n').filter_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let at = line.windows(2).position(|w| w == b": ")?;
+            Some((&line[..at], &line[at + 2..]))
+        })
+    }
+}
+
+/// A route's answer.
+pub struct Answer {
+    pub resp: Response<Body>,
+    /// The upstream's headers, before the response's own.
+    pub lines: Option<HeadLines>,
+}
+
+impl From<Response<Body>> for Answer {
+    fn from(resp: Response<Body>) -> Self {
+        Self { resp, lines: None }
+    }
+}
+
+impl Answer {
+    /// One response with every header, for hyper's server.
+    pub fn into_response(self) -> Response<Body> {
+        let Some(lines) = self.lines else { return self.resp };
+        let (mut parts, body) = self.resp.into_parts();
+        let own = std::mem::take(&mut parts.headers);
+        let mut headers = HeaderMap::with_capacity(own.len() + 8);
+        for (name, value) in lines.iter() {
+            let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value)))
+            else {
+                continue;
+            };
+            headers.append(name, value);
+        }
+        let mut last = None;
+        for (name, value) in own {
+            if let Some(n) = name {
+                last = Some(n);
+            }
+            if let Some(n) = &last {
+                headers.append(n.clone(), value);
+            }
+        }
+        parts.headers = headers;
+        Response::from_parts(parts, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[test]
+    fn lines_round_trip_and_come_first_for_hyper() {
+        let mut lines = HeadLines::with_capacity(64);
+        lines.push("Content-Type", b"application/json");
+        lines.push("x-multi", b"a");
+        lines.push("x-multi", b"b: c");
+        assert_eq!(lines.as_bytes(), b"content-type: application/json\r\nx-multi: a\r\nx-multi: b: c\r\n");
+        let pairs: Vec<(&[u8], &[u8])> = lines.iter().collect();
+        assert_eq!(pairs[2], (&b"x-multi"[..], &b"b: c"[..]));
+        let body: Body = Full::new(Bytes::new()).map_err(|e| match e {}).boxed_unsync();
+        let mut resp = Response::new(body);
+        resp.headers_mut().insert("x-ailb-backend", HeaderValue::from_static("10.0.0.1:80"));
+        let merged = Answer { resp, lines: Some(lines) }.into_response();
+        let names: Vec<&str> = merged.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-multi", "x-ailb-backend"]);
+        assert_eq!(merged.headers().get_all("x-multi").iter().collect::<Vec<_>>(), ["a", "b: c"]);
+    }
+}

@@ -1,0 +1,298 @@
+//! A client's request as the routes take it ([`ReqHead`]: hyper's parts, or the HTTP/1 fast
+//! path's head read in place), and the request the front door sends upstream for it
+//! ([`UpRequest`]): the client's method, target and end-to-end headers, its address appended to
+//! `X-Forwarded-For`, `Host` from an HTTP/2 client's `:authority`, and the body.
+
+use std::io::Write as _;
+
+use bytes::Bytes;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
+use hyper::http::request::Parts;
+use hyper::{Method, Request, Version};
+
+use super::h1::head::{has_token, RawHead};
+use super::route::Headers;
+use super::server::ClientIp;
+
+/// Hop-by-hop headers: they describe one connection and are never forwarded.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+
+const FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// A request's head.
+#[derive(Debug)]
+pub enum ReqHead {
+    /// From hyper's server.
+    Hyper(Parts),
+    /// From the HTTP/1 fast path: header values are slices of the bytes read.
+    Raw(RawHead),
+}
+
+impl ReqHead {
+    pub fn method(&self) -> &Method {
+        match self {
+            ReqHead::Hyper(p) => &p.method,
+            ReqHead::Raw(r) => &r.method,
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        match self {
+            ReqHead::Hyper(p) => p.uri.path(),
+            ReqHead::Raw(r) => r.uri.path(),
+        }
+    }
+
+    /// The path and query, as the request line upstream carries them.
+    pub fn target(&self) -> &str {
+        let uri = match self {
+            ReqHead::Hyper(p) => &p.uri,
+            ReqHead::Raw(r) => &r.uri,
+        };
+        uri.path_and_query().map_or("/", |p| p.as_str())
+    }
+
+    pub fn version(&self) -> Version {
+        match self {
+            ReqHead::Hyper(p) => p.version,
+            ReqHead::Raw(r) => r.version,
+        }
+    }
+
+    /// Calls `f` with every header, in order (names lowercase for hyper's, as the client
+    /// wrote them for the fast path's).
+    fn each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        match self {
+            ReqHead::Hyper(p) => p.headers.iter().for_each(|(n, v)| f(n.as_str().as_bytes(), v.as_bytes())),
+            ReqHead::Raw(r) => r.iter().for_each(|(n, v)| f(n, v)),
+        }
+    }
+
+    /// Whether it has a `Connection` header.
+    fn has_connection(&self) -> bool {
+        match self {
+            ReqHead::Hyper(p) => p.headers.contains_key(CONNECTION),
+            ReqHead::Raw(r) => r.has_connection(),
+        }
+    }
+
+    /// The `:authority` of an HTTP/2 request (HTTP/1.1 carries it as `Host`).
+    fn authority(&self) -> Option<&str> {
+        match self {
+            ReqHead::Hyper(p) => p.uri.authority().map(|a| a.as_str()),
+            ReqHead::Raw(_) => None,
+        }
+    }
+
+    /// Whether header `name` is hop-by-hop: one of [`HOP_BY_HOP`], or named in `Connection`.
+    fn hop_by_hop(&self, name: &[u8]) -> bool {
+        HOP_BY_HOP.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(name))
+            || (self.has_connection() && self.find_value("connection", |v| has_token(v, name).then_some(())).is_some())
+    }
+}
+
+impl Headers for ReqHead {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        match self {
+            ReqHead::Hyper(p) => p.headers.first(name),
+            ReqHead::Raw(r) => r.first(name),
+        }
+    }
+
+    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
+        match self {
+            ReqHead::Hyper(p) => p.headers.find_value(name, f),
+            ReqHead::Raw(r) => r.find_value(name, f),
+        }
+    }
+}
+
+/// The request sent upstream for a client's request.
+pub struct UpRequest {
+    pub head: ReqHead,
+    pub body: Bytes,
+    pub client: ClientIp,
+}
+
+impl UpRequest {
+    /// The `X-Forwarded-For` value: the client's first one with its address appended, or its
+    /// address alone (the model server's logs then name the client rather than the front door).
+    fn forwarded_for(&self, mut f: impl FnMut(&[u8])) {
+        let ip = self.client.value().as_bytes();
+        // A client's `X-Forwarded-For` that its `Connection` names is hop-by-hop: not kept.
+        let prior = if self.head.hop_by_hop(FORWARDED_FOR.as_bytes()) { None } else { self.head.first(FORWARDED_FOR) };
+        match prior {
+            Some(prior) if !prior.trim_ascii().is_empty() => {
+                let mut v = Vec::with_capacity(prior.len() + 2 + ip.len());
+                v.extend_from_slice(prior);
+                v.extend_from_slice(b", ");
+                v.extend_from_slice(ip);
+                f(&v)
+            }
+            _ => f(ip),
+        }
+    }
+
+    /// Appends the request head as HTTP/1.1 to `out`: the request line, every end-to-end
+    /// header in order (names in lowercase; `X-Forwarded-For` where the client's first one was,
+    /// else last), `Host` from `:authority` when there is none, and a `Content-Length` when
+    /// the client sent none.
+    pub fn encode_head(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.head.method().as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.head.target().as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let (mut xff, mut host, mut length) = (false, false, false);
+        self.head.each_header(|name, value| {
+            if name.eq_ignore_ascii_case(FORWARDED_FOR.as_bytes()) {
+                if !xff {
+                    xff = true;
+                    self.forwarded_for(|v| header(out, FORWARDED_FOR.as_bytes(), v));
+                }
+                return;
+            }
+            if self.head.hop_by_hop(name) {
+                return;
+            }
+            host |= name.eq_ignore_ascii_case(b"host");
+            length |= name.eq_ignore_ascii_case(b"content-length");
+            header(out, name, value);
+        });
+        if !xff {
+            self.forwarded_for(|v| header(out, FORWARDED_FOR.as_bytes(), v));
+        }
+        if let Some(a) = self.head.authority().filter(|_| !host) {
+            header(out, b"host", a.as_bytes());
+        }
+        if !length {
+            // Writing to a Vec cannot fail.
+            let _ = write!(out, "content-length: {}\r\n", self.body.len());
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// The same request for hyper's client (the same headers as [`UpRequest::encode_head`]).
+    pub fn to_hyper(&self) -> Request<Bytes> {
+        let mut headers = HeaderMap::new();
+        let mut xff = false;
+        self.head.each_header(|name, value| {
+            let name = if name.eq_ignore_ascii_case(FORWARDED_FOR.as_bytes()) {
+                if xff {
+                    return;
+                }
+                xff = true;
+                self.forwarded_for(|v| {
+                    headers.append(HeaderName::from_static(FORWARDED_FOR), value_of(v));
+                });
+                return;
+            } else if self.head.hop_by_hop(name) {
+                return;
+            } else {
+                HeaderName::from_bytes(name).expect("a request's header names are valid")
+            };
+            headers.append(name, value_of(value));
+        });
+        if !xff {
+            self.forwarded_for(|v| {
+                headers.append(HeaderName::from_static(FORWARDED_FOR), value_of(v));
+            });
+        }
+        if let Some(a) = self.head.authority().filter(|_| !headers.contains_key(HOST)) {
+            headers.insert(HOST, value_of(a.as_bytes()));
+        }
+        let mut req = Request::new(self.body.clone());
+        *req.method_mut() = self.head.method().clone();
+        *req.uri_mut() = self.head.target().parse().expect("a request's path and query are a valid target");
+        *req.headers_mut() = headers;
+        req
+    }
+}
+
+fn value_of(v: &[u8]) -> HeaderValue {
+    HeaderValue::from_bytes(v).expect("a request's header values (and an address appended) are valid")
+}
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend(name.iter().map(u8::to_ascii_lowercase));
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::h1::head::{parse, Parsed};
+
+    fn raw(text: &str) -> ReqHead {
+        match parse(text.as_bytes()) {
+            Parsed::Request(h) => ReqHead::Raw(h.into_raw(Bytes::copy_from_slice(text.as_bytes()))),
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+
+    fn up(head: ReqHead, body: &'static str) -> UpRequest {
+        UpRequest {
+            head,
+            body: Bytes::from_static(body.as_bytes()),
+            client: ClientIp::new("10.0.0.9:5000".parse().unwrap()),
+        }
+    }
+
+    fn encoded(r: &UpRequest) -> String {
+        let mut out = Vec::new();
+        r.encode_head(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_stay_behind() {
+        let text = "POST /v1/completions?x=1 HTTP/1.1\r\nHost: gw\r\nConnection: keep-alive, X-Secret\r\n\
+                    Keep-Alive: 5\r\nX-Secret: s\r\nTE: trailers\r\nX-Session-ID: a\r\nContent-Length: 2\r\n\r\n";
+        let r = up(raw(text), "{}");
+        assert_eq!(
+            encoded(&r),
+            "POST /v1/completions?x=1 HTTP/1.1\r\nhost: gw\r\nx-session-id: a\r\ncontent-length: 2\r\n\
+             x-forwarded-for: 10.0.0.9\r\n\r\n"
+        );
+        let h = r.to_hyper();
+        assert_eq!(h.uri(), "/v1/completions?x=1");
+        let names: Vec<&str> = h.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["host", "x-session-id", "content-length", "x-forwarded-for"]);
+    }
+
+    #[test]
+    fn the_client_address_is_appended_to_the_first_forwarded_for() {
+        let text = "GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4\r\nA: b\r\nx-forwarded-for: 5.6.7.8\r\n\r\n";
+        let r = up(raw(text), "");
+        assert_eq!(
+            encoded(&r),
+            "GET / HTTP/1.1\r\nx-forwarded-for: 1.2.3.4, 10.0.0.9\r\na: b\r\ncontent-length: 0\r\n\r\n"
+        );
+        assert_eq!(r.to_hyper().headers().get_all(FORWARDED_FOR).iter().collect::<Vec<_>>(), ["1.2.3.4, 10.0.0.9"]);
+        let blank = up(raw("GET / HTTP/1.1\r\nX-Forwarded-For:  \r\n\r\n"), "");
+        assert!(encoded(&blank).contains("\r\nx-forwarded-for: 10.0.0.9\r\n"), "{}", encoded(&blank));
+    }
+
+    #[test]
+    fn an_http2_authority_becomes_host() {
+        let mut parts = Request::new(()).into_parts().0;
+        parts.uri = "http://gw.example:8080/v1/models".parse().unwrap();
+        parts.version = Version::HTTP_2;
+        let r = up(ReqHead::Hyper(parts), "");
+        assert_eq!(
+            encoded(&r),
+            "GET /v1/models HTTP/1.1\r\nx-forwarded-for: 10.0.0.9\r\nhost: gw.example:8080\r\ncontent-length: 0\r\n\r\n"
+        );
+        assert_eq!(r.to_hyper().headers()[HOST], "gw.example:8080");
+    }
+}
