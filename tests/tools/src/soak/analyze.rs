@@ -264,6 +264,7 @@ mod tests {
             inflight_before: None,
             inflight_after: None,
             open: 0,
+            open_tc: None,
             tries: 1,
             live: None,
             procs: vec![super::super::sample::ProcSample { role: "gateway".into(), rss_kb, fds }],

@@ -12,6 +12,10 @@
 //! then at the instant the listing began and at the one it ended the counters and the open
 //! connections were the same. A sample that never agrees keeps its last try, and how far apart
 //! it was.
+//!
+//! With the TC stream the listing also counts the remote clients' connections: ESTABLISHED
+//! sockets in the client namespace whose peer is a TC VIP (`ss -N NETNS`), one per TC flow the
+//! kernel counts (from the SYN through to the first FIN or RST it forwards).
 use std::collections::BTreeSet;
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
@@ -48,8 +52,12 @@ pub struct Sample {
     /// counters could not be read).
     pub inflight_before: Option<u64>,
     pub inflight_after: Option<u64>,
-    /// ESTABLISHED sockets from the cgroup's processes to the backends, in the last listing.
+    /// ESTABLISHED sockets from the cgroup's processes to the backends, and of the remote
+    /// clients to the TC VIPs, in the last listing.
     pub open: u64,
+    /// Of `open`, the remote clients' (`None`: no TC stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_tc: Option<u64>,
     /// Listings taken: the sample ended at the first whose count both reads equal, or after
     /// [`MAX_TRIES`].
     pub tries: u32,
@@ -82,6 +90,15 @@ pub struct Target {
     pub cgroup: String,
 }
 
+/// The remote clients whose connections the listing counts too.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The client namespace's name (`ip netns`), for `ss -N`.
+    pub netns: String,
+    /// The TC VIPs, as `ss` prints a peer.
+    pub vips: BTreeSet<String>,
+}
+
 /// The sampler thread; [`Sampler::stop`] returns its samples.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
@@ -90,6 +107,11 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn start(target: Arc<Target>, t0: Instant) -> Self {
+        Self::start_with(target, t0, None)
+    }
+
+    /// A sampler that also counts `remote`'s connections.
+    pub fn start_with(target: Arc<Target>, t0: Instant, remote: Option<Remote>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -99,7 +121,7 @@ impl Sampler {
             while !s.load(Ordering::Relaxed) {
                 if Instant::now() >= next {
                     next += PERIOD;
-                    out.push(take(&target, t0, &mut ids));
+                    out.push(take_with(&target, t0, &mut ids, remote.as_ref()));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -117,18 +139,30 @@ impl Sampler {
 /// One sample now. `ids`: every backend id listed by the daemon so far in this run (a removed
 /// backend's connections stay counted under its id until they close); this sample's are added.
 pub fn take(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>) -> Sample {
+    take_with(t, t0, ids, None)
+}
+
+/// One sample now, counting `remote`'s connections too.
+pub fn take_with(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>, remote: Option<&Remote>) -> Sample {
     let t_s = t0.elapsed().as_secs_f64();
     let status = ailb_status(&t.ailb, &t.bpffs).ok();
     ids.extend(status.iter().flat_map(|s| backends(s).filter_map(|b| b["id"].as_u64()).map(|id| id as u32)));
     let counters = inflight_map(&t.bpffs);
     let read = || counters.as_ref().and_then(|m| ids.iter().map(|id| m.get(id, 0).ok()).sum::<Option<u64>>());
-    let (before, open, after, tries) = agreeing(read, || open_connections(&t.backends, &t.cgroup));
+    let tc = std::cell::Cell::new(None);
+    let list = || {
+        let r = remote.map(remote_connections);
+        tc.set(r);
+        open_connections(&t.backends, &t.cgroup) + r.unwrap_or(0)
+    };
+    let (before, open, after, tries) = agreeing(read, list);
     let procs = t.procs.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Sample {
         t_s,
         inflight_before: before,
         inflight_after: after,
         open,
+        open_tc: tc.get(),
         tries,
         live: status.as_ref().map(live_count),
         procs: procs.iter().filter_map(|(role, pid)| footprint(role, *pid)).collect(),
@@ -181,6 +215,14 @@ pub fn open_connections(backends: &[SocketAddrV4], cgroup: &str) -> u64 {
     let text = String::from_utf8_lossy(&out.stdout);
     let peers: BTreeSet<String> = backends.iter().map(ToString::to_string).collect();
     text.lines().filter(|l| counts(l, &peers)).count() as u64
+}
+
+/// ESTABLISHED TCP sockets in `r`'s namespace whose peer is one of its VIPs.
+pub fn remote_connections(r: &Remote) -> u64 {
+    let Ok(out) = Command::new("ss").args(["-N", &r.netns, "-tnH", "state", "established"]).output() else {
+        return 0;
+    };
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| counts(l, &r.vips)).count() as u64
 }
 
 /// Whether an `ss -tnH state established` line is a connection to one of `peers` (its fields:
