@@ -195,6 +195,23 @@ fn goals(md: &mut String, run: &SoakRun) {
             met(e.picks_kept == Some(true))
         );
         let restart = e.recovered_s.unwrap_or(e.end_s);
+        let moves = analyze::table_moves(&run.samples, e.start_s, restart - e.start_s + 2.0);
+        if moves.minutes > 0.0 {
+            let seen = match moves.after_seen_before {
+                Some(true) => "one of those the old daemon had applied in the same length of time before the kill",
+                Some(false) => "none of those the old daemon had applied in the same length of time before the kill",
+                None => "not sampled",
+            };
+            let _ = writeln!(
+                md,
+                "| (context, not the goal) the active tables without the restart: the telemetry moves them | the \
+                 samples saw the tables change {} times in {:.1} minutes away from the restart ({:.1} a minute); the \
+                 tables after the restart were {seen} | - |",
+                moves.changes,
+                moves.minutes,
+                moves.changes as f64 / moves.minutes
+            );
+        }
         let mut turns = Vec::new();
         for entry in run.entries() {
             let c = continuity(&run.records, entry, e.start_s, TURN_WINDOW_S.max(restart - e.start_s + 5.0));
@@ -386,6 +403,21 @@ fn tc_flows(md: &mut String, run: &SoakRun) {
         n(&st["redirected"]),
         n(&st["to_stack"]),
     );
+    let peak_tc = run.samples.iter().filter_map(|s| Some((s.open_tc?, s.t_s))).max_by_key(|p| p.0);
+    let peak_one = run
+        .samples
+        .iter()
+        .flat_map(|s| s.inflight_by_backend.iter().map(move |(b, n)| (*n, b.as_str(), s.t_s)))
+        .max_by_key(|p| p.0);
+    if let (Some((tc, t_tc)), Some((one, b, t_one))) = (peak_tc, peak_one) {
+        let _ = writeln!(
+            md,
+            "The remote clients' open connections peaked at {tc} (at {t_tc:.0} s); the most connections in flight \
+             on one backend at a sample: {one} on {b} (at {t_one:.0} s). Client-address affinity is kept while the \
+             backend is live and under its cap, whatever its load (the load bound applies to a fresh pick only), so \
+             the conversations of one client address stay on its backend however long its queue.\n"
+        );
+    }
 }
 
 /// Where the low-memory backend's requests went: served by it during the fault, and in an

@@ -16,7 +16,7 @@
 //! With the TC stream the listing also counts the remote clients' connections: ESTABLISHED
 //! sockets in the client namespace whose peer is a TC VIP (`ss -N NETNS`), one per TC flow the
 //! kernel counts (from the SYN through to the first FIN or RST it forwards).
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -62,6 +62,14 @@ pub struct Sample {
     /// [`MAX_TRIES`].
     pub tries: u32,
     pub live: Option<u64>,
+    /// The active tables' digests (`model=digest`, comma-separated), to tell a table the
+    /// telemetry moved from one a fault changed (`None`: the status could not be read).
+    pub tables: Option<String>,
+    /// Each backend's in-flight count (`ailb status`, read once per sample, not with the
+    /// listing): where the connections are, e.g. how many the remote clients' affinity holds on
+    /// one backend.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub inflight_by_backend: BTreeMap<String, u64>,
     pub procs: Vec<ProcSample>,
 }
 
@@ -165,6 +173,8 @@ pub fn take_with(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>, remote: Optio
         open_tc: tc.get(),
         tries,
         live: status.as_ref().map(live_count),
+        tables: status.as_ref().map(table_digests),
+        inflight_by_backend: status.as_ref().map(inflight_by_backend).unwrap_or_default(),
         procs: procs.iter().filter_map(|(role, pid)| footprint(role, *pid)).collect(),
     }
 }
@@ -197,6 +207,26 @@ fn inflight_map(bpffs: &Path) -> Option<Array<MapData, u64>> {
 /// The sum of every backend's `inflight`.
 pub fn inflight_sum(status: &Value) -> u64 {
     backends(status).filter_map(|b| b["inflight"].as_u64()).sum()
+}
+
+/// Every backend's `inflight`, by address.
+pub fn inflight_by_backend(status: &Value) -> BTreeMap<String, u64> {
+    backends(status).filter_map(|b| Some((b["address"].as_str()?.to_string(), b["inflight"].as_u64()?))).fold(
+        BTreeMap::new(),
+        |mut m, (a, n)| {
+            *m.entry(a).or_default() += n;
+            m
+        },
+    )
+}
+
+/// `model=digest` of every model, comma-separated.
+pub fn table_digests(status: &Value) -> String {
+    let models = status["models"].as_array().into_iter().flatten();
+    models
+        .map(|m| format!("{}={}", m["name"].as_str().unwrap_or("?"), m["table_digest"].as_str().unwrap_or("-")))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn live_count(status: &Value) -> u64 {
