@@ -73,17 +73,24 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',', value_name = "RUN")]
         peers_run: Vec<bench::PeersRun>,
     },
-    /// The chaos soak (root): the fleet at its stable load through the socket ABI and the front
-    /// door while the daemon, rnacos, an agent and a GPU server are killed and restarted, a bad
-    /// config is SIGHUPed and a backend's memory runs low; then ten times the load for a minute.
+    /// The chaos soak (root): the fleet at its stable load through the socket ABI, the front
+    /// door and remote clients through the TC datapath (network namespaces the soak makes) while
+    /// the daemon, rnacos, an agent and a GPU server are killed and restarted, a bad config is
+    /// SIGHUPed and a backend's memory runs low; then ten times the load for a minute.
     /// Reports in docs/results/soak/.
     Soak {
-        /// Length of the soak, minutes (2 for a quick check).
+        /// Length of the soak, minutes (3 for a quick check).
         #[arg(long, default_value_t = 20.0)]
         minutes: f64,
         /// Only the overload.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "no_overload")]
         overload_only: bool,
+        /// Only the soak, no overload.
+        #[arg(long)]
+        no_overload: bool,
+        /// No TC stream (no namespaces; the socket ABI and the front door on the host's loopback).
+        #[arg(long)]
+        no_tc: bool,
         /// Debug builds instead of release ones.
         #[arg(long)]
         debug: bool,
@@ -127,7 +134,9 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
         Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
         Cmd::Bench { only, fuzz_minutes, peers_run } => bench::bench(&only, fuzz_minutes, &peers_run),
-        Cmd::Soak { minutes, overload_only, debug } => soak::soak(minutes, overload_only, debug),
+        Cmd::Soak { minutes, overload_only, no_overload, no_tc, debug } => {
+            soak::soak(&soak::SoakOpts { minutes, overload_only, no_overload, no_tc, debug })
+        }
         Cmd::Fuzz { seconds, targets } => fuzz::fuzz(seconds, &targets).map(drop),
         Cmd::DemoClient { vip, rate } => demo::client::client(&vip, rate),
     }

@@ -7,7 +7,17 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{self, Step};
 
-pub(crate) fn soak(minutes: f64, overload_only: bool, debug: bool) -> Result<()> {
+/// What `cargo xtask soak` was asked for.
+pub(crate) struct SoakOpts {
+    pub minutes: f64,
+    pub overload_only: bool,
+    pub no_overload: bool,
+    pub no_tc: bool,
+    pub debug: bool,
+}
+
+pub(crate) fn soak(o: &SoakOpts) -> Result<()> {
+    let SoakOpts { minutes, overload_only, no_overload, no_tc, debug } = *o;
     if !util::is_root() {
         bail!("cargo xtask soak needs root: it loads eBPF programs and creates a child cgroup");
     }
@@ -22,6 +32,8 @@ pub(crate) fn soak(minutes: f64, overload_only: bool, debug: bool) -> Result<()>
     let bin = util::target_dir().join(profile).join("ailb-soak");
     let what = if overload_only {
         "the overload (about 3 minutes: 30 s at the stable load, then the minute at 10x and the drain)".to_string()
+    } else if no_overload {
+        format!("the chaos soak ({minutes} minutes)")
     } else {
         format!("the chaos soak ({minutes} minutes) and the overload")
     };
@@ -29,6 +41,9 @@ pub(crate) fn soak(minutes: f64, overload_only: bool, debug: bool) -> Result<()>
     let mut reproduce = "cargo xtask soak".to_string();
     if debug {
         reproduce.push_str(" --debug");
+    }
+    if no_tc {
+        reproduce.push_str(" --no-tc");
     }
     let mut cmd = std::process::Command::new(&bin);
     // A private copy of `ailb` given by the caller wins over the shared target directory's.
@@ -41,6 +56,12 @@ pub(crate) fn soak(minutes: f64, overload_only: bool, debug: bool) -> Result<()>
         .arg(util::workspace_root().join("docs/results/soak"));
     if overload_only {
         cmd.arg("--overload-only");
+    }
+    if no_overload {
+        cmd.arg("--no-overload");
+    }
+    if no_tc {
+        cmd.arg("--no-tc");
     }
     util::run(&mut cmd).with_context(|| format!("running {}", bin.display()))?;
     step.done();

@@ -85,6 +85,32 @@ pub fn continuity(recs: &[Rec], entry: Entry, cut: f64, w: f64) -> Continuity {
     out
 }
 
+/// How the active tables moved without a fault of the daemon: the samples' table changes
+/// outside `(cut - 1, cut + window]` per minute, and whether the tables the first sample after
+/// `cut + window` shows were among those sampled in the `window` seconds before `cut`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableMoves {
+    pub changes: usize,
+    pub minutes: f64,
+    pub after_seen_before: Option<bool>,
+}
+
+pub fn table_moves(samples: &[Sample], cut: f64, window: f64) -> TableMoves {
+    let mut m = TableMoves::default();
+    let inside = |t: f64| t > cut - 1.0 && t <= cut + window;
+    let with: Vec<(f64, &str)> = samples.iter().filter_map(|s| Some((s.t_s, s.tables.as_deref()?))).collect();
+    for w in with.windows(2) {
+        if !inside(w[1].0) && !inside(w[0].0) && w[0].1 != w[1].1 {
+            m.changes += 1;
+        }
+    }
+    let outside = with.iter().filter(|(t, _)| !inside(*t)).count();
+    m.minutes = outside as f64 * super::sample::PERIOD.as_secs_f64() / 60.0;
+    let before: Vec<&str> = with.iter().filter(|(t, _)| *t > cut - window && *t <= cut).map(|(_, d)| *d).collect();
+    m.after_seen_before = with.iter().find(|(t, _)| *t > cut + window).map(|(_, d)| before.contains(d));
+    m
+}
+
 /// The in-flight check over the samples taken while `during` holds.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct InflightCheck {
@@ -265,8 +291,11 @@ mod tests {
             inflight_before: None,
             inflight_after: None,
             open: 0,
+            open_tc: None,
             tries: 1,
             live: None,
+            tables: None,
+            inflight_by_backend: Default::default(),
             procs: vec![super::super::sample::ProcSample { role: "gateway".into(), rss_kb, fds }],
         };
         // Busy at the start (49 fds, floor 20), back near idle at the end (43, floor 20).
@@ -298,6 +327,38 @@ mod tests {
         // RSS growth fails it whatever the fds do.
         let rss: Vec<Sample> = (0..100).map(|i| sample(i as f64, 1000 + 5 * i, 20)).collect();
         assert!(!growth(&rss, 0.0)[0].flat(10.0));
+    }
+
+    #[test]
+    fn table_moves_count_changes_away_from_the_cut() {
+        let sample = |t_s: f64, d: &str| Sample {
+            t_s,
+            inflight_before: None,
+            inflight_after: None,
+            open: 0,
+            open_tc: None,
+            tries: 1,
+            live: None,
+            tables: Some(d.into()),
+            inflight_by_backend: Default::default(),
+            procs: Vec::new(),
+        };
+        // a b a before the cut at 10; c inside (10, 14]; a after: seen before.
+        let s = [
+            sample(2.0, "a"),
+            sample(4.0, "b"),
+            sample(6.0, "a"),
+            sample(10.0, "a"),
+            sample(12.0, "c"),
+            sample(16.0, "a"),
+            sample(18.0, "a"),
+        ];
+        let m = table_moves(&s, 10.0, 4.0);
+        assert_eq!((m.changes, m.after_seen_before), (2, Some(true)), "{m:?}");
+        let mut s = s.to_vec();
+        s[5] = sample(16.0, "d");
+        s[6] = sample(18.0, "d");
+        assert_eq!(table_moves(&s, 10.0, 4.0).after_seen_before, Some(false));
     }
 
     #[test]

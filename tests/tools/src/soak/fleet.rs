@@ -3,13 +3,19 @@
 //! tool's child cgroup with Nacos discovery, and `ailb gateway` (the front door) inside that
 //! cgroup. Every process is stopped by its pid on drop, the daemon's pins torn down.
 //!
+//! With the TC stream ([`FleetOpts::tc`]) the fleet is started from a thread inside the soak's
+//! gateway namespace ([`super::net`]), the servers in its backends namespace on the addresses
+//! the FIB forwards to, and the daemon also attaches its TC program to the gateway's veths
+//! (masquerade mode) and serves the model on one TC VIP per client lane, with
+//! `remote_affinity = "client_address"`.
+//!
 //! Each agent reads its GPU through the fake NVML library, but from a state file of its own
 //! (`FAKE_NVML_STATE`), which a relay thread copies from the one its simulator keeps up to
 //! date every 100 ms: so that one backend's free memory can be made to fall below what the
 //! requests need (the relay then reports the GPU's memory as used but for
 //! [`LOW_FREE_MB`]) while the simulator itself goes on serving.
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +29,7 @@ use ailb_tests::status::{ailb_status, live_backends};
 use ailb_tests::{base_config, wait_until, CgroupGuard, Daemon, TestConfig};
 use anyhow::{bail, Context};
 
+use super::net::{in_netns, TcFleet};
 use crate::compare::front_door::kv_bytes_per_token;
 use crate::sim_gpus::{spawn_agent, Proc, SimGpu, SimOpts};
 
@@ -58,6 +65,8 @@ pub struct FleetOpts {
     pub admission: Admission,
     /// The agents' `AILB_LOG`.
     pub agent_log: String,
+    /// The TC datapath and the namespaces' addresses (`None`: everything on loopback).
+    pub tc: Option<TcFleet>,
 }
 
 /// One GPU's agent: its files, and the process while it runs.
@@ -85,6 +94,8 @@ pub struct Fleet {
     pub ailb: PathBuf,
     sim_bin: PathBuf,
     time_scale: f64,
+    /// The backends namespace the servers run in (`None`: this thread's).
+    sims_ns: Option<String>,
     /// Logs and configs (kept until the fleet drops).
     pub dir: tempfile::TempDir,
 }
@@ -94,7 +105,10 @@ impl Fleet {
     /// front door accepts connections.
     pub fn start(ailb: &Path, cg: &CgroupGuard, o: &FleetOpts) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("ailb-soak-").tempdir().context("temp dir")?;
-        let sims = start_sims(o)?;
+        let sims = match &o.tc {
+            Some(tc) => in_netns(&tc.backends_ns, || start_sims(o))??,
+            None => start_sims(o)?,
+        };
         let relay = Relay::start(&sims, dir.path())?;
         let nacos = RnacosServer::start();
         let mut agents = Vec::new();
@@ -130,6 +144,7 @@ impl Fleet {
             ailb: ailb.to_path_buf(),
             sim_bin: o.sim_bin.clone(),
             time_scale: o.time_scale,
+            sims_ns: o.tc.as_ref().map(|t| t.backends_ns.clone()),
             dir,
         })
     }
@@ -159,7 +174,13 @@ impl Fleet {
             sample_interval_ms: 100,
             log: None,
         };
-        self.sims[i].restart(&o)
+        match &self.sims_ns {
+            Some(ns) => {
+                let sim = &mut self.sims[i];
+                in_netns(ns, || sim.restart(&o))?
+            }
+            None => self.sims[i].restart(&o),
+        }
     }
 
     /// SIGKILL to agent `i` (by its pid), reaped: its ephemeral instance stays in Nacos until
@@ -223,7 +244,7 @@ impl Fleet {
     }
 }
 
-/// The simulators on 127.0.11.1.. at `o.port`.
+/// The simulators on 127.0.11.1.. (or the backends namespace's addresses) at `o.port`.
 fn start_sims(o: &FleetOpts) -> anyhow::Result<Vec<SimGpu>> {
     let opts =
         SimOpts { sim_bin: &o.sim_bin, model: MODEL, time_scale: o.time_scale, sample_interval_ms: 100, log: None };
@@ -231,7 +252,11 @@ fn start_sims(o: &FleetOpts) -> anyhow::Result<Vec<SimGpu>> {
         .chain(std::iter::repeat_n("rtx3090-24gb", o.rtx3090))
         .enumerate()
         .map(|(i, profile)| {
-            SimGpu::start(SocketAddrV4::new([127, 0, 11, (i + 1) as u8].into(), o.port), profile, &opts)
+            let ip = match &o.tc {
+                Some(tc) => *tc.backend_addrs.get(i).with_context(|| format!("no server address for GPU {i}"))?,
+                None => Ipv4Addr::new(127, 0, 11, (i + 1) as u8),
+            };
+            SimGpu::start(SocketAddrV4::new(ip, o.port), profile, &opts)
         })
         .collect()
 }
@@ -244,12 +269,24 @@ fn start_sims(o: &FleetOpts) -> anyhow::Result<Vec<SimGpu>> {
 /// pool can the in-flight count be checked against the open connections exactly.
 fn config(o: &FleetOpts, cg: &CgroupGuard, nacos: &RnacosServer, listen: SocketAddrV4, kv: u64) -> TestConfig {
     let mut cfg = base_config(o.name, cg);
+    let (vips, model_extra) = match &o.tc {
+        Some(tc) => {
+            cfg.daemon_extra = format!(
+                "interfaces = [{:?}, {:?}]\n\n[daemon.tc]\nmode = \"masquerade\"\nnat_address = \"{}\"\n",
+                tc.interfaces[0], tc.interfaces[1], tc.nat_address
+            );
+            let all: Vec<String> =
+                std::iter::once(VIP.to_string()).chain(tc.vips.iter().map(ToString::to_string)).collect();
+            (all, "remote_affinity = \"client_address\"\n")
+        }
+        None => (vec![VIP.to_string()], ""),
+    };
     cfg.affinity = true;
     cfg.load_bound = true;
     cfg.load_factor = 1.25;
     cfg.affinity_wait = format!("{}ms", (20_000.0 / o.time_scale).round() as u64);
     cfg.extra = format!(
-        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
+        "[[models]]\nname = \"{MODEL}\"\nvips = {vips:?}\n{model_extra}\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"{NACOS_POLL}\"\n\n\
          [policy]\n[policy.gpu_capability]\n\"A100-80GB\" = 3.0\n\"RTX3090-24GB\" = 1.0\n\n\
          [gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = {}\nupstream_reuse = \"never\"\n{}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv}\n\

@@ -1,7 +1,10 @@
 //! The soak's load: the Mooncake trace, looped for as long as the run lasts, its conversations
-//! split between the two entry points by a hash of their id (one worker each, re-execs of
-//! `ailb-soak` inside the child cgroup): the socket ABI (tagged connects to the VIP) and the
-//! front door (plain HTTP to `ailb gateway`, the conversation as `X-Session-ID`). Each loop's
+//! split between the entry points by a hash of their id (workers are re-execs of `ailb-soak`):
+//! the socket ABI (tagged connects to the VIP) and the front door (plain HTTP to `ailb
+//! gateway`, the conversation as `X-Session-ID`), one worker each inside the child cgroup; and,
+//! with the TC stream ([`Split::tc_lanes`] > 0), remote clients: plain HTTP from the client
+//! namespace to a TC VIP, outside the cgroup, one worker per lane (a client address of its
+//! own), the TC conversations split between the lanes by the same hash. Each loop's
 //! conversations get ids of their own (`<loop>-<id>`), so that a conversation's turns are
 //! those of one pass through the trace.
 
@@ -15,12 +18,15 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::fleet::MODEL;
+use ailb_sim::BLOCK_TOKENS;
 
 /// An entry point of the soak's load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Entry {
     Abi,
     FrontDoor,
+    /// Remote clients through the TC datapath.
+    Tc,
 }
 
 impl Entry {
@@ -28,20 +34,62 @@ impl Entry {
         match self {
             Self::Abi => "abi",
             Self::FrontDoor => "front-door",
+            Self::Tc => "tc",
         }
     }
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         match s {
             "abi" => Ok(Self::Abi),
             "front-door" => Ok(Self::FrontDoor),
-            other => anyhow::bail!("unknown entry point {other:?} (abi, front-door)"),
+            "tc" => Ok(Self::Tc),
+            other => anyhow::bail!("unknown entry point {other:?} (abi, front-door, tc)"),
         }
     }
     pub fn title(self) -> &'static str {
         match self {
             Self::Abi => "socket ABI",
             Self::FrontDoor => "front door",
+            Self::Tc => "TC (remote clients)",
         }
+    }
+}
+
+/// How the conversations are split between the entry points: the socket ABI and the front
+/// door alone (`tc_lanes` 0), or a third each with the TC stream's share split again between
+/// `tc_lanes` client addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Split {
+    pub tc_lanes: usize,
+    /// The most KV blocks (prompt plus output, [`BLOCK_TOKENS`] each) a TC request may need: the
+    /// smallest GPU's pool. The TC path sees no request, only its SYN, so it cannot keep a long
+    /// context off a GPU that cannot hold it; the TC share's longer requests are not sent
+    /// (0: no limit).
+    pub tc_max_blocks: u64,
+}
+
+impl Split {
+    /// The entry points that get conversations.
+    pub fn entries(self) -> Vec<Entry> {
+        if self.tc_lanes == 0 {
+            vec![Entry::Abi, Entry::FrontDoor]
+        } else {
+            vec![Entry::Abi, Entry::FrontDoor, Entry::Tc]
+        }
+    }
+
+    /// Whether a request of `entry` is sent: all but the TC share's that need more than
+    /// [`Split::tc_max_blocks`].
+    pub fn sends(self, entry: Entry, s: &RequestSpec) -> bool {
+        entry != Entry::Tc || self.tc_max_blocks == 0 || blocks(s) <= self.tc_max_blocks
+    }
+
+    /// The entry point of a conversation, and its lane (0 but for the TC stream).
+    pub fn of(self, conversation: &str) -> (Entry, usize) {
+        let h = fnv(conversation);
+        let entries = self.entries();
+        let entry = entries[(h % entries.len() as u64) as usize];
+        let lane = if entry == Entry::Tc { ((h / 3) % self.tc_lanes as u64) as usize } else { 0 };
+        (entry, lane)
     }
 }
 
@@ -68,18 +116,45 @@ fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
-/// The entry point of a conversation.
-pub fn entry_of(conversation: &str) -> Entry {
-    if fnv(conversation).is_multiple_of(2) {
-        Entry::Abi
-    } else {
-        Entry::FrontDoor
-    }
+/// The KV blocks a request holds while it runs (as the simulator counts them).
+pub fn blocks(s: &RequestSpec) -> u64 {
+    (u64::from(s.prompt_tokens) + u64::from(s.max_tokens)).div_ceil(BLOCK_TOKENS).max(1)
 }
 
-/// The requests of `entry` for `duration_s` real seconds at `speed`: the trace looped, each
-/// pass `span` trace ms after the previous one (the trace's length plus one second).
+/// The TC share's requests under `split` for `duration_s` at `speed` that are not sent (they
+/// need more than [`Split::tc_max_blocks`]), and the TC share's requests in all.
+pub fn tc_left_out(split: Split, speed: f64, duration_s: f64) -> anyhow::Result<(usize, usize)> {
+    let all = Split { tc_max_blocks: 0, ..split };
+    let (mut out, mut total) = (0, 0);
+    for lane in 0..split.tc_lanes {
+        let specs = specs_of(Entry::Tc, lane, all, speed, duration_s)?;
+        total += specs.len();
+        out += specs.iter().filter(|s| !split.sends(Entry::Tc, s)).count();
+    }
+    Ok((out, total))
+}
+
+/// The entry point of a conversation when only the socket ABI and the front door get load.
+pub fn entry_of(conversation: &str) -> Entry {
+    Split::default().of(conversation).0
+}
+
+/// The requests of `entry` for `duration_s` real seconds at `speed`, split between the socket
+/// ABI and the front door.
 pub fn specs(entry: Entry, speed: f64, duration_s: f64) -> anyhow::Result<Vec<RequestSpec>> {
+    specs_of(entry, 0, Split::default(), speed, duration_s)
+}
+
+/// The requests of `entry`'s `lane` under `split` for `duration_s` real seconds at `speed`: the
+/// trace looped, each pass `span` trace ms after the previous one (the trace's length plus one
+/// second). Only the socket ABI's are tagged.
+pub fn specs_of(
+    entry: Entry,
+    lane: usize,
+    split: Split,
+    speed: f64,
+    duration_s: f64,
+) -> anyhow::Result<Vec<RequestSpec>> {
     let (requests, _issues) = trace::load(&replay::default_trace_path())?;
     let (convs, _stats) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
     let sel = TraceSelect { model: MODEL.to_string(), ..Default::default() };
@@ -94,7 +169,7 @@ pub fn specs(entry: Entry, speed: f64, duration_s: f64) -> anyhow::Result<Vec<Re
         }
         for s in &base {
             let conversation = format!("{pass}-{}", s.conversation);
-            if s.at_ms + offset >= end_ms || entry_of(&conversation) != entry {
+            if s.at_ms + offset >= end_ms || split.of(&conversation) != (entry, lane) || !split.sends(entry, s) {
                 continue;
             }
             out.push(RequestSpec { at_ms: s.at_ms + offset, conversation, ..s.clone() });
@@ -104,7 +179,7 @@ pub fn specs(entry: Entry, speed: f64, duration_s: f64) -> anyhow::Result<Vec<Re
     for (i, s) in out.iter_mut().enumerate() {
         s.index = i;
     }
-    if entry == Entry::FrontDoor {
+    if entry != Entry::Abi {
         replay::untag(&mut out);
     }
     Ok(out)
@@ -115,9 +190,10 @@ pub fn unix_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
 }
 
-/// The worker (inside the cgroup): sends its requests and writes `{"start_unix_ms", "requests"}`.
-pub fn run_worker(p: &WorkerPlan) -> anyhow::Result<()> {
-    let specs = specs(p.entry, p.speed, p.duration_s)?;
+/// The worker: sends its requests (those of `lane` under `split`) and writes
+/// `{"start_unix_ms", "requests"}`.
+pub fn run_worker(p: &WorkerPlan, split: Split, lane: usize) -> anyhow::Result<()> {
+    let specs = specs_of(p.entry, lane, split, p.speed, p.duration_s)?;
     let opts = RunOpts {
         vip: p.target,
         speed: p.speed,
@@ -135,7 +211,16 @@ pub fn run_worker(p: &WorkerPlan) -> anyhow::Result<()> {
     std::fs::write(&p.out, v.to_string()).with_context(|| format!("writing {}", p.out.display()))
 }
 
-/// The worker's command line: this binary again.
+/// The worker's command line: this binary again, its conversations those of `lane` under
+/// `split`.
+pub fn command_of(p: &WorkerPlan, split: Split, lane: usize) -> anyhow::Result<Command> {
+    let mut cmd = command(p)?;
+    cmd.args(["--worker-tc-lanes", &split.tc_lanes.to_string(), "--worker-lane", &lane.to_string()])
+        .args(["--worker-tc-max-blocks", &split.tc_max_blocks.to_string()]);
+    Ok(cmd)
+}
+
+/// The worker's command line: this binary again (the socket ABI and the front door only).
 pub fn command(p: &WorkerPlan) -> anyhow::Result<Command> {
     let me = std::env::current_exe().context("finding this binary")?;
     let mut cmd = Command::new(me);
@@ -207,5 +292,47 @@ mod tests {
     fn the_entry_points_split_the_conversations() {
         let abi = (0..1000).filter(|i| entry_of(&format!("0-c{i}")) == Entry::Abi).count();
         assert!((400..=600).contains(&abi), "{abi} of 1000 to the socket ABI");
+    }
+
+    #[test]
+    fn with_the_tc_stream_each_entry_point_gets_a_third_and_every_lane_some() {
+        let split = Split { tc_lanes: 8, tc_max_blocks: 0 };
+        let mut by = std::collections::BTreeMap::<(Entry, usize), usize>::new();
+        for i in 0..9000 {
+            *by.entry(split.of(&format!("0-c{i}"))).or_default() += 1;
+        }
+        let per = |e: Entry| by.iter().filter(|((x, _), _)| *x == e).map(|(_, n)| n).sum::<usize>();
+        for e in [Entry::Abi, Entry::FrontDoor, Entry::Tc] {
+            assert!((2700..=3300).contains(&per(e)), "{} of 9000 to {e:?}", per(e));
+        }
+        for lane in 0..8 {
+            let n = by.get(&(Entry::Tc, lane)).copied().unwrap_or(0);
+            assert!((250..=500).contains(&n), "{n} TC conversations on lane {lane}");
+        }
+        assert!(by.keys().all(|(e, lane)| *e == Entry::Tc || *lane == 0));
+        // The same conversation always gets the same entry point and lane.
+        assert_eq!(split.of("3-c17"), split.of("3-c17"));
+    }
+
+    #[test]
+    fn only_the_tc_share_leaves_out_what_the_smallest_gpu_cannot_hold() {
+        let spec = |prompt_tokens: u32, max_tokens: u32| RequestSpec {
+            index: 0,
+            line: None,
+            at_ms: 0,
+            conversation: "c".into(),
+            memory_mb: 0,
+            prompt_tokens,
+            max_tokens,
+            hash_ids: Vec::new(),
+            model: MODEL.into(),
+            tag_socket: false,
+        };
+        let split = Split { tc_lanes: 8, tc_max_blocks: 43 };
+        assert_eq!(blocks(&spec(43 * 512 - 10, 10)), 43);
+        assert!(split.sends(Entry::Tc, &spec(43 * 512 - 10, 10)));
+        assert!(!split.sends(Entry::Tc, &spec(43 * 512 - 10, 11)));
+        assert!(split.sends(Entry::Abi, &spec(100_000, 500)) && split.sends(Entry::FrontDoor, &spec(100_000, 500)));
+        assert!(Split { tc_max_blocks: 0, ..split }.sends(Entry::Tc, &spec(100_000, 500)));
     }
 }

@@ -3,10 +3,11 @@
 //! The soak ([`run_soak`]): a fleet ([`fleet`]: six simulated GPUs, rnacos, an agent per GPU,
 //! `ailb run` on a child cgroup this tool creates, `ailb gateway` inside it), the Mooncake trace
 //! looped at the fleet's stable load (0.4 of the trace's rate, `ailb-fleet-model`'s figure for
-//! the default fleet) for `--minutes`, split between the socket ABI and the front door
-//! ([`load`]), the faults of [`faults::SCHEDULE`] one at a time, and a sample every 2 s
-//! ([`sample`]). The TC datapath is not driven: its clients must come from another host or
-//! network namespace.
+//! the default fleet) for `--minutes`, split between the socket ABI, the front door and remote
+//! clients through the TC datapath ([`load`]), the faults of [`faults::SCHEDULE`] one at a
+//! time, and a sample every 2 s ([`sample`]). For the TC stream the soak makes network
+//! namespaces ([`net`]: client -- gateway -- backends) and runs the fleet inside them;
+//! `--no-tc` runs the socket ABI and the front door alone, everything on the host's loopback.
 //! Then [`analyze`] and [`report`]: `soak.md`, `soak-timeline.svg` and `soak-data.json`
 //! under `--out-dir`.
 //!
@@ -22,6 +23,7 @@ pub mod analyze;
 pub mod faults;
 pub mod fleet;
 pub mod load;
+pub mod net;
 pub mod overload;
 pub mod plot;
 pub mod report;
@@ -39,8 +41,8 @@ use clap::Parser;
 
 use self::faults::{Event, SCHEDULE};
 use self::fleet::{Fleet, FleetOpts, VIP};
-use self::load::{Entry, Rec, WorkerPlan};
-use self::sample::{Sample, Sampler, Target};
+use self::load::{Entry, Rec, Split, WorkerPlan};
+use self::sample::{Remote, Sample, Sampler, Target};
 use crate::sim_gpus::sibling_bin;
 
 #[derive(Debug, Parser)]
@@ -100,6 +102,16 @@ pub struct Args {
     /// `ailb-sim` binary (default: next to this one).
     #[arg(long)]
     pub sim_bin: Option<PathBuf>,
+    /// No TC stream: no namespaces, the load split between the socket ABI and the front door.
+    #[arg(long)]
+    pub no_tc: bool,
+    /// Remote client addresses of the TC stream (each with a TC VIP and a load worker of its own).
+    #[arg(long, default_value_t = 8)]
+    pub tc_lanes: usize,
+    /// Leave GSO on the TC clients' veth (by default it sends one TCP segment per packet: see
+    /// `soak::net` for why).
+    #[arg(long)]
+    pub tc_client_gso: bool,
     /// Run the soak's load without its faults (a baseline: every failure is then one a
     /// healthy backend could have served).
     #[arg(long)]
@@ -129,6 +141,16 @@ pub struct Args {
     pub worker_timeout_s: f64,
     #[arg(long, hide = true)]
     pub worker_out: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub worker_tc_lanes: usize,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub worker_lane: usize,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub worker_tc_max_blocks: u64,
+    /// Send the TC share's requests that the smallest GPU cannot hold too (the TC path cannot
+    /// tell them apart: they fail where the pick puts them on a small GPU).
+    #[arg(long)]
+    pub tc_all_requests: bool,
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
@@ -142,10 +164,14 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             timeout_s: args.worker_timeout_s,
             out: args.worker_out.clone().context("--load-worker needs --worker-out")?,
         };
-        return load::run_worker(&plan);
+        let split = Split { tc_lanes: args.worker_tc_lanes, tc_max_blocks: args.worker_tc_max_blocks };
+        return load::run_worker(&plan, split, args.worker_lane);
     }
     if !(args.minutes > 0.0 && args.load > 0.0 && args.time_scale > 0.0 && args.overload_factor > 0.0) {
         bail!("--minutes, --load, --time-scale and --overload-factor must be positive");
+    }
+    if !args.no_tc && !(1..=net::MAX_LANES).contains(&args.tc_lanes) {
+        bail!("--tc-lanes must be 1 to {}, not {}", net::MAX_LANES, args.tc_lanes);
     }
     overload::admission(&args)?;
     if !(args.overload_stable_s >= 0.0 && args.overload_stable_s.is_finite()) {
@@ -155,7 +181,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     if !args.overload_only {
         let cg = CgroupGuard::new("soak");
-        let md = run_soak(&args, &ailb, &cg)?;
+        let md = if args.no_tc {
+            run_soak(&args, &ailb, &cg, None)?
+        } else {
+            let net = net::Net::new(args.a100 + args.rtx3090, args.tc_lanes, args.tc_client_gso)?;
+            net::in_netns(&net.topo.gateway.path(), || run_soak(&args, &ailb, &cg, Some(&net)))??
+        };
         std::fs::write(args.out_dir.join("soak.md"), &md).context("writing soak.md")?;
         println!("{md}");
     }
@@ -186,6 +217,7 @@ pub fn fleet_opts(
         name,
         admission,
         agent_log: args.agent_log.clone(),
+        tc: None,
     }
 }
 
@@ -222,27 +254,79 @@ pub struct SoakRun {
     pub final_open: u64,
     pub backends: Vec<String>,
     pub speed: f64,
+    /// How the conversations were split between the entry points.
+    pub split: Split,
+    /// The `tc` object of `ailb status` once the load had drained (`None`: no TC stream).
+    pub final_tc: Option<serde_json::Value>,
+    /// The TC share's requests not sent (needing more than the smallest GPU's pool), of all.
+    pub tc_left_out: (usize, usize),
 }
 
-/// The soak; returns its report.
-fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Result<String> {
+impl SoakRun {
+    /// The entry points that got load.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.split.entries()
+    }
+}
+
+/// The KV blocks of the smallest GPU's pool in the fleet.
+fn smallest_pool(args: &Args) -> anyhow::Result<u64> {
+    let presets = [("a100-80gb", args.a100), ("rtx3090-24gb", args.rtx3090)];
+    let mut least = None;
+    for (name, n) in presets.into_iter().filter(|(_, n)| *n > 0) {
+        let p = ailb_sim::GpuProfile::preset(name).with_context(|| format!("GPU preset {name} ({n} of them)"))?;
+        least = Some(least.map_or(p.kv_blocks(), |l: u64| l.min(p.kv_blocks())));
+    }
+    least.context("the fleet has no GPU (--a100 and --rtx3090 are both 0)")
+}
+
+/// One request's limit, seconds.
+const REQUEST_TIMEOUT_S: f64 = 120.0;
+/// Threads of each TC lane's worker (requests in flight at most).
+const TC_LANE_THREADS: usize = 64;
+
+/// The soak; returns its report. With `net`, this thread is in its gateway namespace.
+fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard, net: Option<&net::Net>) -> anyhow::Result<String> {
     let plan = Plan::of(args.minutes);
     let speed = args.load * args.time_scale;
-    let mut fleet = Fleet::start(ailb, cg, &fleet_opts(args, 18_300, 1024, "soak", fleet::Admission::Off))?;
+    let split = Split {
+        tc_lanes: net.map_or(0, net::Net::lanes),
+        tc_max_blocks: if args.tc_all_requests { 0 } else { smallest_pool(args)? },
+    };
+    let tc_left_out = load::tc_left_out(split, speed, plan.duration_s)?;
+    let mut opts = fleet_opts(args, 18_300, 1024, "soak", fleet::Admission::Off);
+    opts.tc = net.map(|n| n.tc.clone());
+    let mut fleet = Fleet::start(ailb, cg, &opts)?;
     let dir = tempfile::tempdir().context("temp dir")?;
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();
     let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
-    let plans = [(Entry::Abi, vip), (Entry::FrontDoor, fleet.gateway_listen)].map(|(entry, target)| WorkerPlan {
+    let plan_of = |entry: Entry, target, concurrency, name: String| WorkerPlan {
         entry,
         target,
         speed,
         duration_s: plan.duration_s,
-        concurrency: 256,
-        timeout_s: 120.0,
-        out: dir.path().join(format!("{}.json", entry.key())),
-    });
-    let mut workers = Workers::spawn(cg, &plans)?;
+        concurrency,
+        timeout_s: REQUEST_TIMEOUT_S,
+        out: dir.path().join(format!("{name}.json")),
+    };
+    let plans: Vec<WorkerPlan> = [(Entry::Abi, vip), (Entry::FrontDoor, fleet.gateway_listen)]
+        .into_iter()
+        .map(|(entry, target)| plan_of(entry, target, 256, entry.key().to_string()))
+        .collect();
+    let tc_plans: Vec<WorkerPlan> = net
+        .iter()
+        .flat_map(|n| n.tc.vips.iter().enumerate())
+        .map(|(k, vip)| plan_of(Entry::Tc, *vip, TC_LANE_THREADS, format!("tc-{k}")))
+        .collect();
+    let mut workers = Workers::spawn_split(cg, &plans, split)?;
+    if let Some(n) = net {
+        for (k, p) in tc_plans.iter().enumerate() {
+            let mut cmd = load::command_of(p, split, k)?;
+            let child = net::in_netns(&n.topo.client.path(), || cmd.spawn())?.context("spawning a TC load worker")?;
+            workers.children.push(child);
+        }
+    }
     let target = Arc::new(Target {
         ailb: ailb.to_path_buf(),
         bpffs: fleet.daemon.bpffs().to_path_buf(),
@@ -250,7 +334,11 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
         procs: Mutex::new(fleet.pids()),
         cgroup: sample::cgroup_filter(cg),
     });
-    let sampler = Sampler::start(target.clone(), t0);
+    let remote = net.map(|n| Remote {
+        netns: n.topo.client.name.clone(),
+        vips: n.tc.vips.iter().map(ToString::to_string).collect(),
+    });
+    let sampler = Sampler::start_with(target.clone(), t0, remote.clone());
     if args.no_faults {
         eprintln!("ailb-soak: {:.0} s of load at speed {speed}, no faults", plan.duration_s);
     } else {
@@ -270,14 +358,16 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
         *target.procs.lock().unwrap_or_else(|p| p.into_inner()) = fleet.pids();
         events.push(ev);
     }
-    workers.wait(Duration::from_secs_f64(plan.duration_s + 200.0), t0)?;
+    // A worker returns within its arrivals plus two request timeouts (the replay's bound).
+    workers.wait(Duration::from_secs_f64(plan.duration_s + 2.0 * REQUEST_TIMEOUT_S + 60.0), t0)?;
     let samples = sampler.stop();
-    let (final_inflight, final_open) = drained(&fleet, &target);
+    let (final_inflight, final_open) = drained_with(&fleet, &target, remote.as_ref());
+    let final_tc = net.and_then(|_| fleet.status()).map(|s| s["tc"].clone());
     if let Some(to) = &args.keep_logs {
         fleet.keep_logs(to)?;
     }
     let mut records = Vec::new();
-    for p in &plans {
+    for p in plans.iter().chain(&tc_plans) {
         records.extend(load::read(&p.out, p.entry, t0_unix, p.speed)?);
     }
     let run = SoakRun {
@@ -289,6 +379,9 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
         final_open,
         backends: fleet.addrs().iter().map(ToString::to_string).collect(),
         speed,
+        split,
+        final_tc,
+        tc_left_out,
     };
     report::write(args, &run)
 }
@@ -296,13 +389,19 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Re
 /// The in-flight sum once every connection has closed (polled for 30 s), and the open
 /// connections then.
 fn drained(fleet: &Fleet, target: &Target) -> (Option<u64>, u64) {
+    drained_with(fleet, target, None)
+}
+
+/// [`drained`], the open connections counting `remote`'s too.
+fn drained_with(fleet: &Fleet, target: &Target, remote: Option<&Remote>) -> (Option<u64>, u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = fleet.status().map(|s| sample::inflight_sum(&s));
     while last != Some(0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
         last = fleet.status().map(|s| sample::inflight_sum(&s));
     }
-    (last, sample::open_connections(&target.backends, &target.cgroup))
+    let open = sample::open_connections(&target.backends, &target.cgroup);
+    (last, open + remote.map_or(0, sample::remote_connections))
 }
 
 /// The load workers, inside the cgroup; killed by pid on drop if they still run.
@@ -312,9 +411,14 @@ pub struct Workers {
 
 impl Workers {
     pub fn spawn(cg: &CgroupGuard, plans: &[WorkerPlan]) -> anyhow::Result<Self> {
+        Self::spawn_split(cg, plans, Split::default())
+    }
+
+    /// Workers whose conversations are split by `split` (each plan's lane 0).
+    pub fn spawn_split(cg: &CgroupGuard, plans: &[WorkerPlan], split: Split) -> anyhow::Result<Self> {
         let mut children = Vec::new();
         for p in plans {
-            children.push(Fleet::spawn_in(cg, &mut load::command(p)?));
+            children.push(Fleet::spawn_in(cg, &mut load::command_of(p, split, 0)?));
         }
         Ok(Workers { children })
     }

@@ -43,7 +43,7 @@ fn rate(run: &SoakRun, t_max: f64, keep: impl Fn(&super::load::Rec) -> bool) -> 
 pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
     let t_max = run.samples.last().map(|s| s.t_s).unwrap_or(run.plan.duration_s).max(run.plan.duration_s);
     let st = |c: usize, d: Dash| LineStyle::new(PALETTE[c], d);
-    let requests = vec![
+    let mut requests = vec![
         Curve {
             label: "sent, socket ABI".into(),
             style: st(0, Dash::Solid),
@@ -53,6 +53,11 @@ pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
             label: "sent, front door".into(),
             style: st(9, Dash::Long),
             points: rate(run, t_max, |r| r.entry == Entry::FrontDoor),
+        },
+        Curve {
+            label: "sent, TC (remote clients)".into(),
+            style: st(6, Dash::Short),
+            points: rate(run, t_max, |r| r.entry == Entry::Tc),
         },
         Curve {
             label: "failed, a healthy backend could have served".into(),
@@ -65,7 +70,7 @@ pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
             points: rate(run, t_max, |r| !r.ok && classify(r, &run.events) == Class::DeadServer),
         },
     ];
-    let inflight = vec![
+    let mut inflight = vec![
         Curve {
             label: "kernel in-flight count".into(),
             style: st(4, Dash::Solid),
@@ -76,7 +81,16 @@ pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
             style: st(2, Dash::Short),
             points: run.samples.iter().map(|s| (s.t_s, s.open as f64)).collect(),
         },
+        Curve {
+            label: "of which the TC clients'".into(),
+            style: st(6, Dash::Long),
+            points: run.samples.iter().filter_map(|s| Some((s.t_s, s.open_tc? as f64))).collect(),
+        },
     ];
+    if run.split.tc_lanes == 0 {
+        requests.retain(|c| !c.label.contains("TC"));
+        inflight.retain(|c| !c.label.contains("TC"));
+    }
     let roles: Vec<String> = {
         let mut r: Vec<String> = run.samples.iter().flat_map(|s| s.procs.iter().map(|p| p.role.clone())).collect();
         r.sort();

@@ -13,6 +13,7 @@ use super::fleet::{AGENT_PUBLISH, LOW_FREE_MB, NACOS_POLL};
 use super::load::{Entry, Rec};
 use super::sample::MAX_TRIES;
 use super::{plot, Args, SoakRun};
+use ailb_sim::BLOCK_TOKENS;
 
 /// The growth allowed to RSS and fds after warm-up, percent.
 pub const FLAT_PCT: f64 = 10.0;
@@ -67,10 +68,8 @@ fn markdown(args: &Args, run: &SoakRun) -> String {
          GPU (publishing every {AGENT_PUBLISH}), `ailb run` with Nacos discovery (polled every {NACOS_POLL}), the \
          AI-aware policy, affinity and the load bound, attached to a child cgroup; `ailb gateway` inside it. Load: the \
          Mooncake conversation trace looped at {:.2} of its rate (speed {}: the default fleet's stable load, \
-         `ailb-fleet-model`) for {:.0} s, its conversations split by a hash of their id between the **socket ABI** \
-         (tagged connects to the VIP) and the **front door** (plain HTTP to the gateway). The **TC datapath** \
-         (remote clients) is not driven here: its clients must come from another host or network namespace \
-         (`tests/integration/tests/tc_netns.rs` and the `tc_packet` fuzz target cover it). Faults: one every {:.0} s from {:.0} s; servers, \
+         `ailb-fleet-model`) for {:.0} s, its conversations split by a hash of their id between {}. Faults: one every \
+         {:.0} s from {:.0} s; servers, \
          memory and rnacos stay down {:.0} s; the daemon {} s.\n",
         args.a100,
         args.rtx3090,
@@ -78,6 +77,7 @@ fn markdown(args: &Args, run: &SoakRun) -> String {
         args.load,
         run.speed,
         p.duration_s,
+        streams(args, run),
         p.slot_s,
         p.warm_s,
         p.outage_s,
@@ -86,10 +86,62 @@ fn markdown(args: &Args, run: &SoakRun) -> String {
     goals(&mut md, run);
     faults(&mut md, run);
     requests(&mut md, run);
+    tc_flows(&mut md, run);
     low_memory(&mut md, run);
     footprints(&mut md, run);
     let _ = writeln!(md, "![timeline](soak-timeline.svg)\n");
     md
+}
+
+/// The TC share's requests left out, in words.
+fn tc_left_out(run: &SoakRun) -> String {
+    let (out, all) = run.tc_left_out;
+    if run.split.tc_max_blocks == 0 {
+        return format!(
+            "Every request of the TC share is sent (`--tc-all-requests`), also the {out} of {all} that need more KV \
+             cache than the smallest GPU holds: the TC path sees a SYN, not the request, so it cannot keep them off \
+             that GPU."
+        );
+    }
+    format!(
+        "The TC path sees a SYN, not the request, so it cannot keep a long context off a GPU too small for it (the \
+         socket ABI tags the need, the front door reads it from the body): of the TC share's {all} requests, the {out} \
+         ({:.1} %) that need more than the smallest GPU's pool ({} blocks of {BLOCK_TOKENS} tokens, prompt and output) \
+         are not sent (`--tc-all-requests` sends them; on an RTX 3090 they fail with HTTP 400).",
+        out as f64 * 100.0 / all.max(1) as f64,
+        run.split.tc_max_blocks
+    )
+}
+
+/// The entry points in words, for the fleet's paragraph.
+fn streams(args: &Args, run: &SoakRun) -> String {
+    let abi_fd = "the **socket ABI** (tagged connects to the VIP from the cgroup) and the **front door** (plain HTTP \
+                  to the gateway)";
+    if run.split.tc_lanes == 0 {
+        return format!(
+            "{abi_fd}. The **TC datapath** (remote clients) is not driven in this run (`--no-tc`): everything runs on \
+             the host's loopback"
+        );
+    }
+    format!(
+        "{abi_fd}, a third each, and **TC** (remote clients: plain HTTP from a client network namespace to a TC VIP, \
+         the kernel's TC program on the gateway namespace's veths picking the backend at the SYN, masquerade mode), \
+         the last third, over {} client addresses, each with a VIP and a load worker of its own, each conversation \
+         always from the same address (the model has `remote_affinity = \"client_address\"`: the TC path keeps a \
+         client address, not a conversation, on its backend; it sees no conversation id). Topology \
+         (`tests/tools/src/soak/net.rs`): client namespace -- veth -- gateway namespace (rnacos, the agents, `ailb \
+         run`, `ailb gateway`, the socket-ABI and front-door workers, their loopback addresses as on a host) -- veth \
+         -- backends namespace (the servers on 10.201.2.x), all made by the soak and deleted after it. {} {}",
+        run.split.tc_lanes,
+        tc_left_out(run),
+        if args.tc_client_gso {
+            "The clients' veth sends GSO packets as the kernel makes them (`--tc-client-gso`)"
+        } else {
+            "The clients' veth sends one TCP segment per packet (`gso_max_segs 1`): with GSO packets the TC path \
+             hands a masqueraded client's large segments to the gateway's stack, which drops them (see \
+             `tests/tools/src/soak/net.rs`; `--tc-client-gso` keeps GSO)"
+        }
+    )
 }
 
 fn goals(md: &mut String, run: &SoakRun) {
@@ -143,8 +195,25 @@ fn goals(md: &mut String, run: &SoakRun) {
             met(e.picks_kept == Some(true))
         );
         let restart = e.recovered_s.unwrap_or(e.end_s);
+        let moves = analyze::table_moves(&run.samples, e.start_s, restart - e.start_s + 2.0);
+        if moves.minutes > 0.0 {
+            let seen = match moves.after_seen_before {
+                Some(true) => "one of those the old daemon had applied in the same length of time before the kill",
+                Some(false) => "none of those the old daemon had applied in the same length of time before the kill",
+                None => "not sampled",
+            };
+            let _ = writeln!(
+                md,
+                "| (context, not the goal) the active tables without the restart: the telemetry moves them | the \
+                 samples saw the tables change {} times in {:.1} minutes away from the restart ({:.1} a minute); the \
+                 tables after the restart were {seen} | - |",
+                moves.changes,
+                moves.minutes,
+                moves.changes as f64 / moves.minutes
+            );
+        }
         let mut turns = Vec::new();
-        for entry in [Entry::Abi, Entry::FrontDoor] {
+        for entry in run.entries() {
             let c = continuity(&run.records, entry, e.start_s, TURN_WINDOW_S.max(restart - e.start_s + 5.0));
             // The baseline: a cut halfway to the next fault, where nothing happens.
             let base = continuity(&run.records, entry, e.start_s + run.plan.slot_s / 2.0, TURN_WINDOW_S);
@@ -207,11 +276,23 @@ fn goals(md: &mut String, run: &SoakRun) {
          ended. A leak, or a connection counted twice or never, shows as samples that never agree and as a count above \
          0 once the load has drained. The front door runs with \
          `upstream_reuse = \"never\"` here: the kernel does not count the pool's idle connections, and nothing outside the \
-         gateway can tell them from busy ones. A conversation's turns may go to different backends without any fault (the \
+         gateway can tell them from busy ones.{} A conversation's turns may go to different backends without any fault (the \
          load bound, the memory fit, and the table following the telemetry move them; the cut without a fault measures how \
          often), so turns across a restart cannot tell what the restart did; what the restart can change is the table and \
-         the backend ids (the affinity map is the kernel's alone), which the goal's row compares.\n"
+         the backend ids (the affinity map is the kernel's alone), which the goal's row compares.\n",
+        tc_listing(run)
     );
+}
+
+/// What the listing counts of the TC stream, in words (empty without it).
+fn tc_listing(run: &SoakRun) -> String {
+    let Some(peak) = run.samples.iter().filter_map(|s| s.open_tc).max() else { return String::new() };
+    let mean = run.samples.iter().filter_map(|s| s.open_tc).sum::<u64>() as f64 / run.samples.len().max(1) as f64;
+    format!(
+        " With the TC stream the counters also count its flows (from the SYN the TC program forwards to the first FIN \
+         or RST), and the listing also counts the remote clients' ESTABLISHED sockets to the TC VIPs in the client \
+         namespace (`ss -N`): {mean:.1} of them a sample on average, {peak} at most."
+    )
 }
 
 fn fmt_pct(p: Option<f64>) -> String {
@@ -239,7 +320,7 @@ fn requests(md: &mut String, run: &SoakRun) {
         md,
         "## Requests\n\n| entry point | requests | failed | of which a healthy backend could have served | e2e p50 / p95 / p99, ms | sent late p99, ms |\n| --- | --- | --- | --- | --- | --- |"
     );
-    for entry in [Entry::Abi, Entry::FrontDoor] {
+    for entry in run.entries() {
         let rs: Vec<&Rec> = run.records.iter().filter(|r| r.entry == entry).collect();
         let failed: Vec<&&Rec> = rs.iter().filter(|r| !r.ok).collect();
         let avoidable = failed.iter().filter(|r| classify(r, &run.events) == Class::Avoidable).count();
@@ -296,6 +377,49 @@ fn requests(md: &mut String, run: &SoakRun) {
     md.push('\n');
 }
 
+/// The TC datapath's flow table and counters once the load had drained.
+fn tc_flows(md: &mut String, run: &SoakRun) {
+    let Some(tc) = &run.final_tc else { return };
+    let n = |v: &serde_json::Value| v.as_u64().map_or("-".into(), |x| x.to_string());
+    let st = &tc["stats"];
+    let tc_requests = run.records.iter().filter(|r| r.entry == Entry::Tc).count();
+    let _ = writeln!(
+        md,
+        "## TC flows\n\nThe TC program's flow table and counters (`ailb status`, `tc`) once the load had drained: \
+         {tc_requests} TC requests, one connection each. Flows opened {}, closed {} (of which an RST ended {}, the idle \
+         reclaim {}); left in the table: {} flows, {} counted, {} NAT ports. SYNs dropped: flow table full {}, no NAT \
+         port {}, refused by the pick {}; malformed packets {}. Packets redirected {}, handed to the stack {}.\n",
+        n(&st["flows_opened"]),
+        n(&st["flows_closed"]),
+        n(&st["ended_rst"]),
+        n(&st["ended_idle"]),
+        n(&tc["flows"]),
+        n(&tc["counted"]),
+        n(&tc["nat_ports"]),
+        n(&st["flows_full"]),
+        n(&st["nat_exhausted"]),
+        n(&st["refused"]),
+        n(&st["malformed"]),
+        n(&st["redirected"]),
+        n(&st["to_stack"]),
+    );
+    let peak_tc = run.samples.iter().filter_map(|s| Some((s.open_tc?, s.t_s))).max_by_key(|p| p.0);
+    let peak_one = run
+        .samples
+        .iter()
+        .flat_map(|s| s.inflight_by_backend.iter().map(move |(b, n)| (*n, b.as_str(), s.t_s)))
+        .max_by_key(|p| p.0);
+    if let (Some((tc, t_tc)), Some((one, b, t_one))) = (peak_tc, peak_one) {
+        let _ = writeln!(
+            md,
+            "The remote clients' open connections peaked at {tc} (at {t_tc:.0} s); the most connections in flight \
+             on one backend at a sample: {one} on {b} (at {t_one:.0} s). Client-address affinity is kept while the \
+             backend is live and under its cap, whatever its load (the load bound applies to a fresh pick only), so \
+             the conversations of one client address stay on its backend however long its queue.\n"
+        );
+    }
+}
+
 /// Where the low-memory backend's requests went: served by it during the fault, and in an
 /// equal window just before.
 fn low_memory(md: &mut String, run: &SoakRun) {
@@ -317,7 +441,7 @@ fn low_memory(md: &mut String, run: &SoakRun) {
         e.start_s,
         e.end_s
     );
-    for entry in [Entry::Abi, Entry::FrontDoor] {
+    for entry in run.entries() {
         let (b0, n0) = share(e.start_s - len, e.start_s, entry);
         let (b1, n1) = share(during_from, e.end_s, entry);
         let _ = writeln!(md, "| {} | {b0} of {n0} | {b1} of {n1} |", entry.title());

@@ -12,7 +12,11 @@
 //! then at the instant the listing began and at the one it ended the counters and the open
 //! connections were the same. A sample that never agrees keeps its last try, and how far apart
 //! it was.
-use std::collections::BTreeSet;
+//!
+//! With the TC stream the listing also counts the remote clients' connections: ESTABLISHED
+//! sockets in the client namespace whose peer is a TC VIP (`ss -N NETNS`), one per TC flow the
+//! kernel counts (from the SYN through to the first FIN or RST it forwards).
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,12 +52,24 @@ pub struct Sample {
     /// counters could not be read).
     pub inflight_before: Option<u64>,
     pub inflight_after: Option<u64>,
-    /// ESTABLISHED sockets from the cgroup's processes to the backends, in the last listing.
+    /// ESTABLISHED sockets from the cgroup's processes to the backends, and of the remote
+    /// clients to the TC VIPs, in the last listing.
     pub open: u64,
+    /// Of `open`, the remote clients' (`None`: no TC stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_tc: Option<u64>,
     /// Listings taken: the sample ended at the first whose count both reads equal, or after
     /// [`MAX_TRIES`].
     pub tries: u32,
     pub live: Option<u64>,
+    /// The active tables' digests (`model=digest`, comma-separated), to tell a table the
+    /// telemetry moved from one a fault changed (`None`: the status could not be read).
+    pub tables: Option<String>,
+    /// Each backend's in-flight count (`ailb status`, read once per sample, not with the
+    /// listing): where the connections are, e.g. how many the remote clients' affinity holds on
+    /// one backend.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub inflight_by_backend: BTreeMap<String, u64>,
     pub procs: Vec<ProcSample>,
 }
 
@@ -82,6 +98,15 @@ pub struct Target {
     pub cgroup: String,
 }
 
+/// The remote clients whose connections the listing counts too.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The client namespace's name (`ip netns`), for `ss -N`.
+    pub netns: String,
+    /// The TC VIPs, as `ss` prints a peer.
+    pub vips: BTreeSet<String>,
+}
+
 /// The sampler thread; [`Sampler::stop`] returns its samples.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
@@ -90,6 +115,11 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn start(target: Arc<Target>, t0: Instant) -> Self {
+        Self::start_with(target, t0, None)
+    }
+
+    /// A sampler that also counts `remote`'s connections.
+    pub fn start_with(target: Arc<Target>, t0: Instant, remote: Option<Remote>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -99,7 +129,7 @@ impl Sampler {
             while !s.load(Ordering::Relaxed) {
                 if Instant::now() >= next {
                     next += PERIOD;
-                    out.push(take(&target, t0, &mut ids));
+                    out.push(take_with(&target, t0, &mut ids, remote.as_ref()));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -117,20 +147,34 @@ impl Sampler {
 /// One sample now. `ids`: every backend id listed by the daemon so far in this run (a removed
 /// backend's connections stay counted under its id until they close); this sample's are added.
 pub fn take(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>) -> Sample {
+    take_with(t, t0, ids, None)
+}
+
+/// One sample now, counting `remote`'s connections too.
+pub fn take_with(t: &Target, t0: Instant, ids: &mut BTreeSet<u32>, remote: Option<&Remote>) -> Sample {
     let t_s = t0.elapsed().as_secs_f64();
     let status = ailb_status(&t.ailb, &t.bpffs).ok();
     ids.extend(status.iter().flat_map(|s| backends(s).filter_map(|b| b["id"].as_u64()).map(|id| id as u32)));
     let counters = inflight_map(&t.bpffs);
     let read = || counters.as_ref().and_then(|m| ids.iter().map(|id| m.get(id, 0).ok()).sum::<Option<u64>>());
-    let (before, open, after, tries) = agreeing(read, || open_connections(&t.backends, &t.cgroup));
+    let tc = std::cell::Cell::new(None);
+    let list = || {
+        let r = remote.map(remote_connections);
+        tc.set(r);
+        open_connections(&t.backends, &t.cgroup) + r.unwrap_or(0)
+    };
+    let (before, open, after, tries) = agreeing(read, list);
     let procs = t.procs.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Sample {
         t_s,
         inflight_before: before,
         inflight_after: after,
         open,
+        open_tc: tc.get(),
         tries,
         live: status.as_ref().map(live_count),
+        tables: status.as_ref().map(table_digests),
+        inflight_by_backend: status.as_ref().map(inflight_by_backend).unwrap_or_default(),
         procs: procs.iter().filter_map(|(role, pid)| footprint(role, *pid)).collect(),
     }
 }
@@ -165,6 +209,26 @@ pub fn inflight_sum(status: &Value) -> u64 {
     backends(status).filter_map(|b| b["inflight"].as_u64()).sum()
 }
 
+/// Every backend's `inflight`, by address.
+pub fn inflight_by_backend(status: &Value) -> BTreeMap<String, u64> {
+    backends(status).filter_map(|b| Some((b["address"].as_str()?.to_string(), b["inflight"].as_u64()?))).fold(
+        BTreeMap::new(),
+        |mut m, (a, n)| {
+            *m.entry(a).or_default() += n;
+            m
+        },
+    )
+}
+
+/// `model=digest` of every model, comma-separated.
+pub fn table_digests(status: &Value) -> String {
+    let models = status["models"].as_array().into_iter().flatten();
+    models
+        .map(|m| format!("{}={}", m["name"].as_str().unwrap_or("?"), m["table_digest"].as_str().unwrap_or("-")))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn live_count(status: &Value) -> u64 {
     backends(status).filter(|b| b["live"].as_bool() == Some(true)).count() as u64
 }
@@ -181,6 +245,14 @@ pub fn open_connections(backends: &[SocketAddrV4], cgroup: &str) -> u64 {
     let text = String::from_utf8_lossy(&out.stdout);
     let peers: BTreeSet<String> = backends.iter().map(ToString::to_string).collect();
     text.lines().filter(|l| counts(l, &peers)).count() as u64
+}
+
+/// ESTABLISHED TCP sockets in `r`'s namespace whose peer is one of its VIPs.
+pub fn remote_connections(r: &Remote) -> u64 {
+    let Ok(out) = Command::new("ss").args(["-N", &r.netns, "-tnH", "state", "established"]).output() else {
+        return 0;
+    };
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| counts(l, &r.vips)).count() as u64
 }
 
 /// Whether an `ss -tnH state established` line is a connection to one of `peers` (its fields:
