@@ -7,6 +7,8 @@
 //! of the same gateway, without a declared memory, is served meanwhile. The gateway's metrics
 //! count the decisions.
 
+mod gateway_async;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -55,24 +57,15 @@ async fn open_stream(i: usize, mb: u32) -> (TcpStream, String) {
 
 /// One whole exchange (`max_tokens` 1 when not streamed: a short answer).
 async fn exchange(model: &str, i: usize, mb: u32) -> String {
-    let mut s = TcpStream::connect(LISTEN).await.expect("connect to the gateway");
-    s.write_all(request(model, i, mb, false).as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read the answer");
-    String::from_utf8_lossy(&raw).into_owned()
+    gateway_async::exchange_raw(LISTEN, &request(model, i, mb, false)).await
 }
 
 async fn metrics() -> String {
-    let mut s = TcpStream::connect(LISTEN).await.expect("connect to the gateway");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").await.expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read the metrics");
-    String::from_utf8_lossy(&raw).into_owned()
+    gateway_async::metrics(LISTEN).await
 }
 
 fn decisions(text: &str, outcome: &str) -> u64 {
-    let want = format!("ailb_gateway_admission_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(want.as_str())?.trim().parse().ok()).unwrap_or(0)
+    gateway_async::decisions(text, MODEL, outcome)
 }
 
 fn head(answer: &str) -> String {

@@ -16,6 +16,8 @@
 //! The competitor is a short Python script (the socket ABI needs only `setsockopt`); without
 //! `python3` the test says skipped.
 
+mod gateway_async;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -126,24 +128,15 @@ async fn open_stream(i: usize, mb: u32) -> (TcpStream, String) {
 }
 
 async fn exchange(i: usize, mb: u32) -> String {
-    let mut s = TcpStream::connect(LISTEN).await.expect("connect to the gateway");
-    s.write_all(request(i, mb, false).as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read the answer");
-    String::from_utf8_lossy(&raw).into_owned()
+    gateway_async::exchange_raw(LISTEN, &request(i, mb, false)).await
 }
 
 async fn metrics() -> String {
-    let mut s = TcpStream::connect(LISTEN).await.expect("connect to the gateway");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").await.expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read the metrics");
-    String::from_utf8_lossy(&raw).into_owned()
+    gateway_async::metrics(LISTEN).await
 }
 
 fn decisions(text: &str, outcome: &str) -> u64 {
-    let want = format!("ailb_gateway_admission_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(want.as_str())?.trim().parse().ok()).unwrap_or(0)
+    gateway_async::decisions(text, MODEL, outcome)
 }
 
 /// Polls the gateway's metrics, with a deadline, until `n` requests of the model wait.

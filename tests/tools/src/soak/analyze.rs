@@ -253,6 +253,22 @@ pub fn percentile(v: &[f64], p: f64) -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// A sample at `t_s` with nothing read.
+    fn blank(t_s: f64) -> Sample {
+        Sample {
+            t_s,
+            inflight_before: None,
+            inflight_after: None,
+            open: 0,
+            open_tc: None,
+            tries: 1,
+            live: None,
+            tables: None,
+            inflight_by_backend: Default::default(),
+            procs: Vec::new(),
+        }
+    }
+
     fn rec(conv: &str, sent_s: f64, backend: &str) -> Rec {
         Rec {
             entry: Entry::Abi,
@@ -287,16 +303,8 @@ mod tests {
     #[test]
     fn the_fds_criterion_is_their_floor_and_the_rss_median() {
         let sample = |t_s: f64, rss_kb: u64, fds: u64| Sample {
-            t_s,
-            inflight_before: None,
-            inflight_after: None,
-            open: 0,
-            open_tc: None,
-            tries: 1,
-            live: None,
-            tables: None,
-            inflight_by_backend: Default::default(),
             procs: vec![super::super::sample::ProcSample { role: "gateway".into(), rss_kb, fds }],
+            ..blank(t_s)
         };
         // Busy at the start (49 fds, floor 20), back near idle at the end (43, floor 20).
         let busy: Vec<Sample> = (0..100)
@@ -331,18 +339,7 @@ mod tests {
 
     #[test]
     fn table_moves_count_changes_away_from_the_cut() {
-        let sample = |t_s: f64, d: &str| Sample {
-            t_s,
-            inflight_before: None,
-            inflight_after: None,
-            open: 0,
-            open_tc: None,
-            tries: 1,
-            live: None,
-            tables: Some(d.into()),
-            inflight_by_backend: Default::default(),
-            procs: Vec::new(),
-        };
+        let sample = |t_s: f64, d: &str| Sample { tables: Some(d.into()), ..blank(t_s) };
         // a b a before the cut at 10; c inside (10, 14]; a after: seen before.
         let s = [
             sample(2.0, "a"),

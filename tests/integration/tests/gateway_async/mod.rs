@@ -1,0 +1,26 @@
+//! What the front door's admission tests share: one whole exchange with the gateway on a fresh
+//! connection (tokio, so that a test can hold some requests while it sends others), the
+//! gateway's metrics, and the admission decisions counted there.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends `request` to the gateway on `listen` and reads the answer until the gateway closes.
+pub(crate) async fn exchange_raw(listen: &str, request: &str) -> String {
+    let mut s = TcpStream::connect(listen).await.expect("connect to the gateway");
+    s.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("read the answer");
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The gateway's `/metrics` page, head included.
+pub(crate) async fn metrics(listen: &str) -> String {
+    exchange_raw(listen, "GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").await
+}
+
+/// `ailb_gateway_admission_total` of `model` and `outcome` in a metrics page (0 when absent).
+pub(crate) fn decisions(text: &str, model: &str, outcome: &str) -> u64 {
+    let want = format!("ailb_gateway_admission_total{{model=\"{model}\",outcome=\"{outcome}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(want.as_str())?.trim().parse().ok()).unwrap_or(0)
+}
