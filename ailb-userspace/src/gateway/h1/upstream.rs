@@ -14,7 +14,7 @@ use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
 use crate::gateway::request::{UpRequest, HOP_BY_HOP};
-use crate::gateway::server::is_event_stream;
+use crate::gateway::server::{is_event_stream, BACKEND_HEADER, CONVERSATION_HEADER};
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
 /// after it.
@@ -137,7 +137,9 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
                 .append(CONNECTION, HeaderValue::from_bytes(h.value).map_err(|_| "a bad value of header Connection")?);
             continue;
         }
-        if HOP_BY_HOP.iter().any(|n| is(n)) || named(h.name) {
+        // The gateway writes its own `x-ailb-backend` and `x-ailb-conversation`: an upstream's
+        // (a server behind another ailb, or one that names itself) would make a second value.
+        if HOP_BY_HOP.iter().any(|n| is(n)) || named(h.name) || is(BACKEND_HEADER) || is(CONVERSATION_HEADER) {
             continue;
         }
         if is("content-length") {
@@ -202,5 +204,13 @@ mod tests {
         assert!(resp.headers().is_empty());
         assert_eq!((lines.content_length, lines.has_date, lines.event_stream), (Some(2), false, false));
         assert!(parse(b"HTTP/1.1 200 OK\r\nX-Bad: a\x7fb\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn the_upstreams_own_ailb_headers_are_left_for_the_gateway_to_write() {
+        let head =
+            b"HTTP/1.1 200 OK\r\nX-Ailb-Backend: 10.0.0.9:80\r\nx-ailb-conversation: 0x1\r\nX-Request-Id: r1\r\n\r\n";
+        let (_, _, _, lines) = parse(head).unwrap().unwrap();
+        assert_eq!(lines.as_bytes(), b"x-request-id: r1\r\n");
     }
 }
