@@ -30,15 +30,7 @@ const MAX_WAIT_MS: u64 = 1500;
 const MAX_TOKENS: u32 = 200;
 
 fn request(model: &str, i: usize, mb: u32, stream: bool) -> String {
-    let max_tokens = if stream { MAX_TOKENS } else { 1 };
-    let body = format!(
-        r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"request {i}"}}]}}"#
-    );
-    format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n\
-         X-Required-Memory-MB: {mb}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
+    gateway_async::chat_request(model, &format!("request {i}"), if stream { MAX_TOKENS } else { 1 }, stream, mb)
 }
 
 /// Sends a streamed request and reads until its first token event (it is then admitted).

@@ -99,15 +99,7 @@ impl Drop for Competitor {
 }
 
 fn request(i: usize, mb: u32, stream: bool) -> String {
-    let max_tokens = if stream { 400 } else { 1 };
-    let body = format!(
-        r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"front door {i}"}}]}}"#
-    );
-    format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n\
-         X-Required-Memory-MB: {mb}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
+    gateway_async::chat_request(MODEL, &format!("front door {i}"), if stream { 400 } else { 1 }, stream, mb)
 }
 
 /// Sends a streamed request and reads until its first token event (it is then admitted), or

@@ -5,6 +5,19 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A chat completion request for `model` (`content` the one user message), closing its
+/// connection after the answer, with its memory need in `X-Required-Memory-MB`.
+pub(crate) fn chat_request(model: &str, content: &str, max_tokens: u32, stream: bool, mb: u32) -> String {
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{content}"}}]}}"#
+    );
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: close\r\n\
+         X-Required-Memory-MB: {mb}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Sends `request` to the gateway on `listen` and reads the answer until the gateway closes.
 pub(crate) async fn exchange_raw(listen: &str, request: &str) -> String {
     let mut s = TcpStream::connect(listen).await.expect("connect to the gateway");
