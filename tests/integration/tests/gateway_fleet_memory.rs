@@ -141,16 +141,6 @@ fn past_the_fleets_memory_a_request_waits_then_gets_503_with_retry_after() {
     drop(gateway);
 }
 
-/// Polls the gateway's metrics, with a deadline, until `n` requests of the model wait.
 async fn wait_for_waiting(n: u64) {
-    let want = format!("ailb_gateway_admission_waiting{{model=\"{MODEL}\"}} {n}");
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = metrics().await;
-        if m.lines().any(|l| l.trim() == want) {
-            return;
-        }
-        assert!(Instant::now() < until, "{n} request(s) never waited: {m}");
-        tokio::task::yield_now().await;
-    }
+    gateway_async::wait_for_waiting(LISTEN, MODEL, n).await
 }

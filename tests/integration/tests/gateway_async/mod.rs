@@ -37,3 +37,17 @@ pub(crate) fn decisions(text: &str, model: &str, outcome: &str) -> u64 {
     let want = format!("ailb_gateway_admission_total{{model=\"{model}\",outcome=\"{outcome}\"}} ");
     text.lines().find_map(|l| l.strip_prefix(want.as_str())?.trim().parse().ok()).unwrap_or(0)
 }
+
+/// Polls the gateway's metrics, with a deadline of 5 s, until `n` requests of `model` wait.
+pub(crate) async fn wait_for_waiting(listen: &str, model: &str, n: u64) {
+    let want = format!("ailb_gateway_admission_waiting{{model=\"{model}\"}} {n}");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let m = metrics(listen).await;
+        if m.lines().any(|l| l.trim() == want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "{n} request(s) never waited: {m}");
+        tokio::task::yield_now().await;
+    }
+}
