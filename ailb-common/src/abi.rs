@@ -33,11 +33,13 @@ pub const MAX_BACKENDS: u32 = 32768;
 pub const MAX_MEMBERS: u32 = 16384;
 /// Largest Maglev table; every table is a prime from [`TABLE_SIZES`].
 pub const MAX_TABLE_SIZE: u32 = 1_048_583;
-/// The Maglev table sizes. The first three hold 100 slots per backend up to 655 backends; the
-/// larger ones are the first primes above 64 x 2048, 64 x 4096, ..., so that a table of up to
-/// [`MAX_MEMBERS`] backends still has at least 64 slots per backend
-/// ([`crate::maglev::table_size_for`]).
-pub const TABLE_SIZES: [u32; 7] = [4093, 16381, 65521, 131_101, 262_147, 524_309, MAX_TABLE_SIZE];
+/// The Maglev table sizes. The first five hold 100 slots per backend up to 655 backends (the
+/// smallest, 1,021 and 2,039 slots, one and two arena chunks, serve models of up to 10 and 20
+/// backends: most models of a large catalog, which then cost half or a quarter of a 4,093-slot
+/// table in kernel memory, table build time and bytes written per swap); the larger ones are the
+/// first primes above 64 x 2048, 64 x 4096, ..., so that a table of up to [`MAX_MEMBERS`]
+/// backends still has at least 64 slots per backend ([`crate::maglev::table_size_for`]).
+pub const TABLE_SIZES: [u32; 9] = [1021, 2039, 4093, 16381, 65521, 131_101, 262_147, 524_309, MAX_TABLE_SIZE];
 /// Upper bound on the number of table slots probed per pick.
 pub const MAX_PROBES: u32 = 8;
 /// VIPs in all (each model of a full catalog has its own).

@@ -22,7 +22,13 @@ fn sizes_are_prime_and_chosen_by_count() {
     for m in TABLE_SIZES {
         assert!(is_prime(m), "{m}");
     }
-    assert_eq!(table_size_for(1), 4093);
+    // Up to 655 backends the smallest size with 100 slots each: one arena chunk up to 10,
+    // two up to 20.
+    assert_eq!(table_size_for(1), 1021);
+    assert_eq!(table_size_for(10), 1021);
+    assert_eq!(table_size_for(11), 2039);
+    assert_eq!(table_size_for(20), 2039);
+    assert_eq!(table_size_for(21), 4093);
     assert_eq!(table_size_for(40), 4093);
     assert_eq!(table_size_for(41), 16381);
     assert_eq!(table_size_for(1000), 65521);

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! CONFIG: ABI=5 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-//! MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+//! MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 //! TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,0,0,1,1,0,1,0
 //! MEMBERS: MODEL=0 POS=0 IDS=0,1
 //! BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live

@@ -9,7 +9,7 @@ pub const MAX_WEIGHT: u32 = 65_535;
 
 /// The table weight of a model's heaviest backend when its weights are scaled. Three
 /// significant digits: each factor shows to 0.1 % of the largest backend, finer than any
-/// `min_weight_change` worth setting and than a table of 4093 slots can resolve; a backend
+/// `min_weight_change` worth setting and than the smallest table (1,021 slots) can resolve; a backend
 /// below 1/1000 of the largest still gets weight 1 (excluding it is eligibility's job).
 pub const WEIGHT_SCALE: f64 = 1000.0;
 

@@ -58,7 +58,7 @@ fn a_thousand_models_of_sixteen_backends_load_route_and_tear_down() {
     assert_eq!(models.len(), MODELS, "every model is in the kernel");
     for m in models {
         assert_eq!(m["available"], true, "{}", m["name"]);
-        assert_eq!(m["table_size"], 4093, "{}", m["name"]);
+        assert_eq!(m["table_size"], 2039, "{}", m["name"]);
         assert_eq!(m["backends"].as_array().map(Vec::len), Some(PER_MODEL), "{}", m["name"]);
     }
     let mem = &status["kernel_memory"];
@@ -70,8 +70,8 @@ fn a_thousand_models_of_sixteen_backends_load_route_and_tear_down() {
         mem["per_affinity_entry_bytes"],
         mem["table_arena"]
     );
-    // 1,024 tables of 4,093 slots take 4 chunks of 1,024 slots each, and nothing else does.
-    assert_eq!(mem["table_arena"]["used"].as_u64(), Some((MODELS * 4096) as u64), "{mem}");
+    // 1,024 tables of 2,039 slots take 2 chunks of 1,024 slots each, and nothing else does.
+    assert_eq!(mem["table_arena"]["used"].as_u64(), Some((MODELS * 2048) as u64), "{mem}");
     assert_eq!(mem["member_arena"]["used"].as_u64(), Some((MODELS * PER_MODEL) as u64), "{mem}");
 
     // Route: 32 connections to each of 64 models spread over the catalog (the first and the

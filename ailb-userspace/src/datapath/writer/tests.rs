@@ -95,10 +95,10 @@ fn first_apply_writes_backends_then_the_inactive_rows_then_flips() {
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set TABLE: POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 set MEMBERS: POS=0 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
 set CONFIG: ABI=9 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
@@ -108,8 +108,8 @@ set CONFIG: ABI=9 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         &w.maps().dump(),
         "\
 CONFIG: ABI=9 GEN=1 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=0 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
@@ -286,10 +286,10 @@ fn a_weight_change_fills_the_inactive_rows_before_flipping_active() {
         &writes,
         "\
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: POS=4096 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+set TABLE: POS=1024 SHARES=0:247,1:774 HEAD=1,1,0,0,1,1,1,1
 set MEMBERS: POS=16 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
@@ -297,8 +297,8 @@ set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         &w.maps().dump(),
         "\
 CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:400,gen:2,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-TABLE: MODEL=0 POS=4096 SHARES=0:1015,1:3078 HEAD=1,1,1,1,1,0,1,1
+MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=1024 SHARES=0:247,1:774 HEAD=1,1,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=16 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=300 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
@@ -332,8 +332,8 @@ set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         &w.maps().dump(),
         "\
 CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
-MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-TABLE: MODEL=0 POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+TABLE: MODEL=0 POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=0 IDS=0,1
 BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
@@ -356,7 +356,7 @@ fn a_model_without_live_backends_is_unavailable_until_one_returns() {
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
@@ -367,10 +367,10 @@ set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800
         "\
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=live
-set TABLE: POS=4096 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0
+set TABLE: POS=1024 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 set MEMBERS: POS=16 IDS=0,1
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:4093,members:2,weight:200,gen:3,at:4096/16 SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:1021,members:2,weight:200,gen:3,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:200,gen:3,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set CONFIG: ABI=9 GEN=3 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
@@ -386,7 +386,7 @@ fn a_ttl_change_alone_updates_the_model_entry_without_a_swap() {
     assert_text(
         &f.apply(&mut w, &plan_of([("llama", m)])),
         "\
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set CONFIG: ABI=9 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
@@ -400,23 +400,26 @@ fn a_swapped_out_extent_is_reused_only_after_the_grace() {
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 300)]))]));
     // Within the grace the extent at 0 is not reused, even though it is free of any table.
     let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 200)]))]));
-    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=8192 SHARES=0:1356,1:2737 HEAD=1,1,1,1,0,0,1,1\n");
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=2048 SHARES=0:332,1:689 HEAD=1,0,0,0,1,1,1,1\n");
     std::thread::sleep(crate::datapath::arena::GRACE);
     let writes = f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
-    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,1,1,0,0,1,0\n");
-    assert_eq!(w.arena_use().0, (8192, u64::from(ailb_common::DEFAULT_TABLE_SLOTS)), "two tables' extents in use");
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1\n");
+    assert_eq!(w.arena_use().0, (2048, u64::from(ailb_common::DEFAULT_TABLE_SLOTS)), "two tables' extents in use");
 }
 
 #[test]
 fn an_arena_too_small_for_a_table_is_an_error_naming_the_limit() {
     let f = Fixture::new();
-    // Room for one 4,093-slot table (4 chunks) and not a second beside it.
-    let mut w = Writer::new(FakeMaps::with_arenas(6, 8)).unwrap();
-    f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
-    let e = w.apply(&plan_of([("llama", f.model(1, &[(1, 100)])), ("qwen", f.model(2, &[(3, 100)]))]), &f.cfg);
+    // Room for one 2,039-slot table (11 backends: 2 chunks) and not a second beside it.
+    let mut w = Writer::new(FakeMaps::with_arenas(3, 8)).unwrap();
+    let eleven: Vec<(u8, u32)> = (1..=11).map(|i| (i, 100)).collect();
+    f.apply(&mut w, &plan_of([("llama", f.model(1, &eleven))]));
+    let mut heavier = eleven.clone();
+    heavier[0].1 = 200;
+    let e = w.apply(&plan_of([("llama", f.model(1, &heavier)), ("qwen", f.model(2, &[(20, 100)]))]), &f.cfg);
     assert_eq!(
         e.unwrap_err().to_string(),
-        "limits.table_slots = 6144 is full: 4096 more needed, 2048 free (raise it; a new size takes effect after \
+        "limits.table_slots = 3072 is full: 2048 more needed, 1024 free (raise it; a new size takes effect after \
          `ailb teardown`)"
     );
 }
@@ -446,17 +449,17 @@ fn swaps_of_several_models_write_the_tables_then_the_members_then_the_entries() 
         &swaps,
         "\
 set TABLE: POS=0
-set TABLE: POS=4096
-set TABLE: POS=8192
+set TABLE: POS=1024
+set TABLE: POS=2048
 set MEMBERS: POS=0 IDS=0,1
 set MEMBERS: POS=16 IDS=2,3
 set MEMBERS: POS=32 IDS=4
-set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:200,gen:1,at:0/0
-set MODEL: IDX=1 NAME=mistral ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:400,gen:1,at:4096/16
-set MODEL: IDX=1 NAME=mistral ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:2,weight:400,gen:1,at:4096/16
-set MODEL: IDX=2 NAME=qwen ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:4093,members:1,weight:100,gen:1,at:8192/32
-set MODEL: IDX=2 NAME=qwen ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:4093,members:1,weight:100,gen:1,at:8192/32
+set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
+set MODEL: IDX=1 NAME=mistral ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:400,gen:1,at:1024/16
+set MODEL: IDX=1 NAME=mistral ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:400,gen:1,at:1024/16
+set MODEL: IDX=2 NAME=qwen ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:1,weight:100,gen:1,at:2048/32
+set MODEL: IDX=2 NAME=qwen ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:1,weight:100,gen:1,at:2048/32
 ",
     );
 }
@@ -493,15 +496,15 @@ fn a_recompute_of_more_models_than_a_batch_writes_them_batch_by_batch() {
 #[test]
 fn a_recompute_of_every_model_needs_room_for_one_more_table_only() {
     let f = Fixture::new();
-    // Two live tables of 4 chunks and member lists of 1 chunk, and one spare of each.
-    let mut w = Writer::new(FakeMaps::with_arenas(12, 3)).unwrap();
+    // Two live tables of 1 chunk and member lists of 1 chunk, and one spare of each.
+    let mut w = Writer::new(FakeMaps::with_arenas(3, 3)).unwrap();
     let both =
         |w2: u32| plan_of([("llama", f.model(1, &[(1, 100), (2, w2)])), ("qwen", f.model(2, &[(3, 100), (4, w2)]))]);
     f.apply(&mut w, &both(100));
     let writes = f.apply(&mut w, &both(300));
     assert_eq!(lines(&writes, "set TABLE:").lines().count(), 2, "both tables swapped:\n{writes}");
     // Two live tables and a replaced one still in its grace: the whole arena.
-    assert_eq!(w.arena_use().0, (12288, 12288));
+    assert_eq!(w.arena_use().0, (3072, 3072));
     assert_eq!(w.arena_use().1, (48, 48));
 }
 
@@ -511,13 +514,13 @@ fn a_restart_takes_over_the_live_extents_and_allocates_around_them() {
     let mut w = writer();
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
-    // llama now lives at 8192 (0 released), qwen at 4096; a new daemon must not hand out
+    // llama now lives at 2048 (0 released), qwen at 1024; a new daemon must not hand out
     // either live extent, and may reuse 0 (no old daemon's connect can still read it).
     let mut w = Writer::new(w.into_maps()).unwrap();
-    assert_eq!(w.arena_use().0 .0, 8192);
+    assert_eq!(w.arena_use().0 .0, 2048);
     let writes =
         f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (4, 100)])), ("qwen", f.model(2, &[(3, 100)]))]));
-    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:2047,1:2046 HEAD=1,1,0,1,1,0,1,1\n");
+    assert_text(&lines(&writes, "set TABLE:"), "set TABLE: POS=0 SHARES=0:511,1:510 HEAD=1,1,1,0,1,1,1,0\n");
 }
 
 /// A model with a backend and a VIP of each family: the IPv6 backend's address is written
