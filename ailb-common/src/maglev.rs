@@ -452,14 +452,17 @@ struct Lane {
     skip: u32,
     /// Slots it may still take (capacity minus slots taken).
     left: u32,
-    /// Ranks of its permutation not yet looked at.
-    ranks: u32,
 }
 
 /// [`Fill::rounds`] for narrow weights, on its own (so that it keeps its loop state in
 /// registers): returns the new `filled`, `m`. Plays the rounds from a [`schedule`] of one
 /// period when it is short (no visit of a backend that does not look this round), else visits
 /// every backend each round; the same looks in the same order either way.
+///
+/// The scheduled fill does not count a backend's ranks: a backend that has looked at all `m`
+/// ranks of its permutation has seen every slot and taken each one it found free, so the
+/// table is full by then. For the same reason it does not keep `next` and `pos` up to date:
+/// the table is full when it returns (the capacities cover it), and nothing reads them then.
 #[inline(never)]
 fn fill_dense(
     input: DenseInput,
@@ -474,47 +477,41 @@ fn fill_dense(
     };
     let DenseInput { m, caps, skip, .. } = input;
     let mut lanes: Vec<Lane> = (0..caps.len())
-        .map(|i| Lane {
-            pos: pos[i] as u32,
-            skip: skip[i] as u32,
-            left: caps[i].saturating_sub(got[i]) as u32,
-            ranks: m.saturating_sub(next[i]) as u32,
-        })
+        .map(|i| Lane { pos: pos[i] as u32, skip: skip[i] as u32, left: caps[i].saturating_sub(got[i]) as u32 })
         .collect();
-    let (m32, mut filled) = (m as u32, filled);
-    while filled < m && !order.is_empty() {
+    let m32 = m as u32;
+    let owner = &mut owner[..m as usize];
+    // Slots taken are counted once a period, from what the backends may still take (one
+    // counter less in the loop, which is short of registers).
+    let left_at_start: u64 = lanes.iter().map(|b| u64::from(b.left)).sum();
+    let filled_now = |lanes: &[Lane]| filled + left_at_start - lanes.iter().map(|b| u64::from(b.left)).sum::<u64>();
+    while filled_now(&lanes) < m && !order.is_empty() {
         let mut idle = 0;
         for &i in &order {
-            let b = &mut lanes[i as usize];
-            if b.left == 0 || b.ranks == 0 {
+            let Some(b) = lanes.get_mut(i as usize) else { continue };
+            if b.left == 0 {
                 idle += 1;
                 continue;
             }
             let c = b.pos as usize;
-            b.ranks -= 1;
-            b.pos += b.skip;
-            if b.pos >= m32 {
-                b.pos -= m32;
-            }
+            let p = b.pos + b.skip;
+            b.pos = if p >= m32 { p - m32 } else { p };
             // Without a branch, as in `fill_dense_visiting`.
-            let o = owner[c];
-            let free = o == NONE;
-            owner[c] = if free { i as u16 } else { o };
+            let Some(slot) = owner.get_mut(c) else { continue };
+            let free = *slot == NONE;
+            *slot = if free { i as u16 } else { *slot };
             b.left -= free as u32;
-            filled += free as u64;
         }
         // Backends that never look again leave the schedule once they are half of it (a
         // full backend is skipped either way).
         if idle * 2 > order.len() {
-            order.retain(|&i| lanes[i as usize].left > 0 && lanes[i as usize].ranks > 0);
+            order.retain(|&i| lanes[i as usize].left > 0);
         }
     }
     for (i, b) in lanes.iter().enumerate() {
         got[i] = caps[i] - u64::from(b.left);
-        next[i] = m - u64::from(b.ranks);
-        pos[i] = u64::from(b.pos);
     }
-    filled
+    filled_now(&lanes)
 }
 
 /// The dense fill visiting every backend each round (for weights whose period of rounds is
