@@ -9,7 +9,8 @@
 //!    loaded and with 1,024 for the same traffic (model 0's VIP), and with 1,024 for traffic
 //!    spread over every VIP, the daemon attached to a child cgroup.
 //!
-//! Arguments name the sections to run (`tables`, `recompute`, `connect`; all by default).
+//! Arguments name the sections to run (`tables`, `recompute`, `connect`; all by default);
+//! `AILB_RECOMPUTE_RUNS` sets the number of recomputes (default 5, the median reported).
 //! Writes `target/bench/scale.md` and prints it. Measures the release build of `ailb` for
 //! section 3 (or `$AILB_BIN`); sections 1 and 2 run in this process.
 
