@@ -3,7 +3,7 @@
 use ailb_common::hash::backend_key;
 use ailb_common::maglev::*;
 fn main() {
-    for &(n, m) in &[(10u32, 4093u32), (100, 16381), (100, 65521), (1000, 65521)] {
+    for &(n, m) in &[(10u32, 1021u32), (16, 2039), (10, 4093), (100, 16381), (100, 65521), (1000, 65521)] {
         let all: Vec<_> = (0..n)
             .map(|i| MaglevBackend {
                 id: i,
