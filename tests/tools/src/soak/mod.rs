@@ -108,10 +108,11 @@ pub struct Args {
     /// Remote client addresses of the TC stream (each with a TC VIP and a load worker of its own).
     #[arg(long, default_value_t = 8)]
     pub tc_lanes: usize,
-    /// Leave GSO on the TC clients' veth (by default it sends one TCP segment per packet: see
-    /// `soak::net` for why).
+    /// Make the TC clients' veth send one TCP segment per packet (`gso_max_segs 1`), as the soak
+    /// did before the TC path forwarded GSO packets (see `soak::net`); by default it sends GSO
+    /// packets as the kernel makes them.
     #[arg(long)]
-    pub tc_client_gso: bool,
+    pub tc_client_no_gso: bool,
     /// Run the soak's load without its faults (a baseline: every failure is then one a
     /// healthy backend could have served).
     #[arg(long)]
@@ -184,7 +185,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let md = if args.no_tc {
             run_soak(&args, &ailb, &cg, None)?
         } else {
-            let net = net::Net::new(args.a100 + args.rtx3090, args.tc_lanes, args.tc_client_gso)?;
+            let net = net::Net::new(args.a100 + args.rtx3090, args.tc_lanes, !args.tc_client_no_gso)?;
             net::in_netns(&net.topo.gateway.path(), || run_soak(&args, &ailb, &cg, Some(&net)))??
         };
         std::fs::write(args.out_dir.join("soak.md"), &md).context("writing soak.md")?;

@@ -16,14 +16,14 @@
 //!
 //! Nothing here touches the host's interfaces: every veth is created inside the namespaces.
 //!
-//! The client's veth sends one TCP segment per packet (`gso_max_segs 1`) unless asked not to:
-//! the TC program asks the FIB about a rewritten packet with its IP total length, which for a
-//! GSO packet (many segments, up to 64 KB) is past the veth's MTU, so the FIB answers "needs
-//! fragmenting" and the packet goes to the gateway's stack; masquerading, its source is then
-//! the gateway's own NAT address, and the stack does not forward it (a martian source, as far as
-//! the counters and the stalled socket tell). The client's retransmissions (one
-//! segment each) get through, so the flow crawls (one 3-minute run with GSO: a flow of a
-//! 700 kB prompt retransmitted 500 kB of it and stalled for over 5 minutes). See `soak.md`.
+//! The client's veth sends GSO packets as the kernel makes them (many segments, up to 64 KB),
+//! which the TC path must forward as they are. It once did not: the program asked the FIB about
+//! a rewritten packet with its IP total length, past the veth's MTU for a GSO packet, so the FIB
+//! answered "needs fragmenting" and the packet went to the gateway's stack, which does not
+//! forward a masqueraded packet whose source is the gateway's own NAT address; only the
+//! single-segment retransmissions passed, and a flow with a 700 kB prompt stalled for minutes.
+//! The lookups now leave the length at 0 (the kernel checks the skb against the MTU itself).
+//! `--tc-client-no-gso` sets `gso_max_segs 1` on the client veth, as the soak did meanwhile.
 //!
 //! [`lanes`]: Net::lanes
 

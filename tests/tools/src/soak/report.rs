@@ -134,12 +134,11 @@ fn streams(args: &Args, run: &SoakRun) -> String {
          -- backends namespace (the servers on 10.201.2.x), all made by the soak and deleted after it. {} {}",
         run.split.tc_lanes,
         tc_left_out(run),
-        if args.tc_client_gso {
-            "The clients' veth sends GSO packets as the kernel makes them (`--tc-client-gso`)"
+        if args.tc_client_no_gso {
+            "The clients' veth sends one TCP segment per packet (`gso_max_segs 1`, `--tc-client-no-gso`)"
         } else {
-            "The clients' veth sends one TCP segment per packet (`gso_max_segs 1`): with GSO packets the TC path \
-             hands a masqueraded client's large segments to the gateway's stack, which drops them (see \
-             `tests/tools/src/soak/net.rs`; `--tc-client-gso` keeps GSO)"
+            "The clients' veth sends GSO packets as the kernel makes them (up to 64 KB, many segments each), which \
+             the TC path forwards as they are"
         }
     )
 }
