@@ -368,6 +368,7 @@ mod tests {
             backend: Some("s".into()),
             gone_s: Some(10.5),
             picks_kept: None,
+            affinity: None,
             detail: String::new(),
         };
         let mut r = rec("a", 9.5, "t");

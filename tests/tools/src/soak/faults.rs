@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 
-use super::fleet::{Fleet, LOW_FREE_MB};
+use super::{
+    affinity,
+    fleet::{Fleet, LOW_FREE_MB},
+};
 
 /// A fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -77,6 +80,9 @@ pub struct Event {
     /// read). Equal tables and ids give every conversation the same table pick, and the daemon
     /// never writes the affinity map: then the restart itself moved no conversation.
     pub picks_kept: Option<bool>,
+    /// Daemon kill: the pinned affinity map before the kill against after the restarted daemon's
+    /// first apply (`None`: not read).
+    pub affinity: Option<affinity::Kept>,
     /// What was seen, in words.
     pub detail: String,
 }
@@ -99,6 +105,11 @@ fn pick_state(fleet: &Fleet) -> Option<PickState> {
             Some((m["name"].as_str()?.to_string(), m["table_digest"].as_str().map(String::from), ids))
         })
         .collect()
+}
+
+/// Backend id -> address over every model of a [`PickState`].
+fn addresses(p: &PickState) -> affinity::Addresses {
+    p.iter().flat_map(|(_, _, ids)| ids.iter().map(|(id, a)| (*id as u32, a.clone()))).collect()
 }
 
 /// The table digests of a [`PickState`], in words.
@@ -137,11 +148,13 @@ pub fn run(fault: Fault, fleet: &mut Fleet, t0: Instant, outage: Duration) -> an
         backend: None,
         gone_s: None,
         picks_kept: None,
+        affinity: None,
         detail: String::new(),
     };
     match fault {
         Fault::DaemonKill => {
             let picks_before = pick_state(fleet);
+            let entries_before = affinity::read(fleet.daemon.bpffs());
             fleet.daemon.kill9();
             std::thread::sleep(DAEMON_DOWN);
             // The pins keep the last generation; the new daemon's first apply bumps it.
@@ -154,7 +167,13 @@ pub fn run(fault: Fault, fleet: &mut Fleet, t0: Instant, outage: Duration) -> an
             let applied =
                 ev.recovered_s.map_or("not within 60 s".into(), |r| format!("{:.1} s after its start", r - ev.end_s));
             let picks_after = pick_state(fleet);
+            let entries_after = affinity::read(fleet.daemon.bpffs());
             ev.picks_kept = picks_before.as_ref().zip(picks_after.as_ref()).map(|(b, a)| a == b);
+            if let (Some(b), Some(a), Some(pb), Some(pa)) =
+                (&entries_before, &entries_after, picks_before.as_ref(), picks_after.as_ref())
+            {
+                ev.affinity = Some(affinity::compare(b, a, &addresses(pb), &addresses(pa)));
+            }
             let same = match ev.picks_kept {
                 Some(true) => "the same as before the kill",
                 Some(false) => "CHANGED from before the kill",

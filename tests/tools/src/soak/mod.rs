@@ -19,6 +19,7 @@
 //! ailb-soak [--minutes 20] [--overload-only | --no-overload] [--out-dir docs/results/soak]
 //! ```
 
+pub mod affinity;
 pub mod analyze;
 pub mod faults;
 pub mod fleet;

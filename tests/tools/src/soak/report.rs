@@ -7,6 +7,7 @@ use std::fmt::Write;
 use anyhow::Context;
 use serde_json::json;
 
+use super::affinity;
 use super::analyze::{self, classify, continuity, growth, inflight_check, Class, DETECT_S, TURN_WINDOW_S};
 use super::faults::{Fault, DAEMON_DOWN};
 use super::fleet::{AGENT_PUBLISH, LOW_FREE_MB, NACOS_POLL};
@@ -174,24 +175,35 @@ fn goals(md: &mut String, run: &SoakRun) {
         );
     }
     for e in run.events.iter().filter(|e| e.fault == Fault::DaemonKill) {
-        let kept = match e.picks_kept {
-            Some(true) => {
-                "the active table (slots and members) and every backend id the same before the kill and after \
-                           the restarted daemon's first apply: every conversation's table pick unchanged; the daemon \
-                           never writes the affinity map, so every affinity entry survived"
-                    .to_string()
-            }
-            Some(false) => {
-                "the active table or the backend ids CHANGED across the restart (details under Faults)".into()
-            }
-            None => "the tables could not be read around the restart".into(),
+        let kept = match &e.affinity {
+            Some(a) => format!(
+                "{} of {} affinity entries that no request used during the restart came back with the same backend \
+                 (id and address); of the {} entries before the kill, {} used meanwhile kept their backend and {} were \
+                 re-picked by the kernel (its load bound or memory fit, not the daemon)",
+                a.untouched_kept,
+                a.untouched_kept + a.untouched_lost,
+                a.before,
+                a.touched_same,
+                a.touched_moved
+            ),
+            None => "the affinity map could not be read around the restart".into(),
         };
         let _ = writeln!(
             md,
-            "| 100 % of conversations keep their backend across the daemon restart at {:.0} s: the restart itself moves \
-             none | {kept} | {} |",
+            "| 100 % of conversations keep their backend across the daemon restart at {:.0} s: every conversation the \
+             kernel keeps on a backend (its affinity entry) keeps it; the restart itself moves none | {kept} | {} |",
             e.start_s,
-            met(e.picks_kept == Some(true))
+            met(e.affinity.as_ref().is_some_and(affinity::Kept::met))
+        );
+        let tables = match e.picks_kept {
+            Some(true) => "the same before the kill and after the restarted daemon's first apply",
+            Some(false) => "changed between the kill and the restarted daemon's first apply (details under Faults)",
+            None => "not read",
+        };
+        let _ = writeln!(
+            md,
+            "| (context, not the goal) the active tables and backend ids across the restart: they decide only new \
+             conversations' first picks | {tables} | - |"
         );
         let restart = e.recovered_s.unwrap_or(e.end_s);
         let moves = analyze::table_moves(&run.samples, e.start_s, restart - e.start_s + 2.0);
@@ -277,8 +289,11 @@ fn goals(md: &mut String, run: &SoakRun) {
          `upstream_reuse = \"never\"` here: the kernel does not count the pool's idle connections, and nothing outside the \
          gateway can tell them from busy ones.{} A conversation's turns may go to different backends without any fault (the \
          load bound, the memory fit, and the table following the telemetry move them; the cut without a fault measures how \
-         often), so turns across a restart cannot tell what the restart did; what the restart can change is the table and \
-         the backend ids (the affinity map is the kernel's alone), which the goal's row compares.\n",
+         often), so turns across a restart cannot tell what the restart did; nor can the tables, which the telemetry rewrites \
+         without any fault. What a restart could break is the kernel's own state, which the goal's row compares: the \
+         pinned affinity map read just before the kill and after the restarted daemon's first apply; an entry no \
+         request used in between must come back with the same backend id, naming the same address (a daemon that \
+         recreated the map, or renumbered its backends, fails it).\n",
         tc_listing(run)
     );
 }
