@@ -316,6 +316,11 @@ pub struct PickRequest {
     pub model_inflight: u64,
     /// With [`CONFIG_ROUND_ROBIN`]: the model's turn counter before this connect.
     pub turn: u64,
+    /// The affinity entry is a remote client's address, not a conversation: it holds only while
+    /// its backend is under the load bound (with [`CONFIG_LOAD_BOUND`]). One address carries
+    /// many conversations, so holding it through any load would pile them on one backend; a
+    /// conversation's entry holds through load, for the prefix its backend has cached.
+    pub affinity_bounded: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -388,6 +393,15 @@ fn affinity_usable<M: PickMaps>(
             || (b.fits_when_idle(req.required_mem_mb) && req.now_ns.saturating_sub(aff.last_seen_ns) <= wait_ns))
 }
 
+/// Whether `id` is under its load bound (always, without [`CONFIG_LOAD_BOUND`]).
+#[inline(always)]
+fn under_bound<M: PickMaps>(maps: &M, cfg: &GlobalConfig, req: &PickRequest, total_weight: u64, id: u32) -> bool {
+    cfg.flags & CONFIG_LOAD_BOUND == 0
+        || maps.backend(id).is_some_and(|b| {
+            maps.inflight(id) < load_bound(cfg.load_factor_milli, req.model_inflight, b.weight, total_weight)
+        })
+}
+
 /// Whether an affinity entry is older than the TTL (an expiry, not a break).
 #[inline(always)]
 fn affinity_expired(ttl_ns: u64, req: &PickRequest, aff: &AffinityValue) -> bool {
@@ -431,7 +445,9 @@ pub fn pick_for<M: PickMaps>(
     if cfg.flags & CONFIG_AFFINITY != 0 && req.has_conversation {
         if let Some(aff) = &req.affinity {
             let ttl_ns = affinity_ttl_ns(state, cfg);
-            if affinity_usable(maps, req, family, (ttl_ns, cfg.affinity_wait_ns), aff) {
+            if affinity_usable(maps, req, family, (ttl_ns, cfg.affinity_wait_ns), aff)
+                && (!req.affinity_bounded || under_bound(maps, cfg, req, slot.total_weight, aff.backend))
+            {
                 return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);

@@ -76,6 +76,7 @@ impl Fleet {
             now_ns: 1_000,
             model_inflight: self.total(),
             turn: 0,
+            affinity_bounded: false,
         }
     }
 
@@ -102,6 +103,37 @@ fn unloaded_picks_follow_weights() {
         let got = counts[i] as f64 / n as f64;
         assert!((got - want).abs() < 0.01, "backend {i}: {got:.4} vs {want}");
     }
+}
+
+/// A remote client's address (`affinity_bounded`) keeps its backend only under the load bound;
+/// a conversation's entry keeps it through any load under the hard cap.
+#[test]
+fn a_client_address_entry_holds_only_under_the_load_bound() {
+    let mut f = Fleet::new(&[1, 1, 1], &[]);
+    let mut r = f.req(fmix64(7));
+    r.has_conversation = true;
+    r.affinity = Some(AffinityValue { backend: 1, _pad: 0, last_seen_ns: 900 });
+    // Backend 1 holds 10 of the model's 12 connections: far over ceil(1.25 * 13 / 3) = 6.
+    f.maps.inflight[..3].copy_from_slice(&[1, 10, 1]);
+    r.model_inflight = f.total();
+    let conversation = f.pick(&r);
+    assert_eq!((conversation.outcome, conversation.backend), (Outcome::AffinityHit, 1));
+    r.affinity_bounded = true;
+    let client = f.pick(&r);
+    assert!(client.affinity_break && client.backend != 1, "{client:?}");
+    // At the bound's edge: 5 of 7 in flight, bound ceil(1.25 * 8 / 3) = 4: still over.
+    f.maps.inflight[..3].copy_from_slice(&[1, 5, 1]);
+    r.model_inflight = f.total();
+    assert!(f.pick(&r).affinity_break);
+    // Under it: 2 of 6, bound ceil(1.25 * 7 / 3) = 3.
+    f.maps.inflight[..3].copy_from_slice(&[2, 2, 2]);
+    r.model_inflight = f.total();
+    assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
+    // Without the load bound configured, the entry holds whatever the load.
+    f.maps.inflight[..3].copy_from_slice(&[1, 10, 1]);
+    r.model_inflight = f.total();
+    f.cfg.flags &= !ailb_common::CONFIG_LOAD_BOUND;
+    assert_eq!(f.pick(&r).outcome, Outcome::AffinityHit);
 }
 
 #[test]

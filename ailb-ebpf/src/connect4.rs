@@ -165,7 +165,17 @@ fn request(
     let now_ns = unsafe { bpf_ktime_get_ns() };
     let model_inflight = inflight_read(INFLIGHT_MODEL_BASE + model);
     let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
-    PickRequest { model, hash, has_conversation, required_mem_mb, affinity, now_ns, model_inflight, turn }
+    PickRequest {
+        model,
+        hash,
+        has_conversation,
+        required_mem_mb,
+        affinity,
+        now_ns,
+        model_inflight,
+        turn,
+        affinity_bounded: false,
+    }
 }
 
 /// The conversation's (or, for the TC datapath, the remote client's) `AILB_AFFINITY` entry,

@@ -288,6 +288,7 @@ pub(crate) fn pick_remote(
         now_ns: now,
         model_inflight: inflight_read(INFLIGHT_MODEL_BASE + model),
         turn,
+        affinity_bounded: by_client,
     };
     let res = pick_for(&Maps, state, &gcfg, &req, family);
     if res.backend >= MAX_BACKENDS {

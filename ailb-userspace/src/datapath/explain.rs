@@ -105,6 +105,8 @@ pub fn explain_conversation(
         model_inflight,
         // With round robin: the next connect's turn.
         turn: maps.inflight.get(&(ailb_common::INFLIGHT_TURN_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?,
+        // A conversation, as the socket ABI and the front door tag it.
+        affinity_bounded: false,
     };
     let res = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv4);
     let addr = |id: u32| -> Option<SocketAddr> {

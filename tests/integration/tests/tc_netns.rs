@@ -103,6 +103,42 @@ fn client_address_affinity_sticks_and_many_addresses_spread() {
     gw.wait_no_flow("every flow removed", Duration::from_secs(10));
 }
 
+/// One client address carries many conversations, so its entry holds only while its backend is
+/// under the load bound: 12 flows held open from one address spread over the backends, none
+/// past the bound of the last connect (ceil(1.25 x 12 / 3) = 5 with the default load factor).
+#[test]
+fn a_client_address_keeps_its_backend_only_under_the_load_bound() {
+    let mut spec = GatewaySpec::new("tc-affinity-bound", true);
+    spec.model_extra = "remote_affinity = \"client_address\"\n".into();
+    let gw = Gateway::start(&spec);
+    let source = Ipv4Addr::new(10, 201, 1, 50);
+    gw.topo.client.ip(&["addr", "add", &format!("{source}/24"), "dev", "c0"]);
+    let mut held = Vec::new();
+    for i in 0..12 {
+        let r = connect(&gw.topo, spec.vip, Some(source.into()), true)
+            .unwrap_or_else(|e| panic!("held connection {i} from {source}: {e}"));
+        held.push(r);
+    }
+    let mut per_backend: BTreeMap<usize, usize> = BTreeMap::new();
+    for r in &held {
+        *per_backend.entry(r.index()).or_default() += 1;
+    }
+    assert!(per_backend.len() > 1, "12 flows held from one address all on {per_backend:?}: the entry ignored the load");
+    assert!(per_backend.values().all(|&n| n <= 5), "a backend past the load bound: {per_backend:?}");
+    let stats = gw.daemon.status()["stats"].clone();
+    assert!(stats["affinity_breaks"].as_u64().is_some_and(|b| b > 0), "no affinity break counted: {stats}");
+    drop(held);
+    // Unloaded again, the address keeps one backend (its entry holds under the bound).
+    let mut reached = BTreeSet::new();
+    for i in 0..6 {
+        let r = connect(&gw.topo, spec.vip, Some(source.into()), false)
+            .unwrap_or_else(|e| panic!("connection {i} from {source}: {e}"));
+        reached.insert(r.index());
+    }
+    assert_eq!(reached.len(), 1, "{source} reached {reached:?} with nothing in flight");
+    gw.wait_no_flow("every flow removed", Duration::from_secs(10));
+}
+
 #[test]
 fn a_memory_hinted_models_remote_flows_only_reach_backends_with_the_memory() {
     let mut spec = GatewaySpec::new("tc-memory", true);

@@ -380,6 +380,7 @@ impl Fleet {
             now_ns: ns(now),
             model_inflight: self.inflight.iter().sum(),
             turn: 0,
+            affinity_bounded: false,
         };
         let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
         if r.backend == NO_BACKEND {

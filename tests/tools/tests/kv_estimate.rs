@@ -75,6 +75,7 @@ fn picks(hint: u32) -> [u32; 2] {
             now_ns: 1_000,
             model_inflight: 0,
             turn: 0,
+            affinity_bounded: false,
         };
         let r = pick(&maps, &state, &cfg, &req);
         assert_ne!(r.outcome, Outcome::NoFit, "the A100 holds {hint} MB");
