@@ -148,10 +148,29 @@ fn client_address_affinity_keeps_a_client_on_its_backend() {
     setup.tc_model.affinity = TC_AFFINITY_CLIENT_ADDR;
     let f = Fixture::new(&setup);
     let (_, _, first) = open(&f, &setup, CLIENT);
+    assert_eq!(f.run(&Frame::tcp(CLIENT, VIP, TCP_RST).build()).0, TC_ACT_OK);
     for port in 1..30u16 {
-        let (verdict, _, id) = open(&f, &setup, (CLIENT.0, CLIENT.1 + port));
+        let client = (CLIENT.0, CLIENT.1 + port);
+        let (verdict, _, id) = open(&f, &setup, client);
         assert_eq!((verdict, id), (TC_ACT_OK, first), "connection {port} of the client moved");
+        // Reset before the next: nothing in flight, so its backend is under the load bound.
+        assert_eq!(f.run(&Frame::tcp(client, VIP, TCP_RST).build()).0, TC_ACT_OK);
     }
+    // Held open, the client's flows leave its backend once that is at the load bound (one
+    // address carries many conversations): they spread, none past the bound of the last SYN.
+    let f = Fixture::new(&setup);
+    let mut held = [0u64; 3];
+    for port in 0..12u16 {
+        let (verdict, _, id) = open(&f, &setup, (CLIENT.0, CLIENT.1 + port));
+        assert_eq!(verdict, TC_ACT_OK);
+        held[id as usize] += 1;
+    }
+    let total_weight: u64 = setup.backends.iter().map(|b| u64::from(b.2)).sum();
+    for (i, b) in setup.backends.iter().enumerate() {
+        let bound = ailb_common::pick::load_bound(1250, 11, b.2, total_weight);
+        assert!(held[i] <= bound, "backend {i} holds {} of 12 flows from one client, bound {bound}: {held:?}", held[i]);
+    }
+    assert!(held.iter().filter(|&&n| n > 0).count() > 1, "12 held flows of one client all on one backend: {held:?}");
     // Without affinity the same connections spread.
     let f = Fixture::new(&Setup::new(TC_MODE_MASQUERADE, &[B1, B2, B3]));
     let ids: std::collections::BTreeSet<u32> =
