@@ -1,6 +1,6 @@
 //! One exchange on an upstream connection the front door drives itself (with
 //! `gateway.http1_fast_path`): the request written as one buffer (head and body together),
-//! the response head read with `httparse`, its body left to [`RawBody`]. What hyper's client
+//! the response head scanned in place ([`super::scan`]), its body left to [`RawBody`]. What hyper's client
 //! would have done for the same exchange (a task per connection, a channel crossed by the
 //! request and each body frame) is not needed: the request's own task reads the answer.
 
@@ -10,6 +10,7 @@ use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
 use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
+use super::scan::{scan, Malformed, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
@@ -99,47 +100,41 @@ type HeadParse = Option<(usize, Response<()>, Framing, HeadLines)>;
 
 /// A whole response head at the start of `buf` (`None`: not whole yet), or what is wrong with it.
 fn parse(buf: &[u8]) -> Result<HeadParse, String> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut slots);
-    let len = match r.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(format!("a malformed response head ({e})")),
-    };
-    let status = r.code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or("a response head without a valid status")?;
-    let version = if r.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+    let mut slots: [Slot<'_>; MAX_HEADERS] = [(&[], &[]); MAX_HEADERS];
+    let Some(head) = scan(buf, &mut slots).map_err(|e| e.to_string())? else { return Ok(None) };
+    let status = StatusCode::from_u16(head.code).map_err(|_| Malformed::Status.to_string())?;
+    let version = if head.minor == 0 { Version::HTTP_10 } else { Version::HTTP_11 };
+    let headers = &slots[..head.headers];
     // `Connection` stays in the response's map (whether the upstream keeps the connection open
     // is read from it); it and every other hop-by-hop header stay out of the lines.
-    let mut headers = HeaderMap::new();
-    let mut lines = HeadLines::with_capacity(len + 96);
-    let connection = r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection"));
-    let named = |name: &str| {
-        connection && r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection") && has_token(h.value, name))
+    let mut map = HeaderMap::new();
+    let mut lines = HeadLines::with_capacity(head.len + 96);
+    let connection = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(b"connection"));
+    let named = |name: &[u8]| {
+        connection && headers.iter().any(|(n, v)| n.eq_ignore_ascii_case(b"connection") && has_token(v, name))
     };
     let (mut length, mut chunked, mut content_type) = (None, false, false);
-    for h in r.headers.iter() {
-        if !valid_value(h.value) {
-            return Err(format!("a bad value of header {}", h.name));
+    for &(name, value) in headers {
+        if !valid_value(value) {
+            return Err(format!("a bad value of header {}", String::from_utf8_lossy(name)));
         }
-        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("content-length") {
-            let n = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
-            match (n, length) {
+            match (decimal(value), length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(prior)) if n == prior => {}
-                _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(h.value))),
+                _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(value))),
             }
         } else if is("transfer-encoding") {
-            chunked = has_token(h.value, "chunked");
+            chunked = has_token(value, "chunked");
         }
         if is("connection") {
-            headers
-                .append(CONNECTION, HeaderValue::from_bytes(h.value).map_err(|_| "a bad value of header Connection")?);
+            map.append(CONNECTION, HeaderValue::from_bytes(value).map_err(|_| "a bad value of header Connection")?);
             continue;
         }
         // The gateway writes its own `x-ailb-backend` and `x-ailb-conversation`: an upstream's
         // (a server behind another ailb, or one that names itself) would make a second value.
-        if HOP_BY_HOP.iter().any(|n| is(n)) || named(h.name) || is(BACKEND_HEADER) || is(CONVERSATION_HEADER) {
+        if HOP_BY_HOP.iter().any(|n| is(n)) || named(name) || is(BACKEND_HEADER) || is(CONVERSATION_HEADER) {
             continue;
         }
         if is("content-length") {
@@ -148,9 +143,9 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
             lines.has_date = true;
         } else if is("content-type") && !content_type {
             content_type = true;
-            lines.event_stream = is_event_stream(h.value);
+            lines.event_stream = is_event_stream(value);
         }
-        lines.push(h.name, h.value);
+        lines.push(name, value);
     }
     let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let framing = match (bodiless, chunked, length) {
@@ -162,8 +157,19 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
-    Ok(Some((len, resp, framing, lines)))
+    *resp.headers_mut() = map;
+    Ok(Some((head.len, resp, framing, lines)))
+}
+
+/// A `Content-Length` value: decimal digits only (no sign, no spaces inside), at most `u64`.
+fn decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &b| match b {
+        b'0'..=b'9' => n.checked_mul(10)?.checked_add(u64::from(b - b'0')),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -183,6 +189,12 @@ mod tests {
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-").unwrap().is_none());
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err());
         assert!(parse(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        for bad in ["+5", "5 5", "", "x", "18446744073709551616"] {
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+            assert!(parse(head.as_bytes()).is_err(), "content-length {bad:?}");
+        }
+        let (_, _, f, _) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n").unwrap().unwrap();
+        assert_eq!(f, Framing::Length(u64::MAX));
     }
 
     #[test]
