@@ -14,7 +14,7 @@ use super::scan::{scan, Malformed, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
-use crate::gateway::request::{UpRequest, HOP_BY_HOP};
+use crate::gateway::request::UpRequest;
 use crate::gateway::server::{is_event_stream, BACKEND_HEADER, CONVERSATION_HEADER};
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
@@ -118,32 +118,35 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
         if !valid_value(value) {
             return Err(format!("a bad value of header {}", String::from_utf8_lossy(name)));
         }
-        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
-        if is("content-length") {
-            match (decimal(value), length) {
+        let kind = kind(name);
+        match kind {
+            Kind::ContentLength => match (decimal(value), length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(prior)) if n == prior => {}
                 _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(value))),
+            },
+            Kind::TransferEncoding => {
+                chunked = has_token(value, "chunked");
+                continue;
             }
-        } else if is("transfer-encoding") {
-            chunked = has_token(value, "chunked");
+            Kind::Connection => {
+                map.append(CONNECTION, HeaderValue::from_bytes(value).map_err(|_| "a bad value of header Connection")?);
+                continue;
+            }
+            Kind::Drop => continue,
+            Kind::Date | Kind::ContentType | Kind::Other => {}
         }
-        if is("connection") {
-            map.append(CONNECTION, HeaderValue::from_bytes(value).map_err(|_| "a bad value of header Connection")?);
+        if named(name) {
             continue;
         }
-        // The gateway writes its own `x-ailb-backend` and `x-ailb-conversation`: an upstream's
-        // (a server behind another ailb, or one that names itself) would make a second value.
-        if HOP_BY_HOP.iter().any(|n| is(n)) || named(name) || is(BACKEND_HEADER) || is(CONVERSATION_HEADER) {
-            continue;
-        }
-        if is("content-length") {
-            lines.content_length = length;
-        } else if is("date") {
-            lines.has_date = true;
-        } else if is("content-type") && !content_type {
-            content_type = true;
-            lines.event_stream = is_event_stream(value);
+        match kind {
+            Kind::ContentLength => lines.content_length = length,
+            Kind::Date => lines.has_date = true,
+            Kind::ContentType if !content_type => {
+                content_type = true;
+                lines.event_stream = is_event_stream(value);
+            }
+            _ => {}
         }
         lines.push(name, value);
     }
@@ -161,6 +164,43 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     Ok(Some((head.len, resp, framing, lines)))
 }
 
+/// What a response header is to the front door.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    ContentLength,
+    /// Hop-by-hop; it frames the body.
+    TransferEncoding,
+    /// Hop-by-hop; kept in the response's map.
+    Connection,
+    /// Not forwarded: another hop-by-hop header ([`crate::gateway::request::HOP_BY_HOP`]), or one the gateway writes
+    /// itself (`x-ailb-backend`, `x-ailb-conversation`: an upstream's, a server behind another
+    /// ailb or one that names itself, would make a second value).
+    Drop,
+    Date,
+    ContentType,
+    Other,
+}
+
+/// The kind of header `name`, by its length first: most names differ in length from every
+/// name looked for, so they are told apart without comparing their bytes.
+fn kind(name: &[u8]) -> Kind {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    match name.len() {
+        2 if is("te") => Kind::Drop,
+        4 if is("date") => Kind::Date,
+        7 if is("trailer") || is("upgrade") => Kind::Drop,
+        10 if is("connection") => Kind::Connection,
+        10 if is("keep-alive") => Kind::Drop,
+        12 if is("content-type") => Kind::ContentType,
+        14 if is("content-length") => Kind::ContentLength,
+        14 if is(BACKEND_HEADER) => Kind::Drop,
+        16 if is("proxy-connection") => Kind::Drop,
+        17 if is("transfer-encoding") => Kind::TransferEncoding,
+        19 if is("proxy-authorization") || is(CONVERSATION_HEADER) => Kind::Drop,
+        _ => Kind::Other,
+    }
+}
+
 /// A `Content-Length` value: decimal digits only (no sign, no spaces inside), at most `u64`.
 fn decimal(v: &[u8]) -> Option<u64> {
     if v.is_empty() {
@@ -175,6 +215,7 @@ fn decimal(v: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::request::HOP_BY_HOP;
 
     #[test]
     fn response_heads_are_framed_as_http_says() {
@@ -216,6 +257,24 @@ mod tests {
         assert!(resp.headers().is_empty());
         assert_eq!((lines.content_length, lines.has_date, lines.event_stream), (Some(2), false, false));
         assert!(parse(b"HTTP/1.1 200 OK\r\nX-Bad: a\x7fb\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn every_hop_by_hop_header_and_the_gateways_own_are_kept_out_of_the_lines() {
+        for name in HOP_BY_HOP.iter().chain(&[BACKEND_HEADER, CONVERSATION_HEADER]) {
+            for spelled in [name.to_string(), name.to_ascii_uppercase()] {
+                let k = kind(spelled.as_bytes());
+                assert!(matches!(k, Kind::Drop | Kind::Connection | Kind::TransferEncoding), "{spelled}: {k:?}");
+            }
+        }
+        let looked_for =
+            [("content-length", Kind::ContentLength), ("Date", Kind::Date), ("CONTENT-TYPE", Kind::ContentType)];
+        for (name, want) in looked_for {
+            assert_eq!(kind(name.as_bytes()), want, "{name}");
+        }
+        for name in ["x-request-id", "content-lengthx", "dat", "tx", "server", "x-ailb-backends"] {
+            assert_eq!(kind(name.as_bytes()), Kind::Other, "{name}");
+        }
     }
 
     #[test]
