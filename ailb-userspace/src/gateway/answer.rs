@@ -29,8 +29,10 @@ impl HeadLines {
 
     /// Appends a header, its name in lowercase (as hyper writes names; `value` valid as a
     /// header value).
-    pub fn push(&mut self, name: &str, value: &[u8]) {
-        self.lines.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+    pub fn push(&mut self, name: impl AsRef<[u8]>, value: &[u8]) {
+        let start = self.lines.len();
+        self.lines.extend_from_slice(name.as_ref());
+        self.lines[start..].make_ascii_lowercase();
         self.lines.extend_from_slice(b": ");
         self.lines.extend_from_slice(value);
         self.lines.extend_from_slice(b"\r\n");

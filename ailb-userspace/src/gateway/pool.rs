@@ -104,7 +104,9 @@ pub struct Pool {
 
 #[derive(Default)]
 struct Idle {
-    by_key: HashMap<PoolKey, Vec<Conn>>,
+    /// Hashed with `FxHash`, not SipHash: the key is three integers, and the map never holds
+    /// more than `upstream_max_idle` connections, so even keys made to collide cost a bounded scan.
+    by_key: HashMap<PoolKey, Vec<Conn>, rustc_hash::FxBuildHasher>,
     count: usize,
 }
 

@@ -25,6 +25,7 @@
 pub mod head;
 pub mod response;
 pub mod rewind;
+pub mod scan;
 pub mod upbody;
 pub mod upstream;
 

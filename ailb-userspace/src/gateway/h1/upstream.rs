@@ -1,6 +1,6 @@
 //! One exchange on an upstream connection the front door drives itself (with
 //! `gateway.http1_fast_path`): the request written as one buffer (head and body together),
-//! the response head read with `httparse`, its body left to [`RawBody`]. What hyper's client
+//! the response head scanned in place ([`super::scan`]), its body left to [`RawBody`]. What hyper's client
 //! would have done for the same exchange (a task per connection, a channel crossed by the
 //! request and each body frame) is not needed: the request's own task reads the answer.
 
@@ -10,10 +10,11 @@ use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
 use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
+use super::scan::{scan, Malformed, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
-use crate::gateway::request::{UpRequest, HOP_BY_HOP};
+use crate::gateway::request::UpRequest;
 use crate::gateway::server::{is_event_stream, BACKEND_HEADER, CONVERSATION_HEADER};
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
@@ -99,58 +100,55 @@ type HeadParse = Option<(usize, Response<()>, Framing, HeadLines)>;
 
 /// A whole response head at the start of `buf` (`None`: not whole yet), or what is wrong with it.
 fn parse(buf: &[u8]) -> Result<HeadParse, String> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut slots);
-    let len = match r.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(format!("a malformed response head ({e})")),
-    };
-    let status = r.code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or("a response head without a valid status")?;
-    let version = if r.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+    let mut slots: [Slot<'_>; MAX_HEADERS] = [(&[], &[]); MAX_HEADERS];
+    let Some(head) = scan(buf, &mut slots).map_err(|e| e.to_string())? else { return Ok(None) };
+    let status = StatusCode::from_u16(head.code).map_err(|_| Malformed::Status.to_string())?;
+    let version = if head.minor == 0 { Version::HTTP_10 } else { Version::HTTP_11 };
+    let headers = &slots[..head.headers];
     // `Connection` stays in the response's map (whether the upstream keeps the connection open
     // is read from it); it and every other hop-by-hop header stay out of the lines.
-    let mut headers = HeaderMap::new();
-    let mut lines = HeadLines::with_capacity(len + 96);
-    let connection = r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection"));
-    let named = |name: &str| {
-        connection && r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("connection") && has_token(h.value, name))
+    let mut map = HeaderMap::new();
+    let mut lines = HeadLines::with_capacity(head.len + 96);
+    let connection = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(b"connection"));
+    let named = |name: &[u8]| {
+        connection && headers.iter().any(|(n, v)| n.eq_ignore_ascii_case(b"connection") && has_token(v, name))
     };
     let (mut length, mut chunked, mut content_type) = (None, false, false);
-    for h in r.headers.iter() {
-        if !valid_value(h.value) {
-            return Err(format!("a bad value of header {}", h.name));
+    for &(name, value) in headers {
+        if !valid_value(value) {
+            return Err(format!("a bad value of header {}", String::from_utf8_lossy(name)));
         }
-        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
-        if is("content-length") {
-            let n = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
-            match (n, length) {
+        let kind = kind(name);
+        match kind {
+            Kind::ContentLength => match (decimal(value), length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(prior)) if n == prior => {}
-                _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(h.value))),
+                _ => return Err(format!("a bad content-length {:?}", String::from_utf8_lossy(value))),
+            },
+            Kind::TransferEncoding => {
+                chunked = has_token(value, "chunked");
+                continue;
             }
-        } else if is("transfer-encoding") {
-            chunked = has_token(h.value, "chunked");
+            Kind::Connection => {
+                map.append(CONNECTION, HeaderValue::from_bytes(value).map_err(|_| "a bad value of header Connection")?);
+                continue;
+            }
+            Kind::Drop => continue,
+            Kind::Date | Kind::ContentType | Kind::Other => {}
         }
-        if is("connection") {
-            headers
-                .append(CONNECTION, HeaderValue::from_bytes(h.value).map_err(|_| "a bad value of header Connection")?);
+        if named(name) {
             continue;
         }
-        // The gateway writes its own `x-ailb-backend` and `x-ailb-conversation`: an upstream's
-        // (a server behind another ailb, or one that names itself) would make a second value.
-        if HOP_BY_HOP.iter().any(|n| is(n)) || named(h.name) || is(BACKEND_HEADER) || is(CONVERSATION_HEADER) {
-            continue;
+        match kind {
+            Kind::ContentLength => lines.content_length = length,
+            Kind::Date => lines.has_date = true,
+            Kind::ContentType if !content_type => {
+                content_type = true;
+                lines.event_stream = is_event_stream(value);
+            }
+            _ => {}
         }
-        if is("content-length") {
-            lines.content_length = length;
-        } else if is("date") {
-            lines.has_date = true;
-        } else if is("content-type") && !content_type {
-            content_type = true;
-            lines.event_stream = is_event_stream(h.value);
-        }
-        lines.push(h.name, h.value);
+        lines.push(name, value);
     }
     let bodiless = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let framing = match (bodiless, chunked, length) {
@@ -162,13 +160,62 @@ fn parse(buf: &[u8]) -> Result<HeadParse, String> {
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
-    Ok(Some((len, resp, framing, lines)))
+    *resp.headers_mut() = map;
+    Ok(Some((head.len, resp, framing, lines)))
+}
+
+/// What a response header is to the front door.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    ContentLength,
+    /// Hop-by-hop; it frames the body.
+    TransferEncoding,
+    /// Hop-by-hop; kept in the response's map.
+    Connection,
+    /// Not forwarded: another hop-by-hop header ([`crate::gateway::request::HOP_BY_HOP`]), or one the gateway writes
+    /// itself (`x-ailb-backend`, `x-ailb-conversation`: an upstream's, a server behind another
+    /// ailb or one that names itself, would make a second value).
+    Drop,
+    Date,
+    ContentType,
+    Other,
+}
+
+/// The kind of header `name`, by its length first: most names differ in length from every
+/// name looked for, so they are told apart without comparing their bytes.
+fn kind(name: &[u8]) -> Kind {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    match name.len() {
+        2 if is("te") => Kind::Drop,
+        4 if is("date") => Kind::Date,
+        7 if is("trailer") || is("upgrade") => Kind::Drop,
+        10 if is("connection") => Kind::Connection,
+        10 if is("keep-alive") => Kind::Drop,
+        12 if is("content-type") => Kind::ContentType,
+        14 if is("content-length") => Kind::ContentLength,
+        14 if is(BACKEND_HEADER) => Kind::Drop,
+        16 if is("proxy-connection") => Kind::Drop,
+        17 if is("transfer-encoding") => Kind::TransferEncoding,
+        19 if is("proxy-authorization") || is(CONVERSATION_HEADER) => Kind::Drop,
+        _ => Kind::Other,
+    }
+}
+
+/// A `Content-Length` value: decimal digits only (no sign, no spaces inside), at most `u64`.
+fn decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &b| match b {
+        b'0'..=b'9' => n.checked_mul(10)?.checked_add(u64::from(b - b'0')),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::request::HOP_BY_HOP;
 
     #[test]
     fn response_heads_are_framed_as_http_says() {
@@ -183,6 +230,12 @@ mod tests {
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-").unwrap().is_none());
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err());
         assert!(parse(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        for bad in ["+5", "5 5", "", "x", "18446744073709551616"] {
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+            assert!(parse(head.as_bytes()).is_err(), "content-length {bad:?}");
+        }
+        let (_, _, f, _) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n").unwrap().unwrap();
+        assert_eq!(f, Framing::Length(u64::MAX));
     }
 
     #[test]
@@ -204,6 +257,24 @@ mod tests {
         assert!(resp.headers().is_empty());
         assert_eq!((lines.content_length, lines.has_date, lines.event_stream), (Some(2), false, false));
         assert!(parse(b"HTTP/1.1 200 OK\r\nX-Bad: a\x7fb\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn every_hop_by_hop_header_and_the_gateways_own_are_kept_out_of_the_lines() {
+        for name in HOP_BY_HOP.iter().chain(&[BACKEND_HEADER, CONVERSATION_HEADER]) {
+            for spelled in [name.to_string(), name.to_ascii_uppercase()] {
+                let k = kind(spelled.as_bytes());
+                assert!(matches!(k, Kind::Drop | Kind::Connection | Kind::TransferEncoding), "{spelled}: {k:?}");
+            }
+        }
+        let looked_for =
+            [("content-length", Kind::ContentLength), ("Date", Kind::Date), ("CONTENT-TYPE", Kind::ContentType)];
+        for (name, want) in looked_for {
+            assert_eq!(kind(name.as_bytes()), want, "{name}");
+        }
+        for name in ["x-request-id", "content-lengthx", "dat", "tx", "server", "x-ailb-backends"] {
+            assert_eq!(kind(name.as_bytes()), Kind::Other, "{name}");
+        }
     }
 
     #[test]
