@@ -460,6 +460,29 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Each backend's share of its model's table slots, in percent, by its index in
+    /// [`BACKEND_ADDRS`] (or [`BACKEND_ADDRS6`] with `v6`), from `ailb status`.
+    pub fn table_shares(&self, v6: bool) -> [f64; 3] {
+        let st = self.daemon.status();
+        let mut slots = [0u64; 3];
+        for b in
+            st["models"].as_array().into_iter().flatten().flat_map(|m| m["backends"].as_array().into_iter().flatten())
+        {
+            let Some(addr) = b["address"].as_str().and_then(|a| a.parse::<SocketAddr>().ok()) else { continue };
+            let index = match addr.ip() {
+                IpAddr::V4(a) if !v6 => BACKEND_ADDRS.iter().position(|x| *x == a),
+                IpAddr::V6(a) if v6 => BACKEND_ADDRS6.iter().position(|x| *x == a),
+                _ => None,
+            };
+            if let Some(i) = index {
+                slots[i] += b["table_slots"].as_u64().unwrap_or_else(|| panic!("no table_slots in {b}"));
+            }
+        }
+        let all: u64 = slots.iter().sum();
+        assert!(all > 0, "no table slots for the backends in {st}");
+        slots.map(|s| 100.0 * s as f64 / all as f64)
+    }
+
     pub fn start(spec: &GatewaySpec) -> Self {
         let bin = preflight();
         let topo = Topology::new();
@@ -528,16 +551,27 @@ impl Gateway {
     }
 }
 
-/// Asserts that `picked` (connections per backend) splits as `weights` within 3 points each.
-pub fn assert_shares(picked: &[usize; 3], weights: &[u32; 3]) {
+/// Asserts that `picked` (connections per backend, IPv4 or IPv6 ones: `v6`) splits as the
+/// model's table does within `points` each, and that the table splits as `weights` within 1
+/// point (a small model's table holds each share within the fill's slack of 8 slots: 0.8 points
+/// at 1,021 slots). Hashes sample the table, so the table's own shares are what the picks
+/// follow.
+pub fn assert_shares(gw: &Gateway, picked: &[usize; 3], weights: &[u32; 3], v6: bool, points: f64) {
+    let table = gw.table_shares(v6);
     let n: usize = picked.iter().sum();
     let total: u32 = weights.iter().sum();
     for (i, w) in weights.iter().enumerate() {
-        let share = 100.0 * picked[i] as f64 / n as f64;
         let want = 100.0 * *w as f64 / total as f64;
         assert!(
-            (share - want).abs() <= 3.0,
-            "backend {i}: {share:.1} % of remote connections ({picked:?}), want {want:.1} % +- 3"
+            (table[i] - want).abs() <= 1.0,
+            "backend {i}: {:.2} % of the table's slots, weight {want:.1} %",
+            table[i]
+        );
+        let share = 100.0 * picked[i] as f64 / n as f64;
+        assert!(
+            (share - table[i]).abs() <= points,
+            "backend {i}: {share:.1} % of remote connections ({picked:?}), its table share {:.1} % +- {points}",
+            table[i]
         );
     }
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use ailb_tests::netns::Topology;
-use ailb_tests::remote::{connect, Gateway, GatewaySpec};
+use ailb_tests::remote::{assert_shares, connect, Gateway, GatewaySpec};
 use ailb_tests::run_cmd;
 
 /// `ARGS...` inside the gateway namespace; its stdout.
@@ -58,11 +58,7 @@ fn clsact_attach_forwards_survives_kill_9_and_teardown_removes_the_filters() {
         let r = connect(&gw.topo, spec.vip, None, false).unwrap_or_else(|e| panic!("remote connection {i}: {e}"));
         picked[r.index()] += 1;
     }
-    for (i, w) in spec.weights.iter().enumerate() {
-        let share = 100.0 * picked[i] as f64 / 800.0;
-        let want = 100.0 * *w as f64 / 8.0;
-        assert!((share - want).abs() <= 5.0, "backend {i}: {share:.1} % ({picked:?}), want {want:.1} % +- 5");
-    }
+    assert_shares(&gw, &picked, &spec.weights, false, 5.0);
     // Fail-static: the filter holds the program, not the daemon.
     let mut held = connect(&gw.topo, spec.vip, None, true).unwrap_or_else(|e| panic!("held connection: {e}"));
     gw.daemon.kill9();
