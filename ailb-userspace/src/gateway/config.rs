@@ -17,6 +17,7 @@
 //! completion_prefix_bytes = 1024
 //! upstream_reuse = "conversation"  # or "never"
 //! upstream_max_age = "1s"
+//! upstream_idle_mark_after = "10ms"
 //! upstream_max_idle = 256
 //! worker_threads = 0               # 0: one per core
 //! http1_fast_path = true           # false: every connection served by hyper
@@ -100,6 +101,12 @@ pub struct GatewayConfig {
     /// kernel picked its backend): no request follows a pick older than this. Default "1s".
     #[serde(default = "default_max_age")]
     pub upstream_max_age: String,
+    /// A kept connection is marked idle for the kernel (no longer counted in flight at its
+    /// backend) once it has waited this long after its answer; one reused sooner needs no
+    /// mark, which saves two system calls per request on back-to-back requests. It counts in
+    /// flight meanwhile. "0s" marks it as the answer ends. Default "10ms".
+    #[serde(default = "default_idle_mark_after")]
+    pub upstream_idle_mark_after: String,
     /// Idle upstream connections kept at most, all keys together (each counts as one open
     /// connection at its backend for the kernel's load bound), shared out among the worker
     /// threads, each of which keeps its own. Default 256.
@@ -176,6 +183,9 @@ fn default_reuse() -> String {
 fn default_max_age() -> String {
     "1s".to_string()
 }
+fn default_idle_mark_after() -> String {
+    "10ms".to_string()
+}
 fn default_max_idle() -> u32 {
     256
 }
@@ -196,6 +206,7 @@ impl Default for GatewayConfig {
             kv_block_tokens: BTreeMap::new(),
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
+            upstream_idle_mark_after: default_idle_mark_after(),
             upstream_max_idle: default_max_idle(),
             worker_threads: 0,
             admission: AdmissionSetting::Off,
@@ -221,6 +232,7 @@ pub struct ValidGateway {
     pub kv_block_tokens: BTreeMap<String, u64>,
     pub upstream_reuse: UpstreamReuse,
     pub upstream_max_age: Duration,
+    pub upstream_idle_mark_after: Duration,
     pub upstream_max_idle: u32,
     /// `None`: one per core.
     pub worker_threads: Option<usize>,
@@ -310,6 +322,16 @@ impl GatewayConfig {
                 ))
             }
         };
+        let upstream_max_age = positive("gateway.upstream_max_age", &self.upstream_max_age)?;
+        let upstream_idle_mark_after =
+            parse_duration("gateway.upstream_idle_mark_after", &self.upstream_idle_mark_after)?;
+        if upstream_idle_mark_after >= upstream_max_age {
+            return Err(ConfigError::invalid(
+                "gateway.upstream_idle_mark_after",
+                &self.upstream_idle_mark_after,
+                "must be below gateway.upstream_max_age (a connection that old is closed, not kept)",
+            ));
+        }
         Ok(ValidGateway {
             listen,
             max_body_bytes: self.max_body_bytes,
@@ -323,7 +345,8 @@ impl GatewayConfig {
             kv_bytes_per_token: self.kv_bytes_per_token.clone(),
             kv_block_tokens: self.kv_block_tokens.clone(),
             upstream_reuse,
-            upstream_max_age: positive("gateway.upstream_max_age", &self.upstream_max_age)?,
+            upstream_max_age,
+            upstream_idle_mark_after,
             upstream_max_idle: self.upstream_max_idle,
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
             admission: self.admission.validate(admission_retry)?,
@@ -361,6 +384,7 @@ mod tests {
         assert!(g.kv_block_tokens.is_empty(), "every model gets DEFAULT_KV_BLOCK_TOKENS");
         assert_eq!(g.upstream_reuse, super::UpstreamReuse::Conversation);
         assert_eq!(g.upstream_max_age.as_secs(), 1);
+        assert_eq!(g.upstream_idle_mark_after, std::time::Duration::from_millis(10));
         assert_eq!(g.upstream_max_idle, 256);
         assert_eq!(g.worker_threads, None, "one per core");
         assert_eq!(g.admission, super::ValidAdmission::Off, "admission off");
@@ -450,6 +474,8 @@ mod tests {
             ("[gateway.admission]\nreserve = nan", &["gateway.admission.reserve", "NaN"]),
             ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
             ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
+            ("upstream_idle_mark_after = \"2s\"", &["gateway.upstream_idle_mark_after", "2s", "upstream_max_age"]),
+            ("upstream_idle_mark_after = \"soon\"", &["gateway.upstream_idle_mark_after", "soon"]),
             ("bogus = 1", &["bogus"]),
         ];
         for (text, wants) in cases {

@@ -15,12 +15,22 @@
 //!
 //! The kernel counts open connections as in flight at their backend (its load bound and memory
 //! fit read those counts), so a kept connection is marked idle (`AILB_IDLE`) while it waits:
-//! it stops counting, and its conversation's affinity ages from the end of the answer, as at a
-//! close; it is marked busy again right before it carries the next request.
+//! it stops counting, and its conversation's affinity ages from then, as at a close; it is
+//! marked busy again right before it carries the next request.
+//!
+//! The idle mark waits `upstream_idle_mark_after` (default 10 ms) from the end of the answer:
+//! a connection taken again within it was never marked, so it needs no busy mark either. Each
+//! mark is a `setsockopt` that runs the kernel's setsockopt program; a conversation sending
+//! small requests back to back (embeddings, a benchmark) would otherwise pay two such system
+//! calls per request. The price: a kept connection counts in flight at its backend for up to
+//! that long after its answer, which the load bound sees as one request more there. The
+//! sweeper marks the connections whose wait has passed; it ticks every
+//! `upstream_idle_mark_after`. Zero marks at once, as the answer ends.
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -99,20 +109,45 @@ impl Conn {
 pub struct Pool {
     max_age: Duration,
     max_idle: usize,
+    /// How long a kept connection waits before it is marked idle.
+    mark_after: Duration,
     idle: Mutex<Idle>,
+    /// Idle and busy marks sent.
+    marks: AtomicU64,
 }
 
 #[derive(Default)]
 struct Idle {
     /// Hashed with `FxHash`, not SipHash: the key is three integers, and the map never holds
     /// more than `upstream_max_idle` connections, so even keys made to collide cost a bounded scan.
-    by_key: HashMap<PoolKey, Vec<Conn>, rustc_hash::FxBuildHasher>,
+    by_key: HashMap<PoolKey, Vec<Kept>, rustc_hash::FxBuildHasher>,
     count: usize,
+    /// Kept connections not yet marked idle.
+    unmarked: usize,
+}
+
+/// A connection waiting in the pool.
+struct Kept {
+    conn: Conn,
+    /// When its answer ended.
+    since: Instant,
+    /// Whether the kernel was told it is idle.
+    marked: bool,
 }
 
 impl Pool {
-    pub fn new(max_age: Duration, max_idle: usize) -> Arc<Self> {
-        Arc::new(Self { max_age, max_idle, idle: Mutex::new(Idle::default()) })
+    pub fn new(max_age: Duration, max_idle: usize, mark_after: Duration) -> Arc<Self> {
+        Arc::new(Self { max_age, max_idle, mark_after, idle: Mutex::new(Idle::default()), marks: AtomicU64::new(0) })
+    }
+
+    fn mark(&self, c: &Conn, idle: bool) {
+        self.marks.fetch_add(1, Ordering::Relaxed);
+        c.mark_idle(idle);
+    }
+
+    /// Idle and busy marks sent so far.
+    pub fn marks(&self) -> u64 {
+        self.marks.load(Ordering::Relaxed)
     }
 
     fn fresh(&self, c: &Conn, now: Instant) -> bool {
@@ -126,20 +161,23 @@ impl Pool {
         let idle = &mut *idle;
         let list = idle.by_key.get_mut(key)?;
         let mut found = None;
-        while let Some(c) = list.pop() {
+        while let Some(k) = list.pop() {
             idle.count -= 1;
-            if self.fresh(&c, now) {
-                found = Some(c);
+            idle.unmarked -= usize::from(!k.marked);
+            if self.fresh(&k.conn, now) {
+                found = Some(k);
                 break;
             }
         }
         if list.is_empty() {
             idle.by_key.remove(key);
         }
-        if let Some(c) = &found {
-            c.mark_idle(false);
+        let k = found?;
+        // One never marked idle still counts as busy: nothing to undo.
+        if k.marked {
+            self.mark(&k.conn, false);
         }
-        found
+        Some(k.conn)
     }
 
     /// Keeps `conn` for the next request with `key`; ends it instead when it is too old or
@@ -153,23 +191,45 @@ impl Pool {
             drop(idle);
             return conn.done();
         }
-        conn.mark_idle(true);
+        let marked = self.mark_after.is_zero();
+        if marked {
+            self.mark(&conn, true);
+        } else {
+            idle.unmarked += 1;
+        }
         idle.count += 1;
-        idle.by_key.entry(key).or_default().push(conn);
+        idle.by_key.entry(key).or_default().push(Kept { conn, since: Instant::now(), marked });
     }
 
-    /// Closes every idle connection past its age (or closed by its backend).
+    /// Closes every idle connection past its age (or closed by its backend), and marks idle
+    /// those that have waited `upstream_idle_mark_after`.
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let idle = &mut *idle;
-        let mut count = 0;
+        let (mut count, mut unmarked) = (0, 0);
         idle.by_key.retain(|_, list| {
-            list.retain(|c| self.fresh(c, now));
+            list.retain_mut(|k| {
+                if !self.fresh(&k.conn, now) {
+                    return false;
+                }
+                if !k.marked && now.saturating_duration_since(k.since) >= self.mark_after {
+                    self.mark(&k.conn, true);
+                    k.marked = true;
+                }
+                unmarked += usize::from(!k.marked);
+                true
+            });
             count += list.len();
             !list.is_empty()
         });
         idle.count = count;
+        idle.unmarked = unmarked;
+    }
+
+    /// Kept connections not yet marked idle (they still count in flight at their backend).
+    pub fn unmarked_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).unmarked
     }
 
     /// Connections waiting idle now.
@@ -177,10 +237,14 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).count
     }
 
-    /// Sweeps `pool` every half `max_age` until it is dropped.
+    /// Sweeps `pool` every half `max_age`, or every `upstream_idle_mark_after` when that is
+    /// shorter (and not zero), until it is dropped.
     pub fn spawn_sweeper(pool: &Arc<Self>) {
         let weak: Weak<Self> = Arc::downgrade(pool);
-        let every = (pool.max_age / 2).max(Duration::from_millis(10));
+        let mut every = (pool.max_age / 2).max(Duration::from_millis(10));
+        if !pool.mark_after.is_zero() {
+            every = every.min(pool.mark_after.max(Duration::from_millis(1)));
+        }
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -221,7 +285,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_same_inputs_get_a_connection_back() {
-        let pool = Pool::new(Duration::from_secs(60), 8);
+        let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
         let (c, _l) = conn(Instant::now()).await;
         pool.put(key("a"), c);
         assert!(pool.take(&key("b")).is_none(), "another conversation");
@@ -236,7 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn old_connections_are_never_handed_out_and_are_swept() {
-        let pool = Pool::new(Duration::from_millis(200), 8);
+        let pool = Pool::new(Duration::from_millis(200), 8, Duration::ZERO);
         let (old, _l1) = conn(Instant::now() - Duration::from_millis(300)).await;
         pool.put(key("a"), old);
         assert_eq!(pool.idle_count(), 0, "too old to keep");
@@ -256,7 +320,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_pool_is_bounded() {
-        let pool = Pool::new(Duration::from_secs(60), 2);
+        let pool = Pool::new(Duration::from_secs(60), 2, Duration::ZERO);
         let mut listeners = Vec::new();
         for i in 0..3 {
             let (c, l) = conn(Instant::now()).await;
@@ -269,7 +333,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_its_backend_closed_is_not_handed_out() {
-        let pool = Pool::new(Duration::from_secs(60), 8);
+        let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
         let (c, l) = conn(Instant::now()).await;
         let (server_side, _) = l.accept().await.unwrap();
         pool.put(key("a"), c);
@@ -280,7 +344,7 @@ mod tests {
         loop {
             let closed = {
                 let idle = pool.idle.lock().unwrap();
-                idle.by_key.get(&key("a")).is_none_or(|l| l.iter().all(|c| !c.is_open()))
+                idle.by_key.get(&key("a")).is_none_or(|l| l.iter().all(|k| !k.conn.is_open()))
             };
             if closed {
                 break;
@@ -289,5 +353,58 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(pool.take(&key("a")).is_none());
+    }
+
+    #[tokio::test]
+    async fn with_no_wait_every_reuse_costs_an_idle_and_a_busy_mark() {
+        let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
+        let (c, _l) = conn(Instant::now()).await;
+        pool.put(key("a"), c);
+        assert_eq!((pool.marks(), pool.unmarked_count()), (1, 0), "marked idle as the answer ends");
+        let c = pool.take(&key("a")).unwrap();
+        assert_eq!(pool.marks(), 2, "marked busy before the next request");
+        pool.put(key("a"), c);
+        assert_eq!(pool.marks(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_connection_taken_again_within_the_wait_is_never_marked() {
+        let pool = Pool::new(Duration::from_secs(60), 8, Duration::from_secs(30));
+        let (c, _l) = conn(Instant::now()).await;
+        pool.put(key("a"), c);
+        assert_eq!((pool.marks(), pool.unmarked_count()), (0, 1), "still counted busy while it waits");
+        pool.sweep();
+        assert_eq!(pool.marks(), 0, "the wait has not passed");
+        for _ in 0..100 {
+            let c = pool.take(&key("a")).unwrap();
+            pool.put(key("a"), c);
+        }
+        assert_eq!(pool.marks(), 0, "back-to-back requests cost no mark");
+        let _c = pool.take(&key("a")).unwrap();
+        assert_eq!((pool.marks(), pool.unmarked_count(), pool.idle_count()), (0, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn the_sweeper_marks_a_connection_idle_once_its_wait_has_passed() {
+        let wait = Duration::from_millis(20);
+        let pool = Pool::new(Duration::from_secs(60), 8, wait);
+        let (a, _la) = conn(Instant::now()).await;
+        let (b, _lb) = conn(Instant::now()).await;
+        pool.put(key("a"), a);
+        let put_b = Instant::now();
+        pool.put(key("b"), b);
+        Pool::spawn_sweeper(&pool);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pool.unmarked_count() > 0 {
+            assert!(Instant::now() < deadline, "never marked idle");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(put_b.elapsed() >= wait, "marked before its wait had passed");
+        assert_eq!(pool.marks(), 2, "each marked idle once");
+        pool.sweep();
+        assert_eq!(pool.marks(), 2, "a marked connection is not marked again");
+        let _a = pool.take(&key("a")).unwrap();
+        assert_eq!(pool.marks(), 3, "a connection marked idle is marked busy when taken");
+        assert_eq!(pool.idle_count(), 1);
     }
 }

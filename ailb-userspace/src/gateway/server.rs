@@ -159,7 +159,7 @@ impl Gateway {
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
-            .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize));
+            .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
         let live = Arc::new(Liveness::new(config.listen));
         Arc::new(Self { cfg, models, metrics, registry: Arc::new(registry), permits, pool, live, admission })
     }
@@ -172,7 +172,8 @@ impl Gateway {
         let max_idle = self.cfg.upstream_max_idle as usize;
         let workers = workers.max(1);
         let share = max_idle / workers + usize::from(index < max_idle % workers);
-        let pool = self.pool.as_ref().map(|_| Pool::new(self.cfg.upstream_max_age, share));
+        let pool =
+            self.pool.as_ref().map(|_| Pool::new(self.cfg.upstream_max_age, share, self.cfg.upstream_idle_mark_after));
         Arc::new(Self {
             cfg: self.cfg.clone(),
             models: self.models.clone(),
