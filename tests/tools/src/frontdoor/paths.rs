@@ -84,31 +84,46 @@ pub fn direct() -> Target {
     }
 }
 
-/// The `[gateway]` section of the front door for `upstream_reuse` value `reuse` and
-/// `http1_fast_path` value `fast`, listening on `listen`; every other key keeps its default.
-/// Warnings-only logging comes from `AILB_LOG`.
-pub fn gateway_toml(listen: SocketAddrV4, reuse: &str, fast: bool) -> String {
-    format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\nhttp1_fast_path = {fast}\n")
+/// One front-door setting measured: `[gateway] upstream_reuse`, `http1_fast_path` and, when
+/// given, `upstream_idle_mark_after`.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    pub reuse: &'static str,
+    pub fast: bool,
+    pub idle_mark_after: Option<&'static str>,
+}
+
+/// The `[gateway]` section of the front door for variant `v`, listening on `listen`; every
+/// other key keeps its default. Warnings-only logging comes from `AILB_LOG`.
+pub fn gateway_toml(listen: SocketAddrV4, v: &Variant) -> String {
+    let Variant { reuse, fast, idle_mark_after } = v;
+    let mut t =
+        format!("\n[gateway]\nlisten = [\"{listen}\"]\nupstream_reuse = \"{reuse}\"\nhttp1_fast_path = {fast}\n");
+    if let Some(d) = idle_mark_after {
+        t.push_str(&format!("upstream_idle_mark_after = \"{d}\"\n"));
+    }
+    t
 }
 
 /// `ailb gateway` inside `cg`, reading the daemon's catalog (`catalog`, the daemon's config
-/// text) plus its own `[gateway]` section, one per (`upstream_reuse`, `http1_fast_path`)
-/// variant (index `i` gives its port).
-pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, variant: (&str, bool), i: usize, dir: &Path) -> Target {
-    let (reuse, fast) = variant;
+/// text) plus its own `[gateway]` section, one per variant (index `i` gives its port).
+pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, v: &Variant, i: usize, dir: &Path) -> Target {
+    let Variant { reuse, fast, idle_mark_after } = *v;
     let listen = SocketAddrV4::new(GATEWAY_IP.parse().expect("GATEWAY_IP"), GATEWAY_BASE_PORT + i as u16);
     let hyper = if fast { "" } else { ", http1_fast_path = false (hyper)" };
-    let name = format!("ailb gateway, upstream_reuse = \"{reuse}\"{hyper}");
+    let mark = idle_mark_after.map(|d| format!(", upstream_idle_mark_after = \"{d}\"")).unwrap_or_default();
+    let name = format!("ailb gateway, upstream_reuse = \"{reuse}\"{mark}{hyper}");
     let settings = format!(
         "daemon attached to the child cgroup, the gateway inside it; the server is the model's only backend \
          (static config, VIP {VIP}); `AILB_LOG=warn`; `[gateway] upstream_reuse = \"{reuse}\"`, \
-         `http1_fast_path = {fast}`, other keys default"
+         `http1_fast_path = {fast}`{}, other keys default",
+        idle_mark_after.map(|d| format!(", `upstream_idle_mark_after = \"{d}\"`")).unwrap_or_default()
     );
     let started = (|| {
-        let sub = dir.join(format!("gateway-{reuse}-{}", if fast { "fast" } else { "hyper" }));
+        let sub = dir.join(format!("gateway-{i}-{reuse}-{}", if fast { "fast" } else { "hyper" }));
         std::fs::create_dir_all(&sub)?;
         let cfg = sub.join("ailb.toml");
-        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, reuse, fast)))?;
+        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, v)))?;
         front_door::start(ailb, &cfg, cg, listen, &sub)
     })();
     finish(name, Role::Ailb, settings, url(listen), started)
@@ -231,8 +246,11 @@ mod tests {
 
     #[test]
     fn the_gateway_section_names_its_listen_address_and_reuse() {
-        let t = gateway_toml("127.0.0.21:8080".parse().expect("addr"), "never", false);
+        let addr = "127.0.0.21:8080".parse().expect("addr");
+        let t = gateway_toml(addr, &Variant { reuse: "never", fast: false, idle_mark_after: None });
         let want = "\n[gateway]\nlisten = [\"127.0.0.21:8080\"]\nupstream_reuse = \"never\"\nhttp1_fast_path = false\n";
         assert_eq!(t, want);
+        let t = gateway_toml(addr, &Variant { reuse: "conversation", fast: true, idle_mark_after: Some("0s") });
+        assert!(t.ends_with("http1_fast_path = true\nupstream_idle_mark_after = \"0s\"\n"), "{t}");
     }
 }
