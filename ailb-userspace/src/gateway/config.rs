@@ -17,7 +17,7 @@
 //! completion_prefix_bytes = 1024
 //! upstream_reuse = "conversation"  # or "never"
 //! upstream_max_age = "1s"
-//! upstream_idle_mark_after = "10ms"
+//! upstream_idle_mark_after = "10ms"  # default "0s" when admission is on
 //! upstream_max_idle = 256
 //! worker_threads = 0               # 0: one per core
 //! http1_fast_path = true           # false: every connection served by hyper
@@ -104,9 +104,12 @@ pub struct GatewayConfig {
     /// A kept connection is marked idle for the kernel (no longer counted in flight at its
     /// backend) once it has waited this long after its answer; one reused sooner needs no
     /// mark, which saves two system calls per request on back-to-back requests. It counts in
-    /// flight meanwhile. "0s" marks it as the answer ends. Default "10ms".
-    #[serde(default = "default_idle_mark_after")]
-    pub upstream_idle_mark_after: String,
+    /// flight meanwhile. "0s" marks it as the answer ends. Default "10ms", or "0s" when
+    /// `admission` is on: the admission reads those in-flight counts, and a kept connection
+    /// still counted would hold its request's memory there after the answer, so the next
+    /// request could wait for room that is already free.
+    #[serde(default)]
+    pub upstream_idle_mark_after: Option<String>,
     /// Idle upstream connections kept at most, all keys together (each counts as one open
     /// connection at its backend for the kernel's load bound), shared out among the worker
     /// threads, each of which keeps its own. Default 256.
@@ -183,9 +186,8 @@ fn default_reuse() -> String {
 fn default_max_age() -> String {
     "1s".to_string()
 }
-fn default_idle_mark_after() -> String {
-    "10ms".to_string()
-}
+/// `upstream_idle_mark_after` when not set and the admission is off.
+pub const DEFAULT_IDLE_MARK_AFTER: Duration = Duration::from_millis(10);
 fn default_max_idle() -> u32 {
     256
 }
@@ -206,7 +208,7 @@ impl Default for GatewayConfig {
             kv_block_tokens: BTreeMap::new(),
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
-            upstream_idle_mark_after: default_idle_mark_after(),
+            upstream_idle_mark_after: None,
             upstream_max_idle: default_max_idle(),
             worker_threads: 0,
             admission: AdmissionSetting::Off,
@@ -323,15 +325,22 @@ impl GatewayConfig {
             }
         };
         let upstream_max_age = positive("gateway.upstream_max_age", &self.upstream_max_age)?;
-        let upstream_idle_mark_after =
-            parse_duration("gateway.upstream_idle_mark_after", &self.upstream_idle_mark_after)?;
-        if upstream_idle_mark_after >= upstream_max_age {
-            return Err(ConfigError::invalid(
-                "gateway.upstream_idle_mark_after",
-                &self.upstream_idle_mark_after,
-                "must be below gateway.upstream_max_age (a connection that old is closed, not kept)",
-            ));
-        }
+        let admission = self.admission.validate(admission_retry)?;
+        let upstream_idle_mark_after = match &self.upstream_idle_mark_after {
+            Some(text) => {
+                let d = parse_duration("gateway.upstream_idle_mark_after", text)?;
+                if d >= upstream_max_age {
+                    return Err(ConfigError::invalid(
+                        "gateway.upstream_idle_mark_after",
+                        text,
+                        "must be below gateway.upstream_max_age (a connection that old is closed, not kept)",
+                    ));
+                }
+                d
+            }
+            None if admission == ValidAdmission::Off => DEFAULT_IDLE_MARK_AFTER.min(upstream_max_age / 2),
+            None => Duration::ZERO,
+        };
         Ok(ValidGateway {
             listen,
             max_body_bytes: self.max_body_bytes,
@@ -349,7 +358,7 @@ impl GatewayConfig {
             upstream_idle_mark_after,
             upstream_max_idle: self.upstream_max_idle,
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
-            admission: self.admission.validate(admission_retry)?,
+            admission,
             http1_fast_path: self.http1_fast_path,
         })
     }
@@ -415,6 +424,19 @@ mod tests {
         assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(1) });
         let g = check("[gateway.admission]\nmode = \"off\"").unwrap();
         assert_eq!(g.admission, super::ValidAdmission::Off);
+    }
+
+    #[test]
+    fn kept_connections_are_marked_idle_at_once_by_default_when_the_admission_reads_the_counts() {
+        use std::time::Duration;
+        let mark = |text: &str| check(text).unwrap().upstream_idle_mark_after;
+        assert_eq!(mark(""), Duration::from_millis(10), "admission off: the deferred mark");
+        assert_eq!(mark("admission = true"), Duration::ZERO);
+        assert_eq!(mark("[gateway.admission]\nmode = \"fleet_memory\""), Duration::ZERO);
+        assert_eq!(mark("upstream_idle_mark_after = \"20ms\"\nadmission = true"), Duration::from_millis(20));
+        assert_eq!(mark("upstream_idle_mark_after = \"0s\""), Duration::ZERO);
+        // A short max_age alone is no error about a mark the config never set.
+        assert_eq!(mark("upstream_max_age = \"8ms\""), Duration::from_millis(4));
     }
 
     #[test]

@@ -285,14 +285,14 @@ pub struct Relay {
     /// The connection: closed on drop, or back to the pool after a whole response.
     conn: Option<Conn>,
     reuse: Option<Reuse>,
-    _held: Held,
+    held: Held,
 }
 
-/// What a request holds until its answer is relayed whole or dropped: its `max_concurrent`
-/// slot and its share of the admission's memory.
+/// What a request holds: its `max_concurrent` slot until its answer is relayed whole or
+/// dropped, and its share of the admission's memory until the upstream's answer is whole.
 pub struct Held {
     pub _permit: OwnedSemaphorePermit,
-    pub _ticket: Option<super::fleet_memory::Ticket>,
+    pub ticket: Option<super::fleet_memory::Ticket>,
 }
 
 impl Relay {
@@ -325,7 +325,7 @@ impl Relay {
             log: Some(log),
             conn: Some(conn),
             reuse,
-            _held: held,
+            held,
         }
     }
 
@@ -335,9 +335,12 @@ impl Relay {
         }
     }
 
-    /// The whole response came: the connection goes back to the pool for the next request
-    /// with the same routing inputs, or is shut down now.
+    /// The whole response came (or the upstream failed): the request's memory is given back
+    /// to the admission, and the connection goes back to the pool for the next request with
+    /// the same routing inputs, or is shut down now. Both happen before the last frame
+    /// reaches the client, whose next request must not wait behind this one.
     fn release(&mut self) {
+        drop(self.held.ticket.take());
         let Some(mut conn) = self.conn.take() else { return };
         if let Link::Raw(raw @ None) = &mut conn.link {
             *raw = self.inner.take_raw();

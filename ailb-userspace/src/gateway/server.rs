@@ -331,7 +331,7 @@ impl Gateway {
                     sse,
                     conn,
                     reuse,
-                    Held { _permit: permit, _ticket: ticket },
+                    Held { _permit: permit, ticket },
                     log,
                     self.cfg.idle_timeout,
                     deadline,
