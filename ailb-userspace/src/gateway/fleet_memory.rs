@@ -230,6 +230,12 @@ impl FleetMemory {
         Ticket { gate: gate.clone(), mb: need_mb }
     }
 
+    /// MB of `model`'s requests this front door admitted and has not finished.
+    #[cfg(test)]
+    pub(crate) fn admitted_mb(&self, model: &str) -> u64 {
+        self.gates.get(model).map_or(0, |g| g.admitted_mb.load(Ordering::Acquire))
+    }
+
     /// Admits a request of `model` that needs `need_mb`, at once or after waiting its turn;
     /// 503 with `Retry-After` past `max_wait`, 429 when the queue is full.
     pub async fn admit(&self, model: &str, need_mb: Option<u32>) -> Result<Option<Ticket>, ApiError> {

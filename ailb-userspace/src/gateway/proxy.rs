@@ -440,3 +440,7 @@ impl Drop for Relay {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;

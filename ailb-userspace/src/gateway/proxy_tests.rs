@@ -1,0 +1,89 @@
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use prometheus_client::registry::Registry;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
+
+use super::*;
+use crate::datapath::DatapathError;
+use crate::gateway::config::FleetMemoryLimits;
+use crate::gateway::fleet_memory::{Capacity, Fleet, FleetMemory};
+use crate::gateway::h1::upbody::Framing;
+use crate::gateway::metrics::GatewayMetrics;
+
+/// A fleet the admission never limits: every request gets a ticket at once.
+struct Unlimited;
+
+impl Fleet for Unlimited {
+    fn capacity(&self, _model: &str) -> Result<Option<Capacity>, DatapathError> {
+        Ok(None)
+    }
+    fn inflight_mb(&self, _cap: &Capacity) -> Result<u64, DatapathError> {
+        Ok(0)
+    }
+    fn slot_free(&self, _cap: &Capacity) -> Result<bool, DatapathError> {
+        Ok(true)
+    }
+}
+
+/// The client's next request may follow the last byte of this one's answer at once: by then
+/// the admission must have its memory back, or that request queues behind a finished one.
+#[tokio::test]
+async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_client() {
+    let mut registry = Registry::default();
+    let limits = FleetMemoryLimits {
+        factor: 1.0,
+        max_wait: Duration::from_secs(1),
+        max_queued: 4,
+        reserve: 0.0,
+        retry_after: 1,
+    };
+    let admission = FleetMemory::new(Box::new(Unlimited), limits, ["m"], &mut registry);
+    let ticket = admission.admit("m", Some(600)).await.expect("admitted");
+    assert!(ticket.is_some());
+    assert_eq!(admission.admitted_mb("m"), 600);
+
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = match l.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let client = TcpStream::connect(backend).await.unwrap();
+    let (mut server, _) = l.accept().await.unwrap();
+    let body = RawBody::new(RawConn::new(client), Framing::Length(10));
+    let conn = Conn {
+        link: Link::Raw(None),
+        backend,
+        backend_value: HeaderValue::from_static("test"),
+        born: Instant::now(),
+        fd: None,
+    };
+    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+    let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut relay = Relay::new(
+        UpBody::Raw(body),
+        false,
+        conn,
+        None,
+        Held { _permit: permit, ticket },
+        log,
+        Duration::from_secs(30),
+        deadline,
+        Duration::from_secs(30),
+    );
+
+    server.write_all(b"hello").await.unwrap();
+    let first = relay.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.into_data().unwrap(), "hello");
+    assert_eq!(admission.admitted_mb("m"), 600, "held while the answer is still coming");
+
+    server.write_all(b"world").await.unwrap();
+    let last = relay.frame().await.expect("a frame").expect("data");
+    assert_eq!(last.into_data().unwrap(), "world");
+    assert!(relay.is_end_stream());
+    assert_eq!(admission.admitted_mb("m"), 0, "given back with the last frame, the relay not yet dropped");
+    drop(relay);
+    assert_eq!(admission.admitted_mb("m"), 0, "and given back once");
+}
