@@ -128,15 +128,28 @@ fn track_close(pkt: &Packet, fk: &FlowKey, rk: &FlowKey, flow: &Flow, fin: u32) 
     }
 }
 
-/// Adds `fin` to the flags of entry `key`. A plain read-modify-write: both sides' FINs on
-/// two CPUs at once may keep one bit; that flow then waits for the idle reclaim (its count
-/// is already exact, see [`uncount_once`]).
+/// Adds `fin` to the flags of entry `key`: one byte of its own set to 1
+/// ([`flow_fin_byte`]), not a read-modify-write of the word, so that the other side's FIN noted
+/// on another CPU at the same moment is not overwritten (both sides closing at once is common:
+/// a client that closes as soon as it has read a whole answer, a server that closes after
+/// writing it).
 #[inline(always)]
 fn note_fin(key: &FlowKey, fin: u32) {
     if let Some(p) = AILB_FLOWS.get_ptr_mut(*key) {
-        // SAFETY: a non-null hash map value pointer, valid for this run.
-        unsafe { (*p).flags |= fin };
+        // SAFETY: a non-null hash map value pointer, valid for this run; the byte is inside
+        // `flags` (`flow_fin_byte` is 0 or 1 of its 4).
+        unsafe { set_fin_byte(ptr::addr_of_mut!((*p).flags), fin) };
     }
+}
+
+/// Sets `fin`'s byte of the flags word at `flags` to 1.
+///
+/// # Safety
+/// `flags` must point to a writable `u32`.
+#[inline(always)]
+pub(crate) unsafe fn set_fin_byte(flags: *mut u32, fin: u32) {
+    // SAFETY: per this function's contract; `flow_fin_byte` of a `FLOW_FIN_*` is below 4.
+    unsafe { ptr::write_volatile(flags.cast::<u8>().add(flow_fin_byte(fin)), 1) };
 }
 
 /// Uncounts the flow of forward key `fk` if it is still counted: the delete of its

@@ -93,12 +93,12 @@ fn track_close(pkt: &Packet6, fk: &FlowKey6, rk: &FlowKey6, flow: &Flow6, fin: u
     }
 }
 
-/// Adds `fin` to the flags of entry `key` (a plain read-modify-write, as the IPv4 one).
+/// Adds `fin` to the flags of entry `key` with a one-byte store, as the IPv4 one.
 #[inline(always)]
 fn note_fin(key: &FlowKey6, fin: u32) {
     if let Some(p) = AILB_FLOWS6.get_ptr_mut(*key) {
         // SAFETY: a non-null hash map value pointer, valid for this run.
-        unsafe { (*p).flags |= fin };
+        unsafe { crate::conntrack::set_fin_byte(ptr::addr_of_mut!((*p).flags), fin) };
     }
 }
 

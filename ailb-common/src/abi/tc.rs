@@ -82,10 +82,19 @@ pub struct Flow6 {
     pub peer: FlowKey6,
 }
 
-/// The client sent a FIN on this flow.
+/// The client sent a FIN on this flow. Each side's flag is the low bit of a byte of its own
+/// (byte [`flow_fin_byte`] of `flags`, little-endian), so that each side sets it with a one-byte
+/// store: FINs of both sides handled on two CPUs at once both stay, where a read-modify-write
+/// of the whole word could keep one (the flow would then wait for the idle reclaim).
 pub const FLOW_FIN_CLIENT: u32 = 1;
-/// The backend sent a FIN on this flow.
-pub const FLOW_FIN_BACKEND: u32 = 2;
+/// The backend sent a FIN on this flow (its own byte, as [`FLOW_FIN_CLIENT`]).
+pub const FLOW_FIN_BACKEND: u32 = 1 << 8;
+
+/// The byte of a flow's `flags` (little-endian: byte 0 is bits 0-7) that holds `fin`, one of
+/// the `FLOW_FIN_*` flags; setting that byte to 1 sets the flag.
+pub const fn flow_fin_byte(fin: u32) -> usize {
+    (fin.trailing_zeros() / 8) as usize
+}
 
 /// `AILB_FLOWS` value: what a packet matching the key is rewritten to (network byte order),
 /// the pick it belongs to, and the other entry of the flow.
@@ -244,5 +253,20 @@ mod tests {
         // Field sums equal the sizes: no byte the compiler added.
         assert_eq!(size_of::<Flow>(), 4 * 2 + 2 * 2 + 4 * 5 + 8 + 16);
         assert_eq!(size_of::<TcConfig>(), 4 * 2 + 2 * 2 + 4 + 8);
+    }
+
+    #[test]
+    fn each_fin_flag_is_the_low_bit_of_a_byte_of_its_own() {
+        let mut flags = 0u32;
+        // As the datapath notes them: each side stores 1 into its own byte, in either order.
+        for fin in [FLOW_FIN_BACKEND, FLOW_FIN_CLIENT] {
+            let mut bytes = flags.to_le_bytes();
+            bytes[flow_fin_byte(fin)] = 1;
+            flags = u32::from_le_bytes(bytes);
+            assert_ne!(flags & fin, 0, "{fin:#x} set by its byte");
+        }
+        assert_eq!(flags, FLOW_FIN_CLIENT | FLOW_FIN_BACKEND);
+        assert_ne!(flow_fin_byte(FLOW_FIN_CLIENT), flow_fin_byte(FLOW_FIN_BACKEND));
+        assert!(flow_fin_byte(FLOW_FIN_BACKEND) < 4);
     }
 }

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -163,7 +164,7 @@ impl BackendProcess {
     /// `LISTENING` line (printed once the socket listens).
     pub fn start(topo: &Topology, client_bin: &str, addr: SocketAddr) -> Self {
         use std::io::BufRead;
-        let mut child = std::process::Command::new("nsenter")
+        let mut child = Command::new("nsenter")
             .arg(format!("--net={}", topo.backends.path()))
             .args(["--", client_bin, "serve", "--listen", &addr.to_string()])
             .stdout(std::process::Stdio::piped())
@@ -531,11 +532,32 @@ impl Gateway {
     }
 
     /// Polls until no flow, count or NAT entry is left and every in-flight counter is 0.
+    /// On a timeout it panics with the last status and the flow entries left (`bpftool`), so a
+    /// flow that never ended shows how far its close got (`flags`: the FINs seen).
     pub fn wait_no_flow(&self, what: &str, timeout: Duration) -> Value {
-        crate::wait_until(what, timeout, || {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
             let tc = self.tc();
-            (tc["flows"] == 0 && tc["flows_ipv6"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0).then_some(tc)
-        });
+            if tc["flows"] == 0 && tc["flows_ipv6"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0 {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                let left = |map: &str| {
+                    let pin = self.daemon.bpffs().join(map);
+                    let out = Command::new("bpftool").args(["map", "dump", "pinned"]).arg(&pin).output();
+                    match out {
+                        Ok(o) => String::from_utf8_lossy(&o.stdout).lines().take(80).collect::<Vec<_>>().join("\n"),
+                        Err(e) => format!("bpftool: {e}"),
+                    }
+                };
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}: tc {tc}\nAILB_FLOWS:\n{}\nAILB_FLOWS6:\n{}",
+                    left("AILB_FLOWS"),
+                    left("AILB_FLOWS6")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.daemon.wait_inflight_zero(timeout);
         self.tc()
     }
