@@ -562,29 +562,22 @@ impl Gateway {
     /// On a timeout it panics with the last status and the flow entries left (`bpftool`), so a
     /// flow that never ended shows how far its close got (`flags`: the FINs seen).
     pub fn wait_no_flow(&self, what: &str, timeout: Duration) -> Value {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let tc = self.tc();
-            if tc["flows"] == 0 && tc["flows_ipv6"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0 {
-                break;
+        let left = |map: &str| {
+            let pin = self.daemon.bpffs().join(map);
+            match Command::new("bpftool").args(["map", "dump", "pinned"]).arg(&pin).output() {
+                Ok(o) => String::from_utf8_lossy(&o.stdout).lines().take(80).collect::<Vec<_>>().join("\n"),
+                Err(e) => format!("bpftool: {e}"),
             }
-            if std::time::Instant::now() >= deadline {
-                let left = |map: &str| {
-                    let pin = self.daemon.bpffs().join(map);
-                    let out = Command::new("bpftool").args(["map", "dump", "pinned"]).arg(&pin).output();
-                    match out {
-                        Ok(o) => String::from_utf8_lossy(&o.stdout).lines().take(80).collect::<Vec<_>>().join("\n"),
-                        Err(e) => format!("bpftool: {e}"),
-                    }
-                };
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}: tc {tc}\nAILB_FLOWS:\n{}\nAILB_FLOWS6:\n{}",
-                    left("AILB_FLOWS"),
-                    left("AILB_FLOWS6")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        };
+        ailb_sim::poll::wait_until_or(
+            what,
+            timeout,
+            || {
+                let tc = self.tc();
+                (tc["flows"] == 0 && tc["flows_ipv6"] == 0 && tc["counted"] == 0 && tc["nat_ports"] == 0).then_some(())
+            },
+            || format!("tc {}\nAILB_FLOWS:\n{}\nAILB_FLOWS6:\n{}", self.tc(), left("AILB_FLOWS"), left("AILB_FLOWS6")),
+        );
         self.daemon.wait_inflight_zero(timeout);
         self.tc()
     }

@@ -4,15 +4,44 @@
 use std::time::{Duration, Instant};
 
 /// Polls `f` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_until<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_until_or(what, timeout, f, String::new)
+}
+
+/// [`wait_until`], whose panic also says what `details` tells at the timeout (the state that
+/// was waited on, to see how far it got).
+pub fn wait_until_or<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+    details: impl FnOnce() -> String,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
             return v;
         }
         if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
+            let details = details();
+            let sep = if details.is_empty() { "" } else { ": " };
+            panic!("timed out after {timeout:?} waiting for {what}{sep}{details}");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_names_what_was_waited_for_and_the_details() {
+        let panic = std::panic::catch_unwind(|| {
+            wait_until_or("nothing", Duration::ZERO, || None::<()>, || "state 7".to_string());
+        })
+        .expect_err("it never returns Some");
+        let msg = panic.downcast_ref::<String>().expect("a formatted message");
+        assert!(msg.contains("waiting for nothing: state 7"), "{msg}");
+        assert_eq!(wait_until("at once", Duration::ZERO, || Some(3)), 3);
     }
 }
