@@ -317,8 +317,8 @@ pub fn main(args: Args) -> Result<()> {
         tc["stats"],
         NAT_PORTS.0,
         NAT_PORTS.1,
-        NAT_PORTS.1 - NAT_PORTS.0 + 1,
-        f64::from(NAT_PORTS.1 - NAT_PORTS.0 + 1) / 60.0
+        nat_range,
+        nat_range as f64 / 60.0
     );
     report.push_str(&tcp_report(&paths.map(|p| p.0), &made, &tcp));
     report.push_str(&floor_report(&established, est, (stats_off, stats_on)));
