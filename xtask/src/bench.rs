@@ -25,10 +25,13 @@
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
 //! 8. The peer routers on the fleet (`--only peers`, not part of a plain `cargo xtask bench`:
-//!    about 35 minutes): `ailb-compare` with ailb both ways in and on its static config, every
+//!    about 45 minutes): `ailb-compare` with ailb both ways in and on its static config, every
 //!    policy of `sglang-router` and `vllm-router` a team would pick instead, and round robin L4,
 //!    on the trace and on the synthetic mix, each at the load the fleet model calls stable and
-//!    at one above it ([`PeersRun`]); reports in `docs/results/peers-*/`.
+//!    at one above it ([`PeersRun`]), and the synthetic mix's stable load again over four seeds
+//!    with ailb both ways in and the two cache-aware peers (one seed is one draw of where its few
+//!    long conversations land, which sets the tail and the spread); reports in
+//!    `docs/results/peers-*/`.
 //! 9. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!    minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!    for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
@@ -76,10 +79,19 @@ pub(crate) enum PeersRun {
     /// The synthetic mix at the next load of the model's table, where that placement is no longer
     /// stable.
     SyntheticAbove,
+    /// The synthetic mix at its stable load on seeds 1 to 4, ailb both ways in against the two
+    /// cache-aware peers (`ailb-compare --seeds`: a report per seed and `seeds.md` over them).
+    SyntheticSeeds,
 }
 
 impl PeersRun {
-    const ALL: [PeersRun; 4] = [PeersRun::Trace, PeersRun::TraceAbove, PeersRun::Synthetic, PeersRun::SyntheticAbove];
+    const ALL: [PeersRun; 5] = [
+        PeersRun::Trace,
+        PeersRun::TraceAbove,
+        PeersRun::Synthetic,
+        PeersRun::SyntheticAbove,
+        PeersRun::SyntheticSeeds,
+    ];
 
     /// The directory under `docs/results/`, whether it is the synthetic mix, and the load.
     fn setup(self) -> (&'static str, bool, f64) {
@@ -88,6 +100,7 @@ impl PeersRun {
             PeersRun::TraceAbove => ("peers-trace-above", false, 0.5),
             PeersRun::Synthetic => ("peers-synthetic", true, SYNTHETIC_STABLE_LOAD),
             PeersRun::SyntheticAbove => ("peers-synthetic-above", true, SYNTHETIC_ABOVE_LOAD),
+            PeersRun::SyntheticSeeds => ("peers-synthetic-seeds", true, SYNTHETIC_STABLE_LOAD),
         }
     }
 }
@@ -110,6 +123,11 @@ const SYNTHETIC_TIME_SCALE: f64 = 5.0;
 /// static config, every peer router policy, and the L4 baseline.
 const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-gateway-admission,ailb-static,sglang-cache-aware,\
                              sglang-round-robin,vllm-cache-aware,vllm-consistent-hash";
+/// The policies of the run over seeds: ailb both ways in, and the peers that were the best peer
+/// in every synthetic run (round robin and the consistent hash were 3-5x slower there).
+const SEEDS_POLICIES: &str = "ailb,ailb-gateway,sglang-cache-aware,vllm-cache-aware";
+/// How many seeds that run takes.
+const SEEDS: u64 = 4;
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -> Result<()> {
     // The peer runs take half an hour: only when asked for by name.
@@ -342,13 +360,19 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
     let trace = trace_path()?;
     for run in runs {
         let (dir, synthetic, load) = run.setup();
+        let seeds = *run == PeersRun::SyntheticSeeds;
+        let (policies, what, report) = if seeds {
+            (SEEDS_POLICIES, format!("{SEEDS} seeds x 4 policies (about 12 minutes)"), "seeds.md")
+        } else {
+            (PEER_POLICIES, "9 policies (about 9 minutes)".to_string(), "replay.md")
+        };
         let step = Step::start(format!(
-            "peer routers: ailb-compare {} at load {load}, 9 policies (about 9 minutes) -> docs/results/{dir}/",
+            "peer routers: ailb-compare {} at load {load}, {what} -> docs/results/{dir}/",
             if synthetic { "--synthetic" } else { "on the trace" }
         ));
         let mut cmd = std::process::Command::new(&bin);
         cmd.env("AILB_BIN", util::ailb_bin("release"))
-            .args(["--limit", "1000", "--load", &load.to_string(), "--policies", PEER_POLICIES])
+            .args(["--limit", "1000", "--load", &load.to_string(), "--policies", policies])
             .arg("--out-dir")
             .arg(docs.join(dir));
         if synthetic {
@@ -356,9 +380,12 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
         } else {
             cmd.arg("--trace").arg(&trace);
         }
+        if seeds {
+            cmd.args(["--seeds", &SEEDS.to_string()]);
+        }
         util::run(&mut cmd).with_context(|| format!("running {} for docs/results/{dir}", bin.display()))?;
         step.done();
-        say!("peer routers, {dir}: docs/results/{dir}/replay.md");
+        say!("peer routers, {dir}: docs/results/{dir}/{report}");
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Parser;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "ailb-compare", about = "Balancing policies compared on one simulated GPU fleet (root)")]
 pub struct Args {
     /// Requests to replay (the first N of the trace, or N synthetic ones).
@@ -29,6 +29,10 @@ pub struct Args {
     pub rate: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// With `--synthetic`: run the whole comparison on this many workloads, seeds `--seed` on,
+    /// each in `--out-dir/seed-S/`, and summarise them in `--out-dir/seeds.md` ([`super::seeds`]).
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u64,
     /// Number of simulated A100-80GB GPUs.
     #[arg(long, default_value_t = 2)]
     pub a100: usize,
@@ -116,6 +120,12 @@ impl Args {
         }
         if !(self.admission_factor > 0.0 && self.admission_factor.is_finite()) {
             bail!("--admission-factor must be a finite number above 0, not {}", self.admission_factor);
+        }
+        if self.seeds == 0 || (self.seeds > 1 && !self.synthetic) {
+            bail!(
+                "--seeds must be at least 1, and above 1 only with --synthetic (the trace has one order), not {}",
+                self.seeds
+            );
         }
         if self.a100 + self.rtx3090 == 0 || self.a100 + self.rtx3090 > 250 {
             bail!("the fleet needs 1..=250 GPUs");

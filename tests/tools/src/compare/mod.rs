@@ -63,6 +63,7 @@ pub mod plots;
 pub mod policy;
 pub mod report;
 pub mod run;
+pub mod seeds;
 pub mod weights;
 
 use std::path::Path;
@@ -95,15 +96,26 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         return plot_data::replot(&args.out_dir);
     }
     args.validate()?;
-    let (policies, not_run) = policies(&args)?;
-    let specs = build_specs(&args)?;
-    let workload = Workload::of(&specs, &args);
+    if args.seeds > 1 {
+        return seeds::main(&args);
+    }
+    let (_, md) = compare(&args)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// One comparison: every policy of `--policies` on the workload `args` describes, its reports
+/// written under `--out-dir`; returns the outcomes and the report.
+pub fn compare(args: &Args) -> anyhow::Result<(Vec<Outcome>, String)> {
+    let (policies, not_run) = policies(args)?;
+    let specs = build_specs(args)?;
+    let workload = Workload::of(&specs, args);
     let ailb = preflight();
     let cg = CgroupGuard::new("compare");
     let mut outs = Vec::new();
     for (k, p) in policies.iter().enumerate() {
         // A port per policy, so that a new fleet never waits for the old one's sockets.
-        let out = run::run_policy(&args, &ailb, &cg, *p, 18_100 + k as u16, &workload)?;
+        let out = run::run_policy(args, &ailb, &cg, *p, 18_100 + k as u16, &workload)?;
         eprintln!(
             "ailb-compare: {}: {} failures of {}, e2e p95 {:?} ms",
             p.title(),
@@ -113,9 +125,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         );
         outs.push(out);
     }
-    let md = write_reports(&args, &outs, &workload, &not_run)?;
-    println!("{md}");
-    Ok(())
+    let md = write_reports(args, &outs, &workload, &not_run)?;
+    Ok((outs, md))
 }
 
 /// A policy asked for that could not run, and why.
@@ -185,7 +196,7 @@ impl Workload {
 }
 
 /// The request list of a run (the same in every policy's replay and in the report).
-fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
+pub fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
     Ok(if args.synthetic {
         let opts = SyntheticOpts {
             requests: args.limit,

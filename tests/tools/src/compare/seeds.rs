@@ -1,0 +1,327 @@
+//! `ailb-compare --synthetic --seeds N`: the comparison repeated on N synthetic workloads.
+//!
+//! On the synthetic mix a run's tail and its utilisation spread are set by a handful of long
+//! conversations (a tenth of them, each turn about 800 output tokens): which GPU each lands on,
+//! and which ends last while the others idle. One seed is one draw of those, and one policy's
+//! spread moves more from one seed to the next than two policies' differ on one seed. So the
+//! goals are read over several seeds. Each seed's run is a whole comparison of its own
+//! (`--out-dir/seed-S/`); `seeds.md` gives per seed every policy's P95s, failures and spread,
+//! the clairvoyant placement's E2E P95 on the same requests and load (the fleet model,
+//! [`ailb_sim::fleet_model`], in real time at `--time-scale`), each ailb row against that
+//! seed's best peer, and the means over the seeds.
+//!
+//! The clairvoyant placement (each request to the GPU where it would finish first, knowing every
+//! queue) is not a proof of optimality, but no balancer knows more: where 0.8 x the best peer's
+//! E2E P95 is below its P95, the 0.8x goal asks for more than placement can give on that seed,
+//! and the summary says so.
+
+use std::fmt::Write as _;
+
+use ailb_sim::fleet_model::{self, Placement};
+use anyhow::Context;
+
+use super::args::Args;
+use super::outcome::Outcome;
+
+/// The goal on E2E and TTFT P95 against the best peer.
+pub const GOAL_RATIO: f64 = 0.8;
+
+/// One policy's numbers on one seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub title: String,
+    /// A peer router (a candidate for the best peer).
+    pub peer: bool,
+    /// ailb, either way in (compared with the best peer).
+    pub ailb: bool,
+    pub ttft_p95_ms: Option<f64>,
+    pub e2e_p95_ms: Option<f64>,
+    pub failures: u64,
+    pub requests: u64,
+    /// Utilisation spread, points.
+    pub spread: f64,
+}
+
+impl Row {
+    pub fn of(o: &Outcome) -> Self {
+        Row {
+            title: o.policy.title().to_string(),
+            peer: super::peers::binary(o.policy).is_some(),
+            ailb: o.policy.is_ailb(),
+            ttft_p95_ms: o.pct("ttft_ms", "p95"),
+            e2e_p95_ms: o.pct("e2e_ms", "p95"),
+            failures: o.failures(),
+            requests: o.requests(),
+            spread: o.util_spread() * 100.0,
+        }
+    }
+}
+
+/// One seed's comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedRun {
+    pub seed: u64,
+    /// The clairvoyant placement's E2E P95 on the same requests and load, real ms.
+    pub clairvoyant_p95_ms: f64,
+    pub rows: Vec<Row>,
+}
+
+impl SeedRun {
+    /// The peer with the lowest E2E P95 on this seed.
+    pub fn best_peer(&self) -> Option<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.peer)
+            .filter_map(|r| r.e2e_p95_ms.map(|p| (p, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, r)| r)
+    }
+}
+
+/// Runs the comparison once per seed, then writes and prints `seeds.md`.
+pub fn main(args: &Args) -> anyhow::Result<()> {
+    let profiles = fleet_model::fleet_profiles(args.a100, args.rtx3090);
+    let mut runs = Vec::new();
+    for (k, seed) in (args.seed..args.seed + args.seeds).enumerate() {
+        let mut one = args.clone();
+        one.seed = seed;
+        one.seeds = 1;
+        one.json = None;
+        one.out_dir = args.out_dir.join(format!("seed-{seed}"));
+        eprintln!("ailb-compare: seed {seed} ({} of {}) -> {}", k + 1, args.seeds, one.out_dir.display());
+        let (outs, _) = super::compare(&one)?;
+        let specs = super::build_specs(&one)?;
+        let clairvoyant = fleet_model::run(&specs, &profiles, one.load, Placement::EarliestFinish);
+        runs.push(SeedRun {
+            seed,
+            clairvoyant_p95_ms: clairvoyant.e2e_percentile(0.95) * 1000.0 / one.time_scale,
+            rows: outs.iter().map(Row::of).collect(),
+        });
+    }
+    let md = markdown(args, &runs);
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let path = args.out_dir.join("seeds.md");
+    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    println!("{md}");
+    Ok(())
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn x(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.2}x"))
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"))
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// The summary of `runs` (one per seed, in order).
+pub fn markdown(args: &Args, runs: &[SeedRun]) -> String {
+    let mut s = String::new();
+    let seeds: Vec<String> = runs.iter().map(|r| r.seed.to_string()).collect();
+    let _ = writeln!(
+        s,
+        "# Policies compared over {} seeds of the synthetic mix\n\n\
+         Fleet: {} x A100-80GB + {} x RTX 3090 24GB (`ailb-sim`), time scale x{}, load {}, {} requests per seed, \
+         seeds {}. Each seed's full report is in `seed-S/replay.md`. Times are real milliseconds; the clairvoyant \
+         placement's E2E P95 comes from the fleet model on the same requests and load (each request sent where it \
+         would finish first, knowing every queue: what placement alone can do).\n",
+        runs.len(),
+        args.a100,
+        args.rtx3090,
+        args.time_scale,
+        args.load,
+        args.limit,
+        seeds.join(", ")
+    );
+    s.push_str(
+        "| seed | policy | TTFT P95 (ms) | E2E P95 (ms) | E2E P95 / clairvoyant | failures | util spread |\n\
+         |---:|---|---:|---:|---:|---:|---:|\n",
+    );
+    for run in runs {
+        let _ = writeln!(
+            s,
+            "| {} | clairvoyant placement (fleet model) | | {:.0} | 1.00x | | |",
+            run.seed, run.clairvoyant_p95_ms
+        );
+        for r in &run.rows {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} of {} | {:.1} pts |",
+                run.seed,
+                r.title,
+                ms(r.ttft_p95_ms),
+                ms(r.e2e_p95_ms),
+                x(ratio(r.e2e_p95_ms, Some(run.clairvoyant_p95_ms))),
+                r.failures,
+                r.requests,
+                r.spread
+            );
+        }
+    }
+    against_best_peer(&mut s, runs);
+    s
+}
+
+/// Each ailb row against its seed's best peer, then the means over the seeds.
+fn against_best_peer(s: &mut String, runs: &[SeedRun]) {
+    if runs.iter().all(|r| r.best_peer().is_none()) {
+        s.push_str("\nNo peer router ran: nothing to compare ailb with.\n");
+        return;
+    }
+    let _ = write!(
+        s,
+        "\n## Against the best peer of each seed\n\n\
+         The best peer: the peer router with the lowest E2E P95 on that seed. \"Clairvoyant / best peer\": the \
+         lowest E2E ratio placement can reach there: where it is over {GOAL_RATIO}x, no placement reaches the goal on \
+         that seed.\n\n\
+         | seed | ailb | best peer | TTFT P95 | E2E P95 | clairvoyant / best peer | failures (ailb / peer) | spread (ailb / peer) |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|\n"
+    );
+    let mut titles: Vec<&str> = Vec::new();
+    for r in runs.iter().flat_map(|r| &r.rows).filter(|r| r.ailb) {
+        if !titles.contains(&r.title.as_str()) {
+            titles.push(&r.title);
+        }
+    }
+    for run in runs {
+        let Some(b) = run.best_peer() else { continue };
+        for a in run.rows.iter().filter(|r| r.ailb) {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} / {} | {:.1} / {:.1} pts |",
+                run.seed,
+                a.title,
+                b.title,
+                x(ratio(a.ttft_p95_ms, b.ttft_p95_ms)),
+                x(ratio(a.e2e_p95_ms, b.e2e_p95_ms)),
+                x(ratio(Some(run.clairvoyant_p95_ms), b.e2e_p95_ms)),
+                a.failures,
+                b.failures,
+                a.spread,
+                b.spread
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        "\n**Means over the seeds** (of the per-seed ratios; failures summed):\n\n\
+         | ailb | TTFT P95 / best peer | E2E P95 / best peer | seeds with E2E at or under {GOAL_RATIO}x | seeds where the clairvoyant placement is over {GOAL_RATIO}x | failures (ailb / peer) | spread (ailb / peer) |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for title in titles {
+        let (mut ttft, mut e2e, mut spread_a, mut spread_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut met, mut beyond, mut seeds, mut fail_a, mut fail_b) = (0, 0, 0, 0, 0);
+        for run in runs {
+            let (Some(b), Some(a)) = (run.best_peer(), run.rows.iter().find(|r| r.ailb && r.title == title)) else {
+                continue;
+            };
+            seeds += 1;
+            ttft.extend(ratio(a.ttft_p95_ms, b.ttft_p95_ms));
+            if let Some(r) = ratio(a.e2e_p95_ms, b.e2e_p95_ms) {
+                e2e.push(r);
+                met += usize::from(r <= GOAL_RATIO);
+            }
+            beyond += usize::from(ratio(Some(run.clairvoyant_p95_ms), b.e2e_p95_ms).is_some_and(|r| r > GOAL_RATIO));
+            fail_a += a.failures;
+            fail_b += b.failures;
+            spread_a.push(a.spread);
+            spread_b.push(b.spread);
+        }
+        let pts = |v: &[f64]| mean(v).map_or_else(|| "n/a".into(), |m| format!("{m:.1}"));
+        let _ = writeln!(
+            s,
+            "| {title} | {} | {} | {met} of {seeds} | {beyond} of {seeds} | {fail_a} / {fail_b} | {} / {} pts |",
+            x(mean(&ttft)),
+            x(mean(&e2e)),
+            pts(&spread_a),
+            pts(&spread_b)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn row(title: &str, peer: bool, e2e: f64, spread: f64) -> Row {
+        Row {
+            title: title.into(),
+            peer,
+            ailb: !peer && title.starts_with("ailb"),
+            ttft_p95_ms: Some(e2e / 10.0),
+            e2e_p95_ms: Some(e2e),
+            failures: 0,
+            requests: 1000,
+            spread,
+        }
+    }
+
+    fn runs() -> Vec<SeedRun> {
+        vec![
+            SeedRun {
+                seed: 1,
+                clairvoyant_p95_ms: 4000.0,
+                rows: vec![
+                    row("ailb", false, 4100.0, 40.0),
+                    row("round robin L4", false, 20000.0, 80.0),
+                    row("peer a", true, 5000.0, 50.0),
+                    row("peer b", true, 6000.0, 10.0),
+                ],
+            },
+            SeedRun {
+                seed: 2,
+                clairvoyant_p95_ms: 4500.0,
+                rows: vec![
+                    row("ailb", false, 4600.0, 60.0),
+                    row("peer a", true, 7000.0, 70.0),
+                    row("peer b", true, 5000.0, 20.0),
+                ],
+            },
+        ]
+    }
+
+    #[test]
+    fn the_best_peer_is_the_peer_with_the_lowest_e2e_p95() {
+        let r = runs();
+        assert_eq!(r[0].best_peer().unwrap().title, "peer a", "round robin is not a peer, however it ranks");
+        assert_eq!(r[1].best_peer().unwrap().title, "peer b");
+        let none = SeedRun { seed: 3, clairvoyant_p95_ms: 1.0, rows: vec![row("ailb", false, 1.0, 1.0)] };
+        assert!(none.best_peer().is_none());
+    }
+
+    #[test]
+    fn the_summary_gives_per_seed_ratios_and_their_means() {
+        let args =
+            Args::parse_from(["ailb-compare", "--synthetic", "--seeds", "2", "--load", "2", "--time-scale", "5"]);
+        let md = markdown(&args, &runs());
+        // Seed 1: 4100 / 5000 = 0.82x (peer a); clairvoyant 4000 / 5000 = 0.80x, not over 0.8.
+        assert!(md.contains("| 1 | ailb | peer a | 0.82x | 0.82x | 0.80x | 0 / 0 | 40.0 / 50.0 pts |"), "{md}");
+        // Seed 2: 4600 / 5000 = 0.92x (peer b); clairvoyant 4500 / 5000 = 0.90x: beyond the goal.
+        assert!(md.contains("| 2 | ailb | peer b | 0.92x | 0.92x | 0.90x | 0 / 0 | 60.0 / 20.0 pts |"), "{md}");
+        // Means: (0.82 + 0.92) / 2 = 0.87; spreads (40 + 60) / 2 against (50 + 20) / 2.
+        assert!(md.contains("| ailb | 0.87x | 0.87x | 0 of 2 | 1 of 2 | 0 / 0 | 50.0 / 35.0 pts |"), "{md}");
+        assert!(md.contains("| 1 | clairvoyant placement (fleet model) | | 4000 | 1.00x | | |"), "{md}");
+        assert!(md.contains("| 2 | ailb | 460 | 4600 | 1.02x | 0 of 1000 | 60.0 pts |"), "{md}");
+    }
+
+    #[test]
+    fn several_seeds_need_the_synthetic_mix() {
+        let args = Args::parse_from(["ailb-compare", "--seeds", "3"]);
+        assert!(args.validate().unwrap_err().to_string().contains("--seeds"));
+        let args = Args::parse_from(["ailb-compare", "--synthetic", "--seeds", "0"]);
+        assert!(args.validate().is_err());
+        assert!(Args::parse_from(["ailb-compare", "--synthetic", "--seeds", "3"]).validate().is_ok());
+    }
+}
