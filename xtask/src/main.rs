@@ -69,7 +69,7 @@ enum Cmd {
         /// Minutes per fuzz target in the long fuzz run (`fuzz`).
         #[arg(long, default_value_t = 10, value_name = "N")]
         fuzz_minutes: u64,
-        /// Which runs of `peers` (comma-separated; default: all four, each several minutes).
+        /// Which runs of `peers` (comma-separated; default: all five, each several minutes).
         #[arg(long, value_enum, value_delimiter = ',', value_name = "RUN")]
         peers_run: Vec<bench::PeersRun>,
     },
