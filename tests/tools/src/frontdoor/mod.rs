@@ -11,7 +11,10 @@
 //!   config), so that every upstream connect of the gateway goes through the kernel's pick;
 //! - nginx as an L7 proxy with upstream keep-alive (`keepalive` in the upstream block, HTTP/1.1
 //!   and an empty `Connection` header upstream, as its docs recommend);
-//! - `sglang-router` and `vllm-router` from the peers' venv, with their defaults.
+//! - `sglang-router` and `vllm-router` from the peers' venv, with their defaults;
+//! - HAProxy in TCP mode, a relay that does no HTTP work: not a peer, the floor. Its added
+//!   latency is what the two extra loopback hops of any userspace proxy cost on this machine in
+//!   this round; the report gives each front door's added latency over it too.
 //!
 //! The load is `wrk -t1 -c16 -d5s --latency` POSTing a one-token chat completion ([`wrk`]) over
 //! keep-alive client connections (saturated: the cores are busy), then the same with one
@@ -78,6 +81,7 @@ const GATEWAY_BASE_PORT: u16 = 8080;
 const NGINX: &str = "127.0.0.22:8080";
 const SGLANG: &str = "127.0.0.23:8080";
 const VLLM: &str = "127.0.0.24:8080";
+const RELAY: &str = "127.0.0.25:8080";
 
 thread_local! {
     static START: Instant = Instant::now();
@@ -173,6 +177,7 @@ fn start_targets(ailb: &Path, catalog: &str, cg: &CgroupGuard, dir: &Path) -> Ve
         targets.push(paths::gateway(ailb, catalog, cg, v, i, dir));
     }
     targets.push(paths::nginx(dir));
+    targets.push(paths::relay(dir));
     targets.push(paths::peer(Policy::SglangCacheAware, &venv, dir));
     targets.push(paths::peer(Policy::VllmCacheAware, &venv, dir));
     for t in targets.iter_mut().filter(|t| t.missing.is_none()) {

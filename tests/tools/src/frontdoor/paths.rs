@@ -1,6 +1,7 @@
 //! The paths measured, each in front of the same one simulated server: none (direct), the
 //! front door (one per `upstream_reuse` and `http1_fast_path` variant), nginx as an L7 proxy with upstream
-//! keep-alive, `sglang-router` and `vllm-router`. Each is started here, ready before it is
+//! keep-alive, `sglang-router` and `vllm-router`, and a relay that does no HTTP work (HAProxy in
+//! TCP mode), the floor under them all. Each is started here, ready before it is
 //! measured, and stopped by pid on drop ([`Proc`]).
 
 use std::io::{Read, Write};
@@ -13,7 +14,7 @@ use ailb_tests::CgroupGuard;
 use anyhow::{bail, Context};
 
 use super::report::Role;
-use super::{wrk, GATEWAY_BASE_PORT, GATEWAY_IP, MODEL, NGINX, SGLANG, SIM, VIP, VLLM};
+use super::{wrk, GATEWAY_BASE_PORT, GATEWAY_IP, MODEL, NGINX, RELAY, SGLANG, SIM, VIP, VLLM};
 use crate::compare::{front_door, peers, policy::Policy};
 use crate::sim_gpus::Proc;
 
@@ -164,6 +165,38 @@ pub fn nginx(dir: &Path) -> Target {
         Ok(proc)
     })();
     finish("nginx L7 proxy, upstream keep-alive".into(), Role::Peer, settings.into(), url(NGINX), started)
+}
+
+/// HAProxy in TCP mode (`nbthread` one per core, as its default): a relay that does no HTTP
+/// work, each client connection spliced to one of its own to the server. Not a peer: it shows
+/// what the two extra loopback hops of any userspace proxy cost here, the floor under every
+/// proxy's added latency.
+pub fn relay(dir: &Path) -> Target {
+    let settings = "`mode tcp`, one `server SIM`, `timeout connect 5s`, `timeout client 60s`, `timeout server 60s`, \
+                    other settings default (one thread per core)";
+    let started = (|| {
+        let conf = dir.join("haproxy.cfg");
+        std::fs::write(
+            &conf,
+            format!(
+                "global\n  maxconn 4096\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  \
+                 timeout server 60s\nfrontend f\n  bind {RELAY}\n  default_backend b\nbackend b\n  server sim {SIM}\n"
+            ),
+        )?;
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning haproxy (`cargo xtask setup` installs it)")?;
+        let mut proc = Proc { name: "haproxy".into(), child };
+        wait_answering(&mut proc, RELAY.parse().expect("RELAY"))?;
+        Ok(proc)
+    })();
+    finish("HAProxy TCP relay (no HTTP work: the floor)".into(), Role::Floor, settings.into(), url(RELAY), started)
 }
 
 /// `sglang-router` or `vllm-router` from the peers' venv with its defaults (policy

@@ -16,6 +16,10 @@ pub enum Role {
     Ailb,
     /// A router users would pick instead (nginx, sglang-router, vllm-router).
     Peer,
+    /// A relay that does no HTTP work at all (HAProxy in TCP mode): not a peer (it cannot
+    /// route by model), but what the two extra loopback hops of any userspace proxy cost on this
+    /// machine in this run, the floor under every proxy's added latency.
+    Floor,
 }
 
 /// One round of one path: the saturated wrk run, with the CPU its router and the server used
@@ -260,6 +264,10 @@ fn closed_loop_table(r: &mut String, paths: &[PathResult], rows: &[Option<Row>])
 fn goals(r: &mut String, paths: &[PathResult], rows: &[Option<Row>], fastest: Option<usize>) {
     let _ = writeln!(r, "### Goals (as measured in this run)\n");
     let peer = fastest.and_then(|i| Some((&paths[i], rows[i].as_ref()?)));
+    let floor = paths
+        .iter()
+        .zip(rows)
+        .find_map(|(p, row)| Some((p, row.as_ref()?.closed_added_p50_us?)).filter(|_| p.role == Role::Floor));
     for (p, row) in paths.iter().zip(rows).filter(|(p, _)| p.role == Role::Ailb) {
         let Some(row) = row else {
             let _ = writeln!(r, "- {}: not measured, so neither goal is shown as met.", p.name);
@@ -288,7 +296,24 @@ fn goals(r: &mut String, paths: &[PathResult], rows: &[Option<Row>], fastest: Op
             ),
             _ => "under 100 us added at p50: no direct baseline".into(),
         };
-        let _ = writeln!(r, "- {}: {ahead}; {lat}.", p.name);
+        let over_floor = match (floor, row.closed_added_p50_us) {
+            (Some((fp, f)), Some(a)) => format!("; {:+.0} us over the {} ({f:+.0} us)", a - f, fp.name),
+            _ => String::new(),
+        };
+        let _ = writeln!(r, "- {}: {ahead}; {lat}{over_floor}.", p.name);
+    }
+    if let Some((fp, f)) = floor {
+        let _ = writeln!(
+            r,
+            "- The floor: the {} added {f:+.0} us at p50 (closed loop) with no HTTP work at all: what the two extra \
+             loopback hops of any userspace proxy cost on this machine in this run. {}",
+            fp.name,
+            if f >= 100.0 {
+                "It is over 100 us by itself, so no proxy could meet that goal in this run."
+            } else {
+                "The rest of a path's added latency is its own work."
+            }
+        );
     }
 }
 
@@ -394,5 +419,30 @@ mod tests {
         assert!(text.contains("FAILED: round 3: 3 non-2xx/3xx responses"), "{text}");
         assert!(text.contains("ahead of the fastest peer (vllm, 9500 req/s): NOT met (8500 req/s, 0.89x) (but it had failed runs: not met)"), "{text}");
         assert!(text.contains("under 100 us added at p50 (closed loop): NOT met (+30 us"), "{text}");
+    }
+
+    #[test]
+    fn a_relay_is_the_floor_not_a_peer() {
+        let setup = Setup {
+            date: "d".into(),
+            machine: "m".into(),
+            ailb: "a".into(),
+            server: "s".into(),
+            load: "l".into(),
+            rounds: 3,
+        };
+        let mut paths = fixture();
+        // Faster than every peer, and still not the fastest peer: it routes nothing.
+        paths.push(path("relay", Role::Floor, vec![sample(9_900.0, 1030.0, 2050.0, Some((0.1, 0.2))); 3]));
+        let (rows, fastest) = rows(&paths);
+        assert_eq!(fastest, Some(3), "vllm stays the fastest peer");
+        assert!((rows[5].as_ref().expect("relay").closed_added_p50_us.expect("added") - 10.0).abs() < 1e-9);
+        let text = render(&setup, &paths, "");
+        assert!(text.contains("(+30 us; +90 us at 16 connections); +20 us over the relay (+10 us)."), "{text}");
+        assert!(text.contains("- The floor: the relay added +10 us at p50 (closed loop)"), "{text}");
+        assert!(text.contains("The rest of a path's added latency is its own work."), "{text}");
+        paths[5].samples = vec![sample(9_900.0, 1400.0, 2050.0, None); 3];
+        let text = render(&setup, &paths, "");
+        assert!(text.contains("It is over 100 us by itself, so no proxy could meet that goal in this run."), "{text}");
     }
 }
