@@ -388,10 +388,20 @@ async fn admit(app: &Arc<App>, req: &ChatRequest, t0: f64) -> Result<Started, Ou
     }
 }
 
+/// Waits until `at`, and not at all when it has passed. tokio's timer counts in whole
+/// milliseconds and rounds a deadline up to the next one, so a `sleep_until` of a deadline
+/// already past (a one-token answer at a large time scale is due nanoseconds after it began)
+/// would still wait for the next millisecond tick: every answer up to a millisecond late.
+async fn wait_until(at: Instant) {
+    if at > Instant::now() {
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
 /// Not streamed: one `chat.completion` when the last token is due (the sequence ends then).
 async fn whole(clock: Clock, gen: Gen, seq: SeqGuard, begin: Instant, sim_headers: SimHeaders) -> Response {
     let s = gen.started;
-    tokio::time::sleep_until((begin + clock.real(s.prefill_s + s.decode_s)).into()).await;
+    wait_until(begin + clock.real(s.prefill_s + s.decode_s)).await;
     drop(seq);
     let text = "tok ".repeat(gen.max_tokens as usize);
     let body = json!({
@@ -427,7 +437,7 @@ fn streamed(
         if k <= gen.max_tokens {
             let last = if k == 1 { 1 } else { (k + per_batch - 1).min(gen.max_tokens) };
             let at = begin + clock.real(s.prefill_s + (last - 1) as f64 * s.token_s);
-            tokio::time::sleep_until(at.into()).await;
+            wait_until(at).await;
             let mut out = Vec::new();
             for j in k..=last {
                 let mut delta = json!({"content": "tok "});
@@ -547,4 +557,21 @@ async fn state(State(app): State<Arc<App>>) -> Json<Value> {
         "nvml_write_errors": inner.nvml_write_errors,
         "counters": g.counters(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    #[tokio::test]
+    async fn a_deadline_already_passed_is_not_waited_for() {
+        // tokio would round it up to its next millisecond tick and answer Pending here.
+        assert!(wait_until(Instant::now()).now_or_never().is_some());
+        assert!(wait_until(Instant::now() - Duration::from_millis(5)).now_or_never().is_some());
+        let ahead = Instant::now() + Duration::from_millis(20);
+        assert!(wait_until(ahead).now_or_never().is_none(), "a deadline ahead is still waited for");
+        wait_until(ahead).await;
+        assert!(Instant::now() >= ahead);
+    }
 }
