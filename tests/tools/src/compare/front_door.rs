@@ -53,7 +53,14 @@ pub fn admission_toml(args: &super::args::Args) -> String {
 /// Starts `ailb gateway --config CONFIG` inside `cg`, its log (warnings only: an access line per
 /// request would cost host CPU the simulated GPUs share, as the peers' INFO logs would) in
 /// `dir`; returns once it accepts connections on `listen` (20 s at most). Stopped by pid on drop.
-pub fn start(ailb: &Path, config: &Path, cg: &CgroupGuard, listen: SocketAddrV4, dir: &Path) -> anyhow::Result<Proc> {
+/// Without `cg` it runs where this process runs (a bench's reference row, no kernel pick).
+pub fn start(
+    ailb: &Path,
+    config: &Path,
+    cg: Option<&CgroupGuard>,
+    listen: SocketAddrV4,
+    dir: &Path,
+) -> anyhow::Result<Proc> {
     let log_path = dir.join("gateway.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut cmd = Command::new(ailb);
@@ -63,7 +70,11 @@ pub fn start(ailb: &Path, config: &Path, cg: &CgroupGuard, listen: SocketAddrV4,
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-    let mut proc = Proc { name: "ailb gateway".into(), child: spawn_in_cgroup(&mut cmd, cg.path()) };
+    let child = match cg {
+        Some(cg) => spawn_in_cgroup(&mut cmd, cg.path()),
+        None => cmd.spawn().context("spawning ailb gateway")?,
+    };
+    let mut proc = Proc { name: "ailb gateway".into(), child };
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect_timeout(&listen.into(), Duration::from_millis(200)).is_err() {
         if let Some(st) = proc.exited() {

@@ -132,7 +132,7 @@ impl Balancer {
                 let http = SocketAddrV4::new([127, 0, 10, 247].into(), port);
                 let mut b = start_ailb(args, ailb, cg, p, sims, dir, extra.as_deref().unwrap_or_default(), http)?;
                 if let (Some(listen), Some(d)) = (front_door, &b.daemon) {
-                    b.router = Some(front_door::start(ailb, d.config_path(), cg, listen, dir)?);
+                    b.router = Some(front_door::start(ailb, d.config_path(), Some(cg), listen, dir)?);
                     b.vip = listen.to_string();
                 }
                 b

@@ -9,6 +9,8 @@
 //! - `ailb gateway`, once per value of [`GATEWAY_VARIANTS`]: `ailb run` attached to a child
 //!   cgroup created here, the gateway inside it, the server the model's only backend (static
 //!   config), so that every upstream connect of the gateway goes through the kernel's pick;
+//! - the default front door once more, outside the cgroup with no daemon (no kernel pick): not
+//!   a deployment, a reference row that shows what the kernel's part costs per request;
 //! - nginx as an L7 proxy with upstream keep-alive (`keepalive` in the upstream block, HTTP/1.1
 //!   and an empty `Connection` header upstream, as its docs recommend);
 //! - `sglang-router` and `vllm-router` from the peers' venv, with their defaults;
@@ -176,6 +178,7 @@ fn start_targets(ailb: &Path, catalog: &str, cg: &CgroupGuard, dir: &Path) -> Ve
     for (i, v) in GATEWAY_VARIANTS.iter().enumerate() {
         targets.push(paths::gateway(ailb, catalog, cg, v, i, dir));
     }
+    targets.push(paths::gateway_outside(ailb, GATEWAY_VARIANTS.len(), dir));
     targets.push(paths::nginx(dir));
     targets.push(paths::relay(dir));
     targets.push(paths::peer(Policy::SglangCacheAware, &venv, dir));

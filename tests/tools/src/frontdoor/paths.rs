@@ -125,9 +125,36 @@ pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, v: &Variant, i: usi
         std::fs::create_dir_all(&sub)?;
         let cfg = sub.join("ailb.toml");
         std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, v)))?;
-        front_door::start(ailb, &cfg, cg, listen, &sub)
+        front_door::start(ailb, &cfg, Some(cg), listen, &sub)
     })();
     finish(name, Role::Ailb, settings, url(listen), started)
+}
+
+/// The default front door (`conversation`, fast path) run OUTSIDE the cgroup, its model's VIP
+/// the server's own address and no pins to read: no kernel pick, no in-flight counts, no idle
+/// marks. Not a deployment; beside the same front door inside the cgroup it shows what the
+/// kernel's part costs per request. Its catalog's backend entry is never used.
+pub fn gateway_outside(ailb: &Path, i: usize, dir: &Path) -> Target {
+    let listen = SocketAddrV4::new(GATEWAY_IP.parse().expect("GATEWAY_IP"), GATEWAY_BASE_PORT + i as u16);
+    let v = Variant { reuse: "conversation", fast: true, idle_mark_after: None };
+    let name = "ailb gateway, the default, outside the cgroup (no kernel pick)".to_string();
+    let settings = format!(
+        "no daemon, the gateway outside the cgroup, the model's VIP the server's own address ({SIM}), no pins; \
+         `AILB_LOG=warn`; `[gateway] upstream_reuse = \"conversation\"`, `http1_fast_path = true`, other keys default"
+    );
+    let started = (|| {
+        let sub = dir.join("gateway-outside");
+        std::fs::create_dir_all(&sub)?;
+        let catalog = format!(
+            "[daemon]\nbpffs = \"{}\"\ncgroup = \"ailb-frontdoor-none\"\n[[services]]\nmodel = \"{MODEL}\"\n\
+             vip = \"{SIM}\"\n[[backends]]\nmodel = \"{MODEL}\"\naddress = \"127.0.0.12:18001\"\nweight = 1\n",
+            sub.join("no-pins").display()
+        );
+        let cfg = sub.join("ailb.toml");
+        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, &v)))?;
+        front_door::start(ailb, &cfg, None, listen, &sub)
+    })();
+    finish(name, Role::Reference, settings, url(listen), started)
 }
 
 /// nginx as an L7 proxy with the upstream keep-alive its docs recommend (`keepalive` in the

@@ -16,6 +16,9 @@ pub enum Role {
     Ailb,
     /// A router users would pick instead (nginx, sglang-router, vllm-router).
     Peer,
+    /// A variant of the front door that is no deployment (outside the cgroup, so no kernel
+    /// pick): shown to isolate a cost, not judged against the goals.
+    Reference,
     /// A relay that does no HTTP work at all (HAProxy in TCP mode): not a peer (it cannot
     /// route by model), but what the two extra loopback hops of any userspace proxy cost on this
     /// machine in this run, the floor under every proxy's added latency.
@@ -419,6 +422,25 @@ mod tests {
         assert!(text.contains("FAILED: round 3: 3 non-2xx/3xx responses"), "{text}");
         assert!(text.contains("ahead of the fastest peer (vllm, 9500 req/s): NOT met (8500 req/s, 0.89x) (but it had failed runs: not met)"), "{text}");
         assert!(text.contains("under 100 us added at p50 (closed loop): NOT met (+30 us"), "{text}");
+    }
+
+    #[test]
+    fn a_reference_row_is_shown_and_not_judged() {
+        let setup = Setup {
+            date: "d".into(),
+            machine: "m".into(),
+            ailb: "a".into(),
+            server: "s".into(),
+            load: "l".into(),
+            rounds: 3,
+        };
+        let mut paths = fixture();
+        paths.push(path("outside", Role::Reference, vec![sample(9_500.0, 1050.0, 2050.0, Some((0.4, 0.2))); 3]));
+        let (_, fastest) = rows(&paths);
+        assert_eq!(fastest, Some(3), "a reference row is no peer");
+        let text = render(&setup, &paths, "");
+        assert!(text.contains("| outside | 9500 (9500-9500) |"), "{text}");
+        assert!(!text.contains("- outside: ahead of the fastest peer"), "no goal line for it: {text}");
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Fleet {
             (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
         });
         let gateway =
-            Some(crate::compare::front_door::start(ailb, daemon.config_path(), cg, gateway_listen, dir.path())?);
+            Some(crate::compare::front_door::start(ailb, daemon.config_path(), Some(cg), gateway_listen, dir.path())?);
         Ok(Fleet {
             gateway,
             daemon,
