@@ -179,17 +179,7 @@ pub fn nginx(dir: &Path) -> Target {
                  proxy_set_header Connection \"\"; }} }}\n}}\n"
             ),
         )?;
-        let child = Command::new("nginx")
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning nginx")?;
-        let mut proc = Proc { name: "nginx".into(), child };
-        wait_answering(&mut proc, NGINX.parse().expect("NGINX"))?;
-        Ok(proc)
+        spawn_answering(Command::new("nginx").arg("-c").arg(&conf), NGINX)
     })();
     finish("nginx L7 proxy, upstream keep-alive".into(), Role::Peer, settings.into(), url(NGINX), started)
 }
@@ -210,18 +200,7 @@ pub fn relay(dir: &Path) -> Target {
                  timeout server 60s\nfrontend f\n  bind {RELAY}\n  default_backend b\nbackend b\n  server sim {SIM}\n"
             ),
         )?;
-        let child = Command::new("haproxy")
-            .arg("-db")
-            .arg("-f")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning haproxy (`cargo xtask setup` installs it)")?;
-        let mut proc = Proc { name: "haproxy".into(), child };
-        wait_answering(&mut proc, RELAY.parse().expect("RELAY"))?;
-        Ok(proc)
+        spawn_answering(Command::new("haproxy").args(["-db", "-f"]).arg(&conf), RELAY)
     })();
     finish("HAProxy TCP relay (no HTTP work: the floor)".into(), Role::Floor, settings.into(), url(RELAY), started)
 }
@@ -260,6 +239,20 @@ fn finish(name: String, role: Role, settings: String, url: String, started: anyh
         Ok(p) => Target { name, role, settings, url, proc: Some(p), missing: None },
         Err(e) => Target { name, role, settings, url, proc: None, missing: Some(format!("did not start: {e:#}")) },
     }
+}
+
+/// Starts `cmd` (its output discarded) and waits until it answers the bench's request on `addr`.
+fn spawn_answering(cmd: &mut Command, addr: &str) -> anyhow::Result<Proc> {
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawning {name} (`cargo xtask setup` installs it)"))?;
+    let mut proc = Proc { name, child };
+    wait_answering(&mut proc, addr.parse().with_context(|| format!("the address {addr}"))?)?;
+    Ok(proc)
 }
 
 /// Polls until `addr` answers the bench's request with 200 (20 s at most).

@@ -341,6 +341,17 @@ mod tests {
         PathResult { name: name.into(), role, settings: format!("{name} settings"), samples, missing: None }
     }
 
+    fn setup() -> Setup {
+        Setup {
+            date: "d".into(),
+            machine: "m".into(),
+            ailb: "a".into(),
+            server: "s".into(),
+            load: "l".into(),
+            rounds: 3,
+        }
+    }
+
     fn fixture() -> Vec<PathResult> {
         vec![
             path("direct", Role::Direct, vec![sample(10_000.0, 1000.0, 2000.0, None); 3]),
@@ -426,14 +437,7 @@ mod tests {
 
     #[test]
     fn a_reference_row_is_shown_and_not_judged() {
-        let setup = Setup {
-            date: "d".into(),
-            machine: "m".into(),
-            ailb: "a".into(),
-            server: "s".into(),
-            load: "l".into(),
-            rounds: 3,
-        };
+        let setup = setup();
         let mut paths = fixture();
         paths.push(path("outside", Role::Reference, vec![sample(9_500.0, 1050.0, 2050.0, Some((0.4, 0.2))); 3]));
         let (_, fastest) = rows(&paths);
@@ -445,14 +449,7 @@ mod tests {
 
     #[test]
     fn a_relay_is_the_floor_not_a_peer() {
-        let setup = Setup {
-            date: "d".into(),
-            machine: "m".into(),
-            ailb: "a".into(),
-            server: "s".into(),
-            load: "l".into(),
-            rounds: 3,
-        };
+        let setup = setup();
         let mut paths = fixture();
         // Faster than every peer, and still not the fastest peer: it routes nothing.
         paths.push(path("relay", Role::Floor, vec![sample(9_900.0, 1030.0, 2050.0, Some((0.1, 0.2))); 3]));
