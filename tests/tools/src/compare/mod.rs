@@ -99,17 +99,17 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if args.seeds > 1 {
         return seeds::main(&args);
     }
-    let (_, md) = compare(&args)?;
+    let (_, md) = compare(&args, &build_specs(&args)?)?;
     println!("{md}");
     Ok(())
 }
 
-/// One comparison: every policy of `--policies` on the workload `args` describes, its reports
-/// written under `--out-dir`; returns the outcomes and the report.
-pub fn compare(args: &Args) -> anyhow::Result<(Vec<Outcome>, String)> {
+/// One comparison: every policy of `--policies` on `specs` (the requests `args` describes: the
+/// replay workers build the same list), its reports written under `--out-dir`; returns the
+/// outcomes and the report.
+pub fn compare(args: &Args, specs: &[RequestSpec]) -> anyhow::Result<(Vec<Outcome>, String)> {
     let (policies, not_run) = policies(args)?;
-    let specs = build_specs(args)?;
-    let workload = Workload::of(&specs, args);
+    let workload = Workload::of(specs, args);
     let ailb = preflight();
     let cg = CgroupGuard::new("compare");
     let mut outs = Vec::new();

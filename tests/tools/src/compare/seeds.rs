@@ -89,8 +89,8 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         one.json = None;
         one.out_dir = args.out_dir.join(format!("seed-{seed}"));
         eprintln!("ailb-compare: seed {seed} ({} of {}) -> {}", k + 1, args.seeds, one.out_dir.display());
-        let (outs, _) = super::compare(&one)?;
         let specs = super::build_specs(&one)?;
+        let (outs, _) = super::compare(&one, &specs)?;
         let clairvoyant = fleet_model::run(&specs, &profiles, one.load, Placement::EarliestFinish);
         runs.push(SeedRun {
             seed,

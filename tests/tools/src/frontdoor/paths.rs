@@ -120,14 +120,25 @@ pub fn gateway(ailb: &Path, catalog: &str, cg: &CgroupGuard, v: &Variant, i: usi
          `http1_fast_path = {fast}`{}, other keys default",
         idle_mark_after.map(|d| format!(", `upstream_idle_mark_after = \"{d}\"`")).unwrap_or_default()
     );
-    let started = (|| {
-        let sub = dir.join(format!("gateway-{i}-{reuse}-{}", if fast { "fast" } else { "hyper" }));
-        std::fs::create_dir_all(&sub)?;
-        let cfg = sub.join("ailb.toml");
-        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, v)))?;
-        front_door::start(ailb, &cfg, Some(cg), listen, &sub)
-    })();
+    let sub = dir.join(format!("gateway-{i}-{reuse}-{}", if fast { "fast" } else { "hyper" }));
+    let started = start_gateway(ailb, catalog, Some(cg), v, listen, &sub);
     finish(name, Role::Ailb, settings, url(listen), started)
+}
+
+/// `ailb gateway` (in `cg`, if any) on `catalog` plus the `[gateway]` section of `v`, its
+/// config and log in `sub`.
+fn start_gateway(
+    ailb: &Path,
+    catalog: &str,
+    cg: Option<&CgroupGuard>,
+    v: &Variant,
+    listen: SocketAddrV4,
+    sub: &Path,
+) -> anyhow::Result<Proc> {
+    std::fs::create_dir_all(sub)?;
+    let cfg = sub.join("ailb.toml");
+    std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, v)))?;
+    front_door::start(ailb, &cfg, cg, listen, sub)
 }
 
 /// The default front door (`conversation`, fast path) run OUTSIDE the cgroup, its model's VIP
@@ -142,18 +153,13 @@ pub fn gateway_outside(ailb: &Path, i: usize, dir: &Path) -> Target {
         "no daemon, the gateway outside the cgroup, the model's VIP the server's own address ({SIM}), no pins; \
          `AILB_LOG=warn`; `[gateway] upstream_reuse = \"conversation\"`, `http1_fast_path = true`, other keys default"
     );
-    let started = (|| {
-        let sub = dir.join("gateway-outside");
-        std::fs::create_dir_all(&sub)?;
-        let catalog = format!(
-            "[daemon]\nbpffs = \"{}\"\ncgroup = \"ailb-frontdoor-none\"\n[[services]]\nmodel = \"{MODEL}\"\n\
-             vip = \"{SIM}\"\n[[backends]]\nmodel = \"{MODEL}\"\naddress = \"127.0.0.12:18001\"\nweight = 1\n",
-            sub.join("no-pins").display()
-        );
-        let cfg = sub.join("ailb.toml");
-        std::fs::write(&cfg, format!("{catalog}{}", gateway_toml(listen, &v)))?;
-        front_door::start(ailb, &cfg, None, listen, &sub)
-    })();
+    let sub = dir.join("gateway-outside");
+    let catalog = format!(
+        "[daemon]\nbpffs = \"{}\"\ncgroup = \"ailb-frontdoor-none\"\n[[services]]\nmodel = \"{MODEL}\"\n\
+         vip = \"{SIM}\"\n[[backends]]\nmodel = \"{MODEL}\"\naddress = \"127.0.0.12:18001\"\nweight = 1\n",
+        sub.join("no-pins").display()
+    );
+    let started = start_gateway(ailb, &catalog, None, &v, listen, &sub);
     finish(name, Role::Reference, settings, url(listen), started)
 }
 

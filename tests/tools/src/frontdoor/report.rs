@@ -270,7 +270,8 @@ fn goals(r: &mut String, paths: &[PathResult], rows: &[Option<Row>], fastest: Op
     let floor = paths
         .iter()
         .zip(rows)
-        .find_map(|(p, row)| Some((p, row.as_ref()?.closed_added_p50_us?)).filter(|_| p.role == Role::Floor));
+        .filter(|(p, _)| p.role == Role::Floor)
+        .find_map(|(p, row)| Some((p, row.as_ref()?.closed_added_p50_us?)));
     for (p, row) in paths.iter().zip(rows).filter(|(p, _)| p.role == Role::Ailb) {
         let Some(row) = row else {
             let _ = writeln!(r, "- {}: not measured, so neither goal is shown as met.", p.name);
