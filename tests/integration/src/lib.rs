@@ -203,6 +203,15 @@ pub fn try_run_cmd(cmd: &mut Command, timeout: Duration) -> Result<Output, Strin
     Ok(Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() })
 }
 
+/// How far, in percentage points, a share `p` (0..1) of `n` independent picks may fall from
+/// what it should be: `slack_pp` (how far the table itself may be from the weights, 0 when
+/// compared with the table's own shares) plus 4.5 standard deviations of the sampling noise,
+/// `sqrt(p(1-p)/n)`. A split that is right fails this about once in 150,000 draws per share;
+/// one that ignores weights of 1:2:5 misses it by far at any count a test uses.
+pub fn share_tolerance_pp(p: f64, n: usize, slack_pp: f64) -> f64 {
+    slack_pp + 4.5 * 100.0 * (p * (1.0 - p) / n.max(1) as f64).sqrt()
+}
+
 /// Percentage of `part` in `total`.
 pub fn percent(part: usize, total: usize) -> f64 {
     if total == 0 {

@@ -594,11 +594,12 @@ impl Gateway {
 }
 
 /// Asserts that `picked` (connections per backend, IPv4 or IPv6 ones: `v6`) splits as the
-/// model's table does within `points` each, and that the table splits as `weights` within 1
+/// model's table does within the sampling noise of that many picks
+/// ([`crate::share_tolerance_pp`]), and that the table splits as `weights` within 1
 /// point (a small model's table holds each share within the fill's slack of 8 slots: 0.8 points
 /// at 1,021 slots). Hashes sample the table, so the table's own shares are what the picks
 /// follow.
-pub fn assert_shares(gw: &Gateway, picked: &[usize; 3], weights: &[u32; 3], v6: bool, points: f64) {
+pub fn assert_shares(gw: &Gateway, picked: &[usize; 3], weights: &[u32; 3], v6: bool) {
     let table = gw.table_shares(v6);
     let n: usize = picked.iter().sum();
     let total: u32 = weights.iter().sum();
@@ -610,9 +611,10 @@ pub fn assert_shares(gw: &Gateway, picked: &[usize; 3], weights: &[u32; 3], v6: 
             table[i]
         );
         let share = 100.0 * picked[i] as f64 / n as f64;
+        let points = crate::share_tolerance_pp(table[i] / 100.0, n, 0.0);
         assert!(
             (share - table[i]).abs() <= points,
-            "backend {i}: {share:.1} % of remote connections ({picked:?}), its table share {:.1} % +- {points}",
+            "backend {i}: {share:.1} % of remote connections ({picked:?}), its table share {:.1} % +- {points:.1}",
             table[i]
         );
     }

@@ -101,7 +101,7 @@ fn routed_ipv4_flows_end_by_fin_rst_and_a_killed_backend_with_every_counter_at_0
 
 #[test]
 fn routed_ipv6_splits_1_2_5_keeps_the_client_address_and_ends_with_every_counter_at_0() {
-    const N: usize = 2000;
+    const N: usize = 4000;
     let mut spec = GatewaySpec::ipv6("tc6-routed", false);
     spec.weights6 = [1, 2, 5];
     spec.ports[0] = PROCESS_PORT;
@@ -116,14 +116,20 @@ fn routed_ipv6_splits_1_2_5_keeps_the_client_address_and_ends_with_every_counter
         assert!(r.is_ipv6(), "connection {i} answered by {}", r.backend);
         picked[r.index()] += 1;
     }
+    let stats = gw.daemon.status()["stats"].clone();
+    println!("routed IPv6: picked {picked:?}, pick stats {stats}");
     for (i, w) in spec.weights6.iter().enumerate() {
         let (share, want) = (100.0 * picked[i] as f64 / N as f64, 100.0 * *w as f64 / 8.0);
-        assert!((share - want).abs() <= 3.0, "backend {i}: {share:.1} % ({picked:?}), want {want:.1} % +- 3");
+        // The weighted table's fill is within 8 of its 1,021 slots of the weights: 0.8 pp.
+        let tol = ailb_tests::share_tolerance_pp(want / 100.0, N, 0.8);
+        assert!(
+            (share - want).abs() <= tol,
+            "backend {i}: {share:.1} % ({picked:?}), want {want:.1} % +- {tol:.1}; pick stats {stats}"
+        );
     }
     let tc = gw.wait_no_flow("every routed IPv6 flow removed", Duration::from_secs(10));
     assert_eq!(tc["stats"]["flows_closed"].as_u64(), Some(N as u64), "{tc}");
     assert_eq!(ends(&tc), [N as u64, 0, 0], "closed, RST, idle after the split: {tc}");
-    println!("routed IPv6: picked {picked:?}");
     fin_rst_and_killed_backend(&gw, VIP6.into(), &mut process);
     let peers = gw.servers.peers6();
     assert_eq!(peers.keys().copied().collect::<Vec<_>>(), [CLIENT_ADDR6], "peers seen by the backends: {peers:?}");
