@@ -8,7 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use ailb_tests::netns::{BACKEND_ADDRS, BACKEND_ADDRS6, CLIENT_ADDR, CLIENT_ADDR6};
-use ailb_tests::remote::{connect, connect_on, BackendProcess, Gateway, GatewaySpec, Remote, BACKEND_PORT, VIP6};
+use ailb_tests::remote::{
+    assert_shares, connect, connect_on, BackendProcess, Gateway, GatewaySpec, Remote, BACKEND_PORT, VIP6,
+};
 use serde_json::Value;
 
 /// The port of backend 0 when a test serves it from a process of its own.
@@ -118,15 +120,7 @@ fn routed_ipv6_splits_1_2_5_keeps_the_client_address_and_ends_with_every_counter
     }
     let stats = gw.daemon.status()["stats"].clone();
     println!("routed IPv6: picked {picked:?}, pick stats {stats}");
-    for (i, w) in spec.weights6.iter().enumerate() {
-        let (share, want) = (100.0 * picked[i] as f64 / N as f64, 100.0 * *w as f64 / 8.0);
-        // The weighted table's fill is within 8 of its 1,021 slots of the weights: 0.8 pp.
-        let tol = ailb_tests::share_tolerance_pp(want / 100.0, N, 0.8);
-        assert!(
-            (share - want).abs() <= tol,
-            "backend {i}: {share:.1} % ({picked:?}), want {want:.1} % +- {tol:.1}; pick stats {stats}"
-        );
-    }
+    assert_shares(&gw, &picked, &spec.weights6, true);
     let tc = gw.wait_no_flow("every routed IPv6 flow removed", Duration::from_secs(10));
     assert_eq!(tc["stats"]["flows_closed"].as_u64(), Some(N as u64), "{tc}");
     assert_eq!(ends(&tc), [N as u64, 0, 0], "closed, RST, idle after the split: {tc}");
