@@ -183,7 +183,12 @@ impl Pool {
     /// Keeps `conn` for the next request with `key`; ends it instead when it is too old or
     /// the pool is full.
     pub fn put(&self, key: PoolKey, conn: Conn) {
-        if !self.fresh(&conn, Instant::now()) {
+        self.put_at(key, conn, Instant::now());
+    }
+
+    /// [`Pool::put`] of a connection whose answer ended `now`.
+    pub fn put_at(&self, key: PoolKey, conn: Conn, now: Instant) {
+        if !self.fresh(&conn, now) {
             return conn.done();
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -198,7 +203,7 @@ impl Pool {
             idle.unmarked += 1;
         }
         idle.count += 1;
-        idle.by_key.entry(key).or_default().push(Kept { conn, since: Instant::now(), marked });
+        idle.by_key.entry(key).or_default().push(Kept { conn, since: now, marked });
     }
 
     /// Closes every idle connection past its age (or closed by its backend), and marks idle

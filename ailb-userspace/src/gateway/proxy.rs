@@ -170,8 +170,51 @@ pub enum Sent {
     NotSent(UpRequest),
 }
 
-/// Sends `req` on `conn` and waits at most `idle` for the response head.
-pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration) -> Result<Sent, ApiError> {
+/// When a request must be answered by: `gateway.total_timeout` after its head arrived.
+///
+/// Each wait of the request is bounded by it (reading a body, the admission, a connect, the
+/// response head: [`Deadline::bound`], [`send`]) rather than the whole request by one timer
+/// around it: a wait that has a timer of its own anyway (the response head's idle timeout)
+/// then needs no second one, and a request answered from a kept connection puts one timer in
+/// the runtime's wheel, not two.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    pub at: tokio::time::Instant,
+    /// `gateway.total_timeout`, for the error.
+    pub total: Duration,
+}
+
+impl Deadline {
+    /// The deadline of a request whose head arrived `started`.
+    pub fn after(started: Instant, total: Duration) -> Self {
+        Self { at: tokio::time::Instant::from_std(started) + total, total }
+    }
+
+    /// 504: the request ran past it.
+    pub fn error(&self) -> ApiError {
+        ApiError::timeout(format!("the request ran past {:?} (gateway.total_timeout)", self.total))
+    }
+
+    /// Runs `work` until the deadline at most.
+    pub async fn bound<T>(self, work: impl Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
+        tokio::time::timeout_at(self.at, work).await.unwrap_or_else(|_| Err(self.error()))
+    }
+
+    /// The end of a wait of at most `wait` from `now`: the earlier of `now + wait` and the
+    /// deadline, and whether it is the deadline.
+    fn within(&self, now: tokio::time::Instant, wait: Duration) -> (tokio::time::Instant, bool) {
+        let own = now + wait;
+        if self.at < own {
+            (self.at, true)
+        } else {
+            (own, false)
+        }
+    }
+}
+
+/// Sends `req` on `conn` and waits at most `idle` for the response head (and never past
+/// `deadline`).
+pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration, deadline: Deadline) -> Result<Sent, ApiError> {
     let backend = conn.backend;
     let work = async {
         let sender = match &mut conn.link {
@@ -195,8 +238,10 @@ pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration) -> Result<Sen
             },
         }
     };
-    match tokio::time::timeout(idle, work).await {
+    let (until, total) = deadline.within(tokio::time::Instant::now(), idle);
+    match tokio::time::timeout_at(until, work).await {
         Ok(r) => r,
+        Err(_) if total => Err(deadline.error()),
         Err(_) => Err(ApiError::timeout(format!("upstream {backend}: no response head within {idle:?}"))),
     }
 }
@@ -272,8 +317,9 @@ pub struct Relay {
     sse: bool,
     done: bool,
     idle: Duration,
-    /// When the last frame came (or the relay began): the idle timeout counts from it.
-    last_frame: tokio::time::Instant,
+    /// When the last frame came (or the body first had to wait): the idle timeout counts
+    /// from it.
+    last_frame: Option<tokio::time::Instant>,
     total: Duration,
     total_deadline: tokio::time::Instant,
     /// The timers, armed only when the body has to wait: a response that is there whole never
@@ -316,7 +362,7 @@ impl Relay {
             sse,
             done: false,
             idle,
-            last_frame: tokio::time::Instant::now(),
+            last_frame: None,
             total,
             total_deadline,
             idle_timer: None,
@@ -339,14 +385,15 @@ impl Relay {
     /// to the admission, and the connection goes back to the pool for the next request with
     /// the same routing inputs, or is shut down now. Both happen before the last frame
     /// reaches the client, whose next request must not wait behind this one.
-    fn release(&mut self) {
+    /// `now` gives the time (read only when the connection goes back to the pool).
+    fn release(&mut self, now: impl FnOnce() -> Instant) {
         drop(self.held.ticket.take());
         let Some(mut conn) = self.conn.take() else { return };
         if let Link::Raw(raw @ None) = &mut conn.link {
             *raw = self.inner.take_raw();
         }
         match self.reuse.take() {
-            Some(Reuse { pool, key }) => pool.put(key, conn),
+            Some(Reuse { pool, key }) => pool.put_at(key, conn, now()),
             None => conn.done(),
         }
     }
@@ -354,7 +401,7 @@ impl Relay {
     /// The body broke off: an event stream ends with an error event, any other body with `e`.
     fn fail(&mut self, outcome: &'static str, e: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.reuse = None;
-        self.release();
+        self.release(Instant::now);
         self.finish(outcome);
         if !self.sse {
             return Poll::Ready(Some(Err(e)));
@@ -375,29 +422,32 @@ impl HttpBody for Relay {
         if this.done {
             return Poll::Ready(None);
         }
-        if tokio::time::Instant::now() >= this.total_deadline {
+        // One clock read per poll serves the deadline, the idle timeout, the time to first
+        // byte and the pool (a frame that comes is read within this poll, microseconds later).
+        let now = tokio::time::Instant::now();
+        if now >= this.total_deadline {
             return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.last_frame = tokio::time::Instant::now();
+                this.last_frame = Some(now);
                 if let (Some(log), Some(data)) = (this.log.as_mut(), frame.data_ref()) {
                     if !data.is_empty() {
-                        log.first_byte(this.started.elapsed());
+                        log.first_byte(now.into_std().saturating_duration_since(this.started));
                     }
                 }
                 if this.inner.is_end_stream() {
                     // The upstream's answer is whole: its connection stops counting in the
                     // kernel BEFORE this last frame reaches the client, whose next request
                     // must not see this one still in flight.
-                    this.release();
+                    this.release(|| now.into_std());
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail("upstream error", e),
             Poll::Ready(None) => {
                 this.finish("ok");
-                this.release();
+                this.release(|| now.into_std());
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -406,7 +456,7 @@ impl HttpBody for Relay {
                 if total.as_mut().poll(cx).is_ready() {
                     return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
                 }
-                let deadline = this.last_frame + this.idle;
+                let deadline = *this.last_frame.get_or_insert(now) + this.idle;
                 let idle = this.idle_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                 if idle.deadline() != deadline {
                     idle.as_mut().reset(deadline);
@@ -436,7 +486,7 @@ impl Drop for Relay {
         let outcome = if self.done || whole { "ok" } else { "client gone" };
         self.finish(outcome);
         if whole {
-            self.release();
+            self.release(Instant::now);
         }
     }
 }

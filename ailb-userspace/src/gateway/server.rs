@@ -27,7 +27,7 @@ use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, BoxError, Held, Relay, Reuse, Sent, UpBody};
+use super::proxy::{self, BoxError, Deadline, Held, Relay, Reuse, Sent, UpBody};
 use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
 use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
 use crate::config::ValidConfig;
@@ -307,19 +307,11 @@ impl Gateway {
 
     async fn proxy(self: Arc<Self>, endpoint: Endpoint, head: ReqHead, body: RequestBody, peer: ClientIp) -> Answer {
         let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
-        let deadline = tokio::time::Instant::now() + self.cfg.total_timeout;
+        let deadline = Deadline::after(log.started(), self.cfg.total_timeout);
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             return answer(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
         };
-        let work = self.clone().forward(endpoint, head, body, peer, &mut log);
-        let result = match tokio::time::timeout_at(deadline, work).await {
-            Ok(r) => r,
-            Err(_) => Err(ApiError::timeout(format!(
-                "the request ran past {:?} (gateway.total_timeout)",
-                self.cfg.total_timeout
-            ))),
-        };
-        match result {
+        match self.clone().forward(endpoint, head, body, peer, &mut log, deadline).await {
             Ok((resp, lines, conn, reuse, ticket)) => {
                 let (parts, body) = resp.into_parts();
                 let sse = match &lines {
@@ -334,7 +326,7 @@ impl Gateway {
                     Held { _permit: permit, ticket },
                     log,
                     self.cfg.idle_timeout,
-                    deadline,
+                    deadline.at,
                     self.cfg.total_timeout,
                 );
                 Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
@@ -344,7 +336,8 @@ impl Gateway {
     }
 
     /// Reads and parses the body, finds the routing inputs, and sends the request as it came
-    /// (minus hop-by-hop headers, plus `X-Forwarded-For`) on a connection tagged with them.
+    /// (minus hop-by-hop headers, plus `X-Forwarded-For`) on a connection tagged with them;
+    /// every wait ends by `deadline`.
     async fn forward(
         self: Arc<Self>,
         endpoint: Endpoint,
@@ -352,9 +345,13 @@ impl Gateway {
         body: RequestBody,
         client: ClientIp,
         log: &mut RequestLog,
+        deadline: Deadline,
     ) -> Result<Forwarded, ApiError> {
         let client_version = head.version();
-        let bytes = self.read_body(&head, body).await?;
+        let bytes = match body {
+            RequestBody::Read(read) => read?,
+            RequestBody::Hyper(body) => deadline.bound(self.read_body(&head, body)).await?,
+        };
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, &head, &bytes).inspect_err(|e| {
             if let route::RouteError::UnknownModel { model } = e {
                 log.model(model);
@@ -362,7 +359,7 @@ impl Gateway {
         })?;
         let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
         let ticket = match &self.admission {
-            Some(a) => a.admit(&inputs.model, inputs.memory_mb).await?,
+            Some(a) => deadline.bound(a.admit(&inputs.model, inputs.memory_mb)).await?,
             None => None,
         };
         let model = &self.models[&inputs.model];
@@ -381,7 +378,7 @@ impl Gateway {
             }
             _ => None,
         };
-        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req).await?;
+        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, upstream_req, deadline).await?;
         let backend = conn.backend;
         let reuse = match (key, &self.pool) {
             (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
@@ -419,10 +416,11 @@ impl Gateway {
         vip: SocketAddrV4,
         tags: &ailb_common::client::Tags<'_>,
         mut req: UpRequest,
+        deadline: Deadline,
     ) -> Result<(Response<UpBody>, Option<HeadLines>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
-            match proxy::send(&mut conn, req, idle).await? {
+            match proxy::send(&mut conn, req, idle, deadline).await? {
                 Sent::Answered(resp, lines) => {
                     self.metrics.upstream_request(true);
                     return Ok((resp, lines, conn));
@@ -430,11 +428,19 @@ impl Gateway {
                 Sent::NotSent(back) => req = back,
             }
         }
-        let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
-        // The fast path's own HTTP/1 client, or hyper's.
-        let mut conn = if self.cfg.http1_fast_path { proxy::open_raw(up) } else { proxy::open(up).await? };
+        let mut conn = deadline
+            .bound(async {
+                let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
+                // The fast path's own HTTP/1 client, or hyper's.
+                if self.cfg.http1_fast_path {
+                    Ok(proxy::open_raw(up))
+                } else {
+                    proxy::open(up).await
+                }
+            })
+            .await?;
         self.metrics.upstream_request(false);
-        match proxy::send(&mut conn, req, idle).await? {
+        match proxy::send(&mut conn, req, idle, deadline).await? {
             Sent::Answered(resp, lines) => Ok((resp, lines, conn)),
             Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
                 "upstream {}: the new connection closed before the request could be sent",
@@ -446,11 +452,7 @@ impl Gateway {
     /// The whole body, at most `max_body_bytes`: a larger Content-Length is refused before
     /// reading, a chunked body is read up to the limit only; a body slower than
     /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
-    async fn read_body(&self, headers: &impl Headers, body: RequestBody) -> Result<Bytes, ApiError> {
-        let body = match body {
-            RequestBody::Hyper(b) => b,
-            RequestBody::Read(read) => return read,
-        };
+    async fn read_body(&self, headers: &impl Headers, body: Incoming) -> Result<Bytes, ApiError> {
         let max = self.cfg.max_body_bytes;
         let declared = headers.first("content-length").and_then(|v| route::visible_ascii(v)?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {

@@ -68,17 +68,26 @@ const LINGER_BYTES: usize = 1 << 20;
 pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client_ip: ClientIp) {
     let header_timeout = gw.config().header_timeout;
     let mut client = Client { stream, buf: BytesMut::with_capacity(8 * 1024) };
+    // One timer for every head of the connection, moved later as each request is answered:
+    // a timer moved later stays where it is in the runtime's wheel, where a timer per request
+    // would be put in and taken out again each time.
+    let mut head_timer = std::pin::pin!(tokio::time::sleep(header_timeout));
     loop {
-        let head = match tokio::time::timeout(header_timeout, next_head(&mut client)).await {
-            Ok(Next::Request(h)) => h,
-            Ok(Next::Closed) => return,
-            Ok(Next::Fallback(why)) => {
+        let next = tokio::select! {
+            biased;
+            next = next_head(&mut client) => Some(next),
+            () = head_timer.as_mut() => None,
+        };
+        let head = match next {
+            Some(Next::Request(h)) => h,
+            Some(Next::Closed) => return,
+            Some(Next::Fallback(why)) => {
                 tracing::debug!(%peer, ?why, "gateway: a request for hyper's server");
                 gw.count_handoff();
                 let io = TokioIo::new(rewind::Rewind::new(client.buf.freeze(), client.stream));
                 return gw.serve_hyper(io, peer, client_ip).await;
             }
-            Err(_) => {
+            None => {
                 tracing::debug!(%peer, "gateway: no whole request head within {header_timeout:?}; closing");
                 return;
             }
@@ -92,6 +101,7 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
         if !response::send(&mut client, resp, version, !keep_alive).await {
             return close(client, unread).await;
         }
+        head_timer.as_mut().reset(tokio::time::Instant::now() + header_timeout);
     }
 }
 
@@ -123,6 +133,10 @@ async fn read_body(gw: &Gateway, client: &mut Client, head: &Head) -> (Result<By
         return (Err(ApiError::too_large(cfg.max_body_bytes)), true);
     }
     let len = usize::try_from(head.body_len).expect("at most max_body_bytes, which fits in memory");
+    if client.buf.len() >= len {
+        // It came with its head (a small request mostly does): no wait, so no timer.
+        return (Ok(client.buf.split_to(len).freeze()), false);
+    }
     let within = cfg.header_timeout;
     let fill = async {
         while client.buf.len() < len {
