@@ -143,7 +143,7 @@ impl UpRequest {
     }
 
     /// Appends the request head as HTTP/1.1 to `out`: the request line, every end-to-end
-    /// header in order (names in lowercase; `X-Forwarded-For` where the client's first one was,
+    /// header in order (names as the client wrote them; `X-Forwarded-For` where the client's first one was,
     /// else last), `Host` from `:authority` when there is none, and a `Content-Length` when
     /// the client sent none.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
@@ -156,7 +156,7 @@ impl UpRequest {
             if name.eq_ignore_ascii_case(FORWARDED_FOR.as_bytes()) {
                 if !xff {
                     xff = true;
-                    self.forwarded_for(|v| header(out, FORWARDED_FOR.as_bytes(), v));
+                    self.forwarded_for(|v| header(out, name, v));
                 }
                 return;
             }
@@ -222,7 +222,7 @@ fn value_of(v: &[u8]) -> HeaderValue {
 }
 
 fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend(name.iter().map(u8::to_ascii_lowercase));
+    out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
@@ -261,7 +261,7 @@ mod tests {
         let r = up(raw(text), "{}");
         assert_eq!(
             encoded(&r),
-            "POST /v1/completions?x=1 HTTP/1.1\r\nhost: gw\r\nx-session-id: a\r\ncontent-length: 2\r\n\
+            "POST /v1/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Session-ID: a\r\nContent-Length: 2\r\n\
              x-forwarded-for: 10.0.0.9\r\n\r\n"
         );
         let h = r.to_hyper();
@@ -276,11 +276,11 @@ mod tests {
         let r = up(raw(text), "");
         assert_eq!(
             encoded(&r),
-            "GET / HTTP/1.1\r\nx-forwarded-for: 1.2.3.4, 10.0.0.9\r\na: b\r\ncontent-length: 0\r\n\r\n"
+            "GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\nA: b\r\ncontent-length: 0\r\n\r\n"
         );
         assert_eq!(r.to_hyper().headers().get_all(FORWARDED_FOR).iter().collect::<Vec<_>>(), ["1.2.3.4, 10.0.0.9"]);
         let blank = up(raw("GET / HTTP/1.1\r\nX-Forwarded-For:  \r\n\r\n"), "");
-        assert!(encoded(&blank).contains("\r\nx-forwarded-for: 10.0.0.9\r\n"), "{}", encoded(&blank));
+        assert!(encoded(&blank).contains("\r\nX-Forwarded-For: 10.0.0.9\r\n"), "{}", encoded(&blank));
     }
 
     #[test]

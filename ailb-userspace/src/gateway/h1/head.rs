@@ -102,21 +102,38 @@ impl RawHead {
     }
 }
 
+impl RawHead {
+    /// The values of the headers called `name` (any case). A name of another length is passed
+    /// over by its place alone, without looking at its bytes or its value's: the routing rules
+    /// look up several headers that most requests do not have.
+    fn values<'h, 'n>(&'h self, name: &'n str) -> impl Iterator<Item = &'h [u8]> + use<'h, 'n> {
+        let name = name.as_bytes();
+        self.headers.iter().filter_map(move |(n, v)| {
+            if n.len() != name.len() || !self.bytes[n.start as usize..n.end as usize].eq_ignore_ascii_case(name) {
+                return None;
+            }
+            Some(&self.bytes[v.start as usize..v.end as usize])
+        })
+    }
+}
+
 impl Headers for RawHead {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
+        self.values(name).next()
     }
 
     fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
-        self.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v).find_map(f)
+        self.values(name).find_map(f)
     }
 }
 
 /// Parses the head at the start of `buf`.
 pub fn parse(buf: &[u8]) -> Parsed {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut slots);
-    let len = match req.parse(buf) {
+    // Left unset until parsed: setting up the 100 slots for every head cost more than the
+    // headers of a small request.
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => return Parsed::Fallback(Fallback::TooLarge),
         Ok(httparse::Status::Partial) => return Parsed::Partial,
@@ -137,8 +154,28 @@ fn place(buf: &[u8], part: &[u8]) -> Range<u32> {
 }
 
 /// Whether `http` takes `v` as a header value (visible ASCII, tabs, spaces and obs-text).
+///
+/// Eight bytes at a time: a word with no byte below 0x20 and none equal to 0x7f is valid as a
+/// whole; only a word with one of those (a tab, mostly) is looked at byte by byte. Every value
+/// of every request and response is checked, and byte by byte this was a tenth of a response
+/// head's parse.
 pub fn valid_value(v: &[u8]) -> bool {
-    v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let byte_ok = |b: &u8| *b == b'\t' || (*b >= 0x20 && *b != 0x7f);
+    let mut words = v.chunks_exact(8);
+    for w in &mut words {
+        let x = u64::from_ne_bytes(w.try_into().expect("chunks of 8 bytes"));
+        let del = x ^ (ONES * 0x7f);
+        // A high bit set here when a byte is below 0x20 (`x - 0x20` borrows, and its own high
+        // bit is clear) or is 0x7f (that byte of `del` is zero): never missed, and a word it
+        // flags by a borrow alone is settled byte by byte.
+        let suspect = ((x.wrapping_sub(ONES * 0x20) & !x) | (del.wrapping_sub(ONES) & !del)) & HIGH;
+        if suspect != 0 && !w.iter().all(byte_ok) {
+            return false;
+        }
+    }
+    words.remainder().iter().all(byte_ok)
 }
 
 fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head, Fallback> {
@@ -204,6 +241,34 @@ pub fn has_token(v: &[u8], token: impl AsRef<[u8]>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn valid_byte_by_byte(v: &[u8]) -> bool {
+        v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+    }
+
+    #[test]
+    fn every_byte_at_every_place_of_a_word_is_judged_as_byte_by_byte() {
+        for len in [1, 7, 8, 9, 16, 17] {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut v = vec![b'a'; len];
+                    v[at] = b;
+                    assert_eq!(valid_value(&v), valid_byte_by_byte(&v), "byte {b:#04x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn values_are_judged_as_byte_by_byte(v in proptest::collection::vec(
+            prop_oneof![Just(0u8), Just(9), Just(0x1f), Just(0x20), Just(b'a'), Just(0x7e), Just(0x7f), Just(0x80), Just(0xff), any::<u8>()],
+            0..40,
+        )) {
+            prop_assert_eq!(valid_value(&v), valid_byte_by_byte(&v));
+        }
+    }
 
     fn head(text: &str) -> Head {
         match parse(text.as_bytes()) {

@@ -284,7 +284,7 @@ mod tests {
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ndate: Wed, 02 Dec 2026 01:00:00 GMT\r\nx-ailb-backend: 10.0.0.1:80\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nDate: Wed, 02 Dec 2026 01:00:00 GMT\r\nx-ailb-backend: 10.0.0.1:80\r\n\r\n"
         );
     }
 

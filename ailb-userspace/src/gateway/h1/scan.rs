@@ -45,8 +45,10 @@ pub struct Scanned {
 /// A header's name and value, borrowed from the buffer.
 pub type Slot<'a> = (&'a [u8], &'a [u8]);
 
-/// Scans the head at the start of `buf` into `slots` (`Ok(None)`: not whole yet).
-pub fn scan<'a>(buf: &'a [u8], slots: &mut [Slot<'a>; MAX_HEADERS]) -> Result<Option<Scanned>, Malformed> {
+/// Scans the head at the start of `buf` into `slots` (`Ok(None)`: not whole yet); a head
+/// with more headers than `slots` holds is [`Malformed::TooManyHeaders`] (the caller may
+/// scan it again into more, up to [`MAX_HEADERS`]).
+pub fn scan<'a>(buf: &'a [u8], slots: &mut [Slot<'a>]) -> Result<Option<Scanned>, Malformed> {
     let mut at = 0;
     let status = loop {
         let Some((line, next)) = line(buf, at) else {

@@ -10,7 +10,7 @@ use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
 use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
-use super::scan::{scan, Malformed, Slot};
+use super::scan::{scan, Malformed, Scanned, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
@@ -98,13 +98,31 @@ async fn read_head(
 
 type HeadParse = Option<(usize, Response<()>, Framing, HeadLines)>;
 
+/// Header slots set up for each response head; a head with more is scanned again into
+/// [`MAX_HEADERS`]. Setting up all of those for every head cost more than the rest of its parse.
+const FEW_HEADERS: usize = 24;
+
 /// A whole response head at the start of `buf` (`None`: not whole yet), or what is wrong with it.
 fn parse(buf: &[u8]) -> Result<HeadParse, String> {
-    let mut slots: [Slot<'_>; MAX_HEADERS] = [(&[], &[]); MAX_HEADERS];
-    let Some(head) = scan(buf, &mut slots).map_err(|e| e.to_string())? else { return Ok(None) };
+    let mut few: [Slot<'_>; FEW_HEADERS] = [(&[], &[]); FEW_HEADERS];
+    match scan(buf, &mut few) {
+        Ok(Some(head)) => build(&head, &few[..head.headers]),
+        Ok(None) => Ok(None),
+        Err(Malformed::TooManyHeaders) => {
+            let mut all: Vec<Slot<'_>> = vec![(&[], &[]); MAX_HEADERS];
+            match scan(buf, &mut all).map_err(|e| e.to_string())? {
+                Some(head) => build(&head, &all[..head.headers]),
+                None => Ok(None),
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The response of a scanned head with `headers`.
+fn build(head: &Scanned, headers: &[Slot<'_>]) -> Result<HeadParse, String> {
     let status = StatusCode::from_u16(head.code).map_err(|_| Malformed::Status.to_string())?;
     let version = if head.minor == 0 { Version::HTTP_10 } else { Version::HTTP_11 };
-    let headers = &slots[..head.headers];
     // `Connection` stays in the response's map (whether the upstream keeps the connection open
     // is read from it); it and every other hop-by-hop header stay out of the lines.
     let mut map = HeaderMap::new();
@@ -239,6 +257,21 @@ mod tests {
     }
 
     #[test]
+    fn a_head_with_more_headers_than_the_first_slots_is_scanned_whole() {
+        let many = |n: usize| {
+            let headers: String = (0..n).map(|i| format!("X-H{i}: {i}\r\n")).collect();
+            format!("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n{headers}\r\n")
+        };
+        let head = many(FEW_HEADERS + 6);
+        let (len, _, f, lines) = parse(head.as_bytes()).unwrap().unwrap();
+        assert_eq!((len, f), (head.len(), Framing::Length(0)));
+        assert_eq!(lines.iter().count(), FEW_HEADERS + 7);
+        assert_eq!(lines.iter().last(), Some((&b"X-H29"[..], &b"29"[..])));
+        assert!(parse(many(FEW_HEADERS + 6).as_bytes()[..head.len() - 2].as_ref()).unwrap().is_none());
+        assert!(parse(many(MAX_HEADERS).as_bytes()).unwrap_err().contains("more than 100 headers"));
+    }
+
+    #[test]
     fn end_to_end_headers_become_lines_and_connection_stays_in_the_map() {
         let head = b"HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\nConnection: close, X-Hop\r\n\
                      X-Hop: 1\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nDate: Wed, 02 Dec 2026 01:00:00 GMT\r\n\
@@ -248,7 +281,7 @@ mod tests {
         assert_eq!(resp.headers().get_all(CONNECTION).iter().collect::<Vec<_>>(), ["close, X-Hop"]);
         assert_eq!(
             lines.as_bytes(),
-            b"content-type: Text/Event-Stream; charset=utf-8\r\ndate: Wed, 02 Dec 2026 01:00:00 GMT\r\nx-request-id: r1\r\n"
+            b"Content-Type: Text/Event-Stream; charset=utf-8\r\nDate: Wed, 02 Dec 2026 01:00:00 GMT\r\nX-Request-Id: r1\r\n"
         );
         assert!(lines.event_stream && lines.has_date);
         assert_eq!(lines.content_length, None);
@@ -282,6 +315,6 @@ mod tests {
         let head =
             b"HTTP/1.1 200 OK\r\nX-Ailb-Backend: 10.0.0.9:80\r\nx-ailb-conversation: 0x1\r\nX-Request-Id: r1\r\n\r\n";
         let (_, _, _, lines) = parse(head).unwrap().unwrap();
-        assert_eq!(lines.as_bytes(), b"x-request-id: r1\r\n");
+        assert_eq!(lines.as_bytes(), b"X-Request-Id: r1\r\n");
     }
 }
