@@ -264,7 +264,7 @@ fn agent() -> Result<()> {
 /// The front door: `ailb-frontdoor-bench` (it finds `ailb-sim` next to itself: one build puts
 /// both there).
 fn frontdoor() -> Result<()> {
-    let what = "front door: ailb-frontdoor-bench (wrk vs direct, nginx, sglang-router, vllm-router; about 2 minutes)";
+    let what = "front door: ailb-frontdoor-bench (wrk vs direct, nginx, sglang-router, vllm-router; 7 rounds, about 15 minutes)";
     release_bench(what, &["ailb-tools", "ailb-sim"], &["ailb-frontdoor-bench", "ailb-sim"], &[])
 }
 

@@ -21,7 +21,8 @@
 //! The load is `wrk -t1 -c16 -d5s --latency` POSTing a one-token chat completion ([`wrk`]) over
 //! keep-alive client connections (saturated: the cores are busy), then the same with one
 //! connection (a closed loop, one request at a time: every path sustains it), in interleaved
-//! rounds (every path once per round, in turns) so that drift hits all alike. The report gives
+//! rounds (every path once per round, in turns, each round starting one path later than the one
+//! before) so that drift and a path's place in the turn hit all alike. The report gives
 //! per path req/s (median and range), p50 and p99, the latency it adds over direct in the same
 //! round at both loads, the ratios to direct and to the fastest peer, the CPU per request of the
 //! router's process tree and of the server, whether the front door meets its goals (ahead of the
@@ -210,8 +211,13 @@ fn measure(targets: &mut [Target], sim: &Proc, script: &Path, args: &Args) -> Ve
         })
         .collect();
     let sim_pid = sim.child.id();
+    let measured: Vec<usize> = (0..targets.len()).filter(|&i| targets[i].missing.is_none()).collect();
     for round in 1..=args.rounds {
-        for (t, r) in targets.iter_mut().zip(results.iter_mut()).filter(|(t, _)| t.missing.is_none()) {
+        // Each round starts one path later: which path ran just before, and how far into the
+        // round a path runs, is then no lasting advantage to any of them.
+        let start = (round as usize - 1) % measured.len().max(1);
+        for &i in measured.iter().cycle().skip(start).take(measured.len()) {
+            let (t, r) = (&mut targets[i], &mut results[i]);
             say(&format!("round {round}/{}: {}", args.rounds, t.name));
             let (router0, server0) = (t.pid().and_then(tree_cpu), tree_cpu(sim_pid));
             let run = wrk::run(&t.url, script, CONNECTIONS, args.seconds);
