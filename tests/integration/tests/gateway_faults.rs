@@ -1,9 +1,10 @@
 //! The front door under misbehaving clients, end to end: `ailb gateway` runs INSIDE the test's
 //! child cgroup in front of `ailb-sim` servers (one VIP), the clients are outside it.
 //! - Slow clients (a request head cut short, a head sent a byte at a time, a body sent a byte
-//!   at a time) are cut off by the gateway after `gateway.header_timeout` (the head, closed; the
-//!   body, counted from the end of the head, answered 408), and while they hang, 50 other clients
-//!   on their own connections are answered in normal time.
+//!   at a time, a kept-alive connection left idle after one answer) are cut off by the gateway
+//!   after `gateway.header_timeout` (the head, closed; the body, counted from the end of the
+//!   head, answered 408; the idle connection, counted from the end of its answer, closed), and
+//!   while they hang, 50 other clients on their own connections are answered in normal time.
 //! - A client that goes away in the middle of a streamed chat completion frees the model
 //!   server's running slot at once (the simulator's `vllm:num_requests_running` drops back to 0
 //!   long before the stream would have ended), and the gateway logs the request as
@@ -73,7 +74,15 @@ enum Slow {
     TrickleHead,
     /// Sends a whole head announcing a 1,000-byte body, then one body byte every [`DRIP_EVERY`].
     TrickleBody,
+    /// Waits [`FIRST_AFTER`], sends one whole request, reads its answer and then sends nothing:
+    /// the kept-alive connection waits idle for its next head, which `header_timeout` bounds
+    /// from the end of the answer (not from the connect).
+    IdleAfterAnswer,
 }
+
+/// How long an [`Slow::IdleAfterAnswer`] client waits before its one request (within
+/// `header_timeout`, so the request is taken).
+const FIRST_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct SlowOutcome {
@@ -97,10 +106,17 @@ async fn slow_client(kind: Slow, ready: tokio::sync::mpsc::Sender<()>, give_up: 
             "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n\
              Content-Length: 1000\r\n\r\n{{\"model\": \"{MODEL}\", \"x\": \""
         ),
+        Slow::IdleAfterAnswer => String::new(),
     };
     wr.write_all(first.as_bytes()).await.expect("the first bytes of a slow client");
     let _ = ready.send(()).await;
-    let mut dripping = kind != Slow::PartialHead;
+    if kind == Slow::IdleAfterAnswer {
+        tokio::time::sleep(FIRST_AFTER).await;
+        let body =
+            format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"idle after"}}],"max_tokens":1}}"#);
+        wr.write_all(chat_request(&body).as_bytes()).await.expect("the idle client's one request");
+    }
+    let mut dripping = matches!(kind, Slow::TrickleHead | Slow::TrickleBody);
     let mut tick = tokio::time::interval(DRIP_EVERY);
     let mut answer = Vec::new();
     let mut buf = [0u8; 4096];
@@ -147,10 +163,11 @@ fn slow_clients_are_cut_off_without_delaying_others() {
         front_door("gw-slow", &cg, "127.77.12.1:8000", GATEWAY, &backends, &["--time-scale", "50"], &gateway_toml);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
 
-    let kinds: Vec<Slow> = [(Slow::PartialHead, 10), (Slow::TrickleHead, 10), (Slow::TrickleBody, 5)]
-        .into_iter()
-        .flat_map(|(k, n)| std::iter::repeat_n(k, n))
-        .collect();
+    let kinds: Vec<Slow> =
+        [(Slow::PartialHead, 10), (Slow::TrickleHead, 10), (Slow::TrickleBody, 5), (Slow::IdleAfterAnswer, 5)]
+            .into_iter()
+            .flat_map(|(k, n)| std::iter::repeat_n(k, n))
+            .collect();
     let give_up = TOTAL_TIMEOUT + CUT_SLACK + Duration::from_secs(5);
     let (slow, normal, normal_done_after) = rt.block_on(async {
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel(kinds.len());
@@ -188,8 +205,9 @@ fn slow_clients_are_cut_off_without_delaying_others() {
         let closed = o.closed_after.unwrap_or_else(|| {
             panic!("a {:?} client was still connected after {give_up:?}; it got {:?}", o.kind, o.answer)
         });
-        // A body is held to `header_timeout` too, from the end of its head (sent at once).
-        let limit = HEADER_TIMEOUT;
+        // A body is held to `header_timeout` too, from the end of its head (sent at once); an idle
+        // kept-alive connection, from the end of its answer.
+        let limit = if o.kind == Slow::IdleAfterAnswer { FIRST_AFTER + HEADER_TIMEOUT } else { HEADER_TIMEOUT };
         assert!(
             closed >= limit && closed <= limit + CUT_SLACK,
             "a {:?} client was cut off after {closed:?}, expected {limit:?} to {:?}; it got {:?}",
@@ -197,11 +215,15 @@ fn slow_clients_are_cut_off_without_delaying_others() {
             limit + CUT_SLACK,
             o.answer
         );
-        // Cut without an answer, or with one that says it timed out.
-        let allowed: &[&str] = &["HTTP/1.1 408"];
+        // Cut without an answer, or with one that says it timed out; the idle client's one
+        // request answered, and nothing after it.
+        let allowed: &[&str] = if o.kind == Slow::IdleAfterAnswer { &["HTTP/1.1 200"] } else { &["HTTP/1.1 408"] };
         let answered = !o.answer.is_empty();
-        if o.kind == Slow::TrickleBody {
-            assert!(answered, "a slow body gets a 408 saying so, not a cut connection");
+        if matches!(o.kind, Slow::TrickleBody | Slow::IdleAfterAnswer) {
+            assert!(answered, "a {:?} client gets an answer, not a cut connection", o.kind);
+        }
+        if o.kind == Slow::IdleAfterAnswer {
+            assert_eq!(o.answer.matches("HTTP/1.1 ").count(), 1, "one answer: {:?}", o.answer);
         }
         assert!(
             !answered || allowed.iter().any(|a| o.answer.starts_with(a)),
