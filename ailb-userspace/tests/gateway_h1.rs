@@ -388,6 +388,6 @@ async fn an_upstream_body_cut_short_cuts_the_clients_answer() {
     let mut buf = Vec::new();
     while fill(&mut s, &mut buf).await.is_some() {}
     let text = String::from_utf8_lossy(&buf);
-    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("content-length: 100\r\n"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("Content-Length: 100\r\n"), "{text}");
     assert!(text.ends_with("\r\n\r\n0123456789"), "the 10 bytes that came, then the close: {text}");
 }
