@@ -65,6 +65,19 @@ impl GatewayProcess {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
+
+    /// Waits (10 s at most, then panics with the log) until its log holds `line`. The gateway
+    /// binds its listening sockets before it sets up the rest, and logs as it does: a client can
+    /// connect, and is served once the rest is in place, a moment before a line is written.
+    pub fn wait_for_log(&self, line: &str) {
+        let what = format!("the gateway to log {line:?}");
+        ailb_sim::poll::wait_until_or(
+            &what,
+            Duration::from_secs(10),
+            || self.log().contains(line).then_some(()),
+            || self.log(),
+        );
+    }
 }
 
 impl Drop for GatewayProcess {

@@ -77,7 +77,7 @@ fn above_the_models_capacity_the_front_door_answers_429_with_retry_after() {
     let daemon = Daemon::start(&bin, &cfg);
     let listen: SocketAddr = LISTEN.parse().unwrap();
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
-    assert!(gateway.log().contains("admission per model on"), "{}", gateway.log());
+    gateway.wait_for_log("admission per model on");
     let capacity = (CAP as usize) * BACKENDS.len();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

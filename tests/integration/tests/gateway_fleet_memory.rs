@@ -84,7 +84,7 @@ fn past_the_fleets_memory_a_request_waits_then_gets_503_with_retry_after() {
     let daemon = Daemon::start(&bin, &cfg);
     let listen: SocketAddr = LISTEN.parse().unwrap();
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
-    assert!(gateway.log().contains("admission per model by fleet memory on"), "{}", gateway.log());
+    gateway.wait_for_log("admission per model by fleet memory on");
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {

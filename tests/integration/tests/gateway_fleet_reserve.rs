@@ -158,7 +158,7 @@ fn the_front_door_keeps_its_reserve_and_waits_for_a_slot_while_the_socket_abi_ho
     let daemon = Daemon::start(&bin, &cfg);
     let listen: SocketAddr = LISTEN.parse().unwrap();
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
-    assert!(gateway.log().contains("admission per model by fleet memory on"), "{}", gateway.log());
+    gateway.wait_for_log("admission per model by fleet memory on");
     let competitor = Competitor::hold(&cg);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
