@@ -320,8 +320,8 @@ pub struct Relay {
     /// When the last frame came (or the body first had to wait): the idle timeout counts
     /// from it.
     last_frame: Option<tokio::time::Instant>,
-    total: Duration,
-    total_deadline: tokio::time::Instant,
+    /// The request's end (`gateway.total_timeout`), as every earlier wait of it had.
+    deadline: Deadline,
     /// The timers, armed only when the body has to wait: a response that is there whole never
     /// touches the timer wheel.
     idle_timer: Option<Pin<Box<Sleep>>>,
@@ -354,8 +354,7 @@ impl Relay {
         held: Held,
         log: RequestLog,
         idle: Duration,
-        total_deadline: tokio::time::Instant,
-        total: Duration,
+        deadline: Deadline,
     ) -> Self {
         Self {
             inner,
@@ -363,8 +362,7 @@ impl Relay {
             done: false,
             idle,
             last_frame: None,
-            total,
-            total_deadline,
+            deadline,
             idle_timer: None,
             total_timer: None,
             started: log.started(),
@@ -425,8 +423,8 @@ impl HttpBody for Relay {
         // One clock read per poll serves the deadline, the idle timeout, the time to first
         // byte and the pool (a frame that comes is read within this poll, microseconds later).
         let now = tokio::time::Instant::now();
-        if now >= this.total_deadline {
-            return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
+        if now >= this.deadline.at {
+            return this.fail("total timeout", Box::new(RelayError::Total(this.deadline.total)));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -451,10 +449,10 @@ impl HttpBody for Relay {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                let deadline = this.total_deadline;
+                let deadline = this.deadline.at;
                 let total = this.total_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                 if total.as_mut().poll(cx).is_ready() {
-                    return this.fail("total timeout", Box::new(RelayError::Total(this.total)));
+                    return this.fail("total timeout", Box::new(RelayError::Total(this.deadline.total)));
                 }
                 let deadline = *this.last_frame.get_or_insert(now) + this.idle;
                 let idle = this.idle_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));

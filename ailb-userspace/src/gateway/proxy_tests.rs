@@ -61,7 +61,7 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
     };
     let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
     let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
     let mut relay = Relay::new(
         UpBody::Raw(body),
         false,
@@ -71,7 +71,6 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
         log,
         Duration::from_secs(30),
         deadline,
-        Duration::from_secs(30),
     );
 
     server.write_all(b"hello").await.unwrap();

@@ -143,9 +143,9 @@ impl UpRequest {
     }
 
     /// Appends the request head as HTTP/1.1 to `out`: the request line, every end-to-end
-    /// header in order (names as the client wrote them; `X-Forwarded-For` where the client's first one was,
-    /// else last), `Host` from `:authority` when there is none, and a `Content-Length` when
-    /// the client sent none.
+    /// header in order (names as the client wrote them; `X-Forwarded-For` where the client's
+    /// first one was, else last), `Host` from `:authority` when there is none, and a
+    /// `Content-Length` when the client sent none.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.head.method().as_str().as_bytes());
         out.push(b' ');

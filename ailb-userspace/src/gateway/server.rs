@@ -326,8 +326,7 @@ impl Gateway {
                     Held { _permit: permit, ticket },
                     log,
                     self.cfg.idle_timeout,
-                    deadline.at,
-                    self.cfg.total_timeout,
+                    deadline,
                 );
                 Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
             }

@@ -263,7 +263,10 @@ mod tests {
     proptest! {
         #[test]
         fn values_are_judged_as_byte_by_byte(v in proptest::collection::vec(
-            prop_oneof![Just(0u8), Just(9), Just(0x1f), Just(0x20), Just(b'a'), Just(0x7e), Just(0x7f), Just(0x80), Just(0xff), any::<u8>()],
+            prop_oneof![
+                Just(0u8), Just(9), Just(0x1f), Just(0x20), Just(b'a'), Just(0x7e), Just(0x7f), Just(0x80), Just(0xff),
+                any::<u8>(),
+            ],
             0..40,
         )) {
             prop_assert_eq!(valid_value(&v), valid_byte_by_byte(&v));

@@ -189,8 +189,8 @@ pub fn render(setup: &Setup, paths: &[PathResult], breakdown: &str) -> String {
     let _ = writeln!(
         r,
         "Run of {}. {}. Reproduce: `cargo xtask bench --only frontdoor` (as root).\n\n\
-         - ailb: {}\n- Server: {}\n- Load: {}\n- {} interleaved rounds (every path once per round, in turns, each round starting one path later); \
-         req/s is the median of the rounds (range in brackets), latencies the median of the rounds' \
+         - ailb: {}\n- Server: {}\n- Load: {}\n- {} interleaved rounds (every path once per round, in turns, \
+         each round starting one path later); req/s is the median of the rounds (range in brackets), latencies the median of the rounds' \
          percentiles, \"added\" the median of (path - direct in the same round).\n",
         setup.date, setup.machine, setup.ailb, setup.server, setup.load, setup.rounds
     );
