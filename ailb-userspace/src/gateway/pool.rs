@@ -154,9 +154,10 @@ impl Pool {
         now.saturating_duration_since(c.born) < self.max_age && c.is_open()
     }
 
-    /// An idle connection for `key` that is young enough and still open (the newest first).
-    pub fn take(&self, key: &PoolKey) -> Option<Conn> {
-        let now = Instant::now();
+    /// An idle connection for `key` that is young enough at `now` and still open (the newest
+    /// first). `now` is the request's start: a clock read saved, and a few microseconds do not
+    /// change a connection's age in any way that matters.
+    pub fn take(&self, key: &PoolKey, now: Instant) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let idle = &mut *idle;
         let list = idle.by_key.get_mut(key)?;
@@ -169,9 +170,9 @@ impl Pool {
                 break;
             }
         }
-        if list.is_empty() {
-            idle.by_key.remove(key);
-        }
+        // An emptied list stays in the map for the conversation's next answer (taking it out
+        // and putting it back with a new allocation each time cost more than the rest of the
+        // pool's work); the sweep takes out the lists that stay empty.
         let k = found?;
         // One never marked idle still counts as busy: nothing to undo.
         if k.marked {
@@ -289,17 +290,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_list_emptied_by_a_take_is_kept_until_the_sweep() {
+        let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
+        let lists = |pool: &Pool| pool.idle.lock().unwrap().by_key.len();
+        let (c, _l) = conn(Instant::now()).await;
+        pool.put(key("a"), c);
+        let c = pool.take(&key("a"), Instant::now()).unwrap();
+        assert_eq!((lists(&pool), pool.idle_count()), (1, 0), "kept for the next answer");
+        pool.put(key("a"), c);
+        assert_eq!((lists(&pool), pool.idle_count()), (1, 1));
+        let _c = pool.take(&key("a"), Instant::now()).unwrap();
+        pool.sweep();
+        assert_eq!((lists(&pool), pool.idle_count()), (0, 0), "an empty list is swept out");
+    }
+
+    #[tokio::test]
     async fn only_the_same_inputs_get_a_connection_back() {
         let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
         let (c, _l) = conn(Instant::now()).await;
         pool.put(key("a"), c);
-        assert!(pool.take(&key("b")).is_none(), "another conversation");
+        assert!(pool.take(&key("b"), Instant::now()).is_none(), "another conversation");
         let other_memory = PoolKey { memory_mb: None, ..key("a") };
-        assert!(pool.take(&other_memory).is_none(), "another memory need");
+        assert!(pool.take(&other_memory, Instant::now()).is_none(), "another memory need");
         let other_model = PoolKey { model: 1, ..key("a") };
-        assert!(pool.take(&other_model).is_none(), "another model");
-        assert!(pool.take(&key("a")).is_some());
-        assert!(pool.take(&key("a")).is_none(), "handed out once");
+        assert!(pool.take(&other_model, Instant::now()).is_none(), "another model");
+        assert!(pool.take(&key("a"), Instant::now()).is_some());
+        assert!(pool.take(&key("a"), Instant::now()).is_none(), "handed out once");
         assert_eq!(pool.idle_count(), 0);
     }
 
@@ -313,7 +329,7 @@ mod tests {
         pool.put(key("a"), young);
         assert_eq!(pool.idle_count(), 1);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        assert!(pool.take(&key("a")).is_none(), "aged past max_age while idle");
+        assert!(pool.take(&key("a"), Instant::now()).is_none(), "aged past max_age while idle");
         let (young, _l3) = conn(Instant::now()).await;
         pool.put(key("b"), young);
         pool.sweep();
@@ -333,7 +349,7 @@ mod tests {
             pool.put(key(&i.to_string()), c);
         }
         assert_eq!(pool.idle_count(), 2);
-        assert!(pool.take(&key("2")).is_none(), "the third was closed, not kept");
+        assert!(pool.take(&key("2"), Instant::now()).is_none(), "the third was closed, not kept");
     }
 
     #[tokio::test]
@@ -357,7 +373,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the close was never seen");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert!(pool.take(&key("a")).is_none());
+        assert!(pool.take(&key("a"), Instant::now()).is_none());
     }
 
     #[tokio::test]
@@ -366,7 +382,7 @@ mod tests {
         let (c, _l) = conn(Instant::now()).await;
         pool.put(key("a"), c);
         assert_eq!((pool.marks(), pool.unmarked_count()), (1, 0), "marked idle as the answer ends");
-        let c = pool.take(&key("a")).unwrap();
+        let c = pool.take(&key("a"), Instant::now()).unwrap();
         assert_eq!(pool.marks(), 2, "marked busy before the next request");
         pool.put(key("a"), c);
         assert_eq!(pool.marks(), 3);
@@ -381,11 +397,11 @@ mod tests {
         pool.sweep();
         assert_eq!(pool.marks(), 0, "the wait has not passed");
         for _ in 0..100 {
-            let c = pool.take(&key("a")).unwrap();
+            let c = pool.take(&key("a"), Instant::now()).unwrap();
             pool.put(key("a"), c);
         }
         assert_eq!(pool.marks(), 0, "back-to-back requests cost no mark");
-        let _c = pool.take(&key("a")).unwrap();
+        let _c = pool.take(&key("a"), Instant::now()).unwrap();
         assert_eq!((pool.marks(), pool.unmarked_count(), pool.idle_count()), (0, 0, 0));
     }
 
@@ -408,7 +424,7 @@ mod tests {
         assert_eq!(pool.marks(), 2, "each marked idle once");
         pool.sweep();
         assert_eq!(pool.marks(), 2, "a marked connection is not marked again");
-        let _a = pool.take(&key("a")).unwrap();
+        let _a = pool.take(&key("a"), Instant::now()).unwrap();
         assert_eq!(pool.marks(), 3, "a connection marked idle is marked busy when taken");
         assert_eq!(pool.idle_count(), 1);
     }

@@ -190,6 +190,11 @@ impl Deadline {
         Self { at: tokio::time::Instant::from_std(started) + total, total }
     }
 
+    /// When the request's head arrived.
+    pub fn started(&self) -> Instant {
+        (self.at - self.total).into_std()
+    }
+
     /// 504: the request ran past it.
     pub fn error(&self) -> ApiError {
         ApiError::timeout(format!("the request ran past {:?} (gateway.total_timeout)", self.total))

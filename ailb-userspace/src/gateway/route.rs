@@ -170,7 +170,12 @@ impl RouteError {
 /// ([`super::body::ROUTING_FIELDS`], borrowed from `bytes` where they can be; the body goes
 /// upstream as it came).
 pub fn parse_body(bytes: &[u8]) -> Result<Fields<'_>, RouteError> {
-    match serde_json::from_slice(bytes).map_err(|e| RouteError::Json { reason: e.to_string() })? {
+    // JSON text is UTF-8. One check of the whole body lets the parser take it as text; parsing
+    // the bytes instead checks each string on its own, a fifth of the parse of a small body.
+    let text = std::str::from_utf8(bytes).map_err(|e| RouteError::Json {
+        reason: format!("not UTF-8 text (an invalid byte at offset {})", e.valid_up_to()),
+    })?;
+    match serde_json::from_str(text).map_err(|e| RouteError::Json { reason: e.to_string() })? {
         body::Top::Object(fields) => Ok(fields),
         body::Top::Other(found) => Err(RouteError::NotObject { found }),
     }

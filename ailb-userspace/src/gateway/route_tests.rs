@@ -63,6 +63,16 @@ fn body_must_be_a_json_object() {
     let e = parse_body(b"{\"model\":").unwrap_err();
     assert!(matches!(&e, RouteError::Json { reason } if reason.contains("EOF")), "{e}");
     assert_eq!(parse_body(b"[1]").unwrap_err(), RouteError::NotObject { found: "an array" });
+    // Bytes that are not UTF-8, in a string or outside one, are refused as a parse of the bytes
+    // refuses them, and the error says where.
+    for bad in [&b"{\"model\":\"m\xff\"}"[..], b"{\"model\":\"m\"}\xc3", b"\xef\xbb{}"] {
+        assert!(serde_json::from_slice::<Value>(bad).is_err());
+        let e = parse_body(bad).unwrap_err();
+        let at = bad.iter().position(|&b| b >= 0x80).unwrap();
+        assert_eq!(e, RouteError::Json { reason: format!("not UTF-8 text (an invalid byte at offset {at})") });
+    }
+    let fields = parse_body("{\"model\":\"m\\u00e9\",\"x\":\"\u{e9}\"}".as_bytes()).unwrap();
+    assert_eq!(fields.model, Some(crate::gateway::body::StrOr::Str("m\u{e9}".into())));
 }
 
 #[test]

@@ -418,7 +418,7 @@ impl Gateway {
         deadline: Deadline,
     ) -> Result<(Response<UpBody>, Option<HeadLines>, Conn), ApiError> {
         let idle = self.cfg.idle_timeout;
-        if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k)) {
+        if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k, deadline.started())) {
             match proxy::send(&mut conn, req, idle, deadline).await? {
                 Sent::Answered(resp, lines) => {
                     self.metrics.upstream_request(true);
