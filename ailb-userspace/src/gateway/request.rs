@@ -147,6 +147,18 @@ impl UpRequest {
     /// first one was, else last), `Host` from `:authority` when there is none, and a
     /// `Content-Length` when the client sent none.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
+        if let ReqHead::Raw(raw) = &self.head {
+            if let Some((lines, plain)) = raw.plain() {
+                // Nothing to take out or rewrite: the lines go as they came, in one copy.
+                out.extend_from_slice(lines);
+                header(out, FORWARDED_FOR.as_bytes(), self.client.value().as_bytes());
+                if !plain.has_length {
+                    let _ = write!(out, "content-length: {}\r\n", self.body.len());
+                }
+                out.extend_from_slice(b"\r\n");
+                return;
+            }
+        }
         out.extend_from_slice(self.head.method().as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(self.head.target().as_bytes());
@@ -268,6 +280,29 @@ mod tests {
         assert_eq!(h.uri(), "/v1/completions?x=1");
         let names: Vec<&str> = h.headers().keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["host", "x-session-id", "content-length", "x-forwarded-for"]);
+    }
+
+    #[test]
+    fn a_plain_head_is_copied_as_it_came_and_reads_as_a_rewritten_one_does() {
+        let heads = [
+            (
+                "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Session-ID: a\r\nContent-Length: 2\r\n\r\n",
+                "{}",
+            ),
+            ("GET /v1/models HTTP/1.1\r\nHost: gw\r\nAccept: */*\r\n\r\n", ""),
+            ("POST /v1/embeddings HTTP/1.1\r\n\r\n", ""),
+        ];
+        for (text, body) in heads {
+            let ReqHead::Raw(h) = raw(text) else { unreachable!() };
+            assert!(h.plain().is_some(), "{text:?}");
+            let copied = encoded(&up(ReqHead::Raw(h), body));
+            let ReqHead::Raw(h) = raw(text) else { unreachable!() };
+            let rewritten = encoded(&up(ReqHead::Raw(h.not_plain()), body));
+            assert_eq!(copied, rewritten, "{text:?}");
+        }
+        // Spaces around a value go as they came (a rewrite trims them; both mean the same).
+        let r = up(raw("GET / HTTP/1.1\r\nX-A:  v \r\n\r\n"), "");
+        assert_eq!(encoded(&r), "GET / HTTP/1.1\r\nX-A:  v \r\nx-forwarded-for: 10.0.0.9\r\ncontent-length: 0\r\n\r\n");
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct Head {
     headers: Vec<(Range<u32>, Range<u32>)>,
     /// Whether one of them is `Connection`.
     connection: bool,
+    /// Set when the head can go upstream as it came, with `X-Forwarded-For` added.
+    plain: Option<Plain>,
     /// Its length in the buffer (the body starts there).
     pub len: usize,
     /// Its body's length (`Content-Length`, 0 without one).
@@ -66,6 +68,14 @@ pub struct Head {
     /// `Connection: close`. An HTTP/1.0 connection closes after each answer (hyper's server
     /// closes it too: the front door's answers never carry `Connection: keep-alive`).
     pub keep_alive: bool,
+}
+
+/// A head that can go upstream as it came: HTTP/1.1, CRLF line ends, no header the front door
+/// leaves out or rewrites (hop-by-hop ones, `X-Forwarded-For`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plain {
+    /// Whether it has a `Content-Length`.
+    pub has_length: bool,
 }
 
 /// A request head with its bytes: header values are read in place, never copied.
@@ -77,13 +87,15 @@ pub struct RawHead {
     bytes: Bytes,
     headers: Vec<(Range<u32>, Range<u32>)>,
     connection: bool,
+    plain: Option<Plain>,
+    len: usize,
 }
 
 impl Head {
     /// The head with `bytes`, the buffer it was parsed from (at least its first `len` bytes).
     pub fn into_raw(self, bytes: Bytes) -> RawHead {
-        let Head { method, uri, version, headers, connection, .. } = self;
-        RawHead { method, uri, version, bytes, headers, connection }
+        let Head { method, uri, version, headers, connection, plain, len, .. } = self;
+        RawHead { method, uri, version, bytes, headers, connection, plain, len }
     }
 }
 
@@ -99,6 +111,19 @@ impl RawHead {
     /// Whether it has a `Connection` header (which may name more hop-by-hop headers).
     pub fn has_connection(&self) -> bool {
         self.connection
+    }
+
+    /// The same head without its [`Plain`] mark (for tests of the path that rewrites a head).
+    #[cfg(test)]
+    pub fn not_plain(mut self) -> Self {
+        self.plain = None;
+        self
+    }
+
+    /// The request line and header lines as they came (without the blank line that ends the
+    /// head), with what the head is, when it can go upstream so.
+    pub fn plain(&self) -> Option<(&[u8], Plain)> {
+        self.plain.map(|p| (&self.bytes[..self.len - 2], p))
     }
 }
 
@@ -198,29 +223,78 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
     let mut body_len = None;
     let mut close = version == Version::HTTP_10;
     let mut connection = false;
+    // The head can go upstream as it came when it is HTTP/1.1 with CRLF line ends, a target
+    // `Uri` keeps whole (it drops a fragment), and nothing the front door takes out or rewrites.
+    let crlf = |at: usize| buf.get(at.wrapping_sub(2)..at) == Some(b"\r\n");
+    let mut plain = version == Version::HTTP_11
+        && uri.path_and_query().is_some_and(|p| p.as_str() == path)
+        && len >= 4
+        && crlf(len)
+        && crlf(len - 2);
+    let mut has_length = false;
     for h in req.headers.iter() {
         if !valid_value(h.value) {
             return Err(Fallback::Header);
         }
-        let is = |n: &str| h.name.eq_ignore_ascii_case(n);
-        match () {
-            () if is("transfer-encoding") || is("upgrade") || is("expect") => return Err(Fallback::Framing),
-            () if is("content-length") => {
+        let name = place(buf, h.name.as_bytes());
+        plain &= crlf(name.start as usize);
+        match kind(h.name.as_bytes()) {
+            Kind::Framing => return Err(Fallback::Framing),
+            Kind::ContentLength => {
                 let n = content_length(h.value).ok_or(Fallback::Length)?;
                 if body_len.is_some_and(|prior| prior != n) {
                     return Err(Fallback::Length);
                 }
                 body_len = Some(n);
+                has_length = true;
             }
-            () if is("connection") => {
+            Kind::Connection => {
                 connection = true;
+                plain = false;
                 close |= has_token(h.value, "close");
             }
-            () => {}
+            Kind::Rewritten => plain = false,
+            Kind::Other => {}
         }
-        headers.push((place(buf, h.name.as_bytes()), place(buf, h.value)));
+        headers.push((name, place(buf, h.value)));
     }
-    Ok(Head { method, uri, version, headers, connection, len, body_len: body_len.unwrap_or(0), keep_alive: !close })
+    let plain = plain.then_some(Plain { has_length });
+    let keep_alive = !close;
+    Ok(Head { method, uri, version, headers, connection, plain, len, body_len: body_len.unwrap_or(0), keep_alive })
+}
+
+/// What a request header is to the fast path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `Transfer-Encoding`, `Upgrade`, `Expect`: the request goes to hyper.
+    Framing,
+    ContentLength,
+    /// Hop-by-hop; it may name more.
+    Connection,
+    /// Left out of the request upstream (another hop-by-hop header) or rewritten there
+    /// (`X-Forwarded-For`).
+    Rewritten,
+    Other,
+}
+
+/// The kind of header `name`, by its length first: most names differ in length from every
+/// name looked for, and are told apart without comparing their bytes.
+fn kind(name: &[u8]) -> Kind {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    match name.len() {
+        2 if is("te") => Kind::Rewritten,
+        6 if is("expect") => Kind::Framing,
+        7 if is("upgrade") => Kind::Framing,
+        7 if is("trailer") => Kind::Rewritten,
+        10 if is("connection") => Kind::Connection,
+        10 if is("keep-alive") => Kind::Rewritten,
+        14 if is("content-length") => Kind::ContentLength,
+        15 if is("x-forwarded-for") => Kind::Rewritten,
+        16 if is("proxy-connection") => Kind::Rewritten,
+        17 if is("transfer-encoding") => Kind::Framing,
+        19 if is("proxy-authorization") => Kind::Rewritten,
+        _ => Kind::Other,
+    }
 }
 
 /// A `Content-Length` value: decimal digits only (as hyper takes it), at most 19 of them.
@@ -277,6 +351,40 @@ mod tests {
         match parse(text.as_bytes()) {
             Parsed::Request(h) => h,
             other => panic!("{text:?}: expected a head, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_head_goes_upstream_as_it_came_only_when_nothing_in_it_changes() {
+        let text =
+            "POST /v1/chat/completions?a=1 HTTP/1.1\r\nHost: gw\r\nX-Session-ID:  s1 \r\nContent-Length: 2\r\n\r\n{}";
+        let h = head(text);
+        assert_eq!(h.plain, Some(Plain { has_length: true }));
+        let len = h.len;
+        let raw = h.into_raw(Bytes::from_static(text.as_bytes()));
+        let (lines, _) = raw.plain().unwrap();
+        assert_eq!(lines, &text.as_bytes()[..len - 2], "the request line and header lines, spaces and all");
+        assert_eq!(head("GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n").plain, Some(Plain { has_length: false }));
+        assert_eq!(head("GET / HTTP/1.1\r\n\r\n").plain, Some(Plain { has_length: false }));
+        let not_plain = [
+            "GET / HTTP/1.0\r\nHost: gw\r\n\r\n",
+            "GET / HTTP/1.1\nHost: gw\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: gw\n\r\n",
+            "GET / HTTP/1.1\r\nHost: gw\r\n\n",
+            "GET /#frag HTTP/1.1\r\nHost: gw\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
+            "GET / HTTP/1.1\r\nKEEP-ALIVE: 5\r\n\r\n",
+            "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
+            "GET / HTTP/1.1\r\nTrailer: x\r\n\r\n",
+            "GET / HTTP/1.1\r\nProxy-Connection: close\r\n\r\n",
+            "GET / HTTP/1.1\r\nProxy-Authorization: x\r\n\r\n",
+            "GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
+        ];
+        for text in not_plain {
+            assert_eq!(head(text).plain, None, "{text:?}");
+        }
+        for name in crate::gateway::request::HOP_BY_HOP.iter().chain(&["x-forwarded-for"]) {
+            assert!(matches!(kind(name.as_bytes()), Kind::Rewritten | Kind::Connection | Kind::Framing), "{name}");
         }
     }
 
