@@ -60,6 +60,8 @@ pub struct Head {
     connection: bool,
     /// Set when the head can go upstream as it came, with `X-Forwarded-For` added.
     plain: Option<Plain>,
+    /// Where the first header of each of [`ROUTING`] is among `headers`.
+    routing: Routing,
     /// Its length in the buffer (the body starts there).
     pub len: usize,
     /// Its body's length (`Content-Length`, 0 without one).
@@ -88,14 +90,34 @@ pub struct RawHead {
     headers: Vec<(Range<u32>, Range<u32>)>,
     connection: bool,
     plain: Option<Plain>,
+    routing: Routing,
     len: usize,
+}
+
+/// The headers the routing rules look up in most requests (lowercase, as they ask for them).
+pub const ROUTING: [&str; 5] = ["x-model-id", "x-required-memory", "x-required-memory-mb", "x-session-id", "cookie"];
+
+/// For each of [`ROUTING`], the index of its first header, or `NONE`: found while the head is
+/// parsed, so a lookup is one index rather than a walk over every header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Routing([u8; ROUTING.len()]);
+
+impl Routing {
+    const NONE: u8 = u8::MAX;
+
+    fn set(&mut self, which: usize, index: usize) {
+        if self.0[which] == Self::NONE {
+            // At most MAX_HEADERS headers, below u8::MAX.
+            self.0[which] = index as u8;
+        }
+    }
 }
 
 impl Head {
     /// The head with `bytes`, the buffer it was parsed from (at least its first `len` bytes).
     pub fn into_raw(self, bytes: Bytes) -> RawHead {
-        let Head { method, uri, version, headers, connection, plain, len, .. } = self;
-        RawHead { method, uri, version, bytes, headers, connection, plain, len }
+        let Head { method, uri, version, headers, connection, plain, routing, len, .. } = self;
+        RawHead { method, uri, version, bytes, headers, connection, plain, routing, len }
     }
 }
 
@@ -144,7 +166,9 @@ impl RawHead {
 
 impl Headers for RawHead {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        self.values(name).next()
+        let Some(which) = ROUTING.iter().position(|r| *r == name) else { return self.values(name).next() };
+        let (_, v) = self.headers.get(usize::from(self.routing.0[which]))?;
+        Some(&self.bytes[v.start as usize..v.end as usize])
     }
 
     fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
@@ -232,7 +256,8 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         && crlf(len)
         && crlf(len - 2);
     let mut has_length = false;
-    for h in req.headers.iter() {
+    let mut routing = Routing([Routing::NONE; ROUTING.len()]);
+    for (i, h) in req.headers.iter().enumerate() {
         if !valid_value(h.value) {
             return Err(Fallback::Header);
         }
@@ -254,13 +279,15 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
                 close |= has_token(h.value, "close");
             }
             Kind::Rewritten => plain = false,
+            Kind::Routing(which) => routing.set(which, i),
             Kind::Other => {}
         }
         headers.push((name, place(buf, h.value)));
     }
     let plain = plain.then_some(Plain { has_length });
     let keep_alive = !close;
-    Ok(Head { method, uri, version, headers, connection, plain, len, body_len: body_len.unwrap_or(0), keep_alive })
+    let body_len = body_len.unwrap_or(0);
+    Ok(Head { method, uri, version, headers, connection, plain, routing, len, body_len, keep_alive })
 }
 
 /// What a request header is to the fast path.
@@ -274,6 +301,8 @@ enum Kind {
     /// Left out of the request upstream (another hop-by-hop header) or rewritten there
     /// (`X-Forwarded-For`).
     Rewritten,
+    /// One of [`ROUTING`] (its index there).
+    Routing(usize),
     Other,
 }
 
@@ -284,6 +313,11 @@ fn kind(name: &[u8]) -> Kind {
     match name.len() {
         2 if is("te") => Kind::Rewritten,
         6 if is("expect") => Kind::Framing,
+        6 if is(ROUTING[4]) => Kind::Routing(4),
+        10 if is(ROUTING[0]) => Kind::Routing(0),
+        12 if is(ROUTING[3]) => Kind::Routing(3),
+        17 if is(ROUTING[1]) => Kind::Routing(1),
+        20 if is(ROUTING[2]) => Kind::Routing(2),
         7 if is("upgrade") => Kind::Framing,
         7 if is("trailer") => Kind::Rewritten,
         10 if is("connection") => Kind::Connection,
@@ -385,6 +419,23 @@ mod tests {
         }
         for name in crate::gateway::request::HOP_BY_HOP.iter().chain(&["x-forwarded-for"]) {
             assert!(matches!(kind(name.as_bytes()), Kind::Rewritten | Kind::Connection | Kind::Framing), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_routing_header_found_while_parsing_is_the_first_of_its_name() {
+        let text = "POST / HTTP/1.1\r\nX-SESSION-ID: one\r\ncookie: a=1\r\nx-session-id: two\r\n\
+                    X-Required-Memory-MB: 700\r\nX-Model-Id: m\r\nCookie: b=2\r\nX-Other: o\r\n\r\n";
+        let raw = head(text).into_raw(Bytes::from_static(text.as_bytes()));
+        for name in ROUTING.iter().chain(&["x-other", "x-absent", "X-Session-ID"]) {
+            assert_eq!(raw.first(name), raw.values(name).next(), "{name}");
+        }
+        assert_eq!(raw.first("x-session-id"), Some(&b"one"[..]));
+        assert_eq!(raw.first("x-required-memory"), None);
+        assert_eq!(raw.first("cookie"), Some(&b"a=1"[..]));
+        for name in ROUTING {
+            assert_eq!(kind(name.as_bytes()), Kind::Routing(ROUTING.iter().position(|r| *r == name).unwrap()));
+            assert_eq!(kind(name.to_ascii_uppercase().as_bytes()), kind(name.as_bytes()));
         }
     }
 
