@@ -27,6 +27,11 @@ pub struct Args {
     /// goal "ahead of the fastest peer" is judged round by round as well as on the medians.
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(3..))]
     pub rounds: u32,
+    /// Only direct, the default front door, nginx and the HAProxy relay: the rows that decide
+    /// the goal against nginx (the fastest peer in every run so far), for more rounds in the
+    /// same time. sglang-router, vllm-router and the other front door settings are not run.
+    #[arg(long)]
+    pub focus: bool,
     /// Seconds of each wrk run.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub seconds: u32,

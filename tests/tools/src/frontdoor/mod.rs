@@ -47,6 +47,7 @@ use std::time::Instant;
 
 use ailb_tests::{base_config, ensure_bpffs, require_root, BackendCfg, CgroupGuard, Daemon};
 use anyhow::{bail, Context};
+use clap::Parser;
 
 use self::args::Args;
 use self::paths::Target;
@@ -70,6 +71,8 @@ pub const GATEWAY_VARIANTS: &[paths::Variant] = &[
     paths::Variant { reuse: "conversation", fast: true, idle_mark_after: Some("0s") },
     paths::Variant { reuse: "conversation", fast: false, idle_mark_after: None },
 ];
+/// The front door's defaults among [`GATEWAY_VARIANTS`].
+pub const DEFAULT_VARIANT: paths::Variant = paths::Variant { reuse: "conversation", fast: true, idle_mark_after: None };
 /// wrk's keep-alive client connections in the saturated runs.
 pub const CONNECTIONS: u32 = 16;
 /// The closed loop: one connection, one request at a time. Every path sustains that rate (no
@@ -116,7 +119,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let cfg = base_config("frontdoor", &cg).service(MODEL, VIP).backend(BackendCfg::new(MODEL, SIM, 1));
     let daemon = Daemon::start(&ailb, &cfg);
     say("server and ailb daemon ready");
-    let mut targets = start_targets(&ailb, &cfg.to_toml(), &cg, work.path());
+    let mut targets = start_targets(&ailb, &cfg.to_toml(), &cg, work.path(), args.focus);
     let script = wrk::write_script(work.path())?;
     let results = measure(&mut targets, &sim, &script, &args);
     let breakdown = if args.profile_seconds > 0 {
@@ -171,19 +174,25 @@ fn enter_private_netns() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every path, started; each probed with one request that must answer 200 (one that does not
-/// is reported as not measured, with why).
-fn start_targets(ailb: &Path, catalog: &str, cg: &CgroupGuard, dir: &Path) -> Vec<Target> {
+/// Every path (with `focus`, those of [`Args::focus`]), started; each probed with one request
+/// that must answer 200 (one that does not is reported as not measured, with why).
+fn start_targets(ailb: &Path, catalog: &str, cg: &CgroupGuard, dir: &Path, focus: bool) -> Vec<Target> {
     let venv = peers::venv();
     let mut targets = vec![paths::direct()];
     for (i, v) in GATEWAY_VARIANTS.iter().enumerate() {
-        targets.push(paths::gateway(ailb, catalog, cg, v, i, dir));
+        if !focus || *v == DEFAULT_VARIANT {
+            targets.push(paths::gateway(ailb, catalog, cg, v, i, dir));
+        }
     }
-    targets.push(paths::gateway_outside(ailb, GATEWAY_VARIANTS.len(), dir));
+    if !focus {
+        targets.push(paths::gateway_outside(ailb, GATEWAY_VARIANTS.len(), dir));
+    }
     targets.push(paths::nginx(dir));
     targets.push(paths::relay(dir));
-    targets.push(paths::peer(Policy::SglangCacheAware, &venv, dir));
-    targets.push(paths::peer(Policy::VllmCacheAware, &venv, dir));
+    if !focus {
+        targets.push(paths::peer(Policy::SglangCacheAware, &venv, dir));
+        targets.push(paths::peer(Policy::VllmCacheAware, &venv, dir));
+    }
     for t in targets.iter_mut().filter(|t| t.missing.is_none()) {
         let addr = t.url.trim_start_matches("http://").split('/').next().unwrap_or_default().to_string();
         match addr.parse().map_err(anyhow::Error::from).and_then(paths::post_status) {
@@ -333,8 +342,14 @@ fn setup(ailb: &Path, args: &Args) -> Setup {
             sh("wrk -v 2>&1 | head -1")
         ),
         server: format!(
-            "one `ailb-sim --profile a100-80gb --time-scale {}` on {SIM} (every path in front of it)",
-            paths::SIM_TIME_SCALE
+            "one `ailb-sim --profile a100-80gb --time-scale {}` on {SIM} (every path in front of it){}",
+            paths::SIM_TIME_SCALE,
+            if args.focus {
+                "; paths: direct, the default front door, nginx and the HAProxy relay only (`--focus`): \
+                 sglang-router, vllm-router and the other front door settings are not run"
+            } else {
+                ""
+            }
         ),
         load: format!(
             "`wrk -t1 -c{CONNECTIONS} -d{s}s --latency -s post.lua` (saturated), then `wrk -t1 -c{CLOSED_LOOP} -d{s}s` \
@@ -345,5 +360,39 @@ fn setup(ailb: &Path, args: &Args) -> Setup {
             s = args.seconds,
         ),
         rounds: args.rounds as usize,
+        reproduce: reproduce(args),
+    }
+}
+
+/// The command that runs this measurement again.
+fn reproduce(args: &Args) -> String {
+    let defaults = args::Args::parse_from(["ailb-frontdoor-bench"]);
+    let mut flags = String::new();
+    if args.focus {
+        flags.push_str(" --focus");
+    }
+    if args.rounds != defaults.rounds {
+        flags.push_str(&format!(" --rounds {}", args.rounds));
+    }
+    if args.seconds != defaults.seconds {
+        flags.push_str(&format!(" --seconds {}", args.seconds));
+    }
+    if flags.is_empty() {
+        "`cargo xtask bench --only frontdoor`".into()
+    } else {
+        format!("`cargo xtask build --release && cargo build --release -p ailb-tools -p ailb-sim && target/release/ailb-frontdoor-bench{flags}`")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_to_run_it_again_names_what_differs_from_the_defaults() {
+        let cmd = |argv: &[&str]| reproduce(&Args::parse_from(argv));
+        assert_eq!(cmd(&["b"]), "`cargo xtask bench --only frontdoor`");
+        let focused = cmd(&["b", "--focus", "--rounds", "15"]);
+        assert!(focused.ends_with("target/release/ailb-frontdoor-bench --focus --rounds 15`"), "{focused}");
     }
 }

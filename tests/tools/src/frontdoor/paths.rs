@@ -87,7 +87,7 @@ pub fn direct() -> Target {
 
 /// One front-door setting measured: `[gateway] upstream_reuse`, `http1_fast_path` and, when
 /// given, `upstream_idle_mark_after`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub reuse: &'static str,
     pub fast: bool,

@@ -178,6 +178,8 @@ pub struct Setup {
     pub server: String,
     pub load: String,
     pub rounds: usize,
+    /// The command that runs it again.
+    pub reproduce: String,
 }
 
 /// The whole report: setup, the table, the goals, each path's settings, and `breakdown`
@@ -188,11 +190,11 @@ pub fn render(setup: &Setup, paths: &[PathResult], breakdown: &str) -> String {
     let _ = writeln!(r, "# The front door: small non-streamed requests, side by side\n");
     let _ = writeln!(
         r,
-        "Run of {}. {}. Reproduce: `cargo xtask bench --only frontdoor` (as root).\n\n\
+        "Run of {}. {}. Reproduce: {} (as root).\n\n\
          - ailb: {}\n- Server: {}\n- Load: {}\n- {} interleaved rounds (every path once per round, in turns, \
          each round starting one path later); req/s is the median of the rounds (range in brackets), latencies the median of the rounds' \
          percentiles, \"added\" the median of (path - direct in the same round).\n",
-        setup.date, setup.machine, setup.ailb, setup.server, setup.load, setup.rounds
+        setup.date, setup.machine, setup.reproduce, setup.ailb, setup.server, setup.load, setup.rounds
     );
     let _ = writeln!(
         r,
@@ -370,6 +372,7 @@ mod tests {
             server: "s".into(),
             load: "l".into(),
             rounds: 3,
+            reproduce: "r".into(),
         }
     }
 
@@ -431,9 +434,11 @@ mod tests {
             server: "ailb-sim".into(),
             load: "wrk".into(),
             rounds: 3,
+            reproduce: "`ailb-frontdoor-bench --focus`".into(),
         };
         let mut paths = fixture();
         let text = render(&setup, &paths, "## Where the time goes\n");
+        assert!(text.contains("Reproduce: `ailb-frontdoor-bench --focus` (as root)."), "{text}");
         assert!(
             text.contains("| gateway | 8500 (8000-9000) | 1090 us | 2300 us | +90 us | +300 us | 0.85x | 1.21x |"),
             "{text}"
