@@ -331,3 +331,75 @@ mod tests {
         assert_eq!(r.to_hyper().headers()[HOST], "gw.example:8080");
     }
 }
+
+#[cfg(test)]
+mod plain_props {
+    use super::*;
+    use crate::gateway::h1::head::{parse, Parsed};
+    use proptest::prelude::*;
+
+    /// The (name, value) pairs and request line of an encoded head, as a server reads them.
+    fn read_back(encoded: &[u8]) -> (String, Vec<(String, String)>) {
+        let mut slots = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut slots);
+        assert!(matches!(req.parse(encoded), Ok(httparse::Status::Complete(n)) if n == encoded.len()), "{encoded:?}");
+        let line = format!("{} {} HTTP/1.{}", req.method.unwrap(), req.path.unwrap(), req.version.unwrap());
+        let headers = req
+            .headers
+            .iter()
+            .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_string()))
+            .collect();
+        (line, headers)
+    }
+
+    fn header_line() -> impl Strategy<Value = String> {
+        let name = prop_oneof![
+            Just("Host"),
+            Just("x-session-id"),
+            Just("X-Model-Id"),
+            Just("Content-Type"),
+            Just("Accept"),
+            Just("Connection"),
+            Just("Keep-Alive"),
+            Just("TE"),
+            Just("Proxy-Authorization"),
+            Just("X-Forwarded-For"),
+            Just("X-Other"),
+        ];
+        let space = prop_oneof![Just(""), Just(" "), Just("  "), Just("\t")];
+        let end = prop_oneof![8 => Just("\r\n"), 1 => Just("\n")];
+        (name, space.clone(), "[a-z0-9.,=/]{0,12}", space, end)
+            .prop_map(|(n, s1, v, s2, e)| format!("{n}:{s1}{v}{s2}{e}"))
+    }
+
+    proptest! {
+        /// Whether a head is copied as it came or rewritten header by header, the model server
+        /// reads the same request line and the same headers, in the same order.
+        #[test]
+        fn a_copied_head_reads_as_the_rewritten_one(
+            version in prop_oneof![4 => Just("1.1"), 1 => Just("1.0")],
+            target in prop_oneof![Just("/v1/chat/completions"), Just("/v1/models?x=1"), Just("/a#frag")],
+            lines in proptest::collection::vec(header_line(), 0..8),
+            end in prop_oneof![8 => Just("\r\n"), 1 => Just("\n")],
+        ) {
+            let text = format!("POST {target} HTTP/{version}\r\n{}{end}", lines.concat());
+            let Parsed::Request(h) = parse(text.as_bytes()) else { return Ok(()) };
+            let raw = h.into_raw(Bytes::copy_from_slice(text.as_bytes()));
+            let plain = raw.plain().is_some();
+            let client = ClientIp::new("10.0.0.9:5000".parse().unwrap());
+            let copied = UpRequest { head: ReqHead::Raw(raw), body: Bytes::from_static(b"{}"), client: client.clone() };
+            let Parsed::Request(h) = parse(text.as_bytes()) else { unreachable!() };
+            let head = ReqHead::Raw(h.into_raw(Bytes::copy_from_slice(text.as_bytes())).not_plain());
+            let rewritten = UpRequest { head, body: Bytes::from_static(b"{}"), client };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            copied.encode_head(&mut a);
+            rewritten.encode_head(&mut b);
+            prop_assert_eq!(read_back(&a), read_back(&b));
+            if plain {
+                prop_assert!(a.starts_with(&text.as_bytes()[..text.len() - 2]), "copied as it came");
+            } else {
+                prop_assert_eq!(a, b);
+            }
+        }
+    }
+}
