@@ -73,11 +73,37 @@ pub struct Head {
 }
 
 /// A head that can go upstream as it came: HTTP/1.1, CRLF line ends, no header the front door
-/// leaves out or rewrites (hop-by-hop ones, `X-Forwarded-For`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// leaves out or rewrites (hop-by-hop ones, `X-Forwarded-For`), except one `Connection:
+/// keep-alive` line (what HTTP/1.1 clients such as the `openai` Python client send), which is
+/// cut out.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plain {
     /// Whether it has a `Content-Length`.
     pub has_length: bool,
+    /// Where the `Connection: keep-alive` line is in the head (from its name to the next line).
+    pub cut: Option<Range<u32>>,
+}
+
+/// The lines of a [`Plain`] head to send upstream: `first`, then `rest` (the head with the
+/// `Connection: keep-alive` line cut out between them, without the blank line that ends it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainLines<'h> {
+    pub first: &'h [u8],
+    pub rest: &'h [u8],
+    pub has_length: bool,
+}
+
+/// Whether the `Connection` value `v` says keep-alive and nothing else (empty list elements
+/// aside, as HTTP allows).
+fn only_keep_alive(v: &[u8]) -> bool {
+    let mut said = false;
+    for t in v.split(|b| *b == b',').map(<[u8]>::trim_ascii).filter(|t| !t.is_empty()) {
+        if !t.eq_ignore_ascii_case(b"keep-alive") {
+            return false;
+        }
+        said = true;
+    }
+    said
 }
 
 /// A request head with its bytes: header values are read in place, never copied.
@@ -143,9 +169,15 @@ impl RawHead {
     }
 
     /// The request line and header lines as they came (without the blank line that ends the
-    /// head), with what the head is, when it can go upstream so.
-    pub fn plain(&self) -> Option<(&[u8], Plain)> {
-        self.plain.map(|p| (&self.bytes[..self.len - 2], p))
+    /// head and without a `Connection: keep-alive` line), when the head can go upstream so.
+    pub fn plain(&self) -> Option<PlainLines<'_>> {
+        let p = self.plain.as_ref()?;
+        let end = self.len - 2;
+        let (first, rest) = match &p.cut {
+            Some(cut) => (&self.bytes[..cut.start as usize], &self.bytes[cut.end as usize..end]),
+            None => (&self.bytes[..end], &[][..]),
+        };
+        Some(PlainLines { first, rest, has_length: p.has_length })
     }
 }
 
@@ -257,12 +289,18 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         && crlf(len - 2);
     let mut has_length = false;
     let mut routing = Routing([Routing::NONE; ROUTING.len()]);
+    // The `Connection: keep-alive` line to cut, once the next line's start shows its end.
+    let (mut cut, mut cut_open): (Option<Range<u32>>, bool) = (None, false);
     for (i, h) in req.headers.iter().enumerate() {
         if !valid_value(h.value) {
             return Err(Fallback::Header);
         }
         let name = place(buf, h.name.as_bytes());
         plain &= crlf(name.start as usize);
+        if let (Some(c), true) = (&mut cut, cut_open) {
+            c.end = name.start;
+            cut_open = false;
+        }
         match kind(h.name.as_bytes()) {
             Kind::Framing => return Err(Fallback::Framing),
             Kind::ContentLength => {
@@ -274,9 +312,13 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
                 has_length = true;
             }
             Kind::Connection => {
-                connection = true;
-                plain = false;
                 close |= has_token(h.value, "close");
+                if connection || !only_keep_alive(h.value) {
+                    plain = false;
+                }
+                connection = true;
+                cut = Some(name.start..name.start);
+                cut_open = true;
             }
             Kind::Rewritten => plain = false,
             Kind::Routing(which) => routing.set(which, i),
@@ -284,7 +326,10 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         }
         headers.push((name, place(buf, h.value)));
     }
-    let plain = plain.then_some(Plain { has_length });
+    if let (Some(c), true) = (&mut cut, cut_open) {
+        c.end = (len - 2) as u32;
+    }
+    let plain = plain.then_some(Plain { has_length, cut });
     let keep_alive = !close;
     let body_len = body_len.unwrap_or(0);
     Ok(Head { method, uri, version, headers, connection, plain, routing, len, body_len, keep_alive })
@@ -393,20 +438,40 @@ mod tests {
         let text =
             "POST /v1/chat/completions?a=1 HTTP/1.1\r\nHost: gw\r\nX-Session-ID:  s1 \r\nContent-Length: 2\r\n\r\n{}";
         let h = head(text);
-        assert_eq!(h.plain, Some(Plain { has_length: true }));
+        assert_eq!(h.plain, Some(Plain { has_length: true, cut: None }));
         let len = h.len;
         let raw = h.into_raw(Bytes::from_static(text.as_bytes()));
-        let (lines, _) = raw.plain().unwrap();
-        assert_eq!(lines, &text.as_bytes()[..len - 2], "the request line and header lines, spaces and all");
-        assert_eq!(head("GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n").plain, Some(Plain { has_length: false }));
-        assert_eq!(head("GET / HTTP/1.1\r\n\r\n").plain, Some(Plain { has_length: false }));
+        let lines = raw.plain().unwrap();
+        assert_eq!(lines.first, &text.as_bytes()[..len - 2], "the request line and header lines, spaces and all");
+        assert_eq!(lines.rest, b"");
+        assert_eq!(
+            head("GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n").plain,
+            Some(Plain { has_length: false, cut: None })
+        );
+        assert_eq!(head("GET / HTTP/1.1\r\n\r\n").plain, Some(Plain { has_length: false, cut: None }));
+        // A `Connection: keep-alive` line is cut out, wherever it is.
+        for (text, first, rest) in [
+            (
+                "GET / HTTP/1.1\r\nHost: gw\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: gw\r\n",
+                "Accept: */*\r\n",
+            ),
+            ("GET / HTTP/1.1\r\nconnection:Keep-Alive , \r\n\r\n", "GET / HTTP/1.1\r\n", ""),
+        ] {
+            let raw = head(text).into_raw(Bytes::copy_from_slice(text.as_bytes()));
+            let lines = raw.plain().unwrap();
+            assert_eq!((lines.first, lines.rest), (first.as_bytes(), rest.as_bytes()), "{text:?}");
+        }
         let not_plain = [
             "GET / HTTP/1.0\r\nHost: gw\r\n\r\n",
             "GET / HTTP/1.1\nHost: gw\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: gw\n\r\n",
             "GET / HTTP/1.1\r\nHost: gw\r\n\n",
             "GET /#frag HTTP/1.1\r\nHost: gw\r\n\r\n",
-            "GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: keep-alive\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: \r\n\r\n",
             "GET / HTTP/1.1\r\nKEEP-ALIVE: 5\r\n\r\n",
             "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
             "GET / HTTP/1.1\r\nTrailer: x\r\n\r\n",
@@ -437,6 +502,22 @@ mod tests {
             assert_eq!(kind(name.as_bytes()), Kind::Routing(ROUTING.iter().position(|r| *r == name).unwrap()));
             assert_eq!(kind(name.to_ascii_uppercase().as_bytes()), kind(name.as_bytes()));
         }
+    }
+
+    #[test]
+    fn the_openai_python_clients_head_goes_upstream_as_it_came_less_its_connection_line() {
+        // As the `openai` Python client 3.57.0 (httpx) sent it to a listener.
+        let text = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept-Encoding: gzip, deflate\r\n\
+                    Connection: keep-alive\r\nauthorization: Bearer k\r\naccept: application/json\r\n\
+                    content-type: application/json\r\nuser-agent: OpenAI/Python 3.57.0\r\nx-stainless-lang: python\r\n\
+                    x-stainless-package-version: 3.57.0\r\nx-stainless-os: Linux\r\nx-stainless-arch: x64\r\n\
+                    x-stainless-runtime: CPython\r\nx-stainless-runtime-version: 3.11.7\r\nx-stainless-async: false\r\n\
+                    x-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\nContent-Length: 57\r\n\r\n";
+        let raw = head(text).into_raw(Bytes::from_static(text.as_bytes()));
+        let lines = raw.plain().expect("plain");
+        let (before, after) = text.split_once("Connection: keep-alive\r\n").unwrap();
+        assert_eq!((lines.first, lines.rest), (before.as_bytes(), &after.as_bytes()[..after.len() - 2]));
+        assert!(lines.has_length);
     }
 
     fn fallback(text: &[u8]) -> Fallback {
