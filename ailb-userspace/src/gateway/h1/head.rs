@@ -289,18 +289,14 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         && crlf(len - 2);
     let mut has_length = false;
     let mut routing = Routing([Routing::NONE; ROUTING.len()]);
-    // The `Connection: keep-alive` line to cut, once the next line's start shows its end.
-    let (mut cut, mut cut_open): (Option<Range<u32>>, bool) = (None, false);
+    // The index of the `Connection: keep-alive` header, whose line is cut out of a plain head.
+    let mut cut_at = None;
     for (i, h) in req.headers.iter().enumerate() {
         if !valid_value(h.value) {
             return Err(Fallback::Header);
         }
         let name = place(buf, h.name.as_bytes());
         plain &= crlf(name.start as usize);
-        if let (Some(c), true) = (&mut cut, cut_open) {
-            c.end = name.start;
-            cut_open = false;
-        }
         match kind(h.name.as_bytes()) {
             Kind::Framing => return Err(Fallback::Framing),
             Kind::ContentLength => {
@@ -317,8 +313,7 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
                     plain = false;
                 }
                 connection = true;
-                cut = Some(name.start..name.start);
-                cut_open = true;
+                cut_at = Some(i);
             }
             Kind::Rewritten => plain = false,
             Kind::Routing(which) => routing.set(which, i),
@@ -326,9 +321,11 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         }
         headers.push((name, place(buf, h.value)));
     }
-    if let (Some(c), true) = (&mut cut, cut_open) {
-        c.end = (len - 2) as u32;
-    }
+    // The line runs from its name to the next header's name (or to the blank line).
+    let cut = cut_at.map(|i| {
+        let end = headers.get(i + 1).map_or((len - 2) as u32, |(next, _)| next.start);
+        headers[i].0.start..end
+    });
     let plain = plain.then_some(Plain { has_length, cut });
     let keep_alive = !close;
     let body_len = body_len.unwrap_or(0);
