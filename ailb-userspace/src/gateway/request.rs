@@ -246,6 +246,7 @@ fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 mod tests {
     use super::*;
     use crate::gateway::h1::head::{parse, Parsed};
+    use proptest::prelude::*;
 
     fn raw(text: &str) -> ReqHead {
         match parse(text.as_bytes()) {
@@ -332,13 +333,6 @@ mod tests {
         );
         assert_eq!(r.to_hyper().headers()[HOST], "gw.example:8080");
     }
-}
-
-#[cfg(test)]
-mod plain_props {
-    use super::*;
-    use crate::gateway::h1::head::{parse, Parsed};
-    use proptest::prelude::*;
 
     /// The (name, value) pairs and request line of an encoded head, as a server reads them.
     fn read_back(encoded: &[u8]) -> (String, Vec<(String, String)>) {
@@ -398,11 +392,9 @@ mod plain_props {
             let Parsed::Request(h) = parse(text.as_bytes()) else { return Ok(()) };
             let raw = h.into_raw(Bytes::copy_from_slice(text.as_bytes()));
             let plain = raw.plain().is_some();
-            let client = ClientIp::new("10.0.0.9:5000".parse().unwrap());
-            let copied = UpRequest { head: ReqHead::Raw(raw), body: Bytes::from_static(b"{}"), client: client.clone() };
+            let copied = up(ReqHead::Raw(raw), "{}");
             let Parsed::Request(h) = parse(text.as_bytes()) else { unreachable!() };
-            let head = ReqHead::Raw(h.into_raw(Bytes::copy_from_slice(text.as_bytes())).not_plain());
-            let rewritten = UpRequest { head, body: Bytes::from_static(b"{}"), client };
+            let rewritten = up(ReqHead::Raw(h.into_raw(Bytes::copy_from_slice(text.as_bytes())).not_plain()), "{}");
             let (mut a, mut b) = (Vec::new(), Vec::new());
             copied.encode_head(&mut a);
             rewritten.encode_head(&mut b);
