@@ -245,7 +245,7 @@ impl Gateway {
     /// One request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: ClientIp) -> Result<Response<Body>, Infallible> {
         let (parts, body) = req.into_parts();
-        Ok(self.route(ReqHead::Hyper(parts), RequestBody::Hyper(body), peer).await.into_response())
+        Ok(self.route(parts.into(), RequestBody::Hyper(body), peer).await.into_response())
     }
 
     /// One request, from its head and its body (hyper's server and the HTTP/1 fast path both

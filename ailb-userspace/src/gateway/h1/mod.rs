@@ -96,7 +96,7 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
         let (body, unread) = read_body(&gw, &mut client, &head).await;
         let keep_alive = head.keep_alive && body.is_ok();
         let version = head.version;
-        let head = ReqHead::Raw(head.into_raw(bytes));
+        let head = ReqHead::from(head.into_raw(bytes));
         let resp = gw.clone().route(head, RequestBody::Read(body), client_ip.clone()).await;
         if !response::send(&mut client, resp, version, !keep_alive).await {
             return close(client, unread).await;
