@@ -66,7 +66,9 @@ pub enum Link {
     Raw(Option<RawConn>),
 }
 
-/// One open HTTP/1.1 connection to a backend.
+/// One open HTTP/1.1 connection to a backend. It is kept boxed from its opening to its end: each
+/// request moves it out of the pool, through the route's async functions and back, and a box
+/// moves as one pointer.
 pub struct Conn {
     pub link: Link,
     pub backend: SocketAddrV4,
@@ -128,7 +130,7 @@ struct Idle {
 
 /// A connection waiting in the pool.
 struct Kept {
-    conn: Conn,
+    conn: Box<Conn>,
     /// When its answer ended.
     since: Instant,
     /// Whether the kernel was told it is idle.
@@ -157,7 +159,7 @@ impl Pool {
     /// An idle connection for `key` that is young enough at `now` and still open (the newest
     /// first). `now` is the request's start: a clock read saved, and a few microseconds do not
     /// change a connection's age in any way that matters.
-    pub fn take(&self, key: &PoolKey, now: Instant) -> Option<Conn> {
+    pub fn take(&self, key: &PoolKey, now: Instant) -> Option<Box<Conn>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let idle = &mut *idle;
         let list = idle.by_key.get_mut(key)?;
@@ -183,12 +185,12 @@ impl Pool {
 
     /// Keeps `conn` for the next request with `key`; ends it instead when it is too old or
     /// the pool is full.
-    pub fn put(&self, key: PoolKey, conn: Conn) {
+    pub fn put(&self, key: PoolKey, conn: Box<Conn>) {
         self.put_at(key, conn, Instant::now());
     }
 
     /// [`Pool::put`] of a connection whose answer ended `now`.
-    pub fn put_at(&self, key: PoolKey, conn: Conn, now: Instant) {
+    pub fn put_at(&self, key: PoolKey, conn: Box<Conn>, now: Instant) {
         if !self.fresh(&conn, now) {
             return conn.done();
         }
@@ -269,7 +271,7 @@ mod tests {
     use hyper_util::rt::TokioIo;
 
     /// A connection to a listener that never answers (the test only pools it).
-    async fn conn(born: Instant) -> (Conn, tokio::net::TcpListener) {
+    async fn conn(born: Instant) -> (Box<Conn>, tokio::net::TcpListener) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -282,7 +284,7 @@ mod tests {
             _ => unreachable!(),
         };
         let backend_value = HeaderValue::from_static("test");
-        (Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd: None }, l)
+        (Box::new(Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd: None }), l)
     }
 
     fn key(c: &str) -> PoolKey {

@@ -126,7 +126,7 @@ impl Drop for AbortOnDrop {
 /// Opens an HTTP/1.1 connection on `up` (its task lives as long as the returned
 /// [`Conn`]'s driver). The [`Conn`] holds a duplicate of the socket, to end its count in the
 /// kernel the moment its response ends ([`Conn::done`]) or to mark it idle in the pool.
-pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
+pub async fn open(up: Upstream) -> Result<Box<Conn>, ApiError> {
     let backend = up.backend;
     let (born, fd) = (Instant::now(), dup(&up.stream));
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up.stream))
@@ -138,15 +138,15 @@ pub async fn open(up: Upstream) -> Result<Conn, ApiError> {
         }
     }));
     let backend_value = HeaderValue::try_from(backend.to_string()).expect("an address is a valid header value");
-    Ok(Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd })
+    Ok(Box::new(Conn { link: Link::Hyper { sender, driver }, backend, backend_value, born, fd }))
 }
 
 /// A connection on `up` that the front door drives itself ([`super::h1::upstream`]), with the
 /// same duplicate of the socket as [`open`]'s.
-pub fn open_raw(up: Upstream) -> Conn {
+pub fn open_raw(up: Upstream) -> Box<Conn> {
     let (born, fd) = (Instant::now(), dup(&up.stream));
     let backend_value = HeaderValue::try_from(up.backend.to_string()).expect("an address is a valid header value");
-    Conn { link: Link::Raw(Some(RawConn::new(up.stream))), backend: up.backend, backend_value, born, fd }
+    Box::new(Conn { link: Link::Raw(Some(RawConn::new(up.stream))), backend: up.backend, backend_value, born, fd })
 }
 
 /// A duplicate of the socket (without it the connection still works; its count only ends
@@ -244,6 +244,9 @@ pub async fn send(conn: &mut Conn, req: UpRequest, idle: Duration, deadline: Dea
         }
     };
     let (until, total) = deadline.within(tokio::time::Instant::now(), idle);
+    // Pinned where it is: the timeout then holds a pointer, where taking the exchange by value
+    // would move its hundreds of bytes twice more per request.
+    let work = std::pin::pin!(work);
     match tokio::time::timeout_at(until, work).await {
         Ok(r) => r,
         Err(_) if total => Err(deadline.error()),
@@ -334,7 +337,7 @@ pub struct Relay {
     log: Option<RequestLog>,
     started: Instant,
     /// The connection: closed on drop, or back to the pool after a whole response.
-    conn: Option<Conn>,
+    conn: Option<Box<Conn>>,
     reuse: Option<Reuse>,
     held: Held,
 }
@@ -354,7 +357,7 @@ impl Relay {
     pub fn new(
         inner: UpBody,
         sse: bool,
-        conn: Conn,
+        conn: Box<Conn>,
         reuse: Option<Reuse>,
         held: Held,
         log: RequestLog,

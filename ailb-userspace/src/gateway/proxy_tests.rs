@@ -52,13 +52,13 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
     let client = TcpStream::connect(backend).await.unwrap();
     let (mut server, _) = l.accept().await.unwrap();
     let body = RawBody::new(RawConn::new(client), Framing::Length(10));
-    let conn = Conn {
+    let conn = Box::new(Conn {
         link: Link::Raw(None),
         backend,
         backend_value: HeaderValue::from_static("test"),
         born: Instant::now(),
         fd: None,
-    };
+    });
     let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
     let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
     let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));

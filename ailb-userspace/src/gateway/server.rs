@@ -35,7 +35,7 @@ use crate::config::ValidConfig;
 /// A forwarded request: the upstream's response (with its headers as lines when the front
 /// door's own client read it), its connection, where the connection goes after, and the
 /// request's share of the admission.
-type Forwarded = (Response<UpBody>, Option<HeadLines>, Conn, Option<Reuse>, Option<Ticket>);
+type Forwarded = (Response<UpBody>, Option<HeadLines>, Box<Conn>, Option<Reuse>, Option<Ticket>);
 
 /// The response body of every route.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -416,7 +416,7 @@ impl Gateway {
         tags: &ailb_common::client::Tags<'_>,
         mut req: UpRequest,
         deadline: Deadline,
-    ) -> Result<(Response<UpBody>, Option<HeadLines>, Conn), ApiError> {
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k, deadline.started())) {
             match proxy::send(&mut conn, req, idle, deadline).await? {
