@@ -63,6 +63,10 @@ const LINGER: Duration = Duration::from_secs(2);
 /// The most bytes it reads off meanwhile.
 const LINGER_BYTES: usize = 1 << 20;
 
+/// The most capacity a connection's write buffer (a client's or an upstream's) keeps from one
+/// message to the next; a larger one (a large body went out whole) is given back.
+pub const KEEP_OUT: usize = 8 * 1024;
+
 /// Serves the client connection `stream` from `peer` until it closes, or until a request the
 /// fast path does not take hands it to hyper's server.
 pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client_ip: ClientIp) {
@@ -72,6 +76,8 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
     // a timer moved later stays where it is in the runtime's wheel, where a timer per request
     // would be put in and taken out again each time.
     let mut head_timer = std::pin::pin!(tokio::time::sleep(header_timeout));
+    // The answers' write buffer, kept from one answer to the next.
+    let mut out = Vec::new();
     loop {
         let next = tokio::select! {
             biased;
@@ -98,8 +104,11 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
         let version = head.version;
         let head = ReqHead::from(head.into_raw(bytes));
         let resp = gw.clone().route(head, RequestBody::Read(body), client_ip.clone()).await;
-        if !response::send(&mut client, resp, version, !keep_alive).await {
+        if !response::send(&mut client, &mut out, resp, version, !keep_alive).await {
             return close(client, unread).await;
+        }
+        if out.capacity() > KEEP_OUT {
+            out = Vec::new();
         }
         head_timer.as_mut().reset(tokio::time::Instant::now() + header_timeout);
     }

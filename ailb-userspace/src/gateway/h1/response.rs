@@ -159,17 +159,19 @@ async fn next_frame(client: &mut Client, body: &mut Body) -> Option<Option<Resul
 }
 
 /// Writes `resp` to the client of a `version` request; `close` when the connection ends after
-/// it. Whether the connection can carry another request.
-pub async fn send(client: &mut Client, answer: Answer, version: Version, close: bool) -> bool {
+/// it. Whether the connection can carry another request. `out` is the connection's write
+/// buffer, kept by the caller from one answer to the next (its contents are not).
+pub async fn send(client: &mut Client, out: &mut Vec<u8>, answer: Answer, version: Version, close: bool) -> bool {
     let Answer { resp, lines } = answer;
     let framing = framing(&resp, lines.as_ref(), version);
     let close = close || framing == Framing::Close;
     let (parts, mut body) = resp.into_parts();
-    let mut out = Vec::with_capacity(512 + lines.as_ref().map_or(0, |l| l.as_bytes().len()));
-    encode_head(&mut out, version, parts.status, (lines.as_ref(), &parts.headers), framing, close);
+    out.clear();
+    out.reserve(512 + lines.as_ref().map_or(0, |l| l.as_bytes().len()));
+    encode_head(out, version, parts.status, (lines.as_ref(), &parts.headers), framing, close);
     drop(lines);
     if framing == Framing::None {
-        return client.stream.write_all(&out).await.is_ok() && !close;
+        return client.stream.write_all(out).await.is_ok() && !close;
     }
     let mut sent = 0u64;
     loop {
@@ -178,7 +180,7 @@ pub async fn send(client: &mut Client, answer: Answer, version: Version, close: 
             Poll::Pending => {
                 // The body has to wait: what is ready goes out now (the head of a stream, its
                 // last event).
-                if !out.is_empty() && client.stream.write_all(&out).await.is_err() {
+                if !out.is_empty() && client.stream.write_all(out).await.is_err() {
                     return false;
                 }
                 out.clear();
@@ -193,14 +195,14 @@ pub async fn send(client: &mut Client, answer: Answer, version: Version, close: 
             Some(Ok(f)) => {
                 if let Some(data) = f.data_ref() {
                     sent += data.len() as u64;
-                    encode_data(&mut out, framing, data);
+                    encode_data(out, framing, data);
                 }
                 body.is_end_stream()
             }
             Some(Err(e)) => {
                 // As hyper does: the answer is cut, the client sees it incomplete.
                 tracing::debug!(error = %crate::error_chain(&*e), "gateway: a response body failed");
-                let _ = client.stream.write_all(&out).await;
+                let _ = client.stream.write_all(out).await;
                 return false;
             }
         };
@@ -209,7 +211,7 @@ pub async fn send(client: &mut Client, answer: Answer, version: Version, close: 
                 out.extend_from_slice(b"0\r\n\r\n");
             }
             let whole = !matches!(framing, Framing::Length(n, _) if n != sent);
-            return client.stream.write_all(&out).await.is_ok() && whole && !close;
+            return client.stream.write_all(out).await.is_ok() && whole && !close;
         }
     }
 }

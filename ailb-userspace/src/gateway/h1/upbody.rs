@@ -19,16 +19,18 @@ const READ_SIZE: usize = 16 * 1024;
 /// The longest chunk-size or trailer line taken.
 const MAX_LINE: usize = 4096;
 
-/// An upstream connection driven by the front door itself: the socket and what was read of
-/// it but not used yet.
+/// An upstream connection driven by the front door itself: the socket, what was read of it
+/// but not used yet, and the buffer its requests are written from (kept from one request to
+/// the next, so a request costs no allocation for it).
 pub struct RawConn {
     pub stream: TcpStream,
     pub buf: BytesMut,
+    pub out: Vec<u8>,
 }
 
 impl RawConn {
     pub fn new(stream: TcpStream) -> Self {
-        Self { stream, buf: BytesMut::with_capacity(READ_SIZE) }
+        Self { stream, buf: BytesMut::with_capacity(READ_SIZE), out: Vec::new() }
     }
 
     /// Whether it can carry another request: nothing unread, and no end (or data) from the

@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
 use super::scan::{scan, Malformed, Scanned, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
+use super::KEEP_OUT;
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
 use crate::gateway::request::UpRequest;
@@ -38,13 +39,18 @@ pub async fn exchange(
     backend: std::net::SocketAddrV4,
 ) -> Result<Exchanged, ApiError> {
     let joined = req.body.len() <= JOIN_BODY;
-    let mut bytes = Vec::with_capacity(512 + if joined { req.body.len() } else { 0 });
+    let mut bytes = std::mem::take(&mut conn.out);
+    bytes.clear();
+    bytes.reserve(512 + if joined { req.body.len() } else { 0 });
     req.encode_head(&mut bytes);
     if joined {
         bytes.extend_from_slice(&req.body);
     }
     if conn.stream.write_all(&bytes).await.is_err() {
         return Ok(Exchanged::NotSent(req));
+    }
+    if bytes.capacity() <= KEEP_OUT {
+        conn.out = bytes;
     }
     if !joined {
         if let Err(e) = conn.stream.write_all(&req.body).await {
