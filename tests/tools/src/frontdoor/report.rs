@@ -93,6 +93,21 @@ pub fn median(v: &[f64]) -> Option<f64> {
     Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
+/// How often a fair coin, tossed `of` times, comes up heads `won` times or more: the chance of
+/// being ahead in that many rounds of `of` if neither path were faster (a one-sided sign test).
+pub fn as_often_by_chance(won: usize, of: usize) -> f64 {
+    // C(of, k) / 2^of, summed for k = won..=of, in floats (no overflow for any round count).
+    let mut term = 0.5f64.powi(i32::try_from(of).unwrap_or(i32::MAX));
+    let mut sum = 0.0;
+    for k in 0..=of {
+        if k >= won {
+            sum += term;
+        }
+        term *= (of - k) as f64 / (k + 1) as f64;
+    }
+    sum.min(1.0)
+}
+
 fn per_req_us(cpu_s: f64, requests: u64) -> Option<f64> {
     (requests > 0).then(|| cpu_s * 1e6 / requests as f64)
 }
@@ -304,12 +319,13 @@ fn goals(r: &mut String, paths: &[PathResult], rows: &[Option<Row>], fastest: Op
                 let met = row.failures.is_empty() && row.rps > prow.rps && 2 * won > of;
                 format!(
                     "ahead of the fastest peer ({}, {:.0} req/s): {} ({:.0} req/s, {:.2}x; ahead in {won} of {of} rounds, \
-                     median ratio of the rounds {ratio:.2}x){failed}",
+                     median ratio of the rounds {ratio:.2}x; a coin gives {won} or more of {of} {:.0} % of the time){failed}",
                     pp.name,
                     prow.rps,
                     if met { "met" } else { "NOT met" },
                     row.rps,
-                    row.rps / prow.rps
+                    row.rps / prow.rps,
+                    100.0 * as_often_by_chance(won, of),
                 )
             }
             _ => "ahead of the fastest peer: no peer was measured".into(),
@@ -446,7 +462,7 @@ mod tests {
         assert!(
             text.contains(
                 "ahead of the fastest peer (vllm, 7000 req/s): met (8500 req/s, 1.21x; ahead in 3 of 3 rounds, median \
-                 ratio of the rounds 1.21x)"
+                 ratio of the rounds 1.21x; a coin gives 3 or more of 3 12 % of the time)"
             ),
             "{text}"
         );
@@ -466,11 +482,30 @@ mod tests {
         assert!(
             text.contains(
                 "ahead of the fastest peer (vllm, 9500 req/s): NOT met (8500 req/s, 0.89x; ahead in 0 of 3 rounds, \
-                 median ratio of the rounds 0.89x) (but it had failed runs: not met)"
+                 median ratio of the rounds 0.89x; a coin gives 0 or more of 3 100 % of the time) (but it had failed \
+                 runs: not met)"
             ),
             "{text}"
         );
         assert!(text.contains("under 100 us added at p50 (closed loop): NOT met (+30 us"), "{text}");
+    }
+
+    #[test]
+    fn the_chance_of_as_many_rounds_ahead_is_a_sign_test() {
+        let close = |won, of, want: f64| {
+            let got = as_often_by_chance(won, of);
+            assert!((got - want).abs() < 5e-5, "{won} of {of}: {got}, want {want}");
+        };
+        // Binomial tail sums, 1/2 each toss.
+        close(0, 3, 1.0);
+        close(3, 3, 0.125);
+        close(2, 3, 0.5);
+        close(12, 15, 0.017_578);
+        close(9, 15, 0.303_619);
+        close(24, 37, 0.049_437);
+        close(0, 0, 1.0);
+        close(1, 0, 0.0);
+        assert!(as_often_by_chance(600, 1000) > 0.0 && as_often_by_chance(600, 1000) < 1e-9);
     }
 
     #[test]
@@ -489,7 +524,7 @@ mod tests {
         assert!(
             text.contains(
                 "ahead of the fastest peer (vllm, 6000 req/s): NOT met (6500 req/s, 1.08x; ahead in 1 of 3 rounds, \
-                 median ratio of the rounds 0.93x)"
+                 median ratio of the rounds 0.93x; a coin gives 1 or more of 3 88 % of the time)"
             ),
             "{text}"
         );
