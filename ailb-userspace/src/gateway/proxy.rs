@@ -261,6 +261,15 @@ pub enum UpBody {
 }
 
 impl UpBody {
+    /// The whole body when the front door's own client read all of it with the head
+    /// ([`RawBody::take_whole`]).
+    pub fn take_whole(&mut self) -> Option<Bytes> {
+        match self {
+            UpBody::Hyper(_) => None,
+            UpBody::Raw(b) => b.take_whole(),
+        }
+    }
+
     /// The connection a whole raw body read from, to keep.
     fn take_raw(&mut self) -> Option<RawConn> {
         match self {
@@ -342,8 +351,9 @@ pub struct Relay {
     held: Held,
 }
 
-/// What a request holds: its `max_concurrent` slot until its answer is relayed whole or
-/// dropped, and its share of the admission's memory until the upstream's answer is whole.
+/// What a request holds: its `max_concurrent` slot until its answer is relayed whole (handed
+/// to the client's connection, for an answer that came whole with its head) or dropped, and its
+/// share of the admission's memory until the upstream's answer is whole.
 pub struct Held {
     pub _permit: OwnedSemaphorePermit,
     pub ticket: Option<super::fleet_memory::Ticket>,
@@ -394,14 +404,8 @@ impl Relay {
     /// `now` gives the time (read only when the connection goes back to the pool).
     fn release(&mut self, now: impl FnOnce() -> Instant) {
         drop(self.held.ticket.take());
-        let Some(mut conn) = self.conn.take() else { return };
-        if let Link::Raw(raw @ None) = &mut conn.link {
-            *raw = self.inner.take_raw();
-        }
-        match self.reuse.take() {
-            Some(Reuse { pool, key }) => pool.put_at(key, conn, now()),
-            None => conn.done(),
-        }
+        let Some(conn) = self.conn.take() else { return };
+        give_back(&mut self.inner, conn, self.reuse.take(), now);
     }
 
     /// The body broke off: an event stream ends with an error event, any other body with `e`.
@@ -417,6 +421,31 @@ impl Relay {
         let event = format!("data: {}\n\n", ApiError::bad_gateway(msg).body());
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
     }
+}
+
+/// An upstream's whole answer: its connection goes back to the pool for the next request with
+/// the same routing inputs (`reuse`), or is shut down now. `now` gives the time (read only when
+/// the connection goes back to the pool).
+fn give_back(body: &mut UpBody, mut conn: Box<Conn>, reuse: Option<Reuse>, now: impl FnOnce() -> Instant) {
+    if let Link::Raw(raw @ None) = &mut conn.link {
+        *raw = body.take_raw();
+    }
+    match reuse {
+        Some(Reuse { pool, key }) => pool.put_at(key, conn, now()),
+        None => conn.done(),
+    }
+}
+
+/// The end of a request whose answer came whole with its head ([`UpBody::take_whole`]), which
+/// then needs no [`Relay`]: what the relay does at its last frame, done now. The connection goes
+/// back (or is shut down), the admission's memory and the request's `max_concurrent` slot are
+/// given back, and the request is counted and logged, its first byte now.
+pub fn whole(mut body: UpBody, conn: Box<Conn>, reuse: Option<Reuse>, held: Held, mut log: RequestLog) {
+    let now = Instant::now();
+    drop(held);
+    give_back(&mut body, conn, reuse, || now);
+    log.first_byte(now.saturating_duration_since(log.started()));
+    log.finish("ok");
 }
 
 impl HttpBody for Relay {

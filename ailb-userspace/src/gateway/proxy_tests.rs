@@ -27,19 +27,17 @@ impl Fleet for Unlimited {
     }
 }
 
+/// Limits that never make a request wait.
+fn limits() -> FleetMemoryLimits {
+    FleetMemoryLimits { factor: 1.0, max_wait: Duration::from_secs(1), max_queued: 4, reserve: 0.0, retry_after: 1 }
+}
+
 /// The client's next request may follow the last byte of this one's answer at once: by then
 /// the admission must have its memory back, or that request queues behind a finished one.
 #[tokio::test]
 async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_client() {
     let mut registry = Registry::default();
-    let limits = FleetMemoryLimits {
-        factor: 1.0,
-        max_wait: Duration::from_secs(1),
-        max_queued: 4,
-        reserve: 0.0,
-        retry_after: 1,
-    };
-    let admission = FleetMemory::new(Box::new(Unlimited), limits, ["m"], &mut registry);
+    let admission = FleetMemory::new(Box::new(Unlimited), limits(), ["m"], &mut registry);
     let ticket = admission.admit("m", Some(600)).await.expect("admitted");
     assert!(ticket.is_some());
     assert_eq!(admission.admitted_mb("m"), 600);
@@ -102,4 +100,62 @@ async fn a_wait_ends_by_the_request_deadline_when_that_comes_first() {
     assert_eq!(err.status, hyper::StatusCode::GATEWAY_TIMEOUT);
     assert!(err.message.contains("gateway.total_timeout"), "{}", err.message);
     assert_eq!(soon.bound(async { Ok::<_, ApiError>(7) }).await.unwrap(), 7);
+}
+
+/// An answer read whole with its head is ended at once, as a relay ends one at its last frame:
+/// the connection goes back to the pool, the slot and the memory
+/// are given back, and the request is counted with its time to first byte.
+#[tokio::test]
+async fn an_answer_read_whole_with_its_head_is_ended_without_a_relay() {
+    let mut registry = Registry::default();
+    let admission = FleetMemory::new(Box::new(Unlimited), limits(), ["m"], &mut registry);
+    let ticket = admission.admit("m", Some(600)).await.expect("admitted");
+    let metrics = Arc::new(GatewayMetrics::new(&mut registry));
+
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = match l.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let client = TcpStream::connect(backend).await.unwrap();
+    let _server = l.accept().await.unwrap();
+    let mut raw = RawConn::new(client);
+    raw.buf.extend_from_slice(b"hello");
+    let mut body = UpBody::Raw(RawBody::new(raw, Framing::Length(5)));
+    let conn = Box::new(Conn {
+        link: Link::Raw(None),
+        backend,
+        backend_value: HeaderValue::from_static("test"),
+        born: Instant::now(),
+        fd: None,
+    });
+    let slots = Arc::new(Semaphore::new(1));
+    let permit = slots.clone().try_acquire_owned().unwrap();
+    let pool = Pool::new(Duration::from_secs(60), 8, Duration::from_secs(60));
+    let key = PoolKey { model: 0, memory_mb: Some(600), conversation: 7 };
+    let mut log = RequestLog::start(metrics.clone(), &hyper::Method::POST, "/v1/x");
+    let series = Arc::new(crate::gateway::metrics::ModelSeries::new("m".into()));
+    log.proxying(&series, Some(7));
+    log.upstream(backend, 200);
+
+    assert_eq!(body.take_whole().as_deref(), Some(&b"hello"[..]));
+    whole(body, conn, Some(Reuse { pool: pool.clone(), key }), Held { _permit: permit, ticket }, log);
+
+    assert_eq!(admission.admitted_mb("m"), 0, "the memory is given back");
+    assert_eq!(slots.available_permits(), 1, "the slot is given back");
+    let kept = pool.take(&key, Instant::now()).expect("the connection went back to the pool");
+    match &kept.link {
+        Link::Raw(Some(raw)) => assert!(raw.buf.is_empty(), "the body was taken from its buffer"),
+        _ => panic!("the connection came back without its socket"),
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        "ailb_gateway_requests_total{model=\"m\",status=\"200\"} 1",
+        "ailb_gateway_in_flight{model=\"m\"} 0",
+        "ailb_gateway_ttfb_seconds_count{model=\"m\"} 1",
+        "ailb_gateway_duration_seconds_count{model=\"m\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
 }

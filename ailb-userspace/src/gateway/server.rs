@@ -313,21 +313,19 @@ impl Gateway {
         };
         match self.clone().forward(endpoint, head, body, peer, &mut log, deadline).await {
             Ok((resp, lines, conn, reuse, ticket)) => {
-                let (parts, body) = resp.into_parts();
+                let (parts, mut body) = resp.into_parts();
+                let held = Held { _permit: permit, ticket };
+                if let Some(data) = body.take_whole() {
+                    // It came whole with its head: nothing left to relay, wait for or time out.
+                    proxy::whole(body, conn, reuse, held, log);
+                    let full = Full::new(data).map_err(|e| match e {}).boxed_unsync();
+                    return Answer { resp: Response::from_parts(parts, full), lines };
+                }
                 let sse = match &lines {
                     Some(l) => l.event_stream,
                     None => parts.headers.get(CONTENT_TYPE).is_some_and(|v| is_event_stream(v.as_bytes())),
                 };
-                let relay = Relay::new(
-                    body,
-                    sse,
-                    conn,
-                    reuse,
-                    Held { _permit: permit, ticket },
-                    log,
-                    self.cfg.idle_timeout,
-                    deadline,
-                );
+                let relay = Relay::new(body, sse, conn, reuse, held, log, self.cfg.idle_timeout, deadline);
                 Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
             }
             Err(e) => answer(log, e).into(),

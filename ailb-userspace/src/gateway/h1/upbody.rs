@@ -110,6 +110,22 @@ impl RawBody {
         Self { conn: Some(conn), state, chunked }
     }
 
+    /// The whole body, when it is framed by a length and all of it is read already (a small
+    /// answer mostly comes with its head): the body is then done, and its connection can be
+    /// taken. `None` (and nothing taken) otherwise.
+    pub fn take_whole(&mut self) -> Option<Bytes> {
+        let conn = self.conn.as_mut()?;
+        let whole = match self.state {
+            State::Done => Bytes::new(),
+            State::Data(n) if !self.chunked && conn.buf.len() as u64 >= n => {
+                conn.buf.split_to(usize::try_from(n).expect("at most the buffer's length")).freeze()
+            }
+            _ => return None,
+        };
+        self.state = State::Done;
+        Some(whole)
+    }
+
     /// The connection, once the body ended as framed (not for a close-delimited body).
     pub fn take_conn(&mut self) -> Option<RawConn> {
         (self.state == State::Done).then(|| self.conn.take()).flatten()
@@ -289,6 +305,33 @@ mod tests {
         let conn = body.take_conn().expect("a body that ended as framed gives its connection back");
         assert_eq!(&conn.buf[..], b"HTTP/1.1", "the next response's first bytes stay buffered");
         assert!(!conn.is_open(), "not reusable with bytes unread");
+    }
+
+    #[tokio::test]
+    async fn a_length_body_read_with_its_head_is_taken_whole_and_only_then() {
+        let (mut conn, _backend) = pair().await;
+        conn.buf.extend_from_slice(b"hello, worldHTTP/1.1");
+        let mut body = RawBody::new(conn, Framing::Length(12));
+        assert_eq!(body.take_whole().as_deref(), Some(&b"hello, world"[..]));
+        assert!(body.is_end_stream());
+        let conn = body.take_conn().expect("a whole body gives its connection back");
+        assert_eq!(&conn.buf[..], b"HTTP/1.1", "the next response's first bytes stay buffered");
+        // Not all of it read yet, or not framed by a length: nothing is taken.
+        let mut short = RawBody::new(conn, Framing::Length(20));
+        short.conn.as_mut().unwrap().buf.clear();
+        short.conn.as_mut().unwrap().buf.extend_from_slice(b"0123456789");
+        assert_eq!(short.take_whole(), None);
+        assert_eq!(short.size_hint().exact(), Some(20));
+        let conn = short.conn.take().unwrap();
+        let mut chunked = RawBody::new(conn, Framing::Chunked);
+        assert_eq!(chunked.take_whole(), None);
+        let conn = chunked.conn.take().unwrap();
+        assert_eq!(&conn.buf[..], b"0123456789", "nothing consumed");
+        let mut close = RawBody::new(conn, Framing::Close);
+        assert_eq!(close.take_whole(), None);
+        let mut empty = RawBody::new(close.conn.take().unwrap(), Framing::Length(0));
+        assert_eq!(empty.take_whole().as_deref(), Some(&b""[..]));
+        assert!(empty.take_conn().is_some());
     }
 
     #[tokio::test]
