@@ -439,12 +439,15 @@ fn give_back(body: &mut UpBody, mut conn: Box<Conn>, reuse: Option<Reuse>, now: 
 /// The end of a request whose answer came whole with its head ([`UpBody::take_whole`]), which
 /// then needs no [`Relay`]: what the relay does at its last frame, done now. The connection goes
 /// back (or is shut down), the admission's memory and the request's `max_concurrent` slot are
-/// given back, and the request is counted and logged, its first byte now.
-pub fn whole(mut body: UpBody, conn: Box<Conn>, reuse: Option<Reuse>, held: Held, mut log: RequestLog) {
+/// given back, and the request is counted and logged, with its first byte now when `data` (the
+/// body) has one.
+pub fn whole(mut body: UpBody, data: &Bytes, conn: Box<Conn>, reuse: Option<Reuse>, held: Held, mut log: RequestLog) {
     let now = Instant::now();
     drop(held);
     give_back(&mut body, conn, reuse, || now);
-    log.first_byte(now.saturating_duration_since(log.started()));
+    if !data.is_empty() {
+        log.first_byte(now.saturating_duration_since(log.started()));
+    }
     log.finish("ok");
 }
 

@@ -103,8 +103,8 @@ async fn a_wait_ends_by_the_request_deadline_when_that_comes_first() {
 }
 
 /// An answer read whole with its head is ended at once, as a relay ends one at its last frame:
-/// the connection goes back to the pool, the slot and the memory
-/// are given back, and the request is counted with its time to first byte.
+/// the connection goes back to the pool, the slot and the memory are given back, and the request
+/// is counted with its time to first byte.
 #[tokio::test]
 async fn an_answer_read_whole_with_its_head_is_ended_without_a_relay() {
     let mut registry = Registry::default();
@@ -138,8 +138,9 @@ async fn an_answer_read_whole_with_its_head_is_ended_without_a_relay() {
     log.proxying(&series, Some(7));
     log.upstream(backend, 200);
 
-    assert_eq!(body.take_whole().as_deref(), Some(&b"hello"[..]));
-    whole(body, conn, Some(Reuse { pool: pool.clone(), key }), Held { _permit: permit, ticket }, log);
+    let data = body.take_whole().expect("read whole");
+    assert_eq!(&data[..], b"hello");
+    whole(body, &data, conn, Some(Reuse { pool: pool.clone(), key }), Held { _permit: permit, ticket }, log);
 
     assert_eq!(admission.admitted_mb("m"), 0, "the memory is given back");
     assert_eq!(slots.available_permits(), 1, "the slot is given back");

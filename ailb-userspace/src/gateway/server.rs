@@ -317,7 +317,7 @@ impl Gateway {
                 let held = Held { _permit: permit, ticket };
                 if let Some(data) = body.take_whole() {
                     // It came whole with its head: nothing left to relay, wait for or time out.
-                    proxy::whole(body, conn, reuse, held, log);
+                    proxy::whole(body, &data, conn, reuse, held, log);
                     let full = Full::new(data).map_err(|e| match e {}).boxed_unsync();
                     return Answer { resp: Response::from_parts(parts, full), lines };
                 }
