@@ -32,6 +32,26 @@ fn limits() -> FleetMemoryLimits {
     FleetMemoryLimits { factor: 1.0, max_wait: Duration::from_secs(1), max_queued: 4, reserve: 0.0, retry_after: 1 }
 }
 
+/// An upstream connection as the route holds it while its socket (`client`, to the backend
+/// `server`) is with the response body.
+async fn upstream() -> (Box<Conn>, TcpStream, TcpStream) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = match l.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let client = TcpStream::connect(backend).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    let conn = Box::new(Conn {
+        link: Link::Raw(None),
+        backend,
+        backend_value: HeaderValue::from_static("test"),
+        born: Instant::now(),
+        fd: None,
+    });
+    (conn, client, server)
+}
+
 /// The client's next request may follow the last byte of this one's answer at once: by then
 /// the admission must have its memory back, or that request queues behind a finished one.
 #[tokio::test]
@@ -42,21 +62,8 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
     assert!(ticket.is_some());
     assert_eq!(admission.admitted_mb("m"), 600);
 
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = match l.local_addr().unwrap() {
-        std::net::SocketAddr::V4(a) => a,
-        other => panic!("{other}"),
-    };
-    let client = TcpStream::connect(backend).await.unwrap();
-    let (mut server, _) = l.accept().await.unwrap();
+    let (conn, client, mut server) = upstream().await;
     let body = RawBody::new(RawConn::new(client), Framing::Length(10));
-    let conn = Box::new(Conn {
-        link: Link::Raw(None),
-        backend,
-        backend_value: HeaderValue::from_static("test"),
-        born: Instant::now(),
-        fd: None,
-    });
     let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
     let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
     let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
@@ -112,23 +119,11 @@ async fn an_answer_read_whole_with_its_head_is_ended_without_a_relay() {
     let ticket = admission.admit("m", Some(600)).await.expect("admitted");
     let metrics = Arc::new(GatewayMetrics::new(&mut registry));
 
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = match l.local_addr().unwrap() {
-        std::net::SocketAddr::V4(a) => a,
-        other => panic!("{other}"),
-    };
-    let client = TcpStream::connect(backend).await.unwrap();
-    let _server = l.accept().await.unwrap();
+    let (conn, client, _server) = upstream().await;
     let mut raw = RawConn::new(client);
     raw.buf.extend_from_slice(b"hello");
     let mut body = UpBody::Raw(RawBody::new(raw, Framing::Length(5)));
-    let conn = Box::new(Conn {
-        link: Link::Raw(None),
-        backend,
-        backend_value: HeaderValue::from_static("test"),
-        born: Instant::now(),
-        fd: None,
-    });
+    let backend = conn.backend;
     let slots = Arc::new(Semaphore::new(1));
     let permit = slots.clone().try_acquire_owned().unwrap();
     let pool = Pool::new(Duration::from_secs(60), 8, Duration::from_secs(60));
