@@ -97,7 +97,6 @@ impl Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::{BodyExt, Full};
 
     #[test]
     fn lines_round_trip_and_come_first_for_hyper() {
@@ -108,8 +107,7 @@ mod tests {
         assert_eq!(lines.as_bytes(), b"Content-Type: application/json\r\nx-multi: a\r\nx-multi: b: c\r\n");
         let pairs: Vec<(&[u8], &[u8])> = lines.iter().collect();
         assert_eq!(pairs[2], (&b"x-multi"[..], &b"b: c"[..]));
-        let body: Body = Full::new(Bytes::new()).map_err(|e| match e {}).boxed_unsync();
-        let mut resp = Response::new(body);
+        let mut resp = Response::new(crate::gateway::server::full(Bytes::new()));
         resp.headers_mut().insert("x-ailb-backend", HeaderValue::from_static("10.0.0.1:80"));
         let merged = Answer { resp, lines: Some(lines) }.into_response();
         let names: Vec<&str> = merged.headers().keys().map(|n| n.as_str()).collect();

@@ -4,13 +4,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
-use super::server::Body;
+use super::server::{full, Body};
 
 /// Start-up failures of `ailb gateway`.
 #[derive(Debug, thiserror::Error)]
@@ -172,8 +170,7 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        let mut resp =
-            Response::new(Full::new(Bytes::from(self.body().to_string())).map_err(|e| match e {}).boxed_unsync());
+        let mut resp = Response::new(full(self.body().to_string()));
         *resp.status_mut() = self.status;
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(s) = self.retry_after {

@@ -40,6 +40,11 @@ type Forwarded = (Response<UpBody>, Option<HeadLines>, Box<Conn>, Option<Reuse>,
 /// The response body of every route.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
+/// A body that is there whole.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|e| match e {}).boxed_unsync()
+}
+
 /// `x-ailb-backend`: the backend the kernel chose (the upstream socket's peer).
 pub const BACKEND_HEADER: &str = "x-ailb-backend";
 /// `x-ailb-conversation`: the kernel's hash of the conversation key, as `ailb hash` prints it.
@@ -318,8 +323,7 @@ impl Gateway {
                 if let Some(data) = body.take_whole() {
                     // It came whole with its head: nothing left to relay, wait for or time out.
                     proxy::whole(body, &data, conn, reuse, held, log);
-                    let full = Full::new(data).map_err(|e| match e {}).boxed_unsync();
-                    return Answer { resp: Response::from_parts(parts, full), lines };
+                    return Answer { resp: Response::from_parts(parts, full(data)), lines };
                 }
                 let sse = match &lines {
                     Some(l) => l.event_stream,
@@ -547,7 +551,7 @@ fn header_value(s: String) -> HeaderValue {
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed_unsync());
+    let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp

@@ -65,7 +65,17 @@ const LINGER_BYTES: usize = 1 << 20;
 
 /// The most capacity a connection's write buffer (a client's or an upstream's) keeps from one
 /// message to the next; a larger one (a large body went out whole) is given back.
-pub const KEEP_OUT: usize = 8 * 1024;
+const KEEP_OUT: usize = 8 * 1024;
+
+/// A connection's write buffer to keep for its next message: `out` itself, or a new one in
+/// place of one that grew past [`KEEP_OUT`].
+pub fn kept(out: Vec<u8>) -> Vec<u8> {
+    if out.capacity() <= KEEP_OUT {
+        out
+    } else {
+        Vec::new()
+    }
+}
 
 /// Serves the client connection `stream` from `peer` until it closes, or until a request the
 /// fast path does not take hands it to hyper's server.
@@ -107,9 +117,7 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
         if !response::send(&mut client, &mut out, resp, version, !keep_alive).await {
             return close(client, unread).await;
         }
-        if out.capacity() > KEEP_OUT {
-            out = Vec::new();
-        }
+        out = kept(out);
         head_timer.as_mut().reset(tokio::time::Instant::now() + header_timeout);
     }
 }

@@ -219,7 +219,6 @@ pub async fn send(client: &mut Client, out: &mut Vec<u8>, answer: Answer, versio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
 
     fn resp(status: u16, headers: &[(&str, &str)], body: Body) -> Response<Body> {
         let mut b = Response::builder().status(status);
@@ -230,7 +229,7 @@ mod tests {
     }
 
     fn full(s: &'static str) -> Body {
-        Full::new(Bytes::from_static(s.as_bytes())).map_err(|e| match e {}).boxed_unsync()
+        crate::gateway::server::full(Bytes::from_static(s.as_bytes()))
     }
 
     #[test]

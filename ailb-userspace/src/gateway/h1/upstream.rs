@@ -12,7 +12,6 @@ use tokio::io::AsyncWriteExt;
 use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
 use super::scan::{scan, Malformed, Scanned, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
-use super::KEEP_OUT;
 use crate::gateway::answer::HeadLines;
 use crate::gateway::error::ApiError;
 use crate::gateway::request::UpRequest;
@@ -49,9 +48,7 @@ pub async fn exchange(
     if conn.stream.write_all(&bytes).await.is_err() {
         return Ok(Exchanged::NotSent(req));
     }
-    if bytes.capacity() <= KEEP_OUT {
-        conn.out = bytes;
-    }
+    conn.out = super::kept(bytes);
     if !joined {
         if let Err(e) = conn.stream.write_all(&req.body).await {
             return Err(failure(backend, "sending the request body", &e));
