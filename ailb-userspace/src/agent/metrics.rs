@@ -6,7 +6,34 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::source::ErrorSource;
+use crate::telemetry::source::SampleSource;
+
+/// Which source an error came from (a metric label: fixed names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    Nvml,
+    Scrape,
+    Nacos,
+}
+
+impl ErrorSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::Scrape => "scrape",
+            Self::Nacos => "nacos",
+        }
+    }
+}
+
+impl From<SampleSource> for ErrorSource {
+    fn from(s: SampleSource) -> Self {
+        match s {
+            SampleSource::Nvml => Self::Nvml,
+            SampleSource::Scrape => Self::Scrape,
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {

@@ -5,7 +5,7 @@
 //! drains: disabled first, then deregistered once in-flight requests reach zero or the
 //! deadline passes.
 //!
-//! The loop is [`Agent::tick`]: sample, decide ([`publish::moved`], pure), write or beat
+//! The loop is [`Agent::tick`]: sample, decide ([`moved`], pure), write or beat
 //! through the one Nacos client ([`crate::nacos::Session`]). Any error (NVML, scrape, Nacos) is
 //! logged when it starts or changes, counted, and retried on the next tick; a Nacos error
 //! makes the next contact a full registration, which also covers a server that lost its
@@ -14,8 +14,6 @@
 pub mod config;
 pub mod health;
 pub mod metrics;
-pub mod publish;
-pub mod source;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -24,13 +22,16 @@ use tracing::{info, warn};
 use self::{
     config::{ValidAgent, ValidInstance},
     health::HealthGate,
-    metrics::AgentMetrics,
-    publish::Values,
-    source::{ErrorSource, Telemetry},
+    metrics::{AgentMetrics, ErrorSource},
 };
 use crate::{
     error_chain,
+    metadata::{
+        publish,
+        values::{moved, Values},
+    },
     nacos::{http::Transport, Beat, Endpoint, Registration, Session},
+    telemetry::source::Telemetry,
 };
 
 /// One instance's state.
@@ -152,9 +153,8 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
             sampled.sample.server = st.health.filter(server, threshold, &st.inst.name());
             let mut failed = [false; 2];
             for (src, msg) in sampled.errors {
-                if src != ErrorSource::Nacos {
-                    failed[slot(src)] = true;
-                }
+                let src = ErrorSource::from(src);
+                failed[slot(src)] = true;
                 st.error(&m, src, msg);
             }
             for src in [ErrorSource::Nvml, ErrorSource::Scrape] {
@@ -170,7 +170,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
             }
             let values = Values::derive(&sampled.sample, st.inst.kv_bytes_per_token, self.draining);
             st.latest = Some(values.clone());
-            if st.need_register || publish::moved(st.published.as_ref(), &values, &t) {
+            if st.need_register || moved(st.published.as_ref(), &values, &t) {
                 let reg = Registration {
                     metadata: publish::metadata(&st.inst, &values, now_ms()),
                     weight: st.inst.weight,

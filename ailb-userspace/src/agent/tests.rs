@@ -8,13 +8,14 @@ use std::sync::{
 use super::{
     config::{AgentConfig, ValidAgent},
     metrics::AgentMetrics,
-    publish::NodeSample,
-    source::{ErrorSource, Sampled, Telemetry},
     Agent,
 };
 use crate::{
     nacos::http::{Method, Request, Response, Transport, TransportError},
-    telemetry::{GpuSample, ServerSample},
+    telemetry::{
+        source::{SampleSource, Sampled, Telemetry},
+        GpuSample, NodeSample, ServerSample,
+    },
 };
 
 #[derive(Clone, Default)]
@@ -230,7 +231,7 @@ fn a_dead_server_is_published_unhealthy_at_once() {
         {
             let mut t = tel.lock().unwrap();
             t.sample.server = ServerSample { healthy: false, ..Default::default() };
-            t.errors = vec![(ErrorSource::Scrape, "connection refused".into())];
+            t.errors = vec![(SampleSource::Scrape, "connection refused".into())];
         }
         a.tick().await;
         assert_eq!(nacos.last_metadata()["health_status"], "unhealthy");

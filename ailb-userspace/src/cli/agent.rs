@@ -10,9 +10,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
 use crate::{
-    agent::{config::AgentConfig, metrics::AgentMetrics, source::NodeSource, Agent},
+    agent::{config::AgentConfig, metrics::AgentMetrics, Agent},
     nacos::http::ReqwestTransport,
-    telemetry::{model_server::ModelServerSource, nvml::NvmlSource},
+    telemetry::{model_server::ModelServerSource, nvml::NvmlSource, source::NodeSource},
 };
 
 async fn metrics(State(r): State<Arc<Registry>>) -> impl IntoResponse {
@@ -73,7 +73,7 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
                     (Some(n), true) => Some((n.clone(), i.gpus.iter().map(NodeSource::selector).collect())),
                     _ => None,
                 };
-                anyhow::Ok(NodeSource { server, nvml })
+                anyhow::Ok(NodeSource::new(server, nvml))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;

@@ -268,16 +268,16 @@ pub struct BackendConfig {
     /// NVML indices or UUIDs ("GPU-..."): free memory and utilisation from NVML. Default
     /// none: no NVML, memory from the metrics (`kv_bytes_per_token`, `[backends.metrics]`).
     #[serde(default)]
-    pub gpus: Vec<crate::agent::config::GpuRef>,
+    pub gpus: Vec<crate::telemetry::instance::GpuRef>,
     /// `vllm` (default), `sglang` or `custom` (names from `[backends.metrics]`).
     #[serde(default)]
-    pub server: Option<crate::agent::config::ServerKind>,
+    pub server: Option<crate::telemetry::instance::ServerKind>,
     /// Without `gpus`: free KV cache x this = free memory.
     #[serde(default)]
     pub kv_bytes_per_token: Option<u64>,
     /// Metric names, as the agent's `[instances.metrics]`.
     #[serde(default)]
-    pub metrics: Option<crate::agent::config::MetricsConfig>,
+    pub metrics: Option<crate::telemetry::instance::MetricsConfig>,
 }
 
 fn default_weight() -> u32 {

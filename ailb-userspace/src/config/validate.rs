@@ -11,9 +11,9 @@ use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX
 
 use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
 use crate::{
-    agent::config::{check_local_instance, InstanceConfig, ValidInstance},
     discovery::StaticBackend,
     policy::{ModelSpec, MAX_WEIGHT},
+    telemetry::instance::{check_local_instance, InstanceConfig, ValidInstance},
     validate::{parse_duration, ConfigError},
 };
 

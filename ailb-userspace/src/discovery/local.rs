@@ -1,9 +1,9 @@
 //! Live telemetry of static backends on this node, sampled by `ailb run` itself: one box with
 //! its GPUs and model servers needs no registry and no agent. Each backend with a
-//! `metrics_url` is sampled by the agent's own sampler ([`NodeSource`]: the model server's
-//! metrics and, with `gpus`, NVML) and its values become metadata exactly as the agent would
-//! publish them ([`publish::metadata`]), renewed only when a value moved past the agent's
-//! default thresholds ([`publish::moved`]), so a steady node gives the same snapshot and the
+//! `metrics_url` is sampled by the node sampler the agent uses ([`NodeSource`]: the model
+//! server's metrics and, with `gpus`, NVML) and its values become metadata exactly as the agent
+//! would publish them ([`publish::metadata`]), renewed only when a value moved past the agent's
+//! default thresholds ([`moved`]), so a steady node gives the same snapshot and the
 //! daemon plans nothing.
 //!
 //! A failed sample never stops the daemon: the values it could not read are left out
@@ -21,13 +21,18 @@ use tracing::{info, warn};
 
 use super::StaticBackend;
 use crate::{
-    agent::{
-        config::{Thresholds, ValidInstance},
-        publish::{self, Values},
-        source::{NodeSource, Telemetry},
+    metadata::{
+        keys, publish,
+        values::{moved, Thresholds, Values},
+        InstanceMetadata,
     },
-    metadata::{keys, InstanceMetadata},
-    telemetry::{model_server::ModelServerSource, nvml::NvmlSource, TelemetryError},
+    telemetry::{
+        instance::ValidInstance,
+        model_server::ModelServerSource,
+        nvml::NvmlSource,
+        source::{NodeSource, Telemetry},
+        TelemetryError,
+    },
 };
 
 /// Why live telemetry could not start.
@@ -116,7 +121,7 @@ impl LocalTelemetry {
                 index,
                 inst: inst.clone(),
                 max_inflight: b.max_inflight,
-                source: NodeSource { server, nvml: gpus },
+                source: NodeSource::new(server, gpus),
                 published: None,
                 last_errors: Vec::new(),
             });
@@ -146,7 +151,7 @@ impl LocalTelemetry {
                 b.last_errors = errors;
             }
             let values = Values::derive(&sampled.sample, b.inst.kv_bytes_per_token, false);
-            if publish::moved(b.published.as_ref().map(|(v, _)| v), &values, &t) {
+            if moved(b.published.as_ref().map(|(v, _)| v), &values, &t) {
                 b.published = Some((values, now_ms()));
             }
             let (values, at) = b.published.as_ref().expect("set above");

@@ -5,8 +5,8 @@ use std::{collections::BTreeMap, net::SocketAddr};
 
 use super::{Instance, Snapshot};
 use crate::{
-    agent::config::ValidInstance,
     metadata::{Declared, InstanceMetadata},
+    telemetry::instance::ValidInstance,
 };
 
 /// One `[[backends]]` entry of the config, validated.

@@ -12,7 +12,11 @@ use super::{
     BackendMemory, ModelSpec,
 };
 use crate::discovery::Instance;
-use crate::metadata::{keys, shorten, Field, HealthStatus, InvalidField, Metadata};
+use crate::metadata::{
+    keys, shorten,
+    signals::{self, Role, CURRENT_REQUESTS, GPU_UTIL, QUEUE_LENGTH},
+    Field, HealthStatus, InvalidField, Metadata,
+};
 
 /// Smallest registry weight ailb resolves (the table holds 3 significant digits); below it,
 /// drain with 0. Largest: [`MAX_WEIGHT`], the static source's limit and above
@@ -252,8 +256,8 @@ fn load(n: &mut Notes, md: &Metadata, gpu_capability: f64, cfg: &PolicyConfig) -
         }
         Field::Absent => None,
     };
-    let current_requests = count(keys::CURRENT_REQUESTS, &md.current_requests);
-    let queue_length = count(keys::QUEUE_LENGTH, &md.queue_length);
+    let current_requests = count(CURRENT_REQUESTS.key, md.signal(&CURRENT_REQUESTS));
+    let queue_length = count(QUEUE_LENGTH.key, md.signal(&QUEUE_LENGTH));
     LoadExplain {
         current_requests,
         queue_length,
@@ -275,10 +279,10 @@ fn utilisation(
     cfg: &PolicyConfig,
     mem: &mut BackendMemory,
 ) -> UtilExplain {
-    let sample = match &md.gpu_util {
+    let sample = match md.signal(&GPU_UTIL) {
         Field::Valid(u) => Some(*u),
         Field::Invalid { raw, reason } => {
-            n.invalid(keys::GPU_UTIL, raw, &format!("{reason}; utilisation factor 1"), None);
+            n.invalid(GPU_UTIL.key, raw, &format!("{reason}; utilisation factor 1"), None);
             None
         }
         Field::Absent => None,
@@ -322,8 +326,11 @@ fn informational(n: &mut Notes, md: &Metadata) {
     if let Some(t) = md.updated_at_ms.valid() {
         agent.push(format!("updated_at_ms {t}"));
     }
-    if let Field::Valid(k) = &md.kv_cache_usage {
-        agent.push(format!("kv_cache_usage {}", num(*k)));
+    let shown = || signals::ALL.into_iter().filter(|s| s.role == Role::Shown);
+    for s in shown() {
+        if let Field::Valid(v) = md.signal(s) {
+            agent.push(format!("{} {}", s.key, num(*v)));
+        }
     }
     if let Field::Valid(t) = &md.gpu_memory_total_mb {
         agent.push(format!("gpu_memory_total_mb {t}"));
@@ -335,13 +342,15 @@ fn informational(n: &mut Notes, md: &Metadata) {
     if !agent.is_empty() {
         n.line(format!("info: {}", agent.join(", ")));
     }
-    let informational: [(&'static str, Option<(&String, &String)>); 5] = [
-        (keys::AGENT_VERSION, invalid_of(&md.agent_version)),
-        (keys::UPDATED_AT_MS, invalid_of(&md.updated_at_ms)),
-        (keys::KV_CACHE_USAGE, invalid_of(&md.kv_cache_usage)),
-        (keys::GPU_MEMORY_TOTAL_MB, invalid_of(&md.gpu_memory_total_mb)),
-        (keys::SUPPORTED_TASKS, invalid_of(&md.supported_tasks)),
-    ];
+    let informational: Vec<(&'static str, Option<(&String, &String)>)> =
+        [(keys::AGENT_VERSION, invalid_of(&md.agent_version)), (keys::UPDATED_AT_MS, invalid_of(&md.updated_at_ms))]
+            .into_iter()
+            .chain(shown().map(|s| (s.key, invalid_of(md.signal(s)))))
+            .chain([
+                (keys::GPU_MEMORY_TOTAL_MB, invalid_of(&md.gpu_memory_total_mb)),
+                (keys::SUPPORTED_TASKS, invalid_of(&md.supported_tasks)),
+            ])
+            .collect();
     for (key, bad) in informational {
         if let Some((raw, reason)) = bad {
             n.invalid(key, raw, reason, None);

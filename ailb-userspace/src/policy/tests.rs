@@ -172,14 +172,22 @@ fn invalid_optional_fields_are_ignored_with_a_line() {
         ("max_inflight", "lots"),
         ("remaining_memory_mb", "1e30"),
         ("kv_cache_usage", "95"),
+        ("prefix_cache_hit_rate", "1.5"),
         ("gpu_type", "\u{0}"),
     ];
     let p = run(&config(""), vec![inst(1, &meta), inst(2, &[])]);
     let b = &p.backends[0];
     assert_eq!((b.eligible, b.weight, b.cap, b.free_memory_mb), (true, 1, 0, None), "{}", b.reason());
     let keys: Vec<_> = b.explain.invalid.iter().map(|f| (f.key, f.effect)).collect();
-    for key in ["gpu_util", "current_requests", "queue_length", "max_inflight", "remaining_memory_mb", "kv_cache_usage"]
-    {
+    for key in [
+        "gpu_util",
+        "current_requests",
+        "queue_length",
+        "max_inflight",
+        "remaining_memory_mb",
+        "kv_cache_usage",
+        "prefix_cache_hit_rate",
+    ] {
         assert!(keys.contains(&(key, "ignored")), "{key} in {keys:?}");
         assert!(b.explain.reasons.iter().any(|r| r.starts_with(&format!("{key}=")) && r.contains("ignored")));
     }
@@ -550,4 +558,14 @@ fn a_served_backend_carries_its_reason_where_it_always_did() {
         assert!(json.contains(&format!(",\"reason\":{reason},\"explain\":")), "{json}");
         assert_eq!(&serde_json::from_str::<PlannedBackend>(&json).unwrap(), b, "reads back");
     }
+}
+
+#[test]
+fn shown_signals_are_explained_and_change_no_weight() {
+    let shown = [("kv_cache_usage", "0.25"), ("prefix_cache_hit_rate", "0.9")];
+    let p = run(&config(""), vec![inst(1, &shown), inst(2, &[])]);
+    let (a, b) = (&p.backends[0], &p.backends[1]);
+    let info = a.explain.reasons.iter().find(|r| r.starts_with("info: ")).expect("an info line");
+    assert!(info.contains("kv_cache_usage 0.25") && info.contains("prefix_cache_hit_rate 0.9"), "{info}");
+    assert_eq!((a.eligible, a.weight), (b.eligible, b.weight), "shown signals do not score");
 }

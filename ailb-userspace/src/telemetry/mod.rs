@@ -4,10 +4,19 @@
 
 mod error;
 pub(crate) mod exposition;
+pub mod instance;
 pub mod model_server;
 pub mod nvml;
+pub mod source;
 
 pub use error::TelemetryError;
+
+/// One sample of one instance: its GPUs (empty without NVML) and its model server.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeSample {
+    pub gpus: Vec<GpuSample>,
+    pub server: ServerSample,
+}
 
 /// One GPU as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
@@ -32,6 +41,13 @@ pub struct ServerSample {
     /// KV-cache usage 0..=1 (vLLM `vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
     /// SGLang `sglang:token_usage`).
     pub kv_cache_usage: Option<f64>,
+    /// Share of prompt tokens served from the prefix cache, 0..=1: SGLang's gauge as read, or,
+    /// from vLLM's counters, over the window since the sampler's previous scrape
+    /// ([`source::NodeSource`] keeps the window).
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// The prefix cache's cumulative counters (hit tokens, queried tokens), when the server
+    /// exports counters rather than a rate (vLLM).
+    pub prefix_cache_counters: Option<(f64, f64)>,
     /// Whether the health endpoint answered 2xx.
     pub healthy: bool,
     /// Not healthy because the health probe or the scrape got no answer within the timeout:

@@ -53,6 +53,13 @@ pub const SGLANG_USED_TOKENS: &str = "sglang:num_used_tokens";
 impl ServerKind {
     /// The kind's metric names, with no KV capacity and no GPU metrics.
     pub fn names(&self) -> MetricNames {
+        let prefix_cache = match self {
+            ServerKind::Vllm => {
+                PrefixCache::Counters { hits: VLLM_PREFIX_HITS.to_string(), queries: VLLM_PREFIX_QUERIES.to_string() }
+            }
+            ServerKind::Sglang => PrefixCache::Gauge(SGLANG_CACHE_HIT_RATE.to_string()),
+            ServerKind::Custom { .. } => PrefixCache::None,
+        };
         let (running, waiting, kv): (&str, &str, Vec<&str>) = match self {
             ServerKind::Vllm => (
                 "vllm:num_requests_running",
@@ -69,9 +76,29 @@ impl ServerKind {
             waiting: waiting.to_string(),
             kv_cache_usage: kv.into_iter().map(str::to_string).collect(),
             kv_capacity: KvCapacity::None,
+            prefix_cache,
             gpu: None,
         }
     }
+}
+
+/// vLLM: prompt tokens found in the prefix cache, and prompt tokens looked up (counters).
+pub const VLLM_PREFIX_HITS: &str = "vllm:prefix_cache_hits_total";
+pub const VLLM_PREFIX_QUERIES: &str = "vllm:prefix_cache_queries_total";
+/// SGLang: the prefix cache's hit rate (a gauge, 0..=1).
+pub const SGLANG_CACHE_HIT_RATE: &str = "sglang:cache_hit_rate";
+
+/// Where the prefix cache's hit rate is read from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PrefixCache {
+    /// Not read.
+    #[default]
+    None,
+    /// Cumulative counters of hit and queried tokens (vLLM), summed over label sets: the rate is
+    /// taken over the window between two scrapes ([`super::source::NodeSource`]).
+    Counters { hits: String, queries: String },
+    /// A gauge already in 0..=1 (SGLang), averaged over label sets.
+    Gauge(String),
 }
 
 /// Where the free KV-cache capacity (in tokens) is read from.
@@ -163,6 +190,7 @@ pub struct MetricNames {
     /// KV-cache usage 0..=1, in order of preference.
     pub kv_cache_usage: Vec<String>,
     pub kv_capacity: KvCapacity,
+    pub prefix_cache: PrefixCache,
     pub gpu: Option<GpuMetrics>,
 }
 
@@ -315,6 +343,13 @@ pub(crate) fn read(samples: &[exposition::Sample], n: &MetricNames, healthy: boo
         healthy,
         ..ServerSample::default()
     };
+    match &n.prefix_cache {
+        PrefixCache::None => {}
+        PrefixCache::Counters { hits, queries } => {
+            out.prefix_cache_counters = sum(samples, hits).zip(sum(samples, queries))
+        }
+        PrefixCache::Gauge(name) => out.prefix_cache_hit_rate = mean(samples, name),
+    }
     let kv_free = match n.kv_capacity {
         KvCapacity::None => None,
         KvCapacity::VllmCacheConfig => Some(vllm_free_tokens(samples, &n.kv_cache_usage)),
@@ -488,5 +523,37 @@ fn gpu_values(samples: &[exposition::Sample], g: &GpuMetrics, out: &mut ServerSa
                 out.unknown.push(format!("{name}: {mean} % is outside 0..100 (check gpu_util_unit)"));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{exposition, read, ServerKind};
+
+    fn scrape(kind: ServerKind, text: &str) -> super::ServerSample {
+        read(&exposition::parse(text).expect("exposition text"), &kind.names(), true)
+    }
+
+    #[test]
+    fn prefix_cache_counters_and_gauges_are_read_as_each_server_exports_them() {
+        // vLLM 0.32: counters, one label set per engine and model: summed.
+        let vllm = "# TYPE vllm:prefix_cache_queries counter\n\
+                    vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 6000.0\n\
+                    vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 1000.0\n\
+                    # TYPE vllm:prefix_cache_hits counter\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 2944.0\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 56.0\n";
+        let s = scrape(ServerKind::Vllm, vllm);
+        assert_eq!((s.prefix_cache_counters, s.prefix_cache_hit_rate), (Some((3000.0, 7000.0)), None));
+        // One counter without the other: not read.
+        let s = scrape(ServerKind::Vllm, "vllm:prefix_cache_hits_total 5\n");
+        assert_eq!(s.prefix_cache_counters, None);
+        // SGLang: a gauge already in 0..1.
+        let s = scrape(ServerKind::Sglang, "sglang:cache_hit_rate{model_name=\"m\"} 0.75\n");
+        assert_eq!((s.prefix_cache_counters, s.prefix_cache_hit_rate), (None, Some(0.75)));
+        // A custom server names no prefix cache.
+        let custom = ServerKind::Custom { running: "r".into(), waiting: "w".into(), kv_cache_usage: None };
+        let s = scrape(custom, vllm);
+        assert_eq!((s.prefix_cache_counters, s.prefix_cache_hit_rate), (None, None));
     }
 }

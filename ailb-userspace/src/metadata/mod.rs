@@ -15,6 +15,12 @@ use std::{
 
 use serde::Serialize;
 
+pub mod publish;
+pub mod signals;
+pub mod values;
+
+use signals::Signal;
+
 /// The contract's keys: the agent writes them, the policy reads them (all but
 /// [`keys::MEMORY_SOURCE`], which is only shown). Any other key is ignored.
 pub mod keys {
@@ -32,13 +38,14 @@ pub mod keys {
     pub const HEALTH_STATUS: &str = "health_status";
     pub const MAX_INFLIGHT: &str = "max_inflight";
     pub const KV_CACHE_USAGE: &str = "kv_cache_usage";
+    pub const PREFIX_CACHE_HIT_RATE: &str = "prefix_cache_hit_rate";
     pub const AGENT_VERSION: &str = "agent_version";
     pub const UPDATED_AT_MS: &str = "updated_at_ms";
     /// Where `remaining_memory_mb` came from (`nvml`, `kv_cache`, `metrics`); informational.
     pub const MEMORY_SOURCE: &str = "memory_source";
 
     /// Every key of the contract, in the order above.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         MODEL_ID,
         SUPPORTED_MODELS,
         MODEL_VERSION,
@@ -53,6 +60,7 @@ pub mod keys {
         HEALTH_STATUS,
         MAX_INFLIGHT,
         KV_CACHE_USAGE,
+        PREFIX_CACHE_HIT_RATE,
         AGENT_VERSION,
         UPDATED_AT_MS,
         MEMORY_SOURCE,
@@ -65,9 +73,7 @@ pub const MB_PER_GB: f64 = 1024.0;
 /// Largest believable free or total memory: 10 TiB in MiB. The largest GPUs hold under
 /// 300 GB and a whole 8-GPU node under 3 TB; anything above is a unit mistake or garbage.
 pub const MAX_MEMORY_MB: f64 = 10.0 * 1024.0 * 1024.0;
-/// Largest believable request count, queue length or cap: no model server runs or queues a
-/// million requests (vLLM's `max_num_seqs` defaults to 256).
-pub const MAX_REQUESTS: f64 = 1e6;
+pub use crate::telemetry::instance::MAX_REQUESTS;
 /// Longest string kept in explanations (values from Nacos can be anything, of any size).
 pub const MAX_SHOWN_CHARS: usize = 64;
 /// The ranges, as invalid values are told.
@@ -131,12 +137,10 @@ pub struct Metadata {
     /// Which key `free_memory_mb` came from.
     pub free_memory_key: &'static str,
     pub gpu_memory_total_mb: Field<u32>,
-    pub gpu_util: Field<f64>,
-    pub current_requests: Field<f64>,
-    pub queue_length: Field<f64>,
+    /// The dynamic signals ([`signals::ALL`]), by [`Signal::id`]; read with [`Self::signal`].
+    pub signals: [Field<f64>; signals::COUNT],
     pub health_status: Field<HealthStatus>,
     pub max_inflight: Field<u32>,
-    pub kv_cache_usage: Field<f64>,
     pub agent_version: Field<String>,
     pub updated_at_ms: Field<u64>,
 }
@@ -264,12 +268,10 @@ impl Metadata {
             free_memory_mb,
             free_memory_key,
             gpu_memory_total_mb: field(get(keys::GPU_MEMORY_TOTAL_MB), |r| memory_mb(r, 1.0, &["mib", "mb"])),
-            gpu_util: field(get(keys::GPU_UTIL), |r| number(r, &["%"], 0.0, 100.0, "a percentage, 0 to 100")),
-            current_requests: field(get(keys::CURRENT_REQUESTS), |r| number(r, &[], 0.0, MAX_REQUESTS, REQUESTS_RANGE)),
-            queue_length: field(get(keys::QUEUE_LENGTH), |r| number(r, &[], 0.0, MAX_REQUESTS, REQUESTS_RANGE)),
+            signals: signals::ALL
+                .map(|s| field(get(s.key), |r| number(r, s.range.units, s.range.lo, s.range.hi, s.range.text))),
             health_status: field(get(keys::HEALTH_STATUS), health),
             max_inflight: as_u32(field(get(keys::MAX_INFLIGHT), |r| integer(r, MAX_REQUESTS, REQUESTS_RANGE))),
-            kv_cache_usage: field(get(keys::KV_CACHE_USAGE), |r| number(r, &[], 0.0, 1.0, "a fraction, 0 to 1")),
             agent_version: field(get(keys::AGENT_VERSION), text),
             updated_at_ms: match field(get(keys::UPDATED_AT_MS), |r| integer(r, 2f64.powi(53), "0 to 2^53")) {
                 Field::Valid(v) => Field::Valid(v as u64),
@@ -277,6 +279,13 @@ impl Metadata {
                 Field::Absent => Field::Absent,
             },
         }
+    }
+}
+
+impl Metadata {
+    /// The parsed value of a dynamic signal.
+    pub fn signal(&self, s: &Signal) -> &Field<f64> {
+        &self.signals[s.id]
     }
 }
 
@@ -478,11 +487,11 @@ mod tests {
             ("kv_cache_usage", "0.9"),
             ("updated_at_ms", "1700000000000"),
         ]);
-        assert!(matches!(m.gpu_util, Field::Invalid { .. }));
-        assert_eq!(m.current_requests, Field::Valid(2.5), "averaged counts are fine");
-        assert!(matches!(m.queue_length, Field::Invalid { .. }));
+        assert!(matches!(m.signal(&signals::GPU_UTIL), Field::Invalid { .. }));
+        assert_eq!(*m.signal(&signals::CURRENT_REQUESTS), Field::Valid(2.5), "averaged counts are fine");
+        assert!(matches!(m.signal(&signals::QUEUE_LENGTH), Field::Invalid { .. }));
         assert!(matches!(m.max_inflight, Field::Invalid { .. }));
-        assert_eq!(m.kv_cache_usage, Field::Valid(0.9));
+        assert_eq!(*m.signal(&signals::KV_CACHE_USAGE), Field::Valid(0.9));
         assert_eq!(m.updated_at_ms, Field::Valid(1_700_000_000_000));
     }
 
@@ -519,7 +528,7 @@ mod tests {
         }
         for v in [0.0, 3.0, 2.5, 40.125, 99.999, 1e6] {
             let m = meta(&[("current_requests", &format_number(v))]);
-            assert!((m.current_requests.valid().unwrap() - v).abs() < 1e-3, "{v}");
+            assert!((m.signal(&signals::CURRENT_REQUESTS).valid().unwrap() - v).abs() < 1e-3, "{v}");
         }
     }
 
@@ -555,7 +564,7 @@ mod tests {
     #[test]
     fn long_values_are_shortened_on_a_char_boundary() {
         let raw = "é".repeat(1000);
-        match meta(&[("gpu_util", &raw)]).gpu_util {
+        match meta(&[("gpu_util", &raw)]).signals[signals::GPU_UTIL.id].clone() {
             Field::Invalid { raw, .. } => assert_eq!(raw.chars().count(), MAX_SHOWN_CHARS + 1),
             other => panic!("{other:?}"),
         }

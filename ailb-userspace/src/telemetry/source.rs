@@ -1,0 +1,147 @@
+//! The node sampler's seam: [`Telemetry`] gives one [`NodeSample`] per call, with the errors met
+//! on the way (each source fails alone: a failed scrape leaves the GPU values, a failed NVML read
+//! leaves the server's). [`NodeSource`] is the real one: [`super::nvml`] and
+//! [`super::model_server`]. The agent and the one-box daemon both sample through it.
+
+use std::{future::Future, sync::Arc};
+
+use super::{
+    instance::GpuRef,
+    model_server::ModelServerSource,
+    nvml::{DeviceSelector, NvmlSource},
+    NodeSample, ServerSample,
+};
+use crate::error_chain;
+
+/// Which part of a sample an error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleSource {
+    Nvml,
+    Scrape,
+}
+
+impl SampleSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::Scrape => "scrape",
+        }
+    }
+}
+
+/// A sample and what went wrong taking it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampled {
+    pub sample: NodeSample,
+    pub errors: Vec<(SampleSource, String)>,
+}
+
+/// One instance's telemetry. Async only here, at the I/O edge.
+pub trait Telemetry: Send {
+    fn sample(&mut self) -> impl Future<Output = Sampled> + Send;
+}
+
+/// The real sources of one instance: its model server (metrics and health) and, unless the
+/// config says `nvml = false`, its GPUs through NVML (opened once, shared by the instances).
+pub struct NodeSource {
+    pub server: ModelServerSource,
+    pub nvml: Option<(Arc<NvmlSource>, Vec<DeviceSelector>)>,
+    prefix: PrefixWindow,
+}
+
+/// The prefix-cache hit rate over the window between two scrapes, from cumulative counters:
+/// the rate a router can act on (a server's lifetime ratio barely moves after an hour).
+#[derive(Debug, Default)]
+struct PrefixWindow {
+    /// The counters (hits, queries) at the previous scrape.
+    last: Option<(f64, f64)>,
+    /// The last rate: kept while no prompt was looked up since (no new evidence).
+    rate: Option<f64>,
+}
+
+impl PrefixWindow {
+    /// The rate for counters read now. The first scrape, and one after the counters went back
+    /// (a restarted server), use the counters as they are: the rate since the server started.
+    fn update(&mut self, now: Option<(f64, f64)>) -> Option<f64> {
+        let Some((hits, queries)) = now.filter(|(h, q)| h.is_finite() && q.is_finite() && *h >= 0.0 && *q >= 0.0)
+        else {
+            self.last = None;
+            self.rate = None;
+            return None;
+        };
+        let (dh, dq) = match self.last {
+            Some((h0, q0)) if hits >= h0 && queries >= q0 => (hits - h0, queries - q0),
+            _ => (hits, queries),
+        };
+        self.last = Some((hits, queries));
+        if dq > 0.0 {
+            self.rate = Some((dh / dq).clamp(0.0, 1.0));
+        }
+        self.rate
+    }
+}
+
+impl NodeSource {
+    pub fn new(server: ModelServerSource, nvml: Option<(Arc<NvmlSource>, Vec<DeviceSelector>)>) -> Self {
+        Self { server, nvml, prefix: PrefixWindow::default() }
+    }
+
+    pub fn selector(g: &GpuRef) -> DeviceSelector {
+        match g {
+            GpuRef::Index(i) => DeviceSelector::Index(*i),
+            GpuRef::Uuid(u) => DeviceSelector::Uuid(u.clone()),
+        }
+    }
+}
+
+impl Telemetry for NodeSource {
+    async fn sample(&mut self) -> Sampled {
+        let mut errors = Vec::new();
+        let server = match self.server.sample().await {
+            Ok(mut s) => {
+                if s.prefix_cache_counters.is_some() || s.prefix_cache_hit_rate.is_none() {
+                    s.prefix_cache_hit_rate = self.prefix.update(s.prefix_cache_counters);
+                }
+                s
+            }
+            Err(e) => {
+                errors.push((SampleSource::Scrape, error_chain(&e)));
+                // The server answered (wrongly): it is up, its load is unknown.
+                ServerSample { healthy: true, ..ServerSample::default() }
+            }
+        };
+        let mut gpus = Vec::new();
+        if let Some((nvml, selectors)) = &self.nvml {
+            // NVML answers in microseconds (ioctls): called inline. One failed GPU leaves the
+            // memory unknown rather than counting part of the instance's GPUs.
+            match selectors.iter().map(|s| nvml.sample(s)).collect::<Result<Vec<_>, _>>() {
+                Ok(g) => gpus = g,
+                Err(e) => errors.push((SampleSource::Nvml, error_chain(&e))),
+            }
+        }
+        Sampled { sample: NodeSample { gpus, server }, errors }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrefixWindow;
+
+    #[test]
+    fn the_prefix_hit_rate_is_taken_over_the_window_between_scrapes() {
+        let mut w = PrefixWindow::default();
+        assert_eq!(w.update(None), None);
+        // First scrape: the rate since the server started.
+        assert_eq!(w.update(Some((2944.0, 6000.0))), Some(2944.0 / 6000.0));
+        // 1,000 tokens looked up, 900 found: 0.9 for this window, whatever came before.
+        assert_eq!(w.update(Some((3844.0, 7000.0))), Some(0.9));
+        // Nothing looked up since: the last rate stands.
+        assert_eq!(w.update(Some((3844.0, 7000.0))), Some(0.9));
+        // The counters went back (a restart): the new counters as they are.
+        assert_eq!(w.update(Some((10.0, 100.0))), Some(0.1));
+        // No counters (the scrape lacked them): unknown, and the window starts again.
+        assert_eq!(w.update(None), None);
+        assert_eq!(w.update(Some((50.0, 100.0))), Some(0.5));
+        assert_eq!(w.update(Some((f64::NAN, 100.0))), None);
+    }
+}
