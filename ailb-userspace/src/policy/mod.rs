@@ -102,8 +102,10 @@ pub(crate) struct BackendMemory {
 }
 
 impl PolicyState {
-    /// The smoothed GPU utilisation of a backend, if it reported one.
-    pub fn smoothed_util(&self, model: &str, backend: SocketAddr) -> Option<f64> {
+    /// The smoothed GPU utilisation of a backend, if it reported one (the plan's explanation
+    /// carries it for everyone else).
+    #[cfg(test)]
+    pub(crate) fn smoothed_util(&self, model: &str, backend: SocketAddr) -> Option<f64> {
         self.backends.get(model).and_then(|b| b.get(&backend)).and_then(|m| m.util_ewma)
     }
 
