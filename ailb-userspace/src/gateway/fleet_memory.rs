@@ -45,9 +45,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
-use super::config::FleetMemoryLimits;
 use super::error::ApiError;
 use super::metrics::{AdmissionLabel, ModelLabel};
+use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::model_load::ModelLoad;
 use crate::datapath::DatapathError;
 

@@ -15,14 +15,13 @@
 //!
 //! It reads the same config file as `ailb run`: the model catalog (`[[models]]`,
 //! `[[services]]`; a model's first VIP is where its requests connect) and the `[gateway]`
-//! section ([`GatewayConfig`]).
+//! section ([`crate::config::gateway::GatewayConfig`]).
 
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod answer;
 mod body;
-pub mod config;
 pub mod error;
 pub mod fleet_memory;
 pub mod h1;
@@ -41,7 +40,8 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
-pub use config::{GatewayConfig, ValidGateway};
+use crate::config::gateway::ValidGateway;
+
 pub use error::{ApiError, GatewayError};
 pub use server::{routing_inputs, Gateway, BACKEND_HEADER, CONVERSATION_HEADER};
 
@@ -114,7 +114,7 @@ fn open_admission(
     rt: &tokio::runtime::Runtime,
     registry: &mut Registry,
 ) -> Result<Option<admission::Control>, GatewayError> {
-    use config::ValidAdmission;
+    use crate::config::gateway::ValidAdmission;
     let control = match &gateway.admission {
         ValidAdmission::Off => return Ok(None),
         ValidAdmission::Inflight { retry_after } => {

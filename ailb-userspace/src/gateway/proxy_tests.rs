@@ -6,8 +6,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 
 use super::*;
+use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::DatapathError;
-use crate::gateway::config::FleetMemoryLimits;
 use crate::gateway::fleet_memory::{Capacity, Fleet, FleetMemory};
 use crate::gateway::h1::upbody::Framing;
 use crate::gateway::metrics::GatewayMetrics;

@@ -20,7 +20,6 @@ use tokio::sync::Semaphore;
 
 use super::admission::Control;
 use super::answer::{Answer, HeadLines};
-use super::config::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use super::error::ApiError;
 use super::fleet_memory::Ticket;
 use super::log::RequestLog;
@@ -30,6 +29,7 @@ use super::pool::{Conn, Pool, PoolKey};
 use super::proxy::{self, BoxError, Deadline, Held, Relay, Reuse, Sent, UpBody};
 use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
 use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
+use crate::config::gateway::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use crate::config::ValidConfig;
 
 /// A forwarded request: the upstream's response (with its headers as lines when the front

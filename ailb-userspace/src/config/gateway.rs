@@ -256,91 +256,15 @@ fn positive(field: &str, value: &str) -> Result<Duration, ConfigError> {
 impl GatewayConfig {
     /// Checks every field; `models` is the catalog (names of `[[models]]` and `[[services]]`).
     pub fn validate<'a>(&self, models: impl IntoIterator<Item = &'a str>) -> Result<ValidGateway, ConfigError> {
-        if self.listen.is_empty() {
-            return Err(ConfigError::invalid("gateway.listen", "[]", "at least one address is needed"));
-        }
-        let listen = self
-            .listen
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                l.parse::<SocketAddr>().map_err(|e| {
-                    ConfigError::invalid(format!("gateway.listen[{i}]"), l, format!("expected ip:port ({e})"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if self.max_body_bytes == 0 {
-            return Err(ConfigError::invalid("gateway.max_body_bytes", 0, "must be above zero"));
-        }
-        if self.max_concurrent == 0 {
-            return Err(ConfigError::invalid("gateway.max_concurrent", 0, "must be above zero"));
-        }
-        if self.completion_prefix_bytes == 0 {
-            return Err(ConfigError::invalid("gateway.completion_prefix_bytes", 0, "must be above zero"));
-        }
-        let session_header = self
-            .session_header
-            .as_deref()
-            .map(|h| {
-                HeaderName::try_from(h)
-                    .map_err(|_| ConfigError::invalid("gateway.session_header", h, "not a valid HTTP header name"))
-            })
-            .transpose()?;
-        let models: Vec<&str> = models.into_iter().collect();
-        for (name, &bytes) in &self.kv_bytes_per_token {
-            let field = format!("gateway.kv_bytes_per_token.{name}");
-            if !models.contains(&name.as_str()) {
-                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
-            }
-            if bytes == 0 {
-                return Err(ConfigError::invalid(field, 0, "must be above zero (omit the model for no estimate)"));
-            }
-        }
-        for (name, &tokens) in &self.kv_block_tokens {
-            let field = format!("gateway.kv_block_tokens.{name}");
-            if !models.contains(&name.as_str()) {
-                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
-            }
-            if !(1..=MAX_KV_BLOCK_TOKENS).contains(&tokens) {
-                return Err(ConfigError::invalid(field, tokens, format!("must be 1 to {MAX_KV_BLOCK_TOKENS}")));
-            }
-        }
-        let admission_retry = positive("gateway.admission_retry_after", &self.admission_retry_after)?;
-        if admission_retry.subsec_nanos() != 0 {
-            return Err(ConfigError::invalid(
-                "gateway.admission_retry_after",
-                &self.admission_retry_after,
-                "must be whole seconds (Retry-After counts seconds)",
-            ));
-        }
-        let upstream_reuse = match self.upstream_reuse.as_str() {
-            "conversation" => UpstreamReuse::Conversation,
-            "never" => UpstreamReuse::Never,
-            other => {
-                return Err(ConfigError::invalid(
-                    "gateway.upstream_reuse",
-                    other,
-                    "expected \"conversation\" or \"never\"",
-                ))
-            }
-        };
+        let listen = self.listen()?;
+        self.check_counts()?;
+        let session_header = self.session_header()?;
+        self.check_kv(&models.into_iter().collect::<Vec<_>>())?;
+        let admission_retry = self.admission_retry()?;
+        let upstream_reuse = self.upstream_reuse()?;
         let upstream_max_age = positive("gateway.upstream_max_age", &self.upstream_max_age)?;
         let admission = self.admission.validate(admission_retry)?;
-        let upstream_idle_mark_after = match &self.upstream_idle_mark_after {
-            Some(text) => {
-                let d = parse_duration("gateway.upstream_idle_mark_after", text)?;
-                if d >= upstream_max_age {
-                    return Err(ConfigError::invalid(
-                        "gateway.upstream_idle_mark_after",
-                        text,
-                        "must be below gateway.upstream_max_age (a connection that old is closed, not kept)",
-                    ));
-                }
-                d
-            }
-            None if admission == ValidAdmission::Off => DEFAULT_IDLE_MARK_AFTER.min(upstream_max_age / 2),
-            None => Duration::ZERO,
-        };
+        let upstream_idle_mark_after = self.idle_mark_after(upstream_max_age, &admission)?;
         Ok(ValidGateway {
             listen,
             max_body_bytes: self.max_body_bytes,
@@ -362,149 +286,112 @@ impl GatewayConfig {
             http1_fast_path: self.http1_fast_path,
         })
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use crate::config::Config;
-
-    const CATALOG: &str = "[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n";
-
-    fn check(gateway: &str) -> Result<super::ValidGateway, String> {
-        let c = Config::parse(&format!("{CATALOG}[gateway]\n{gateway}"), "test").map_err(|e| e.to_string())?;
-        let v = c.validate().map_err(|e| e.to_string())?;
-        c.gateway.validate(v.models.keys().map(String::as_str)).map_err(|e| e.to_string())
+    /// `listen`: at least one `ip:port`.
+    fn listen(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError::invalid("gateway.listen", "[]", "at least one address is needed"));
+        }
+        self.listen
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                l.parse::<SocketAddr>().map_err(|e| {
+                    ConfigError::invalid(format!("gateway.listen[{i}]"), l, format!("expected ip:port ({e})"))
+                })
+            })
+            .collect()
     }
 
-    #[test]
-    fn absent_section_gets_documented_defaults() {
-        let c = Config::parse(CATALOG, "t").unwrap();
-        let g = c.gateway.validate(["m"]).unwrap();
-        assert_eq!(g.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
-        assert_eq!(g.max_body_bytes, 32 << 20);
-        assert_eq!(g.max_concurrent, 1024);
-        assert_eq!(g.header_timeout.as_secs(), 30);
-        assert_eq!(g.connect_timeout.as_secs(), 5);
-        assert_eq!(g.idle_timeout.as_secs(), 300);
-        assert_eq!(g.total_timeout.as_secs(), 1800);
-        assert_eq!(g.session_header, None);
-        assert_eq!(g.completion_prefix_bytes, 1024);
-        assert!(g.kv_bytes_per_token.is_empty());
-        assert!(g.kv_block_tokens.is_empty(), "every model gets DEFAULT_KV_BLOCK_TOKENS");
-        assert_eq!(g.upstream_reuse, super::UpstreamReuse::Conversation);
-        assert_eq!(g.upstream_max_age.as_secs(), 1);
-        assert_eq!(g.upstream_idle_mark_after, std::time::Duration::from_millis(10));
-        assert_eq!(g.upstream_max_idle, 256);
-        assert_eq!(g.worker_threads, None, "one per core");
-        assert_eq!(g.admission, super::ValidAdmission::Off, "admission off");
+    /// The sizes and counts that must be above zero.
+    fn check_counts(&self) -> Result<(), ConfigError> {
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::invalid("gateway.max_body_bytes", 0, "must be above zero"));
+        }
+        if self.max_concurrent == 0 {
+            return Err(ConfigError::invalid("gateway.max_concurrent", 0, "must be above zero"));
+        }
+        if self.completion_prefix_bytes == 0 {
+            return Err(ConfigError::invalid("gateway.completion_prefix_bytes", 0, "must be above zero"));
+        }
+        Ok(())
     }
 
-    #[test]
-    fn values_are_taken() {
-        let g = check(
-            "listen = [\"127.0.0.1:0\", \"[::1]:9\"]\nmax_body_bytes = 10\nsession_header = \"X-User\"\n\
-             idle_timeout = \"250ms\"\nupstream_reuse = \"never\"\nworker_threads = 3\n[gateway.kv_bytes_per_token]\nm = 4096\n\
-             [gateway.kv_block_tokens]\nm = 512\n",
-        )
-        .unwrap();
-        assert_eq!(g.listen.len(), 2);
-        assert_eq!(g.max_body_bytes, 10);
-        assert_eq!(g.session_header.unwrap().as_str(), "x-user");
-        assert_eq!(g.idle_timeout.as_millis(), 250);
-        assert_eq!(g.kv_bytes_per_token["m"], 4096);
-        assert_eq!(g.kv_block_tokens["m"], 512);
-        assert_eq!(g.upstream_reuse, super::UpstreamReuse::Never);
-        assert_eq!(g.worker_threads, Some(3));
-        assert_eq!(g.admission, super::ValidAdmission::Off);
-        let g = check("admission = true\nadmission_retry_after = \"2s\"").unwrap();
-        assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(2) });
-        let g = check("admission = false").unwrap();
-        assert_eq!(g.admission, super::ValidAdmission::Off);
-        let g = check("[gateway.admission]\nmode = \"inflight\"").unwrap();
-        assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(1) });
-        let g = check("[gateway.admission]\nmode = \"off\"").unwrap();
-        assert_eq!(g.admission, super::ValidAdmission::Off);
+    fn session_header(&self) -> Result<Option<HeaderName>, ConfigError> {
+        self.session_header
+            .as_deref()
+            .map(|h| {
+                HeaderName::try_from(h)
+                    .map_err(|_| ConfigError::invalid("gateway.session_header", h, "not a valid HTTP header name"))
+            })
+            .transpose()
     }
 
-    #[test]
-    fn kept_connections_are_marked_idle_at_once_by_default_when_the_admission_reads_the_counts() {
-        use std::time::Duration;
-        let mark = |text: &str| check(text).unwrap().upstream_idle_mark_after;
-        assert_eq!(mark(""), Duration::from_millis(10), "admission off: the deferred mark");
-        assert_eq!(mark("admission = true"), Duration::ZERO);
-        assert_eq!(mark("[gateway.admission]\nmode = \"fleet_memory\""), Duration::ZERO);
-        assert_eq!(mark("upstream_idle_mark_after = \"20ms\"\nadmission = true"), Duration::from_millis(20));
-        assert_eq!(mark("upstream_idle_mark_after = \"0s\""), Duration::ZERO);
-        // A short max_age alone is no error about a mark the config never set.
-        assert_eq!(mark("upstream_max_age = \"8ms\""), Duration::from_millis(4));
+    /// `kv_bytes_per_token` and `kv_block_tokens`: models of the catalog, values in range.
+    fn check_kv(&self, models: &[&str]) -> Result<(), ConfigError> {
+        for (name, &bytes) in &self.kv_bytes_per_token {
+            let field = format!("gateway.kv_bytes_per_token.{name}");
+            if !models.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
+            }
+            if bytes == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be above zero (omit the model for no estimate)"));
+            }
+        }
+        for (name, &tokens) in &self.kv_block_tokens {
+            let field = format!("gateway.kv_block_tokens.{name}");
+            if !models.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
+            }
+            if !(1..=MAX_KV_BLOCK_TOKENS).contains(&tokens) {
+                return Err(ConfigError::invalid(field, tokens, format!("must be 1 to {MAX_KV_BLOCK_TOKENS}")));
+            }
+        }
+        Ok(())
     }
 
-    #[test]
-    fn fleet_memory_admission_has_documented_defaults_and_takes_values() {
-        let g = check("[gateway.admission]\nmode = \"fleet_memory\"").unwrap();
-        let want = super::FleetMemoryLimits {
-            factor: 1.0,
-            max_wait: std::time::Duration::from_secs(5),
-            max_queued: 1024,
-            reserve: 0.5,
-            retry_after: 1,
-        };
-        assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want));
-        let g = check(
-            "admission_retry_after = \"3s\"\n[gateway.admission]\nfactor = 1.5\nmax_wait = \"250ms\"\nmax_queued = 0\n\
-             reserve = 0.25",
-        )
-        .unwrap();
-        let want = super::FleetMemoryLimits {
-            factor: 1.5,
-            max_wait: std::time::Duration::from_millis(250),
-            max_queued: 0,
-            reserve: 0.25,
-            retry_after: 3,
-        };
-        assert_eq!(g.admission, super::ValidAdmission::FleetMemory(want), "the table's mode defaults to fleet_memory");
+    /// `admission_retry_after`: whole seconds above zero.
+    fn admission_retry(&self) -> Result<Duration, ConfigError> {
+        let retry = positive("gateway.admission_retry_after", &self.admission_retry_after)?;
+        if retry.subsec_nanos() != 0 {
+            return Err(ConfigError::invalid(
+                "gateway.admission_retry_after",
+                &self.admission_retry_after,
+                "must be whole seconds (Retry-After counts seconds)",
+            ));
+        }
+        Ok(retry)
     }
 
-    #[test]
-    fn bad_values_name_field_and_value() {
-        let cases: &[(&str, &[&str])] = &[
-            ("listen = []", &["gateway.listen", "[]"]),
-            ("listen = [\"nowhere\"]", &["gateway.listen[0]", "nowhere"]),
-            ("max_body_bytes = 0", &["gateway.max_body_bytes", "0"]),
-            ("max_concurrent = 0", &["gateway.max_concurrent"]),
-            ("header_timeout = \"soon\"", &["gateway.header_timeout", "soon"]),
-            ("total_timeout = \"0s\"", &["gateway.total_timeout", "above zero"]),
-            ("session_header = \"bad header\"", &["gateway.session_header", "bad header"]),
-            ("completion_prefix_bytes = 0", &["gateway.completion_prefix_bytes"]),
-            ("kv_bytes_per_token = { other = 1 }", &["gateway.kv_bytes_per_token.other", "catalog"]),
-            ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
-            ("kv_block_tokens = { other = 16 }", &["gateway.kv_block_tokens.other", "catalog"]),
-            ("kv_block_tokens = { m = 0 }", &["gateway.kv_block_tokens.m", "1 to 65536"]),
-            ("admission_retry_after = \"1500ms\"", &["gateway.admission_retry_after", "1500ms", "whole seconds"]),
-            ("admission_retry_after = \"0s\"", &["gateway.admission_retry_after", "above zero"]),
-            ("admission = 1", &["admission", "true, false or a table"]),
-            ("[gateway.admission]\nmode = \"memory\"", &["gateway.admission.mode", "memory", "fleet_memory"]),
-            ("[gateway.admission]\nfactor = 0.0", &["gateway.admission.factor", "0", "above 0"]),
-            ("[gateway.admission]\nfactor = -1.0", &["gateway.admission.factor", "-1", "above 0"]),
-            ("[gateway.admission]\nfactor = 1000.0", &["gateway.admission.factor", "1000", "at most 100"]),
-            ("[gateway.admission]\nfactor = nan", &["gateway.admission.factor", "NaN"]),
-            ("[gateway.admission]\nmax_wait = \"later\"", &["gateway.admission.max_wait", "later"]),
-            ("[gateway.admission]\nmax_queued = 2000000", &["gateway.admission.max_queued", "2000000"]),
-            ("[gateway.admission]\nmax_wait_ms = 5", &["max_wait_ms"]),
-            ("[gateway.admission]\nreserve = 1.5", &["gateway.admission.reserve", "1.5", "from 0 to 1"]),
-            ("[gateway.admission]\nreserve = -0.1", &["gateway.admission.reserve", "-0.1", "from 0 to 1"]),
-            ("[gateway.admission]\nreserve = nan", &["gateway.admission.reserve", "NaN"]),
-            ("upstream_reuse = \"always\"", &["gateway.upstream_reuse", "always", "never"]),
-            ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
-            ("upstream_idle_mark_after = \"2s\"", &["gateway.upstream_idle_mark_after", "2s", "upstream_max_age"]),
-            ("upstream_idle_mark_after = \"soon\"", &["gateway.upstream_idle_mark_after", "soon"]),
-            ("bogus = 1", &["bogus"]),
-        ];
-        for (text, wants) in cases {
-            let e = check(text).expect_err(text);
-            for want in *wants {
-                assert!(e.contains(want), "error {e:?} for {text:?} should mention {want:?}");
+    fn upstream_reuse(&self) -> Result<UpstreamReuse, ConfigError> {
+        match self.upstream_reuse.as_str() {
+            "conversation" => Ok(UpstreamReuse::Conversation),
+            "never" => Ok(UpstreamReuse::Never),
+            other => {
+                Err(ConfigError::invalid("gateway.upstream_reuse", other, "expected \"conversation\" or \"never\""))
             }
         }
     }
+
+    /// `upstream_idle_mark_after`: below `max_age` when set; else the default of the admission.
+    fn idle_mark_after(&self, max_age: Duration, admission: &ValidAdmission) -> Result<Duration, ConfigError> {
+        match &self.upstream_idle_mark_after {
+            Some(text) => {
+                let d = parse_duration("gateway.upstream_idle_mark_after", text)?;
+                if d >= max_age {
+                    return Err(ConfigError::invalid(
+                        "gateway.upstream_idle_mark_after",
+                        text,
+                        "must be below gateway.upstream_max_age (a connection that old is closed, not kept)",
+                    ));
+                }
+                Ok(d)
+            }
+            None if *admission == ValidAdmission::Off => Ok(DEFAULT_IDLE_MARK_AFTER.min(max_age / 2)),
+            None => Ok(Duration::ZERO),
+        }
+    }
 }
+
+#[cfg(test)]
+mod tests;
