@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::error::ApiError;
+use super::http::ApiError;
 use crate::datapath::model_load::ModelLoad;
 use crate::datapath::DatapathError;
 

@@ -45,7 +45,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
-use super::error::ApiError;
+use super::http::ApiError;
 use super::metrics::{AdmissionLabel, ModelLabel};
 use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::model_load::ModelLoad;

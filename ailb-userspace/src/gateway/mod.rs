@@ -20,11 +20,10 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod answer;
 mod body;
-pub mod error;
 pub mod fleet_memory;
 pub mod h1;
+pub mod http;
 mod log;
 pub mod metrics;
 pub mod models;
@@ -42,8 +41,29 @@ use prometheus_client::registry::Registry;
 
 use crate::config::gateway::ValidGateway;
 
-pub use error::{ApiError, GatewayError};
-pub use server::{routing_inputs, Gateway, BACKEND_HEADER, CONVERSATION_HEADER};
+pub use http::ApiError;
+pub use http::{BACKEND_HEADER, CONVERSATION_HEADER};
+pub use server::{routing_inputs, Gateway};
+
+/// Start-up failures of `ailb gateway`.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(transparent)]
+    Config(#[from] crate::validate::ConfigError),
+    #[error("gateway: listening on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Admission(#[from] admission::AdmissionError),
+    #[error("gateway: starting the tokio runtime")]
+    Runtime {
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// The catalog and the `[gateway]` section of the config at `path` (or the embedded
 /// default), both validated.

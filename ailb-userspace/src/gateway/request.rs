@@ -1,133 +1,14 @@
-//! A client's request as the routes take it ([`ReqHead`]: hyper's parts, or the HTTP/1 fast
-//! path's head read in place), and the request the front door sends upstream for it
-//! ([`UpRequest`]): the client's method, target and end-to-end headers, its address appended to
-//! `X-Forwarded-For`, `Host` from an HTTP/2 client's `:authority`, and the body.
+//! The request the front door sends upstream for a client's ([`UpRequest`]): the client's
+//! method, target and end-to-end headers, its address appended to `X-Forwarded-For`, `Host`
+//! from an HTTP/2 client's `:authority`, and the body.
 
 use std::io::Write as _;
 
 use bytes::Bytes;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
-use hyper::http::request::Parts;
-use hyper::{Method, Request, Version};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+use hyper::Request;
 
-use super::h1::head::{has_token, RawHead};
-use super::route::Headers;
-use super::server::ClientIp;
-
-/// Hop-by-hop headers: they describe one connection and are never forwarded.
-pub const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-];
-
-const FORWARDED_FOR: &str = "x-forwarded-for";
-
-/// A request's head. Both kinds are boxed: the head is moved into each of the route's async
-/// functions in turn, and a pointer moves for a fraction of what two hundred bytes cost.
-#[derive(Debug)]
-pub enum ReqHead {
-    /// From hyper's server.
-    Hyper(Box<Parts>),
-    /// From the HTTP/1 fast path: header values are slices of the bytes read.
-    Raw(Box<RawHead>),
-}
-
-impl From<Parts> for ReqHead {
-    fn from(parts: Parts) -> Self {
-        ReqHead::Hyper(Box::new(parts))
-    }
-}
-
-impl From<RawHead> for ReqHead {
-    fn from(head: RawHead) -> Self {
-        ReqHead::Raw(Box::new(head))
-    }
-}
-
-impl ReqHead {
-    pub fn method(&self) -> &Method {
-        match self {
-            ReqHead::Hyper(p) => &p.method,
-            ReqHead::Raw(r) => &r.method,
-        }
-    }
-
-    pub fn path(&self) -> &str {
-        match self {
-            ReqHead::Hyper(p) => p.uri.path(),
-            ReqHead::Raw(r) => r.uri.path(),
-        }
-    }
-
-    /// The path and query, as the request line upstream carries them.
-    pub fn target(&self) -> &str {
-        let uri = match self {
-            ReqHead::Hyper(p) => &p.uri,
-            ReqHead::Raw(r) => &r.uri,
-        };
-        uri.path_and_query().map_or("/", |p| p.as_str())
-    }
-
-    pub fn version(&self) -> Version {
-        match self {
-            ReqHead::Hyper(p) => p.version,
-            ReqHead::Raw(r) => r.version,
-        }
-    }
-
-    /// Calls `f` with every header, in order (names lowercase for hyper's, as the client
-    /// wrote them for the fast path's).
-    fn each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
-        match self {
-            ReqHead::Hyper(p) => p.headers.iter().for_each(|(n, v)| f(n.as_str().as_bytes(), v.as_bytes())),
-            ReqHead::Raw(r) => r.iter().for_each(|(n, v)| f(n, v)),
-        }
-    }
-
-    /// Whether it has a `Connection` header.
-    fn has_connection(&self) -> bool {
-        match self {
-            ReqHead::Hyper(p) => p.headers.contains_key(CONNECTION),
-            ReqHead::Raw(r) => r.has_connection(),
-        }
-    }
-
-    /// The `:authority` of an HTTP/2 request (HTTP/1.1 carries it as `Host`).
-    fn authority(&self) -> Option<&str> {
-        match self {
-            ReqHead::Hyper(p) => p.uri.authority().map(|a| a.as_str()),
-            ReqHead::Raw(_) => None,
-        }
-    }
-
-    /// Whether header `name` is hop-by-hop: one of [`HOP_BY_HOP`], or named in `Connection`.
-    fn hop_by_hop(&self, name: &[u8]) -> bool {
-        HOP_BY_HOP.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(name))
-            || (self.has_connection() && self.find_value("connection", |v| has_token(v, name).then_some(())).is_some())
-    }
-}
-
-impl Headers for ReqHead {
-    fn first(&self, name: &str) -> Option<&[u8]> {
-        match self {
-            ReqHead::Hyper(p) => p.headers.first(name),
-            ReqHead::Raw(r) => r.first(name),
-        }
-    }
-
-    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
-        match self {
-            ReqHead::Hyper(p) => p.headers.find_value(name, f),
-            ReqHead::Raw(r) => r.find_value(name, f),
-        }
-    }
-}
+use super::http::{ClientIp, Headers, ReqHead, FORWARDED_FOR};
 
 /// The request sent upstream for a client's request.
 pub struct UpRequest {
@@ -259,6 +140,7 @@ fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 mod tests {
     use super::*;
     use crate::gateway::h1::head::{parse, Parsed};
+    use hyper::Version;
     use proptest::prelude::*;
 
     fn raw(text: &str) -> ReqHead {

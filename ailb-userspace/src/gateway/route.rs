@@ -21,39 +21,12 @@
 
 use ailb_common::abi::MAX_CONVERSATION_LEN;
 use ailb_common::hash::conversation_hash;
-use hyper::header::{HeaderMap, HeaderName};
+use hyper::header::HeaderName;
+use hyper::StatusCode;
 use serde_json::Value;
 
 use super::body::{self, Fields, Messages, StrOr, Text};
-
-/// A request's headers as the rules read them: hyper's map, or the HTTP/1 fast path's head
-/// (values as slices of the bytes read). Names are given in lowercase; a head's names match
-/// in any case.
-pub trait Headers {
-    /// The first value of `name`.
-    fn first(&self, name: &str) -> Option<&[u8]>;
-    /// Calls `f` with every value of `name`, in order, until it returns `Some`.
-    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T>;
-}
-
-impl Headers for HeaderMap {
-    fn first(&self, name: &str) -> Option<&[u8]> {
-        self.get(name).map(|v| v.as_bytes())
-    }
-
-    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
-        self.get_all(name).iter().map(|v| v.as_bytes()).find_map(f)
-    }
-}
-
-/// A header value as text when it is visible ASCII (tabs allowed), as `HeaderValue::to_str` takes it.
-pub fn visible_ascii(v: &[u8]) -> Option<&str> {
-    if v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
-        std::str::from_utf8(v).ok()
-    } else {
-        None
-    }
-}
+use super::http::{visible_ascii, ApiError, Headers};
 
 /// The API a request calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +136,23 @@ impl RouteError {
             RouteError::BadHeader { header, .. } => Some(header),
             RouteError::Json { .. } | RouteError::NotObject { .. } => None,
         }
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        use RouteError as R;
+        let param = e.param().map(str::to_string);
+        let mut api = match &e {
+            R::UnknownModel { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", "")
+            }
+            R::Json { .. } | R::NotObject { .. } => ApiError::invalid_request("invalid_json", ""),
+            R::NoModel | R::BadField { .. } | R::BadHeader { .. } => ApiError::invalid_request("invalid_value", ""),
+        };
+        api.message = e.to_string();
+        api.param = param;
+        api
     }
 }
 

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode, Version};
@@ -19,16 +19,18 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::admission::Control;
-use super::answer::{Answer, HeadLines};
-use super::error::ApiError;
 use super::fleet_memory::Ticket;
+use super::http::{
+    full, is_event_stream, visible_ascii, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead,
+    BACKEND_HEADER, CONVERSATION_HEADER, HOP_BY_HOP,
+};
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
 use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, BoxError, Deadline, Held, Relay, Reuse, Sent, UpBody};
-use super::request::{ReqHead, UpRequest, HOP_BY_HOP};
-use super::route::{self, Endpoint, Headers, ModelFacts, Rules};
+use super::proxy::{self, Held, Relay, Reuse, Sent, UpBody};
+use super::request::UpRequest;
+use super::route::{self, Endpoint, ModelFacts, Rules};
 use crate::config::gateway::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use crate::config::ValidConfig;
 
@@ -36,19 +38,6 @@ use crate::config::ValidConfig;
 /// door's own client read it), its connection, where the connection goes after, and the
 /// request's share of the admission.
 type Forwarded = (Response<UpBody>, Option<HeadLines>, Box<Conn>, Option<Reuse>, Option<Ticket>);
-
-/// The response body of every route.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
-
-/// A body that is there whole.
-pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|e| match e {}).boxed_unsync()
-}
-
-/// `x-ailb-backend`: the backend the kernel chose (the upstream socket's peer).
-pub const BACKEND_HEADER: &str = "x-ailb-backend";
-/// `x-ailb-conversation`: the kernel's hash of the conversation key, as `ailb hash` prints it.
-pub const CONVERSATION_HEADER: &str = "x-ailb-conversation";
 
 /// A model of the catalog as the front door routes it.
 #[derive(Clone, Debug)]
@@ -127,11 +116,6 @@ pub enum RequestBody {
     Hyper(Incoming),
     /// Read whole already (by the HTTP/1 fast path), or why it could not be.
     Read(Result<Bytes, ApiError>),
-}
-
-/// 408: a request body slower than `within` (`gateway.header_timeout`).
-pub fn body_timeout(within: std::time::Duration) -> ApiError {
-    ApiError::client_timeout(format!("the request body did not arrive within {within:?} (gateway.header_timeout)"))
 }
 
 /// The front door's state, shared by every connection.
@@ -455,14 +439,14 @@ impl Gateway {
     /// `header_timeout` gets 408 (it holds one of the `max_concurrent` slots meanwhile).
     async fn read_body(&self, headers: &impl Headers, body: Incoming) -> Result<Bytes, ApiError> {
         let max = self.cfg.max_body_bytes;
-        let declared = headers.first("content-length").and_then(|v| route::visible_ascii(v)?.parse::<u64>().ok());
+        let declared = headers.first("content-length").and_then(|v| visible_ascii(v)?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max) {
             return Err(ApiError::too_large(max));
         }
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
         let within = self.cfg.header_timeout;
         let Ok(read) = tokio::time::timeout(within, Limited::new(body, limit).collect()).await else {
-            return Err(body_timeout(within));
+            return Err(ApiError::body_timeout(within));
         };
         match read {
             Ok(c) => Ok(c.to_bytes()),
@@ -498,28 +482,6 @@ fn end_to_end(headers: &mut HeaderMap) {
             continue;
         }
         headers.append(n.clone(), value);
-    }
-}
-
-/// Whether a `Content-Type` is an event stream (`text/event-stream`, any case, parameters allowed).
-pub fn is_event_stream(v: &[u8]) -> bool {
-    const SSE: &[u8] = b"text/event-stream";
-    route::visible_ascii(v)
-        .is_some_and(|v| v.trim_start().as_bytes().get(..SSE.len()).is_some_and(|p| p.eq_ignore_ascii_case(SSE)))
-}
-
-/// A client's IP address as `X-Forwarded-For` carries it, formatted once per connection.
-#[derive(Clone, Debug)]
-pub struct ClientIp(HeaderValue);
-
-impl ClientIp {
-    pub fn new(peer: SocketAddr) -> Self {
-        Self(header_value(peer.ip().to_string()))
-    }
-
-    /// The address as a header value.
-    pub fn value(&self) -> &HeaderValue {
-        &self.0
     }
 }
 

@@ -7,8 +7,8 @@
 //! the same head.
 #![no_main]
 
-use ailb_userspace::gateway::h1::head::{parse, Parsed, MAX_HEAD_BYTES};
-use ailb_userspace::gateway::route::Headers;
+use ailb_userspace::gateway::h1::head::{parse, Parsed};
+use ailb_userspace::gateway::http::{Headers, MAX_HEAD_BYTES};
 use hyper::{Method, Version};
 use libfuzzer_sys::fuzz_target;
 

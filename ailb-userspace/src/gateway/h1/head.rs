@@ -9,14 +9,9 @@ use std::ops::Range;
 use bytes::Bytes;
 use hyper::{Method, Uri, Version};
 
-use crate::gateway::route::Headers;
-
-/// Headers a head may have on the fast path (hyper's own limit is 100: a head with more
-/// goes to hyper, which answers 431).
-pub const MAX_HEADERS: usize = 100;
-/// Bytes of an unfinished head after which the fast path stops waiting for its end and hands
-/// the connection to hyper (which reads on to its own limit, then answers 431).
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+use crate::gateway::http::request::{Layout, Plain, RawHead, Routing, ROUTING};
+use crate::gateway::http::{has_token, valid_value};
+use crate::gateway::http::{MAX_HEADERS, MAX_HEAD_BYTES};
 
 /// What the bytes at the start of a connection's buffer are.
 #[derive(Debug)]
@@ -72,27 +67,6 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
-/// A head that can go upstream as it came: HTTP/1.1, CRLF line ends, no header the front door
-/// leaves out or rewrites (hop-by-hop ones, `X-Forwarded-For`), except one `Connection:
-/// keep-alive` line (what HTTP/1.1 clients such as the `openai` Python client send), which is
-/// cut out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plain {
-    /// Whether it has a `Content-Length`.
-    pub has_length: bool,
-    /// Where the `Connection: keep-alive` line is in the head (from its name to the next line).
-    pub cut: Option<Range<u32>>,
-}
-
-/// The lines of a [`Plain`] head to send upstream: `first`, then `rest` (the head with the
-/// `Connection: keep-alive` line cut out between them, without the blank line that ends it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PlainLines<'h> {
-    pub first: &'h [u8],
-    pub rest: &'h [u8],
-    pub has_length: bool,
-}
-
 /// Whether the `Connection` value `v` says keep-alive and nothing else (empty list elements
 /// aside, as HTTP allows).
 fn only_keep_alive(v: &[u8]) -> bool {
@@ -106,105 +80,11 @@ fn only_keep_alive(v: &[u8]) -> bool {
     said
 }
 
-/// A request head with its bytes: header values are read in place, never copied.
-#[derive(Debug)]
-pub struct RawHead {
-    pub method: Method,
-    pub uri: Uri,
-    pub version: Version,
-    bytes: Bytes,
-    headers: Vec<(Range<u32>, Range<u32>)>,
-    connection: bool,
-    plain: Option<Plain>,
-    routing: Routing,
-    len: usize,
-}
-
-/// The headers the routing rules look up in most requests (lowercase, as they ask for them).
-pub const ROUTING: [&str; 5] = ["x-model-id", "x-required-memory", "x-required-memory-mb", "x-session-id", "cookie"];
-
-/// For each of [`ROUTING`], the index of its first header, or `NONE`: found while the head is
-/// parsed, so a lookup is one index rather than a walk over every header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Routing([u8; ROUTING.len()]);
-
-impl Routing {
-    const NONE: u8 = u8::MAX;
-
-    fn set(&mut self, which: usize, index: usize) {
-        if self.0[which] == Self::NONE {
-            // At most MAX_HEADERS headers, below u8::MAX.
-            self.0[which] = index as u8;
-        }
-    }
-}
-
 impl Head {
     /// The head with `bytes`, the buffer it was parsed from (at least its first `len` bytes).
     pub fn into_raw(self, bytes: Bytes) -> RawHead {
         let Head { method, uri, version, headers, connection, plain, routing, len, .. } = self;
-        RawHead { method, uri, version, bytes, headers, connection, plain, routing, len }
-    }
-}
-
-impl RawHead {
-    /// Every header (name, value) as the client wrote it, in order. Names are httparse's
-    /// tokens (ASCII), compared as bytes: no text conversion per lookup.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.headers.iter().map(|(n, v)| {
-            (&self.bytes[n.start as usize..n.end as usize], &self.bytes[v.start as usize..v.end as usize])
-        })
-    }
-
-    /// Whether it has a `Connection` header (which may name more hop-by-hop headers).
-    pub fn has_connection(&self) -> bool {
-        self.connection
-    }
-
-    /// The same head without its [`Plain`] mark (for tests of the path that rewrites a head).
-    #[cfg(test)]
-    pub fn not_plain(mut self) -> Self {
-        self.plain = None;
-        self
-    }
-
-    /// The request line and header lines as they came (without the blank line that ends the
-    /// head and without a `Connection: keep-alive` line), when the head can go upstream so.
-    pub fn plain(&self) -> Option<PlainLines<'_>> {
-        let p = self.plain.as_ref()?;
-        let end = self.len - 2;
-        let (first, rest) = match &p.cut {
-            Some(cut) => (&self.bytes[..cut.start as usize], &self.bytes[cut.end as usize..end]),
-            None => (&self.bytes[..end], &[][..]),
-        };
-        Some(PlainLines { first, rest, has_length: p.has_length })
-    }
-}
-
-impl RawHead {
-    /// The values of the headers called `name` (any case). A name of another length is passed
-    /// over by its place alone, without looking at its bytes or its value's: the routing rules
-    /// look up several headers that most requests do not have.
-    fn values<'h, 'n>(&'h self, name: &'n str) -> impl Iterator<Item = &'h [u8]> + use<'h, 'n> {
-        let name = name.as_bytes();
-        self.headers.iter().filter_map(move |(n, v)| {
-            if n.len() != name.len() || !self.bytes[n.start as usize..n.end as usize].eq_ignore_ascii_case(name) {
-                return None;
-            }
-            Some(&self.bytes[v.start as usize..v.end as usize])
-        })
-    }
-}
-
-impl Headers for RawHead {
-    fn first(&self, name: &str) -> Option<&[u8]> {
-        let Some(which) = ROUTING.iter().position(|r| *r == name) else { return self.values(name).next() };
-        let (_, v) = self.headers.get(usize::from(self.routing.0[which]))?;
-        Some(&self.bytes[v.start as usize..v.end as usize])
-    }
-
-    fn find_value<'h, T>(&'h self, name: &str, f: impl FnMut(&'h [u8]) -> Option<T>) -> Option<T> {
-        self.values(name).find_map(f)
+        RawHead::new(method, uri, version, bytes, len, Layout { headers, connection, plain, routing })
     }
 }
 
@@ -232,31 +112,6 @@ fn place(buf: &[u8], part: &[u8]) -> Range<u32> {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
     // A head is at most MAX_HEAD_BYTES plus one read, far below 4 GiB.
     start as u32..(start + part.len()) as u32
-}
-
-/// Whether `http` takes `v` as a header value (visible ASCII, tabs, spaces and obs-text).
-///
-/// Eight bytes at a time: a word with no byte below 0x20 and none equal to 0x7f is valid as a
-/// whole; only a word with one of those (a tab, mostly) is looked at byte by byte. Every value
-/// of every request and response is checked, and byte by byte this was a tenth of a response
-/// head's parse.
-pub fn valid_value(v: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = ONES << 7;
-    let byte_ok = |b: &u8| *b == b'\t' || (*b >= 0x20 && *b != 0x7f);
-    let mut words = v.chunks_exact(8);
-    for w in &mut words {
-        let x = u64::from_ne_bytes(w.try_into().expect("chunks of 8 bytes"));
-        let del = x ^ (ONES * 0x7f);
-        // A high bit set here when a byte is below 0x20 (`x - 0x20` borrows, and its own high
-        // bit is clear) or is 0x7f (that byte of `del` is zero): never missed, and a word it
-        // flags by a borrow alone is settled byte by byte.
-        let suspect = ((x.wrapping_sub(ONES * 0x20) & !x) | (del.wrapping_sub(ONES) & !del)) & HIGH;
-        if suspect != 0 && !w.iter().all(byte_ok) {
-            return false;
-        }
-    }
-    words.remainder().iter().all(byte_ok)
 }
 
 fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head, Fallback> {
@@ -288,7 +143,7 @@ fn build(req: &httparse::Request<'_, '_>, buf: &[u8], len: usize) -> Result<Head
         && crlf(len)
         && crlf(len - 2);
     let mut has_length = false;
-    let mut routing = Routing([Routing::NONE; ROUTING.len()]);
+    let mut routing = Routing::default();
     // The index of the `Connection: keep-alive` header, whose line is cut out of a plain head.
     let mut cut_at = None;
     for (i, h) in req.headers.iter().enumerate() {
@@ -382,46 +237,10 @@ fn content_length(v: &[u8]) -> Option<u64> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
-/// Whether the comma-separated header value `v` holds `token` (any case).
-pub fn has_token(v: &[u8], token: impl AsRef<[u8]>) -> bool {
-    let token = token.as_ref();
-    v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    fn valid_byte_by_byte(v: &[u8]) -> bool {
-        v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
-    }
-
-    #[test]
-    fn every_byte_at_every_place_of_a_word_is_judged_as_byte_by_byte() {
-        for len in [1, 7, 8, 9, 16, 17] {
-            for at in 0..len {
-                for b in 0..=255u8 {
-                    let mut v = vec![b'a'; len];
-                    v[at] = b;
-                    assert_eq!(valid_value(&v), valid_byte_by_byte(&v), "byte {b:#04x} at {at} of {len}");
-                }
-            }
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn values_are_judged_as_byte_by_byte(v in proptest::collection::vec(
-            prop_oneof![
-                Just(0u8), Just(9), Just(0x1f), Just(0x20), Just(b'a'), Just(0x7e), Just(0x7f), Just(0x80), Just(0xff),
-                any::<u8>(),
-            ],
-            0..40,
-        )) {
-            prop_assert_eq!(valid_value(&v), valid_byte_by_byte(&v));
-        }
-    }
+    use crate::gateway::http::Headers;
 
     fn head(text: &str) -> Head {
         match parse(text.as_bytes()) {
@@ -479,7 +298,7 @@ mod tests {
         for text in not_plain {
             assert_eq!(head(text).plain, None, "{text:?}");
         }
-        for name in crate::gateway::request::HOP_BY_HOP.iter().chain(&["x-forwarded-for"]) {
+        for name in crate::gateway::http::HOP_BY_HOP.iter().chain(&["x-forwarded-for"]) {
             assert!(matches!(kind(name.as_bytes()), Kind::Rewritten | Kind::Connection | Kind::Framing), "{name}");
         }
     }

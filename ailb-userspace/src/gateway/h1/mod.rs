@@ -38,9 +38,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::error::ApiError;
-use super::request::ReqHead;
-use super::server::{body_timeout, ClientIp, Gateway, RequestBody};
+use super::http::{kept, ApiError, ClientIp, ReqHead};
+use super::server::{Gateway, RequestBody};
 use head::{Head, Parsed};
 
 /// A client connection on the fast path: the socket and what was read of it but not used yet.
@@ -62,20 +61,6 @@ enum Next {
 const LINGER: Duration = Duration::from_secs(2);
 /// The most bytes it reads off meanwhile.
 const LINGER_BYTES: usize = 1 << 20;
-
-/// The most capacity a connection's write buffer (a client's or an upstream's) keeps from one
-/// message to the next; a larger one (a large body went out whole) is given back.
-const KEEP_OUT: usize = 8 * 1024;
-
-/// A connection's write buffer to keep for its next message: `out` itself, or a new one in
-/// place of one that grew past [`KEEP_OUT`].
-pub fn kept(out: Vec<u8>) -> Vec<u8> {
-    if out.capacity() <= KEEP_OUT {
-        out
-    } else {
-        Vec::new()
-    }
-}
 
 /// Serves the client connection `stream` from `peer` until it closes, or until a request the
 /// fast path does not take hands it to hyper's server.
@@ -173,7 +158,7 @@ async fn read_body(gw: &Gateway, client: &mut Client, head: &Head) -> (Result<By
         Ok(Err(why)) => {
             (Err(ApiError::invalid_request("invalid_body", format!("reading the request body: {why}"))), false)
         }
-        Err(_) => (Err(body_timeout(within)), false),
+        Err(_) => (Err(ApiError::body_timeout(within)), false),
     }
 }
 

@@ -22,11 +22,8 @@ use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE};
 use hyper::{Response, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::head::MAX_HEAD_BYTES;
 use super::Client;
-use crate::gateway::answer::{Answer, HeadLines};
-use crate::gateway::proxy::BoxError;
-use crate::gateway::server::Body;
+use crate::gateway::http::{Answer, Body, BoxError, HeadLines, MAX_HEAD_BYTES};
 
 /// How a response's body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +226,7 @@ mod tests {
     }
 
     fn full(s: &'static str) -> Body {
-        crate::gateway::server::full(Bytes::from_static(s.as_bytes()))
+        crate::gateway::http::full(Bytes::from_static(s.as_bytes()))
     }
 
     #[test]

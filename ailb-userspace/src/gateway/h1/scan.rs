@@ -12,7 +12,7 @@
 
 use memchr::memchr;
 
-use super::head::MAX_HEADERS;
+use crate::gateway::http::MAX_HEADERS;
 
 /// What is wrong with a response head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -9,13 +9,13 @@ use hyper::header::{HeaderMap, HeaderValue, CONNECTION};
 use hyper::{Response, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 
-use super::head::{has_token, valid_value, MAX_HEADERS, MAX_HEAD_BYTES};
 use super::scan::{scan, Malformed, Scanned, Slot};
 use super::upbody::{Framing, RawBody, RawConn};
-use crate::gateway::answer::HeadLines;
-use crate::gateway::error::ApiError;
+use crate::gateway::http::{
+    has_token, is_event_stream, kept, valid_value, ApiError, HeadLines, BACKEND_HEADER, CONVERSATION_HEADER,
+    MAX_HEADERS, MAX_HEAD_BYTES,
+};
 use crate::gateway::request::UpRequest;
-use crate::gateway::server::{is_event_stream, BACKEND_HEADER, CONVERSATION_HEADER};
 
 /// Bodies up to this size are copied behind the head, for one write; larger ones are written
 /// after it.
@@ -48,7 +48,7 @@ pub async fn exchange(
     if conn.stream.write_all(&bytes).await.is_err() {
         return Ok(Exchanged::NotSent(req));
     }
-    conn.out = super::kept(bytes);
+    conn.out = kept(bytes);
     if !joined {
         if let Err(e) = conn.stream.write_all(&req.body).await {
             return Err(failure(backend, "sending the request body", &e));
@@ -193,7 +193,7 @@ enum Kind {
     TransferEncoding,
     /// Hop-by-hop; kept in the response's map.
     Connection,
-    /// Not forwarded: another hop-by-hop header ([`crate::gateway::request::HOP_BY_HOP`]), or one the gateway writes
+    /// Not forwarded: another hop-by-hop header ([`crate::gateway::http::HOP_BY_HOP`]), or one the gateway writes
     /// itself (`x-ailb-backend`, `x-ailb-conversation`: an upstream's, a server behind another
     /// ailb or one that names itself, would make a second value).
     Drop,
@@ -236,7 +236,7 @@ fn decimal(v: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::request::HOP_BY_HOP;
+    use crate::gateway::http::HOP_BY_HOP;
 
     #[test]
     fn response_heads_are_framed_as_http_says() {

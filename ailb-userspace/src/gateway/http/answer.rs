@@ -8,7 +8,7 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::Response;
 
-use super::server::Body;
+use super::Body;
 
 /// An upstream response's end-to-end headers, each a `name: value\r\n` line (names as the
 /// upstream wrote them: HTTP/1 names are case-insensitive, and a proxy that keeps them, as
@@ -107,7 +107,7 @@ mod tests {
         assert_eq!(lines.as_bytes(), b"Content-Type: application/json\r\nx-multi: a\r\nx-multi: b: c\r\n");
         let pairs: Vec<(&[u8], &[u8])> = lines.iter().collect();
         assert_eq!(pairs[2], (&b"x-multi"[..], &b"b: c"[..]));
-        let mut resp = Response::new(crate::gateway::server::full(Bytes::new()));
+        let mut resp = Response::new(crate::gateway::http::full(Bytes::new()));
         resp.headers_mut().insert("x-ailb-backend", HeaderValue::from_static("10.0.0.1:80"));
         let merged = Answer { resp, lines: Some(lines) }.into_response();
         let names: Vec<&str> = merged.headers().keys().map(|n| n.as_str()).collect();

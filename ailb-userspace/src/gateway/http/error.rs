@@ -1,34 +1,13 @@
-//! The front door's errors: start-up failures ([`GatewayError`]) and the OpenAI-shaped error
-//! responses of a request ([`ApiError`]: `{"error":{"message","type","param","code"}}`).
+//! The OpenAI-shaped error answers of a request ([`ApiError`]:
+//! `{"error":{"message","type","param","code"}}`).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
-use super::server::{full, Body};
-
-/// Start-up failures of `ailb gateway`.
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
-    #[error(transparent)]
-    Config(#[from] crate::validate::ConfigError),
-    #[error("gateway: listening on {addr}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Admission(#[from] super::admission::AdmissionError),
-    #[error("gateway: starting the tokio runtime")]
-    Runtime {
-        #[source]
-        source: std::io::Error,
-    },
-}
+use super::{full, Body};
 
 /// One error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +139,11 @@ impl ApiError {
         Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "request_timeout", message)
     }
 
+    /// 408: a request body slower than `within` (`gateway.header_timeout`).
+    pub fn body_timeout(within: Duration) -> Self {
+        Self::client_timeout(format!("the request body did not arrive within {within:?} (gateway.header_timeout)"))
+    }
+
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "upstream_timeout", message)
     }
@@ -177,20 +161,5 @@ impl ApiError {
             resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
         }
         resp
-    }
-}
-
-impl From<super::route::RouteError> for ApiError {
-    fn from(e: super::route::RouteError) -> Self {
-        use super::route::RouteError as R;
-        let param = e.param().map(str::to_string);
-        let mut api = match &e {
-            R::UnknownModel { .. } => Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", ""),
-            R::Json { .. } | R::NotObject { .. } => Self::invalid_request("invalid_json", ""),
-            R::NoModel | R::BadField { .. } | R::BadHeader { .. } => Self::invalid_request("invalid_value", ""),
-        };
-        api.message = e.to_string();
-        api.param = param;
-        api
     }
 }
