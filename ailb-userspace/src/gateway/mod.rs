@@ -27,11 +27,9 @@ pub mod http;
 mod log;
 pub mod metrics;
 pub mod models;
-pub mod pool;
-pub mod proxy;
-pub mod request;
 pub mod route;
 pub mod server;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::path::Path;

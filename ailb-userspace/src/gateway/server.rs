@@ -27,10 +27,12 @@ use super::http::{
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
 use super::models::Liveness;
-use super::pool::{Conn, Pool, PoolKey};
-use super::proxy::{self, Held, Relay, Reuse, Sent, UpBody};
-use super::request::UpRequest;
 use super::route::{self, Endpoint, ModelFacts, Rules};
+use super::upstream::body::UpBody;
+use super::upstream::conn::{Conn, Sent};
+use super::upstream::pool::{Pool, PoolKey};
+use super::upstream::relay::{Held, Relay, Reuse};
+use super::upstream::{self, request::UpRequest};
 use crate::config::gateway::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use crate::config::ValidConfig;
 
@@ -306,7 +308,7 @@ impl Gateway {
                 let held = Held { _permit: permit, ticket };
                 if let Some(data) = body.take_whole() {
                     // It came whole with its head: nothing left to relay, wait for or time out.
-                    proxy::whole(body, &data, conn, reuse, held, log);
+                    upstream::relay::whole(body, &data, conn, reuse, held, log);
                     return Answer { resp: Response::from_parts(parts, full(data)), lines };
                 }
                 let sse = match &lines {
@@ -405,7 +407,7 @@ impl Gateway {
     ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
         let idle = self.cfg.idle_timeout;
         if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k, deadline.started())) {
-            match proxy::send(&mut conn, req, idle, deadline).await? {
+            match upstream::conn::send(&mut conn, req, idle, deadline).await? {
                 Sent::Answered(resp, lines) => {
                     self.metrics.upstream_request(true);
                     return Ok((resp, lines, conn));
@@ -415,17 +417,17 @@ impl Gateway {
         }
         let mut conn = deadline
             .bound(async {
-                let up = proxy::connect(vip, tags, self.cfg.connect_timeout).await?;
+                let up = upstream::connect::connect(vip, tags, self.cfg.connect_timeout).await?;
                 // The fast path's own HTTP/1 client, or hyper's.
                 if self.cfg.http1_fast_path {
-                    Ok(proxy::open_raw(up))
+                    Ok(upstream::conn::open_raw(up))
                 } else {
-                    proxy::open(up).await
+                    upstream::conn::open(up).await
                 }
             })
             .await?;
         self.metrics.upstream_request(false);
-        match proxy::send(&mut conn, req, idle, deadline).await? {
+        match upstream::conn::send(&mut conn, req, idle, deadline).await? {
             Sent::Answered(resp, lines) => Ok((resp, lines, conn)),
             Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
                 "upstream {}: the new connection closed before the request could be sent",

@@ -25,9 +25,6 @@
 pub mod head;
 pub mod response;
 pub mod rewind;
-pub mod scan;
-pub mod upbody;
-pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

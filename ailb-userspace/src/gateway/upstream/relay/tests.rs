@@ -1,16 +1,18 @@
 use std::sync::Arc;
 
 use http_body_util::BodyExt;
+use hyper::header::HeaderValue;
 use prometheus_client::registry::Registry;
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use super::*;
 use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::DatapathError;
 use crate::gateway::fleet_memory::{Capacity, Fleet, FleetMemory};
-use crate::gateway::h1::upbody::Framing;
 use crate::gateway::metrics::GatewayMetrics;
+use crate::gateway::upstream::body::{Framing, RawBody, RawConn};
 
 /// A fleet the admission never limits: every request gets a ticket at once.
 struct Unlimited;
