@@ -120,10 +120,10 @@ pub struct GatewayConfig {
     #[serde(default)]
     pub worker_threads: u32,
     /// Admission per model across both entry points, read from the pins under
-    /// `daemon.bpffs` (read access needed). `true` (mode "inflight", `gateway/admission.rs`):
+    /// `daemon.bpffs` (read access needed). `true` (mode "inflight", `gateway/control/inflight.rs`):
     /// a request whose model has as many connections in flight as the sum of its backends'
     /// `max_inflight` gets 429 with `Retry-After` (needs `daemon.listen`). A table
-    /// `[gateway.admission]` with `mode = "fleet_memory"` (`gateway/fleet_memory.rs`): a
+    /// `[gateway.admission]` with `mode = "fleet_memory"` (`gateway/control/fleet_memory.rs`): a
     /// request waits while its model's hinted memory in flight and its own exceed `factor` x
     /// the live backends' KV capacity, at most `max_wait`, then gets 503 with `Retry-After`
     /// (see [`AdmissionTable`]). Default false (off).

@@ -19,14 +19,12 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admission;
 mod body;
-pub mod fleet_memory;
+pub mod control;
 pub mod h1;
 pub mod http;
 mod log;
 pub mod metrics;
-pub mod models;
 pub mod route;
 pub mod server;
 pub mod upstream;
@@ -55,7 +53,7 @@ pub enum GatewayError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Admission(#[from] admission::AdmissionError),
+    Admission(#[from] control::AdmissionError),
     #[error("gateway: starting the tokio runtime")]
     Runtime {
         #[source]
@@ -94,7 +92,7 @@ pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
         .map_err(|source| GatewayError::Runtime { source })?;
     // Before any worker serves: a client that can connect finds the admission in place.
     let mut registry = Registry::default();
-    let admission = open_admission(&config, &gateway, &rt, &mut registry)?;
+    let admission = control::Control::open(&config, &gateway, &rt, &mut registry)?;
     let gw = Gateway::with_admission(&config, gateway, registry, admission);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::new();
@@ -122,48 +120,6 @@ pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
         }
     }
     served
-}
-
-/// The admission of `gateway.admission`, its capacities read once and then refreshed by a
-/// task of `rt`.
-fn open_admission(
-    config: &crate::config::ValidConfig,
-    gateway: &ValidGateway,
-    rt: &tokio::runtime::Runtime,
-    registry: &mut Registry,
-) -> Result<Option<admission::Control>, GatewayError> {
-    use crate::config::gateway::ValidAdmission;
-    let control = match &gateway.admission {
-        ValidAdmission::Off => return Ok(None),
-        ValidAdmission::Inflight { retry_after } => {
-            let a = admission::Admission::open(&config.bpffs, config.listen, *retry_after)?;
-            rt.block_on(a.start());
-            tracing::info!(bpffs = %config.bpffs.display(), "gateway: admission per model on");
-            admission::Control::Inflight(a)
-        }
-        ValidAdmission::FleetMemory(limits) => {
-            let kernel = crate::datapath::model_load::ModelLoad::open(&config.bpffs)
-                .map_err(|source| admission::AdmissionError::Pins { dir: config.bpffs.clone(), source })?;
-            let fleet = Box::new(fleet_memory::KernelFleet(kernel));
-            let f = fleet_memory::FleetMemory::new(
-                fleet,
-                limits.clone(),
-                config.models.keys().map(String::as_str),
-                registry,
-            );
-            let _guard = rt.enter();
-            f.start();
-            tracing::info!(
-                bpffs = %config.bpffs.display(),
-                factor = limits.factor,
-                max_wait = ?limits.max_wait,
-                max_queued = limits.max_queued,
-                "gateway: admission per model by fleet memory on"
-            );
-            admission::Control::FleetMemory(f)
-        }
-    };
-    Ok(Some(control))
 }
 
 /// Worker `i`'s listening sockets, one per address of `addrs`, for each of `workers`: every

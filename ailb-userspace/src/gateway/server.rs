@@ -18,15 +18,15 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::admission::Control;
-use super::fleet_memory::Ticket;
+use super::control::fleet_memory::Ticket;
+use super::control::live_models::Liveness;
+use super::control::Control;
 use super::http::{
     full, is_event_stream, visible_ascii, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead,
     BACKEND_HEADER, CONVERSATION_HEADER, HOP_BY_HOP,
 };
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
-use super::models::Liveness;
 use super::route::{self, Endpoint, ModelFacts, Rules};
 use super::upstream::body::UpBody;
 use super::upstream::conn::{Conn, Sent};

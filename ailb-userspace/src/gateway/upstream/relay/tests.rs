@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use super::*;
 use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::DatapathError;
-use crate::gateway::fleet_memory::{Capacity, Fleet, FleetMemory};
+use crate::gateway::control::fleet_memory::{Capacity, Fleet, FleetMemory};
 use crate::gateway::metrics::GatewayMetrics;
 use crate::gateway::upstream::body::{Framing, RawBody, RawConn};
 

@@ -1,8 +1,8 @@
 //! Which models of the catalog have a live backend now, for `GET /v1/models`.
 //!
 //! The kernel knows (a model without an eligible backend refuses connects with
-//! `ECONNREFUSED`), but its maps are readable only with privilege, which the front door does
-//! not have. `ailb run` publishes the same fact in its plan (`GET /v1/plan` on
+//! `ECONNREFUSED`), but its maps are readable only with privilege, which the front door has
+//! only when an admission is on (it reads the pins then). `ailb run` publishes the same fact in its plan (`GET /v1/plan` on
 //! `daemon.listen`, `models.<name>.available`), so the front door asks it there, at most once
 //! per [`TTL`] (concurrent listings share one answer).
 //!

@@ -45,11 +45,11 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
-use super::http::ApiError;
-use super::metrics::{AdmissionLabel, ModelLabel};
 use crate::config::gateway::FleetMemoryLimits;
 use crate::datapath::model_load::ModelLoad;
 use crate::datapath::DatapathError;
+use crate::gateway::http::ApiError;
+use crate::gateway::metrics::{AdmissionLabel, ModelLabel};
 
 /// How often the capacities are read again.
 pub const REFRESH: Duration = Duration::from_secs(1);
@@ -329,5 +329,4 @@ impl Fleet for KernelFleet {
 }
 
 #[cfg(test)]
-#[path = "fleet_memory_tests.rs"]
 mod tests;

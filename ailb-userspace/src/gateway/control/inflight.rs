@@ -1,4 +1,5 @@
-//! Admission per model, across both entry points (`gateway.admission = true`).
+//! Admission per model by connections in flight, across both entry points
+//! (`gateway.admission = true`, or `mode = "inflight"`).
 //!
 //! A request is admitted only while its model's connections in flight are under the model's
 //! running capacity; above it the front door answers 429 with `Retry-After` at once instead of
@@ -23,32 +24,20 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::http::ApiError;
+use super::AdmissionError;
 use crate::datapath::model_load::ModelLoad;
-use crate::datapath::DatapathError;
+use crate::gateway::http::ApiError;
 
 /// How often the capacities and model indices are read again.
 pub const REFRESH: Duration = Duration::from_secs(1);
 /// Longest wait for the daemon's plan.
 const TIMEOUT: Duration = Duration::from_millis(500);
-
-#[derive(Debug, thiserror::Error)]
-pub enum AdmissionError {
-    #[error("gateway.admission: needs daemon.listen (the daemon's plan holds each model's capacity)")]
-    NoDaemon,
-    #[error("gateway.admission: reading the kernel's in-flight counts under {dir}")]
-    Pins {
-        dir: PathBuf,
-        #[source]
-        source: DatapathError,
-    },
-}
 
 /// The part of `/v1/plan` admission reads.
 #[derive(Debug, Deserialize)]
@@ -168,31 +157,6 @@ impl Admission {
                 tracing::warn!(model, error = %crate::error_chain(&e), "gateway admission: admitting unread");
                 Ok(())
             }
-        }
-    }
-}
-
-/// The admission a front door runs (`gateway.admission`).
-#[derive(Clone)]
-pub enum Control {
-    /// Connections in flight against the members' `max_inflight` (this module).
-    Inflight(Arc<Admission>),
-    /// Memory in flight against the members' KV capacity, with a bounded wait
-    /// ([`super::fleet_memory`]).
-    FleetMemory(Arc<super::fleet_memory::FleetMemory>),
-}
-
-impl Control {
-    /// Admits a request of `model` that needs `need_mb`; the ticket, when there is one, is
-    /// held until the request is done.
-    pub async fn admit(
-        &self,
-        model: &str,
-        need_mb: Option<u32>,
-    ) -> Result<Option<super::fleet_memory::Ticket>, ApiError> {
-        match self {
-            Control::Inflight(a) => a.admit(model).map(|()| None),
-            Control::FleetMemory(f) => f.admit(model, need_mb).await,
         }
     }
 }
