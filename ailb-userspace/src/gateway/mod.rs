@@ -20,13 +20,14 @@
 #![forbid(unsafe_code)]
 
 mod body;
+pub mod client;
 pub mod control;
-pub mod h1;
 pub mod http;
 mod log;
 pub mod metrics;
+pub mod pipeline;
 pub mod route;
-pub mod server;
+pub mod service;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -39,7 +40,8 @@ use crate::config::gateway::ValidGateway;
 
 pub use http::ApiError;
 pub use http::{BACKEND_HEADER, CONVERSATION_HEADER};
-pub use server::{routing_inputs, Gateway};
+pub use pipeline::routing_inputs;
+pub use service::Gateway;
 
 /// Start-up failures of `ailb gateway`.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::gateway::h1::head::{parse, Parsed};
+use crate::gateway::client::h1::head::{parse, Parsed};
 use hyper::Version;
 use proptest::prelude::*;
 

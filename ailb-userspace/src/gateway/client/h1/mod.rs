@@ -5,9 +5,9 @@
 //! HTTP/1 machinery on the client side (its dispatcher, head parsing into a request, encoding
 //! of the answer) was a fifth of the front door's instructions per request. This path reads
 //! a connection's request heads in place with `httparse`, reads a `Content-Length` body whole
-//! and hands the request to the same routes as hyper's server ([`Gateway::route`]: routing,
-//! limits, admission, metrics and the access log are one code), then writes the answer
-//! itself ([`response`]).
+//! and hands the request to the same handler as hyper's server ([`super::Handler::answer`]:
+//! routing, limits, admission, metrics and the access log are one code), then writes the
+//! answer itself ([`response`]).
 //!
 //! What it takes is narrow on purpose ([`head`]): HTTP/1.0 and 1.1 GET and POST with a
 //! `Content-Length` body or none. Anything else, at any request boundary (an HTTP/2 preface,
@@ -35,8 +35,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::http::{kept, ApiError, ClientIp, ReqHead};
-use super::server::{Gateway, RequestBody};
+use super::{serve_hyper, Handler, RequestBody, Settings};
+use crate::gateway::http::{kept, ApiError, ClientIp, ReqHead};
 use head::{Head, Parsed};
 
 /// A client connection on the fast path: the socket and what was read of it but not used yet.
@@ -61,8 +61,14 @@ const LINGER_BYTES: usize = 1 << 20;
 
 /// Serves the client connection `stream` from `peer` until it closes, or until a request the
 /// fast path does not take hands it to hyper's server.
-pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client_ip: ClientIp) {
-    let header_timeout = gw.config().header_timeout;
+pub async fn serve<H: Handler>(
+    handler: Arc<H>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    client_ip: ClientIp,
+    settings: Settings,
+) {
+    let header_timeout = settings.header_timeout;
     let mut client = Client { stream, buf: BytesMut::with_capacity(8 * 1024) };
     // One timer for every head of the connection, moved later as each request is answered:
     // a timer moved later stays where it is in the runtime's wheel, where a timer per request
@@ -81,9 +87,9 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
             Some(Next::Closed) => return,
             Some(Next::Fallback(why)) => {
                 tracing::debug!(%peer, ?why, "gateway: a request for hyper's server");
-                gw.count_handoff();
+                handler.handed_off();
                 let io = TokioIo::new(rewind::Rewind::new(client.buf.freeze(), client.stream));
-                return gw.serve_hyper(io, peer, client_ip).await;
+                return serve_hyper(handler, io, peer, client_ip, settings).await;
             }
             None => {
                 tracing::debug!(%peer, "gateway: no whole request head within {header_timeout:?}; closing");
@@ -91,11 +97,11 @@ pub async fn serve(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, client
             }
         };
         let bytes = client.buf.split_to(head.len).freeze();
-        let (body, unread) = read_body(&gw, &mut client, &head).await;
+        let (body, unread) = read_body(settings, &mut client, &head).await;
         let keep_alive = head.keep_alive && body.is_ok();
         let version = head.version;
         let head = ReqHead::from(head.into_raw(bytes));
-        let resp = gw.clone().route(head, RequestBody::Read(body), client_ip.clone()).await;
+        let resp = handler.clone().answer(head, RequestBody::Read(body), client_ip.clone()).await;
         if !response::send(&mut client, &mut out, resp, version, !keep_alive).await {
             return close(client, unread).await;
         }
@@ -123,20 +129,19 @@ async fn next_head(client: &mut Client) -> Next {
 }
 
 /// The request's body, whole, and whether the client may still be sending it (it was
-/// refused unread). The rules are those of [`Gateway`]'s body reading for hyper: a
+/// refused unread). The rules are those of hyper's body ([`RequestBody::read`]): a
 /// `Content-Length` over `max_body_bytes` is 413 without reading; a body slower than
 /// `header_timeout` is 408.
-async fn read_body(gw: &Gateway, client: &mut Client, head: &Head) -> (Result<Bytes, ApiError>, bool) {
-    let cfg = gw.config();
-    if head.body_len > cfg.max_body_bytes {
-        return (Err(ApiError::too_large(cfg.max_body_bytes)), true);
+async fn read_body(settings: Settings, client: &mut Client, head: &Head) -> (Result<Bytes, ApiError>, bool) {
+    if head.body_len > settings.max_body_bytes {
+        return (Err(ApiError::too_large(settings.max_body_bytes)), true);
     }
     let len = usize::try_from(head.body_len).expect("at most max_body_bytes, which fits in memory");
     if client.buf.len() >= len {
         // It came with its head (a small request mostly does): no wait, so no timer.
         return (Ok(client.buf.split_to(len).freeze()), false);
     }
-    let within = cfg.header_timeout;
+    let within = settings.header_timeout;
     let fill = async {
         while client.buf.len() < len {
             client.buf.reserve(len - client.buf.len());
