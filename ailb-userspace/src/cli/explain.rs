@@ -7,7 +7,6 @@
 use std::{
     net::{SocketAddr, SocketAddrV4},
     path::Path,
-    time::Duration,
 };
 
 use anyhow::{bail, Context};
@@ -15,6 +14,7 @@ use serde::Serialize;
 
 use crate::{
     datapath::explain::{explain_conversation, ConversationExplain},
+    gateway::control::plan::{PlanClient, PlanError},
     gateway::route::{Inputs, KeySource, MemorySource},
     policy::{ModelPlan, PlanView},
 };
@@ -122,24 +122,14 @@ struct ExplainOutput<'a> {
     conversation: Option<ConversationExplain>,
 }
 
-/// The body of `/v1/plan` (`null` before the daemon's first plan).
-fn parse_plan(body: &str) -> serde_json::Result<Option<PlanView>> {
-    serde_json::from_str(body)
-}
-
+/// The daemon's plan (`None` before its first), read as the front door reads it.
 async fn fetch_plan(listen: SocketAddr) -> anyhow::Result<Option<PlanView>> {
-    let url = format!("http://{listen}/v1/plan");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(3)).build()?;
-    let resp = client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("GET {url} (is `ailb run` started with daemon.listen?)"))?;
-    if !resp.status().is_success() {
-        bail!("GET {url}: HTTP {}", resp.status());
+    match PlanClient::new(listen).fetch().await {
+        Err(PlanError::Request { url, source }) => {
+            Err(anyhow::Error::new(source).context(format!("GET {url} (is `ailb run` started with daemon.listen?)")))
+        }
+        plan => Ok(plan?),
     }
-    let text = resp.text().await.with_context(|| format!("GET {url}: reading the body"))?;
-    parse_plan(&text).with_context(|| format!("GET {url}: not a plan"))
 }
 
 /// `model`'s plan in the daemon's view, or an error naming the models it has.
@@ -234,6 +224,7 @@ mod tests {
         config::Config,
         daemon::http,
         discovery::{Instance, Snapshot},
+        gateway::control::plan,
         policy::{self, PolicyState},
     };
 
@@ -294,8 +285,8 @@ mod tests {
         let v = view();
         // The daemon serves its `Option<PlanView>` through `axum::Json`, i.e. serde_json.
         let body = serde_json::to_string(&Some(&v)).unwrap();
-        assert_eq!(parse_plan(&body).unwrap(), Some(v.clone()));
-        assert_eq!(parse_plan(&serde_json::to_string(&None::<PlanView>).unwrap()).unwrap(), None);
+        assert_eq!(plan::parse(&body).unwrap(), Some(v.clone()));
+        assert_eq!(plan::parse(&serde_json::to_string(&None::<PlanView>).unwrap()).unwrap(), None);
         // Every metadata key of the contract can be named in an explanation and reads back.
         let named: BTreeSet<&str> = v.models["m"]
             .backends
@@ -303,7 +294,7 @@ mod tests {
             .flat_map(|b| b.explain.invalid.iter().map(|f| f.key).chain([b.explain.memory.key]))
             .collect();
         assert_eq!(named.len(), 16, "{named:?}");
-        assert!(parse_plan(&body.replace("\"gpu_util\"", "\"gpu_utilisation\"")).is_err(), "unknown keys are refused");
+        assert!(plan::parse(&body.replace("\"gpu_util\"", "\"gpu_utilisation\"")).is_err(), "unknown keys are refused");
     }
 
     #[test]

@@ -28,39 +28,19 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::plan::PlanClient;
 use super::AdmissionError;
 use crate::datapath::model_load::ModelLoad;
 use crate::gateway::http::ApiError;
+use crate::policy::{ModelPlan, PlannedBackend};
 
 /// How often the capacities and model indices are read again.
 pub const REFRESH: Duration = Duration::from_secs(1);
-/// Longest wait for the daemon's plan.
-const TIMEOUT: Duration = Duration::from_millis(500);
-
-/// The part of `/v1/plan` admission reads.
-#[derive(Debug, Deserialize)]
-struct Plan {
-    models: BTreeMap<String, PlanModel>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PlanModel {
-    backends: Vec<PlanBackend>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PlanBackend {
-    weight: u32,
-    cap: u32,
-    eligible: bool,
-}
 
 /// A model's running capacity: the sum of its members' caps; `None` when a member has no cap
 /// or there is no member (not limited).
-fn capacity(m: &PlanModel) -> Option<u64> {
-    let members: Vec<&PlanBackend> = m.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
+fn capacity(m: &ModelPlan) -> Option<u64> {
+    let members: Vec<&PlannedBackend> = m.backends.iter().filter(|b| b.eligible && b.weight > 0).collect();
     if members.is_empty() || members.iter().any(|b| b.cap == 0) {
         return None;
     }
@@ -76,8 +56,7 @@ struct Limit {
 
 pub struct Admission {
     kernel: ModelLoad,
-    plan_url: String,
-    client: reqwest::Client,
+    plan: PlanClient,
     retry_after: u32,
     limits: RwLock<BTreeMap<String, Limit>>,
 }
@@ -87,11 +66,9 @@ impl Admission {
     pub fn open(bpffs: &Path, daemon: Option<SocketAddr>, retry_after: Duration) -> Result<Arc<Self>, AdmissionError> {
         let daemon = daemon.ok_or(AdmissionError::NoDaemon)?;
         let kernel = ModelLoad::open(bpffs).map_err(|source| AdmissionError::Pins { dir: bpffs.into(), source })?;
-        let client = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap_or_default();
         Ok(Arc::new(Self {
             kernel,
-            plan_url: format!("http://{daemon}/v1/plan"),
-            client,
+            plan: PlanClient::new(daemon),
             retry_after: retry_after.as_secs().clamp(1, u64::from(u32::MAX)) as u32,
             limits: RwLock::new(BTreeMap::new()),
         }))
@@ -112,10 +89,11 @@ impl Admission {
     }
 
     async fn refresh(&self) {
-        let plan = match self.fetch().await {
+        let plan = match self.plan.latest().await {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(url = %self.plan_url, error = %e, "gateway admission: keeping the last capacities");
+                let error = crate::error_chain(&e);
+                tracing::warn!(url = %self.plan.url(), %error, "gateway admission: keeping the last capacities");
                 return;
             }
         };
@@ -131,16 +109,6 @@ impl Admission {
             }
         }
         *self.limits.write().unwrap_or_else(|p| p.into_inner()) = limits;
-    }
-
-    async fn fetch(&self) -> Result<Plan, String> {
-        let resp = self.client.get(&self.plan_url).send().await.map_err(|e| crate::error_chain(&e))?;
-        if !resp.status().is_success() {
-            return Err(format!("HTTP {}", resp.status().as_u16()));
-        }
-        let text = resp.text().await.map_err(|e| crate::error_chain(&e))?;
-        let plan: Option<Plan> = serde_json::from_str(&text).map_err(|e| format!("not a plan: {e}"))?;
-        plan.ok_or_else(|| "the daemon has made no plan yet".to_string())
     }
 
     /// Admits a request of `model`, or answers 429 with `Retry-After` when the model's
@@ -162,34 +130,4 @@ impl Admission {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn model(backends: &[(u32, u32, bool)]) -> PlanModel {
-        PlanModel {
-            backends: backends.iter().map(|&(weight, cap, eligible)| PlanBackend { weight, cap, eligible }).collect(),
-        }
-    }
-
-    #[test]
-    fn capacity_is_the_sum_of_the_members_caps() {
-        assert_eq!(capacity(&model(&[(3, 64, true), (1, 16, true)])), Some(80));
-        // Not members (excluded, or weight 0): their caps do not count.
-        assert_eq!(capacity(&model(&[(3, 64, true), (1, 16, false), (0, 16, true)])), Some(64));
-        assert_eq!(capacity(&model(&[(3, 64, true), (1, 0, true)])), None, "a member without a cap");
-        assert_eq!(capacity(&model(&[(1, 16, false)])), None, "no member");
-    }
-
-    #[test]
-    fn the_plan_parses_as_the_daemon_serves_it() {
-        use crate::{config::Config, discovery::from_static, policy};
-        let text = "[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n\
-                    [[backends]]\nmodel = \"m\"\naddress = \"10.1.0.1:80\"\nweight = 1\nmax_inflight = 16\n\
-                    [[backends]]\nmodel = \"m\"\naddress = \"10.1.0.2:80\"\nweight = 3\nmax_inflight = 64\n";
-        let cfg = Config::parse(text, "test").and_then(|c| c.validate()).unwrap();
-        let models = policy::plan(&from_static(&cfg.backends), &cfg.models, &cfg.policy, &mut Default::default());
-        let served = serde_json::to_string(&policy::PlanView { generation: 1, models }).unwrap();
-        let plan: Option<Plan> = serde_json::from_str(&served).unwrap();
-        assert_eq!(capacity(&plan.unwrap().models["m"]), Some(80));
-    }
-}
+mod tests;

@@ -8,6 +8,8 @@
 //!   KV capacity, with a bounded wait (`mode = "fleet_memory"`): both read from the pins.
 //! - [`live_models`]: which models have a live backend now, for `GET /v1/models`, from the
 //!   daemon's plan.
+//! - [`plan`]: the daemon's plan (`GET /v1/plan`), read by one client as the type the daemon
+//!   serves, for both of those and `ailb explain`.
 //!
 //! [`Control`] is the admission a front door runs. Both admissions read the pins under
 //! `daemon.bpffs`, so with either on the front door needs read access to them; without one it
@@ -16,6 +18,7 @@
 pub mod fleet_memory;
 pub mod inflight;
 pub mod live_models;
+pub mod plan;
 
 use std::path::PathBuf;
 use std::sync::Arc;
