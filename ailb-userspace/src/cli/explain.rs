@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::{
     datapath::explain::{explain_conversation, ConversationExplain},
     gateway::control::plan::{PlanClient, PlanError},
-    gateway::route::{Inputs, KeySource, MemorySource},
+    gateway::inputs::{Inputs, KeySource, MemorySource},
     policy::{ModelPlan, PlanView},
 };
 

@@ -1,6 +1,6 @@
 //! The front door, `ailb gateway`: an OpenAI-style HTTP server (HTTP/1.1, and HTTP/2 with
 //! prior knowledge) that sends each request to the kernel's pick on an upstream connection
-//! tagged with the request's own routing inputs (model, memory, conversation; see [`route`]):
+//! tagged with the request's own routing inputs (model, memory, conversation; see [`inputs`]):
 //! a fresh connection, or (`gateway.upstream_reuse = "conversation"`, the default) an idle one
 //! kept from an earlier request with exactly the same inputs.
 //!
@@ -12,7 +12,7 @@
 //!
 //! Why a separate process from `ailb run`: it must run INSIDE the cgroup ailb attaches to, so
 //! that its upstream connects are the ones `connect4` steers (the daemon stays outside it). It
-//! routes without privilege (tagging a socket is a plain `setsockopt`); with an admission on
+//! tags and connects without privilege (tagging a socket is a plain `setsockopt`); with an admission on
 //! (`gateway.admission`) it also reads the daemon's pins under `daemon.bpffs`, which needs read
 //! access to them, never write. `ailb run` must load programs and write maps as root. A crash
 //! or restart of one does not take the other down.
@@ -27,7 +27,8 @@
 //! The modules, each importing only those listed before it:
 //! - [`http`]: the types both sides share (a request's head, its answer, the body of every
 //!   answer, the OpenAI-shaped errors, a request's deadline, header names and checks);
-//! - [`route`] (with `body.rs`, the body's first parse): a request's routing inputs, pure;
+//! - [`inputs`] (with `request_fields.rs`, the request body's first parse): a request's
+//!   routing inputs, pure;
 //!   [`metrics`] and `log.rs` (the access log);
 //! - the three sides, none of which imports another: [`client`] (client connections: hyper's
 //!   server and the HTTP/1 fast path), [`upstream`] (tagged connects, kept connections, the
@@ -40,14 +41,14 @@
 
 #![forbid(unsafe_code)]
 
-mod body;
 pub mod client;
 pub mod control;
 pub mod http;
+pub mod inputs;
 mod log;
 pub mod metrics;
 pub mod pipeline;
-pub mod route;
+mod request_fields;
 mod run;
 pub mod service;
 pub mod upstream;

@@ -4,7 +4,7 @@
 //! 1. **slot**: one of `gateway.max_concurrent`, or 429 at once;
 //! 2. **body**: the request body, whole ([`RequestBody::read`]);
 //! 3. **inputs**: the routing inputs, model, memory and conversation ([`Pipeline::inputs`],
-//!    the rules of [`super::route`]);
+//!    the rules of [`super::inputs`]);
 //! 4. **admission**: the model's admission, when one is on ([`Pipeline::admit`]);
 //! 5. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
 //! 6. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
@@ -35,9 +35,9 @@ use super::http::{
     full, is_event_stream, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead, BACKEND_HEADER,
     CONVERSATION_HEADER, HOP_BY_HOP,
 };
+use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, ModelFacts, Rules};
 use super::log::RequestLog;
 use super::metrics::{GatewayMetrics, ModelSeries};
-use super::route::{self, Endpoint, ModelFacts, Rules};
 use super::upstream::body::UpBody;
 use super::upstream::conn::{Conn, Sent};
 use super::upstream::pool::{Pool, PoolKey};
@@ -46,9 +46,9 @@ use super::upstream::{self, request::UpRequest};
 use crate::config::gateway::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
 use crate::config::ValidConfig;
 
-/// A model of the catalog as the front door routes it.
+/// A model of the catalog as the pipeline sends its requests.
 #[derive(Clone, Debug)]
-pub struct ModelRoute {
+pub struct CatalogModel {
     /// The model's first VIP: every request of the model connects there.
     pub vip: SocketAddrV4,
     pub facts: ModelFacts,
@@ -58,8 +58,8 @@ pub struct ModelRoute {
     pub series: Arc<ModelSeries>,
 }
 
-/// Each model of the catalog with a VIP, as the front door routes it.
-pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, ModelRoute> {
+/// Each model of the catalog with a VIP (where its requests connect).
+pub fn catalog(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, CatalogModel> {
     config
         .models
         .iter()
@@ -80,7 +80,7 @@ pub fn routes(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Mode
         .map(|(i, (name, vip, facts))| {
             let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
             let series = Arc::new(ModelSeries::new(name.clone()));
-            (name, ModelRoute { vip, facts, index, series })
+            (name, CatalogModel { vip, facts, index, series })
         })
         .collect()
 }
@@ -93,11 +93,11 @@ pub fn routing_inputs(
     path: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(route::Inputs, SocketAddrV4), ApiError> {
+) -> Result<(Inputs, SocketAddrV4), ApiError> {
     let Some(endpoint) = Endpoint::from_path(path) else {
         return Err(ApiError::not_found(format!("POST {path}: no such route")));
     };
-    let models = routes(config, cfg);
+    let models = catalog(config, cfg);
     let inputs = find_inputs(&models, cfg, endpoint, headers, body)?;
     let vip = models[&inputs.model].vip;
     Ok((inputs, vip))
@@ -105,16 +105,16 @@ pub fn routing_inputs(
 
 /// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules.
 fn find_inputs(
-    models: &BTreeMap<String, ModelRoute>,
+    models: &BTreeMap<String, CatalogModel>,
     cfg: &ValidGateway,
     endpoint: Endpoint,
     headers: &impl Headers,
     body: &[u8],
-) -> Result<route::Inputs, route::RouteError> {
-    let json = route::parse_body(body)?;
+) -> Result<Inputs, InputsError> {
+    let json = inputs::parse_body(body)?;
     let rules =
         Rules { session_header: cfg.session_header.as_ref(), completion_prefix_bytes: cfg.completion_prefix_bytes };
-    route::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
+    inputs::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
 }
 
 /// A request sent and its response head read: the response (with its headers as lines when
@@ -133,7 +133,7 @@ pub struct Pipeline {
     cfg: ValidGateway,
     /// What the client side reads of `cfg` (the body's limit and timeout).
     client: Settings,
-    models: BTreeMap<String, ModelRoute>,
+    models: BTreeMap<String, CatalogModel>,
     metrics: Arc<GatewayMetrics>,
     /// The `max_concurrent` slots, shared by every worker.
     permits: Arc<Semaphore>,
@@ -150,7 +150,7 @@ impl Pipeline {
         metrics: Arc<GatewayMetrics>,
         admission: Option<Control>,
     ) -> Self {
-        let models = routes(config, &cfg);
+        let models = catalog(config, &cfg);
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
@@ -183,7 +183,7 @@ impl Pipeline {
     }
 
     /// The catalog's models, by name.
-    pub fn models(&self) -> &BTreeMap<String, ModelRoute> {
+    pub fn models(&self) -> &BTreeMap<String, CatalogModel> {
         &self.models
     }
 
@@ -222,7 +222,7 @@ impl Pipeline {
         let client_version = head.version();
         let bytes = body.read(&head, self.client, deadline).await?;
         let inputs = self.inputs(endpoint, &head, &bytes, log)?;
-        let conv_hash = inputs.conversation.as_ref().map(route::Conversation::hash);
+        let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
         let ticket = self.admit(&inputs, deadline).await?;
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
@@ -252,9 +252,9 @@ impl Pipeline {
         head: &ReqHead,
         body: &[u8],
         log: &mut RequestLog,
-    ) -> Result<route::Inputs, ApiError> {
+    ) -> Result<Inputs, ApiError> {
         let inputs = find_inputs(&self.models, &self.cfg, endpoint, head, body).inspect_err(|e| {
-            if let route::RouteError::UnknownModel { model } = e {
+            if let InputsError::UnknownModel { model } = e {
                 log.model(model);
             }
         })?;
@@ -262,7 +262,7 @@ impl Pipeline {
     }
 
     /// Phase **admission**: the request's share of its model's admission, when one is on.
-    async fn admit(&self, inputs: &route::Inputs, deadline: Deadline) -> Result<Option<Ticket>, ApiError> {
+    async fn admit(&self, inputs: &Inputs, deadline: Deadline) -> Result<Option<Ticket>, ApiError> {
         match &self.admission {
             Some(a) => deadline.bound(a.admit(&inputs.model, inputs.memory_mb)).await,
             None => Ok(None),
@@ -330,7 +330,7 @@ impl Pipeline {
 }
 
 /// Phase **tags**: the socket options that carry `inputs` to the kernel's pick.
-fn tags(inputs: &route::Inputs) -> Tags<'_> {
+fn tags(inputs: &Inputs) -> Tags<'_> {
     let mut tags = Tags::new().model(inputs.model.as_str());
     if let Some(c) = &inputs.conversation {
         tags = tags.conversation(c.key.as_str());

@@ -14,9 +14,9 @@ use super::client::{self, Handler, RequestBody, Settings};
 use super::control::live_models::Liveness;
 use super::control::Control;
 use super::http::{full, Answer, ApiError, Body, ClientIp, ReqHead};
+use super::inputs::Endpoint;
 use super::metrics::GatewayMetrics;
 use super::pipeline::Pipeline;
-use super::route::Endpoint;
 use crate::config::gateway::ValidGateway;
 use crate::config::ValidConfig;
 

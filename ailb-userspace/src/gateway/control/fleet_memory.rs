@@ -27,13 +27,13 @@
 //!   (`max_inflight`, the same for both entry points); a request admitted then would be
 //!   answered 503 at once. So the gate also waits until a member is under its cap (read from
 //!   the pins with the memory), and the head of the queue takes the first slot that frees.
-//! - **Need**: the request's memory (`route.rs`: a hint header, the model's
+//! - **Need**: the request's memory (`inputs.rs`: a hint header, the model's
 //!   `required_memory_mb`, or the KV estimate); a request without one needs 0 MB (admitted
 //!   unless the model is already over). A need larger than every member's capacity is admitted
 //!   at once: no wait makes it fit, and the kernel refuses it (503) or a server does.
 //!
 //! If the pins cannot be read, requests are admitted (and it is logged): admission sheds load,
-//! it never stops a gateway from serving.
+//! it never stops the front door from serving.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -20,7 +20,7 @@
 //!   ABI's excess fails fast at `connect()` instead of queueing ahead of admitted requests.
 //!
 //! If the plan or the pins cannot be read, requests are admitted (and it is logged): admission
-//! sheds load, it never stops a gateway from serving.
+//! sheds load, it never stops the front door from serving.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
-//! What the routes answer ([`Answer`]): a response, and for a response relayed from the front
-//! door's own upstream client, the upstream's end-to-end headers as lines ready to write
-//! ([`HeadLines`]), so that the HTTP/1 fast path writes them as they came, without building an
-//! `http` header map for them. Hyper's server gets one map of both (the upstream's headers
+//! What the front door answers a request ([`Answer`]): a response, and for a response relayed
+//! from the front door's own upstream client, the upstream's end-to-end headers as lines ready
+//! to write ([`HeadLines`]), so that the HTTP/1 fast path writes them as they came, without
+//! building an `http` header map for them. Hyper's server gets one map of both (the upstream's headers
 //! first, then the response's own, the order the fast path writes them in).
 
 use bytes::Bytes;
@@ -52,7 +52,7 @@ impl HeadLines {
     }
 }
 
-/// A route's answer.
+/// The answer to a request.
 pub struct Answer {
     pub resp: Response<Body>,
     /// The upstream's headers, before the response's own.

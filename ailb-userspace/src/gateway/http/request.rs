@@ -12,7 +12,7 @@ use hyper::{Method, Uri, Version};
 
 use super::{has_token, Headers, HOP_BY_HOP};
 
-/// A request's head. Both kinds are boxed: the head is moved into each of the route's async
+/// A request's head. Both kinds are boxed: the head is moved into each of the pipeline's async
 /// functions in turn, and a pointer moves for a fraction of what two hundred bytes cost.
 #[derive(Debug)]
 pub enum ReqHead {

@@ -29,7 +29,7 @@ pub enum Link {
 }
 
 /// One open HTTP/1.1 connection to a backend. It is kept boxed from its opening to its end: each
-/// request moves it out of the pool, through the route's async functions and back, and a box
+/// request moves it out of the pool, through the pipeline's async functions and back, and a box
 /// moves as one pointer.
 pub struct Conn {
     pub link: Link,

@@ -1,8 +1,9 @@
-//! One exchange on an upstream connection the front door drives itself (with
-//! `gateway.http1_fast_path`): the request written as one buffer (head and body together),
-//! the response head scanned in place ([`super::scan`]), its body left to [`RawBody`]. What hyper's client
-//! would have done for the same exchange (a task per connection, a channel crossed by the
-//! request and each body frame) is not needed: the request's own task reads the answer.
+//! The front door's own HTTP/1 client (with `gateway.http1_fast_path`): one exchange on an
+//! upstream connection it drives itself, the request written as one buffer (head and body
+//! together), the response head scanned in place ([`super::scan`]), its body left to
+//! [`RawBody`]. What hyper's client would have done for the same exchange (a task per
+//! connection, a channel crossed by the request and each body frame) is not needed: the
+//! request's own task reads the answer.
 
 use bytes::Buf;
 use hyper::header::{HeaderMap, HeaderValue, CONNECTION};
@@ -193,9 +194,9 @@ enum Kind {
     TransferEncoding,
     /// Hop-by-hop; kept in the response's map.
     Connection,
-    /// Not forwarded: another hop-by-hop header ([`crate::gateway::http::HOP_BY_HOP`]), or one the gateway writes
-    /// itself (`x-ailb-backend`, `x-ailb-conversation`: an upstream's, a server behind another
-    /// ailb or one that names itself, would make a second value).
+    /// Not forwarded: another hop-by-hop header ([`crate::gateway::http::HOP_BY_HOP`]), or one
+    /// the front door writes itself (`x-ailb-backend`, `x-ailb-conversation`: an upstream's, a
+    /// server behind another ailb or one that names itself, would make a second value).
     Drop,
     Date,
     ContentType,

@@ -43,10 +43,10 @@ use super::conn::Conn;
 /// key's strings on every request.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub struct PoolKey {
-    /// The model's index in the front door's catalog ([`crate::gateway::pipeline::ModelRoute::index`]).
+    /// The model's index in the front door's catalog ([`crate::gateway::pipeline::CatalogModel::index`]).
     pub model: u32,
     pub memory_mb: Option<u32>,
-    /// [`crate::gateway::route::Conversation::hash`].
+    /// [`crate::gateway::inputs::Conversation::hash`].
     pub conversation: u64,
 }
 

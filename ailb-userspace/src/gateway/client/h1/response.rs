@@ -1,5 +1,5 @@
 //! The answer to a fast-path request, written the way hyper's server writes it: the status
-//! line in the client's version, the headers as the route left them, `date` when there is
+//! line in the client's version, the headers as the handler left them, `date` when there is
 //! none, the body framed by its `Content-Length` (the header's, or the body's exact size), by
 //! chunks when its size is unknown (close-delimited for HTTP/1.0), and `connection: close`
 //! when the connection ends after it. The head and a body that is there whole go out in one
@@ -30,7 +30,7 @@ use crate::gateway::http::{Answer, Body, BoxError, HeadLines, MAX_HEAD_BYTES};
 pub enum Framing {
     /// No body (1xx, 204, 304).
     None,
-    /// `Content-Length`; `true` when the head must say it (the route did not).
+    /// `Content-Length`; `true` when the head must say it (the handler did not).
     Length(u64, bool),
     Chunked,
     /// Until the connection closes (HTTP/1.0, size unknown).

@@ -34,7 +34,7 @@ fn limits() -> FleetMemoryLimits {
     FleetMemoryLimits { factor: 1.0, max_wait: Duration::from_secs(1), max_queued: 4, reserve: 0.0, retry_after: 1 }
 }
 
-/// An upstream connection as the route holds it while its socket (`client`, to the backend
+/// An upstream connection as the pipeline holds it while its socket (`client`, to the backend
 /// `server`) is with the response body.
 async fn upstream() -> (Box<Conn>, TcpStream, TcpStream) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -25,8 +25,8 @@ use hyper::header::HeaderName;
 use hyper::StatusCode;
 use serde_json::Value;
 
-use super::body::{self, Fields, Messages, StrOr, Text};
 use super::http::{visible_ascii, ApiError, Headers};
+use super::request_fields::{self, Fields, Messages, StrOr, Text};
 
 /// The API a request calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub struct Inputs {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum RouteError {
+pub enum InputsError {
     #[error("request body: invalid JSON: {reason}")]
     Json { reason: String },
     #[error("request body: expected a JSON object, found {found}")]
@@ -127,21 +127,21 @@ pub enum RouteError {
     UnknownModel { model: String },
 }
 
-impl RouteError {
+impl InputsError {
     /// The request field at fault, for the error's `param`.
     pub fn param(&self) -> Option<&str> {
         match self {
-            RouteError::NoModel | RouteError::UnknownModel { .. } => Some("model"),
-            RouteError::BadField { field, .. } => Some(field),
-            RouteError::BadHeader { header, .. } => Some(header),
-            RouteError::Json { .. } | RouteError::NotObject { .. } => None,
+            InputsError::NoModel | InputsError::UnknownModel { .. } => Some("model"),
+            InputsError::BadField { field, .. } => Some(field),
+            InputsError::BadHeader { header, .. } => Some(header),
+            InputsError::Json { .. } | InputsError::NotObject { .. } => None,
         }
     }
 }
 
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> Self {
-        use RouteError as R;
+impl From<InputsError> for ApiError {
+    fn from(e: InputsError) -> Self {
+        use InputsError as R;
         let param = e.param().map(str::to_string);
         let mut api = match &e {
             R::UnknownModel { .. } => {
@@ -157,17 +157,17 @@ impl From<RouteError> for ApiError {
 }
 
 /// Parses a request body as a JSON object, keeping only the fields the rules read
-/// ([`super::body::ROUTING_FIELDS`], borrowed from `bytes` where they can be; the body goes
+/// ([`super::request_fields::ROUTING_FIELDS`], borrowed from `bytes` where they can be; the body goes
 /// upstream as it came).
-pub fn parse_body(bytes: &[u8]) -> Result<Fields<'_>, RouteError> {
+pub fn parse_body(bytes: &[u8]) -> Result<Fields<'_>, InputsError> {
     // JSON text is UTF-8. One check of the whole body lets the parser take it as text; parsing
     // the bytes instead checks each string on its own, a fifth of the parse of a small body.
-    let text = std::str::from_utf8(bytes).map_err(|e| RouteError::Json {
+    let text = std::str::from_utf8(bytes).map_err(|e| InputsError::Json {
         reason: format!("not UTF-8 text (an invalid byte at offset {})", e.valid_up_to()),
     })?;
-    match serde_json::from_str(text).map_err(|e| RouteError::Json { reason: e.to_string() })? {
-        body::Top::Object(fields) => Ok(fields),
-        body::Top::Other(found) => Err(RouteError::NotObject { found }),
+    match serde_json::from_str(text).map_err(|e| InputsError::Json { reason: e.to_string() })? {
+        request_fields::Top::Object(fields) => Ok(fields),
+        request_fields::Top::Other(found) => Err(InputsError::NotObject { found }),
     }
 }
 
@@ -178,20 +178,20 @@ pub fn extract(
     body: &Fields<'_>,
     rules: Rules<'_>,
     facts: impl Fn(&str) -> Option<ModelFacts>,
-) -> Result<Inputs, RouteError> {
+) -> Result<Inputs, InputsError> {
     let bad_model =
-        |value: String| RouteError::BadField { field: "model", value, reason: "expected a non-empty string" };
+        |value: String| InputsError::BadField { field: "model", value, reason: "expected a non-empty string" };
     let model = match header_str(headers, "x-model-id")? {
         Some(m) => m.to_string(),
         None => match &body.model {
             Some(StrOr::Str(m)) if !m.is_empty() => m.to_string(),
             Some(StrOr::Str(m)) => return Err(bad_model(Value::String(m.to_string()).to_string())),
-            None | Some(StrOr::Other(Value::Null)) => return Err(RouteError::NoModel),
+            None | Some(StrOr::Other(Value::Null)) => return Err(InputsError::NoModel),
             Some(StrOr::Other(v)) => return Err(bad_model(v.to_string())),
         },
     };
     let Some(model_facts) = facts(&model) else {
-        return Err(RouteError::UnknownModel { model });
+        return Err(InputsError::UnknownModel { model });
     };
     let memory = memory_mb(endpoint, headers, body, model_facts)?;
     let conversation = conversation(endpoint, headers, body, rules, &model)?;
@@ -199,9 +199,9 @@ pub fn extract(
 }
 
 /// A header's value as text; `None` when absent or empty.
-fn header_str<'h>(headers: &'h impl Headers, name: &'static str) -> Result<Option<&'h str>, RouteError> {
+fn header_str<'h>(headers: &'h impl Headers, name: &'static str) -> Result<Option<&'h str>, InputsError> {
     let Some(v) = headers.first(name) else { return Ok(None) };
-    let s = visible_ascii(v).ok_or_else(|| RouteError::BadHeader {
+    let s = visible_ascii(v).ok_or_else(|| InputsError::BadHeader {
         header: name,
         value: String::from_utf8_lossy(v).into_owned(),
         reason: "not visible ASCII",
@@ -215,9 +215,9 @@ fn memory_mb(
     headers: &impl Headers,
     body: &Fields<'_>,
     facts: ModelFacts,
-) -> Result<Option<(u32, MemorySource)>, RouteError> {
+) -> Result<Option<(u32, MemorySource)>, InputsError> {
     if let Some(gb) = header_str(headers, "x-required-memory")? {
-        let bad = |reason| RouteError::BadHeader { header: "X-Required-Memory", value: gb.to_string(), reason };
+        let bad = |reason| InputsError::BadHeader { header: "X-Required-Memory", value: gb.to_string(), reason };
         let v: f64 = gb.parse().map_err(|_| bad("expected GB as a decimal number"))?;
         if !v.is_finite() || v < 0.0 {
             return Err(bad("expected GB as a decimal number"));
@@ -229,7 +229,7 @@ fn memory_mb(
         return Ok(Some((mb as u32, MemorySource::Header)));
     }
     if let Some(mb) = header_str(headers, "x-required-memory-mb")? {
-        let v = mb.parse::<u32>().map_err(|_| RouteError::BadHeader {
+        let v = mb.parse::<u32>().map_err(|_| InputsError::BadHeader {
             header: "X-Required-Memory-MB",
             value: mb.to_string(),
             reason: "expected whole MB (0..=4294967295)",
@@ -254,12 +254,12 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
     u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
-fn max_tokens(body: &Fields<'_>) -> Result<u64, RouteError> {
+fn max_tokens(body: &Fields<'_>) -> Result<u64, InputsError> {
     for (field, value) in [("max_tokens", &body.max_tokens), ("max_completion_tokens", &body.max_completion_tokens)] {
         match value {
             None | Some(Value::Null) => continue,
             Some(v) => {
-                return v.as_u64().ok_or(RouteError::BadField {
+                return v.as_u64().ok_or(InputsError::BadField {
                     field,
                     value: v.to_string(),
                     reason: "expected a whole number of tokens",
@@ -296,7 +296,7 @@ fn conversation(
     body: &Fields<'_>,
     rules: Rules<'_>,
     model: &str,
-) -> Result<Option<Conversation>, RouteError> {
+) -> Result<Option<Conversation>, InputsError> {
     let given = |key: &str, source| Conversation { key: fit(key), source };
     if let Some(id) = header_str(headers, "x-session-id")? {
         return Ok(Some(given(id, KeySource::SessionHeader)));
@@ -348,7 +348,7 @@ fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) 
     match endpoint {
         Endpoint::ChatCompletions => {
             let Some(Messages::List(msgs)) = &body.messages else { return None };
-            let role = |m: &&body::Message<'_>, r: &str| m.role.as_deref() == Some(r);
+            let role = |m: &&request_fields::Message<'_>, r: &str| m.role.as_deref() == Some(r);
             let system = msgs.iter().find(|m| role(m, "system") || role(m, "developer"));
             let user = msgs.iter().find(|m| role(m, "user"))?;
             if let Some(system) = system {
@@ -375,5 +375,4 @@ fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) 
 }
 
 #[cfg(test)]
-#[path = "route_tests.rs"]
 mod tests;

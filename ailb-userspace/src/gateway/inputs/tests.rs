@@ -34,12 +34,12 @@ fn extract_json(
     body: &Value,
     rules: Rules<'_>,
     facts: impl Fn(&str) -> Option<ModelFacts>,
-) -> Result<Inputs, RouteError> {
+) -> Result<Inputs, InputsError> {
     let bytes = serde_json::to_vec(body).unwrap();
     extract(endpoint, headers, &parse_body(&bytes)?, rules, facts)
 }
 
-fn chat(h: &[(&str, &str)], body: Value) -> Result<Inputs, RouteError> {
+fn chat(h: &[(&str, &str)], body: Value) -> Result<Inputs, InputsError> {
     extract_json(Endpoint::ChatCompletions, &headers(h), &body, RULES, facts)
 }
 
@@ -52,27 +52,27 @@ fn chat_body(turns: &[(&str, &str)]) -> Value {
 fn model_from_header_then_body_unknown_and_missing() {
     assert_eq!(chat(&[], json!({"model": "m"})).unwrap().model, "m");
     assert_eq!(chat(&[("X-Model-Id", "m")], json!({"model": "other"})).unwrap().model, "m");
-    assert_eq!(chat(&[], json!({"model": "nope"})), Err(RouteError::UnknownModel { model: "nope".into() }));
-    assert_eq!(chat(&[], json!({})), Err(RouteError::NoModel));
-    assert!(matches!(chat(&[], json!({"model": 3})), Err(RouteError::BadField { field: "model", .. })));
+    assert_eq!(chat(&[], json!({"model": "nope"})), Err(InputsError::UnknownModel { model: "nope".into() }));
+    assert_eq!(chat(&[], json!({})), Err(InputsError::NoModel));
+    assert!(matches!(chat(&[], json!({"model": 3})), Err(InputsError::BadField { field: "model", .. })));
 }
 
 #[test]
 fn body_must_be_a_json_object() {
     assert!(parse_body(br#"{"model":"m"}"#).is_ok());
     let e = parse_body(b"{\"model\":").unwrap_err();
-    assert!(matches!(&e, RouteError::Json { reason } if reason.contains("EOF")), "{e}");
-    assert_eq!(parse_body(b"[1]").unwrap_err(), RouteError::NotObject { found: "an array" });
+    assert!(matches!(&e, InputsError::Json { reason } if reason.contains("EOF")), "{e}");
+    assert_eq!(parse_body(b"[1]").unwrap_err(), InputsError::NotObject { found: "an array" });
     // Bytes that are not UTF-8, in a string or outside one, are refused as a parse of the bytes
     // refuses them, and the error says where.
     for bad in [&b"{\"model\":\"m\xff\"}"[..], b"{\"model\":\"m\"}\xc3", b"\xef\xbb{}"] {
         assert!(serde_json::from_slice::<Value>(bad).is_err());
         let e = parse_body(bad).unwrap_err();
         let at = bad.iter().position(|&b| b >= 0x80).unwrap();
-        assert_eq!(e, RouteError::Json { reason: format!("not UTF-8 text (an invalid byte at offset {at})") });
+        assert_eq!(e, InputsError::Json { reason: format!("not UTF-8 text (an invalid byte at offset {at})") });
     }
     let fields = parse_body("{\"model\":\"m\\u00e9\",\"x\":\"\u{e9}\"}".as_bytes()).unwrap();
-    assert_eq!(fields.model, Some(crate::gateway::body::StrOr::Str("m\u{e9}".into())));
+    assert_eq!(fields.model, Some(crate::gateway::request_fields::StrOr::Str("m\u{e9}".into())));
 }
 
 #[test]
@@ -91,7 +91,7 @@ fn memory_headers_then_model_then_estimate() {
     assert_eq!(mem(&[], &kv), Ok(Some(2)));
     for bad in ["lots", "-1", "NaN"] {
         let e = mem(&[("X-Required-Memory", bad)], &body).unwrap_err();
-        assert!(matches!(&e, RouteError::BadHeader { header: "X-Required-Memory", value, .. } if value == bad), "{e}");
+        assert!(matches!(&e, InputsError::BadHeader { header: "X-Required-Memory", value, .. } if value == bad), "{e}");
     }
     let e = mem(&[("X-Required-Memory-MB", "1.5")], &body).unwrap_err();
     assert_eq!(e.param(), Some("X-Required-Memory-MB"));
