@@ -133,8 +133,8 @@ pub struct GatewayConfig {
     #[serde(default = "default_retry_after")]
     pub admission_retry_after: String,
     /// Whether client connections are read by the front door's own HTTP/1 path first
-    /// (`gateway/h1/`): HTTP/1.x GET and POST requests with a `Content-Length` body (or none)
-    /// are parsed in place and answered without hyper's server; anything else (HTTP/2, a
+    /// (`gateway/client/h1/`): HTTP/1.x GET and POST requests with a `Content-Length` body (or
+    /// none) are parsed in place and answered without hyper's server; anything else (HTTP/2, a
     /// chunked body, an upgrade, `Expect`, a head it does not take) hands the connection to
     /// hyper with the bytes read so far. `false`: hyper serves every connection. Default true.
     #[serde(default = "default_true")]
