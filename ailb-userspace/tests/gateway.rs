@@ -644,7 +644,7 @@ async fn models_are_those_with_a_live_backend() {
     assert_eq!(list(serde_json::from_slice(&body).unwrap()), [("m".to_string(), serde_json::Value::Bool(true))]);
     // The daemon stops answering: past the cache, the whole catalog, marked unknown.
     answering.store(false, Ordering::SeqCst);
-    tokio::time::sleep(ailb_userspace::gateway::models::TTL + Duration::from_millis(100)).await;
+    tokio::time::sleep(ailb_userspace::gateway::control::live_models::TTL + Duration::from_millis(100)).await;
     let (_, body) = send(&mut c, get()).await;
     let ids: Vec<String> = list(serde_json::from_slice(&body).unwrap())
         .into_iter()

@@ -2,6 +2,7 @@
 //! that turns them into a [`ValidConfig`] or an [`ConfigError::InvalidValue`] naming the field
 //! and the value. A bad config stops start-up; on reload the previous config stays.
 
+pub mod gateway;
 mod limits;
 mod tc;
 mod validate;
@@ -41,7 +42,7 @@ pub struct Config {
     pub policy: crate::policy::PolicyConfig,
     /// The front door's `[gateway]` (`ailb gateway`); `ailb run` does not use it.
     #[serde(default)]
-    pub gateway: crate::gateway::GatewayConfig,
+    pub gateway: gateway::GatewayConfig,
     /// The kernel's table and member arenas.
     #[serde(default)]
     pub limits: LimitsConfig,

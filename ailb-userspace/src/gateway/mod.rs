@@ -1,251 +1,58 @@
-//! The front door, `ailb gateway`: an OpenAI-style HTTP/1.1 server that sends EVERY request
-//! to the kernel's pick on a fresh upstream connection, tagged with the request's own
-//! routing inputs (model, memory, conversation; see [`route`]).
+//! The front door, `ailb gateway`: an OpenAI-style HTTP server (HTTP/1.1, and HTTP/2 with
+//! prior knowledge) that sends each request to the kernel's pick on an upstream connection
+//! tagged with the request's own routing inputs (model, memory, conversation; see [`inputs`]):
+//! a fresh connection, or (`gateway.upstream_reuse = "conversation"`, the default) an idle one
+//! kept from an earlier request with exactly the same inputs.
 //!
 //! Why it exists: ailb picks a backend per connection, in `cgroup/connect4`; an unchanged
 //! client with a keep-alive pool (the official `openai` client) sends every request of a
 //! process down one connection, so the pick would happen once per process. The front door
-//! keeps the client's connection and opens one upstream connection per request instead.
+//! keeps the client's connection and sends each request upstream on a connection of its own
+//! routing inputs, never one tagged with another request's.
 //!
-//! Why a separate process from `ailb run`: it must run INSIDE the cgroup ailb attaches to,
-//! so that its upstream connects are the ones `connect4` steers (the daemon stays outside
-//! it), and it needs no privilege at all (tagging a socket is a plain `setsockopt`), while
-//! `ailb run` must load programs and write maps as root. A crash or restart of one does not
-//! take the other down.
+//! Why a separate process from `ailb run`: it must run INSIDE the cgroup ailb attaches to, so
+//! that its upstream connects are the ones `connect4` steers (the daemon stays outside it). It
+//! tags and connects without privilege (tagging a socket is a plain `setsockopt`); with an admission on
+//! (`gateway.admission`) it also reads the daemon's pins under `daemon.bpffs`, which needs read
+//! access to them, never write. `ailb run` must load programs and write maps as root. A crash
+//! or restart of one does not take the other down.
 //!
 //! It reads the same config file as `ailb run`: the model catalog (`[[models]]`,
 //! `[[services]]`; a model's first VIP is where its requests connect) and the `[gateway]`
-//! section ([`GatewayConfig`]).
+//! section ([`crate::config::gateway::GatewayConfig`]).
+//!
+//! Here "gateway" is the front door (`ailb gateway`, `[gateway]`, the `ailb_gateway_*`
+//! metrics), never the node that runs `ailb run`.
+//!
+//! The modules, each importing only those listed before it:
+//! - [`http`]: the types both sides share (a request's head, its answer, the body of every
+//!   answer, the OpenAI-shaped errors, a request's deadline, header names and checks);
+//! - [`inputs`] (with `request_fields.rs`, the request body's first parse): a request's
+//!   routing inputs, pure;
+//!   [`metrics`] and `log.rs` (the access log);
+//! - the three sides, none of which imports another: [`client`] (client connections: hyper's
+//!   server and the HTTP/1 fast path), [`upstream`] (tagged connects, kept connections, the
+//!   front door's own HTTP/1 client and hyper's, the relayed answer) and [`control`] (the
+//!   admission and the live models, from the daemon's plan and the kernel's pins);
+//! - [`pipeline`]: a proxied request's phases, in order, calling the upstream side and the
+//!   admission;
+//! - [`service`]: [`Gateway`], what the client side hands each request to;
+//! - `run.rs`: start-up, the workers, their listening sockets and the signals.
 
 #![forbid(unsafe_code)]
 
-pub mod admission;
-pub mod answer;
-mod body;
-pub mod config;
-pub mod error;
-pub mod fleet_memory;
-pub mod h1;
+pub mod client;
+pub mod control;
+pub mod http;
+pub mod inputs;
 mod log;
 pub mod metrics;
-pub mod models;
-pub mod pool;
-pub mod proxy;
-pub mod request;
-pub mod route;
-pub mod server;
+pub mod pipeline;
+mod request_fields;
+mod run;
+pub mod service;
+pub mod upstream;
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::Arc;
-
-use prometheus_client::registry::Registry;
-
-pub use config::{GatewayConfig, ValidGateway};
-pub use error::{ApiError, GatewayError};
-pub use server::{routing_inputs, Gateway, BACKEND_HEADER, CONVERSATION_HEADER};
-
-/// The catalog and the `[gateway]` section of the config at `path` (or the embedded
-/// default), both validated.
-pub fn load(path: Option<&Path>) -> Result<(crate::config::ValidConfig, ValidGateway), GatewayError> {
-    let config = match path {
-        Some(p) => crate::config::Config::load(p)?,
-        None => crate::config::Config::embedded_default(),
-    };
-    let valid = config.validate()?;
-    let gateway = config.gateway.validate(valid.models.keys().map(String::as_str))?;
-    Ok((valid, gateway))
-}
-
-/// `ailb gateway`: serves on every `gateway.listen` address until SIGINT or SIGTERM.
-///
-/// One thread per worker (`worker_threads`, default one per core), each with a single-threaded
-/// runtime, a listening socket of its own on every address (`SO_REUSEPORT`: the kernel spreads
-/// new client connections over them) and a pool of its own ([`Gateway::worker`]): a request,
-/// its upstream connection and its answer stay on one thread, so no request wakes another
-/// thread (a runtime whose threads share the work wakes one for about every request).
-pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
-    let (config, gateway) = load(path)?;
-    let workers = gateway.worker_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut listeners = bind(&gateway.listen, workers)?.into_iter();
-    let first_listeners = listeners.next().unwrap_or_default();
-    // The first worker's runtime, on this thread, also runs the admission's refresh task.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| GatewayError::Runtime { source })?;
-    // Before any worker serves: a client that can connect finds the admission in place.
-    let mut registry = Registry::default();
-    let admission = open_admission(&config, &gateway, &rt, &mut registry)?;
-    let gw = Gateway::with_admission(&config, gateway, registry, admission);
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut threads = Vec::new();
-    for (i, ls) in (1..).zip(listeners) {
-        let (gw, stopped) = (gw.worker(i, workers), stopped.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("ailb-gateway-{i}"))
-            .spawn(move || serve_worker(gw, ls, stopped))
-            .map_err(|source| GatewayError::Runtime { source })?;
-        threads.push(thread);
-    }
-    let first = gw.worker(0, workers);
-    let served = rt.block_on(async {
-        let tasks = spawn_serving(&first, first_listeners)?;
-        shutdown_signal().await;
-        tracing::info!("gateway: stopping");
-        tasks.into_iter().for_each(|t| t.abort());
-        Ok(())
-    });
-    let _ = stop.send(true);
-    for t in threads {
-        match t.join() {
-            Ok(r) => r?,
-            Err(_) => tracing::error!("gateway: a worker thread panicked"),
-        }
-    }
-    served
-}
-
-/// The admission of `gateway.admission`, its capacities read once and then refreshed by a
-/// task of `rt`.
-fn open_admission(
-    config: &crate::config::ValidConfig,
-    gateway: &ValidGateway,
-    rt: &tokio::runtime::Runtime,
-    registry: &mut Registry,
-) -> Result<Option<admission::Control>, GatewayError> {
-    use config::ValidAdmission;
-    let control = match &gateway.admission {
-        ValidAdmission::Off => return Ok(None),
-        ValidAdmission::Inflight { retry_after } => {
-            let a = admission::Admission::open(&config.bpffs, config.listen, *retry_after)?;
-            rt.block_on(a.start());
-            tracing::info!(bpffs = %config.bpffs.display(), "gateway: admission per model on");
-            admission::Control::Inflight(a)
-        }
-        ValidAdmission::FleetMemory(limits) => {
-            let kernel = crate::datapath::model_load::ModelLoad::open(&config.bpffs)
-                .map_err(|source| admission::AdmissionError::Pins { dir: config.bpffs.clone(), source })?;
-            let fleet = Box::new(fleet_memory::KernelFleet(kernel));
-            let f = fleet_memory::FleetMemory::new(
-                fleet,
-                limits.clone(),
-                config.models.keys().map(String::as_str),
-                registry,
-            );
-            let _guard = rt.enter();
-            f.start();
-            tracing::info!(
-                bpffs = %config.bpffs.display(),
-                factor = limits.factor,
-                max_wait = ?limits.max_wait,
-                max_queued = limits.max_queued,
-                "gateway: admission per model by fleet memory on"
-            );
-            admission::Control::FleetMemory(f)
-        }
-    };
-    Ok(Some(control))
-}
-
-/// Worker `i`'s listening sockets, one per address of `addrs`, for each of `workers`: every
-/// worker's socket on an address shares its port (`SO_REUSEPORT`; the port a first plain bind
-/// got when the address asks for port 0). That first bind, without `SO_REUSEPORT`, also keeps
-/// an address another process listens on refused ("address in use"), as a single socket was,
-/// rather than shared with it.
-fn bind(addrs: &[SocketAddr], workers: usize) -> Result<Vec<Vec<std::net::TcpListener>>, GatewayError> {
-    let mut out: Vec<Vec<std::net::TcpListener>> = (0..workers.max(1)).map(|_| Vec::new()).collect();
-    for &addr in addrs {
-        let err = |source| GatewayError::Bind { addr, source };
-        let at = socket(addr, false).and_then(|probe| probe.local_addr()).map_err(err)?;
-        let at = at.as_socket().ok_or_else(|| err(std::io::ErrorKind::AddrNotAvailable.into()))?;
-        for listeners in &mut out {
-            let l = socket(at, true).and_then(|s| s.listen(1024).map(|()| s)).map_err(err)?;
-            listeners.push(l.into());
-        }
-        tracing::info!(local = %at, workers, "gateway: listening");
-    }
-    Ok(out)
-}
-
-/// A non-blocking TCP socket bound to `addr`, sharing its port with the other workers' when
-/// `shared`.
-fn socket(addr: SocketAddr, shared: bool) -> std::io::Result<socket2::Socket> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(shared)?;
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    Ok(s)
-}
-
-/// Serves `listeners` on this thread's own runtime until `stopped` turns true.
-fn serve_worker(
-    gw: Arc<Gateway>,
-    listeners: Vec<std::net::TcpListener>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), GatewayError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| GatewayError::Runtime { source })?;
-    rt.block_on(async {
-        let tasks = spawn_serving(&gw, listeners)?;
-        let _ = stopped.wait_for(|s| *s).await;
-        tasks.into_iter().for_each(|t| t.abort());
-        Ok(())
-    })
-}
-
-/// One task accepting on each of `listeners` (on the current runtime).
-fn spawn_serving(
-    gw: &Arc<Gateway>,
-    listeners: Vec<std::net::TcpListener>,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, GatewayError> {
-    let mut tasks = Vec::new();
-    for l in listeners {
-        let addr = l.local_addr().map_err(|source| GatewayError::Runtime { source })?;
-        let l = tokio::net::TcpListener::from_std(l).map_err(|source| GatewayError::Bind { addr, source })?;
-        tasks.push(tokio::spawn(Arc::clone(gw).serve(l)));
-    }
-    Ok(tasks)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    match term {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "gateway: no SIGTERM handler; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_worker_listens_on_one_port_and_another_process_gets_address_in_use() {
-        let addrs = ["127.0.0.1:0".parse().unwrap()];
-        let workers = bind(&addrs, 3).expect("port 0 binds");
-        assert_eq!(workers.len(), 3);
-        let ports: Vec<u16> = workers.iter().map(|w| w[0].local_addr().unwrap().port()).collect();
-        assert!(ports[0] != 0 && ports.iter().all(|p| *p == ports[0]), "{ports:?}");
-        // A second gateway on the same address is refused, as with one plain socket, rather
-        // than sharing the port.
-        let taken = [SocketAddr::from(([127, 0, 0, 1], ports[0]))];
-        match bind(&taken, 2) {
-            Err(GatewayError::Bind { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse),
-            other => panic!("expected address in use, got {:?}", other.map(|w| w.len())),
-        }
-    }
-}
+pub use pipeline::routing_inputs;
+pub use run::{load, run, GatewayError};
+pub use service::Gateway;

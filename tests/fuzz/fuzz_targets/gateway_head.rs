@@ -1,5 +1,5 @@
 //! The front door's HTTP/1 fast path: a client's bytes at a request boundary
-//! (`ailb_userspace::gateway::h1::head::parse`, run on every request head `ailb gateway` reads
+//! (`ailb_userspace::gateway::client::h1::head::parse`, run on every request head `ailb gateway` reads
 //! while `gateway.http1_fast_path` is on). Besides no panic: a head it takes is GET or POST,
 //! HTTP/1.0 or 1.1, ends inside the input, frames its body by its one `Content-Length` and has
 //! none of the headers it leaves to hyper; the same bytes cut before the head's end are only
@@ -7,8 +7,8 @@
 //! the same head.
 #![no_main]
 
-use ailb_userspace::gateway::h1::head::{parse, Parsed, MAX_HEAD_BYTES};
-use ailb_userspace::gateway::route::Headers;
+use ailb_userspace::gateway::client::h1::head::{parse, Parsed};
+use ailb_userspace::gateway::http::{Headers, MAX_HEAD_BYTES};
 use hyper::{Method, Version};
 use libfuzzer_sys::fuzz_target;
 

@@ -9,8 +9,8 @@
 use std::sync::OnceLock;
 
 use ailb_common::abi::MAX_CONVERSATION_LEN;
-use ailb_userspace::config::{Config, ValidConfig};
-use ailb_userspace::gateway::{routing_inputs, ValidGateway};
+use ailb_userspace::config::{gateway::ValidGateway, Config, ValidConfig};
+use ailb_userspace::gateway::routing_inputs;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 

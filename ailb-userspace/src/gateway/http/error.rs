@@ -1,0 +1,165 @@
+//! The OpenAI-shaped error answers of a request ([`ApiError`]:
+//! `{"error":{"message","type","param","code"}}`).
+
+use std::time::Duration;
+
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use super::{full, Body};
+
+/// One error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`.
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// `Retry-After` in seconds.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind, param: None, code: Some(code), retry_after: None }
+    }
+
+    pub fn param(mut self, param: Option<&str>) -> Self {
+        self.param = param.map(str::to_string);
+        self
+    }
+
+    pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", message)
+    }
+
+    pub fn too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("request body: larger than the gateway's limit of {limit} bytes (gateway.max_body_bytes)"),
+        )
+    }
+
+    pub fn overloaded(limit: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "too_many_requests",
+            format!("the gateway is serving its limit of {limit} requests at once (gateway.max_concurrent)"),
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 429: the model's requests in flight, from every entry point, are at its running
+    /// capacity (`gateway.admission`).
+    pub fn at_capacity(model: &str, inflight: u64, capacity: u64, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "model_at_capacity",
+            format!(
+                "the model `{model}` is at its capacity: {inflight} requests in flight, capacity {capacity} \
+                 (the sum of its backends' max_inflight)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503: the model's memory in flight stayed above its limit for the whole admission wait
+    /// (`gateway.admission`, mode "fleet_memory").
+    pub fn model_overloaded(model: &str, inflight_mb: u64, limit_mb: u64, waited: Duration, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_overloaded",
+            format!(
+                "the model `{model}` is overloaded: {inflight_mb} MB of requests in flight against a limit of \
+                 {limit_mb} MB (its backends' KV capacity x gateway.admission.factor), no room within {waited:?} \
+                 (gateway.admission.max_wait)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503: every backend of the model stayed at its `max_inflight` for the whole admission
+    /// wait (a connect would be refused).
+    pub fn model_at_caps(model: &str, waited: Duration, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_overloaded",
+            format!(
+                "the model `{model}` is overloaded: every backend is at its max_inflight, no slot within {waited:?} \
+                 (gateway.admission.max_wait)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 429: `max_queued` requests of the model already wait for admission.
+    pub fn admission_queue_full(model: &str, max_queued: u32, retry_after: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "admission_queue_full",
+            format!(
+                "the model `{model}` has {max_queued} requests waiting for admission already \
+                 (gateway.admission.max_queued)"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_backend", message);
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "server_error", "upstream_error", message)
+    }
+
+    /// 408: the client was too slow to send its request.
+    pub fn client_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "request_timeout", message)
+    }
+
+    /// 408: a request body slower than `within` (`gateway.header_timeout`).
+    pub fn body_timeout(within: Duration) -> Self {
+        Self::client_timeout(format!("the request body did not arrive within {within:?} (gateway.header_timeout)"))
+    }
+
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "upstream_timeout", message)
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut resp = Response::new(full(self.body().to_string()));
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(s) = self.retry_after {
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}

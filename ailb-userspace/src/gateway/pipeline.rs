@@ -1,0 +1,437 @@
+//! A proxied request (`POST` to an inference endpoint), from its head to its answer, as named
+//! phases in the order they run ([`Pipeline::proxy`]):
+//!
+//! 1. **slot**: one of `gateway.max_concurrent`, or 429 at once;
+//! 2. **body**: the request body, whole ([`RequestBody::read`]);
+//! 3. **inputs**: the routing inputs, model, memory and conversation ([`Pipeline::inputs`],
+//!    the rules of [`super::inputs`]);
+//! 4. **admission**: the model's admission, when one is on ([`Pipeline::admit`]);
+//! 5. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
+//! 6. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
+//!    tagged one, and the response head read ([`Pipeline::exchange`]);
+//! 7. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
+//!    out, `x-ailb-backend` and `x-ailb-conversation` in, the client's HTTP version), and its
+//!    body relayed, or ended at once when it came whole ([`Pipeline::answer`]).
+//!
+//! Every wait ends by the request's [`Deadline`] (`gateway.total_timeout`). The client side
+//! ([`super::client`]) hands the request here through the front door's service
+//! ([`super::service`]); the upstream side ([`super::upstream`]) and the admission
+//! ([`super::control`]) are called from here and know nothing of each other.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+
+use ailb_common::client::Tags;
+use http_body_util::BodyExt;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
+use hyper::{Response, Version};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::client::{RequestBody, Settings};
+use super::control::fleet_memory::Ticket;
+use super::control::Control;
+use super::http::{
+    full, is_event_stream, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead, BACKEND_HEADER,
+    CONVERSATION_HEADER, HOP_BY_HOP,
+};
+use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, ModelFacts, Rules};
+use super::log::RequestLog;
+use super::metrics::{GatewayMetrics, ModelSeries};
+use super::upstream::body::UpBody;
+use super::upstream::conn::{Conn, Sent};
+use super::upstream::pool::{Pool, PoolKey};
+use super::upstream::relay::{Held, Relay, Reuse};
+use super::upstream::{self, request::UpRequest};
+use crate::config::gateway::{UpstreamReuse, ValidGateway, DEFAULT_KV_BLOCK_TOKENS};
+use crate::config::ValidConfig;
+
+/// A model of the catalog as the pipeline sends its requests.
+#[derive(Clone, Debug)]
+pub struct CatalogModel {
+    /// The model's first VIP: every request of the model connects there.
+    pub vip: SocketAddrV4,
+    pub facts: ModelFacts,
+    /// Its place in the catalog (by name), which keys its kept upstream connections.
+    pub index: u32,
+    /// Its metric series, reached without a label lookup per request.
+    pub series: Arc<ModelSeries>,
+}
+
+/// Each model of the catalog with a VIP (where its requests connect).
+pub fn catalog(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, CatalogModel> {
+    config
+        .models
+        .iter()
+        .filter_map(|(name, m)| {
+            // The front door connects through the model's first IPv4 VIP.
+            let vip = m.spec.vips.iter().find_map(|v| match v {
+                SocketAddr::V4(a) => Some(*a),
+                SocketAddr::V6(_) => None,
+            })?;
+            let facts = ModelFacts {
+                required_memory_mb: m.spec.required_memory_mb,
+                kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
+                kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
+            };
+            Some((name.clone(), vip, facts))
+        })
+        .enumerate()
+        .map(|(i, (name, vip, facts))| {
+            let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
+            let series = Arc::new(ModelSeries::new(name.clone()));
+            (name, CatalogModel { vip, facts, index, series })
+        })
+        .collect()
+}
+
+/// The routing inputs the front door would find in a request to `path` with `headers` and
+/// `body` (what `ailb explain --request` shows), or the error it would answer.
+pub fn routing_inputs(
+    config: &ValidConfig,
+    cfg: &ValidGateway,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Inputs, SocketAddrV4), ApiError> {
+    let Some(endpoint) = Endpoint::from_path(path) else {
+        return Err(ApiError::not_found(format!("POST {path}: no such route")));
+    };
+    let models = catalog(config, cfg);
+    let inputs = find_inputs(&models, cfg, endpoint, headers, body)?;
+    let vip = models[&inputs.model].vip;
+    Ok((inputs, vip))
+}
+
+/// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules.
+fn find_inputs(
+    models: &BTreeMap<String, CatalogModel>,
+    cfg: &ValidGateway,
+    endpoint: Endpoint,
+    headers: &impl Headers,
+    body: &[u8],
+) -> Result<Inputs, InputsError> {
+    let json = inputs::parse_body(body)?;
+    let rules =
+        Rules { session_header: cfg.session_header.as_ref(), completion_prefix_bytes: cfg.completion_prefix_bytes };
+    inputs::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
+}
+
+/// A request sent and its response head read: the response (with its headers as lines when
+/// the front door's own client read it), its connection, where the connection goes after, and
+/// the request's share of the admission.
+struct Forwarded {
+    resp: Response<UpBody>,
+    lines: Option<HeadLines>,
+    conn: Box<Conn>,
+    reuse: Option<Reuse>,
+    ticket: Option<Ticket>,
+}
+
+/// What the phases of a proxied request need, shared by every connection of a worker.
+pub struct Pipeline {
+    cfg: ValidGateway,
+    /// What the client side reads of `cfg` (the body's limit and timeout).
+    client: Settings,
+    models: BTreeMap<String, CatalogModel>,
+    metrics: Arc<GatewayMetrics>,
+    /// The `max_concurrent` slots, shared by every worker.
+    permits: Arc<Semaphore>,
+    /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
+    pool: Option<Arc<Pool>>,
+    admission: Option<Control>,
+}
+
+impl Pipeline {
+    /// The catalog of `config` with the `[gateway]` settings `cfg`.
+    pub fn new(
+        config: &ValidConfig,
+        cfg: ValidGateway,
+        metrics: Arc<GatewayMetrics>,
+        admission: Option<Control>,
+    ) -> Self {
+        let models = catalog(config, &cfg);
+        let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
+        let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
+            .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
+        Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission }
+    }
+
+    /// The same pipeline (catalog, limits, metrics, the `max_concurrent` slots) for worker
+    /// `index` of `workers`, with a pool of its own that keeps its share of
+    /// `upstream_max_idle`.
+    pub fn worker(&self, index: usize, workers: usize) -> Self {
+        let max_idle = self.cfg.upstream_max_idle as usize;
+        let workers = workers.max(1);
+        let share = max_idle / workers + usize::from(index < max_idle % workers);
+        let pool =
+            self.pool.as_ref().map(|_| Pool::new(self.cfg.upstream_max_age, share, self.cfg.upstream_idle_mark_after));
+        Self {
+            cfg: self.cfg.clone(),
+            client: self.client,
+            models: self.models.clone(),
+            metrics: self.metrics.clone(),
+            permits: self.permits.clone(),
+            pool,
+            admission: self.admission.clone(),
+        }
+    }
+
+    /// The `[gateway]` settings.
+    pub fn config(&self) -> &ValidGateway {
+        &self.cfg
+    }
+
+    /// The catalog's models, by name.
+    pub fn models(&self) -> &BTreeMap<String, CatalogModel> {
+        &self.models
+    }
+
+    /// Starts what runs beside the requests on the current runtime: the pool's sweeper.
+    pub fn start(&self) {
+        if let Some(pool) = &self.pool {
+            Pool::spawn_sweeper(pool);
+        }
+    }
+
+    /// A request to `endpoint`, through every phase; refusals and failures are answered in
+    /// OpenAI's error shape.
+    pub async fn proxy(&self, endpoint: Endpoint, head: ReqHead, body: RequestBody, client: ClientIp) -> Answer {
+        let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
+        let deadline = Deadline::after(log.started(), self.cfg.total_timeout);
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return refused(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
+        };
+        match self.forward(endpoint, head, body, client, &mut log, deadline).await {
+            Ok(forwarded) => self.answer(forwarded, permit, log, deadline),
+            Err(e) => refused(log, e).into(),
+        }
+    }
+
+    /// The phases from the body to the response head: the request sent as it came (minus
+    /// hop-by-hop headers, plus `X-Forwarded-For`) on a connection tagged with its inputs.
+    async fn forward(
+        &self,
+        endpoint: Endpoint,
+        head: ReqHead,
+        body: RequestBody,
+        client: ClientIp,
+        log: &mut RequestLog,
+        deadline: Deadline,
+    ) -> Result<Forwarded, ApiError> {
+        let client_version = head.version();
+        let bytes = body.read(&head, self.client, deadline).await?;
+        let inputs = self.inputs(endpoint, &head, &bytes, log)?;
+        let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
+        let ticket = self.admit(&inputs, deadline).await?;
+        let model = &self.models[&inputs.model];
+        log.proxying(&model.series, conv_hash);
+        let tags = tags(&inputs);
+        let key = match (&self.pool, conv_hash) {
+            (Some(_), Some(conversation)) => {
+                Some(PoolKey { model: model.index, memory_mb: inputs.memory_mb, conversation })
+            }
+            _ => None,
+        };
+        let req = UpRequest { head, body: bytes, client };
+        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?;
+        let reuse = match (key, &self.pool) {
+            (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
+            _ => None,
+        };
+        log.upstream(conn.backend, resp.status().as_u16());
+        answer_head(&mut resp, lines.as_mut(), &conn, conv_hash, client_version);
+        Ok(Forwarded { resp, lines, conn, reuse, ticket })
+    }
+
+    /// Phase **inputs**: the routing inputs of the request (a model the catalog does not have
+    /// is noted in the access log).
+    fn inputs(
+        &self,
+        endpoint: Endpoint,
+        head: &ReqHead,
+        body: &[u8],
+        log: &mut RequestLog,
+    ) -> Result<Inputs, ApiError> {
+        let inputs = find_inputs(&self.models, &self.cfg, endpoint, head, body).inspect_err(|e| {
+            if let InputsError::UnknownModel { model } = e {
+                log.model(model);
+            }
+        })?;
+        Ok(inputs)
+    }
+
+    /// Phase **admission**: the request's share of its model's admission, when one is on.
+    async fn admit(&self, inputs: &Inputs, deadline: Deadline) -> Result<Option<Ticket>, ApiError> {
+        match &self.admission {
+            Some(a) => deadline.bound(a.admit(&inputs.model, inputs.memory_mb)).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Phase **exchange**: sends `req` on an idle connection with the same routing inputs
+    /// (`key`) when the pool has one, else on a fresh connection to `vip` tagged with `tags`.
+    async fn exchange(
+        &self,
+        key: Option<&PoolKey>,
+        vip: SocketAddrV4,
+        tags: &Tags<'_>,
+        mut req: UpRequest,
+        deadline: Deadline,
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
+        let idle = self.cfg.idle_timeout;
+        if let Some(mut conn) = key.and_then(|k| self.pool.as_ref()?.take(k, deadline.started())) {
+            match upstream::conn::send(&mut conn, req, idle, deadline).await? {
+                Sent::Answered(resp, lines) => {
+                    self.metrics.upstream_request(true);
+                    return Ok((resp, lines, conn));
+                }
+                Sent::NotSent(back) => req = back,
+            }
+        }
+        let mut conn = deadline
+            .bound(async {
+                let up = upstream::connect::connect(vip, tags, self.cfg.connect_timeout).await?;
+                // The front door's own HTTP/1 client, or hyper's.
+                if self.cfg.http1_fast_path {
+                    Ok(upstream::conn::open_raw(up))
+                } else {
+                    upstream::conn::open(up).await
+                }
+            })
+            .await?;
+        self.metrics.upstream_request(false);
+        match upstream::conn::send(&mut conn, req, idle, deadline).await? {
+            Sent::Answered(resp, lines) => Ok((resp, lines, conn)),
+            Sent::NotSent(_) => Err(ApiError::bad_gateway(format!(
+                "upstream {}: the new connection closed before the request could be sent",
+                conn.backend
+            ))),
+        }
+    }
+
+    /// Phase **answer**, its body: relayed as it comes, or, when it came whole with its head,
+    /// ended now (nothing left to relay, wait for or time out).
+    fn answer(&self, f: Forwarded, permit: OwnedSemaphorePermit, log: RequestLog, deadline: Deadline) -> Answer {
+        let Forwarded { resp, lines, conn, reuse, ticket } = f;
+        let (parts, mut body) = resp.into_parts();
+        let held = Held { _permit: permit, ticket };
+        if let Some(data) = body.take_whole() {
+            upstream::relay::whole(body, &data, conn, reuse, held, log);
+            return Answer { resp: Response::from_parts(parts, full(data)), lines };
+        }
+        let sse = match &lines {
+            Some(l) => l.event_stream,
+            None => parts.headers.get(CONTENT_TYPE).is_some_and(|v| is_event_stream(v.as_bytes())),
+        };
+        let relay = Relay::new(body, sse, conn, reuse, held, log, self.cfg.idle_timeout, deadline);
+        Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
+    }
+}
+
+/// Phase **tags**: the socket options that carry `inputs` to the kernel's pick.
+fn tags(inputs: &Inputs) -> Tags<'_> {
+    let mut tags = Tags::new().model(inputs.model.as_str());
+    if let Some(c) = &inputs.conversation {
+        tags = tags.conversation(c.key.as_str());
+    }
+    if let Some(mb) = inputs.memory_mb {
+        tags = tags.required_memory_mb(mb);
+    }
+    tags
+}
+
+/// Phase **answer**, its head: the upstream's hop-by-hop headers out, the backend and the
+/// conversation's hash in (as lines when the front door's own client read the head, else in
+/// the map), and the client's HTTP version: the upstream's is its connection's business (an
+/// HTTP/1.0 answer would make the client's keep-alive connection close).
+fn answer_head(
+    resp: &mut Response<UpBody>,
+    lines: Option<&mut HeadLines>,
+    conn: &Conn,
+    conv_hash: Option<u64>,
+    client_version: Version,
+) {
+    end_to_end(resp.headers_mut());
+    *resp.version_mut() = client_version;
+    match lines {
+        Some(l) => {
+            l.push(BACKEND_HEADER, conn.backend_value.as_bytes());
+            if let Some(hash) = conv_hash {
+                let mut hex = [0u8; 18];
+                l.push(CONVERSATION_HEADER, hash_hex(hash, &mut hex));
+            }
+        }
+        None => {
+            let h = resp.headers_mut();
+            h.insert(HeaderName::from_static(BACKEND_HEADER), conn.backend_value.clone());
+            if let Some(hash) = conv_hash {
+                h.insert(HeaderName::from_static(CONVERSATION_HEADER), header_value(format!("{hash:#018x}")));
+            }
+        }
+    }
+}
+
+/// Removes the hop-by-hop headers (the fixed list and those named in `Connection`) from
+/// `headers`, keeping the order of the others. Most messages have none, and are left as they are.
+fn end_to_end(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(&name.as_str())) {
+        return;
+    }
+    let from = std::mem::take(headers);
+    let named: Vec<String> = from
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    headers.reserve(from.len());
+    let mut name = None;
+    for (next, value) in from {
+        // `None`: another value of the header before it.
+        if let Some(n) = next {
+            name = Some(n);
+        }
+        let Some(n) = &name else { continue };
+        if HOP_BY_HOP.contains(&n.as_str()) || named.iter().any(|c| c == n.as_str()) {
+            continue;
+        }
+        headers.append(n.clone(), value);
+    }
+}
+
+/// Whether the upstream leaves its connection open after `resp` (HTTP/1.1 without
+/// `Connection: close`).
+fn keeps_alive<B>(resp: &Response<B>) -> bool {
+    resp.version() == Version::HTTP_11
+        && !resp
+            .headers()
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// `hash` as `0x` and 16 hex digits (as `{hash:#018x}` writes it), in `out`.
+fn hash_hex(hash: u64, out: &mut [u8; 18]) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out[..2].copy_from_slice(b"0x");
+    for (i, d) in out[2..].iter_mut().enumerate() {
+        *d = HEX[((hash >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
+fn header_value(s: String) -> HeaderValue {
+    HeaderValue::try_from(s).expect("addresses, authorities and hex hashes are valid header values")
+}
+
+/// Answers `e` and closes the request's log.
+fn refused(mut log: RequestLog, e: ApiError) -> Response<Body> {
+    log.status(e.status.as_u16());
+    let outcome = if e.status.is_server_error() { "upstream failure" } else { "refused" };
+    log.finish(outcome);
+    e.into_response()
+}
