@@ -12,9 +12,12 @@ use tracing::info;
 
 use crate::{
     config::{self, ValidSource},
-    daemon::{http, Daemon, SnapshotSource, StaticSource},
+    daemon::{
+        http,
+        metrics::{KernelCollector, Metrics},
+        Daemon, SnapshotSource, StaticSource,
+    },
     datapath::{self, Writer},
-    metrics::{KernelCollector, Metrics},
 };
 
 pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@
 //! moment (rnacos replaying its log, Java Nacos before its clients have re-registered).
 
 pub mod http;
+pub mod metrics;
 pub mod source;
 
 use std::{
@@ -24,9 +25,9 @@ use crate::{
     config::{self, ValidConfig},
     datapath::Writer,
     discovery::Snapshot,
-    metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel},
     policy::{self, PlanView, PolicyState},
 };
+use metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel};
 pub use source::{SnapshotSource, StaticSource};
 
 pub struct Daemon {
