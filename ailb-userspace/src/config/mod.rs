@@ -12,8 +12,8 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
-pub use limits::{LimitsConfig, ValidLimits};
-pub use tc::{TcAttach, TcMode, TcSettings, ValidTc};
+pub use limits::LimitsConfig;
+pub use tc::TcSettings;
 pub use validate::{ValidConfig, ValidModel, ValidSource};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).

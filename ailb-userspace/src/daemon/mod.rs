@@ -123,8 +123,8 @@ impl Daemon {
     /// Plans `snapshot` and writes it. `answered` is when the source's answer arrived.
     pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
         let plan = policy::plan(snapshot, &self.cfg.models, &self.cfg.policy, &mut self.policy);
-        let report = self.writer.apply(&plan, &self.cfg)?;
-        crate::datapath::tc::write(self.writer.maps(), &self.cfg)?;
+        let report = self.writer.apply(&plan, &self.cfg.balancer)?;
+        crate::datapath::tc::write(self.writer.maps(), &self.cfg.tc, self.cfg.remote_models())?;
         self.metrics.applies.inc();
         self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());
         for m in &report.tables_rebuilt {
