@@ -13,7 +13,7 @@ use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, So
 use crate::{
     agent::config::{check_local_instance, InstanceConfig, ValidInstance},
     datapath::{ArenaLimits, TcOptions, WriterSettings},
-    discovery::StaticBackend,
+    discovery::{StaticBackend, ValidSource},
     policy::{ModelSpec, MAX_WEIGHT},
     validate::{parse_duration, ConfigError},
 };
@@ -46,7 +46,9 @@ pub struct ValidConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ValidModel {
     pub spec: ModelSpec,
-    /// Nacos services that serve the model (at least one: default `[name]`).
+    /// The registry services that list the model's backends (at least one: default `[name]`);
+    /// discovery reads them as `DiscoverySettings::catalog`. The config key, `nacos_services`,
+    /// is named after the one registry source so far.
     pub nacos_services: Vec<String>,
     /// Remote clients keep their backend by client address (the TC datapath).
     pub remote_affinity: bool,
@@ -56,12 +58,6 @@ impl AsRef<ModelSpec> for ValidModel {
     fn as_ref(&self) -> &ModelSpec {
         &self.spec
     }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum ValidSource {
-    Static,
-    Nacos(Box<crate::nacos::ValidNacos>),
 }
 
 /// A VIP or backend address: `a.b.c.d:port` or `[ipv6]:port`, port not 0. An IPv6 address

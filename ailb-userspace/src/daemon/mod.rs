@@ -9,7 +9,6 @@
 
 pub mod http;
 pub mod metrics;
-pub mod source;
 
 use std::{
     path::PathBuf,
@@ -24,11 +23,10 @@ use tracing::{error, info, warn};
 use crate::{
     config::{self, ValidConfig},
     datapath::Writer,
-    discovery::Snapshot,
+    discovery::{Snapshot, SnapshotSource},
     policy::{self, PlanView, PolicyState},
 };
 use metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel};
-pub use source::{SnapshotSource, StaticSource};
 
 pub struct Daemon {
     pub writer: Writer,
@@ -260,7 +258,7 @@ impl Daemon {
             error!("reload: daemon.bpffs, daemon.cgroup and daemon.listen cannot change while running; keeping the old config");
             return;
         }
-        if let Err(e) = self.source.reconfigure(&new) {
+        if let Err(e) = self.source.reconfigure(&new.discovery()) {
             error!(error = %crate::error_chain(&e), "reload: discovery settings rejected; keeping the previous config");
             return;
         }
