@@ -11,10 +11,14 @@ use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::{
-    config::{self, ValidSource},
-    daemon::{http, Daemon, SnapshotSource, StaticSource},
+    config,
+    daemon::{
+        http,
+        metrics::{KernelCollector, Metrics},
+        Daemon,
+    },
     datapath::{self, Writer},
-    metrics::{KernelCollector, Metrics},
+    discovery,
 };
 
 pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
@@ -25,10 +29,7 @@ pub fn run(config_path: Option<&Path>) -> anyhow::Result<()> {
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
-        let source: Box<dyn SnapshotSource> = match &cfg.source {
-            ValidSource::Static => Box::new(StaticSource::new(&cfg)?),
-            ValidSource::Nacos(n) => crate::daemon::source::nacos(n, &cfg).await?,
-        };
+        let source = discovery::open(&cfg.discovery()).await?;
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         registry.register_collector(Box::new(KernelCollector { bpffs: cfg.bpffs.clone(), loads: metrics.loads.clone() }));

@@ -10,7 +10,7 @@ use ailb_common::{
     TABLE_CHUNK,
 };
 
-use crate::validate::ConfigError;
+use crate::{datapath::ArenaLimits, validate::ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,19 +34,6 @@ fn default_member_slots() -> u32 {
 }
 
 impl Default for LimitsConfig {
-    fn default() -> Self {
-        Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
-    }
-}
-
-/// The validated `[limits]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ValidLimits {
-    pub table_slots: u32,
-    pub member_slots: u32,
-}
-
-impl Default for ValidLimits {
     fn default() -> Self {
         Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
     }
@@ -88,13 +75,13 @@ fn check_arena(
 impl LimitsConfig {
     /// Checks the fields and that the catalog fits: `members` holds each model's member count
     /// as far as the config knows it (its static backends; at least 1).
-    pub fn validate(&self, members: &[usize]) -> Result<ValidLimits, ConfigError> {
+    pub fn validate(&self, members: &[usize]) -> Result<ArenaLimits, ConfigError> {
         let members: Vec<usize> = members.iter().map(|&n| n.max(1)).collect();
         check_arena("limits.table_slots", self.table_slots, TABLE_CHUNK, MAX_TABLE_SLOTS, &members, |n| {
             u64::from(table_size_for(n))
         })?;
         check_arena("limits.member_slots", self.member_slots, MEMBER_CHUNK, MAX_MEMBER_SLOTS, &members, |n| n as u64)?;
-        Ok(ValidLimits { table_slots: self.table_slots, member_slots: self.member_slots })
+        Ok(ArenaLimits { table_slots: self.table_slots, member_slots: self.member_slots })
     }
 }
 

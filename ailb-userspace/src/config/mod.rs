@@ -13,9 +13,9 @@ use serde::Deserialize;
 
 use crate::validate::ConfigError;
 
-pub use limits::{LimitsConfig, ValidLimits};
-pub use tc::{TcAttach, TcMode, TcSettings, ValidTc};
-pub use validate::{ValidConfig, ValidModel, ValidSource};
+pub use limits::LimitsConfig;
+pub use tc::TcSettings;
+pub use validate::{ValidConfig, ValidModel};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
@@ -298,6 +298,20 @@ impl Config {
 
     pub fn embedded_default() -> Self {
         Self::parse(DEFAULT_TOML, "<embedded default>").expect("the embedded default config parses")
+    }
+}
+
+impl ValidConfig {
+    /// What discovery reads: the source and its settings, the static backends, and the
+    /// catalog's registry services per model.
+    pub fn discovery(&self) -> crate::discovery::DiscoverySettings {
+        crate::discovery::DiscoverySettings {
+            source: self.source.clone(),
+            backends: self.backends.clone(),
+            sample_interval: self.sample_interval,
+            nvml_library: self.nvml_library.clone(),
+            catalog: self.models.iter().map(|(name, m)| (name.clone(), m.nacos_services.clone())).collect(),
+        }
     }
 }
 

@@ -2,14 +2,14 @@
 //! model's `remote_affinity`. Checked here for form (names, addresses, ranges); whether an
 //! interface exists is checked when the daemon attaches to it, in its network namespace.
 
-use std::{
-    net::{Ipv4Addr, Ipv6Addr},
-    time::Duration,
-};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::Deserialize;
 
-use crate::validate::{parse_duration, ConfigError};
+use crate::{
+    datapath::{RemoteModel, TcAttach, TcMode, TcOptions},
+    validate::{parse_duration, ConfigError},
+};
 
 /// `[daemon.tc]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -70,32 +70,6 @@ impl Default for TcSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcMode {
-    Masquerade,
-    Routed,
-}
-
-/// `[daemon.tc] attach`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcAttach {
-    Auto,
-    Tcx,
-    Clsact,
-}
-
-/// The TC datapath, validated. `interfaces` empty: off.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidTc {
-    pub interfaces: Vec<String>,
-    pub mode: TcMode,
-    pub nat_address: Option<Ipv4Addr>,
-    pub nat_address6: Option<Ipv6Addr>,
-    pub nat_ports: (u16, u16),
-    pub idle_timeout: Duration,
-    pub attach: TcAttach,
-}
-
 /// Linux interface names: 1 to 15 bytes, no '/', no whitespace, not "." or "..".
 fn check_interface(field: String, name: &str) -> Result<(), ConfigError> {
     if name.is_empty() || name.len() > 15 {
@@ -121,8 +95,8 @@ fn parse_ports(value: &str) -> Result<(u16, u16), ConfigError> {
     Ok((lo, hi))
 }
 
-/// `[daemon] interfaces` with `[daemon.tc]`.
-pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc, ConfigError> {
+/// `[daemon] interfaces` with `[daemon.tc]`: the TC datapath's options.
+pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<TcOptions, ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for (i, name) in interfaces.iter().enumerate() {
         check_interface(format!("daemon.interfaces[{i}]"), name)?;
@@ -170,7 +144,7 @@ pub(crate) fn validate(interfaces: &[String], s: &TcSettings) -> Result<ValidTc,
     };
     let nat_ports = parse_ports(&s.nat_ports)?;
     let idle_timeout = parse_duration("daemon.tc.idle_timeout", &s.idle_timeout)?;
-    Ok(ValidTc { interfaces: interfaces.to_vec(), mode, nat_address, nat_address6, nat_ports, idle_timeout, attach })
+    Ok(TcOptions { interfaces: interfaces.to_vec(), mode, nat_address, nat_address6, nat_ports, idle_timeout, attach })
 }
 
 /// `daemon.tc.nat_address6`: a unicast IPv6 address (not v4-mapped: IPv4 flows have
@@ -194,8 +168,21 @@ pub(crate) fn remote_affinity(field: String, value: Option<&str>) -> Result<bool
     }
 }
 
+impl super::ValidConfig {
+    /// Each catalog model's settings for remote clients, as the TC datapath writes them.
+    pub fn remote_models(&self) -> impl Iterator<Item = (&str, RemoteModel)> {
+        self.models.iter().map(|(name, m)| {
+            let remote =
+                RemoteModel { required_memory_mb: m.spec.required_memory_mb, client_affinity: m.remote_affinity };
+            (name.as_str(), remote)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn settings(mode: &str, nat: Option<&str>, ports: &str) -> TcSettings {

@@ -11,7 +11,8 @@ use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX
 
 use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
 use crate::{
-    discovery::StaticBackend,
+    datapath::{ArenaLimits, TcOptions, WriterSettings},
+    discovery::{StaticBackend, ValidSource},
     policy::{ModelSpec, MAX_WEIGHT},
     telemetry::instance::{check_local_instance, InstanceConfig, ValidInstance},
     validate::{parse_duration, ConfigError},
@@ -21,14 +22,8 @@ use crate::{
 pub struct ValidConfig {
     pub bpffs: PathBuf,
     pub cgroup: String,
-    pub load_factor_milli: u32,
-    pub probes: u32,
-    pub affinity: bool,
-    pub load_bound: bool,
-    pub round_robin: bool,
-    pub affinity_ttl: Duration,
-    pub affinity_wait: Duration,
-    pub seed: u64,
+    /// `[balancer]`: what the writer puts in the kernel's settings, and the table seed.
+    pub balancer: WriterSettings,
     /// The model catalog by name (model indices follow this order on a fresh start).
     pub models: BTreeMap<String, ValidModel>,
     /// The static source's backends (empty with Nacos).
@@ -42,16 +37,18 @@ pub struct ValidConfig {
     pub nvml_library: Option<PathBuf>,
     pub policy: crate::policy::PolicyConfig,
     /// The TC datapath for remote clients (off when it names no interface).
-    pub tc: super::ValidTc,
+    pub tc: TcOptions,
     /// `[limits]`: the kernel's arena sizes.
-    pub limits: super::ValidLimits,
+    pub limits: ArenaLimits,
 }
 
 /// One model of the catalog: what the policy plans it with, and where discovery finds it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ValidModel {
     pub spec: ModelSpec,
-    /// Nacos services that serve the model (at least one: default `[name]`).
+    /// The registry services that list the model's backends (at least one: default `[name]`);
+    /// discovery reads them as `DiscoverySettings::catalog`. The config key, `nacos_services`,
+    /// is named after the one registry source so far.
     pub nacos_services: Vec<String>,
     /// Remote clients keep their backend by client address (the TC datapath).
     pub remote_affinity: bool,
@@ -61,12 +58,6 @@ impl AsRef<ModelSpec> for ValidModel {
     fn as_ref(&self) -> &ModelSpec {
         &self.spec
     }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum ValidSource {
-    Static,
-    Nacos(Box<crate::nacos::ValidNacos>),
 }
 
 /// A VIP or backend address: `a.b.c.d:port` or `[ipv6]:port`, port not 0. An IPv6 address
@@ -129,8 +120,8 @@ fn check_daemon_paths(d: &DaemonConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `[balancer]`: the load factor and probes; returns the affinity TTL and wait.
-fn check_balancer(b: &BalancerConfig) -> Result<(Duration, Duration), ConfigError> {
+/// `[balancer]`, checked.
+fn check_balancer(b: &BalancerConfig) -> Result<WriterSettings, ConfigError> {
     if !(b.load_factor.is_finite() && b.load_factor > 1.0 && b.load_factor <= 10.0) {
         return Err(ConfigError::invalid(
             "balancer.load_factor",
@@ -141,9 +132,16 @@ fn check_balancer(b: &BalancerConfig) -> Result<(Duration, Duration), ConfigErro
     if b.probes == 0 || b.probes > MAX_PROBES {
         return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
     }
-    let affinity_ttl = parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?;
-    let affinity_wait = parse_duration("balancer.affinity_wait", &b.affinity_wait)?;
-    Ok((affinity_ttl, affinity_wait))
+    Ok(WriterSettings {
+        load_factor_milli: (b.load_factor * 1000.0).round() as u32,
+        probes: b.probes,
+        affinity: b.affinity,
+        load_bound: b.load_bound,
+        round_robin: b.round_robin,
+        affinity_ttl: parse_duration("balancer.affinity_ttl", &b.affinity_ttl)?,
+        affinity_wait: parse_duration("balancer.affinity_wait", &b.affinity_wait)?,
+        seed: b.seed,
+    })
 }
 
 /// `models[i]`, with its VIPs recorded in `vips`.
@@ -334,8 +332,7 @@ impl Config {
     pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
         let d = &self.daemon;
         check_daemon_paths(d)?;
-        let b = &self.balancer;
-        let (affinity_ttl, affinity_wait) = check_balancer(b)?;
+        let balancer = check_balancer(&self.balancer)?;
         let models = self.catalog()?;
         let source = self.source()?;
         let listen = d
@@ -365,14 +362,7 @@ impl Config {
         Ok(ValidConfig {
             bpffs: d.bpffs.clone(),
             cgroup: d.cgroup.clone(),
-            load_factor_milli: (b.load_factor * 1000.0).round() as u32,
-            probes: b.probes,
-            affinity: b.affinity,
-            load_bound: b.load_bound,
-            round_robin: b.round_robin,
-            affinity_ttl,
-            affinity_wait,
-            seed: b.seed,
+            balancer,
             models,
             backends,
             source,
@@ -494,7 +484,7 @@ address = "127.0.0.11:18001"
         let c = load_valid(None).unwrap();
         assert_eq!(c.backends.len(), 3);
         assert_eq!(c.cgroup, "ailb-demo", "the default must not attach to the cgroup2 root");
-        assert_eq!(c.load_factor_milli, 1250);
+        assert_eq!(c.balancer.load_factor_milli, 1250);
     }
 
     #[test]
@@ -502,9 +492,9 @@ address = "127.0.0.11:18001"
         let c = Config::parse(OK, "t").unwrap().validate().unwrap();
         assert_eq!(c.bpffs.to_str(), Some("/sys/fs/bpf/ailb"));
         assert_eq!(c.cgroup, "ailb");
-        assert_eq!((c.probes, c.affinity, c.load_bound), (4, true, true));
-        assert_eq!(c.affinity_ttl.as_secs(), 1800);
-        assert_eq!(c.affinity_wait.as_secs(), 20);
+        assert_eq!((c.balancer.probes, c.balancer.affinity, c.balancer.load_bound), (4, true, true));
+        assert_eq!(c.balancer.affinity_ttl.as_secs(), 1800);
+        assert_eq!(c.balancer.affinity_wait.as_secs(), 20);
         assert_eq!(c.backends[0].weight, 1);
     }
 

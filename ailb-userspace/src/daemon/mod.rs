@@ -8,7 +8,7 @@
 //! moment (rnacos replaying its log, Java Nacos before its clients have re-registered).
 
 pub mod http;
-pub mod source;
+pub mod metrics;
 
 use std::{
     path::PathBuf,
@@ -23,11 +23,10 @@ use tracing::{error, info, warn};
 use crate::{
     config::{self, ValidConfig},
     datapath::Writer,
-    discovery::Snapshot,
-    metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel},
+    discovery::{Snapshot, SnapshotSource},
     policy::{self, PlanView, PolicyState},
 };
-pub use source::{SnapshotSource, StaticSource};
+use metrics::{BackendLabel, InvalidLabel, Metrics, ModelLabel, ModelLoad, ReasonLabel};
 
 pub struct Daemon {
     pub writer: Writer,
@@ -122,8 +121,8 @@ impl Daemon {
     /// Plans `snapshot` and writes it. `answered` is when the source's answer arrived.
     pub fn apply(&mut self, snapshot: &Snapshot, answered: Instant) -> anyhow::Result<()> {
         let plan = policy::plan(snapshot, &self.cfg.models, &self.cfg.policy, &mut self.policy);
-        let report = self.writer.apply(&plan, &self.cfg)?;
-        crate::datapath::tc::write(self.writer.maps(), &self.cfg)?;
+        let report = self.writer.apply(&plan, &self.cfg.balancer)?;
+        crate::datapath::tc::write(self.writer.maps(), &self.cfg.tc, self.cfg.remote_models())?;
         self.metrics.applies.inc();
         self.metrics.propagation_seconds.observe(answered.elapsed().as_secs_f64());
         for m in &report.tables_rebuilt {
@@ -259,7 +258,7 @@ impl Daemon {
             error!("reload: daemon.bpffs, daemon.cgroup and daemon.listen cannot change while running; keeping the old config");
             return;
         }
-        if let Err(e) = self.source.reconfigure(&new) {
+        if let Err(e) = self.source.reconfigure(&new.discovery()) {
             error!(error = %crate::error_chain(&e), "reload: discovery settings rejected; keeping the previous config");
             return;
         }

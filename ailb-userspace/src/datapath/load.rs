@@ -19,8 +19,9 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use super::{io_err, link_pin, store::WriterMaps, sys, DatapathError, Maps, PIN_DIR_MODE, PIN_MODE};
-use crate::config::ValidLimits;
+use super::{
+    io_err, link_pin, store::WriterMaps, sys, ArenaLimits, DatapathError, Maps, TcAttach, PIN_DIR_MODE, PIN_MODE,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ailb.bpf.o"));
 
@@ -49,12 +50,7 @@ impl Attach {
     /// Attaches the programs to `cgroup` and the TC program to `interfaces` through links
     /// pinned under `<dir>/links/`. A no-op when the pins were reopened (the links are still
     /// attached; a changed interface list takes a teardown and a fresh start).
-    pub fn attach(
-        mut self,
-        cgroup: &Path,
-        interfaces: &[String],
-        tc_attach: crate::config::TcAttach,
-    ) -> Result<(), DatapathError> {
+    pub fn attach(mut self, cgroup: &Path, interfaces: &[String], tc_attach: TcAttach) -> Result<(), DatapathError> {
         let Some(mut ebpf) = self.pending.take() else {
             return Ok(());
         };
@@ -145,7 +141,7 @@ fn complete(dir: &Path) -> bool {
 
 /// Opens the pinned state in `dir`, or loads the object with arenas of `limits` and pins it.
 /// Pinned arenas keep the size they were created with (a warning says when `limits` differ).
-pub fn open_or_load(dir: &Path, limits: &ValidLimits) -> Result<Opened, DatapathError> {
+pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, DatapathError> {
     ensure_bpffs(dir)?;
     if dir.exists() && !empty_dir(dir)? {
         if !complete(dir) {
@@ -166,7 +162,7 @@ pub fn open_or_load(dir: &Path, limits: &ValidLimits) -> Result<Opened, Datapath
             });
         }
         let (tables, members) = maps.arena_chunks();
-        let pinned = ValidLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK };
+        let pinned = ArenaLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK };
         if pinned != *limits {
             warn!(
                 pinned_table_slots = pinned.table_slots,

@@ -16,6 +16,7 @@ mod ids;
 pub mod load;
 pub mod memory;
 pub mod model_load;
+mod settings;
 pub mod status;
 mod store;
 mod sys;
@@ -35,6 +36,7 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 
 pub use cgroup::resolve_cgroup;
 pub use load::open_or_load;
+pub use settings::{ArenaLimits, RemoteModel, TcAttach, TcMode, TcOptions, WriterSettings};
 pub use status::read_status;
 pub use store::WriterMaps;
 pub use teardown::teardown;

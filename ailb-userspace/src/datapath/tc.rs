@@ -30,8 +30,7 @@ use aya::{
 };
 use tracing::info;
 
-use super::{io_err, map_err, DatapathError, Maps, PIN_DIR_MODE};
-use crate::config::{TcAttach, TcMode, ValidConfig};
+use super::{io_err, map_err, DatapathError, Maps, RemoteModel, TcAttach, TcMode, TcOptions, PIN_DIR_MODE};
 
 /// Pin of the tcx link of `interface`.
 pub fn link_pin(dir: &Path, interface: &str) -> PathBuf {
@@ -258,10 +257,14 @@ fn open_map(dir: &Path, name: &str) -> Result<Map, DatapathError> {
     Map::from_map_data(md).map_err(map_err(name))
 }
 
-/// Writes `AILB_TC_CONFIG` and every model's `AILB_TC_MODELS` entry (its index read back from
-/// `AILB_MODEL_NAMES`, which the writer keeps): mode off when no interface is configured.
-pub fn write(maps: &Maps, cfg: &ValidConfig) -> Result<(), DatapathError> {
-    let tc = &cfg.tc;
+/// Writes `AILB_TC_CONFIG` and the `AILB_TC_MODELS` entry of each of `remote` (the model's
+/// index read back from `AILB_MODEL_NAMES`, which the writer keeps): mode off when no
+/// interface is configured.
+pub fn write<'m>(
+    maps: &Maps,
+    tc: &TcOptions,
+    remote: impl IntoIterator<Item = (&'m str, RemoteModel)>,
+) -> Result<(), DatapathError> {
     let mode = match (tc.interfaces.is_empty(), tc.mode) {
         (true, _) => TC_MODE_OFF,
         (false, TcMode::Masquerade) => TC_MODE_MASQUERADE,
@@ -284,12 +287,12 @@ pub fn write(maps: &Maps, cfg: &ValidConfig) -> Result<(), DatapathError> {
     config6.set(0, TcConfig6 { nat_addr6 }, 0).map_err(map_err(maps::TC_CONFIG6))?;
     let mut models: Array<MapData, TcModel> =
         open_map(&maps.dir, maps::TC_MODELS)?.try_into().map_err(map_err(maps::TC_MODELS))?;
-    for (name, m) in &cfg.models {
+    for (name, m) in remote {
         let Ok(index) = maps.model_names.get(&conversation_hash(name.as_bytes()), 0) else {
             continue;
         };
-        let affinity = if m.remote_affinity { TC_AFFINITY_CLIENT_ADDR } else { TC_AFFINITY_NONE };
-        let entry = TcModel { required_mem_mb: m.spec.required_memory_mb.unwrap_or(0), affinity };
+        let affinity = if m.client_affinity { TC_AFFINITY_CLIENT_ADDR } else { TC_AFFINITY_NONE };
+        let entry = TcModel { required_mem_mb: m.required_memory_mb.unwrap_or(0), affinity };
         models.set(index, entry, 0).map_err(map_err(maps::TC_MODELS))?;
     }
     Ok(())

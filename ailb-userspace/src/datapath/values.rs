@@ -1,4 +1,4 @@
-//! The map values computed from the plan and the config (pure: no map access), and their
+//! The map values computed from the plan and the settings (pure: no map access), and their
 //! inverses for the readers (`status`, `explain`).
 #![forbid(unsafe_code)]
 
@@ -14,7 +14,8 @@ use ailb_common::{
     CONFIG_AFFINITY, CONFIG_LOAD_BOUND, CONFIG_ROUND_ROBIN, MAX_MODEL_NAME_LEN, MEM_UNKNOWN,
 };
 
-use crate::{config::ValidConfig, policy::PlannedBackend};
+use super::WriterSettings;
+use crate::policy::PlannedBackend;
 
 /// An address as the kernel holds it: IPv4 address and port in network byte order.
 pub fn addr_be(a: &SocketAddrV4) -> (u32, u16) {
@@ -142,8 +143,8 @@ pub(crate) fn model_ttl_ns(ttl: Option<Duration>) -> u64 {
     ttl.map_or(0, |t| t.as_nanos().clamp(1, u64::MAX as u128) as u64)
 }
 
-/// The `AILB_CONFIG` entry of a config at `generation`.
-pub(crate) fn global_config(cfg: &ValidConfig, generation: u64) -> GlobalConfig {
+/// The `AILB_CONFIG` entry of `cfg` at `generation`.
+pub(crate) fn global_config(cfg: &WriterSettings, generation: u64) -> GlobalConfig {
     GlobalConfig {
         abi_version: ABI_VERSION,
         load_factor_milli: cfg.load_factor_milli,

@@ -4,11 +4,15 @@
 
 pub mod local;
 pub mod nacos;
+pub mod source;
+mod static_backend;
 mod static_source;
 
 use std::net::SocketAddr;
 
-pub use static_source::{from_static, from_static_sampled, StaticBackend};
+pub use source::{DiscoverySettings, SnapshotSource, SourceError, ValidSource};
+pub use static_backend::StaticBackend;
+pub use static_source::{from_static, from_static_sampled, StaticSource};
 
 use crate::metadata::InstanceMetadata;
 
@@ -45,6 +49,19 @@ pub struct ServiceInfo {
 pub struct Snapshot {
     pub instances: Vec<Instance>,
     pub services: Vec<ServiceInfo>,
+}
+
+/// The source that `settings` names, ready to read. The one place that tells the kinds of
+/// source apart: a new kind is its [`SnapshotSource`] in a file of this module, its
+/// [`ValidSource`] variant (validated by `config`) and an arm here.
+///
+/// Nacos: a refused login or an unreadable CA file stops start-up; unreachable servers do not
+/// (the daemon starts fail-static and keeps reading).
+pub async fn open(settings: &DiscoverySettings) -> Result<Box<dyn SnapshotSource>, SourceError> {
+    Ok(match &settings.source {
+        ValidSource::Static => Box::new(StaticSource::new(settings)?),
+        ValidSource::Nacos(n) => Box::new(nacos::NacosAdapter::connect(n, &settings.catalog).await?),
+    })
 }
 
 #[cfg(test)]

@@ -1,29 +1,16 @@
 //! The static source: the config's `[[backends]]`, turned into instances that declare the
-//! contract's keys typed, so that the policy treats them like registry instances.
+//! contract's keys typed, so that the policy treats them like registry instances; those with a
+//! `metrics_url` are sampled on every read ([`StaticSource`]).
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{collections::BTreeMap, time::Duration};
 
-use super::{Instance, Snapshot};
-use crate::{
-    metadata::{Declared, InstanceMetadata},
-    telemetry::instance::ValidInstance,
+use super::{
+    local::LocalTelemetry,
+    source::{BoxFuture, DiscoverySettings, SnapshotSource, SourceError, ValidSource},
+    static_backend::StaticBackend,
+    Instance, Snapshot,
 };
-
-/// One `[[backends]]` entry of the config, validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StaticBackend {
-    pub model: String,
-    pub address: SocketAddr,
-    pub weight: u32,
-    pub gpu_type: Option<String>,
-    pub free_memory_mb: Option<u32>,
-    pub max_inflight: u32,
-    pub healthy: bool,
-    /// Its cluster (`""`: none), for the gateway's cluster preference.
-    pub cluster: String,
-    /// Live telemetry sampled by the daemon (`metrics_url`, `gpus`), as an agent's instance.
-    pub telemetry: Option<Box<ValidInstance>>,
-}
+use crate::metadata::{Declared, InstanceMetadata};
 
 pub fn from_static(backends: &[StaticBackend]) -> Snapshot {
     from_static_sampled(backends, &BTreeMap::new())
@@ -56,5 +43,67 @@ pub fn from_static_sampled(backends: &[StaticBackend], sampled: &BTreeMap<usize,
             })
             .collect(),
         services: Vec::new(),
+    }
+}
+
+/// The config's `[[backends]]` as a [`SnapshotSource`]; those with a `metrics_url` sampled on
+/// every read.
+pub struct StaticSource {
+    settings: DiscoverySettings,
+    local: Option<LocalTelemetry>,
+}
+
+impl StaticSource {
+    /// Opens NVML when a backend names GPUs (its absence is then a start-up error).
+    pub fn new(settings: &DiscoverySettings) -> Result<Self, SourceError> {
+        let s = settings;
+        let local = LocalTelemetry::new(&s.backends, s.nvml_library.as_deref(), s.sample_interval, None)
+            .map_err(SourceError::Local)?;
+        Ok(Self { settings: settings.clone(), local })
+    }
+}
+
+impl SnapshotSource for StaticSource {
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
+        Box::pin(async move {
+            let sampled = match &mut self.local {
+                Some(l) => l.sample().await,
+                None => Default::default(),
+            };
+            Ok(from_static_sampled(&self.settings.backends, &sampled))
+        })
+    }
+    /// Sampled backends are read every `daemon.sample_interval`; declared ones only at start
+    /// and on reload.
+    fn poll_interval(&self) -> Option<Duration> {
+        self.local.as_ref().map(|_| self.settings.sample_interval)
+    }
+    fn reconfigure(&mut self, settings: &DiscoverySettings) -> Result<(), SourceError> {
+        if settings.source != ValidSource::Static {
+            return Err(SourceError::SwitchSource { from: "static", to: settings.source.kind() });
+        }
+        let s = settings;
+        let nvml = self.local.as_ref().and_then(LocalTelemetry::nvml);
+        self.local = LocalTelemetry::new(&s.backends, s.nvml_library.as_deref(), s.sample_interval, nvml)
+            .map_err(SourceError::Local)?;
+        self.settings = settings.clone();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_refuses_a_switch_to_nacos_by_name() {
+        let cfg = crate::config::load_valid(None).unwrap();
+        let mut src = StaticSource::new(&cfg.discovery()).unwrap();
+        let mut nacos = cfg.discovery();
+        let n = crate::nacos::NacosConfig::with_servers(["http://127.0.0.1:1"]).validate().unwrap();
+        nacos.source = ValidSource::Nacos(Box::new(n));
+        let e = src.reconfigure(&nacos).unwrap_err();
+        assert!(matches!(e, SourceError::SwitchSource { from: "static", to: "nacos" }), "{e}");
+        assert!(src.reconfigure(&cfg.discovery()).is_ok());
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ailb_userspace::datapath::status::Status;
-use ailb_userspace::{agent, gateway, metrics};
+use ailb_userspace::{agent, daemon::metrics, gateway};
 use prometheus_client::registry::Registry;
 use promql_parser::parser::{self, Expr};
 use yaml_rust2::{Yaml, YamlLoader};

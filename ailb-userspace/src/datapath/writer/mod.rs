@@ -29,12 +29,9 @@ use super::{
     ids::{BackendKey, Ids},
     store::WriterMaps,
     values::{self, backend_address, model_name, VipKey},
-    DatapathError, Maps,
+    DatapathError, Maps, WriterSettings,
 };
-use crate::{
-    config::ValidConfig,
-    policy::{Plan, PlannedBackend},
-};
+use crate::policy::{Plan, PlannedBackend};
 
 #[derive(Debug, Default, Clone)]
 pub struct ApplyReport {
@@ -263,7 +260,7 @@ impl<M: WriterMaps> Writer<M> {
         self.maps
     }
 
-    pub fn apply(&mut self, plan: &Plan, cfg: &ValidConfig) -> Result<ApplyReport, DatapathError> {
+    pub fn apply(&mut self, plan: &Plan, cfg: &WriterSettings) -> Result<ApplyReport, DatapathError> {
         let generation = self.generation + 1;
         let mut report = ApplyReport { generation, ..Default::default() };
         self.table_arena.reclaim(GRACE);

@@ -60,7 +60,7 @@ impl Fixture {
 
     /// Applies `plan` and returns the writes it made.
     fn apply(&self, w: &mut Writer<FakeMaps>, plan: &Plan) -> String {
-        w.apply(plan, &self.cfg).expect("apply");
+        w.apply(plan, &self.cfg.balancer).expect("apply");
         w.maps_mut().take_writes()
     }
 }
@@ -145,7 +145,7 @@ fn a_removed_backends_id_is_reused_only_once_nothing_is_in_flight() {
     let mut w = writer();
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
     w.maps_mut().inflight.insert(0, 3);
-    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100), (3, 100)]))]), &f.cfg).unwrap();
+    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100), (3, 100)]))]), &f.cfg.balancer).unwrap();
     assert_eq!(report.retired_backends, 0, "10.1.0.1 has connections in flight");
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(2, 100), (3, 100), (4, 100)]))]));
     assert_text(
@@ -184,7 +184,7 @@ fn a_removed_backend_with_nothing_in_flight_is_freed_at_once() {
     let f = Fixture::new();
     let mut w = writer();
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]));
-    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100)]))]), &f.cfg).unwrap();
+    let report = w.apply(&plan_of([("llama", f.model(1, &[(2, 100)]))]), &f.cfg.balancer).unwrap();
     assert_eq!(report.retired_backends, 1);
     assert_text(
         &lines(&w.maps_mut().take_writes(), "set BE:"),
@@ -242,7 +242,7 @@ fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
     let p = plan_of([("llama", f.model(1, &[(1, 100), (2, 100)]))]);
     let mut w = writer();
     f.apply(&mut w, &p);
-    let report = w.apply(&p, &f.cfg).unwrap();
+    let report = w.apply(&p, &f.cfg.balancer).unwrap();
     assert!(report.tables_rebuilt.is_empty());
     // Only the config: the model names are written when they change (and once by the first
     // apply of a writer, below).
@@ -416,7 +416,7 @@ fn an_arena_too_small_for_a_table_is_an_error_naming_the_limit() {
     f.apply(&mut w, &plan_of([("llama", f.model(1, &eleven))]));
     let mut heavier = eleven.clone();
     heavier[0].1 = 200;
-    let e = w.apply(&plan_of([("llama", f.model(1, &heavier)), ("qwen", f.model(2, &[(20, 100)]))]), &f.cfg);
+    let e = w.apply(&plan_of([("llama", f.model(1, &heavier)), ("qwen", f.model(2, &[(20, 100)]))]), &f.cfg.balancer);
     assert_eq!(
         e.unwrap_err().to_string(),
         "limits.table_slots = 3072 is full: 2048 more needed, 1024 free (raise it; a new size takes effect after \

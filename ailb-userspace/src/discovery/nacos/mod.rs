@@ -15,7 +15,10 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use super::{Instance, ServiceInfo, Snapshot};
+use super::{
+    source::{BoxFuture, DiscoverySettings, SnapshotSource, SourceError, ValidSource},
+    Instance, ServiceInfo, Snapshot,
+};
 use crate::{
     metadata::InstanceMetadata,
     nacos::{
@@ -34,6 +37,46 @@ pub struct NacosSource<T: Transport = ReqwestTransport> {
     dropped_total: u64,
     /// Hosts dropped per service at the last read (a warning only when this changes).
     last_dropped: HashMap<String, Vec<String>>,
+}
+
+/// [`NacosSource`] as the daemon reads it: polling plus the v1 UDP push.
+pub struct NacosAdapter {
+    src: NacosSource,
+    cfg: ValidNacos,
+}
+
+impl NacosAdapter {
+    /// Connects ([`NacosSource::connect`]) to read `catalog`: `(model, its services)`.
+    pub async fn connect(cfg: &ValidNacos, catalog: &[(String, Vec<String>)]) -> Result<Self, SourceError> {
+        let src = NacosSource::connect(cfg, catalog).await.map_err(SourceError::Nacos)?;
+        Ok(Self { src, cfg: cfg.clone() })
+    }
+}
+
+impl SnapshotSource for NacosAdapter {
+    fn discover(&mut self) -> BoxFuture<'_, Result<Snapshot, SourceError>> {
+        Box::pin(async move { self.src.discover().await.map_err(SourceError::Nacos) })
+    }
+    fn changed(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(self.src.changed())
+    }
+    fn poll_interval(&self) -> Option<Duration> {
+        Some(self.src.poll_interval())
+    }
+    fn dropped_total(&self) -> u64 {
+        self.src.dropped_total()
+    }
+    /// A reload may change the catalog; the Nacos settings themselves need a restart.
+    fn reconfigure(&mut self, settings: &DiscoverySettings) -> Result<(), SourceError> {
+        let ValidSource::Nacos(n) = &settings.source else {
+            return Err(SourceError::SwitchSource { from: "nacos", to: settings.source.kind() });
+        };
+        if **n != self.cfg {
+            return Err(SourceError::NacosSettings);
+        }
+        self.src.set_catalog(&settings.catalog);
+        Ok(())
+    }
 }
 
 impl NacosSource<ReqwestTransport> {

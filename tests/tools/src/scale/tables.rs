@@ -79,7 +79,7 @@ pub(super) fn write_and_memory(report: &mut String) -> anyhow::Result<()> {
         for _ in 0..3 {
             let (pins, mut writer) = Pins::load(&cfg)?;
             let started = Instant::now();
-            writer.apply(&p, &cfg)?;
+            writer.apply(&p, &cfg.balancer)?;
             times.push(started.elapsed());
             let ((t, _), (m, _)) = writer.arena_use();
             mem = Some(read_memory(&pins.0, (t, m))?);
@@ -108,7 +108,7 @@ pub(super) fn recompute(report: &mut String) -> anyhow::Result<()> {
     let cfgs = [valid(n, 0)?, valid(n, 1)?];
     let (_pins, mut writer) = Pins::load(&cfgs[0])?;
     let mut state = PolicyState::default();
-    writer.apply(&plan_of(&cfgs[0], &mut state), &cfgs[0])?;
+    writer.apply(&plan_of(&cfgs[0], &mut state), &cfgs[0].balancer)?;
     let mut runs = Vec::new();
     // `AILB_RECOMPUTE_RUNS` (default 5): more runs for a profile of this section alone.
     let n_runs: usize =
@@ -121,7 +121,7 @@ pub(super) fn recompute(report: &mut String) -> anyhow::Result<()> {
         let p = plan(&snapshot, &cfg.models, &cfg.policy, &mut state);
         drop(snapshot);
         let planned = started.elapsed();
-        let r = writer.apply(&p, cfg)?;
+        let r = writer.apply(&p, &cfg.balancer)?;
         let total = started.elapsed();
         anyhow::ensure!(r.tables_rebuilt.len() == n, "{} of {n} tables rebuilt", r.tables_rebuilt.len());
         runs.push((total, snapped, planned));

@@ -1,0 +1,464 @@
+//! The daemon's (`ailb run`) Prometheus metrics, registered on a registry passed in. Names `ailb_*`, counters end in
+//! `_total`, durations in `_seconds`. The kernel's counters are read from the pinned maps at
+//! scrape time by [`KernelCollector`].
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, RwLock},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
+    registry::Registry,
+};
+
+pub use crate::metrics::ModelLabel;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabel {
+    pub model: String,
+    pub backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvalidLabel {
+    pub key: String,
+    pub effect: String,
+}
+
+/// Per model, from the last plan: the inputs of the autoscaling gauges that the kernel does not
+/// hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelLoad {
+    /// Sum of the live backends' capacities (`max_inflight`, else the model's
+    /// `backend_capacity`); 0: none known.
+    pub capacity: f64,
+    /// Sum of the live backends' reported `queue_length`.
+    pub queued: f64,
+}
+
+/// Shared between the daemon loop (writes after each plan) and the scrape (reads).
+pub type ModelLoads = Arc<RwLock<BTreeMap<String, ModelLoad>>>;
+
+/// The daemon's own metrics.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub discovery_errors: Counter,
+    pub discovery_dropped: Counter,
+    pub discovery_stale_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub propagation_seconds: Histogram,
+    pub applies: Counter,
+    pub table_rebuilds: Family<ModelLabel, Counter>,
+    pub backend_weight: Family<BackendLabel, Gauge>,
+    pub backend_eligible: Family<BackendLabel, Gauge>,
+    pub excluded: Family<ReasonLabel, Gauge>,
+    pub model_available: Family<ModelLabel, Gauge>,
+    pub invalid_metadata: Family<InvalidLabel, Gauge>,
+    /// What [`KernelCollector`] needs for the per-model saturation gauges.
+    pub loads: ModelLoads,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            discovery_errors: Counter::default(),
+            discovery_dropped: Counter::default(),
+            discovery_stale_seconds: Gauge::default(),
+            // 1 ms .. ~16 s
+            propagation_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.001, 2.0, 15,
+            )),
+            applies: Counter::default(),
+            table_rebuilds: Family::default(),
+            backend_weight: Family::default(),
+            backend_eligible: Family::default(),
+            excluded: Family::default(),
+            model_available: Family::default(),
+            invalid_metadata: Family::default(),
+            loads: ModelLoads::default(),
+        };
+        registry.register(
+            "ailb_discovery_errors",
+            "Discovery reads that failed (the last good tables stay)",
+            m.discovery_errors.clone(),
+        );
+        registry.register(
+            "ailb_discovery_dropped_instances",
+            "Registry instances dropped because their entry was unusable (bad ip, port, types)",
+            m.discovery_dropped.clone(),
+        );
+        registry.register(
+            "ailb_discovery_stale_seconds",
+            "Seconds since the last successful discovery read",
+            m.discovery_stale_seconds.clone(),
+        );
+        registry.register(
+            "ailb_propagation_seconds",
+            "From a discovery answer that changed something to the new tables written",
+            m.propagation_seconds.clone(),
+        );
+        registry.register("ailb_applies", "Plans written to the kernel maps", m.applies.clone());
+        registry.register("ailb_table_rebuilds", "Table swaps per model", m.table_rebuilds.clone());
+        registry.register("ailb_backend_weight", "Table weight written per backend", m.backend_weight.clone());
+        registry.register(
+            "ailb_backend_eligible",
+            "1 when the backend is in its model's table",
+            m.backend_eligible.clone(),
+        );
+        registry.register(
+            "ailb_backends_excluded",
+            "Backends excluded by the policy in the last plan, by reason",
+            m.excluded.clone(),
+        );
+        registry.register(
+            "ailb_model_available",
+            "1 when the model has an eligible backend",
+            m.model_available.clone(),
+        );
+        registry.register(
+            "ailb_invalid_metadata",
+            "Invalid metadata values in the last plan, by key and what the policy did (excluded/ignored)",
+            m.invalid_metadata.clone(),
+        );
+        m
+    }
+}
+
+/// Reads the pinned maps on every scrape: the kernel counters, per-backend in-flight counts and
+/// the per-model saturation gauges (with `loads`, the last plan's capacities and queues).
+#[derive(Debug)]
+pub struct KernelCollector {
+    pub bpffs: PathBuf,
+    pub loads: ModelLoads,
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(v);
+    let m = enc.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(m)
+}
+
+impl Collector for KernelCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Ok(st) = crate::datapath::read_status(&self.bpffs) else {
+            return Ok(()); // no pins (yet): nothing to report
+        };
+        let loads = self.loads.read().map(|l| l.clone()).unwrap_or_default();
+        encode_status(&st, &loads, enc)
+    }
+}
+
+/// What [`KernelCollector`] serves for a status already read from the pinned maps. Lets a
+/// check without a kernel (the deployment files' test) encode every kernel metric the daemon's
+/// `/metrics` serves.
+#[derive(Debug)]
+pub struct StatusCollector(pub crate::datapath::status::Status, pub BTreeMap<String, ModelLoad>);
+
+impl Collector for StatusCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode_status(&self.0, &self.1, enc)
+    }
+}
+
+/// Free memory (MiB) a backend has for new requests now, as the kernel's pick counts it:
+/// `min(free, capacity - hinted in flight)`; `None`: unknown.
+fn free_now_mb(b: &crate::datapath::status::BackendStatus) -> Option<u64> {
+    let free = u64::from(b.free_mem_mb?);
+    Some(b.mem_capacity_mb.map_or(free, |c| free.min(u64::from(c).saturating_sub(b.inflight_mem_mb))))
+}
+
+/// A per-model gauge family: `(model, value)` pairs.
+fn model_gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl Iterator<Item = (String, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut fam = enc.encode_descriptor(name, help, None, ConstGauge::new(0.0f64).metric_type())?;
+    for (model, v) in values {
+        ConstGauge::new(v).encode(fam.encode_family(&ModelLabel { model })?)?;
+    }
+    Ok(())
+}
+
+/// The autoscaling signal per model: the kernel's in-flight count against the live backends'
+/// capacity, the reported queues, and the memory free for new requests.
+fn encode_models(
+    st: &crate::datapath::status::Status,
+    loads: &BTreeMap<String, ModelLoad>,
+    enc: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let load = |m: &str| loads.get(m).copied().unwrap_or_default();
+    let models = || st.models.iter();
+    model_gauges(
+        enc,
+        "ailb_model_inflight",
+        "In-flight connections per model on this gateway (kernel)",
+        models().map(|m| (m.name.clone(), m.inflight as f64)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_capacity",
+        "Sum of the live backends' capacity (max_inflight, else the model's backend_capacity); 0: unknown",
+        models().map(|m| (m.name.clone(), load(&m.name).capacity)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_saturation",
+        "In-flight connections over capacity per model (1 = every slot taken; absent while no capacity is known)",
+        models()
+            .filter(|m| load(&m.name).capacity > 0.0)
+            .map(|m| (m.name.clone(), m.inflight as f64 / load(&m.name).capacity)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_queued_requests",
+        "Sum of the queue_length the model's live backends report",
+        models().map(|m| (m.name.clone(), load(&m.name).queued)),
+    )?;
+    model_gauges(
+        enc,
+        "ailb_model_memory_headroom_mb",
+        "GPU memory (MiB) free for new requests over the model's live backends with known memory (kernel: free minus hints in flight)",
+        models().map(|m| {
+            let mb: u64 = m.backends.iter().filter(|b| b.live).filter_map(free_now_mb).sum();
+            (m.name.clone(), mb as f64)
+        }),
+    )
+}
+
+/// A counter family by `reason`.
+fn reason_counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(&str, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (reason, v) in values {
+        ConstCounter::new(*v).encode(fam.encode_family(&ReasonLabel { reason: reason.to_string() })?)?;
+    }
+    Ok(())
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(v as i64);
+    let m = enc.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+/// The TC datapath's flow table and counters (remote clients); nothing while it is off.
+fn encode_tc(tc: &crate::datapath::tc::TcStatus, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let s = &tc.stats;
+    gauge(enc, "ailb_tc_flows", "Remote flows open in the TC datapath (forward entries, both families)", tc.flows)?;
+    gauge(enc, "ailb_tc_flows_ipv6", "Of ailb_tc_flows, the IPv6 ones", tc.flows_ipv6)?;
+    gauge(enc, "ailb_tc_flows_counted", "Remote flows counted in flight (no FIN, RST or idle end yet)", tc.counted)?;
+    gauge(enc, "ailb_tc_nat_ports_in_use", "Reply entries: in masquerade mode, the NAT ports in use", tc.nat_ports)?;
+    counter(enc, "ailb_tc_flows_opened", "Remote flows opened (SYNs to a VIP that got a backend)", s.flows_opened)?;
+    reason_counters(
+        enc,
+        "ailb_tc_flows_ended",
+        "Remote flows ended (uncounted), by what ended them: fin, rst, idle (the reclaim)",
+        &[("fin", s.ended_fin()), ("rst", s.ended_rst), ("idle", s.ended_idle)],
+    )?;
+    reason_counters(
+        enc,
+        "ailb_tc_dropped",
+        "Packets the TC datapath dropped, by reason: flows_full and nat_exhausted (SYNs), refused (the pick \
+         found no backend or fit), malformed (bad headers or checksum, a fragment)",
+        &[
+            ("flows_full", s.flows_full),
+            ("nat_exhausted", s.nat_exhausted),
+            ("refused", s.refused),
+            ("malformed", s.malformed),
+        ],
+    )?;
+    counter(enc, "ailb_tc_redirected", "Packets rewritten and redirected to the FIB's next hop", s.redirected)?;
+    counter(enc, "ailb_tc_to_stack", "Packets rewritten and handed to the gateway's stack", s.to_stack)
+}
+
+fn encode_status(
+    st: &crate::datapath::status::Status,
+    loads: &BTreeMap<String, ModelLoad>,
+    mut enc: DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    encode_models(st, loads, &mut enc)?;
+    if let Some(tc) = &st.tc {
+        encode_tc(tc, &mut enc)?;
+    }
+    let s = &st.stats;
+    for (name, help, v) in [
+        ("ailb_kernel_picks", "Connects to a VIP that got a backend", s.picks),
+        ("ailb_kernel_affinity_hits", "Picks that reused the conversation's backend", s.affinity_hits),
+        ("ailb_kernel_affinity_breaks", "Affinity entries that could not be honoured", s.affinity_breaks),
+        ("ailb_kernel_spills", "Picks that skipped an over-bound first slot", s.spills),
+        ("ailb_kernel_fallbacks", "Picks that fell back to the member scan (the least loaded member that fits now, or where a request that fits nowhere now should finish first)", s.fallbacks),
+        ("ailb_kernel_refused_no_backend", "Connects refused: no live backend", s.no_backend),
+        ("ailb_kernel_refused_no_fit", "Connects refused: no backend fits the memory hint", s.no_fit),
+        ("ailb_kernel_established", "Balanced connections established", s.established),
+        ("ailb_kernel_closed", "Balanced connections closed", s.closed),
+        ("ailb_kernel_connect_failures", "Balanced connects that failed", s.connect_failures),
+        ("ailb_kernel_sockopts", "Accepted SOL_AILB options", s.sockopts),
+        ("ailb_kernel_bad_sockopts", "Rejected SOL_AILB options", s.bad_sockopts),
+    ] {
+        counter(&mut enc, name, help, v)?;
+    }
+    let g = ConstGauge::new(0i64);
+    let mut fam = enc.encode_descriptor(
+        "ailb_backend_inflight",
+        "In-flight connections per backend (kernel)",
+        None,
+        g.metric_type(),
+    )?;
+    for m in &st.models {
+        for b in &m.backends {
+            let labels = BackendLabel { model: m.name.clone(), backend: b.address.clone() };
+            ConstGauge::new(b.inflight as i64).encode(fam.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::status::{BackendStatus, ModelStatus, Status};
+
+    fn backend(free: Option<u32>, cap: Option<u32>, hinted: u64, live: bool) -> BackendStatus {
+        BackendStatus {
+            id: 1,
+            address: "10.0.0.1:8000".into(),
+            weight: 1,
+            cap: 4,
+            free_mem_mb: free,
+            mem_capacity_mb: cap,
+            live,
+            table_slots: 0,
+            table_share: 0.0,
+            inflight: 0,
+            inflight_mem_mb: hinted,
+            picks: 0,
+            affinity_hits: 0,
+            established: 0,
+            closed: 0,
+            connect_failures: 0,
+            rtt_us_avg: None,
+        }
+    }
+
+    fn status(models: Vec<ModelStatus>) -> Status {
+        Status { models, ..Default::default() }
+    }
+
+    fn model(name: &str, inflight: u64, backends: Vec<BackendStatus>) -> ModelStatus {
+        ModelStatus {
+            id: 0,
+            name: name.into(),
+            vips: vec![],
+            available: true,
+            table_size: 0,
+            table_digest: None,
+            kernel_bytes: 0,
+            inflight,
+            backends,
+        }
+    }
+
+    #[test]
+    fn model_gauges_divide_the_kernels_count_by_the_planned_capacity() {
+        let st = status(vec![
+            model(
+                "a",
+                6,
+                vec![
+                    // 8000 free, idle capacity 8000, 3000 hinted in flight: 5000 free now.
+                    backend(Some(8000), Some(8000), 3000, true),
+                    // Free now is the reported 2000 (below capacity - hints).
+                    backend(Some(2000), Some(16000), 1000, true),
+                    backend(None, None, 0, true),          // unknown: not counted
+                    backend(Some(50_000), None, 0, false), // not live: not counted
+                ],
+            ),
+            model("b", 3, vec![]),
+        ]);
+        let loads = BTreeMap::from([("a".to_string(), ModelLoad { capacity: 8.0, queued: 2.0 })]);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(StatusCollector(st, loads)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "ailb_model_inflight{model=\"a\"} 6.0",
+            "ailb_model_capacity{model=\"a\"} 8.0",
+            "ailb_model_saturation{model=\"a\"} 0.75",
+            "ailb_model_queued_requests{model=\"a\"} 2.0",
+            "ailb_model_memory_headroom_mb{model=\"a\"} 7000.0",
+            "ailb_model_inflight{model=\"b\"} 3.0",
+            "ailb_model_capacity{model=\"b\"} 0.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
+        assert!(!text.contains("ailb_model_saturation{model=\"b\"}"), "no capacity, no ratio:\n{text}");
+        assert!(!text.contains("ailb_tc_"), "no TC datapath, no TC metrics:\n{text}");
+    }
+
+    #[test]
+    fn tc_counters_are_served_with_the_end_reasons_apart() {
+        let stats = ailb_common::TcStats {
+            flows_opened: 10,
+            flows_closed: 9,
+            ended_rst: 2,
+            ended_idle: 3,
+            flows_full: 4,
+            nat_exhausted: 5,
+            refused: 6,
+            malformed: 7,
+            redirected: 100,
+            to_stack: 1,
+            ..Default::default()
+        };
+        let tc = crate::datapath::tc::TcStatus {
+            flows: 3,
+            flows_ipv6: 2,
+            counted: 1,
+            nat_ports: 1,
+            interfaces: vec![],
+            stats,
+        };
+        let st = Status { tc: Some(tc), ..Default::default() };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(StatusCollector(st, BTreeMap::new())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "ailb_tc_flows 3",
+            "ailb_tc_flows_ipv6 2",
+            "ailb_tc_flows_counted 1",
+            "ailb_tc_nat_ports_in_use 1",
+            "ailb_tc_flows_opened_total 10",
+            "ailb_tc_flows_ended_total{reason=\"fin\"} 4",
+            "ailb_tc_flows_ended_total{reason=\"rst\"} 2",
+            "ailb_tc_flows_ended_total{reason=\"idle\"} 3",
+            "ailb_tc_dropped_total{reason=\"flows_full\"} 4",
+            "ailb_tc_dropped_total{reason=\"nat_exhausted\"} 5",
+            "ailb_tc_dropped_total{reason=\"refused\"} 6",
+            "ailb_tc_dropped_total{reason=\"malformed\"} 7",
+            "ailb_tc_redirected_total 100",
+            "ailb_tc_to_stack_total 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
+    }
+}
