@@ -33,8 +33,7 @@ fn sources(dir: &Path) -> BTreeSet<String> {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
                 walk(base, &path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") && path.file_name().is_some_and(|n| n != "tests.rs")
-            {
+            } else if path.extension().is_some_and(|e| e == "rs") && path.file_name().is_some_and(|n| n != "tests.rs") {
                 let rel = path.strip_prefix(base).expect("under its base").to_string_lossy().into_owned();
                 out.insert(rel);
             }

@@ -111,27 +111,4 @@ pub const ALL: [&Signal; 5] = [&GPU_UTIL, &CURRENT_REQUESTS, &QUEUE_LENGTH, &KV_
 pub const COUNT: usize = ALL.len();
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_positions_and_keys_are_the_contracts() {
-        for (i, s) in ALL.iter().enumerate() {
-            assert_eq!(s.id, i, "{}", s.key);
-            assert!(keys::ALL.contains(&s.key), "{} is not a contract key", s.key);
-            assert!(s.range.lo < s.range.hi, "{}", s.key);
-        }
-        let mut seen: Vec<&str> = ALL.iter().map(|s| s.key).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen.len(), COUNT, "a key twice");
-    }
-
-    #[test]
-    fn every_threshold_is_positive_by_default() {
-        let t = Thresholds::default();
-        for s in ALL {
-            assert!((s.threshold)(&t) > 0.0, "{}", s.key);
-        }
-    }
-}
+mod tests;

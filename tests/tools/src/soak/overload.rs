@@ -579,5 +579,4 @@ fn probe(addr: SocketAddrV4) -> Option<(u16, bool)> {
 }
 
 #[cfg(test)]
-#[path = "overload_tests.rs"]
 mod tests;

@@ -1,0 +1,93 @@
+
+use super::*;
+
+fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec {
+    RequestSpec {
+        index: i,
+        line: None,
+        at_ms,
+        conversation: conv.into(),
+        memory_mb: (prompt + out) / 2,
+        prompt_tokens: prompt,
+        max_tokens: out,
+        hash_ids: vec![],
+        model: "m".into(),
+        tag_socket: true,
+    }
+}
+
+/// One request alone on one A100: TTFT is its prefill, E2E adds `out - 1` decode steps.
+#[test]
+fn a_lone_request_takes_prefill_plus_decode() {
+    let r = run(&[spec(0, 0, 8000, 41, "")], &fleet_profiles(1, 0), 1.0, Placement::RoundRobin);
+    assert!((r.outcomes[0].ttft_s - 1.0).abs() < 1e-9, "{:?}", r.outcomes[0]);
+    assert!((r.outcomes[0].e2e_s - 2.0).abs() < 1e-9, "{:?}", r.outcomes[0]);
+    assert!((r.utilisation[0] - 1.0).abs() < 1e-9);
+}
+
+/// A 3090 with one batch slot queues the second request behind the first; the load
+/// factor stretches arrival times (load 0.5: the second comes at 2 s, after the first ended).
+#[test]
+fn queueing_and_load_scale() {
+    let mut p = fleet_profiles(0, 1);
+    p[0].max_seqs = 1;
+    let specs = [spec(0, 0, 3000, 26, ""), spec(1, 500, 3000, 26, "")];
+    let busy = run(&specs, &p, 1.0, Placement::RoundRobin);
+    // First: 1 s prefill + 1 s decode. Second arrives at 0.5 s, starts at 2 s, ends at 4 s.
+    assert!((busy.outcomes[1].e2e_s - 3.5).abs() < 1e-9, "{:?}", busy.outcomes[1]);
+    let calm = run(&specs, &p, 0.25, Placement::RoundRobin);
+    assert!((calm.outcomes[1].e2e_s - 2.0).abs() < 1e-9, "{:?}", calm.outcomes[1]);
+}
+
+/// Round robin sends a prompt larger than a 3090's KV pool to a 3090, where it fails; ailb's
+/// memory fit sends it to the A100, and keeps a conversation's turns on one GPU.
+#[test]
+fn ailb_fits_memory_and_keeps_affinity() {
+    let big = spec(1, 0, 30_000, 10, "c1");
+    let specs = [spec(0, 0, 1000, 10, "c0"), big, spec(2, 100, 1000, 10, "c0"), spec(3, 200, 31_000, 10, "c1")];
+    let profiles = fleet_profiles(1, 1);
+    let rr = run(&specs, &profiles, 1.0, Placement::RoundRobin);
+    assert_eq!(rr.failures(), 2, "both big prompts land on the 3090: {:?}", rr.outcomes);
+    let ailb =
+        run(&specs, &profiles, 1.0, Placement::Ailb { a100_weight: 3, load_factor: 1.25, affinity_wait_s: 20.0 });
+    assert_eq!(ailb.failures(), 0, "{:?}", ailb.outcomes);
+    assert_eq!(ailb.outcomes[1].gpu, 0);
+    assert_eq!(ailb.outcomes[3].gpu, 0);
+    assert_eq!(ailb.outcomes[2].gpu, ailb.outcomes[0].gpu);
+    assert_eq!(ailb.affinity_hit_rate, 1.0);
+}
+
+/// The clairvoyant bound puts a request where it ends first: an idle A100 over a busy one.
+#[test]
+fn earliest_finish_avoids_the_queue() {
+    let mut p = fleet_profiles(2, 0);
+    p[0].max_seqs = 1;
+    p[1].max_seqs = 1;
+    let specs = [spec(0, 0, 8000, 400, ""), spec(1, 10, 8000, 400, "")];
+    let r = run(&specs, &p, 1.0, Placement::EarliestFinish);
+    assert_ne!(r.outcomes[0].gpu, r.outcomes[1].gpu);
+    assert!(r.e2e_percentile(1.0) < 12.0);
+}
+
+/// The cache oracle returns a later turn to the GPU that holds its prefix even when another
+/// GPU would finish it sooner; the earliest-finish bound does not.
+#[test]
+fn cache_oracle_returns_to_the_cached_prefix() {
+    let mut p = fleet_profiles(2, 0);
+    p[0].max_seqs = 1;
+    p[1].max_seqs = 1;
+    let mut turn1 = spec(0, 0, 1536, 2, "a");
+    turn1.hash_ids = vec![1, 2, 3];
+    let mut other = spec(1, 1000, 500, 400, "b");
+    other.hash_ids = vec![10];
+    let mut turn2 = spec(2, 2000, 2048, 2, "a");
+    turn2.hash_ids = vec![1, 2, 3, 4];
+    let specs = [turn1, other, turn2];
+    let oracle = run(&specs, &p, 1.0, Placement::CacheOracle);
+    assert_eq!(oracle.outcomes[1].gpu, oracle.outcomes[0].gpu, "ties go to the first GPU");
+    assert_eq!(oracle.outcomes[2].gpu, oracle.outcomes[0].gpu, "{:?}", oracle.outcomes);
+    // 3 of turn 2's 2048 prompt tokens' blocks were cached: 1536 of 1536 + 500 + 2048 tokens.
+    assert!((oracle.prefix_hit_rate - 1536.0 / 4084.0).abs() < 1e-9, "{}", oracle.prefix_hit_rate);
+    let eft = run(&specs, &p, 1.0, Placement::EarliestFinish);
+    assert_ne!(eft.outcomes[2].gpu, eft.outcomes[0].gpu, "{:?}", eft.outcomes);
+}
