@@ -109,6 +109,92 @@ impl<S> InstanceState<S> {
             info!(instance = %self.inst.name(), source = s.label(), "agent: recovered");
         }
     }
+
+    /// Registers the instance with `values` (enabled unless `draining`); on success they are
+    /// the published values and the registration is what later beats carry.
+    async fn register<T: Transport>(
+        &mut self,
+        nacos: &mut Session<T>,
+        m: &AgentMetrics,
+        values: Values,
+        draining: bool,
+    ) {
+        let reg = Registration {
+            metadata: publish::metadata(&self.inst, &values, now_ms()),
+            weight: self.inst.weight,
+            enabled: !draining,
+        };
+        match nacos.register(&endpoint(&self.inst), &reg).await {
+            Ok(()) => {
+                m.publishes.inc();
+                if self.published.is_none() || self.last_error[slot(ErrorSource::Nacos)].is_some() {
+                    info!(instance = %self.inst.name(), health = values.health_status(), enabled = reg.enabled, "agent: registered");
+                }
+                self.ok(ErrorSource::Nacos);
+                self.published = Some(values);
+                self.last_reg = Some(reg);
+                self.need_register = false;
+                self.last_contact = Some(Instant::now());
+                self.last_publish = Some(Instant::now());
+            }
+            Err(e) => {
+                self.need_register = true;
+                self.error(m, ErrorSource::Nacos, error_chain(&e));
+            }
+        }
+    }
+
+    /// Beats with the last registration; a 20404 or an error makes the next contact a
+    /// registration.
+    async fn beat<T: Transport>(&mut self, nacos: &mut Session<T>, m: &AgentMetrics, reg: &Registration) {
+        match nacos.beat(&endpoint(&self.inst), reg).await {
+            Ok(Beat::Ok) => {
+                m.beats.inc();
+                self.ok(ErrorSource::Nacos);
+                self.last_contact = Some(Instant::now());
+            }
+            Ok(Beat::NotFound) => {
+                m.beat_not_found.inc();
+                warn!(instance = %self.inst.name(), "agent: nacos does not know the instance (20404); registering again");
+                self.need_register = true;
+            }
+            Err(e) => {
+                self.need_register = true;
+                self.error(m, ErrorSource::Nacos, error_chain(&e));
+            }
+        }
+    }
+}
+
+impl<S: Telemetry> InstanceState<S> {
+    /// Samples the instance (the server's health through the failure threshold), logs and
+    /// counts the sources' errors and why values are unknown, and derives the values to
+    /// publish (kept as the latest).
+    async fn sample(&mut self, m: &AgentMetrics, threshold: u32, draining: bool) -> Values {
+        let mut sampled = self.source.sample().await;
+        let server = std::mem::take(&mut sampled.sample.server);
+        sampled.sample.server = self.health.filter(server, threshold, &self.inst.name());
+        let mut failed = [false; 2];
+        for (src, msg) in sampled.errors {
+            let src = ErrorSource::from(src);
+            failed[slot(src)] = true;
+            self.error(m, src, msg);
+        }
+        for src in [ErrorSource::Nvml, ErrorSource::Scrape] {
+            if !failed[slot(src)] {
+                self.ok(src);
+            }
+        }
+        // Reasons for values left out, when the metrics were read (a scrape error or a
+        // server that did not answer says nothing about them).
+        let server = &sampled.sample.server;
+        if !failed[slot(ErrorSource::Scrape)] && (server.healthy || !server.unknown.is_empty()) {
+            self.unknown(&server.unknown);
+        }
+        let values = Values::derive(&sampled.sample, self.inst.kv_bytes_per_token, draining);
+        self.latest = Some(values.clone());
+        values
+    }
 }
 
 impl<T: Transport, S: Telemetry> Agent<T, S> {
@@ -148,72 +234,14 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
         let m = self.metrics.clone();
         let threshold = self.cfg.health_failure_threshold;
         for st in &mut self.instances {
-            let mut sampled = st.source.sample().await;
-            let server = std::mem::take(&mut sampled.sample.server);
-            sampled.sample.server = st.health.filter(server, threshold, &st.inst.name());
-            let mut failed = [false; 2];
-            for (src, msg) in sampled.errors {
-                let src = ErrorSource::from(src);
-                failed[slot(src)] = true;
-                st.error(&m, src, msg);
-            }
-            for src in [ErrorSource::Nvml, ErrorSource::Scrape] {
-                if !failed[slot(src)] {
-                    st.ok(src);
-                }
-            }
-            // Reasons for values left out, when the metrics were read (a scrape error or a
-            // server that did not answer says nothing about them).
-            let server = &sampled.sample.server;
-            if !failed[slot(ErrorSource::Scrape)] && (server.healthy || !server.unknown.is_empty()) {
-                st.unknown(&server.unknown);
-            }
-            let values = Values::derive(&sampled.sample, st.inst.kv_bytes_per_token, self.draining);
-            st.latest = Some(values.clone());
+            let values = st.sample(&m, threshold, self.draining).await;
             if st.need_register || moved(st.published.as_ref(), &values, &t) {
-                let reg = Registration {
-                    metadata: publish::metadata(&st.inst, &values, now_ms()),
-                    weight: st.inst.weight,
-                    enabled: !self.draining,
-                };
-                match self.nacos.register(&endpoint(&st.inst), &reg).await {
-                    Ok(()) => {
-                        m.publishes.inc();
-                        if st.published.is_none() || st.last_error[slot(ErrorSource::Nacos)].is_some() {
-                            info!(instance = %st.inst.name(), health = values.health_status(), enabled = reg.enabled, "agent: registered");
-                        }
-                        st.ok(ErrorSource::Nacos);
-                        st.published = Some(values);
-                        st.last_reg = Some(reg);
-                        st.need_register = false;
-                        st.last_contact = Some(Instant::now());
-                        st.last_publish = Some(Instant::now());
-                    }
-                    Err(e) => {
-                        st.need_register = true;
-                        st.error(&m, ErrorSource::Nacos, error_chain(&e));
-                    }
-                }
+                st.register(&mut self.nacos, &m, values, self.draining).await;
                 continue;
             }
             let due = st.last_contact.is_none_or(|c| c.elapsed() >= hb);
             if let (true, Some(reg)) = (due, st.last_reg.clone()) {
-                match self.nacos.beat(&endpoint(&st.inst), &reg).await {
-                    Ok(Beat::Ok) => {
-                        m.beats.inc();
-                        st.ok(ErrorSource::Nacos);
-                        st.last_contact = Some(Instant::now());
-                    }
-                    Ok(Beat::NotFound) => {
-                        m.beat_not_found.inc();
-                        warn!(instance = %st.inst.name(), "agent: nacos does not know the instance (20404); registering again");
-                        st.need_register = true;
-                    }
-                    Err(e) => {
-                        st.need_register = true;
-                        st.error(&m, ErrorSource::Nacos, error_chain(&e));
-                    }
-                }
+                st.beat(&mut self.nacos, &m, &reg).await;
             }
         }
         let age = self

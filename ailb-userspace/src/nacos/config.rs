@@ -110,6 +110,8 @@ pub const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// The longest accepted request timeout.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The section, which every error's field starts with.
+const P: &str = "discovery.nacos";
 
 /// Login credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,16 +157,43 @@ impl NacosConfig {
     }
 
     pub fn validate(&self) -> Result<ValidNacos, ConfigError> {
-        const P: &str = "discovery.nacos";
+        let servers = self.server_roots()?;
+        self.check_names()?;
+        let credentials = self.credentials()?;
+        let (poll_interval, timeout) = self.intervals()?;
+        if let Some(ca) = &self.tls_ca_file {
+            if !ca.is_absolute() {
+                return Err(ConfigError::invalid(format!("{P}.tls_ca_file"), ca.display(), "must be an absolute path"));
+            }
+        }
+        Ok(ValidNacos {
+            servers,
+            api: self.api,
+            namespace: self.namespace.clone(),
+            group: self.group.clone(),
+            clusters: self.clusters.clone(),
+            credentials,
+            poll_interval,
+            timeout,
+            udp_push: self.udp_push,
+            tls_ca_file: self.tls_ca_file.clone(),
+        })
+    }
+
+    /// Each server's context root; at least one server.
+    fn server_roots(&self) -> Result<Vec<Url>, ConfigError> {
         if self.servers.is_empty() {
             return Err(ConfigError::invalid(format!("{P}.servers"), "[]", "at least one server URL is needed"));
         }
-        let servers = self
-            .servers
+        self.servers
             .iter()
             .enumerate()
             .map(|(i, s)| server_root(s).map_err(|reason| ConfigError::invalid(format!("{P}.servers[{i}]"), s, reason)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect()
+    }
+
+    /// The namespace, the group and the clusters: names Nacos accepts.
+    fn check_names(&self) -> Result<(), ConfigError> {
         if self.namespace.len() > 128 || has_control(&self.namespace) {
             return Err(ConfigError::invalid(
                 format!("{P}.namespace"),
@@ -188,6 +217,11 @@ impl NacosConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The login: a username and a password together, or neither.
+    fn credentials(&self) -> Result<Option<Credentials>, ConfigError> {
         let has_password = self.password.is_some() || self.password_file.is_some() || self.password_env.is_some();
         let password = match &self.username {
             Some(_) => self.password()?,
@@ -196,29 +230,26 @@ impl NacosConfig {
             }
             None => None,
         };
-        let credentials = match (&self.username, password) {
-            (None, None) => None,
+        match (&self.username, password) {
+            (None, None) => Ok(None),
             (Some(u), Some(p)) if !u.is_empty() && !has_control(u) => {
-                Some(Credentials { username: u.clone(), password: p })
+                Ok(Some(Credentials { username: u.clone(), password: p }))
             }
             (Some(u), Some(_)) => {
-                return Err(ConfigError::invalid(
-                    format!("{P}.username"),
-                    u,
-                    "must be non-empty, no control characters",
-                ))
+                Err(ConfigError::invalid(format!("{P}.username"), u, "must be non-empty, no control characters"))
             }
             (Some(u), None) => {
-                return Err(ConfigError::invalid(
-                    format!("{P}.password"),
-                    "",
-                    format!("username {u:?} needs a password"),
-                ))
+                Err(ConfigError::invalid(format!("{P}.password"), "", format!("username {u:?} needs a password")))
             }
             (None, Some(_)) => {
-                return Err(ConfigError::invalid(format!("{P}.username"), "", "a password is set without a username"))
+                Err(ConfigError::invalid(format!("{P}.username"), "", "a password is set without a username"))
             }
-        };
+        }
+    }
+
+    /// The poll interval (at least [`MIN_POLL_INTERVAL`]) and the request timeout (10ms to
+    /// [`MAX_TIMEOUT`]).
+    fn intervals(&self) -> Result<(Duration, Duration), ConfigError> {
         let poll_interval = parse_duration(&format!("{P}.poll_interval"), &self.poll_interval)?;
         if poll_interval < MIN_POLL_INTERVAL {
             return Err(ConfigError::invalid(
@@ -231,23 +262,7 @@ impl NacosConfig {
         if timeout < Duration::from_millis(10) || timeout > MAX_TIMEOUT {
             return Err(ConfigError::invalid(format!("{P}.timeout"), &self.timeout, "must be 10ms to 60s"));
         }
-        if let Some(ca) = &self.tls_ca_file {
-            if !ca.is_absolute() {
-                return Err(ConfigError::invalid(format!("{P}.tls_ca_file"), ca.display(), "must be an absolute path"));
-            }
-        }
-        Ok(ValidNacos {
-            servers,
-            api: self.api,
-            namespace: self.namespace.clone(),
-            group: self.group.clone(),
-            clusters: self.clusters.clone(),
-            credentials,
-            poll_interval,
-            timeout,
-            udp_push: self.udp_push,
-            tls_ca_file: self.tls_ca_file.clone(),
-        })
+        Ok((poll_interval, timeout))
     }
 }
 
@@ -255,7 +270,6 @@ impl NacosConfig {
     /// The password from whichever of `password`, `password_file` and `password_env` is set
     /// (at most one may be). Errors name the field and the file or variable, never the secret.
     fn password(&self) -> Result<Option<Secret>, ConfigError> {
-        const P: &str = "discovery.nacos";
         let set: Vec<&str> = [
             self.password.as_ref().map(|_| "password"),
             self.password_file.as_ref().map(|_| "password_file"),

@@ -83,69 +83,15 @@ pub(crate) fn run(duration: Option<u64>, daemon_args: &[OsString]) -> Result<()>
 
     let log_path = util::target_dir().join("ailb-demo.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let mut demo = Demo { ailb: ailb.clone(), mount, cgroup, daemon: None, client: None, log_path };
+    let mut demo = Demo { ailb, mount, cgroup, daemon: None, client: None, log_path };
 
-    let daemon = Command::new(&ailb)
-        .arg("run")
-        .args(daemon_args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().context("duplicating the log file handle")?)
-        .stderr(log)
-        // Own process group: a terminal Ctrl-C reaches only xtask, which stops things in order.
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("starting {} run", ailb.display()))?;
-    say!("started `ailb run` (pid {}), log: {}", daemon.id(), demo.log_path.display());
-    let daemon = demo.daemon.insert(Guarded { name: "ailb run", child: Some(daemon) });
-
-    let status = wait_ready(&ailb, daemon, stale_generation).map_err(|e| demo.with_log_tail(e))?;
-    say!("ailb is ready (generation {})", status["generation"]);
-    print!("{}", table::render(&status, 0));
-
-    let client = demo.spawn_client()?;
-    say!(
-        "client (pid {}) in cgroup {}: {CLIENT_RATE} connections/s to {VIP}, half of them tagged conv-N",
-        client.id(),
-        demo.cgroup.display()
-    );
-    demo.client = Some(Guarded { name: "demo client", child: Some(client) });
+    demo.start_daemon(daemon_args, log, stale_generation)?;
+    demo.start_client()?;
     match duration {
         Some(d) => say!("running for {d} s (Ctrl-C stops earlier)"),
         None => say!("running until Ctrl-C"),
     }
-
-    let started = Instant::now();
-    let mut next_table = started + TABLE_EVERY;
-    loop {
-        if STOP.load(Ordering::SeqCst) {
-            say!("stopping (signal)");
-            break;
-        }
-        if duration.is_some_and(|d| started.elapsed() >= Duration::from_secs(d)) {
-            say!("stopping: --duration reached");
-            break;
-        }
-        let mut exited = None;
-        for guard in [&mut demo.daemon, &mut demo.client].into_iter().flatten() {
-            if let Some(st) = guard.try_wait()? {
-                exited = Some(anyhow::anyhow!("{} exited unexpectedly ({st})", guard.name));
-            }
-        }
-        if let Some(e) = exited {
-            return Err(demo.with_log_tail(e));
-        }
-        if Instant::now() >= next_table {
-            next_table += TABLE_EVERY;
-            match table::status(&ailb) {
-                Ok(v) => print!("{}", table::render(&v, started.elapsed().as_secs())),
-                Err(e) => say!("status: {e:#}"),
-            }
-        }
-        std::thread::sleep(POLL);
-    }
-    if let Ok(v) = table::status(&ailb) {
-        print!("{}", table::render(&v, started.elapsed().as_secs()));
-    }
+    demo.watch(duration)?;
     drop(demo); // stop the children, teardown, remove the cgroup
     Ok(())
 }
@@ -237,6 +183,78 @@ struct Demo {
 }
 
 impl Demo {
+    /// Starts `ailb run` with `daemon_args`, its output to `log`, and waits until it is ready
+    /// (with a generation above `stale`, pins from an earlier run); prints its first table.
+    fn start_daemon(&mut self, daemon_args: &[OsString], log: std::fs::File, stale: Option<u64>) -> Result<()> {
+        let daemon = Command::new(&self.ailb)
+            .arg("run")
+            .args(daemon_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("duplicating the log file handle")?)
+            .stderr(log)
+            // Own process group: a terminal Ctrl-C reaches only xtask, which stops things in order.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {} run", self.ailb.display()))?;
+        say!("started `ailb run` (pid {}), log: {}", daemon.id(), self.log_path.display());
+        let daemon = self.daemon.insert(Guarded { name: "ailb run", child: Some(daemon) });
+
+        let status = wait_ready(&self.ailb, daemon, stale).map_err(|e| self.with_log_tail(e))?;
+        say!("ailb is ready (generation {})", status["generation"]);
+        print!("{}", table::render(&status, 0));
+        Ok(())
+    }
+
+    /// Starts the demo client in the cgroup ([`Self::spawn_client`]) and keeps it guarded.
+    fn start_client(&mut self) -> Result<()> {
+        let client = self.spawn_client()?;
+        say!(
+            "client (pid {}) in cgroup {}: {CLIENT_RATE} connections/s to {VIP}, half of them tagged conv-N",
+            client.id(),
+            self.cgroup.display()
+        );
+        self.client = Some(Guarded { name: "demo client", child: Some(client) });
+        Ok(())
+    }
+
+    /// Until a stop signal or `duration` (seconds): a table every [`TABLE_EVERY`], and an error
+    /// (with the daemon's log tail) if the daemon or the client exits; then the last table.
+    fn watch(&mut self, duration: Option<u64>) -> Result<()> {
+        let started = Instant::now();
+        let mut next_table = started + TABLE_EVERY;
+        loop {
+            if STOP.load(Ordering::SeqCst) {
+                say!("stopping (signal)");
+                break;
+            }
+            if duration.is_some_and(|d| started.elapsed() >= Duration::from_secs(d)) {
+                say!("stopping: --duration reached");
+                break;
+            }
+            let mut exited = None;
+            for guard in [&mut self.daemon, &mut self.client].into_iter().flatten() {
+                if let Some(st) = guard.try_wait()? {
+                    exited = Some(anyhow::anyhow!("{} exited unexpectedly ({st})", guard.name));
+                }
+            }
+            if let Some(e) = exited {
+                return Err(self.with_log_tail(e));
+            }
+            if Instant::now() >= next_table {
+                next_table += TABLE_EVERY;
+                match table::status(&self.ailb) {
+                    Ok(v) => print!("{}", table::render(&v, started.elapsed().as_secs())),
+                    Err(e) => say!("status: {e:#}"),
+                }
+            }
+            std::thread::sleep(POLL);
+        }
+        if let Ok(v) = table::status(&self.ailb) {
+            print!("{}", table::render(&v, started.elapsed().as_secs()));
+        }
+        Ok(())
+    }
+
     /// Starts the load generator (this binary, `demo-client`) inside the demo cgroup: the child
     /// writes its own pid to `cgroup.procs` between fork and exec, so it never connects from
     /// outside the cgroup.

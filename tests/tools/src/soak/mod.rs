@@ -302,33 +302,8 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard, net: Option<&
     let dir = tempfile::tempdir().context("temp dir")?;
     let t0 = Instant::now();
     let t0_unix = load::unix_ms();
-    let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
-    let plan_of = |entry: Entry, target, concurrency, name: String| WorkerPlan {
-        entry,
-        target,
-        speed,
-        duration_s: plan.duration_s,
-        concurrency,
-        timeout_s: REQUEST_TIMEOUT_S,
-        out: dir.path().join(format!("{name}.json")),
-    };
-    let plans: Vec<WorkerPlan> = [(Entry::Abi, vip), (Entry::FrontDoor, fleet.gateway_listen)]
-        .into_iter()
-        .map(|(entry, target)| plan_of(entry, target, 256, entry.key().to_string()))
-        .collect();
-    let tc_plans: Vec<WorkerPlan> = net
-        .iter()
-        .flat_map(|n| n.tc.vips.iter().enumerate())
-        .map(|(k, vip)| plan_of(Entry::Tc, *vip, TC_LANE_THREADS, format!("tc-{k}")))
-        .collect();
-    let mut workers = Workers::spawn_split(cg, &plans, split)?;
-    if let Some(n) = net {
-        for (k, p) in tc_plans.iter().enumerate() {
-            let mut cmd = load::command_of(p, split, k)?;
-            let child = net::in_netns(&n.topo.client.path(), || cmd.spawn())?.context("spawning a TC load worker")?;
-            workers.children.push(child);
-        }
-    }
+    let (plans, tc_plans) = worker_plans(&plan, speed, &fleet, net, dir.path())?;
+    let mut workers = spawn_workers(cg, &plans, &tc_plans, split, net)?;
     let target = Arc::new(Target {
         ailb: ailb.to_path_buf(),
         bpffs: fleet.daemon.bpffs().to_path_buf(),
@@ -341,25 +316,7 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard, net: Option<&
         vips: n.tc.vips.iter().map(ToString::to_string).collect(),
     });
     let sampler = Sampler::start_with(target.clone(), t0, remote.clone());
-    if args.no_faults {
-        eprintln!("ailb-soak: {:.0} s of load at speed {speed}, no faults", plan.duration_s);
-    } else {
-        eprintln!(
-            "ailb-soak: {:.0} s of load at speed {speed}; faults every {:.0} s from {:.0} s",
-            plan.duration_s, plan.slot_s, plan.warm_s
-        );
-    }
-    let mut events = Vec::new();
-    let schedule = if args.no_faults { &[][..] } else { &SCHEDULE[..] };
-    for (k, f) in schedule.iter().enumerate() {
-        let at = Duration::from_secs_f64(plan.warm_s + k as f64 * plan.slot_s);
-        std::thread::sleep(at.saturating_sub(t0.elapsed()));
-        eprintln!("ailb-soak: {:.0} s: {}", t0.elapsed().as_secs_f64(), f.title());
-        let ev = faults::run(*f, &mut fleet, t0, Duration::from_secs_f64(plan.outage_s))?;
-        eprintln!("ailb-soak: {:.0} s: {}", t0.elapsed().as_secs_f64(), ev.detail);
-        *target.procs.lock().unwrap_or_else(|p| p.into_inner()) = fleet.pids();
-        events.push(ev);
-    }
+    let events = run_faults(args, &plan, speed, &mut fleet, &target, t0)?;
     // A worker returns within its arrivals plus two request timeouts (the replay's bound).
     workers.wait(Duration::from_secs_f64(plan.duration_s + 2.0 * REQUEST_TIMEOUT_S + 60.0), t0)?;
     let samples = sampler.stop();
@@ -386,6 +343,88 @@ fn run_soak(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard, net: Option<&
         tc_left_out,
     };
     report::write(args, &run)
+}
+
+/// The load workers' plans at `speed`: the socket ABI's and the front door's, and one per TC
+/// lane of `net` (none without it); their reports go to `dir`.
+fn worker_plans(
+    plan: &Plan,
+    speed: f64,
+    fleet: &Fleet,
+    net: Option<&net::Net>,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Vec<WorkerPlan>, Vec<WorkerPlan>)> {
+    let vip: SocketAddrV4 = VIP.parse().context("the VIP")?;
+    let plan_of = |entry: Entry, target, concurrency, name: String| WorkerPlan {
+        entry,
+        target,
+        speed,
+        duration_s: plan.duration_s,
+        concurrency,
+        timeout_s: REQUEST_TIMEOUT_S,
+        out: dir.join(format!("{name}.json")),
+    };
+    let plans: Vec<WorkerPlan> = [(Entry::Abi, vip), (Entry::FrontDoor, fleet.gateway_listen)]
+        .into_iter()
+        .map(|(entry, target)| plan_of(entry, target, 256, entry.key().to_string()))
+        .collect();
+    let tc_plans: Vec<WorkerPlan> = net
+        .iter()
+        .flat_map(|n| n.tc.vips.iter().enumerate())
+        .map(|(k, vip)| plan_of(Entry::Tc, *vip, TC_LANE_THREADS, format!("tc-{k}")))
+        .collect();
+    Ok((plans, tc_plans))
+}
+
+/// The workers of `plans` in the cgroup, then those of `tc_plans` in `net`'s client namespace.
+fn spawn_workers(
+    cg: &CgroupGuard,
+    plans: &[WorkerPlan],
+    tc_plans: &[WorkerPlan],
+    split: Split,
+    net: Option<&net::Net>,
+) -> anyhow::Result<Workers> {
+    let mut workers = Workers::spawn_split(cg, plans, split)?;
+    if let Some(n) = net {
+        for (k, p) in tc_plans.iter().enumerate() {
+            let mut cmd = load::command_of(p, split, k)?;
+            let child = net::in_netns(&n.topo.client.path(), || cmd.spawn())?.context("spawning a TC load worker")?;
+            workers.children.push(child);
+        }
+    }
+    Ok(workers)
+}
+
+/// The faults of the schedule (none with `--no-faults`), each at its slot; after each the
+/// sampler's processes are the fleet's again (a restart changes pids).
+fn run_faults(
+    args: &Args,
+    plan: &Plan,
+    speed: f64,
+    fleet: &mut Fleet,
+    target: &Target,
+    t0: Instant,
+) -> anyhow::Result<Vec<Event>> {
+    if args.no_faults {
+        eprintln!("ailb-soak: {:.0} s of load at speed {speed}, no faults", plan.duration_s);
+    } else {
+        eprintln!(
+            "ailb-soak: {:.0} s of load at speed {speed}; faults every {:.0} s from {:.0} s",
+            plan.duration_s, plan.slot_s, plan.warm_s
+        );
+    }
+    let mut events = Vec::new();
+    let schedule = if args.no_faults { &[][..] } else { &SCHEDULE[..] };
+    for (k, f) in schedule.iter().enumerate() {
+        let at = Duration::from_secs_f64(plan.warm_s + k as f64 * plan.slot_s);
+        std::thread::sleep(at.saturating_sub(t0.elapsed()));
+        eprintln!("ailb-soak: {:.0} s: {}", t0.elapsed().as_secs_f64(), f.title());
+        let ev = faults::run(*f, fleet, t0, Duration::from_secs_f64(plan.outage_s))?;
+        eprintln!("ailb-soak: {:.0} s: {}", t0.elapsed().as_secs_f64(), ev.detail);
+        *target.procs.lock().unwrap_or_else(|p| p.into_inner()) = fleet.pids();
+        events.push(ev);
+    }
+    Ok(events)
 }
 
 /// The in-flight sum once every connection has closed (polled for 30 s), and the open

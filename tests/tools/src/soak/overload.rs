@@ -27,7 +27,7 @@ use anyhow::Context;
 use super::analyze::percentile;
 use super::fleet::{Admission, Fleet, MODEL, VIP};
 use super::load::{self, Entry, Rec, WorkerPlan};
-use super::sample::{Sampler, Target};
+use super::sample::{Sample, Sampler, Target};
 use super::{fleet_opts, report, Args, Workers};
 
 /// Client threads of the socket ABI's worker: at most this many of its requests wait in the
@@ -119,16 +119,48 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         cgroup: super::sample::cgroup_filter(cg),
     });
     let before = super::sample::take(&target, Instant::now(), &mut Default::default());
-    let stable = if args.overload_stable_s > 0.0 {
+    let stable = stable_phase(args, cg, &fleet, dir.path())?;
+    let speed = args.load * args.overload_factor * args.time_scale;
+    let overload = overload_phase(args, cg, &fleet, &target, dir.path(), speed)?;
+    let (final_inflight, _) = super::drained(&fleet, &target);
+    let after = super::sample::take(&target, overload.t0, &mut Default::default());
+    let alive = alive(&mut fleet);
+    let rss = Rss::of(&before, &overload.samples, &after);
+    let seen = Seen { stable, overload, final_inflight, alive, rss };
+    Ok(markdown(args, admission, speed, &seen))
+}
+
+/// The stable load for `--overload-stable-s` first (no records when 0).
+fn stable_phase(args: &Args, cg: &CgroupGuard, fleet: &Fleet, dir: &Path) -> anyhow::Result<Vec<Rec>> {
+    if args.overload_stable_s > 0.0 {
         let speed = args.load * args.time_scale;
         eprintln!("ailb-soak: overload: first {:.0} s at the stable load (speed {speed})", args.overload_stable_s);
-        let plans = plans(&fleet, speed, args.overload_stable_s, dir.path(), "stable")?;
-        phase(cg, &plans, args.overload_stable_s, args.keep_logs.as_deref())?
+        let plans = plans(fleet, speed, args.overload_stable_s, dir, "stable")?;
+        phase(cg, &plans, args.overload_stable_s, args.keep_logs.as_deref())
     } else {
-        Vec::new()
-    };
-    let speed = args.load * args.overload_factor * args.time_scale;
-    let plans = plans(&fleet, speed, args.overload_s, dir.path(), "overload")?;
+        Ok(Vec::new())
+    }
+}
+
+/// The overload phase's records, the prober's answers (status, `Retry-After`), the samples and
+/// when it started.
+struct Overloaded {
+    recs: Vec<Rec>,
+    probes: Vec<(u16, bool)>,
+    samples: Vec<Sample>,
+    t0: Instant,
+}
+
+/// The overload at `speed` for `--overload-s`, sampled, with the prober.
+fn overload_phase(
+    args: &Args,
+    cg: &CgroupGuard,
+    fleet: &Fleet,
+    target: &Arc<Target>,
+    dir: &Path,
+    speed: f64,
+) -> anyhow::Result<Overloaded> {
+    let plans = plans(fleet, speed, args.overload_s, dir, "overload")?;
     let t0 = Instant::now();
     let sampler = Sampler::start(target.clone(), t0);
     let prober = Prober::start(fleet.gateway_listen);
@@ -147,10 +179,21 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
     });
     let (recs, probes) = recs?;
     let samples = sampler.stop();
-    let (final_inflight, _) = super::drained(&fleet, &target);
-    let after = super::sample::take(&target, t0, &mut Default::default());
-    let alive = alive(&mut fleet);
-    let rss = Rss::of(&before, &samples, &after);
+    Ok(Overloaded { recs, probes, samples, t0 })
+}
+
+/// What the overload saw, for its report.
+struct Seen {
+    stable: Vec<Rec>,
+    overload: Overloaded,
+    final_inflight: Option<u64>,
+    alive: String,
+    rss: Rss,
+}
+
+/// The report of the overload at `speed`.
+fn markdown(args: &Args, admission: Admission, speed: f64, seen: &Seen) -> String {
+    let Seen { stable, overload: Overloaded { recs, probes, samples, .. }, final_inflight, alive, rss } = seen;
     let mut md = String::new();
     let _ = writeln!(md, "# Overload\n");
     let _ = writeln!(
@@ -170,28 +213,25 @@ pub fn run(args: &Args, ailb: &std::path::Path, cg: &CgroupGuard) -> anyhow::Res
         args.load * args.time_scale,
         admission.describe(),
     );
-    entries_table(&mut md, &[("stable", &stable), ("10x", &recs)]);
-    stable_table(&mut md, &stable, &recs);
-    latency_table(&mut md, &recs, args.overload_s);
-    bound(&mut md, &recs, args, admission);
-    probes_table(&mut md, &probes);
+    entries_table(&mut md, &[("stable", stable), ("10x", recs)]);
+    stable_table(&mut md, stable, recs);
+    latency_table(&mut md, recs, args.overload_s);
+    bound(&mut md, recs, args, admission);
+    probes_table(&mut md, probes);
     let _ = writeln!(
         md,
         "Processes alive at the end: {alive}. In-flight after the drain: {}. {}\n",
         final_inflight.map_or("unreadable".into(), |v| v.to_string()),
         rss.line(),
     );
-    kernel_line(&mut md, &samples, args);
-    goals(
-        &mut md,
-        &Goals { stable: &stable, recs: &recs, probes: &probes, alive: &alive, rss: &rss, window_s: args.overload_s },
-    );
+    kernel_line(&mut md, samples, args);
+    goals(&mut md, &Goals { stable, recs, probes, alive, rss, window_s: args.overload_s });
     let _ = writeln!(
         md,
         "Model: `{MODEL}`; the front door's admission is per model (`gateway.admission`), on top of its global \
          `gateway.max_concurrent`.\n"
     );
-    Ok(md)
+    md
 }
 
 /// Whether every process of the fleet still runs, in words.

@@ -42,78 +42,14 @@ fn rate(run: &SoakRun, t_max: f64, keep: impl Fn(&super::load::Rec) -> bool) -> 
 /// The timeline as SVG.
 pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
     let t_max = run.samples.last().map(|s| s.t_s).unwrap_or(run.plan.duration_s).max(run.plan.duration_s);
-    let st = |c: usize, d: Dash| LineStyle::new(PALETTE[c], d);
-    let mut requests = vec![
-        Curve {
-            label: "sent, socket ABI".into(),
-            style: st(0, Dash::Solid),
-            points: rate(run, t_max, |r| r.entry == Entry::Abi),
-        },
-        Curve {
-            label: "sent, front door".into(),
-            style: st(9, Dash::Long),
-            points: rate(run, t_max, |r| r.entry == Entry::FrontDoor),
-        },
-        Curve {
-            label: "sent, TC (remote clients)".into(),
-            style: st(6, Dash::Short),
-            points: rate(run, t_max, |r| r.entry == Entry::Tc),
-        },
-        Curve {
-            label: "failed, a healthy backend could have served".into(),
-            style: st(3, Dash::Solid),
-            points: rate(run, t_max, |r| !r.ok && classify(r, &run.events) == Class::Avoidable),
-        },
-        Curve {
-            label: "failed, met a dead server".into(),
-            style: st(1, Dash::Short),
-            points: rate(run, t_max, |r| !r.ok && classify(r, &run.events) == Class::DeadServer),
-        },
-    ];
-    let mut inflight = vec![
-        Curve {
-            label: "kernel in-flight count".into(),
-            style: st(4, Dash::Solid),
-            points: run.samples.iter().filter_map(|s| Some((s.t_s, s.inflight_before? as f64))).collect(),
-        },
-        Curve {
-            label: "open connections to backends".into(),
-            style: st(2, Dash::Short),
-            points: run.samples.iter().map(|s| (s.t_s, s.open as f64)).collect(),
-        },
-        Curve {
-            label: "of which the TC clients'".into(),
-            style: st(6, Dash::Long),
-            points: run.samples.iter().filter_map(|s| Some((s.t_s, s.open_tc? as f64))).collect(),
-        },
-    ];
+    let mut requests = request_curves(run, t_max);
+    let mut inflight = inflight_curves(run);
     if run.split.tc_lanes == 0 {
         requests.retain(|c| !c.label.contains("TC"));
         inflight.retain(|c| !c.label.contains("TC"));
     }
-    let roles: Vec<String> = {
-        let mut r: Vec<String> = run.samples.iter().flat_map(|s| s.procs.iter().map(|p| p.role.clone())).collect();
-        r.sort();
-        r.dedup();
-        r
-    };
-    let per_role = |f: fn(&super::sample::ProcSample) -> f64| -> Vec<Curve> {
-        roles
-            .iter()
-            .enumerate()
-            .map(|(k, role)| Curve {
-                label: role.clone(),
-                style: st(k % PALETTE.len(), if role.starts_with("agent") { Dash::Long } else { Dash::Solid }),
-                points: run
-                    .samples
-                    .iter()
-                    .filter_map(|s| s.procs.iter().find(|p| &p.role == role).map(|p| (s.t_s, f(p))))
-                    .collect(),
-            })
-            .collect()
-    };
-    let rss = per_role(|p| p.rss_kb as f64 / 1024.0);
-    let fds = per_role(|p| p.fds as f64);
+    let rss = per_role(run, |p| p.rss_kb as f64 / 1024.0);
+    let fds = per_role(run, |p| p.fds as f64);
     let panels = [
         ("requests and failures per second (5 s bins)", "per second", requests),
         ("kernel in-flight count vs open connections (every 2 s)", "connections", inflight),
@@ -121,6 +57,86 @@ pub fn timeline_svg(run: &SoakRun) -> Result<String, DrawError> {
         ("open file descriptors", "fds", fds),
     ];
     draw(run, t_max, &panels)
+}
+
+/// Colour `c` of the palette, dashed `d`.
+fn style(c: usize, d: Dash) -> LineStyle {
+    LineStyle::new(PALETTE[c], d)
+}
+
+/// Requests sent per second by entry point, and failures per second by class.
+fn request_curves(run: &SoakRun, t_max: f64) -> Vec<Curve> {
+    vec![
+        Curve {
+            label: "sent, socket ABI".into(),
+            style: style(0, Dash::Solid),
+            points: rate(run, t_max, |r| r.entry == Entry::Abi),
+        },
+        Curve {
+            label: "sent, front door".into(),
+            style: style(9, Dash::Long),
+            points: rate(run, t_max, |r| r.entry == Entry::FrontDoor),
+        },
+        Curve {
+            label: "sent, TC (remote clients)".into(),
+            style: style(6, Dash::Short),
+            points: rate(run, t_max, |r| r.entry == Entry::Tc),
+        },
+        Curve {
+            label: "failed, a healthy backend could have served".into(),
+            style: style(3, Dash::Solid),
+            points: rate(run, t_max, |r| !r.ok && classify(r, &run.events) == Class::Avoidable),
+        },
+        Curve {
+            label: "failed, met a dead server".into(),
+            style: style(1, Dash::Short),
+            points: rate(run, t_max, |r| !r.ok && classify(r, &run.events) == Class::DeadServer),
+        },
+    ]
+}
+
+/// The kernel's in-flight count against the open connections (and the TC clients' share).
+fn inflight_curves(run: &SoakRun) -> Vec<Curve> {
+    vec![
+        Curve {
+            label: "kernel in-flight count".into(),
+            style: style(4, Dash::Solid),
+            points: run.samples.iter().filter_map(|s| Some((s.t_s, s.inflight_before? as f64))).collect(),
+        },
+        Curve {
+            label: "open connections to backends".into(),
+            style: style(2, Dash::Short),
+            points: run.samples.iter().map(|s| (s.t_s, s.open as f64)).collect(),
+        },
+        Curve {
+            label: "of which the TC clients'".into(),
+            style: style(6, Dash::Long),
+            points: run.samples.iter().filter_map(|s| Some((s.t_s, s.open_tc? as f64))).collect(),
+        },
+    ]
+}
+
+/// One curve of `f` per process role sampled (in the roles' order; the agents dashed).
+fn per_role(run: &SoakRun, f: fn(&super::sample::ProcSample) -> f64) -> Vec<Curve> {
+    let roles: Vec<String> = {
+        let mut r: Vec<String> = run.samples.iter().flat_map(|s| s.procs.iter().map(|p| p.role.clone())).collect();
+        r.sort();
+        r.dedup();
+        r
+    };
+    roles
+        .iter()
+        .enumerate()
+        .map(|(k, role)| Curve {
+            label: role.clone(),
+            style: style(k % PALETTE.len(), if role.starts_with("agent") { Dash::Long } else { Dash::Solid }),
+            points: run
+                .samples
+                .iter()
+                .filter_map(|s| s.procs.iter().find(|p| &p.role == role).map(|p| (s.t_s, f(p))))
+                .collect(),
+        })
+        .collect()
 }
 
 fn draw(run: &SoakRun, t_max: f64, panels: &[(&str, &str, Vec<Curve>); 4]) -> Result<String, DrawError> {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::affinity;
 use super::analyze::{self, classify, continuity, growth, inflight_check, Class, DETECT_S, TURN_WINDOW_S};
-use super::faults::{Fault, DAEMON_DOWN};
+use super::faults::{Event, Fault, DAEMON_DOWN};
 use super::fleet::{AGENT_PUBLISH, LOW_FREE_MB, NACOS_POLL};
 use super::load::{Entry, Rec};
 use super::sample::MAX_TRIES;
@@ -145,10 +145,22 @@ fn streams(args: &Args, run: &SoakRun) -> String {
 }
 
 fn goals(md: &mut String, run: &SoakRun) {
+    let _ = writeln!(md, "## Goals\n\n| goal | measured | |\n| --- | --- | --- |");
+    failure_goals(md, run);
+    for e in run.events.iter().filter(|e| e.fault == Fault::DaemonKill) {
+        restart_goal(md, run, e);
+    }
+    inflight_goals(md, run);
+    footprint_goal(md, run);
+    goals_reading(md, run);
+}
+
+/// The failed requests: none that a healthy backend could have served, and those that met a
+/// dead server bounded by the time the table takes to drop it.
+fn failure_goals(md: &mut String, run: &SoakRun) {
     let failed: Vec<&Rec> = run.records.iter().filter(|r| !r.ok).collect();
     let avoidable = failed.iter().filter(|r| classify(r, &run.events) == Class::Avoidable).count();
     let dead = failed.len() - avoidable;
-    let _ = writeln!(md, "## Goals\n\n| goal | measured | |\n| --- | --- | --- |");
     let _ = writeln!(
         md,
         "| 0 failed requests that a healthy backend could have served | {avoidable} of {} requests | {} |",
@@ -174,78 +186,96 @@ fn goals(md: &mut String, run: &SoakRun) {
             met(kills.iter().all(|d| *d <= DETECT_S))
         );
     }
-    for e in run.events.iter().filter(|e| e.fault == Fault::DaemonKill) {
-        let kept = match &e.affinity {
-            Some(a) => format!(
-                "{} of {} affinity entries that no request used during the restart came back with the same backend \
-                 (id and address); of the {} entries before the kill, {} used meanwhile kept their backend and {} were \
-                 re-picked by the kernel (its load bound or memory fit, not the daemon)",
-                a.untouched_kept,
-                a.untouched_kept + a.untouched_lost,
-                a.before,
-                a.touched_same,
-                a.touched_moved
-            ),
-            None => "the affinity map could not be read around the restart".into(),
+}
+
+/// The daemon restart `e`: the goal (the kernel's affinity entries kept), then its context
+/// (the tables across the restart and without it, the conversations' next turns).
+fn restart_goal(md: &mut String, run: &SoakRun, e: &Event) {
+    let kept = match &e.affinity {
+        Some(a) => format!(
+            "{} of {} affinity entries that no request used during the restart came back with the same backend \
+             (id and address); of the {} entries before the kill, {} used meanwhile kept their backend and {} were \
+             re-picked by the kernel (its load bound or memory fit, not the daemon)",
+            a.untouched_kept,
+            a.untouched_kept + a.untouched_lost,
+            a.before,
+            a.touched_same,
+            a.touched_moved
+        ),
+        None => "the affinity map could not be read around the restart".into(),
+    };
+    let _ = writeln!(
+        md,
+        "| 100 % of conversations keep their backend across the daemon restart at {:.0} s: every conversation the \
+         kernel keeps on a backend (its affinity entry) keeps it; the restart itself moves none | {kept} | {} |",
+        e.start_s,
+        met(e.affinity.as_ref().is_some_and(affinity::Kept::met))
+    );
+    let tables = match e.picks_kept {
+        Some(true) => "the same before the kill and after the restarted daemon's first apply",
+        Some(false) => "changed between the kill and the restarted daemon's first apply (details under Faults)",
+        None => "not read",
+    };
+    let _ = writeln!(
+        md,
+        "| (context, not the goal) the active tables and backend ids across the restart: they decide only new \
+         conversations' first picks | {tables} | - |"
+    );
+    let restart = e.recovered_s.unwrap_or(e.end_s);
+    table_moves_row(md, run, e, restart);
+    turns_row(md, run, e, restart);
+}
+
+/// Context of a restart: how often the telemetry moved the tables away from it.
+fn table_moves_row(md: &mut String, run: &SoakRun, e: &Event, restart: f64) {
+    let moves = analyze::table_moves(&run.samples, e.start_s, restart - e.start_s + 2.0);
+    if moves.minutes > 0.0 {
+        let seen = match moves.after_seen_before {
+            Some(true) => "one of those the old daemon had applied in the same length of time before the kill",
+            Some(false) => "none of those the old daemon had applied in the same length of time before the kill",
+            None => "not sampled",
         };
         let _ = writeln!(
             md,
-            "| 100 % of conversations keep their backend across the daemon restart at {:.0} s: every conversation the \
-             kernel keeps on a backend (its affinity entry) keeps it; the restart itself moves none | {kept} | {} |",
-            e.start_s,
-            met(e.affinity.as_ref().is_some_and(affinity::Kept::met))
-        );
-        let tables = match e.picks_kept {
-            Some(true) => "the same before the kill and after the restarted daemon's first apply",
-            Some(false) => "changed between the kill and the restarted daemon's first apply (details under Faults)",
-            None => "not read",
-        };
-        let _ = writeln!(
-            md,
-            "| (context, not the goal) the active tables and backend ids across the restart: they decide only new \
-             conversations' first picks | {tables} | - |"
-        );
-        let restart = e.recovered_s.unwrap_or(e.end_s);
-        let moves = analyze::table_moves(&run.samples, e.start_s, restart - e.start_s + 2.0);
-        if moves.minutes > 0.0 {
-            let seen = match moves.after_seen_before {
-                Some(true) => "one of those the old daemon had applied in the same length of time before the kill",
-                Some(false) => "none of those the old daemon had applied in the same length of time before the kill",
-                None => "not sampled",
-            };
-            let _ = writeln!(
-                md,
-                "| (context, not the goal) the active tables without the restart: the telemetry moves them | the \
-                 samples saw the tables change {} times in {:.1} minutes away from the restart ({:.1} a minute); the \
-                 tables after the restart were {seen} | - |",
-                moves.changes,
-                moves.minutes,
-                moves.changes as f64 / moves.minutes
-            );
-        }
-        let mut turns = Vec::new();
-        for entry in run.entries() {
-            let c = continuity(&run.records, entry, e.start_s, TURN_WINDOW_S.max(restart - e.start_s + 5.0));
-            // The baseline: a cut halfway to the next fault, where nothing happens.
-            let base = continuity(&run.records, entry, e.start_s + run.plan.slot_s / 2.0, TURN_WINDOW_S);
-            turns.push(format!(
-                "{}: {} of {} ({}) across the restart, {} of {} ({}) across a cut {:.0} s later without a fault",
-                entry.title(),
-                c.kept,
-                c.conversations,
-                fmt_pct(c.percent()),
-                base.kept,
-                base.conversations,
-                fmt_pct(base.percent()),
-                run.plan.slot_s / 2.0,
-            ));
-        }
-        let _ = writeln!(
-            md,
-            "| (context, not the goal) conversations whose next turn went to the backend of their last turn | {} | - |",
-            turns.join("; ")
+            "| (context, not the goal) the active tables without the restart: the telemetry moves them | the \
+             samples saw the tables change {} times in {:.1} minutes away from the restart ({:.1} a minute); the \
+             tables after the restart were {seen} | - |",
+            moves.changes,
+            moves.minutes,
+            moves.changes as f64 / moves.minutes
         );
     }
+}
+
+/// Context of a restart: per entry point, the conversations whose next turn kept its backend
+/// across the restart and across a cut without a fault.
+fn turns_row(md: &mut String, run: &SoakRun, e: &Event, restart: f64) {
+    let mut turns = Vec::new();
+    for entry in run.entries() {
+        let c = continuity(&run.records, entry, e.start_s, TURN_WINDOW_S.max(restart - e.start_s + 5.0));
+        // The baseline: a cut halfway to the next fault, where nothing happens.
+        let base = continuity(&run.records, entry, e.start_s + run.plan.slot_s / 2.0, TURN_WINDOW_S);
+        turns.push(format!(
+            "{}: {} of {} ({}) across the restart, {} of {} ({}) across a cut {:.0} s later without a fault",
+            entry.title(),
+            c.kept,
+            c.conversations,
+            fmt_pct(c.percent()),
+            base.kept,
+            base.conversations,
+            fmt_pct(base.percent()),
+            run.plan.slot_s / 2.0,
+        ));
+    }
+    let _ = writeln!(
+        md,
+        "| (context, not the goal) conversations whose next turn went to the backend of their last turn | {} | - |",
+        turns.join("; ")
+    );
+}
+
+/// The kernel's in-flight count: equal to the open connections at every sample, 0 at the end.
+fn inflight_goals(md: &mut String, run: &SoakRun) {
     let ic = inflight_check(run.samples.iter());
     let _ = writeln!(
         md,
@@ -267,6 +297,10 @@ fn goals(md: &mut String, run: &SoakRun) {
         run.final_open,
         met(run.final_inflight == Some(0))
     );
+}
+
+/// The processes' RSS and open fds flat after the warm-up.
+fn footprint_goal(md: &mut String, run: &SoakRun) {
     let g = growth(&run.samples, run.plan.warm_s);
     let flat = g.iter().filter(|g| g.flat(FLAT_PCT)).count();
     let _ = writeln!(
@@ -276,6 +310,11 @@ fn goals(md: &mut String, run: &SoakRun) {
         g.len(),
         met(!g.is_empty() && flat == g.len())
     );
+}
+
+/// How to read the goals: how a sample is taken, and what the restart's rows can and cannot
+/// tell.
+fn goals_reading(md: &mut String, run: &SoakRun) {
     let rate = run.records.len() as f64 / run.plan.duration_s.max(1.0);
     let _ = writeln!(
         md,

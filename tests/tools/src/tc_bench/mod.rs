@@ -206,17 +206,7 @@ pub fn main(args: Args) -> Result<()> {
             args.seconds
         );
     }
-    let mut spec = GatewaySpec::new("tc-bench", true);
-    // Room for the run's connections: a NAT port comes round only after the whole range, and
-    // one that comes round while its backend holds the last connection in TIME_WAIT (60 s) costs
-    // the client a SYN retransmission (docs/ARCHITECTURE.md, NAT port allocation). The gateway's
-    // own ephemeral ports (HAProxy's) are moved above the range.
-    spec.tc = format!("nat_ports = \"{}-{}\"\n", NAT_PORTS.0, NAT_PORTS.1);
-    let gw = Gateway::start(&spec);
-    gw.topo
-        .gateway
-        .run(|| std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "50000 60999"))
-        .context("setting the gateway's ip_local_port_range")?;
+    let (spec, gw) = start_gateway()?;
     let work = tempfile::tempdir().context("temp dir")?;
     let _haproxy = start_haproxy(&gw, work.path(), HAPROXY_PORT, "")?;
     let _haproxy_tuned = start_haproxy(&gw, work.path(), HAPROXY_TUNED_PORT, HAPROXY_TUNING)?;
@@ -230,15 +220,7 @@ pub fn main(args: Args) -> Result<()> {
         ("HAProxy, TCP mode, tuned", &[haproxy_tuned]),
     ];
     // HAProxy is ready when it answers; warm every path up.
-    let ready = Instant::now() + Duration::from_secs(10);
-    for to in [haproxy, haproxy_tuned] {
-        while gw.topo.client.run(move || connect_here(to, None, false)).is_err() {
-            if Instant::now() > ready {
-                bail!("haproxy did not answer on {to} within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    wait_for_haproxy(&gw, [haproxy, haproxy_tuned])?;
     for (_, to) in paths {
         rate(&gw, to, args.threads, 0.2);
     }
@@ -248,52 +230,125 @@ pub fn main(args: Args) -> Result<()> {
     let stats_off = floors.test_run_empty(TEST_RUNS)?;
     let stats = BpfStats::enable()?;
     let stats_on = floors.test_run_empty(TEST_RUNS)?;
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
-    let mut failures = [0u64; PATHS];
-    let (mut tc_runs, mut tc_ns, mut tc_syns) = (0u64, 0u64, 0u64);
-    // Per path: the connections made, and each TCP counter's change (client, backends).
-    let mut made = [0f64; PATHS];
-    let mut tcp = vec![[(0u64, 0u64); TCP_COUNTERS.len()]; PATHS];
+    let mut rounds = rate_rounds(&args, &gw, &paths, &pin)?;
+    let established = established_phase(&gw, &spec, &pin, args.threads, &mut floors)?;
+    drop(floors);
+    drop(stats);
+    let report = full_report(&args, &gw, &paths.map(|p| p.0), &mut rounds, &established, (stats_off, stats_on));
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.out, &report).with_context(|| format!("writing {}", args.out.display()))?;
+    println!("{report}");
+    say(&format!("report: {}", args.out.display()));
+    Ok(())
+}
+
+/// The namespaces and `ailb run` with a TC VIP, the gateway's ephemeral ports above the NAT
+/// ports.
+fn start_gateway() -> Result<(GatewaySpec, Gateway)> {
+    let mut spec = GatewaySpec::new("tc-bench", true);
+    // Room for the run's connections: a NAT port comes round only after the whole range, and
+    // one that comes round while its backend holds the last connection in TIME_WAIT (60 s) costs
+    // the client a SYN retransmission (docs/ARCHITECTURE.md, NAT port allocation). The gateway's
+    // own ephemeral ports (HAProxy's) are moved above the range.
+    spec.tc = format!("nat_ports = \"{}-{}\"\n", NAT_PORTS.0, NAT_PORTS.1);
+    let gw = Gateway::start(&spec);
+    gw.topo
+        .gateway
+        .run(|| std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "50000 60999"))
+        .context("setting the gateway's ip_local_port_range")?;
+    Ok((spec, gw))
+}
+
+/// Waits up to 10 s for each HAProxy frontend in `to` to accept a connection from the client
+/// namespace.
+fn wait_for_haproxy(gw: &Gateway, to: [SocketAddrV4; 2]) -> Result<()> {
+    let ready = Instant::now() + Duration::from_secs(10);
+    for to in to {
+        while gw.topo.client.run(move || connect_here(to, None, false)).is_err() {
+            if Instant::now() > ready {
+                bail!("haproxy did not answer on {to} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// The rate rounds' measurements, per path in the order of the paths.
+struct Rounds {
+    /// Connections per second, one per round.
+    rates: Vec<Vec<f64>>,
+    failures: [u64; PATHS],
+    /// The TC program's runs and ns during the TC VIP's rounds, and the flows (SYNs) opened.
+    tc: (u64, u64, u64),
+    /// The connections made, and each TCP counter's change (client, backends).
+    made: [f64; PATHS],
+    tcp: Vec<[(u64, u64); TCP_COUNTERS.len()]>,
+}
+
+/// `args.rounds` rounds, each measuring every path in turn for `args.seconds`.
+fn rate_rounds(args: &Args, gw: &Gateway, paths: &[(&str, &[SocketAddrV4]); PATHS], pin: &Path) -> Result<Rounds> {
+    let mut m = Rounds {
+        rates: vec![Vec::new(); paths.len()],
+        failures: [0u64; PATHS],
+        tc: (0, 0, 0),
+        made: [0f64; PATHS],
+        tcp: vec![[(0u64, 0u64); TCP_COUNTERS.len()]; PATHS],
+    };
     for round in 0..args.rounds {
         for (i, (name, to)) in paths.iter().enumerate() {
-            let (before, opened) = (prog_stats(&pin)?, gw.stat("flows_opened"));
+            let (before, opened) = (prog_stats(pin)?, gw.stat("flows_opened"));
             let counters_before = (gw.topo.client.counters(), gw.topo.backends.counters());
-            let (r, failed) = rate(&gw, to, args.threads, args.seconds);
+            let (r, failed) = rate(gw, to, args.threads, args.seconds);
             let counters_after = (gw.topo.client.counters(), gw.topo.backends.counters());
-            made[i] += r * args.seconds;
+            m.made[i] += r * args.seconds;
             for (k, name) in TCP_COUNTERS.iter().enumerate() {
                 let delta = |a: &HashMap<String, u64>, b: &HashMap<String, u64>| {
                     b.get(*name).copied().unwrap_or(0).saturating_sub(a.get(*name).copied().unwrap_or(0))
                 };
-                tcp[i][k].0 += delta(&counters_before.0, &counters_after.0);
-                tcp[i][k].1 += delta(&counters_before.1, &counters_after.1);
+                m.tcp[i][k].0 += delta(&counters_before.0, &counters_after.0);
+                m.tcp[i][k].1 += delta(&counters_before.1, &counters_after.1);
             }
-            let after = prog_stats(&pin)?;
+            let after = prog_stats(pin)?;
             if i == 0 {
-                tc_runs += after.0 - before.0;
-                tc_ns += after.1 - before.1;
-                tc_syns += gw.stat("flows_opened") - opened;
+                m.tc.0 += after.0 - before.0;
+                m.tc.1 += after.1 - before.1;
+                m.tc.2 += gw.stat("flows_opened") - opened;
             }
-            failures[i] += failed;
+            m.failures[i] += failed;
             say(&format!("round {}: {name}: {r:.0} connections/s ({failed} failed)", round + 1));
-            rates[i].push(r);
+            m.rates[i].push(r);
         }
     }
-    let established = established_phase(&gw, &spec, &pin, args.threads, &mut floors)?;
-    drop(floors);
-    drop(stats);
+    Ok(m)
+}
+
+/// The whole report: the rates and the run times, what the gateway counted after the run, the
+/// TCP counters and where the established packet's time goes (`stats`: the statistics' cost,
+/// off and on). Sorts each path's rates (for their median).
+fn full_report(
+    args: &Args,
+    gw: &Gateway,
+    names: &[&str; PATHS],
+    rounds: &mut Rounds,
+    established: &Established,
+    stats: (f64, f64),
+) -> String {
+    let (tc_runs, tc_ns, tc_syns) = rounds.tc;
     let (est_runs, echoes) = (established.runs, established.echoes);
     let est = established.ns as f64 / est_runs.max(1) as f64;
     let syn = (tc_ns as f64 - (tc_runs - tc_syns) as f64 * est) / tc_syns.max(1) as f64;
-    let med: Vec<f64> = rates.iter_mut().map(|v| median(v)).collect();
+    let med: Vec<f64> = rounds.rates.iter_mut().map(|v| median(v)).collect();
     let tc = gw.tc();
     let retrans = gw.topo.client.counters().get("TcpExt:TCPSynRetrans").copied().unwrap_or(0);
     let mut report = report(
-        &args,
-        &paths.map(|p| p.0),
-        &rates,
+        args,
+        names,
+        &rounds.rates,
         &med,
-        &failures,
+        &rounds.failures,
         (tc_runs, tc_ns, tc_syns),
         (est_runs, echoes),
         syn,
@@ -320,15 +375,9 @@ pub fn main(args: Args) -> Result<()> {
         nat_range,
         nat_range as f64 / 60.0
     );
-    report.push_str(&tcp_report(&paths.map(|p| p.0), &made, &tcp));
-    report.push_str(&floor_report(&established, est, (stats_off, stats_on)));
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.out, &report).with_context(|| format!("writing {}", args.out.display()))?;
-    println!("{report}");
-    say(&format!("report: {}", args.out.display()));
-    Ok(())
+    report.push_str(&tcp_report(names, &rounds.made, &rounds.tcp));
+    report.push_str(&floor_report(established, est, stats));
+    report
 }
 
 /// The TCP counters' changes per path, per 1,000 connections (client / backends).
