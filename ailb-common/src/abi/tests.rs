@@ -1,4 +1,3 @@
-
 use super::*;
 use core::mem::size_of;
 

@@ -2,7 +2,7 @@
 //! (`ailb_common::pick::pick`) run in userspace over a copy of the pinned maps. The pick is
 //! an IPv4 client's; for a model with IPv6 backends an IPv6 client's too, which may differ.
 
-use std::{net::SocketAddr, path::Path};
+use std::{collections::HashMap, net::SocketAddr, path::Path};
 
 use ailb_common::{
     hash::conversation_hash,
@@ -56,37 +56,8 @@ pub fn explain_conversation(
 ) -> Result<ConversationExplain, DatapathError> {
     let maps = Maps::open(dir)?;
     let gc = maps.global_config()?;
-    let mut found = None;
-    for idx in 0..MAX_MODELS {
-        let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
-        if model_name(&st) == model {
-            found = Some((idx, st));
-            break;
-        }
-    }
-    let Some((midx, state)) = found else {
-        return Err(DatapathError::State {
-            path: dir.to_path_buf(),
-            reason: format!("no model named {model:?} in the kernel maps"),
-        });
-    };
-    let slot = *state.active_slot();
-    let mut copy = VecMaps { table_offset: slot.table_offset, member_offset: slot.member_offset, ..Default::default() };
-    if slot.size > 0 {
-        copy.table = maps.table(slot.table_offset, slot.size.min(MAX_TABLE_SIZE))?;
-        copy.members = maps.members(slot.member_offset, slot.members.min(MAX_MEMBERS))?;
-    }
-    let mut addrs6 = std::collections::HashMap::new();
-    for id in 0..MAX_BACKENDS {
-        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
-        if b.is_ipv6() {
-            addrs6.insert(id, maps.backend_addr6(id)?);
-        }
-        copy.backends.push(b);
-        copy.inflight.push(maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?);
-        let mem = ailb_common::INFLIGHT_MEM_BASE + id;
-        copy.inflight_mem.push(maps.inflight.get(&mem, 0).map_err(map_err(maps::INFLIGHT))?);
-    }
+    let (midx, state) = find_model(&maps, dir, model)?;
+    let (copy, addrs6) = copy_maps(&maps, state.active_slot())?;
     let model_inflight =
         maps.inflight.get(&(ailb_common::INFLIGHT_MODEL_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?;
     let hash = conversation_hash(conversation.as_bytes());
@@ -119,13 +90,68 @@ pub fn explain_conversation(
         let r6 = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv6);
         addr(r6.backend).map_or_else(|| "refused".to_string(), |a| a.to_string())
     });
-    let why = match res.outcome {
+    let why = why(res.outcome, res.affinity_break);
+    Ok(ConversationExplain {
+        model: model.to_string(),
+        conversation: conversation.to_string(),
+        hash: format!("{hash:#018x}"),
+        backend: addr(res.backend).map(|a| a.to_string()),
+        outcome: format!("{:?}", res.outcome),
+        why,
+        affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
+        affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
+        backend_ipv6_client,
+    })
+}
+
+/// The model named `model` in the kernel's maps: its index and state.
+fn find_model(maps: &Maps, dir: &Path, model: &str) -> Result<(u32, ailb_common::ModelState), DatapathError> {
+    for idx in 0..MAX_MODELS {
+        let st = maps.models.get(&idx, 0).map_err(map_err(maps::MODELS))?;
+        if model_name(&st) == model {
+            return Ok((idx, st));
+        }
+    }
+    Err(DatapathError::State {
+        path: dir.to_path_buf(),
+        reason: format!("no model named {model:?} in the kernel maps"),
+    })
+}
+
+/// What the pick reads, copied from the pinned maps: the active table and members, every
+/// backend with its in-flight counts; and the IPv6 backends' addresses.
+fn copy_maps(
+    maps: &Maps,
+    slot: &ailb_common::abi::TableSlot,
+) -> Result<(VecMaps, HashMap<u32, BackendAddr6>), DatapathError> {
+    let mut copy = VecMaps { table_offset: slot.table_offset, member_offset: slot.member_offset, ..Default::default() };
+    if slot.size > 0 {
+        copy.table = maps.table(slot.table_offset, slot.size.min(MAX_TABLE_SIZE))?;
+        copy.members = maps.members(slot.member_offset, slot.members.min(MAX_MEMBERS))?;
+    }
+    let mut addrs6 = HashMap::new();
+    for id in 0..MAX_BACKENDS {
+        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
+        if b.is_ipv6() {
+            addrs6.insert(id, maps.backend_addr6(id)?);
+        }
+        copy.backends.push(b);
+        copy.inflight.push(maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?);
+        let mem = ailb_common::INFLIGHT_MEM_BASE + id;
+        copy.inflight_mem.push(maps.inflight.get(&mem, 0).map_err(map_err(maps::INFLIGHT))?);
+    }
+    Ok((copy, addrs6))
+}
+
+/// Why the pick came out as it did, in words.
+fn why(outcome: Outcome, affinity_break: bool) -> String {
+    match outcome {
         Outcome::AffinityHit => "its affinity entry's backend is live, under its cap and fits the hint (now, or \
                                  once idle while the conversation is within affinity_wait)"
             .to_string(),
         Outcome::Primary => format!(
             "{}the first table slot for its hash is under its load bound",
-            if res.affinity_break { "affinity broken (backend no longer usable); " } else { "no affinity entry; " }
+            if affinity_break { "affinity broken (backend no longer usable); " } else { "no affinity entry; " }
         ),
         Outcome::Spill => {
             "the first probed slot could not take it (load bound, cap or memory hint); a later probe was taken"
@@ -138,16 +164,5 @@ pub fn explain_conversation(
         Outcome::NoFit => {
             "no live backend fits the memory hint or is under its cap: refused (ECONNREFUSED)".to_string()
         }
-    };
-    Ok(ConversationExplain {
-        model: model.to_string(),
-        conversation: conversation.to_string(),
-        hash: format!("{hash:#018x}"),
-        backend: addr(res.backend).map(|a| a.to_string()),
-        outcome: format!("{:?}", res.outcome),
-        why,
-        affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
-        affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
-        backend_ipv6_client,
-    })
+    }
 }

@@ -98,40 +98,11 @@ fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
 }
 
 pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
-    // Readiness: the daemon pins the links last, after the first tables are written.
-    // A pin that cannot be looked up for another reason (EACCES: a pin directory of another
-    // user) is that error, not "not attached".
-    for p in ailb_common::programs::ALL {
-        let pin = super::link_pin(dir, p);
-        match std::fs::symlink_metadata(&pin) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DatapathError::State {
-                    path: dir.to_path_buf(),
-                    reason: format!("program {p} is not attached (yet)"),
-                })
-            }
-            Err(e) => return Err(super::io_err("look up link pin", &pin)(e)),
-        }
-    }
+    check_attached(dir)?;
     let maps = Maps::open(dir)?;
     let gc = maps.global_config()?;
-    let mut vips: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-    for item in maps.services.iter() {
-        let (k, v) = item.map_err(map_err(maps::SERVICES))?;
-        vips.entry(v.model).or_default().push(addr_from_be(k.addr, k.port).to_string());
-    }
-    for item in maps.services6.iter() {
-        let (k, v) = item.map_err(map_err(maps::SERVICES6))?;
-        vips.entry(v.model).or_default().push(addr6_from_be(&k.addr, k.port).to_string());
-    }
-    let mut backends_by_model: BTreeMap<u32, Vec<(u32, ailb_common::Backend)>> = BTreeMap::new();
-    for id in 0..MAX_BACKENDS {
-        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
-        if b.addr != 0 || b.port != 0 {
-            backends_by_model.entry(b.model).or_default().push((id, b));
-        }
-    }
+    let mut vips = read_vips(&maps)?;
+    let backends_by_model = read_backends(&maps)?;
     let mut models = Vec::new();
     let mut used = (0u64, 0u64);
     let mut arena_bytes = Vec::new();
@@ -141,57 +112,23 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         if name.is_empty() {
             continue;
         }
+        let available = st.flags & MODEL_AVAILABLE != 0;
         let slot = *st.active_slot();
-        let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
-        let mut table_digest = None;
-        // An unavailable model's last table is kept but not used: no backend has a share.
-        if st.flags & MODEL_AVAILABLE != 0 && slot.size > 0 && slot.size <= MAX_TABLE_SIZE {
-            let table = maps.table(slot.table_offset, slot.size)?;
-            for &id in &table {
-                *slots.entry(id).or_default() += 1;
-            }
-            let members = maps.members(slot.member_offset, slot.members.min(ailb_common::abi::MAX_MEMBERS))?;
-            let bytes: Vec<u8> = table.iter().chain(&members).flat_map(|id| id.to_le_bytes()).collect();
-            table_digest = Some(format!("{:016x}", ailb_common::hash::conversation_hash(&bytes)));
-        }
-        let (t, m) = if st.flags & MODEL_AVAILABLE != 0 {
-            (round_up(slot.size, TABLE_CHUNK), round_up(slot.members, MEMBER_CHUNK))
-        } else {
-            (0, 0)
-        };
+        let (slots, table_digest) = active_table(&maps, available, &slot)?;
+        let (t, m) =
+            if available { (round_up(slot.size, TABLE_CHUNK), round_up(slot.members, MEMBER_CHUNK)) } else { (0, 0) };
         used = (used.0 + t, used.1 + m);
         arena_bytes.push(4 * (t + m));
         let mut backends = Vec::new();
         for &(id, b) in backends_by_model.get(&idx).map(Vec::as_slice).unwrap_or(&[]) {
-            let bs = backend_stats(&maps, id)?;
-            let n = slots.get(&id).copied().unwrap_or(0);
-            let addr6 = if b.is_ipv6() { maps.backend_addr6(id)? } else { Default::default() };
-            backends.push(BackendStatus {
-                id,
-                address: backend_address(&b, &addr6).to_string(),
-                weight: b.weight,
-                cap: b.cap,
-                free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),
-                mem_capacity_mb: (b.mem_capacity_mb != 0).then_some(b.mem_capacity_mb),
-                live: b.is_live(),
-                table_slots: n,
-                table_share: if slot.size > 0 { n as f64 / slot.size as f64 } else { 0.0 },
-                inflight: maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?,
-                inflight_mem_mb: maps.inflight.get(&(INFLIGHT_MEM_BASE + id), 0).map_err(map_err(maps::INFLIGHT))?,
-                picks: bs.picks,
-                affinity_hits: bs.affinity_hits,
-                established: bs.established,
-                closed: bs.closed,
-                connect_failures: bs.connect_failures,
-                rtt_us_avg: (bs.rtt_samples > 0).then(|| bs.rtt_us_sum as f64 / bs.rtt_samples as f64),
-            });
+            backends.push(backend_status(&maps, id, &b, slots.get(&id).copied().unwrap_or(0), slot.size)?);
         }
         models.push(ModelStatus {
             id: idx,
             name,
             vips: vips.remove(&idx).unwrap_or_default(),
-            available: st.flags & MODEL_AVAILABLE != 0,
-            table_size: if st.flags & MODEL_AVAILABLE != 0 { slot.size } else { 0 },
+            available,
+            table_size: if available { slot.size } else { 0 },
             table_digest,
             inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
             kernel_bytes: 0,
@@ -220,6 +157,104 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         models,
         tc: if super::tc::interfaces(dir).is_empty() { None } else { Some(super::tc::read_status(dir)?) },
         kernel_memory,
+    })
+}
+
+/// Readiness: the daemon pins the links last, after the first tables are written. A pin that
+/// cannot be looked up for another reason (EACCES: a pin directory of another user) is that
+/// error, not "not attached".
+fn check_attached(dir: &Path) -> Result<(), DatapathError> {
+    for p in ailb_common::programs::ALL {
+        let pin = super::link_pin(dir, p);
+        match std::fs::symlink_metadata(&pin) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DatapathError::State {
+                    path: dir.to_path_buf(),
+                    reason: format!("program {p} is not attached (yet)"),
+                })
+            }
+            Err(e) => return Err(super::io_err("look up link pin", &pin)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Every model's VIPs, both families, by model index.
+fn read_vips(maps: &Maps) -> Result<BTreeMap<u32, Vec<String>>, DatapathError> {
+    let mut vips: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for item in maps.services.iter() {
+        let (k, v) = item.map_err(map_err(maps::SERVICES))?;
+        vips.entry(v.model).or_default().push(addr_from_be(k.addr, k.port).to_string());
+    }
+    for item in maps.services6.iter() {
+        let (k, v) = item.map_err(map_err(maps::SERVICES6))?;
+        vips.entry(v.model).or_default().push(addr6_from_be(&k.addr, k.port).to_string());
+    }
+    Ok(vips)
+}
+
+/// Every backend entry in use, by model index.
+fn read_backends(maps: &Maps) -> Result<BTreeMap<u32, Vec<(u32, ailb_common::Backend)>>, DatapathError> {
+    let mut by_model: BTreeMap<u32, Vec<(u32, ailb_common::Backend)>> = BTreeMap::new();
+    for id in 0..MAX_BACKENDS {
+        let b = maps.backends.get(&id, 0).map_err(map_err(maps::BACKENDS))?;
+        if b.addr != 0 || b.port != 0 {
+            by_model.entry(b.model).or_default().push((id, b));
+        }
+    }
+    Ok(by_model)
+}
+
+/// The active table's slots per backend id, and a digest of the table and its members (equal on
+/// every gateway that built the same table). An unavailable model's last table is kept but not
+/// used: no backend has a share.
+fn active_table(
+    maps: &Maps,
+    available: bool,
+    slot: &ailb_common::abi::TableSlot,
+) -> Result<(BTreeMap<u32, u32>, Option<String>), DatapathError> {
+    let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+    if !(available && slot.size > 0 && slot.size <= MAX_TABLE_SIZE) {
+        return Ok((slots, None));
+    }
+    let table = maps.table(slot.table_offset, slot.size)?;
+    for &id in &table {
+        *slots.entry(id).or_default() += 1;
+    }
+    let members = maps.members(slot.member_offset, slot.members.min(ailb_common::abi::MAX_MEMBERS))?;
+    let bytes: Vec<u8> = table.iter().chain(&members).flat_map(|id| id.to_le_bytes()).collect();
+    Ok((slots, Some(format!("{:016x}", ailb_common::hash::conversation_hash(&bytes)))))
+}
+
+/// One backend's entry, counters and share of a table of `table_size` slots (`n` of them its).
+fn backend_status(
+    maps: &Maps,
+    id: u32,
+    b: &ailb_common::Backend,
+    n: u32,
+    table_size: u32,
+) -> Result<BackendStatus, DatapathError> {
+    let bs = backend_stats(maps, id)?;
+    let addr6 = if b.is_ipv6() { maps.backend_addr6(id)? } else { Default::default() };
+    Ok(BackendStatus {
+        id,
+        address: backend_address(b, &addr6).to_string(),
+        weight: b.weight,
+        cap: b.cap,
+        free_mem_mb: (b.free_mem_mb != MEM_UNKNOWN).then_some(b.free_mem_mb),
+        mem_capacity_mb: (b.mem_capacity_mb != 0).then_some(b.mem_capacity_mb),
+        live: b.is_live(),
+        table_slots: n,
+        table_share: if table_size > 0 { n as f64 / table_size as f64 } else { 0.0 },
+        inflight: maps.inflight.get(&id, 0).map_err(map_err(maps::INFLIGHT))?,
+        inflight_mem_mb: maps.inflight.get(&(INFLIGHT_MEM_BASE + id), 0).map_err(map_err(maps::INFLIGHT))?,
+        picks: bs.picks,
+        affinity_hits: bs.affinity_hits,
+        established: bs.established,
+        closed: bs.closed,
+        connect_failures: bs.connect_failures,
+        rtt_us_avg: (bs.rtt_samples > 0).then(|| bs.rtt_us_sum as f64 / bs.rtt_samples as f64),
     })
 }
 

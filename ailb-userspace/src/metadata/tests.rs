@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn meta(pairs: &[(&str, &str)]) -> Metadata {

@@ -1,4 +1,3 @@
-
 use super::llvm_major;
 
 #[test]

@@ -1,4 +1,3 @@
-
 use super::*;
 use core::mem::{offset_of, size_of};
 

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn healthy(running: f64) -> ServerSample {

@@ -1,4 +1,3 @@
-
 use std::{io, path::PathBuf};
 
 use super::*;

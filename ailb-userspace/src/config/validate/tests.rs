@@ -1,4 +1,3 @@
-
 use super::super::{load_valid, Config};
 
 fn err(text: &str) -> String {

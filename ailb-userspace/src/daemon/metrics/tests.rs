@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::datapath::status::{BackendStatus, ModelStatus, Status};
 

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn key(model: u32, last: u8) -> BackendKey {

@@ -1,4 +1,3 @@
-
 use super::*;
 use ailb_common::maglev::table_size_for;
 

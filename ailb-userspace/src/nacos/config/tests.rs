@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn err(c: &NacosConfig) -> String {

@@ -1,4 +1,3 @@
-
 use std::collections::BTreeMap;
 
 use super::super::{plan, ModelPlan, PolicyState};

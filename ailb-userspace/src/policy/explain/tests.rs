@@ -1,4 +1,3 @@
-
 use super::{num, Reason};
 
 /// The structured lines print as the text the policy wrote before, go to JSON as strings

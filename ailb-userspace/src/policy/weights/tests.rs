@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn map(ws: &[u32]) -> BTreeMap<SocketAddr, u32> {

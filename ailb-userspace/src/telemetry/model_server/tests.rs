@@ -1,4 +1,3 @@
-
 use super::{exposition, read, ServerKind};
 
 fn scrape(kind: ServerKind, text: &str) -> super::ServerSample {

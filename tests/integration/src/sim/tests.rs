@@ -1,4 +1,3 @@
-
 use super::metric_value;
 
 #[test]

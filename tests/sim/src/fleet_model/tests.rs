@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec {

@@ -1,4 +1,3 @@
-
 use super::*;
 use futures_util::FutureExt;
 

@@ -1,4 +1,3 @@
-
 use clap::Parser;
 
 use super::{trace_name, Args};

@@ -1,4 +1,3 @@
-
 use super::*;
 
 const TEXT: &str = "# HELP ailb_backend_weight x\n# TYPE ailb_backend_weight gauge\n\

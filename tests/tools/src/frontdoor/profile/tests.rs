@@ -1,4 +1,3 @@
-
 use super::*;
 
 const SUMMARY: &str = "% time     seconds  usecs/call     calls    errors syscall

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A round at `rps` (saturated) whose closed loop answers at a third of `p50` and `p99`.

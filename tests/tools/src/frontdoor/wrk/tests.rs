@@ -1,4 +1,3 @@
-
 use super::*;
 
 const OUTPUT: &str = "Running 5s test @ http://127.0.0.11:18001/v1/chat/completions

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn addrs(pairs: &[(u32, &str)]) -> Addresses {

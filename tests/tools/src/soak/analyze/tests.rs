@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A sample at `t_s` with nothing read.
