@@ -16,8 +16,8 @@ use crate::{
     connect4::{count_pick, AffinityEntry},
     maps::{inflight_add, inflight_read, stats, turn_take, AILB_CONFIG, AILB_SERVICES},
     nat,
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     pick_maps::Maps,
-    tc::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS, NAT_CURSOR_V4},
 };
 

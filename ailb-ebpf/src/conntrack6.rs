@@ -16,8 +16,7 @@ use crate::{
     conntrack::{count_full, count_open, pick_remote, refuse_syn, uncount, Client, BPF_NOEXIST_FLAG, MAP_FULL},
     maps::{backend_addr6, AILB_SERVICES6},
     nat6,
-    tc::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tc6::Packet6,
+    packet::{Packet6, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tc_maps::{nat_addr6, nat_cursor, nat_cursor_advance, open6_scratch, tc_stats, Open6, AILB_FLOWS6, NAT_CURSOR_V6},
 };
 

@@ -40,6 +40,7 @@ mod conntrack6;
 mod maps;
 mod nat;
 mod nat6;
+mod packet;
 mod pick_maps;
 mod reclaim;
 mod setsockopt;

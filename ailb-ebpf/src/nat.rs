@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    tc::{Packet, ETH_HLEN},
+    packet::{Packet, ETH_HLEN},
     tc_maps::tc_stats,
     AF_INET, IPPROTO_TCP,
 };

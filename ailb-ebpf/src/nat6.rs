@@ -16,8 +16,7 @@ use aya_ebpf::{
 
 use crate::{
     nat::{replace_port, send_by_fib, TCP_CSUM, TCP_DPORT, TCP_SPORT},
-    tc::ETH_HLEN,
-    tc6::Packet6,
+    packet::{Packet6, ETH_HLEN},
     AF_INET6, IPPROTO_TCP,
 };
 

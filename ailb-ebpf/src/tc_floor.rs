@@ -22,7 +22,7 @@ use aya_ebpf::{
 
 use crate::{
     nat::{TCP_CSUM, TCP_DPORT, TCP_SPORT},
-    tc::{self, Packet, ETH_HLEN},
+    packet::{self, Packet, ETH_HLEN},
     tc_maps::AILB_FLOWS,
     AF_INET, IPPROTO_TCP,
 };
@@ -65,7 +65,7 @@ pub fn ailb_tc_floor_rewrite(ctx: TcContext) -> i32 {
 /// established packet.
 #[inline(always)]
 fn flow_of(ctx: &TcContext) -> Option<(Packet, Flow)> {
-    let pkt = tc::parse(ctx)?;
+    let pkt = packet::parse(ctx)?;
     let key =
         |kind| FlowKey { src_addr: pkt.saddr, dst_addr: pkt.daddr, src_port: pkt.sport, dst_port: pkt.dport, kind };
     let entry = AILB_FLOWS.get_ptr(key(FLOW_FORWARD)).or_else(|| AILB_FLOWS.get_ptr(key(FLOW_REPLY)))?;

@@ -7,9 +7,9 @@ use core::{
 
 use ailb_common::abi::*;
 
-use crate::tc6::Packet6;
+use crate::packet::Packet6;
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, TC_ACT_SHOT},
     btf_maps::{Array, HashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
@@ -121,6 +121,15 @@ pub(crate) fn model_state(model: u32) -> Option<&'static ModelState> {
         ptr::copy_nonoverlapping(src, dst, 1);
         Some(&*dst)
     }
+}
+
+/// Counts a dropped malformed packet.
+#[inline(always)]
+pub(crate) fn malformed() -> i32 {
+    if let Some(s) = tc_stats() {
+        s.malformed += 1;
+    }
+    TC_ACT_SHOT as i32
 }
 
 /// The current CPU's TC counters.
