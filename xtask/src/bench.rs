@@ -25,8 +25,8 @@
 //!    load 0.4) and on the synthetic mix, six policies each; reports and SVG plots in
 //!    `docs/results/{trace,synthetic}/`.
 //! 8. The peer routers on the fleet (`--only peers`, not part of a plain `cargo xtask bench`:
-//!    about 45 minutes): `ailb-compare` with ailb both ways in and on its static config, every
-//!    policy of `sglang-router` and `vllm-router` a team would pick instead, and round robin L4,
+//!    about an hour): `ailb-compare` with ailb both ways in and on its static config, every
+//!    policy of `sglang-router`, SMG and `vllm-router` a team would pick instead, and round robin L4,
 //!    on the trace and on the synthetic mix, each at the load the fleet model calls stable and
 //!    at one above it ([`PeersRun`]), and the synthetic mix's stable load again over four seeds
 //!    with ailb both ways in and the two cache-aware peers (one seed is one draw of where its few
@@ -122,7 +122,8 @@ const SYNTHETIC_TIME_SCALE: f64 = 5.0;
 /// ailb both ways in (the front door also with its admission by fleet memory on) and on its
 /// static config, every peer router policy, and the L4 baseline.
 const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-gateway-admission,ailb-static,sglang-cache-aware,\
-                             sglang-round-robin,vllm-cache-aware,vllm-consistent-hash";
+                             sglang-round-robin,smg-cache-aware,smg-prefix-hash,smg-least-load,vllm-cache-aware,\
+                             vllm-consistent-hash";
 /// The policies of the run over seeds: ailb both ways in, and the peers that were the best peer
 /// in every synthetic run (round robin and the consistent hash were 3-5x slower there).
 const SEEDS_POLICIES: &str = "ailb,ailb-gateway,sglang-cache-aware,vllm-cache-aware";
@@ -364,7 +365,7 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
         let (policies, what, report) = if seeds {
             (SEEDS_POLICIES, format!("{SEEDS} seeds x 4 policies (about 12 minutes)"), "seeds.md")
         } else {
-            (PEER_POLICIES, "9 policies (about 9 minutes)".to_string(), "replay.md")
+            (PEER_POLICIES, "12 policies (about 12 minutes)".to_string(), "replay.md")
         };
         let step = Step::start(format!(
             "peer routers: ailb-compare {} at load {load}, {what} -> docs/results/{dir}/",

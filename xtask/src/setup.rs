@@ -312,13 +312,20 @@ fn bpffs(r: &mut Report) -> Result<()> {
 const PEER_ROUTERS: &[(&str, &str, Option<&str>)] =
     &[("sglang-router", "0.3.2", Some("sglang-router")), ("vllm-router", "0.1.17", Some("vllm-router"))];
 
+/// SMG, the Shepherd Model Gateway (sglang-router's successor), pinned, in a venv of its own:
+/// sglang-router 0.3.2 also installs programs named `smg` and `amg` (its own command line), so
+/// beside it `bin/smg` would be whichever wheel pip installed last.
+const SMG_ROUTER: &[(&str, &str, Option<&str>)] = &[("smg", "1.13.0", Some("smg"))];
+
 /// The official `openai` Python client the front-door test (`gateway_openai`) drives
 /// `ailb gateway` with, pinned so the test sees one client version.
 const OPENAI_CLIENT: &[(&str, &str, Option<&str>)] = &[("openai", "3.57.0", None)];
 
-/// The peer routers in `target/peers-venv`, where `ailb-compare` looks.
+/// The peer routers in `target/peers-venv` and SMG in `target/smg-venv`, where `ailb-compare`
+/// looks.
 fn peer_routers(r: &mut Report) {
     python_venv(r, "peer routers", "target/peers-venv", PEER_ROUTERS, "ailb-compare reports them as not installed");
+    python_venv(r, "SMG router", "target/smg-venv", SMG_ROUTER, "ailb-compare reports SMG as not installed");
 }
 
 /// The `openai` client in `target/client-venv`, where the `gateway_openai` test looks.

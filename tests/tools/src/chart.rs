@@ -14,8 +14,9 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 pub type DrawError = DrawingAreaErrorKind<std::io::Error>;
 
 /// Tableau 10, a qualitative palette whose colours stay apart on white and for most colour
-/// vision deficiencies; with two dark additions for fleets of more than ten lines.
-pub const PALETTE: [RGBColor; 12] = [
+/// vision deficiencies; with five dark additions for plots of more than ten lines (the fleet
+/// comparison draws fifteen policies, each in its own colour).
+pub const PALETTE: [RGBColor; 15] = [
     RGBColor(0x1f, 0x77, 0xb4), // blue
     RGBColor(0xff, 0x7f, 0x0e), // orange
     RGBColor(0x2c, 0xa0, 0x2c), // green
@@ -28,6 +29,9 @@ pub const PALETTE: [RGBColor; 12] = [
     RGBColor(0x17, 0xbe, 0xcf), // cyan
     RGBColor(0x00, 0x00, 0x00), // black
     RGBColor(0x39, 0x3b, 0x79), // indigo
+    RGBColor(0x1b, 0x5e, 0x20), // dark green
+    RGBColor(0x80, 0x00, 0x00), // maroon
+    RGBColor(0xb8, 0x86, 0x0b), // dark goldenrod
 ];
 
 /// The axes and frames: dark grey, so that no curve (the palette's black included) is taken

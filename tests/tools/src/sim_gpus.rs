@@ -14,7 +14,7 @@ use ailb_sim::GpuProfile;
 use ailb_tests::agent_harness::FakeNvml;
 use ailb_tests::nacos::free_port;
 
-/// A child process stopped by its pid on drop (SIGTERM, then SIGKILL after 5 s).
+/// A child process stopped by its pid on drop (SIGTERM, then SIGKILL after 10 s).
 pub struct Proc {
     pub name: String,
     pub child: Child,
@@ -33,7 +33,8 @@ impl Drop for Proc {
         }
         // SAFETY: kill(2) on the pid of our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // 10 s: SMG keeps its listener open for 5 s after SIGTERM before it exits.
+        let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.exited().is_some() {
                 return;

@@ -170,9 +170,9 @@ fn the_json_numbers_are_unchanged() {
     check("compare.json", &format!("{:#}\n", report::json(&outcomes(), &workload)));
 }
 
-/// ailb through the socket ABI and through its front door beside two peer routers and nginx,
-/// with the routers' CPU read: the lines against the best peer (the lower E2E P95 of the two,
-/// vllm's here) and the CPU per 1,000 requests.
+/// ailb through the socket ABI and through its front door beside three peer routers and nginx,
+/// with the routers' CPU read: the lines against the best peer (the lowest E2E P95 of the three,
+/// vllm's here), the CPU per 1,000 requests, and the routers' command lines.
 #[test]
 fn the_lines_against_the_peers_are_unchanged() {
     let with_cpu = |mut o: Outcome, router: Option<f64>, daemon: Option<f64>| {
@@ -186,6 +186,7 @@ fn the_lines_against_the_peers_are_unchanged() {
         with_cpu(outcome(Policy::AilbGateway, 0.6, 0), Some(0.3), Some(0.05)),
         with_cpu(outcome(Policy::VllmCacheAware, 0.9, 2), Some(0.5), None),
         with_cpu(outcome(Policy::SglangCacheAware, 1.2, 2), Some(0.7), None),
+        with_cpu(outcome(Policy::SmgCacheAware, 1.0, 2), Some(0.6), None),
         with_cpu(outcome(Policy::Nginx, 1.1, 1), None, None),
     ];
     let args = Args::parse_from(["ailb-compare", "--limit", "1000"]);

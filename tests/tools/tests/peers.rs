@@ -1,7 +1,7 @@
-//! Each peer router of `ailb-compare` (sglang-router, vllm-router, from the venv `cargo xtask
-//! setup` installs) starts in front of a simulated GPU and routes the replay's requests to it:
-//! text prompts, `X-Session-ID`, SSE streamed through. No root. Without the venv each case
-//! prints why it is skipped.
+//! Each peer router of `ailb-compare` (sglang-router, vllm-router and SMG, from the venvs `cargo
+//! xtask setup` installs) starts in front of a simulated GPU and routes the replay's requests to
+//! it: text prompts, `X-Session-ID`, SSE streamed through. No root. Without a venv each of its
+//! cases prints why it is skipped.
 
 use std::net::{SocketAddrV4, TcpListener};
 use std::time::Duration;
@@ -62,11 +62,18 @@ fn spec(index: usize, hash_ids: Vec<u64>, prompt_tokens: u32) -> RequestSpec {
 
 #[test]
 fn every_peer_router_starts_and_routes_to_a_simulator() {
-    let venv = peers::venv();
-    let policies =
-        [Policy::SglangCacheAware, Policy::SglangRoundRobin, Policy::VllmCacheAware, Policy::VllmConsistentHash];
+    let policies = [
+        Policy::SglangCacheAware,
+        Policy::SglangRoundRobin,
+        Policy::SmgCacheAware,
+        Policy::SmgPrefixHash,
+        Policy::SmgLeastLoad,
+        Policy::VllmCacheAware,
+        Policy::VllmConsistentHash,
+    ];
     let mut ran = 0;
     for policy in policies {
+        let venv = peers::venv_of(policy);
         if let Some(why) = peers::missing(policy, &venv) {
             eprintln!("skipped: {}: {why}", policy.title());
             continue;
@@ -88,6 +95,11 @@ fn every_peer_router_starts_and_routes_to_a_simulator() {
         ran += 1;
     }
     if ran == 0 {
-        eprintln!("skipped: no peer router installed in {} (cargo xtask setup)", venv.display());
+        let (routers, smg) = (peers::venv(), peers::smg_venv());
+        eprintln!(
+            "skipped: no peer router installed in {} or {} (cargo xtask setup)",
+            routers.display(),
+            smg.display()
+        );
     }
 }

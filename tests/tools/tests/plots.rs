@@ -14,7 +14,7 @@ use ailb_tools::compare::policy::Policy;
 use serde_json::json;
 
 /// Every policy the comparison knows.
-const ALL: [Policy; 12] = [
+const ALL: [Policy; 15] = [
     Policy::RoundRobin,
     Policy::Random,
     Policy::LeastConn,
@@ -25,6 +25,9 @@ const ALL: [Policy; 12] = [
     Policy::Nginx,
     Policy::SglangCacheAware,
     Policy::SglangRoundRobin,
+    Policy::SmgCacheAware,
+    Policy::SmgPrefixHash,
+    Policy::SmgLeastLoad,
     Policy::VllmCacheAware,
     Policy::VllmConsistentHash,
 ];

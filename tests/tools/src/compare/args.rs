@@ -42,7 +42,8 @@ pub struct Args {
     /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb,
     /// ailb-static, ailb-gateway, ailb-static-gateway (the two ailbs through `ailb gateway`),
     /// nginx (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH), and the peer
-    /// routers sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash.
+    /// routers sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash,
+    /// smg-least-load, vllm-cache-aware, vllm-consistent-hash.
     #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
     pub policies: String,
     /// Where `replay.md`, `replay-cdf.svg`, `replay-util.svg` and `replay-plots.json` go.

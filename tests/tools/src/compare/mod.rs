@@ -13,7 +13,8 @@
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
 //!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,ailb-static,
-//!               ailb-gateway,ailb-gateway-admission,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,vllm-cache-aware,vllm-consistent-hash]
+//!               ailb-gateway,ailb-gateway-admission,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,
+//!               smg-cache-aware,smg-prefix-hash,smg-least-load,vllm-cache-aware,vllm-consistent-hash]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH] [--replot]
 //!              [--sim-bin PATH]
 //! ```
@@ -44,9 +45,10 @@
 //!   (`[gateway.admission] mode = "fleet_memory"`, `--admission-factor`, `--admission-max-wait-s`
 //!   in simulated seconds): past the fleet's KV a request waits, then gets 503, a failure.
 //! - `nginx`: nginx L7 round robin (`proxy_buffering off`), untagged, no ailb.
-//! - `sglang-cache-aware`, `sglang-round-robin`, `vllm-cache-aware`, `vllm-consistent-hash`:
-//!   the routers users would pick instead ([`peers`]: `sglang-router` 0.3.2, `vllm-router`
-//!   0.1.17 from `target/peers-venv`), untagged, no ailb; they read the prompt text and the
+//! - `sglang-cache-aware`, `sglang-round-robin`, `smg-cache-aware`, `smg-prefix-hash`,
+//!   `smg-least-load`, `vllm-cache-aware`, `vllm-consistent-hash`: the routers users would pick
+//!   instead ([`peers`]: `sglang-router` 0.3.2 and `vllm-router` 0.1.17 from `target/peers-venv`,
+//!   SMG 1.13.0 from `target/smg-venv`), untagged, no ailb; they read the prompt text and the
 //!   `X-Session-ID` header the replay sends. A router that is not installed is reported as such.
 //!
 //! For every policy with a userspace router on the request path (nginx, the peers, ailb's front
@@ -141,9 +143,8 @@ fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
         eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");
         policies.retain(|p| *p != Policy::Nginx);
     }
-    let venv = peers::venv();
     let mut not_run = Vec::new();
-    policies.retain(|p| match peers::missing(*p, &venv) {
+    policies.retain(|p| match peers::missing(*p, &peers::venv_of(*p)) {
         Some(why) => {
             eprintln!("ailb-compare: {}: {why}: skipping it", p.title());
             not_run.push((*p, why));

@@ -18,7 +18,8 @@ use crate::chart::{
 /// The look of `policy`'s curve: fixed per policy, so that a policy is drawn the same in every
 /// plot whichever others ran. ailb's rows are solid (socket ABI) or long dashes (front door),
 /// the L4 baselines short dashes, the L7 routers long dashes or dots (the two darkest colours,
-/// indigo and black, one each); every colour differs.
+/// indigo and black, one each, and SMG's rows the three dark colours after them); every colour
+/// differs.
 pub fn style(policy: Policy) -> LineStyle {
     let (color, dash) = match policy {
         Policy::Ailb => (0, Dash::Solid),
@@ -32,6 +33,9 @@ pub fn style(policy: Policy) -> LineStyle {
         Policy::Nginx => (7, Dash::Long),
         Policy::SglangCacheAware => (2, Dash::Dot),
         Policy::SglangRoundRobin => (11, Dash::Long),
+        Policy::SmgCacheAware => (12, Dash::Dot),
+        Policy::SmgPrefixHash => (13, Dash::Dot),
+        Policy::SmgLeastLoad => (14, Dash::Long),
         Policy::VllmCacheAware => (4, Dash::Dot),
         Policy::VllmConsistentHash => (10, Dash::Dot),
     };

@@ -24,6 +24,13 @@ pub enum Policy {
     Nginx,
     SglangCacheAware,
     SglangRoundRobin,
+    /// SMG (the Shepherd Model Gateway, sglang-router's successor), `--policy cache_aware`; its
+    /// settings for each policy are in [`super::peers`].
+    SmgCacheAware,
+    /// SMG, `--policy prefix_hash`.
+    SmgPrefixHash,
+    /// SMG, `--policy least_load`.
+    SmgLeastLoad,
     VllmCacheAware,
     VllmConsistentHash,
 }
@@ -42,11 +49,15 @@ impl Policy {
             "nginx" => Self::Nginx,
             "sglang-cache-aware" => Self::SglangCacheAware,
             "sglang-round-robin" => Self::SglangRoundRobin,
+            "smg-cache-aware" => Self::SmgCacheAware,
+            "smg-prefix-hash" => Self::SmgPrefixHash,
+            "smg-least-load" => Self::SmgLeastLoad,
             "vllm-cache-aware" => Self::VllmCacheAware,
             "vllm-consistent-hash" => Self::VllmConsistentHash,
             other => bail!(
                 "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
-                 ailb-gateway-admission, ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, vllm-cache-aware, vllm-consistent-hash)"
+                 ailb-gateway-admission, ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, \
+                 smg-cache-aware, smg-prefix-hash, smg-least-load, vllm-cache-aware, vllm-consistent-hash)"
             ),
         })
     }
@@ -94,6 +105,9 @@ impl Policy {
             Self::Nginx => "nginx",
             Self::SglangCacheAware => "sglang-cache-aware",
             Self::SglangRoundRobin => "sglang-round-robin",
+            Self::SmgCacheAware => "smg-cache-aware",
+            Self::SmgPrefixHash => "smg-prefix-hash",
+            Self::SmgLeastLoad => "smg-least-load",
             Self::VllmCacheAware => "vllm-cache-aware",
             Self::VllmConsistentHash => "vllm-consistent-hash",
         }
@@ -112,6 +126,9 @@ impl Policy {
             Self::Nginx => "nginx L7 round robin",
             Self::SglangCacheAware => "sglang-router cache-aware",
             Self::SglangRoundRobin => "sglang-router round robin",
+            Self::SmgCacheAware => "SMG cache-aware",
+            Self::SmgPrefixHash => "SMG prefix hash",
+            Self::SmgLeastLoad => "SMG least load",
             Self::VllmCacheAware => "vllm-router cache-aware",
             Self::VllmConsistentHash => "vllm-router consistent hash",
         }

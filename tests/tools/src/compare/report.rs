@@ -356,8 +356,8 @@ fn failures_and_wall_times(s: &mut String, outs: &[Outcome]) {
 }
 
 /// The peer routers' section, empty when the run asked for none: the settings of those that
-/// ran (their command lines, the port being the policy's own), and a row for each one that is
-/// not installed.
+/// ran (their command lines, PORT being the policy's own), and a row for each one that is not
+/// installed.
 pub fn peers(outs: &[Outcome], not_run: &[(Policy, String)]) -> String {
     let ran: Vec<Policy> = outs.iter().map(|o| o.policy).filter(|p| super::peers::binary(*p).is_some()).collect();
     if ran.is_empty() && not_run.is_empty() {
@@ -366,9 +366,13 @@ pub fn peers(outs: &[Outcome], not_run: &[(Policy, String)]) -> String {
     let mut s = String::from("\n## Peer routers\n\n| policy | settings |\n|---|---|\n");
     for p in ran {
         let workers = ["http://GPU...".to_string()];
-        let at = |ip: [u8; 4]| std::net::SocketAddrV4::new(ip.into(), 0);
-        let args = super::peers::args(p, at([127, 0, 10, 250]), at([127, 0, 10, 249]), &workers);
-        let line = args.join(" ").replace("-port 0", "-port PORT");
+        let offset = super::peers::METRICS_PORT_OFFSET;
+        let at = |ip: [u8; 4], port| std::net::SocketAddrV4::new(ip.into(), port);
+        let args = super::peers::args(p, at([127, 0, 10, 250], 0), at([127, 0, 10, 249], offset), &workers);
+        let line = args
+            .join(" ")
+            .replace("--port 0", "--port PORT")
+            .replace(&format!("--prometheus-port {offset}"), &format!("--prometheus-port PORT+{offset}"));
         let bin = super::peers::binary(p).unwrap_or_default();
         let _ = writeln!(s, "| {} | `{bin} {line}`, defaults otherwise |", p.title());
     }

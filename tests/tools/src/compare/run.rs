@@ -115,9 +115,9 @@ impl Balancer {
             }
             p if peers::binary(p).is_some() => {
                 let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
-                let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port);
+                let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port + peers::METRICS_PORT_OFFSET);
                 let gpus: Vec<SocketAddrV4> = sims.iter().map(|s| s.addr).collect();
-                let router = peers::start(p, &peers::venv(), listen, metrics, &gpus, dir)?;
+                let router = peers::start(p, &peers::venv_of(p), listen, metrics, &gpus, dir)?;
                 Balancer { router: Some(router), vip: listen.to_string(), ..none }
             }
             p => {
