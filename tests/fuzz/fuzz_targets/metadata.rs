@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use ailb_userspace::metadata::{Field, InstanceMetadata, Metadata, MAX_MEMORY_MB, MAX_REQUESTS, MAX_SHOWN_CHARS};
+use ailb_userspace::metadata::{
+    signals::{CURRENT_REQUESTS, GPU_UTIL, KV_CACHE_USAGE, PREFIX_CACHE_HIT_RATE, QUEUE_LENGTH},
+    Field, InstanceMetadata, Metadata, MAX_MEMORY_MB, MAX_REQUESTS, MAX_SHOWN_CHARS,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,10 +20,11 @@ fuzz_target!(|data: &[u8]| {
     let c = m.contract();
     assert_eq!(c, &Metadata::parse(&map));
 
-    in_range(&c.gpu_util, 0.0, 100.0);
-    in_range(&c.kv_cache_usage, 0.0, 1.0);
-    in_range(&c.current_requests, 0.0, MAX_REQUESTS);
-    in_range(&c.queue_length, 0.0, MAX_REQUESTS);
+    in_range(c.signal(&GPU_UTIL), 0.0, 100.0);
+    in_range(c.signal(&KV_CACHE_USAGE), 0.0, 1.0);
+    in_range(c.signal(&PREFIX_CACHE_HIT_RATE), 0.0, 1.0);
+    in_range(c.signal(&CURRENT_REQUESTS), 0.0, MAX_REQUESTS);
+    in_range(c.signal(&QUEUE_LENGTH), 0.0, MAX_REQUESTS);
     for f in [&c.free_memory_mb, &c.gpu_memory_total_mb] {
         assert!(f.valid().is_none_or(|&v| f64::from(v) <= MAX_MEMORY_MB), "{f:?}");
     }
