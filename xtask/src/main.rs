@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod demo;
+mod engine;
 mod fuzz;
 mod setup;
 mod soak;
@@ -24,8 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building and testing needs (nightly rust-src, bpf-linker, bpftool, ...)
-    /// and mount bpffs. Idempotent.
+    /// Install what building and testing needs (nightly rust-src, bpf-linker, bpftool, ...,
+    /// vLLM for CPU and the tiny model it serves) and mount bpffs. Idempotent.
     Setup {
         /// Only what `cargo xtask build` needs (nightly rust-src, bpf-linker): the container
         /// image's build stage (docs/deploy/Containerfile).

@@ -26,10 +26,10 @@ const APT_TOOLS: &[(&str, &str, &str)] = &[
 const BPFFS: &str = "/sys/fs/bpf";
 
 /// What one step found or did, for the summary.
-struct Report {
-    done: Vec<String>,
-    present: Vec<String>,
-    skipped: Vec<String>,
+pub(crate) struct Report {
+    pub(crate) done: Vec<String>,
+    pub(crate) present: Vec<String>,
+    pub(crate) skipped: Vec<String>,
 }
 
 pub(crate) fn setup() -> Result<()> {
@@ -43,6 +43,7 @@ pub(crate) fn setup() -> Result<()> {
     peer_routers(&mut r);
     client_venv(&mut r);
     deploy_checks(&mut r);
+    crate::engine::real_engine(&mut r)?;
     r.print();
     Ok(())
 }

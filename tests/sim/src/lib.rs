@@ -43,12 +43,21 @@
 //!
 //! # Answers
 //!
-//! Not streamed: one `chat.completion` with `usage` (with `prompt_tokens_details.cached_tokens`)
-//! and an `ailb_sim` object (`cached_tokens`, `prefill_s`, `decode_s`, `queued_s`, simulated
-//! seconds). Streamed: one `chat.completion.chunk` SSE event per token, the first at the end of
-//! prefill, then (with `stream_options.include_usage`) a usage chunk, then `data: [DONE]`.
-//! Both carry headers `x-ailb-sim-cached-tokens` and `x-ailb-sim-queued-s`. Headers are sent
-//! when the request starts, so a queued request's response begins only when it leaves the queue.
+//! `POST /v1/completions` takes a `prompt` (one string) where a chat takes `messages`, and is
+//! answered the same way with `text_completion` objects. A body whose `model` is not the served
+//! name gets vLLM's 404 (`NotFoundError`, "The model `X` does not exist."); a body without one is
+//! served.
+//!
+//! Not streamed: one `chat.completion` with `usage` (with `prompt_tokens_details.cached_tokens`,
+//! as vLLM reports it with `--enable-prompt-tokens-details`) and an `ailb_sim` object
+//! (`cached_tokens`, `prefill_s`, `decode_s`, `queued_s`, simulated seconds). Streamed: for a
+//! chat, a chunk with the role and empty content, then one `chat.completion.chunk` SSE event per
+//! token, the first at the end of prefill, then (with `stream_options.include_usage`) a usage
+//! chunk, then `data: [DONE]`. Both carry headers `x-ailb-sim-cached-tokens` and
+//! `x-ailb-sim-queued-s`, and `x-ailb-backend` with the server's own address (vLLM sends none of
+//! these; the replay reads which GPU served it through routers that add nothing). Headers are
+//! sent when the request starts, so a queued request's response begins only when it leaves the
+//! queue. How the simulator differs from vLLM 0.32.0 otherwise: `docs/real-engine.md`.
 //!
 //! A request whose KV (prompt + `max_tokens`) exceeds the whole KV pool is answered HTTP 400
 //! with an OpenAI error `{"error": {"message": "... exceeds the KV cache capacity ...",

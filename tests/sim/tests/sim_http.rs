@@ -199,19 +199,20 @@ fn cached_prefix_skips_prefill_and_sse_is_well_formed() {
     let ids: Vec<u64> = (0..16).collect();
     let first = sim.chat(&sim_body(16 * 512, &ids, 3, true));
     assert_eq!(first.status, 200, "{first:?}");
-    assert_eq!(first.header("content-type"), Some("text/event-stream"));
+    assert_eq!(first.header("content-type"), Some("text/event-stream; charset=utf-8"));
     assert_eq!(first.header("x-ailb-sim-cached-tokens"), Some("0"));
     assert_eq!(first.header("x-ailb-backend"), Some(sim.addr.as_str()), "the server names itself");
     let (events, done) = sse_events(&first.body);
     assert!(done, "stream must end with data: [DONE]: {}", first.body);
-    assert_eq!(events.len(), 4, "3 tokens and a usage chunk: {events:?}");
-    for e in &events[..3] {
+    assert_eq!(events.len(), 5, "the role, 3 tokens and a usage chunk: {events:?}");
+    // As vLLM: the role first, alone with empty content, then the tokens.
+    assert_eq!(events[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    for e in &events[1..4] {
         assert_eq!(e["object"], "chat.completion.chunk");
-        assert_eq!(e["choices"][0]["delta"]["content"], "tok ");
+        assert_eq!(e["choices"][0]["delta"], json!({"content": "tok "}));
     }
-    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
-    assert_eq!(events[3]["usage"]["completion_tokens"], 3);
+    assert_eq!(events[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[4]["usage"]["completion_tokens"], 3);
     let ttft1 = first.first_event.expect("a first event");
     assert!(ttft1 >= Duration::from_millis(800), "8192 tokens at 1000 tok/s / 10 = 819 ms, got {ttft1:?}");
 
@@ -221,7 +222,7 @@ fn cached_prefix_skips_prefill_and_sse_is_well_formed() {
     assert!(ttft2 < Duration::from_millis(400), "cached prefix: ~0.1 ms modelled, got {ttft2:?}");
     let (events, done) = sse_events(&second.body);
     assert!(done);
-    assert_eq!(events[3]["usage"]["prompt_tokens_details"]["cached_tokens"], 8192);
+    assert_eq!(events[4]["usage"]["prompt_tokens_details"]["cached_tokens"], 8192);
 
     // Not streamed: one JSON with usage and the model's numbers.
     let third = sim.chat(&sim_body(17 * 512, &(0..17).collect::<Vec<_>>(), 2, false));
@@ -243,7 +244,7 @@ fn text_prompts_sharing_leading_blocks_hit_the_cache() {
     // No side channel: the server keys its cache on 2048-byte chunks of the text it receives.
     let sim = Sim::start(&["--time-scale", "100"]);
     let text_body = |ids: &[u64], tokens: u64| {
-        json!({"model": "m", "max_tokens": 2,
+        json!({"model": "sim-llama-7b", "max_tokens": 2,
                "messages": [{"role": "user", "content": ailb_sim::text::prompt_text(ids, tokens, 0)}]})
     };
     let first = sim.chat(&text_body(&[0, 1, 2], 1500)).json();
@@ -318,8 +319,8 @@ fn plain_openai_request_models_health_metrics_and_nvml_state() {
     let nvml = dir.path().join("state");
     let nvml_arg = nvml.to_str().expect("UTF-8 path");
     let sim = Sim::start(&["--time-scale", "100", "--model", "m\"x", "--nvml-state", nvml_arg]);
-    let r =
-        sim.chat(&json!({"model": "m", "messages": [{"role": "user", "content": "a".repeat(400)}], "max_tokens": 2}));
+    let r = sim
+        .chat(&json!({"model": "m\"x", "messages": [{"role": "user", "content": "a".repeat(400)}], "max_tokens": 2}));
     let v = r.json();
     assert_eq!(v["usage"]["prompt_tokens"], 100, "400 bytes / 4");
     assert_eq!(v["usage"]["completion_tokens"], 2);
@@ -368,8 +369,50 @@ fn hundreds_of_concurrent_streams_all_complete() {
         let r = t.join().expect("thread").expect("request");
         assert_eq!(r.status, 200);
         let (events, done) = sse_events(&r.body);
-        assert!(done && events.len() == 6, "5 tokens, usage, [DONE]: {}", r.body);
+        assert!(done && events.len() == 7, "the role, 5 tokens, usage, [DONE]: {}", r.body);
     }
     assert_eq!(sim.metric("vllm:request_success_total"), 300.0);
     assert_eq!(sim.metric("vllm:num_requests_running") + sim.metric("vllm:num_requests_waiting"), 0.0);
+}
+
+#[test]
+fn completions_other_models_and_unknown_paths_are_answered_as_vllm_answers_them() {
+    let sim = Sim::start(&["--time-scale", "100", "--model", "m"]);
+    let post = |path: &str, body: Value| request(&sim.addr, "POST", path, Some(&body)).expect("a response");
+
+    let r = post("/v1/completions", json!({"model": "m", "prompt": "abcdefgh", "max_tokens": 2}));
+    let v = r.json();
+    assert_eq!((r.status, v["object"].as_str()), (200, Some("text_completion")), "{v}");
+    assert_eq!((v["choices"][0]["text"].as_str(), v["usage"]["prompt_tokens"].as_u64()), (Some("tok tok "), Some(2)));
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")), "{v}");
+
+    let r = post("/v1/completions", json!({"model": "m", "prompt": "abcd", "max_tokens": 2, "stream": true}));
+    let (events, done) = sse_events(&r.body);
+    assert!(done && events.len() == 2, "two tokens, no role chunk: {}", r.body);
+    assert_eq!(
+        (events[0]["object"].as_str(), events[0]["choices"][0]["text"].as_str()),
+        (Some("text_completion"), Some("tok "))
+    );
+    assert_eq!(events[1]["choices"][0]["finish_reason"], "length");
+
+    // Another model's name: vLLM's 404, whichever API.
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let r = post(path, json!({"model": "other", "prompt": "x", "messages": [{"role": "user", "content": "x"}]}));
+        let e = &r.json()["error"];
+        assert_eq!(
+            (r.status, e["type"].as_str(), e["code"].as_u64()),
+            (404, Some("NotFoundError"), Some(404)),
+            "{path}: {e}"
+        );
+        assert_eq!(e["message"], "The model `other` does not exist.");
+    }
+    // No model named: served (vLLM takes its one served model).
+    assert_eq!(post("/v1/completions", json!({"prompt": "x", "max_tokens": 1})).status, 200);
+
+    let r = sim.get("/no/such/path");
+    assert_eq!((r.status, r.json()), (404, json!({"detail": "Not Found"})));
+
+    let text = sim.get("/metrics").body;
+    let info = text.lines().find(|l| l.starts_with("vllm:cache_config_info{")).unwrap_or_else(|| panic!("{text}"));
+    assert!(info.contains("block_size=\"512\"") && info.contains("num_gpu_blocks=\""), "{info}");
 }

@@ -2,9 +2,15 @@
 //! [`Gpu`](crate::gpu::Gpu). Everything the model answers in simulated seconds becomes a
 //! sleep of `seconds / time_scale`.
 //!
-//! Routes: `POST /v1/chat/completions` (SSE when `"stream": true`), `GET /v1/models`,
-//! `GET /health`, `GET /metrics` (vLLM names), `GET /sim/state` (JSON for reports).
+//! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (SSE when `"stream": true`),
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM names, [`metrics`]), `GET /sim/state`
+//! (JSON for reports); any other path is a 404 with FastAPI's body, as vLLM answers it.
 //! See [the crate docs](crate) for the request extension and the error format.
+
+mod metrics;
+mod request;
+
+pub use request::{parse_chat, parse_completion, Api, ChatRequest, DEFAULT_MAX_TOKENS};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,8 +28,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started};
-use crate::text;
+use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, Started};
 
 /// How to run one simulated server.
 #[derive(Debug, Clone)]
@@ -60,6 +65,9 @@ impl Clock {
 struct Inner {
     gpu: Gpu,
     waiters: HashMap<ReqId, oneshot::Sender<Started>>,
+    /// Running requests whose client went away before their last token (the GPU model counts
+    /// every ended sequence as finished; vLLM does not count these).
+    aborted: u64,
     /// Busy fraction (0..=1) of the last sample window.
     util: f64,
     last_sample: (f64, f64),
@@ -102,12 +110,17 @@ fn wake(inner: &mut Inner, mut started: Vec<Started>, now: f64) {
 struct SeqGuard {
     app: Arc<App>,
     id: ReqId,
+    /// Its last token was sent; dropped before that, the client went away.
+    done: bool,
 }
 
 impl Drop for SeqGuard {
     fn drop(&mut self) {
         let now = self.app.clock.now();
         let mut inner = self.app.lock();
+        if !self.done {
+            inner.aborted += 1;
+        }
         let started = inner.gpu.finish(self.id, now);
         wake(&mut inner, started, now);
     }
@@ -154,6 +167,7 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         inner: Mutex::new(Inner {
             gpu: Gpu::new(cfg.profile.clone()),
             waiters: HashMap::new(),
+            aborted: 0,
             util: 0.0,
             last_sample: (0.0, 0.0),
             nvml_write_errors: 0,
@@ -165,11 +179,13 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
     });
     tokio::spawn(sampler(app.clone()));
     let router = Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route("/v1/chat/completions", post(|s, b| generate(s, b, Api::Chat)))
+        .route("/v1/completions", post(|s, b| generate(s, b, Api::Completion)))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics::metrics))
         .route("/sim/state", get(state))
+        .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
         .with_state(app);
     axum::serve(listener, router).await
 }
@@ -213,86 +229,15 @@ fn nvml_state_text(cfg: &SimConfig, inner: &Inner) -> String {
     )
 }
 
-/// A parsed chat request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChatRequest {
-    pub sim: SimRequest,
-    pub stream: bool,
-    pub include_usage: bool,
-}
-
-/// Default `max_tokens` when a request names none.
-pub const DEFAULT_MAX_TOKENS: u64 = 16;
-
-/// Reads an OpenAI chat request with the optional `ailb_sim` extension (see [the crate docs](crate)).
-pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body is not JSON: {e}"))?;
-    let uint = |v: &Value, what: &str| -> Result<Option<u64>, String> {
-        match v {
-            Value::Null => Ok(None),
-            v => v.as_u64().map(Some).ok_or_else(|| format!("{what}: {v} is not a non-negative integer")),
-        }
-    };
-    let top_max = match uint(&v["max_tokens"], "max_tokens")? {
-        Some(m) => Some(m),
-        None => uint(&v["max_completion_tokens"], "max_completion_tokens")?,
-    };
-    let sim = match &v["ailb_sim"] {
-        Value::Null => {
-            let Some(msgs) = v["messages"].as_array() else {
-                return Err("messages: missing or not an array".into());
-            };
-            let mut text = Vec::new();
-            for m in msgs {
-                push_content(&m["content"], &mut text);
-            }
-            SimRequest {
-                prompt_tokens: text::tokens_of(text.len()),
-                max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
-                hash_ids: text::block_keys(&text),
-            }
-        }
-        ext @ Value::Object(_) => {
-            let prompt_tokens =
-                uint(&ext["prompt_tokens"], "ailb_sim.prompt_tokens")?.ok_or("ailb_sim.prompt_tokens: missing")?;
-            let max_tokens = uint(&ext["max_tokens"], "ailb_sim.max_tokens")?.or(top_max).unwrap_or(DEFAULT_MAX_TOKENS);
-            let hash_ids = match &ext["hash_ids"] {
-                Value::Null => Vec::new(),
-                Value::Array(a) => a
-                    .iter()
-                    .map(|h| h.as_u64().ok_or_else(|| format!("ailb_sim.hash_ids: {h} is not a non-negative integer")))
-                    .collect::<Result<_, _>>()?,
-                other => return Err(format!("ailb_sim.hash_ids: {other} is not an array")),
-            };
-            SimRequest { prompt_tokens, max_tokens, hash_ids }
-        }
-        other => return Err(format!("ailb_sim: {other} is not an object")),
-    };
-    let sim = SimRequest { max_tokens: sim.max_tokens.max(1), ..sim };
-    Ok(ChatRequest {
-        sim,
-        stream: v["stream"].as_bool().unwrap_or(false),
-        include_usage: v["stream_options"]["include_usage"].as_bool().unwrap_or(false),
-    })
-}
-
-/// Appends a message's text (a string, or the `text` of its parts) to the prompt.
-fn push_content(c: &Value, out: &mut Vec<u8>) {
-    match c {
-        Value::String(s) => out.extend_from_slice(s.as_bytes()),
-        Value::Array(parts) => {
-            for t in parts.iter().filter_map(|p| p["text"].as_str()) {
-                out.extend_from_slice(t.as_bytes());
-            }
-        }
-        _ => {}
-    }
-}
-
 /// An OpenAI-style error body, as vLLM sends it.
 fn error(status: StatusCode, message: String) -> Response {
-    let kind = if status == StatusCode::BAD_REQUEST { "BadRequestError" } else { "InternalServerError" };
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "BadRequestError",
+        StatusCode::NOT_FOUND => "NotFoundError",
+        _ => "InternalServerError",
+    };
+    let param = if status == StatusCode::NOT_FOUND { json!("model") } else { Value::Null };
+    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}});
     (status, Json(body)).into_response()
 }
 
@@ -300,6 +245,7 @@ fn error(status: StatusCode, message: String) -> Response {
 const STREAM_BATCH: Duration = Duration::from_millis(10);
 
 struct Gen {
+    api: Api,
     id: String,
     created: u64,
     model: String,
@@ -319,9 +265,12 @@ impl Gen {
         })
     }
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let object = match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completion => "text_completion",
+        };
         let mut v = json!({
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": choices,
+            "id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices,
         });
         if let Some(u) = usage {
             v["usage"] = u;
@@ -333,20 +282,33 @@ impl Gen {
 /// The headers every answer carries: who served it, its cached tokens, its time in the queue.
 type SimHeaders = [(&'static str, String); 3];
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    let req = match parse_chat(&body) {
+async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Response {
+    let parsed = match api {
+        Api::Chat => parse_chat(&body),
+        Api::Completion => parse_completion(&body),
+    };
+    let req = match parsed {
         Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
+    // vLLM serves a model only under its served name and answers any other with a 404.
+    if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
+        return error(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist."));
+    }
     let t0 = app.clock.now();
     let started = match admit(&app, &req, t0).await {
         Ok(s) => s,
         Err(oom) => return error(StatusCode::BAD_REQUEST, oom.to_string()),
     };
-    let seq = SeqGuard { app: app.clone(), id: started.id };
+    let seq = SeqGuard { app: app.clone(), id: started.id, done: false };
     let begin = Instant::now();
+    let prefix = match api {
+        Api::Chat => "chatcmpl",
+        Api::Completion => "cmpl",
+    };
     let gen = Gen {
-        id: format!("chatcmpl-sim-{}", app.next_chat.fetch_add(1, Ordering::Relaxed)),
+        api,
+        id: format!("{prefix}-sim-{}", app.next_chat.fetch_add(1, Ordering::Relaxed)),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: app.cfg.model.clone(),
         started,
@@ -402,19 +364,29 @@ async fn wait_until(at: Instant) {
 async fn whole(clock: Clock, gen: Gen, seq: SeqGuard, begin: Instant, sim_headers: SimHeaders) -> Response {
     let s = gen.started;
     wait_until(begin + clock.real(s.prefill_s + s.decode_s)).await;
+    let mut seq = seq;
+    seq.done = true;
     drop(seq);
     let text = "tok ".repeat(gen.max_tokens as usize);
+    let (object, choice) = match gen.api {
+        Api::Chat => (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}),
+        ),
+        Api::Completion => ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"})),
+    };
     let body = json!({
-        "id": gen.id, "object": "chat.completion", "created": gen.created, "model": gen.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+        "id": gen.id, "object": object, "created": gen.created, "model": gen.model,
+        "choices": [choice],
         "usage": gen.usage(),
         "ailb_sim": {"cached_tokens": s.cached_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s, "queued_s": gen.queued_s},
     });
     (sim_headers, Json(body)).into_response()
 }
 
-/// Streamed: one SSE chunk per token at its time, then the usage chunk when asked for, then
-/// `[DONE]`; the sequence ends with its last token.
+/// Streamed: one SSE chunk per token at its time (a chat's first token preceded by a chunk
+/// with only the role and empty content, as vLLM sends it), then the usage chunk when asked
+/// for, then `[DONE]`; the sequence ends with its last token.
 fn streamed(
     clock: Clock,
     include_usage: bool,
@@ -439,15 +411,22 @@ fn streamed(
             let at = begin + clock.real(s.prefill_s + (last - 1) as f64 * s.token_s);
             wait_until(at).await;
             let mut out = Vec::new();
+            if k == 1 && gen.api == Api::Chat {
+                let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]);
+                out.extend_from_slice(&gen.chunk(role, None));
+            }
             for j in k..=last {
-                let mut delta = json!({"content": "tok "});
-                if j == 1 {
-                    delta["role"] = json!("assistant");
-                }
                 let finish = if j == gen.max_tokens { json!("length") } else { Value::Null };
-                out.extend_from_slice(&gen.chunk(json!([{"index": 0, "delta": delta, "finish_reason": finish}]), None));
+                let choice = match gen.api {
+                    Api::Chat => json!({"index": 0, "delta": {"content": "tok "}, "finish_reason": finish}),
+                    Api::Completion => json!({"index": 0, "text": "tok ", "finish_reason": finish}),
+                };
+                out.extend_from_slice(&gen.chunk(json!([choice]), None));
             }
             if last == gen.max_tokens {
+                if let Some(s) = seq.as_mut() {
+                    s.done = true;
+                }
                 seq = None;
             }
             return Some((Ok::<_, Infallible>(Bytes::from(out)), (seq, last + 1, gen)));
@@ -464,7 +443,7 @@ fn streamed(
     });
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream; charset=utf-8"));
     h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
     for (k, v) in sim_headers {
         h.insert(k, v.parse().expect("digits are a header value"));
@@ -477,59 +456,6 @@ async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [
         {"id": app.cfg.model, "object": "model", "created": 0, "owned_by": "ailb-sim", "max_model_len": max_len}
     ]}))
-}
-
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let inner = app.lock();
-    let c = inner.gpu.counters();
-    let label = format!("{{model_name=\"{}\"}}", app.cfg.model.replace('\\', "\\\\").replace('"', "\\\""));
-    let mut out = String::new();
-    let mut put = |name: &str, kind: &str, help: &str, value: String| {
-        let sample = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{sample}{label} {value}\n"));
-    };
-    put(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        inner.gpu.running().to_string(),
-    );
-    put(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        inner.gpu.waiting().to_string(),
-    );
-    put(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        format!("{}", inner.gpu.kv_usage()),
-    );
-    put(
-        "vllm:prefix_cache_queries",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        c.prefix_query_tokens.to_string(),
-    );
-    put(
-        "vllm:prefix_cache_hits",
-        "counter",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        c.prefix_hit_tokens.to_string(),
-    );
-    put("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", c.prompt_tokens_total.to_string());
-    put(
-        "vllm:generation_tokens",
-        "counter",
-        "Number of generation tokens processed.",
-        c.generation_tokens_total.to_string(),
-    );
-    put("vllm:request_success", "counter", "Count of successfully processed requests.", c.finished_total.to_string());
-    let mut resp = out.into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
-    resp
 }
 
 async fn state(State(app): State<Arc<App>>) -> Json<Value> {
