@@ -5,7 +5,7 @@
 //! drains: disabled first, then deregistered once in-flight requests reach zero or the
 //! deadline passes.
 //!
-//! The loop is [`Agent::tick`]: sample, decide ([`moved`], pure), write or beat
+//! The loop is [`Agent::tick`]: sample, decide ([`publish::moved`], pure), write or beat
 //! through the one Nacos client ([`crate::nacos::Session`]). Any error (NVML, scrape, Nacos) is
 //! logged when it starts or changes, counted, and retried on the next tick; a Nacos error
 //! makes the next contact a full registration, which also covers a server that lost its
@@ -26,10 +26,7 @@ use self::{
 };
 use crate::{
     error_chain,
-    metadata::{
-        publish,
-        values::{moved, Values},
-    },
+    metadata::{publish, values::Values},
     nacos::{http::Transport, Beat, Endpoint, Registration, Session},
     telemetry::source::Telemetry,
 };
@@ -235,7 +232,7 @@ impl<T: Transport, S: Telemetry> Agent<T, S> {
         let threshold = self.cfg.health_failure_threshold;
         for st in &mut self.instances {
             let values = st.sample(&m, threshold, self.draining).await;
-            if st.need_register || moved(st.published.as_ref(), &values, &t) {
+            if st.need_register || publish::moved(st.published.as_ref(), &values, &t) {
                 st.register(&mut self.nacos, &m, values, self.draining).await;
                 continue;
             }

@@ -3,7 +3,7 @@
 //! `metrics_url` is sampled by the node sampler the agent uses ([`NodeSource`]: the model
 //! server's metrics and, with `gpus`, NVML) and its values become metadata exactly as the agent
 //! would publish them ([`publish::metadata`]), renewed only when a value moved past the agent's
-//! default thresholds ([`moved`]), so a steady node gives the same snapshot and the
+//! default thresholds ([`publish::moved`]), so a steady node gives the same snapshot and the
 //! daemon plans nothing.
 //!
 //! A failed sample never stops the daemon: the values it could not read are left out
@@ -23,7 +23,7 @@ use super::StaticBackend;
 use crate::{
     metadata::{
         keys, publish,
-        values::{moved, Thresholds, Values},
+        values::{Thresholds, Values},
         InstanceMetadata,
     },
     telemetry::{
@@ -151,7 +151,7 @@ impl LocalTelemetry {
                 b.last_errors = errors;
             }
             let values = Values::derive(&sampled.sample, b.inst.kv_bytes_per_token, false);
-            if moved(b.published.as_ref().map(|(v, _)| v), &values, &t) {
+            if publish::moved(b.published.as_ref().map(|(v, _)| v), &values, &t) {
                 b.published = Some((values, now_ms()));
             }
             let (values, at) = b.published.as_ref().expect("set above");

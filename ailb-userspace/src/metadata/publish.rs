@@ -4,8 +4,33 @@
 
 use std::collections::BTreeMap;
 
-use super::{format_gb, format_number, keys, signals, values::Values};
+use super::{
+    format_gb, format_number, keys, signals,
+    values::{Thresholds, Values},
+};
 use crate::telemetry::instance::ValidInstance;
+
+/// Whether `new` must be published, given the last published `old` (`None`: nothing published
+/// yet). Health, draining and a value appearing or disappearing always count; numbers count
+/// when they moved by at least their threshold.
+pub fn moved(old: Option<&Values>, new: &Values, t: &Thresholds) -> bool {
+    let Some(old) = old else { return true };
+    fn num(a: Option<f64>, b: Option<f64>, th: f64) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => (a - b).abs() >= th,
+            (None, None) => false,
+            _ => true,
+        }
+    }
+    let mb = |v: Option<u64>| v.map(|x| x as f64);
+    old.healthy != new.healthy
+        || old.draining != new.draining
+        || old.memory_source != new.memory_source
+        || old.gpu_name != new.gpu_name
+        || num(mb(old.free_mb), mb(new.free_mb), t.memory_mb as f64)
+        || num(mb(old.total_mb), mb(new.total_mb), t.memory_mb as f64)
+        || signals::ALL.iter().any(|s| num((s.read)(old), (s.read)(new), (s.threshold)(t)))
+}
 
 /// The agent's version, published as `agent_version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,12 +1,11 @@
 //! What a node's sample says in the contract's terms, and when it is worth saying again: pure
 //! functions, no I/O.
 //!
-//! [`Values`] are the dynamic readings of one sample ([`Values::derive`]); [`moved`] decides
-//! whether a new sample differs enough from the last published one to be worth a write.
+//! [`Values`] are the dynamic readings of one sample ([`Values::derive`]); whether a new sample
+//! differs enough from the last published one to be worth a write is [`super::publish::moved`].
 
 use serde::Deserialize;
 
-use super::signals;
 use crate::telemetry::NodeSample;
 
 /// Where `remaining_memory_mb` came from, published as `memory_source`.
@@ -122,28 +121,6 @@ impl Values {
             (r, w) => Some(r.unwrap_or(0.0) + w.unwrap_or(0.0)),
         }
     }
-}
-
-/// Whether `new` must be published, given the last published `old` (`None`: nothing published
-/// yet). Health, draining and a value appearing or disappearing always count; numbers count
-/// when they moved by at least their threshold.
-pub fn moved(old: Option<&Values>, new: &Values, t: &Thresholds) -> bool {
-    let Some(old) = old else { return true };
-    fn num(a: Option<f64>, b: Option<f64>, th: f64) -> bool {
-        match (a, b) {
-            (Some(a), Some(b)) => (a - b).abs() >= th,
-            (None, None) => false,
-            _ => true,
-        }
-    }
-    let mb = |v: Option<u64>| v.map(|x| x as f64);
-    old.healthy != new.healthy
-        || old.draining != new.draining
-        || old.memory_source != new.memory_source
-        || old.gpu_name != new.gpu_name
-        || num(mb(old.free_mb), mb(new.free_mb), t.memory_mb as f64)
-        || num(mb(old.total_mb), mb(new.total_mb), t.memory_mb as f64)
-        || signals::ALL.iter().any(|s| num((s.read)(old), (s.read)(new), (s.threshold)(t)))
 }
 
 /// A publish happens when any dynamic value moved by at least its threshold since the last

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::{
-    metadata::values::{kv_tokens_to_mb, moved, MemorySource, Thresholds},
+    metadata::values::{kv_tokens_to_mb, MemorySource, Thresholds},
     telemetry::{
         instance::{ServerKind, ValidInstance},
         GpuSample, NodeSample, ServerSample,
