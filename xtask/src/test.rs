@@ -17,6 +17,7 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
         bail!("cargo xtask test needs root: the integration tests load eBPF programs; run with sudo");
     }
 
+    util::say_disk("at the start");
     lint()?;
     setup::setup()?;
     build::build(false)?;
@@ -47,6 +48,7 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
         .context("building the ailb-sim and ailb-tools binaries")?;
     step.done();
 
+    util::say_disk("before the integration tests");
     let step = Step::start(format!("integration tests ({INTEGRATION_PKG}, one at a time)"));
     util::run(
         util::cargo()
@@ -57,6 +59,7 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     .context("integration tests failed")?;
     step.done();
 
+    util::say_disk("at the end");
     say!("all tests passed");
     Ok(())
 }

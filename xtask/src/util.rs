@@ -68,6 +68,34 @@ pub(crate) fn ailb_bin(profile: &str) -> PathBuf {
     target_dir().join(profile).join("ailb")
 }
 
+/// Free bytes on the file system that holds `path` (for unprivileged users), or `None` when it
+/// cannot be read.
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` is a writable statvfs that the call fills
+    // when it returns 0; it is read only then.
+    let st = unsafe {
+        if libc::statvfs(c.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Says how much disk is left where the build writes, so that a build that dies for want of it
+/// (a linker's SIGBUS, "No space left on device") is recognised from the log alone.
+pub(crate) fn say_disk(when: &str) {
+    let dir = target_dir();
+    let at = if dir.exists() { dir } else { workspace_root() };
+    match free_bytes(&at) {
+        Some(b) => say!("disk {when}: {:.1} GB free at {}", b as f64 / 1e9, at.display()),
+        None => say!("disk {when}: free space at {} unreadable", at.display()),
+    }
+}
+
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
