@@ -1,0 +1,152 @@
+//! The Responses API's follow-ups (`POST /v1/responses` with `previous_response_id`): the
+//! backend that answered each response is learned from its answer as it passes
+//! ([`Learn`], [`learn_whole`]), and a follow-up is sent there ([`Responses::pinned`]), by a
+//! direct connect to that backend's address, since the server keeps the stored response in
+//! its own memory and no other has it.
+//!
+//! A follow-up whose response the front door does not know (never answered through it, or
+//! forgotten: `gateway.responses_max_entries`, `gateway.responses_ttl`, a restart), or whose
+//! backend refuses the connection (gone), is answered 404 `previous_response_not_found`
+//! naming the id: the status vLLM answers for an id it does not hold, since the response is
+//! as lost to the client as if it had never been stored. A 503 would invite a retry that can
+//! never succeed.
+//!
+//! Cost of the direct connect: the kernel does not pick it, so it is not counted in flight at
+//! the backend (the load bound and the memory fit of other picks do not see it); the
+//! front door's own admission still counts it.
+
+use std::net::SocketAddrV4;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use hyper::StatusCode;
+
+use super::http::{ApiError, BoxError};
+use super::response_ids::{IdScanner, ResponseTable, Stored};
+use crate::config::gateway::ValidGateway;
+
+/// The response ids the front door learned, shared by every worker.
+pub struct Responses {
+    table: Mutex<ResponseTable>,
+}
+
+impl Responses {
+    pub fn new(cfg: &ValidGateway) -> Arc<Self> {
+        Arc::new(Self { table: Mutex::new(ResponseTable::new(cfg.responses_max_entries as usize, cfg.responses_ttl)) })
+    }
+
+    fn table(&self) -> MutexGuard<'_, ResponseTable> {
+        // Every change of the table completes under the lock, so a panic elsewhere leaves it whole.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where the response `id` is stored, or the 404 that says the front door does not know it.
+    pub fn pinned(&self, id: &str) -> Result<Stored, ApiError> {
+        self.table().get(id, Instant::now()).ok_or_else(|| {
+            not_found(format!(
+                "Previous response with id '{id}' not found: this gateway knows no backend that stored it (it was \
+                 not answered through this gateway, or was forgotten: gateway.responses_max_entries, \
+                 gateway.responses_ttl, a restart)"
+            ))
+        })
+    }
+
+    /// Remembers that the response `id` is stored as `stored`.
+    pub fn learn(&self, id: String, stored: Stored) {
+        self.table().insert(id, stored, Instant::now());
+    }
+
+    /// Responses remembered now.
+    pub fn len(&self) -> usize {
+        self.table().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table().is_empty()
+    }
+}
+
+/// The 404 of a follow-up whose stored response's backend refused the connection.
+pub fn gone(id: &str, backend: SocketAddrV4) -> ApiError {
+    not_found(format!(
+        "Previous response with id '{id}' not found: the backend that stored it, {backend}, is gone (it refused \
+         the connection)"
+    ))
+}
+
+fn not_found(message: String) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "previous_response_not_found", message)
+        .param(Some("previous_response_id"))
+}
+
+/// What an answer's id is learned with.
+pub struct Learner {
+    pub responses: Arc<Responses>,
+    pub stored: Stored,
+}
+
+impl Learner {
+    fn found(&self, id: String) {
+        self.responses.learn(id, self.stored.clone());
+    }
+}
+
+/// An answer that came whole: its id learned at once.
+pub fn learn_whole(learner: Learner, data: &[u8]) {
+    if let Some(id) = IdScanner::new(false).feed(data) {
+        learner.found(id);
+    }
+}
+
+/// A relayed answer whose frames are read for the response's id as they pass to the client,
+/// each passed on as it comes.
+pub struct Learn<B> {
+    inner: B,
+    scan: Option<(IdScanner, Learner)>,
+}
+
+impl<B> Learn<B> {
+    /// `inner` relayed, read as an event stream (`sse`) or a JSON body.
+    pub fn new(inner: B, sse: bool, learner: Learner) -> Self {
+        Self { inner, scan: Some((IdScanner::new(sse), learner)) }
+    }
+}
+
+impl<B> HttpBody for Learn<B>
+where
+    B: HttpBody<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let (Some((scanner, learner)), Some(data)) = (this.scan.as_mut(), frame.data_ref()) {
+                if let Some(id) = scanner.feed(data) {
+                    learner.found(id);
+                }
+                if scanner.done() {
+                    this.scan = None;
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests;

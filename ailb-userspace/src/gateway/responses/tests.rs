@@ -1,0 +1,68 @@
+use std::collections::VecDeque;
+use std::net::SocketAddrV4;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+
+use super::*;
+use crate::config::Config;
+
+fn responses() -> Arc<Responses> {
+    let c = Config::parse("[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n", "t").unwrap();
+    Responses::new(&c.gateway.validate(["m"]).unwrap())
+}
+
+fn stored() -> Stored {
+    Stored { backend: SocketAddrV4::new([127, 0, 0, 9].into(), 80), conversation: Some("c".into()) }
+}
+
+#[tokio::test]
+async fn frames_pass_unchanged_and_the_streams_id_is_learned_on_the_way() {
+    let r = responses();
+    let frames = [
+        "event: response.created\ndata: {\"type\":\"response.cre",
+        "ated\",\"response\":{\"id\":\"resp_7\"}}\n\n",
+        "event: response.completed\ndata: {}\n\n",
+    ];
+    let inner = Frames(frames.iter().map(|f| Bytes::from_static(f.as_bytes())).collect());
+    let mut body = Learn::new(inner, true, Learner { responses: r.clone(), stored: stored() });
+    let mut got = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = frame.unwrap().into_data().unwrap();
+        got.push(String::from_utf8(data.to_vec()).unwrap());
+        if got.len() == 1 {
+            assert!(r.pinned("resp_7").is_err(), "not known before its event is whole");
+        }
+    }
+    assert_eq!(got, frames, "every frame as it came");
+    assert_eq!(r.pinned("resp_7").unwrap(), stored());
+}
+
+#[test]
+fn an_unknown_or_gone_response_is_a_404_naming_the_id() {
+    let r = responses();
+    learn_whole(Learner { responses: r.clone(), stored: stored() }, br#"{"id":"resp_w","object":"response"}"#);
+    assert_eq!(r.pinned("resp_w").unwrap(), stored());
+    let e = r.pinned("resp_nope").unwrap_err();
+    assert_eq!(
+        (e.status.as_u16(), e.code, e.param.as_deref()),
+        (404, Some("previous_response_not_found"), Some("previous_response_id"))
+    );
+    assert!(e.message.contains("'resp_nope'"), "{}", e.message);
+    let e = gone("resp_w", stored().backend);
+    assert_eq!(e.status.as_u16(), 404);
+    assert!(e.message.contains("'resp_w'") && e.message.contains("127.0.0.9:80"), "{}", e.message);
+}
+
+/// A body of frames that are all there.
+struct Frames(VecDeque<Bytes>);
+
+impl HttpBody for Frames {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
