@@ -12,19 +12,29 @@
 //! - The errors: an unknown model, malformed fields (400 naming the field), an unknown
 //!   `previous_response_id`, and one whose backend is gone (404 naming the id and the
 //!   backend); Anthropic's error shape on its route; the next request is served as usual.
+//! - The official `openai` and `anthropic` Python clients (the venv `target/client-venv` that
+//!   `cargo xtask setup` creates; the test says "skipped" and why without it), unchanged and
+//!   inside the cgroup: `responses.create` streamed and not with 100 follow-ups on their
+//!   producers, `messages.create` streamed and not, and their NotFoundErrors.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
-use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, GatewayProcess, SimServer};
+use ailb_tests::{base_config, preflight, run_cmd, BackendCfg, CgroupGuard, Daemon, GatewayProcess, SimServer};
 use serde_json::{json, Value};
 
 const MODEL: &str = "agents-7b";
 const VIP: &str = "127.77.33.1:8000";
 const GATEWAY: &str = "127.0.33.1:18330";
 const BACKENDS: [&str; 3] = ["127.0.33.11:18331", "127.0.33.12:18332", "127.0.33.13:18333"];
+/// The same for the clients' test, on addresses of its own.
+const CLIENTS_VIP: &str = "127.77.34.1:8000";
+const CLIENTS_GATEWAY: &str = "127.0.34.1:18340";
+const CLIENTS_BACKENDS: [&str; 3] = ["127.0.34.11:18341", "127.0.34.12:18342", "127.0.34.13:18343"];
 const CHAINS: usize = 10;
 /// Follow-ups per conversation: 10 x 10 = 100 in all.
 const FOLLOW_UPS: usize = 10;
@@ -127,18 +137,23 @@ fn respond(input: &str, previous: Option<&str>, stream: bool) -> (Resp, String, 
     (r, id, backend)
 }
 
-/// `ailb run` with [`BACKENDS`] (equal weights) behind [`VIP`], one `ailb-sim` per backend,
-/// and the gateway inside `cg`.
-fn front_door(cg: &CgroupGuard) -> (Vec<SimServer>, Daemon, GatewayProcess) {
+/// `ailb run` with `backends` (equal weights) behind `vip`, one `ailb-sim` per backend, and the
+/// gateway on `listen` inside `cg`.
+fn front_door(
+    cg: &CgroupGuard,
+    vip: &str,
+    listen: &str,
+    backends: &[&str; 3],
+) -> (Vec<SimServer>, Daemon, GatewayProcess) {
     let bin = preflight();
-    let sims: Vec<SimServer> = BACKENDS.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "50"])).collect();
-    let mut cfg = base_config("gw-agents", cg).service(MODEL, VIP);
-    for addr in BACKENDS {
+    let sims: Vec<SimServer> = backends.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "50"])).collect();
+    let mut cfg = base_config("gw-agents", cg).service(MODEL, vip);
+    for addr in backends {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000));
     }
-    cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\n");
+    cfg.extra = format!("[gateway]\nlisten = [\"{listen}\"]\n");
     let daemon = Daemon::start(&bin, &cfg);
-    let listen: SocketAddr = GATEWAY.parse().expect("gateway address");
+    let listen: SocketAddr = listen.parse().expect("gateway address");
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), cg, listen);
     (sims, daemon, gateway)
 }
@@ -146,7 +161,7 @@ fn front_door(cg: &CgroupGuard) -> (Vec<SimServer>, Daemon, GatewayProcess) {
 #[test]
 fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthropic_messages_pass_through() {
     let cg = CgroupGuard::new("gw-agents");
-    let (mut sims, daemon, gateway) = front_door(&cg);
+    let (mut sims, daemon, gateway) = front_door(&cg, VIP, GATEWAY, &BACKENDS);
     let names: BTreeSet<String> = BACKENDS.iter().map(|b| b.to_string()).collect();
 
     for stream in [false, true] {
@@ -265,6 +280,97 @@ fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthrop
         "the id and the backend named: {e}"
     );
     eprintln!("gateway log:\n{}", gateway.log());
+    drop(gateway);
+    drop(daemon);
+}
+
+/// The python of the client venv with both clients, or why there is none.
+fn client_python() -> Result<PathBuf, String> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/client-venv/bin/python3");
+    if !python.is_file() {
+        return Err(format!("no {} (`cargo xtask setup` creates it with the clients)", python.display()));
+    }
+    let probe = Command::new(&python).args(["-c", "import openai, anthropic"]).output();
+    match probe {
+        Ok(out) if out.status.success() => Ok(python),
+        Ok(out) => Err(format!(
+            "{} cannot import openai and anthropic: {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("running {}: {e}", python.display())),
+    }
+}
+
+#[test]
+fn the_official_openai_and_anthropic_clients_work_unchanged() {
+    let python = match client_python() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let cg = CgroupGuard::new("gw-agents-clients");
+    let (_sims, daemon, gateway) = front_door(&cg, CLIENTS_VIP, CLIENTS_GATEWAY, &CLIENTS_BACKENDS);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agents_clients.py");
+    // The client moves itself into the cgroup before its first socket (a shell writes its own
+    // pid to cgroup.procs, then execs).
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+        .arg(cg.path())
+        .arg(&python)
+        .arg(&script)
+        .args([CLIENTS_GATEWAY, MODEL]);
+    let out = run_cmd(&mut cmd, Duration::from_secs(300));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the clients' script failed ({}):\n{stderr}\n{stdout}\ngateway log:\n{}",
+        out.status,
+        gateway.log()
+    );
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let by_case = |case: &str| -> Vec<&Value> { lines.iter().filter(|l| l["case"] == case).collect() };
+    let names: BTreeSet<&str> = CLIENTS_BACKENDS.into_iter().collect();
+
+    let cg_name = cg.path().file_name().and_then(|n| n.to_str()).expect("cgroup name");
+    assert!(by_case("cgroup")[0]["path"].as_str().is_some_and(|p| p.ends_with(cg_name)), "{stdout}");
+    let follows = by_case("follow");
+    assert_eq!(follows.len(), 100, "{stdout}");
+    for f in &follows {
+        assert_eq!(f["backend"], f["stored_by"], "a follow-up off its producer: {f}");
+        assert!(f["backend"].as_str().is_some_and(|b| names.contains(b)), "{f}");
+    }
+    assert_eq!(follows.iter().filter(|f| f["stream"] == true).count(), 50);
+    let producers: BTreeSet<&str> = by_case("first").iter().filter_map(|f| f["backend"].as_str()).collect();
+    assert!(producers.len() > 1, "the first turns all reached {producers:?}: pinning not exercised");
+    let unknown = by_case("unknown_previous");
+    assert_eq!(
+        (unknown[0]["status"].as_u64(), unknown[0]["code"].as_str(), unknown[0]["param"].as_str()),
+        (Some(404), Some("previous_response_not_found"), Some("previous_response_id")),
+        "{stdout}"
+    );
+    let claude = by_case("anthropic");
+    assert_eq!(claude.len(), 2, "{stdout}");
+    for c in &claude {
+        assert!(
+            c["sent"].is_string() && c["version"] == c["sent"],
+            "the client's anthropic-version reached the server: {c}"
+        );
+        assert_eq!(c["text"], "tok tok tok ", "{c}");
+        assert!(c["backend"].as_str().is_some_and(|b| names.contains(b)), "{c}");
+    }
+    let events: Vec<&str> = claude[1]["events"].as_array().expect("events").iter().filter_map(Value::as_str).collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(events.last(), Some(&"message_stop"));
+    let unknown = by_case("anthropic_unknown");
+    assert_eq!(
+        (unknown[0]["status"].as_u64(), unknown[0]["type"].as_str()),
+        (Some(404), Some("not_found_error")),
+        "{stdout}"
+    );
+    eprintln!("clients: {stdout}");
     drop(gateway);
     drop(daemon);
 }
