@@ -143,8 +143,8 @@ pub struct GatewayConfig {
     pub http1_fast_path: bool,
     /// Responses API ids remembered with the backend that produced each (`POST /v1/responses`
     /// answers), so that a request naming one in `previous_response_id` goes to the server
-    /// that stored it; past this many the oldest is forgotten. Default 100000 (about 25 MB at
-    /// most: an entry holds the id, the backend and the conversation key).
+    /// that stored it; past this many the oldest is forgotten. Default 100000 (25 to 45 MB: an
+    /// entry holds the id twice, the backend and the conversation key, 250 to 450 bytes).
     #[serde(default = "default_responses_max_entries")]
     pub responses_max_entries: u32,
     /// How long a remembered response id is kept. Default: none, kept until
