@@ -42,7 +42,7 @@ use super::http::{
 };
 use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, KeySource, ModelFacts, Rules};
 use super::log::RequestLog;
-use super::metrics::{GatewayMetrics, ModelSeries};
+use super::metrics::{FollowUpLabel, GatewayMetrics, ModelSeries};
 use super::response_ids::Stored;
 use super::responses::{self, Learn, Learner, Responses};
 use super::upstream::body::UpBody;
@@ -165,7 +165,7 @@ impl Pipeline {
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
-        let responses = Responses::new(&cfg);
+        let responses = Responses::new(&cfg, metrics.responses_remembered.clone());
         Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission, responses }
     }
 
@@ -254,13 +254,16 @@ impl Pipeline {
             None => self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?,
             Some((id, stored)) => {
                 // Not the VIP, so the kernel lets the connect through untouched: no pick to tag.
-                self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
+                let sent = self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
                     if e.code == Some(ApiError::NO_BACKEND) {
+                        self.metrics.follow_up(FollowUpLabel::GONE);
                         responses::gone(id, stored.backend)
                     } else {
                         e
                     }
-                })?
+                })?;
+                self.metrics.follow_up(FollowUpLabel::PINNED);
+                sent
             }
         };
         let reuse = match (key, &self.pool) {
@@ -280,7 +283,7 @@ impl Pipeline {
     /// response's id and backend, the request taking that response's conversation.
     fn pinned(&self, endpoint: Endpoint, inputs: &mut Inputs) -> Result<Option<(String, Stored)>, ApiError> {
         let (Endpoint::Responses, Some(id)) = (endpoint, &inputs.previous_response_id) else { return Ok(None) };
-        let stored = self.responses.pinned(id)?;
+        let stored = self.responses.pinned(id).inspect_err(|_| self.metrics.follow_up(FollowUpLabel::UNKNOWN))?;
         if let Some(key) = &stored.conversation {
             if inputs.conversation.as_ref().is_none_or(|c| c.source == KeySource::Derived) {
                 inputs.conversation = Some(Conversation { key: key.clone(), source: KeySource::PreviousResponse });

@@ -24,6 +24,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper::StatusCode;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::http::{ApiError, BoxError};
 use super::response_ids::{IdScanner, ResponseTable, Stored};
@@ -32,11 +33,15 @@ use crate::config::gateway::ValidGateway;
 /// The response ids the front door learned, shared by every worker.
 pub struct Responses {
     table: Mutex<ResponseTable>,
+    /// `ailb_gateway_responses_remembered`.
+    remembered: Gauge,
 }
 
 impl Responses {
-    pub fn new(cfg: &ValidGateway) -> Arc<Self> {
-        Arc::new(Self { table: Mutex::new(ResponseTable::new(cfg.responses_max_entries as usize, cfg.responses_ttl)) })
+    /// An empty table of `cfg`'s size and age, its size shown on `remembered`.
+    pub fn new(cfg: &ValidGateway, remembered: Gauge) -> Arc<Self> {
+        let table = ResponseTable::new(cfg.responses_max_entries as usize, cfg.responses_ttl);
+        Arc::new(Self { table: Mutex::new(table), remembered })
     }
 
     fn table(&self) -> MutexGuard<'_, ResponseTable> {
@@ -57,7 +62,9 @@ impl Responses {
 
     /// Remembers that the response `id` is stored as `stored`.
     pub fn learn(&self, id: String, stored: Stored) {
-        self.table().insert(id, stored, Instant::now());
+        let mut table = self.table();
+        table.insert(id, stored, Instant::now());
+        self.remembered.set(i64::try_from(table.len()).unwrap_or(i64::MAX));
     }
 
     /// Responses remembered now.

@@ -79,12 +79,16 @@ impl Resp {
     }
 }
 
-/// One request on a connection of its own (`Connection: close`); a chunked body is decoded.
+/// One POST on a connection of its own (`Connection: close`); a chunked body is decoded.
 fn post(path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+    send("POST", path, headers, body)
+}
+
+fn send(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
     let mut s = TcpStream::connect(GATEWAY).unwrap_or_else(|e| panic!("connecting to the gateway: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(60))).expect("a read timeout");
     let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (k, v) in headers {
@@ -92,7 +96,7 @@ fn post(path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
     }
     s.write_all(format!("{head}\r\n{body}").as_bytes()).expect("request written");
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("reading the answer to POST {path}: {e}"));
+    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("reading the answer to {method} {path}: {e}"));
     let text = String::from_utf8(raw).expect("UTF-8 answer");
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head end in {text:?}"));
     let mut lines = head.split("\r\n");
@@ -279,6 +283,19 @@ fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthrop
         e["message"].as_str().is_some_and(|m| m.contains(&format!("'{id}'")) && m.contains(&backend)),
         "the id and the backend named: {e}"
     );
+    // What a user sees: every follow-up counted by its outcome, the ids remembered.
+    let metrics = send("GET", "/metrics", &[], "").body;
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
+    };
+    assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"pinned\"}"), 200.0);
+    assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"unknown\"}"), 1.0);
+    assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"gone\"}"), 1.0);
+    // 2 x (10 first turns + 100 follow-ups) and the one whose server went.
+    assert_eq!(value("ailb_gateway_responses_remembered"), 221.0);
     eprintln!("gateway log:\n{}", gateway.log());
     drop(gateway);
     drop(daemon);

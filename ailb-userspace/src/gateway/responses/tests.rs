@@ -10,7 +10,7 @@ use crate::config::Config;
 
 fn responses() -> Arc<Responses> {
     let c = Config::parse("[[services]]\nmodel = \"m\"\nvip = \"127.77.0.1:8000\"\n", "t").unwrap();
-    Responses::new(&c.gateway.validate(["m"]).unwrap())
+    Responses::new(&c.gateway.validate(["m"]).unwrap(), Gauge::default())
 }
 
 fn stored() -> Stored {
@@ -44,6 +44,7 @@ fn an_unknown_or_gone_response_is_a_404_naming_the_id() {
     let r = responses();
     learn_whole(Learner { responses: r.clone(), stored: stored() }, br#"{"id":"resp_w","object":"response"}"#);
     assert_eq!(r.pinned("resp_w").unwrap(), stored());
+    assert_eq!(r.remembered.get(), 1, "the gauge follows the table");
     let e = r.pinned("resp_nope").unwrap_err();
     assert_eq!(
         (e.status.as_u16(), e.code, e.param.as_deref()),
