@@ -15,7 +15,8 @@
 //! - The official `openai` and `anthropic` Python clients (the venv `target/client-venv` that
 //!   `cargo xtask setup` creates; the test says "skipped" and why without it), unchanged and
 //!   inside the cgroup: `responses.create` streamed and not with 100 follow-ups on their
-//!   producers, `messages.create` streamed and not, and their NotFoundErrors.
+//!   producers, `messages.create` streamed and not, and their NotFoundErrors; this front door
+//!   runs with `http1_fast_path = false` (hyper on both sides), the other with its own HTTP/1.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -148,6 +149,7 @@ fn front_door(
     vip: &str,
     listen: &str,
     backends: &[&str; 3],
+    gateway_extra: &str,
 ) -> (Vec<SimServer>, Daemon, GatewayProcess) {
     let bin = preflight();
     let sims: Vec<SimServer> = backends.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "50"])).collect();
@@ -155,7 +157,7 @@ fn front_door(
     for addr in backends {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000));
     }
-    cfg.extra = format!("[gateway]\nlisten = [\"{listen}\"]\n");
+    cfg.extra = format!("[gateway]\nlisten = [\"{listen}\"]\n{gateway_extra}");
     let daemon = Daemon::start(&bin, &cfg);
     let listen: SocketAddr = listen.parse().expect("gateway address");
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), cg, listen);
@@ -165,7 +167,7 @@ fn front_door(
 #[test]
 fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthropic_messages_pass_through() {
     let cg = CgroupGuard::new("gw-agents");
-    let (mut sims, daemon, gateway) = front_door(&cg, VIP, GATEWAY, &BACKENDS);
+    let (mut sims, daemon, gateway) = front_door(&cg, VIP, GATEWAY, &BACKENDS, "");
     let names: BTreeSet<String> = BACKENDS.iter().map(|b| b.to_string()).collect();
 
     for stream in [false, true] {
@@ -329,7 +331,8 @@ fn the_official_openai_and_anthropic_clients_work_unchanged() {
         }
     };
     let cg = CgroupGuard::new("gw-agents-clients");
-    let (_sims, daemon, gateway) = front_door(&cg, CLIENTS_VIP, CLIENTS_GATEWAY, &CLIENTS_BACKENDS);
+    let (_sims, daemon, gateway) =
+        front_door(&cg, CLIENTS_VIP, CLIENTS_GATEWAY, &CLIENTS_BACKENDS, "http1_fast_path = false\n");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agents_clients.py");
     // The client moves itself into the cgroup before its first socket (a shell writes its own
     // pid to cgroup.procs, then execs).
