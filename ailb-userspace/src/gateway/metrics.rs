@@ -45,6 +45,8 @@ impl FollowUpLabel {
     pub const UNKNOWN: &'static str = "unknown";
     /// Its response's backend refused the connection: 404.
     pub const GONE: &'static str = "gone";
+    /// Sent to its response's backend, which failed otherwise (502, 504).
+    pub const FAILED: &'static str = "failed";
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,8 +125,8 @@ impl GatewayMetrics {
         registry.register(
             "ailb_gateway_previous_responses",
             "Responses API requests with previous_response_id: sent to the backend that stored the response \
-             (pinned), or answered 404 because the front door knows no backend for it (unknown) or that backend \
-             refused the connection (gone)",
+             (pinned), answered 404 because the front door knows no backend for it (unknown) or that backend \
+             refused the connection (gone), or failed otherwise upstream (failed)",
             m.follow_ups.clone(),
         );
         registry.register(

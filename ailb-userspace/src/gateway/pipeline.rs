@@ -30,7 +30,7 @@ use std::sync::Arc;
 use ailb_common::client::Tags;
 use http_body_util::BodyExt;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
-use hyper::{Response, Version};
+use hyper::{Response, StatusCode, Version};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::client::{RequestBody, Settings};
@@ -44,7 +44,7 @@ use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, KeySource
 use super::log::RequestLog;
 use super::metrics::{FollowUpLabel, GatewayMetrics, ModelSeries};
 use super::response_ids::Stored;
-use super::responses::{self, Learn, Learner, Responses};
+use super::responses::{self, Learn, Learner, Param, Responses};
 use super::upstream::body::UpBody;
 use super::upstream::conn::{Conn, Sent};
 use super::upstream::pool::{Pool, PoolKey};
@@ -253,17 +253,14 @@ impl Pipeline {
         let (mut resp, mut lines, conn) = match &pinned {
             None => self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?,
             Some((id, stored)) => {
-                // Not the VIP, so the kernel lets the connect through untouched: no pick to tag.
-                let sent = self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
-                    if e.code == Some(ApiError::NO_BACKEND) {
-                        self.metrics.follow_up(FollowUpLabel::GONE);
-                        responses::gone(id, stored.backend)
-                    } else {
-                        e
-                    }
-                })?;
-                self.metrics.follow_up(FollowUpLabel::PINNED);
-                sent
+                let sent = self.exchange_pinned(id, stored, Param::PreviousResponseId, req, deadline).await;
+                let outcome = match &sent {
+                    Ok(_) => FollowUpLabel::PINNED,
+                    Err(e) if e.status == StatusCode::NOT_FOUND => FollowUpLabel::GONE,
+                    Err(_) => FollowUpLabel::FAILED,
+                };
+                self.metrics.follow_up(outcome);
+                sent?
             }
         };
         let reuse = match (key, &self.pool) {
@@ -272,7 +269,11 @@ impl Pipeline {
         };
         let learner = (endpoint == Endpoint::Responses && resp.status().is_success()).then(|| Learner {
             responses: self.responses.clone(),
-            stored: Stored { backend: conn.backend, conversation: inputs.conversation.map(|c| c.key) },
+            stored: Stored {
+                backend: conn.backend,
+                model: inputs.model.clone(),
+                conversation: inputs.conversation.map(|c| c.key),
+            },
         });
         log.upstream(conn.backend, resp.status().as_u16());
         answer_head(&mut resp, lines.as_mut(), &conn, conv_hash, client_version);
@@ -283,7 +284,10 @@ impl Pipeline {
     /// response's id and backend, the request taking that response's conversation.
     fn pinned(&self, endpoint: Endpoint, inputs: &mut Inputs) -> Result<Option<(String, Stored)>, ApiError> {
         let (Endpoint::Responses, Some(id)) = (endpoint, &inputs.previous_response_id) else { return Ok(None) };
-        let stored = self.responses.pinned(id).inspect_err(|_| self.metrics.follow_up(FollowUpLabel::UNKNOWN))?;
+        let stored = self
+            .responses
+            .pinned(id, Param::PreviousResponseId)
+            .inspect_err(|_| self.metrics.follow_up(FollowUpLabel::UNKNOWN))?;
         if let Some(key) = &stored.conversation {
             if inputs.conversation.as_ref().is_none_or(|c| c.source == KeySource::Derived) {
                 inputs.conversation = Some(Conversation { key: key.clone(), source: KeySource::PreviousResponse });
@@ -307,6 +311,56 @@ impl Pipeline {
             }
         })?;
         Ok(inputs)
+    }
+
+    /// Phase **exchange** of a request pinned to the backend that stored the response `id`:
+    /// a fresh connection to that backend (not the VIP, so the kernel lets the connect through
+    /// untouched: no pick to tag); a refused connect is the 404 that says it is gone.
+    async fn exchange_pinned(
+        &self,
+        id: &str,
+        stored: &Stored,
+        param: Param,
+        req: UpRequest,
+        deadline: Deadline,
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
+        self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
+            if e.code == Some(ApiError::NO_BACKEND) {
+                responses::gone(id, stored.backend, param)
+            } else {
+                e
+            }
+        })
+    }
+
+    /// A request for the stored response `id` ([`responses::by_id`]: retrieve, cancel), sent as
+    /// it came to the backend that stored it; the slot, body, exchange and answer phases of
+    /// [`Pipeline::proxy`], without routing inputs or admission (a lookup, not a generation).
+    pub async fn stored_response(&self, id: &str, head: ReqHead, body: RequestBody, client: ClientIp) -> Answer {
+        let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
+        let deadline = Deadline::after(log.started(), self.cfg.total_timeout);
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return refused(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
+        };
+        let forwarded = async {
+            let client_version = head.version();
+            let bytes = body.read(&head, self.client, deadline).await?;
+            let stored = self.responses.pinned(id, Param::ResponseId)?;
+            let series = self.models.get(&stored.model).map(|m| &m.series);
+            if let Some(series) = series {
+                log.proxying(series, None);
+            }
+            let req = UpRequest { head, body: bytes, client };
+            let (mut resp, mut lines, conn) =
+                self.exchange_pinned(id, &stored, Param::ResponseId, req, deadline).await?;
+            log.upstream(conn.backend, resp.status().as_u16());
+            answer_head(&mut resp, lines.as_mut(), &conn, None, client_version);
+            Ok::<_, ApiError>(Forwarded { resp, lines, conn, reuse: None, ticket: None, learner: None })
+        };
+        match forwarded.await {
+            Ok(f) => self.answer(f, Endpoint::Responses, permit, log, deadline),
+            Err(e) => refused(log, e).into(),
+        }
     }
 
     /// Phase **admission**: the request's share of its model's admission, when one is on.

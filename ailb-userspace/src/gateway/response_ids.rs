@@ -22,6 +22,8 @@ pub const SCAN_LIMIT: usize = 64 * 1024;
 pub struct Stored {
     /// The backend that answered it, where it is stored.
     pub backend: SocketAddrV4,
+    /// The catalog model it was asked of.
+    pub model: String,
     /// The conversation key of the request it answered, which a follow-up keeps.
     pub conversation: Option<String>,
 }

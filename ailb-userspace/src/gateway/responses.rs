@@ -1,15 +1,16 @@
-//! The Responses API's follow-ups (`POST /v1/responses` with `previous_response_id`): the
-//! backend that answered each response is learned from its answer as it passes
-//! ([`Learn`], [`learn_whole`]), and a follow-up is sent there ([`Responses::pinned`]), by a
-//! direct connect to that backend's address, since the server keeps the stored response in
-//! its own memory and no other has it.
+//! The Responses API's stored responses: the backend that answered each response is learned
+//! from its answer as it passes ([`Learn`], [`learn_whole`]), and a request that names it is
+//! sent there ([`Responses::pinned`]), by a direct connect to that backend's address, since the
+//! server keeps the stored response in its own memory and no other has it: a follow-up
+//! (`POST /v1/responses` with `previous_response_id`), and the requests for one response by
+//! its id ([`by_id`]: `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`).
 //!
-//! A follow-up whose response the front door does not know (never answered through it, or
+//! A request whose response the front door does not know (never answered through it, or
 //! forgotten: `gateway.responses_max_entries`, `gateway.responses_ttl`, a restart), or whose
-//! backend refuses the connection (gone), is answered 404 `previous_response_not_found`
-//! naming the id: the status vLLM answers for an id it does not hold, since the response is
-//! as lost to the client as if it had never been stored. A 503 would invite a retry that can
-//! never succeed.
+//! backend refuses the connection (gone), is answered 404 (`previous_response_not_found` for
+//! a follow-up) naming the id: the status vLLM answers for an id it does not hold, since the
+//! response is as lost to the client as if it had never been stored. A 503 would invite a
+//! retry that can never succeed.
 //!
 //! Cost of the direct connect: the kernel does not pick it, so it is not counted in flight at
 //! the backend (the load bound and the memory fit of other picks do not see it); the
@@ -49,14 +50,18 @@ impl Responses {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Where the response `id` is stored, or the 404 that says the front door does not know it.
-    pub fn pinned(&self, id: &str) -> Result<Stored, ApiError> {
+    /// Where the response `id` is stored, or the 404 that says the front door does not know it
+    /// (`param`: the request's field or path part that named it).
+    pub fn pinned(&self, id: &str, param: Param) -> Result<Stored, ApiError> {
         self.table().get(id, Instant::now()).ok_or_else(|| {
-            not_found(format!(
-                "Previous response with id '{id}' not found: this gateway knows no backend that stored it (it was \
-                 not answered through this gateway, or was forgotten: gateway.responses_max_entries, \
-                 gateway.responses_ttl, a restart)"
-            ))
+            not_found(
+                param,
+                format!(
+                    "Response with id '{id}' not found: this gateway knows no backend that stored it (it was not \
+                     answered through this gateway, or was forgotten: gateway.responses_max_entries, \
+                     gateway.responses_ttl, a restart)"
+                ),
+            )
         })
     }
 
@@ -77,17 +82,41 @@ impl Responses {
     }
 }
 
-/// The 404 of a follow-up whose stored response's backend refused the connection.
-pub fn gone(id: &str, backend: SocketAddrV4) -> ApiError {
-    not_found(format!(
-        "Previous response with id '{id}' not found: the backend that stored it, {backend}, is gone (it refused \
-         the connection)"
-    ))
+/// What named a stored response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A follow-up's `previous_response_id`.
+    PreviousResponseId,
+    /// The id in the path (`/v1/responses/{id}`), as vLLM names it.
+    ResponseId,
 }
 
-fn not_found(message: String) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "previous_response_not_found", message)
-        .param(Some("previous_response_id"))
+/// The 404 of a request whose stored response's backend refused the connection.
+pub fn gone(id: &str, backend: SocketAddrV4, param: Param) -> ApiError {
+    not_found(
+        param,
+        format!("Response with id '{id}' not found: the backend that stored it, {backend}, is gone (it refused the connection)"),
+    )
+}
+
+fn not_found(param: Param, message: String) -> ApiError {
+    let (code, name) = match param {
+        Param::PreviousResponseId => ("previous_response_not_found", "previous_response_id"),
+        Param::ResponseId => ("response_not_found", "response_id"),
+    };
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", code, message).param(Some(name))
+}
+
+/// The id of a request for one stored response: `GET /v1/responses/{id}` (retrieve, also
+/// `?stream=true` to replay a stream) and `POST /v1/responses/{id}/cancel`.
+pub fn by_id<'p>(method: &hyper::Method, path: &'p str) -> Option<&'p str> {
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let id = match (method, rest.strip_suffix("/cancel")) {
+        (&hyper::Method::POST, Some(id)) => id,
+        (&hyper::Method::GET, None) => rest,
+        _ => return None,
+    };
+    (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
 /// What an answer's id is learned with.

@@ -7,6 +7,7 @@
 //!   lands on the backend that stored its previous response, whose simulated server holds it
 //!   in its memory only and would answer any other server's 404. Once not streamed (the id from
 //!   the JSON body), once streamed (the id from the `response.created` event).
+//! - `GET /v1/responses/{id}` reaches the backend that stored the response.
 //! - Anthropic's Messages API, streamed and not: the answer and its events as the server sent
 //!   them, `x-api-key` and `anthropic-version` passed upstream.
 //! - The errors: an unknown model, malformed fields (400 naming the field), an unknown
@@ -202,6 +203,18 @@ fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthrop
         );
     }
 
+    // A stored response by its id: retrieved from the backend that stored it, whichever it is.
+    let (_, id, backend) = respond("a response to fetch again", None, false);
+    let r = send("GET", &format!("/v1/responses/{id}"), &[], "");
+    assert_eq!((r.status, r.json()["id"].as_str()), (200, Some(id.as_str())), "{}", r.body);
+    assert_eq!(r.backend(), backend);
+    let r = send("GET", "/v1/responses/resp_never", &[], "");
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["code"].as_str(), e["param"].as_str()),
+        (404, Some("response_not_found"), Some("response_id"))
+    );
+
     // Anthropic's Messages API, not streamed and streamed, its headers passed upstream.
     let body = json!({"model": MODEL, "system": [{"type": "text", "text": "be brief"}],
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3});
@@ -296,8 +309,8 @@ fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthrop
     assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"pinned\"}"), 200.0);
     assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"unknown\"}"), 1.0);
     assert_eq!(value("ailb_gateway_previous_responses_total{outcome=\"gone\"}"), 1.0);
-    // 2 x (10 first turns + 100 follow-ups) and the one whose server went.
-    assert_eq!(value("ailb_gateway_responses_remembered"), 221.0);
+    // 2 x (10 first turns + 100 follow-ups), the one fetched again and the one whose server went.
+    assert_eq!(value("ailb_gateway_responses_remembered"), 222.0);
     eprintln!("gateway log:\n{}", gateway.log());
     drop(gateway);
     drop(daemon);
@@ -365,6 +378,8 @@ fn the_official_openai_and_anthropic_clients_work_unchanged() {
     assert_eq!(follows.iter().filter(|f| f["stream"] == true).count(), 50);
     let producers: BTreeSet<&str> = by_case("first").iter().filter_map(|f| f["backend"].as_str()).collect();
     assert!(producers.len() > 1, "the first turns all reached {producers:?}: pinning not exercised");
+    let retrieved = by_case("retrieve");
+    assert_eq!(retrieved[0]["backend"], retrieved[0]["stored_by"], "{stdout}");
     let unknown = by_case("unknown_previous");
     assert_eq!(
         (unknown[0]["status"].as_u64(), unknown[0]["code"].as_str(), unknown[0]["param"].as_str()),

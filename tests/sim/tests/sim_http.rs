@@ -472,6 +472,12 @@ fn responses_are_stored_in_the_server_that_made_them_and_found_only_there() {
     let r = post(&a, json!({"model": "m", "input": "y", "previous_response_id": v["id"]}));
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(post(&a, json!({"model": "m"})).status, 400, "no input");
+    let r = request(&a.addr, "GET", &format!("/v1/responses/{id}"), None).expect("a response");
+    assert_eq!((r.status, r.json()["id"].as_str()), (200, Some(id.as_str())), "retrieved where stored");
+    let r = request(&b.addr, "GET", &format!("/v1/responses/{id}"), None).expect("a response");
+    assert_eq!(r.status, 404, "and nowhere else: {}", r.body);
+    let r = request(&a.addr, "POST", &format!("/v1/responses/{id}/cancel"), None).expect("a response");
+    assert_eq!(r.status, 400, "a finished response is not cancelled: {}", r.body);
 
     // Streamed: the id in response.created, one delta per token, then the done events.
     let r = post(&b, json!({"model": "m", "input": "abcd", "max_output_tokens": 3, "stream": true}));

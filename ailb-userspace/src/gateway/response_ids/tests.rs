@@ -4,7 +4,11 @@ use std::time::{Duration, Instant};
 use super::*;
 
 fn stored(port: u16) -> Stored {
-    Stored { backend: SocketAddrV4::new([127, 0, 0, 1].into(), port), conversation: Some(format!("c{port}")) }
+    Stored {
+        model: "m".into(),
+        backend: SocketAddrV4::new([127, 0, 0, 1].into(), port),
+        conversation: Some(format!("c{port}")),
+    }
 }
 
 /// The id found when `body` comes in pieces of `step` bytes.

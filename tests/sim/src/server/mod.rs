@@ -198,6 +198,8 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         .route("/v1/chat/completions", post(|s, b| generate(s, b, Api::Chat)))
         .route("/v1/completions", post(|s, b| generate(s, b, Api::Completion)))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/messages", post(anthropic::create))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))

@@ -4,6 +4,8 @@
 //! response is kept in THIS server's memory, for ever, as vLLM keeps it; a request naming it in
 //! `previous_response_id` continues its conversation (its tokens count in the prompt), and an
 //! id this server does not hold is a 404 "Response with id '...' not found.", as vLLM answers.
+//! `GET /v1/responses/{id}` answers a stored response, `POST /v1/responses/{id}/cancel` vLLM's
+//! 400 for a response that is not running in the background (the simulator runs none).
 //! Streamed (`"stream": true`): `response.created` (the id), `response.in_progress`, the output
 //! item and content part added, one `response.output_text.delta` per token, then the done
 //! events and `response.completed`.
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -30,6 +32,8 @@ use crate::text;
 pub(super) struct Stored {
     /// Tokens of its conversation: its prompt (with the responses before it) and its output.
     tokens: u64,
+    /// The response object, as `GET /v1/responses/{id}` answers it.
+    response: Value,
 }
 
 /// A Responses request as the simulator reads it.
@@ -189,14 +193,35 @@ impl Events for Stream {
             json!({"type": "response.completed", "response": s.response(true)}),
         ];
         if s.store {
-            store(&self.app, &s.id, self.conversation_tokens);
+            store(&self.app, &s.id, self.conversation_tokens, s.response(true));
         }
         evs.into_iter().map(|e| self.shape.next(e)).collect()
     }
 }
 
-fn store(app: &App, id: &str, tokens: u64) {
-    app.stored_responses().insert(id.to_string(), Stored { tokens });
+fn store(app: &App, id: &str, tokens: u64, response: Value) {
+    app.stored_responses().insert(id.to_string(), Stored { tokens, response });
+}
+
+fn not_found(id: &str) -> Response {
+    api_error(StatusCode::NOT_FOUND, format!("Response with id '{id}' not found."))
+}
+
+/// `GET /v1/responses/{id}`: the stored response, or vLLM's 404.
+pub(super) async fn retrieve(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    match app.stored_responses().get(&id) {
+        Some(s) => Json(s.response.clone()).into_response(),
+        None => not_found(&id),
+    }
+}
+
+/// `POST /v1/responses/{id}/cancel`: only a background response can be cancelled, and the
+/// simulator makes none, so a stored one is vLLM's 400.
+pub(super) async fn cancel(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if !app.stored_responses().contains_key(&id) {
+        return not_found(&id);
+    }
+    api_error(StatusCode::BAD_REQUEST, "Cannot cancel a synchronous response.".into())
 }
 
 /// A new response id, unique across servers (the front door keys its table by it).
@@ -217,7 +242,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Response
         None => 0,
         Some(id) => match app.stored_responses().get(id) {
             Some(s) => s.tokens,
-            None => return api_error(StatusCode::NOT_FOUND, format!("Response with id '{id}' not found.")),
+            None => return not_found(id),
         },
     };
     let prompt_tokens = history + text::tokens_of(req.text.len());
@@ -252,7 +277,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Response
     seq.done = true;
     drop(seq);
     if shape.store {
-        store(&app, &shape.id, conversation_tokens);
+        store(&app, &shape.id, conversation_tokens, shape.response(true));
     }
     (sim_headers, Json(shape.response(true))).into_response()
 }
