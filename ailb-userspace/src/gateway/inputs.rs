@@ -42,6 +42,9 @@ pub enum Endpoint {
     Responses,
     /// Anthropic's Messages API.
     Messages,
+    /// Anthropic's token count of a Messages request (`/v1/messages/count_tokens`): its
+    /// fields without `max_tokens`, nothing generated.
+    CountTokens,
 }
 
 impl Endpoint {
@@ -53,6 +56,7 @@ impl Endpoint {
             "/v1/embeddings" => Some(Endpoint::Embeddings),
             "/v1/responses" => Some(Endpoint::Responses),
             "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             _ => None,
         }
     }
@@ -60,7 +64,7 @@ impl Endpoint {
     /// The shape its clients read errors in: Anthropic's on its Messages API, else OpenAI's.
     pub fn error_shape(self) -> ErrorShape {
         match self {
-            Endpoint::Messages => ErrorShape::Anthropic,
+            Endpoint::Messages | Endpoint::CountTokens => ErrorShape::Anthropic,
             _ => ErrorShape::OpenAi,
         }
     }
@@ -291,7 +295,9 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
 
 fn max_tokens(endpoint: Endpoint, body: &Fields<'_>) -> Result<u64, InputsError> {
     let fields = match endpoint {
-        Endpoint::Responses | Endpoint::Messages => [agents::max_tokens_field(endpoint, body), ("", None)],
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {
+            [agents::max_tokens_field(endpoint, body), ("", None)]
+        }
         _ => [("max_tokens", body.max_tokens.as_ref()), ("max_completion_tokens", body.max_completion_tokens.as_ref())],
     };
     for (field, value) in fields {
@@ -318,7 +324,7 @@ fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize {
         },
         Endpoint::Completions => strings_len(body.prompt.as_ref()),
         Endpoint::Embeddings => strings_len(body.input.as_ref()),
-        Endpoint::Responses | Endpoint::Messages => agents::prompt_text_bytes(endpoint, body),
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => agents::prompt_text_bytes(endpoint, body),
     }
 }
 
@@ -410,7 +416,9 @@ fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) 
             material.extend_from_slice(&bytes[..bytes.len().min(rules.completion_prefix_bytes)]);
         }
         Endpoint::Embeddings => return None,
-        Endpoint::Responses | Endpoint::Messages => agents::derive_material(endpoint, body, &mut material)?,
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {
+            agents::derive_material(endpoint, body, &mut material)?
+        }
     }
     Some(format!("d-{:016x}", conversation_hash(&material)))
 }

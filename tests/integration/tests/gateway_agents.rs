@@ -9,7 +9,7 @@
 //!   the JSON body), once streamed (the id from the `response.created` event).
 //! - `GET /v1/responses/{id}` reaches the backend that stored the response.
 //! - Anthropic's Messages API, streamed and not: the answer and its events as the server sent
-//!   them, `x-api-key` and `anthropic-version` passed upstream.
+//!   them, `x-api-key` and `anthropic-version` passed upstream; and its token count.
 //! - The errors: an unknown model, malformed fields (400 naming the field), an unknown
 //!   `previous_response_id`, and one whose backend is gone (404 naming the id and the
 //!   backend); Anthropic's error shape on its route; the next request is served as usual.
@@ -247,6 +247,12 @@ fn responses_follow_ups_reach_the_backend_that_stored_their_response_and_anthrop
         ]
     );
     assert_eq!(r.header("x-ailb-sim-anthropic-version"), Some("2023-06-01"));
+
+    let mut count = body.clone();
+    count.as_object_mut().expect("an object").remove("max_tokens");
+    let r = post("/v1/messages/count_tokens", &anthropic, &count.to_string());
+    assert_eq!((r.status, r.json()["input_tokens"].as_u64().is_some()), (200, true), "{}", r.body);
+    assert!(names.contains(&r.backend()));
 
     // Errors, each in its API's shape, naming the field or id.
     let r = post("/v1/responses", &[], &json!({"model": "no-such-model", "input": "x"}).to_string());

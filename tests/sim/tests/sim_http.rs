@@ -465,7 +465,11 @@ fn responses_are_stored_in_the_server_that_made_them_and_found_only_there() {
     // ... and any other server answers vLLM's 404.
     let r = post(&b, json!({"model": "m", "input": "more", "previous_response_id": id}));
     let e = &r.json()["error"];
-    assert_eq!((r.status, e["code"].as_u64()), (404, Some(404)), "{e}");
+    assert_eq!(
+        (r.status, e["code"].as_u64(), e["type"].as_str(), e["param"].as_str()),
+        (404, Some(404), Some("invalid_request_error"), Some("response_id")),
+        "{e}"
+    );
     assert_eq!(e["message"].as_str(), Some(format!("Response with id '{id}' not found.").as_str()));
     // Not stored when asked not to.
     let v = post(&a, json!({"model": "m", "input": "x", "store": false, "max_output_tokens": 1})).json();
@@ -544,13 +548,27 @@ fn anthropic_messages_are_answered_in_anthropics_shapes() {
     assert_eq!(events[2].1["delta"], json!({"type": "text_delta", "text": "tok "}));
     assert_eq!(events[5].1["usage"]["output_tokens"].as_u64(), Some(2));
 
+    let r = request(
+        &sim.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&json!({"model": "m", "system": "ab", "messages": [{"role": "user", "content": "cdefgh"}]})),
+    )
+    .expect("a response");
+    assert_eq!((r.status, r.json()["input_tokens"].as_u64()), (200, Some(2)), "{}", r.body);
+
+    // vLLM's validation answers in its OpenAI shape on this route too; other errors are Anthropic's.
     let r = post(json!({"model": "m", "messages": []}));
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["type"].as_str(), e["param"].as_str()),
+        (400, Some("Bad Request"), Some("max_tokens")),
+        "{e}"
+    );
+    let r = post(json!({"model": "other", "messages": [], "max_tokens": 1}));
     let v = r.json();
     assert_eq!(
         (r.status, v["type"].as_str(), v["error"]["type"].as_str()),
-        (400, Some("error"), Some("invalid_request_error"))
+        (404, Some("error"), Some("NotFoundError"))
     );
-    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("max_tokens")), "{v}");
-    let r = post(json!({"model": "other", "messages": [], "max_tokens": 1}));
-    assert_eq!((r.status, r.json()["error"]["type"].as_str()), (404, Some("not_found_error")));
 }

@@ -1,7 +1,8 @@
 //! The rules of the APIs agents call: OpenAI's Responses API (`POST /v1/responses`: `input` a
 //! string or a list of input items, `instructions`, `max_output_tokens`, `previous_response_id`)
 //! and Anthropic's Messages API (`POST /v1/messages`: `system` a string or text blocks,
-//! `messages`, `max_tokens`, required). Pure, as the rest of [`super`].
+//! `messages`, `max_tokens`, required; `POST /v1/messages/count_tokens` the same without
+//! `max_tokens`). Pure, as the rest of [`super`].
 //!
 //! - **memory**: the prompt text is the instructions or system text and every message's or
 //!   item's text (an item's `content` string or its parts' `text`, a tool call's `arguments`,
@@ -67,7 +68,7 @@ pub(super) fn check(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsE
             }
             previous_response_id(body)?;
         }
-        Endpoint::Messages => {
+        Endpoint::Messages | Endpoint::CountTokens => {
             match &body.messages {
                 None => return Err(InputsError::Missing { field: "messages", reason: "the Messages API requires it" }),
                 Some(Messages::NotList) => {
@@ -98,7 +99,7 @@ pub(super) fn check(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsE
                     })
                 }
             }
-            if matches!(body.max_tokens, None | Some(Value::Null)) {
+            if endpoint == Endpoint::Messages && matches!(body.max_tokens, None | Some(Value::Null)) {
                 return Err(InputsError::Missing { field: "max_tokens", reason: "the Messages API requires it" });
             }
         }
@@ -106,6 +107,10 @@ pub(super) fn check(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsE
     }
     match max_tokens_field(endpoint, body) {
         (_, None | Some(Value::Null)) => Ok(()),
+        // vLLM refuses a Messages request's `max_tokens` of 0 ("max_tokens must be positive").
+        (field, Some(v)) if endpoint == Endpoint::Messages && v.as_u64() == Some(0) => {
+            Err(InputsError::BadField { field, value: quote(v), reason: "expected at least 1 token" })
+        }
         (_, Some(v)) if v.is_u64() => Ok(()),
         (field, Some(v)) => {
             Err(InputsError::BadField { field, value: quote(v), reason: "expected a whole number of tokens" })
@@ -133,6 +138,8 @@ pub(super) fn previous_response_id(body: &Fields<'_>) -> Result<Option<String>, 
 pub(super) fn max_tokens_field<'b>(endpoint: Endpoint, body: &'b Fields<'_>) -> (&'static str, Option<&'b Value>) {
     match endpoint {
         Endpoint::Responses => ("max_output_tokens", body.max_output_tokens.as_ref()),
+        // Nothing is generated.
+        Endpoint::CountTokens => ("max_tokens", None),
         _ => ("max_tokens", body.max_tokens.as_ref()),
     }
 }
@@ -152,7 +159,7 @@ pub(super) fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize 
             };
             instructions + input
         }
-        Endpoint::Messages => {
+        Endpoint::Messages | Endpoint::CountTokens => {
             let messages = match &body.messages {
                 Some(Messages::List(msgs)) => msgs.iter().map(|m| m.content.text_len()).sum(),
                 _ => 0,
@@ -210,7 +217,7 @@ pub(super) fn derive_material(endpoint: Endpoint, body: &Fields<'_>, material: &
                 _ => return None,
             }
         }
-        Endpoint::Messages => {
+        Endpoint::Messages | Endpoint::CountTokens => {
             let Some(Messages::List(msgs)) = &body.messages else { return None };
             let user = msgs.iter().find(|m| m.role.as_deref() == Some("user"))?;
             if let Some(system) = system_text(body.system.as_ref()) {

@@ -2,8 +2,14 @@
 //! `system` (a string or text blocks) and `messages` make the prompt, `max_tokens` (required)
 //! the answer. Not streamed: one `message` object. Streamed: `message_start`,
 //! `content_block_start`, one `content_block_delta` per token, `content_block_stop`,
-//! `message_delta` (the stop reason and output tokens), `message_stop`. Errors in Anthropic's
-//! shape, `{"type": "error", "error": {"type", "message"}}`.
+//! `message_delta` (the stop reason and output tokens), `message_stop`, each `event: TYPE` and
+//! `data: JSON`. Errors as vLLM sends them on this route: a request its validation refuses
+//! (no `max_tokens`, `max_tokens` 0, no `messages`) in the OpenAI shape with `type` "Bad
+//! Request" (FastAPI's validation handler is the server's, not the route's); any other in
+//! Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, whose `type` is vLLM's
+//! name of the error ("NotFoundError" for another model).
+//!
+//! `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`.
 //!
 //! For the tests of what a router passes upstream, the answer also says what it saw of the
 //! client's Anthropic headers: `x-ailb-sim-anthropic-version` (the value) and
@@ -58,17 +64,18 @@ fn parse(body: &[u8]) -> Result<Request, String> {
     }
     let max_tokens = match &v["max_tokens"] {
         Value::Null => return Err("max_tokens: Field required".into()),
-        m => m.as_u64().ok_or_else(|| format!("max_tokens: {m} is not a non-negative integer"))?,
+        m => m.as_u64().filter(|&n| n > 0).ok_or_else(|| format!("max_tokens: {m}: max_tokens must be positive"))?,
     };
     Ok(Request {
         model: v["model"].as_str().filter(|m| !m.is_empty()).map(str::to_string),
         text,
-        max_tokens: max_tokens.max(1),
+        max_tokens,
         stream: v["stream"].as_bool().unwrap_or(false),
     })
 }
 
-/// An error in Anthropic's shape.
+/// An error in Anthropic's shape, its `type` vLLM's name of the error (as vLLM translates its
+/// errors on this route).
 fn api_error(status: StatusCode, kind: &str, message: String) -> Response {
     (status, Json(json!({"type": "error", "error": {"type": kind, "message": message}}))).into_response()
 }
@@ -121,10 +128,10 @@ impl Events for Message {
 pub(super) async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
     let req = match parse(&body) {
         Ok(r) => r,
-        Err(msg) => return api_error(StatusCode::BAD_REQUEST, "invalid_request_error", msg),
+        Err(msg) => return super::responses::validation_error(&msg),
     };
     if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
-        return api_error(StatusCode::NOT_FOUND, "not_found_error", format!("The model `{m}` does not exist."));
+        return api_error(StatusCode::NOT_FOUND, "NotFoundError", format!("The model `{m}` does not exist."));
     }
     let sim = SimRequest {
         prompt_tokens: text::tokens_of(req.text.len()),
@@ -134,7 +141,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body
     let t0 = app.clock.now();
     let started = match admit(&app, &sim, t0).await {
         Ok(s) => s,
-        Err(oom) => return api_error(StatusCode::BAD_REQUEST, "invalid_request_error", oom.to_string()),
+        Err(oom) => return api_error(StatusCode::BAD_REQUEST, "BadRequestError", oom.to_string()),
     };
     let seq = SeqGuard { app: app.clone(), id: started.id, done: false };
     let begin = Instant::now();
@@ -165,6 +172,27 @@ pub(super) async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body
     resp
 }
 
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}` for the system and messages.
+pub(super) async fn count_tokens(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let mut v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return super::responses::validation_error(&format!("body: {e}")),
+    };
+    // Nothing is generated: any positive max_tokens reads the same prompt.
+    v["max_tokens"] = json!(1);
+    let req = match parse(v.to_string().as_bytes()) {
+        Ok(r) => r,
+        Err(msg) => return super::responses::validation_error(&msg),
+    };
+    if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
+        return api_error(StatusCode::NOT_FOUND, "NotFoundError", format!("The model `{m}` does not exist."));
+    }
+    let mut resp = Json(json!({"input_tokens": text::tokens_of(req.text.len())})).into_response();
+    resp.headers_mut()
+        .insert("x-ailb-backend", HeaderValue::from_str(&app.addr).expect("an address is a header value"));
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +203,6 @@ mod tests {
         assert_eq!((r.text.as_slice(), r.max_tokens, r.stream), (&b"abcdef"[..], 3, false));
         assert!(parse(br#"{"messages":[]}"#).unwrap_err().contains("max_tokens"));
         assert!(parse(br#"{"max_tokens":1}"#).unwrap_err().contains("messages"));
+        assert!(parse(br#"{"messages":[],"max_tokens":0}"#).unwrap_err().contains("must be positive"));
     }
 }

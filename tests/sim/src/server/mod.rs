@@ -201,6 +201,7 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics::metrics))

@@ -3,7 +3,10 @@
 //! `max_output_tokens` the answer (16 when absent). With `store` (default true) the finished
 //! response is kept in THIS server's memory, for ever, as vLLM keeps it; a request naming it in
 //! `previous_response_id` continues its conversation (its tokens count in the prompt), and an
-//! id this server does not hold is a 404 "Response with id '...' not found.", as vLLM answers.
+//! id this server does not hold is a 404 "Response with id '...' not found." (`type`
+//! `invalid_request_error`, `param` `response_id`), as vLLM answers. (vLLM stores only when
+//! started with `VLLM_ENABLE_RESPONSES_API_STORE=1`, ignoring `store` otherwise; the simulator
+//! stores as if it were.)
 //! `GET /v1/responses/{id}` answers a stored response, `POST /v1/responses/{id}/cancel` vLLM's
 //! 400 for a response that is not running in the background (the simulator runs none).
 //! Streamed (`"stream": true`): `response.created` (the id), `response.in_progress`, the output
@@ -92,11 +95,17 @@ fn parse(body: &[u8]) -> Result<Request, String> {
     })
 }
 
-/// An error of this route, as vLLM's Responses API sends it.
-fn api_error(status: StatusCode, message: String) -> Response {
-    let kind = if status == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" };
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+/// An error as vLLM's OpenAI routes send it: `{"error": {"message", "type", "param", "code"}}`.
+fn vllm_error(status: StatusCode, kind: &str, param: Option<&str>, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}});
     (status, Json(body)).into_response()
+}
+
+/// A request that fails vLLM's validation of its fields (`FIELD: reason`), on any of its routes
+/// the Messages API's too: 400 "Bad Request" in the OpenAI shape, naming the field.
+pub(super) fn validation_error(msg: &str) -> Response {
+    let param = msg.split_once(':').map(|(p, _)| p);
+    vllm_error(StatusCode::BAD_REQUEST, "Bad Request", param, format!("1 validation error:\n  {msg}"))
 }
 
 /// What a response is while it is generated and when it is done.
@@ -204,7 +213,8 @@ fn store(app: &App, id: &str, tokens: u64, response: Value) {
 }
 
 fn not_found(id: &str) -> Response {
-    api_error(StatusCode::NOT_FOUND, format!("Response with id '{id}' not found."))
+    let message = format!("Response with id '{id}' not found.");
+    vllm_error(StatusCode::NOT_FOUND, "invalid_request_error", Some("response_id"), message)
 }
 
 /// `GET /v1/responses/{id}`: the stored response, or vLLM's 404.
@@ -221,7 +231,8 @@ pub(super) async fn cancel(State(app): State<Arc<App>>, Path(id): Path<String>) 
     if !app.stored_responses().contains_key(&id) {
         return not_found(&id);
     }
-    api_error(StatusCode::BAD_REQUEST, "Cannot cancel a synchronous response.".into())
+    let message = "Cannot cancel a synchronous response.".to_string();
+    vllm_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("response_id"), message)
 }
 
 /// A new response id, unique across servers (the front door keys its table by it).
@@ -233,7 +244,7 @@ fn new_id(app: &App) -> String {
 pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let req = match parse(&body) {
         Ok(r) => r,
-        Err(msg) => return api_error(StatusCode::BAD_REQUEST, msg),
+        Err(msg) => return validation_error(&msg),
     };
     if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
         return error(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist."));
@@ -250,7 +261,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Response
     let t0 = app.clock.now();
     let started = match admit(&app, &sim, t0).await {
         Ok(s) => s,
-        Err(oom) => return api_error(StatusCode::BAD_REQUEST, oom.to_string()),
+        Err(oom) => return vllm_error(StatusCode::BAD_REQUEST, "BadRequestError", None, oom.to_string()),
     };
     let seq = SeqGuard { app: app.clone(), id: started.id, done: false };
     let begin = Instant::now();

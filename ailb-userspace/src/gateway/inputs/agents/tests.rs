@@ -33,6 +33,8 @@ fn the_routes_of_the_agents_apis() {
     assert_eq!(Endpoint::from_path("/v1/responses"), Some(Endpoint::Responses));
     assert_eq!(Endpoint::from_path("/v1/messages"), Some(Endpoint::Messages));
     assert_eq!(Endpoint::Messages.error_shape(), ErrorShape::Anthropic);
+    assert_eq!(Endpoint::from_path("/v1/messages/count_tokens"), Some(Endpoint::CountTokens));
+    assert_eq!(Endpoint::CountTokens.error_shape(), ErrorShape::Anthropic);
     assert_eq!(Endpoint::Responses.error_shape(), ErrorShape::OpenAi);
 }
 
@@ -154,6 +156,7 @@ fn malformed_fields_are_400s_naming_the_field_and_value() {
     assert_eq!(bad(messages(json!({"model": "m", "max_tokens": 1, "messages": "q"}))), f("messages", "(not an array)"));
     assert_eq!(bad(messages(json!({"model": "m", "messages": ok}))), f("max_tokens", "(missing)"));
     assert_eq!(bad(messages(json!({"model": "m", "messages": ok, "max_tokens": "lots"}))), f("max_tokens", "\"lots\""));
+    assert_eq!(bad(messages(json!({"model": "m", "messages": ok, "max_tokens": 0}))), f("max_tokens", "0"));
     assert_eq!(bad(messages(json!({"model": "m", "messages": ok, "max_tokens": 1, "system": 3}))), f("system", "3"));
     assert_eq!(bad(messages(json!({"model": "m", "messages": ok, "max_tokens": 1, "system": [1]}))), f("system", "1"));
     // The model first: an unknown one is a 404 before any field is read.
@@ -173,4 +176,15 @@ fn errors_on_the_messages_route_take_anthropics_shape() {
     assert_eq!(busy.body()["error"]["type"], "rate_limit_error");
     assert!(busy.event().starts_with("event: error\ndata: {"), "{}", busy.event());
     assert!(ApiError::overloaded(1).event().starts_with("data: {\"error\""));
+}
+
+#[test]
+fn a_token_count_reads_a_messages_request_without_max_tokens() {
+    let body = json!({"model": "m", "system": "abcd", "messages": [{"role": "user", "content": "efgh"}]});
+    let counted = call(Endpoint::CountTokens, body.clone()).unwrap();
+    assert_eq!(counted.memory_mb, Some(2), "the prompt only: nothing is generated");
+    let mut sent = body;
+    sent["max_tokens"] = json!(1);
+    assert_eq!(counted.conversation, messages(sent).unwrap().conversation, "the conversation's backend");
+    assert_eq!(bad(call(Endpoint::CountTokens, json!({"model": "m"}))), ("messages".into(), "(missing)".into()));
 }
