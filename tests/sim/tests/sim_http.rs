@@ -404,8 +404,16 @@ fn completions_other_models_and_unknown_paths_are_answered_as_vllm_answers_them(
             (404, Some("NotFoundError"), Some(404)),
             "{path}: {e}"
         );
-        assert_eq!(e["message"], "The model `other` does not exist.");
+        assert_eq!(e["message"], "The model `other` does not exist. Valid aliases: m.");
     }
+    // A malformed field: vLLM's validation error, the field under `body.`.
+    let r = post("/v1/chat/completions", json!({"model": "m", "messages": "bad"}));
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["type"].as_str(), e["param"].as_str()),
+        (400, Some("Bad Request"), Some("body.messages")),
+        "{e}"
+    );
     // No model named: served (vLLM takes its one served model).
     assert_eq!(post("/v1/completions", json!({"prompt": "x", "max_tokens": 1})).status, 200);
 

@@ -316,11 +316,15 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Respons
     };
     let req = match parsed {
         Ok(r) => r,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+        // vLLM's request models name the field under `body.` (pydantic's location).
+        Err(msg) => return responses::validation_error(&format!("body.{msg}")),
     };
     // vLLM serves a model only under its served name and answers any other with a 404.
     if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
-        return error(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist."));
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist. Valid aliases: {}.", app.cfg.model),
+        );
     }
     let t0 = app.clock.now();
     let started = match admit(&app, &req.sim, t0).await {
