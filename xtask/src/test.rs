@@ -30,7 +30,8 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     let step = Step::start("unit tests (workspace, without the integration tests)");
     util::run(
         util::cargo()
-            .args(["test", "--workspace", "--exclude", INTEGRATION_PKG, "--all-targets"])
+            // Every failing test binary is reported, not only the first.
+            .args(["test", "--workspace", "--exclude", INTEGRATION_PKG, "--all-targets", "--no-fail-fast"])
             .arg("--")
             .args(extra)
             .env("AILB_BIN", &ailb),
@@ -52,7 +53,7 @@ pub(crate) fn test(extra: &[OsString]) -> Result<()> {
     let step = Step::start(format!("integration tests ({INTEGRATION_PKG}, one at a time)"));
     util::run(
         util::cargo()
-            .args(["test", "-p", INTEGRATION_PKG, "--all-targets", "--", "--test-threads=1"])
+            .args(["test", "-p", INTEGRATION_PKG, "--all-targets", "--no-fail-fast", "--", "--test-threads=1"])
             .args(extra)
             .env("AILB_BIN", &ailb),
     )

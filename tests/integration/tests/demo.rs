@@ -42,7 +42,7 @@ fn the_demo_runs_the_whole_system_and_cleans_up() {
     let out = run_cmd(&mut cmd, Duration::from_secs(240));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "ailb-demo failed ({}):\n{stderr}\n{stdout}", out.status);
-    assert!(stderr.contains("all 2 GPUs are in the table"), "both agents registered and went live:\n{stderr}");
+    assert!(stderr.contains("all 2 servers are in the table"), "both agents registered and went live:\n{stderr}");
     assert!(
         stderr.contains("front door `ailb gateway`") && stderr.contains("plain HTTP to the front door"),
         "the load goes through the front door by default:\n{stderr}"

@@ -345,8 +345,7 @@ fn the_official_openai_and_anthropic_clients_work_unchanged() {
     let python = match client_python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
+            return ailb_tests::report_skipped("the_official_openai_and_anthropic_clients_work_unchanged", &why)
         }
     };
     let cg = CgroupGuard::new("gw-agents-clients");

@@ -138,8 +138,11 @@ async fn wait_for_waiting(n: u64) {
 #[test]
 fn the_front_door_keeps_its_reserve_and_waits_for_a_slot_while_the_socket_abi_holds_the_fleet() {
     if let Err(e) = Command::new("python3").arg("-c").arg("pass").output() {
-        eprintln!("skipped: python3 is needed for the socket-ABI competitor ({e})");
-        return;
+        let why = format!("python3 is needed for the socket-ABI competitor ({e})");
+        return ailb_tests::report_skipped(
+            "the_front_door_keeps_its_reserve_and_waits_for_a_slot_while_the_socket_abi_holds_the_fleet",
+            &why,
+        );
     }
     let bin = preflight();
     let cg = CgroupGuard::new("gw-reserve");

@@ -72,8 +72,10 @@ fn the_openai_python_client_works_unchanged_and_its_conversations_stick() {
     let python = match client_python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
+            return ailb_tests::report_skipped(
+                "the_openai_python_client_works_unchanged_and_its_conversations_stick",
+                &why,
+            )
         }
     };
     let cg = CgroupGuard::new("gw-openai");
@@ -136,8 +138,10 @@ fn the_openai_python_client_works_unchanged_and_its_conversations_stick() {
 #[test]
 fn curl_with_x_required_memory_lands_on_a_backend_with_that_much_free() {
     if !Command::new("sh").args(["-c", "command -v curl"]).stdout(Stdio::null()).status().is_ok_and(|s| s.success()) {
-        eprintln!("skipped: curl is not installed (command -v curl found nothing)");
-        return;
+        return ailb_tests::report_skipped(
+            "curl_with_x_required_memory_lands_on_a_backend_with_that_much_free",
+            "curl is not installed (command -v curl found nothing)",
+        );
     }
     const NEED_MB: u32 = 8 * 1024;
     // Those without 8 GB free carry 8 of the 9 weight units: a pick blind to memory lands

@@ -87,11 +87,8 @@ fn ailb_is_no_slower_than_sglang_cache_aware_on_a_short_replay() {
     let venv = peers_venv();
     let router = venv.join("bin/sglang-router");
     if !router.is_file() {
-        eprintln!(
-            "skipped: {} is not installed (`cargo xtask setup` installs it; PyPI unreachable?)",
-            router.display()
-        );
-        return;
+        let why = format!("{} is not installed (`cargo xtask setup` installs it; PyPI unreachable?)", router.display());
+        return ailb_tests::report_skipped("ailb_is_no_slower_than_sglang_cache_aware_on_a_short_replay", &why);
     }
     let ailb = preflight();
     let compare = workspace_bin("ailb-tools", "ailb-compare");
