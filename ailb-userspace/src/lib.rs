@@ -1,4 +1,5 @@
-//! ailb's gateway side: config, discovery, policy, the kernel data path and the CLI.
+//! ailb's userspace: the daemon (`ailb run`: config, discovery, policy, the kernel data path), the GPU
+//! node agent (`ailb agent`), the front door (`ailb gateway`) and the CLI.
 //! `unsafe` is denied everywhere except the raw system calls in `datapath::sys`.
 #![deny(unsafe_code)]
 

@@ -1,4 +1,4 @@
-//! `ailb`: the gateway daemon and its CLI.
+//! `ailb`: the daemon, the GPU node agent, the front door and the CLI around them.
 #![forbid(unsafe_code)]
 
 /// mimalloc, not the system allocator: a fleet-wide recompute builds and drops hundreds of

@@ -23,7 +23,7 @@ const DEFAULT_BPFFS: &str = "/sys/fs/bpf/ailb";
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway daemon: load, pin and attach the programs and keep the tables in step
+    /// Run the daemon: load, pin and attach the programs and keep the tables in step
     /// with the config (SIGHUP reloads it). Without --config: the embedded loopback demo.
     Run {
         #[arg(long)]

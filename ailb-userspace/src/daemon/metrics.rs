@@ -287,7 +287,7 @@ fn encode_tc(tc: &crate::datapath::tc::TcStatus, enc: &mut DescriptorEncoder) ->
         ],
     )?;
     counter(enc, "ailb_tc_redirected", "Packets rewritten and redirected to the FIB's next hop", s.redirected)?;
-    counter(enc, "ailb_tc_to_stack", "Packets rewritten and handed to the gateway's stack", s.to_stack)
+    counter(enc, "ailb_tc_to_stack", "Packets rewritten and handed to this host's stack", s.to_stack)
 }
 
 fn encode_status(
