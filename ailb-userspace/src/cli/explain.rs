@@ -129,9 +129,13 @@ struct ExplainOutput<'a> {
     conversation: Option<ConversationExplain>,
 }
 
+/// How long `ailb explain` waits for the daemon's plan: a plan of 16,000 backends took over the
+/// front door's 500 ms on a busy machine (the `scale` test), and an operator can wait.
+const EXPLAIN_PLAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The daemon's plan (`None` before its first), read as the front door reads it.
 async fn fetch_plan(listen: SocketAddr) -> anyhow::Result<Option<PlanView>> {
-    match PlanClient::new(listen).fetch().await {
+    match PlanClient::with_timeout(listen, EXPLAIN_PLAN_TIMEOUT).fetch().await {
         Err(PlanError::Request { url, source }) => {
             Err(anyhow::Error::new(source).context(format!("GET {url} (is `ailb run` started with daemon.listen?)")))
         }

@@ -51,7 +51,14 @@ pub struct PlanClient {
 impl PlanClient {
     /// The plan of the daemon listening on `daemon` (`daemon.listen`).
     pub fn new(daemon: SocketAddr) -> Self {
-        let client = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap_or_default();
+        Self::with_timeout(daemon, TIMEOUT)
+    }
+
+    /// [`Self::new`] that waits up to `timeout` for the whole answer: an operator's one-off
+    /// read (`ailb explain`) of a plan of thousands of backends (megabytes of JSON) may take
+    /// seconds on a busy node, where the front door's periodic reads must not.
+    pub fn with_timeout(daemon: SocketAddr, timeout: Duration) -> Self {
+        let client = reqwest::Client::builder().timeout(timeout).build().unwrap_or_default();
         Self { url: format!("http://{daemon}/v1/plan"), client }
     }
 
