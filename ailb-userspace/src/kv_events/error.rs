@@ -1,0 +1,49 @@
+//! The one error type of KV-event decoding and applying.
+
+/// What was wrong with a KV-event message or batch. The batch it names is skipped whole; the
+/// index and the batches before and after it are untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum KvEventError {
+    /// A publisher message is `[topic, seq, payload]`: three frames.
+    #[error("kv event message: {count} frames, expected 3 (topic, sequence number, payload)")]
+    Frames { count: usize },
+    /// A replay answer is `[seq, payload]` (after the ROUTER's identity and delimiter).
+    #[error("kv event replay: {count} frames, expected 2 (sequence number, payload)")]
+    ReplayFrames { count: usize },
+    /// The sequence number frame is 8 bytes, big-endian.
+    #[error("kv event message: sequence number frame of {len} bytes, expected 8")]
+    Sequence { len: usize },
+    /// The payload is not one msgpack value.
+    #[error("kv event batch: not msgpack")]
+    Msgpack(#[source] rmpv::decode::Error),
+    /// Bytes follow the batch's msgpack value.
+    #[error("kv event batch: {extra} bytes after the batch")]
+    TrailingBytes { extra: usize },
+    /// A field is missing or has a value of the wrong type or range.
+    #[error("kv event batch: field `{field}`: {value}: {reason}")]
+    Field { field: String, value: String, reason: &'static str },
+    /// A stored block's size is not the size the keys are made with (the front door's): its
+    /// keys would never match a request's.
+    #[error("kv event batch: field `{field}`: block size {got}, but keys are made with blocks of {expected}")]
+    BlockSize { field: String, got: u32, expected: u32 },
+    /// More (medium, KV-cache group) pairs than the index tracks per block.
+    #[error("kv event batch: field `{field}`: {value}: more than {max} media and KV-cache groups")]
+    TooManyPlaces { field: String, value: String, max: usize },
+}
+
+impl KvEventError {
+    /// A field's error; `value` is shortened to a readable length.
+    pub(crate) fn field(field: impl Into<String>, value: impl std::fmt::Display, reason: &'static str) -> Self {
+        const MAX: usize = 80;
+        let mut value = value.to_string();
+        if value.len() > MAX {
+            let mut cut = MAX;
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            value.truncate(cut);
+            value.push_str("...");
+        }
+        Self::Field { field: field.into(), value, reason }
+    }
+}

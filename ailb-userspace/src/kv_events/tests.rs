@@ -1,0 +1,307 @@
+use std::num::NonZeroU32;
+
+use ailb_common::prefix::token_keys;
+use rmpv::Value;
+
+use super::*;
+
+const BS: NonZeroU32 = match NonZeroU32::new(4) {
+    Some(b) => b,
+    None => panic!("block size 0"),
+};
+
+fn s(v: &str) -> Value {
+    Value::from(v)
+}
+
+fn ints(v: &[u64]) -> Value {
+    Value::Array(v.iter().map(|&x| Value::from(x)).collect())
+}
+
+/// `BlockStored` as msgspec writes it with `array_like=True`: the tag, then the fields.
+fn stored_array(hashes: &[u64], parent: Option<u64>, tokens: &[u64], medium: &str) -> Value {
+    Value::Array(vec![
+        s("BlockStored"),
+        ints(hashes),
+        parent.map_or(Value::Nil, Value::from),
+        ints(tokens),
+        Value::from(BS.get()),
+        Value::Nil,
+        s(medium),
+        Value::Nil,
+    ])
+}
+
+/// The same as a map (msgspec's default struct form), the tag under `"type"`, defaults left out.
+fn stored_map(hashes: &[u64], parent: Option<u64>, tokens: &[u64], medium: &str) -> Value {
+    Value::Map(vec![
+        (s("type"), s("BlockStored")),
+        (s("block_hashes"), ints(hashes)),
+        (s("parent_block_hash"), parent.map_or(Value::Nil, Value::from)),
+        (s("token_ids"), ints(tokens)),
+        (s("block_size"), Value::from(BS.get())),
+        (s("lora_id"), Value::Nil),
+        (s("medium"), s(medium)),
+        (s("lora_name"), Value::Nil),
+    ])
+}
+
+fn removed(hashes: &[u64], medium: &str) -> Value {
+    Value::Array(vec![s("BlockRemoved"), ints(hashes), s(medium)])
+}
+
+fn cleared() -> Value {
+    Value::Array(vec![s("AllBlocksCleared")])
+}
+
+fn batch(ts: f64, events: Vec<Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]))
+        .expect("encode");
+    out
+}
+
+fn map_batch(ts: f64, events: Vec<Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let v = Value::Map(vec![(s("ts"), Value::F64(ts)), (s("events"), Value::Array(events))]);
+    rmpv::encode::write_value(&mut out, &v).expect("encode");
+    out
+}
+
+fn frames(seq: u64, payload: &[u8]) -> [Vec<u8>; 3] {
+    [b"kv".to_vec(), seq.to_be_bytes().to_vec(), payload.to_vec()]
+}
+
+fn receive(index: &mut BlockIndex, seq: u64, payload: &[u8]) -> Receipt {
+    let f = frames(seq, payload);
+    index.receive(&[&f[0], &f[1], &f[2]])
+}
+
+fn applied(r: Receipt) -> ApplyStats {
+    match r {
+        Receipt::Applied(s) => s,
+        other => panic!("expected the batch applied, got {other:?}"),
+    }
+}
+
+fn keys_of(tokens: &[u64]) -> Vec<u64> {
+    let t: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    token_keys(&t, BS)
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn both_struct_forms_decode_to_the_same_events() {
+    let tokens: Vec<u64> = (1..=8).collect();
+    let a = decode_batch(&batch(1.5, vec![stored_array(&[10, 11], None, &tokens, "GPU")])).expect("array form");
+    let m = decode_batch(&map_batch(1.5, vec![stored_map(&[10, 11], None, &tokens, "GPU")])).expect("map form");
+    assert_eq!(a.events, m.events);
+    assert_eq!(a.data_parallel_rank, Some(0));
+    assert_eq!(m.data_parallel_rank, None);
+    let KvEvent::BlockStored(st) = &a.events[0] else { panic!("{:?}", a.events) };
+    assert_eq!(st.block_hashes, vec![EngineHash::Int(10), EngineHash::Int(11)]);
+    assert_eq!(st.token_ids, (1..=8).collect::<Vec<u32>>());
+    assert_eq!(st.medium.as_deref(), Some("GPU"));
+    assert!(st.has_extra_keys.is_empty());
+}
+
+#[test]
+fn stored_blocks_get_the_front_doors_keys() {
+    let mut index = BlockIndex::new(BS);
+    let tokens: Vec<u64> = (100..116).collect();
+    // Two events: a prompt's first two blocks, then two more chained on the second.
+    let p = batch(
+        1.0,
+        vec![stored_array(&[1, 2], None, &tokens[..8], "GPU"), stored_array(&[3, 4], Some(2), &tokens[8..], "GPU")],
+    );
+    let stats = applied(receive(&mut index, 0, &p));
+    assert_eq!(stats.stored, 4);
+    let want = keys_of(&tokens);
+    assert_eq!(sorted(index.keys().collect()), sorted(want.clone()));
+    assert_eq!(
+        sorted(index.take_changes().into_iter().map(|(k, held)| if held { k } else { 0 }).collect()),
+        sorted(want)
+    );
+    assert!(index.take_changes().is_empty(), "changes are taken once");
+}
+
+#[test]
+fn block_removed_and_all_blocks_cleared() {
+    let mut index = BlockIndex::new(BS);
+    let tokens: Vec<u64> = (0..12).collect();
+    let keys = keys_of(&tokens);
+    applied(receive(&mut index, 0, &batch(1.0, vec![stored_array(&[1, 2, 3], None, &tokens, "GPU")])));
+    index.take_changes();
+    let stats = applied(receive(&mut index, 1, &batch(2.0, vec![removed(&[3], "GPU")])));
+    assert_eq!(stats.removed, 1);
+    assert!(index.holds(keys[1]) && !index.holds(keys[2]));
+    assert_eq!(index.take_changes(), vec![(keys[2], false)]);
+    let stats = applied(receive(&mut index, 2, &batch(3.0, vec![cleared()])));
+    assert_eq!(stats.cleared, 1);
+    assert!(index.is_empty() && index.blocks() == 0);
+    assert_eq!(sorted(index.take_changes().into_iter().map(|(k, _)| k).collect()), sorted(keys[..2].to_vec()));
+    // Removing what is gone is counted, not an error.
+    let stats = applied(receive(&mut index, 3, &batch(4.0, vec![removed(&[1], "GPU")])));
+    assert_eq!(stats.unknown_removed, 1);
+}
+
+#[test]
+fn a_block_is_held_while_any_medium_holds_it() {
+    let mut index = BlockIndex::new(BS);
+    let tokens: Vec<u64> = (0..4).collect();
+    let key = keys_of(&tokens)[0];
+    let p = batch(1.0, vec![stored_array(&[7], None, &tokens, "GPU"), stored_array(&[7], None, &tokens, "CPU")]);
+    applied(receive(&mut index, 0, &p));
+    applied(receive(&mut index, 1, &batch(2.0, vec![removed(&[7], "GPU")])));
+    assert!(index.holds(key), "the CPU copy still holds it");
+    applied(receive(&mut index, 2, &batch(3.0, vec![removed(&[7], "CPU")])));
+    assert!(!index.holds(key));
+}
+
+#[test]
+fn a_gap_asks_for_a_replay_and_the_replay_fills_it() {
+    let mut index = BlockIndex::new(BS);
+    let t: Vec<u64> = (0..12).collect();
+    let b0 = batch(1.0, vec![stored_array(&[1], None, &t[..4], "GPU")]);
+    let b1 = batch(2.0, vec![stored_array(&[2], Some(1), &t[4..8], "GPU")]);
+    let b2 = batch(3.0, vec![stored_array(&[3], Some(2), &t[8..], "GPU")]);
+    applied(receive(&mut index, 0, &b0));
+    // Batch 1 is lost on the way; batch 2 arrives.
+    match receive(&mut index, 2, &b2) {
+        Receipt::Gap { expected: 1, got: 2 } => {}
+        other => panic!("expected a gap from 1, got {other:?}"),
+    }
+    assert_eq!(index.len(), 1, "nothing after the gap is applied before the replay");
+    // The replay socket answers from 1: batches 1 and 2, then the end.
+    let replay = [(1u64, &b1), (2, &b2)];
+    for (seq, payload) in replay {
+        let seq_frame = seq.to_be_bytes();
+        let Replayed::Batch { seq, payload } = split_replay(&[&seq_frame, payload]).expect("replay frame") else {
+            panic!("not a batch")
+        };
+        applied(index.receive_payload(seq, payload));
+    }
+    assert_eq!(split_replay(&[b"", &u64::MAX.to_be_bytes(), b""]).expect("end"), Replayed::End);
+    assert_eq!(sorted(index.keys().collect()), sorted(keys_of(&t)));
+    // The live stream goes on; batch 2 seen again is a duplicate.
+    assert!(matches!(receive(&mut index, 2, &b2), Receipt::Duplicate { seq: 2 }));
+    assert_eq!(index.expected(), Some(3));
+}
+
+#[test]
+fn a_replay_that_cannot_fill_the_gap_drops_what_is_held() {
+    let mut index = BlockIndex::new(BS);
+    applied(receive(&mut index, 0, &batch(1.0, vec![stored_array(&[1], None, &[1, 2, 3, 4], "GPU")])));
+    assert!(matches!(receive(&mut index, 50, &batch(2.0, vec![])), Receipt::Gap { expected: 1, got: 50 }));
+    index.resync(50);
+    assert!(index.is_empty());
+    applied(receive(&mut index, 50, &batch(2.0, vec![])));
+}
+
+#[test]
+fn an_engine_restart_starts_over() {
+    let mut index = BlockIndex::new(BS);
+    let t: Vec<u64> = (0..4).collect();
+    applied(receive(&mut index, 0, &batch(1.0, vec![stored_array(&[1], None, &t, "GPU")])));
+    applied(receive(&mut index, 1, &batch(2.0, vec![])));
+    // Sequence 0 again, but newer: a new engine process with an empty cache.
+    match receive(&mut index, 0, &batch(10.0, vec![stored_array(&[9], None, &[5, 6, 7, 8], "GPU")])) {
+        Receipt::Restarted(stats) => assert_eq!(stats.stored, 1),
+        other => panic!("expected a restart, got {other:?}"),
+    }
+    assert_eq!(sorted(index.keys().collect()), keys_of(&[5, 6, 7, 8]));
+}
+
+#[test]
+fn a_malformed_batch_is_skipped_and_nothing_else_is_lost() {
+    let mut index = BlockIndex::new(BS);
+    let t: Vec<u64> = (0..8).collect();
+    applied(receive(&mut index, 0, &batch(1.0, vec![stored_array(&[1], None, &t[..4], "GPU")])));
+    let before: Vec<u64> = sorted(index.keys().collect());
+    // A valid event then one with a token id out of range: the whole batch is skipped, the
+    // valid event included.
+    let bad = batch(2.0, vec![removed(&[1], "GPU"), stored_array(&[2], Some(1), &[1, 2, 3, 1 << 40], "GPU")]);
+    match receive(&mut index, 1, &bad) {
+        Receipt::Skipped { seq: Some(1), error } => {
+            let msg = error.to_string();
+            assert!(msg.contains("events[1].token_ids[3]") && msg.contains("1099511627776"), "{msg}");
+        }
+        other => panic!("expected the batch skipped, got {other:?}"),
+    }
+    assert_eq!(sorted(index.keys().collect()), before, "the skipped batch changed the index");
+    // Not msgpack at all, and a message of the wrong shape: skipped too.
+    assert!(matches!(receive(&mut index, 2, &[0xc1]), Receipt::Skipped { seq: Some(2), .. }));
+    assert!(matches!(index.receive(&[b"kv"]), Receipt::Skipped { seq: None, .. }));
+    // The next batch applies: its sequence follows the skipped ones.
+    applied(receive(&mut index, 3, &batch(3.0, vec![stored_array(&[2], Some(1), &t[4..], "GPU")])));
+    assert_eq!(sorted(index.keys().collect()), sorted(keys_of(&t)));
+}
+
+#[test]
+fn a_block_size_other_than_the_keys_is_an_error_naming_it() {
+    let mut index = BlockIndex::new(NonZeroU32::new(16).expect("16"));
+    let p = batch(1.0, vec![stored_array(&[1], None, &[1, 2, 3, 4], "GPU")]);
+    match receive(&mut index, 0, &p) {
+        Receipt::Skipped { error: KvEventError::BlockSize { field, got: 4, expected: 16 }, .. } => {
+            assert_eq!(field, "events[0].block_size")
+        }
+        other => panic!("expected a block size error, got {other:?}"),
+    }
+}
+
+#[test]
+fn orphans_and_blocks_with_extra_keys_give_no_keys() {
+    let mut index = BlockIndex::new(BS);
+    // The parent was stored before the index subscribed.
+    let stats = applied(receive(&mut index, 0, &batch(1.0, vec![stored_array(&[5], Some(4), &[1, 2, 3, 4], "GPU")])));
+    assert_eq!((stats.orphans, stats.stored), (1, 0));
+    // A salted first block, and its plain-looking child: neither is offered.
+    let mut salted = stored_map(&[1, 2], None, &(0..8).collect::<Vec<_>>(), "GPU");
+    let Value::Map(fields) = &mut salted else { unreachable!() };
+    fields.push((s("extra_keys"), Value::Array(vec![Value::Array(vec![s("salt")]), Value::Nil])));
+    let stats = applied(receive(&mut index, 1, &map_batch(2.0, vec![salted])));
+    assert_eq!(stats.stored, 2);
+    assert_eq!((index.blocks(), index.len()), (2, 0));
+    // A LoRA adapter's blocks likewise.
+    let mut lora = stored_map(&[3], None, &[1, 2, 3, 4], "GPU");
+    let Value::Map(fields) = &mut lora else { unreachable!() };
+    fields.retain(|(k, _)| k.as_str() != Some("lora_name"));
+    fields.push((s("lora_name"), s("adapter")));
+    applied(receive(&mut index, 2, &map_batch(3.0, vec![lora])));
+    assert_eq!((index.blocks(), index.len()), (3, 0));
+}
+
+#[test]
+fn decoding_errors_name_the_field_and_the_value() {
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (batch(1.0, vec![Value::Array(vec![s("BlockStored"), ints(&[1])])]), "events[0].parent_block_hash"),
+        (batch(1.0, vec![Value::Array(vec![Value::from(3)])]), "events[0].type"),
+        (batch(1.0, vec![stored_array(&[1, 2], None, &[1, 2, 3, 4], "GPU")]), "events[0].token_ids"),
+        (batch(1.0, vec![Value::Array(vec![s("BlockRemoved"), s("x")])]), "events[0].block_hashes"),
+        (map_batch(1.0, vec![Value::Map(vec![(s("type"), s("BlockRemoved"))])]), "events[0].block_hashes"),
+    ];
+    for (payload, field) in cases {
+        let err = decode_batch(&payload).expect_err(field);
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
+    let mut p = batch(1.0, vec![]);
+    p.push(0);
+    assert!(matches!(decode_batch(&p), Err(KvEventError::TrailingBytes { extra: 1 })));
+    assert!(matches!(decode_batch(&batch(1.0, vec![Value::Array(vec![s("Compacted")])])).map(|b| b.events),
+        Ok(e) if e == vec![KvEvent::Unknown { tag: "Compacted".into() }]));
+}
+
+#[test]
+fn message_frames() {
+    let seq = 7u64.to_be_bytes();
+    let m = split_message(&[b"t", &seq, b"p"]).expect("three frames");
+    assert_eq!(m, Message { topic: b"t", seq: 7, payload: b"p" });
+    assert!(matches!(split_message(&[b"t", &[0; 4], b"p"]), Err(KvEventError::Sequence { len: 4 })));
+    assert!(matches!(split_message(&[b"t"]), Err(KvEventError::Frames { count: 1 })));
+    assert!(matches!(split_replay(&[b"x"]), Err(KvEventError::ReplayFrames { count: 1 })));
+    assert_eq!(wire::replay_request(258), [0, 0, 0, 0, 0, 0, 1, 2]);
+}
