@@ -22,12 +22,8 @@ pub enum KvEventError {
     /// A field is missing or has a value of the wrong type or range.
     #[error("kv event batch: field `{field}`: {value}: {reason}")]
     Field { field: String, value: String, reason: &'static str },
-    /// A stored block's size is not the size the keys are made with (the front door's): its
-    /// keys would never match a request's.
-    #[error("kv event batch: field `{field}`: block size {got}, but keys are made with blocks of {expected}")]
-    BlockSize { field: String, got: u32, expected: u32 },
-    /// More (medium, KV-cache group) pairs than the index tracks per block.
-    #[error("kv event batch: field `{field}`: {value}: more than {max} media and KV-cache groups")]
+    /// More places (medium, KV-cache group, locality, tier) than the index tracks per block.
+    #[error("kv event batch: `{field}`: {value}: more than {max} places (media, KV-cache groups, localities, tiers)")]
     TooManyPlaces { field: String, value: String, max: usize },
 }
 

@@ -7,10 +7,14 @@
 //! parent the index never saw (it subscribed after the parent was stored) cannot be keyed: it is
 //! counted as an orphan and left out, as are its descendants in the same event.
 //!
-//! A block is held while any (medium, KV-cache group) holds it. Only *plain* blocks give keys:
+//! A block is tracked per *place*: a (medium, KV-cache group, locality, offloading tier) that
+//! events name. It is held while a place that is not `REMOTE` holds it: a remote tier is shared
+//! by many engines, so a block there says nothing about this one. Only *plain* blocks give keys:
 //! a block the engine hashed with more than its tokens (a LoRA adapter, a cache salt,
-//! multimodal inputs), or a descendant of one, is in a cache that a plain request of the same
-//! tokens does not hit, so it is tracked (for its children and its removal) but not offered.
+//! multimodal inputs), a block of another size than the keys' (vLLM 0.32 also stores partial
+//! entries at finer boundaries inside a block), or a descendant of one, is in a cache that a
+//! plain request of the same tokens does not hit; it is tracked (for its children and its
+//! removal) but not offered.
 //!
 //! Sequence numbers: a batch applies only after the one before it. A later one reports a
 //! [`Receipt::Gap`] (ask the replay socket from `expected`, then apply what it sends); an
@@ -26,14 +30,34 @@ use super::{
     KvEventError,
 };
 
-/// The most (medium, KV-cache group) pairs an index tells apart: a bit each per block.
+/// The most places an index tells apart: a bit each per block.
 pub const MAX_PLACES: usize = 64;
+
+/// Where an event says its blocks are: (medium, KV-cache group, locality, offloading tier).
+type Place = (Option<String>, Option<i64>, Option<String>, Option<String>);
+
+fn stored_place(s: &BlockStored) -> Place {
+    (s.medium.clone(), s.group_idx, s.locality.clone(), s.ownership.clone())
+}
+
+fn removed_place(r: &BlockRemoved) -> Place {
+    (r.medium.clone(), r.group_idx, r.locality.clone(), r.ownership.clone())
+}
+
+fn place_of(e: &KvEvent) -> Option<Place> {
+    match e {
+        KvEvent::BlockStored(s) => Some(stored_place(s)),
+        KvEvent::BlockRemoved(r) => Some(removed_place(r)),
+        KvEvent::AllBlocksCleared | KvEvent::Unknown { .. } => None,
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    /// The prefix key of this block (a whole prefix).
+    /// The prefix key of this block (a whole prefix); 0 for a block that is not plain.
     key: u64,
-    /// Whether the key is offered: the block and all its ancestors hold only their tokens.
+    /// Whether the key is offered: the block and all its ancestors hold only their tokens, in
+    /// blocks of the keys' size.
     plain: bool,
     /// Which places hold it: bit `i` for `places[i]`.
     held_in: u64,
@@ -46,6 +70,8 @@ pub struct ApplyStats {
     pub stored: u64,
     /// Blocks stored whose parent the index does not know: not keyed.
     pub orphans: u64,
+    /// Blocks stored with another block size than the keys': tracked, not keyed.
+    pub other_size: u64,
     /// Blocks removed from a place.
     pub removed: u64,
     /// Removals of blocks the index does not hold in that place.
@@ -60,6 +86,7 @@ impl std::ops::AddAssign for ApplyStats {
     fn add_assign(&mut self, o: Self) {
         self.stored += o.stored;
         self.orphans += o.orphans;
+        self.other_size += o.other_size;
         self.removed += o.removed;
         self.unknown_removed += o.unknown_removed;
         self.cleared += o.cleared;
@@ -101,8 +128,10 @@ pub struct BlockIndex {
     /// Plain keys held, with the number of blocks giving each (two engine hashes can give one
     /// key: the same tokens under different cache salts are different engine blocks).
     held: HashMap<u64, u32>,
-    /// (medium, group) pairs seen, by bit.
-    places: Vec<(Option<String>, Option<i64>)>,
+    /// Places seen, by bit.
+    places: Vec<Place>,
+    /// The bits of the places that count for holding (all but `REMOTE` ones).
+    local: u64,
     /// The sequence number the next batch should have; `None` before the first.
     expected: Option<u64>,
     last_ts: f64,
@@ -120,6 +149,7 @@ impl BlockIndex {
             blocks: HashMap::new(),
             held: HashMap::new(),
             places: Vec::new(),
+            local: 0,
             expected: None,
             last_ts: f64::NEG_INFINITY,
             dirty: Vec::new(),
@@ -242,35 +272,29 @@ impl BlockIndex {
     /// Applies a decoded batch whole, or, if any event in it is invalid, none of it.
     pub fn apply(&mut self, batch: &EventBatch) -> Result<ApplyStats, KvEventError> {
         // Checked first, so that an invalid batch changes nothing.
-        let mut new_places = Vec::new();
+        let mut new_places: Vec<Place> = Vec::new();
         for (i, e) in batch.events.iter().enumerate() {
-            let (medium, group) = match e {
-                KvEvent::BlockStored(s) => {
-                    if s.block_size != self.block_size.get() {
-                        return Err(KvEventError::BlockSize {
-                            field: format!("events[{i}].block_size"),
-                            got: s.block_size,
-                            expected: self.block_size.get(),
-                        });
-                    }
-                    (&s.medium, s.group_idx)
-                }
-                KvEvent::BlockRemoved(r) => (&r.medium, r.group_idx),
-                KvEvent::AllBlocksCleared | KvEvent::Unknown { .. } => continue,
-            };
-            let place = (medium.clone(), group);
+            let Some(place) = place_of(e) else { continue };
             if !self.places.contains(&place) && !new_places.contains(&place) {
                 if self.places.len() + new_places.len() == MAX_PLACES {
                     return Err(KvEventError::TooManyPlaces {
-                        field: format!("events[{i}].medium"),
-                        value: format!("{medium:?}, group {group:?}"),
+                        field: format!("events[{i}]"),
+                        value: format!(
+                            "medium {:?}, group {:?}, locality {:?}, ownership {:?}",
+                            place.0, place.1, place.2, place.3
+                        ),
                         max: MAX_PLACES,
                     });
                 }
                 new_places.push(place);
             }
         }
-        self.places.extend(new_places);
+        for place in new_places {
+            if place.2.as_deref() != Some("REMOTE") {
+                self.local |= 1 << self.places.len();
+            }
+            self.places.push(place);
+        }
         let mut stats = ApplyStats::default();
         for e in &batch.events {
             match e {
@@ -286,14 +310,43 @@ impl BlockIndex {
         Ok(stats)
     }
 
-    fn place_bit(&self, medium: &Option<String>, group: Option<i64>) -> u64 {
-        let i = self.places.iter().position(|(m, g)| m == medium && *g == group);
-        // `apply` registered every place of the batch before any event is applied.
+    fn place_bit(&self, place: &Place) -> u64 {
+        let i = self.places.iter().position(|p| p == place);
+        // `apply` registered every place of the batch before applying any event.
         1u64 << i.unwrap_or(MAX_PLACES - 1)
     }
 
+    /// Sets a block's places, keeping the held keys and the changes in step.
+    fn set_places(&mut self, hash: &EngineHash, held_in: u64) {
+        let Some(block) = self.blocks.get_mut(hash) else { return };
+        let was = block.plain && block.held_in & self.local != 0;
+        let now = block.plain && held_in & self.local != 0;
+        block.held_in = held_in;
+        let key = block.key;
+        if held_in == 0 {
+            self.blocks.remove(hash);
+        }
+        if was == now {
+            return;
+        }
+        if now {
+            let n = self.held.entry(key).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                self.dirty.push(key);
+            }
+        } else if let Some(n) = self.held.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(&key);
+                self.dirty.push(key);
+            }
+        }
+    }
+
     fn store(&mut self, s: &BlockStored, stats: &mut ApplyStats) {
-        let bit = self.place_bit(&s.medium, s.group_idx);
+        let bit = self.place_bit(&stored_place(s));
+        let other_size = s.block_size != self.block_size.get();
         let lora = s.lora_id.is_some() || s.lora_name.is_some();
         let (mut parent, mut parent_plain) = match &s.parent_block_hash {
             None => (self.root, true),
@@ -305,22 +358,18 @@ impl BlockIndex {
                 }
             },
         };
-        let size = self.block_size.get() as usize;
+        if other_size {
+            stats.other_size += s.block_hashes.len() as u64;
+        }
+        let size = s.block_size as usize;
         for (i, (hash, tokens)) in s.block_hashes.iter().zip(s.token_ids.chunks_exact(size)).enumerate() {
-            let key = prefix::chain_tokens(parent, tokens);
-            let plain = parent_plain && !lora && !s.has_extra_keys.get(i).copied().unwrap_or(false);
-            let block = self.blocks.entry(hash.clone()).or_insert(Block { key, plain, held_in: 0 });
+            let plain = parent_plain && !other_size && !lora && !s.has_extra_keys.get(i).copied().unwrap_or(false);
+            // A block that gives no key is never chained on as plain, so its key is not needed.
+            let key = if plain { prefix::chain_tokens(parent, tokens) } else { 0 };
+            let block = *self.blocks.entry(hash.clone()).or_insert(Block { key, plain, held_in: 0 });
             if block.held_in & bit == 0 {
-                let first = block.held_in == 0;
-                block.held_in |= bit;
                 stats.stored += 1;
-                if first && block.plain {
-                    let n = self.held.entry(block.key).or_insert(0);
-                    *n += 1;
-                    if *n == 1 {
-                        self.dirty.push(block.key);
-                    }
-                }
+                self.set_places(hash, block.held_in | bit);
             }
             parent = block.key;
             parent_plain = block.plain;
@@ -328,31 +377,14 @@ impl BlockIndex {
     }
 
     fn remove(&mut self, r: &BlockRemoved, stats: &mut ApplyStats) {
-        let bit = self.place_bit(&r.medium, r.group_idx);
+        let bit = self.place_bit(&removed_place(r));
         for hash in &r.block_hashes {
-            let Some(block) = self.blocks.get_mut(hash) else {
-                stats.unknown_removed += 1;
-                continue;
-            };
-            if block.held_in & bit == 0 {
-                stats.unknown_removed += 1;
-                continue;
-            }
-            block.held_in &= !bit;
-            stats.removed += 1;
-            if block.held_in != 0 {
-                continue;
-            }
-            let Block { key, plain, .. } = *block;
-            self.blocks.remove(hash);
-            if plain {
-                if let Some(n) = self.held.get_mut(&key) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.held.remove(&key);
-                        self.dirty.push(key);
-                    }
+            match self.blocks.get(hash) {
+                Some(block) if block.held_in & bit != 0 => {
+                    stats.removed += 1;
+                    self.set_places(hash, block.held_in & !bit);
                 }
+                _ => stats.unknown_removed += 1,
             }
         }
     }

@@ -242,15 +242,37 @@ fn a_malformed_batch_is_skipped_and_nothing_else_is_lost() {
 }
 
 #[test]
-fn a_block_size_other_than_the_keys_is_an_error_naming_it() {
-    let mut index = BlockIndex::new(NonZeroU32::new(16).expect("16"));
-    let p = batch(1.0, vec![stored_array(&[1], None, &[1, 2, 3, 4], "GPU")]);
-    match receive(&mut index, 0, &p) {
-        Receipt::Skipped { error: KvEventError::BlockSize { field, got: 4, expected: 16 }, .. } => {
-            assert_eq!(field, "events[0].block_size")
-        }
-        other => panic!("expected a block size error, got {other:?}"),
-    }
+fn blocks_of_another_size_are_tracked_not_keyed_and_the_batch_goes_on() {
+    let mut index = BlockIndex::new(BS);
+    let t: Vec<u64> = (0..8).collect();
+    // A full block, a partial entry of 2 tokens chained on it (vLLM 0.32 stores such entries at
+    // finer boundaries), and another full block: the batch applies, the partial entry gives no key.
+    let mut partial = stored_array(&[2], Some(1), &[50, 51], "GPU");
+    let Value::Array(fields) = &mut partial else { unreachable!() };
+    fields[4] = Value::from(2);
+    let p = batch(
+        1.0,
+        vec![stored_array(&[1], None, &t[..4], "GPU"), partial, stored_array(&[3], Some(1), &t[4..], "GPU")],
+    );
+    let stats = applied(receive(&mut index, 0, &p));
+    assert_eq!((stats.stored, stats.other_size), (3, 1));
+    assert_eq!(sorted(index.keys().collect()), sorted(keys_of(&t)));
+    assert_eq!(index.blocks(), 3);
+    applied(receive(&mut index, 1, &batch(2.0, vec![removed(&[2], "GPU")])));
+    assert_eq!((index.blocks(), index.len()), (2, 2));
+}
+
+#[test]
+fn a_remote_tier_does_not_make_a_block_held() {
+    let mut index = BlockIndex::new(BS);
+    let t: Vec<u64> = (0..4).collect();
+    let mut remote = stored_map(&[1], None, &t, "CPU");
+    let Value::Map(fields) = &mut remote else { unreachable!() };
+    fields.push((s("locality"), s("REMOTE")));
+    applied(receive(&mut index, 0, &map_batch(1.0, vec![remote])));
+    assert_eq!((index.blocks(), index.len()), (1, 0));
+    applied(receive(&mut index, 1, &batch(2.0, vec![stored_array(&[1], None, &t, "GPU")])));
+    assert!(index.holds(keys_of(&t)[0]));
 }
 
 #[test]
@@ -304,4 +326,86 @@ fn message_frames() {
     assert!(matches!(split_message(&[b"t"]), Err(KvEventError::Frames { count: 1 })));
     assert!(matches!(split_replay(&[b"x"]), Err(KvEventError::ReplayFrames { count: 1 })));
     assert_eq!(wire::replay_request(258), [0, 0, 0, 0, 0, 0, 1, 2]);
+}
+
+/// Batches written by vLLM 0.32.0's own `KVEventBatch` classes and msgspec's encoder
+/// (`tests/engines/kv_events_fixture.py`; what they hold is in its docstring).
+mod vllm_fixtures {
+    use super::*;
+
+    const INT_HASHES: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/int_hashes.msgpack");
+    const BYTES_HASHES: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/bytes_hashes.msgpack");
+    const EXTRA_KEYS: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/extra_keys.msgpack");
+
+    const BLOCK: NonZeroU32 = match NonZeroU32::new(16) {
+        Some(b) => b,
+        None => panic!("block size 0"),
+    };
+
+    /// The fixture's prompt: four blocks of 16 tokens, 1000..1064.
+    fn prompt_keys() -> Vec<u64> {
+        token_keys(&(1000..1064).collect::<Vec<u32>>(), BLOCK)
+    }
+
+    /// The batch's events applied one by one, the keys held after each.
+    fn keys_after_each(batch: &EventBatch) -> Vec<Vec<u64>> {
+        let mut index = BlockIndex::new(BLOCK);
+        batch
+            .events
+            .iter()
+            .map(|e| {
+                let one = EventBatch { ts: batch.ts, events: vec![e.clone()], data_parallel_rank: None };
+                index.apply(&one).expect("applies");
+                sorted(index.keys().collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn integer_hashes() {
+        let batch = decode_batch(INT_HASHES).expect("vLLM's batch decodes");
+        assert_eq!((batch.ts, batch.data_parallel_rank, batch.events.len()), (1_764_806_400.25, Some(0), 4));
+        let KvEvent::BlockStored(second) = &batch.events[1] else { panic!("{:?}", batch.events[1]) };
+        assert_eq!(second.parent_block_hash, Some(EngineHash::Int(0x2222_0000_0000_0002)));
+        // A hash above 2^63 (msgpack uint64).
+        assert_eq!(second.block_hashes[1], EngineHash::Int(u64::MAX - 4));
+        assert_eq!((second.block_size, second.medium.as_deref(), second.lora_id), (16, Some("GPU"), None));
+        assert_eq!(batch.events[3], KvEvent::AllBlocksCleared);
+        let keys = prompt_keys();
+        assert_eq!(
+            keys_after_each(&batch),
+            vec![sorted(keys[..2].to_vec()), sorted(keys.clone()), sorted(keys[..3].to_vec()), vec![]]
+        );
+    }
+
+    #[test]
+    fn bytes_hashes_give_the_same_keys() {
+        let batch = decode_batch(BYTES_HASHES).expect("vLLM's batch decodes");
+        let KvEvent::BlockRemoved(removed) = &batch.events[2] else { panic!("{:?}", batch.events[2]) };
+        assert_eq!(removed.block_hashes, vec![EngineHash::Bytes(vec![4; 32].into_boxed_slice())]);
+        let ints = decode_batch(INT_HASHES).expect("decodes");
+        assert_eq!(keys_after_each(&batch), keys_after_each(&ints));
+    }
+
+    #[test]
+    fn salted_and_lora_blocks_are_tracked_but_give_no_keys() {
+        let batch = decode_batch(EXTRA_KEYS).expect("vLLM's batch decodes");
+        let [KvEvent::BlockStored(salted), KvEvent::BlockStored(lora)] = &batch.events[..] else {
+            panic!("{:?}", batch.events)
+        };
+        assert_eq!((salted.has_extra_keys.as_slice(), salted.lora_id), (&[true][..], None));
+        assert_eq!((lora.lora_id, lora.lora_name.as_deref()), (Some(3), Some("adapter")));
+        let mut index = BlockIndex::new(BLOCK);
+        index.apply(&batch).expect("applies");
+        assert_eq!((index.blocks(), index.len()), (2, 0));
+    }
+
+    #[test]
+    fn as_the_publisher_frames_them() {
+        let mut index = BlockIndex::new(BLOCK);
+        let f = [b"".as_slice(), &0u64.to_be_bytes(), INT_HASHES];
+        let Receipt::Applied(stats) = index.receive(&f) else { panic!("not applied") };
+        assert_eq!((stats.stored, stats.removed, stats.cleared), (4, 1, 1));
+        assert!(index.is_empty());
+    }
 }

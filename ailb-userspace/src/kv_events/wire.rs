@@ -6,9 +6,11 @@
 //! struct declared `array_like=True`, as an array of its fields in declaration order; fields
 //! equal to their default are left out (`omit_defaults=True`: from a map, or from an array's
 //! tail). Events are tagged structs: the tag is the class name, in the map under `"type"`, or
-//! first in the array. Both forms are read, so the decoder follows vLLM versions of either.
-//! A block hash is an integer (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, the low 64 bits of the
-//! engine's hash) or bytes.
+//! first in the array. vLLM 0.32.0 writes the batch as an array (`[ts, events, rank]`) and each
+//! event as a map; earlier versions wrote events as arrays too. Both forms are read everywhere,
+//! so the decoder follows either. A block hash is an integer (the default,
+//! `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the low 64 bits of the engine's hash) or bytes.
+//! Fields a newer engine adds are ignored; `docs/prefix.md` lists the fields of 0.32.0.
 
 use rmpv::Value;
 
@@ -79,6 +81,10 @@ pub struct BlockStored {
     pub has_extra_keys: Vec<bool>,
     /// The KV-cache group (models with more than one kind of attention layer).
     pub group_idx: Option<i64>,
+    /// `"LOCAL"` or `"REMOTE"` relative to the engine; `None`: unspecified.
+    pub locality: Option<String>,
+    /// The offloading tier that stored the blocks, if one did.
+    pub ownership: Option<String>,
 }
 
 /// Blocks the engine evicted from one medium.
@@ -87,6 +93,8 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<EngineHash>,
     pub medium: Option<String>,
     pub group_idx: Option<i64>,
+    pub locality: Option<String>,
+    pub ownership: Option<String>,
 }
 
 /// A publisher message, split: the payload is decoded by [`decode_batch`].
@@ -216,6 +224,8 @@ fn event(value: &Value, i: usize) -> Result<KvEvent, KvEventError> {
                 }
             };
             let group_idx = fields.nullable(8, "group_idx").map(|v| int(v, &path("group_idx"))).transpose()?;
+            let locality = fields.nullable(11, "locality").map(|v| string(v, &path("locality"))).transpose()?;
+            let ownership = fields.nullable(12, "ownership").map(|v| string(v, &path("ownership"))).transpose()?;
             Ok(KvEvent::BlockStored(BlockStored {
                 block_hashes,
                 parent_block_hash,
@@ -226,13 +236,17 @@ fn event(value: &Value, i: usize) -> Result<KvEvent, KvEventError> {
                 medium,
                 has_extra_keys,
                 group_idx,
+                locality,
+                ownership,
             }))
         }
         "BlockRemoved" => {
             let block_hashes = hashes(fields.required(0, "block_hashes")?, &path("block_hashes"))?;
             let medium = fields.nullable(1, "medium").map(|v| string(v, &path("medium"))).transpose()?;
             let group_idx = fields.nullable(2, "group_idx").map(|v| int(v, &path("group_idx"))).transpose()?;
-            Ok(KvEvent::BlockRemoved(BlockRemoved { block_hashes, medium, group_idx }))
+            let locality = fields.nullable(3, "locality").map(|v| string(v, &path("locality"))).transpose()?;
+            let ownership = fields.nullable(4, "ownership").map(|v| string(v, &path("ownership"))).transpose()?;
+            Ok(KvEvent::BlockRemoved(BlockRemoved { block_hashes, medium, group_idx, locality, ownership }))
         }
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Ok(KvEvent::Unknown { tag: other.to_string() }),
