@@ -7,8 +7,8 @@ pub enum KvEventError {
     /// A publisher message is `[topic, seq, payload]`: three frames.
     #[error("kv event message: {count} frames, expected 3 (topic, sequence number, payload)")]
     Frames { count: usize },
-    /// A replay answer is `[seq, payload]` (after the ROUTER's identity and delimiter).
-    #[error("kv event replay: {count} frames, expected 2 (sequence number, payload)")]
+    /// A replay answer ends with `[seq, payload]`, after at most a delimiter and a topic.
+    #[error("kv event replay: {count} frames, expected 2 to 4 (delimiter, topic, sequence number, payload)")]
     ReplayFrames { count: usize },
     /// The sequence number frame is 8 bytes, big-endian.
     #[error("kv event message: sequence number frame of {len} bytes, expected 8")]

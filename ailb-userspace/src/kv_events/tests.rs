@@ -185,7 +185,12 @@ fn a_gap_asks_for_a_replay_and_the_replay_fills_it() {
         };
         applied(index.receive_payload(seq, payload));
     }
-    assert_eq!(split_replay(&[b"", &u64::MAX.to_be_bytes(), b""]).expect("end"), Replayed::End);
+    // vLLM 0.32.0's end marker as a DEALER receives it: delimiter, empty topic, -1, nothing.
+    assert_eq!(split_replay(&[b"", b"", &u64::MAX.to_be_bytes(), b""]).expect("end"), Replayed::End);
+    let seq = 9u64.to_be_bytes();
+    for frames in [&[b"".as_slice(), b"kv", &seq, b"p"][..], &[b"kv", &seq, b"p"], &[&seq, b"p"]] {
+        assert_eq!(split_replay(frames).expect("a layout"), Replayed::Batch { seq: 9, payload: b"p" });
+    }
     assert_eq!(sorted(index.keys().collect()), sorted(keys_of(&t)));
     // The live stream goes on; batch 2 seen again is a duplicate.
     assert!(matches!(receive(&mut index, 2, &b2), Receipt::Duplicate { seq: 2 }));
@@ -325,6 +330,7 @@ fn message_frames() {
     assert!(matches!(split_message(&[b"t", &[0; 4], b"p"]), Err(KvEventError::Sequence { len: 4 })));
     assert!(matches!(split_message(&[b"t"]), Err(KvEventError::Frames { count: 1 })));
     assert!(matches!(split_replay(&[b"x"]), Err(KvEventError::ReplayFrames { count: 1 })));
+    assert!(matches!(split_replay(&[b"", b"", b"", &[0; 8], b""]), Err(KvEventError::ReplayFrames { count: 5 })));
     assert_eq!(wire::replay_request(258), [0, 0, 0, 0, 0, 0, 1, 2]);
 }
 

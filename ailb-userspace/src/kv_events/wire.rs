@@ -122,23 +122,26 @@ pub enum Replayed<'a> {
     End,
 }
 
-/// The replay socket's answer `[seq, payload]`; a leading empty delimiter frame (what a DEALER
-/// socket receives) is skipped.
+/// One frame list the replay socket answers, as the client's socket receives it: vLLM 0.32.0's
+/// ROUTER sends `[identity, "", topic, seq, payload]` per batch and `[identity, "", "", -1, ""]`
+/// at the end, so a DEALER receives `["", topic, seq, payload]` and a REQ `[topic, seq,
+/// payload]`; earlier versions sent no topic (`["", seq, payload]`, `[seq, payload]`). In every
+/// layout the sequence number and the payload are the last two frames.
 pub fn split_replay<'a>(frames: &[&'a [u8]]) -> Result<Replayed<'a>, KvEventError> {
-    let frames = match frames {
-        [delimiter, rest @ ..] if delimiter.is_empty() && rest.len() == 2 => rest,
-        _ => frames,
-    };
-    let [seq, payload] = frames else {
+    let [.., seq, payload] = frames else {
         return Err(KvEventError::ReplayFrames { count: frames.len() });
     };
+    if frames.len() > 4 {
+        return Err(KvEventError::ReplayFrames { count: frames.len() });
+    }
     match sequence(seq)? {
         u64::MAX => Ok(Replayed::End),
         seq => Ok(Replayed::Batch { seq, payload }),
     }
 }
 
-/// The request for a replay from `start` (the frame after the empty delimiter).
+/// The request for a replay from `start`: the frame after the empty delimiter (the ROUTER
+/// takes exactly `[identity, "", start]`).
 pub fn replay_request(start: u64) -> [u8; 8] {
     start.to_be_bytes()
 }
