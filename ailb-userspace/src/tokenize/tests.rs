@@ -152,15 +152,19 @@ fn strftime_formats_a_date() {
     assert!(template::strftime("%j", 0).is_err());
 }
 
-/// The tiny model `cargo xtask setup` makes, against what transformers itself renders and
-/// tokenizes (`tests/engines/chat_fixture.py` wrote the expectation with the pinned packages).
+/// The tiny model `cargo xtask setup` makes (or the folder `AILB_TINY_MODEL_DIR` names),
+/// against what transformers itself renders and tokenizes (`tests/engines/chat_fixture.py`
+/// wrote the expectation with the pinned packages).
 #[test]
 fn the_tiny_models_tokenizer_matches_transformers() {
-    let Some(home) = std::env::var_os("HOME") else {
-        println!("skipped: HOME is not set, so there is no ~/.cache/ailb/models/tiny-llama to test against");
-        return;
+    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
+        (Some(dir), _) => PathBuf::from(dir),
+        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
+        (None, None) => {
+            println!("skipped: neither AILB_TINY_MODEL_DIR nor HOME is set, so there is no tiny model to test against");
+            return;
+        }
     };
-    let dir = PathBuf::from(home).join(".cache/ailb/models/tiny-llama");
     if !dir.join("tokenizer.json").is_file() {
         println!("skipped: no tiny model at {} (cargo xtask setup makes it)", dir.display());
         return;
