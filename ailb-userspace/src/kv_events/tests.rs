@@ -415,3 +415,56 @@ mod vllm_fixtures {
         assert!(index.is_empty());
     }
 }
+
+/// What the fuzz target `kv_events` checks, on vLLM's batches with bytes flipped, cut or
+/// appended: no panic; a batch that does not apply changes nothing and spends its sequence
+/// number; one that applies gives only non-zero keys and is a duplicate the second time.
+mod mutated {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const SEEDS: [&[u8]; 3] = [
+        include_bytes!("../../../tests/engines/fixtures/kv_events/int_hashes.msgpack"),
+        include_bytes!("../../../tests/engines/fixtures/kv_events/bytes_hashes.msgpack"),
+        include_bytes!("../../../tests/engines/fixtures/kv_events/extra_keys.msgpack"),
+    ];
+
+    proptest! {
+        #[test]
+        fn a_mutated_batch_applies_whole_or_not_at_all(
+            seed in 0usize..3,
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            cut in any::<prop::sample::Index>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..3),
+        ) {
+            let mut data = SEEDS[seed].to_vec();
+            for (at, byte) in flips {
+                let i = at.index(data.len());
+                data[i] = byte;
+            }
+            if tail.is_empty() {
+                data.truncate(cut.index(data.len() + 1));
+            } else {
+                data.extend(tail);
+            }
+            let mut index = BlockIndex::new(NonZeroU32::new(16).expect("16"));
+            match index.receive_payload(0, &data) {
+                Receipt::Applied(_) => {
+                    prop_assert!(index.keys().all(|k| k != 0));
+                    prop_assert!(index.len() <= index.blocks());
+                    let keys = sorted(index.keys().collect());
+                    let again = matches!(index.receive_payload(0, &data), Receipt::Duplicate { seq: 0 });
+                    prop_assert!(again, "the same batch again is not a duplicate");
+                    prop_assert_eq!(sorted(index.keys().collect()), keys);
+                }
+                Receipt::Skipped { seq, error } => {
+                    prop_assert_eq!(seq, Some(0));
+                    prop_assert!(index.is_empty() && index.blocks() == 0, "{}", error);
+                    prop_assert_eq!(index.expected(), Some(1));
+                }
+                other => prop_assert!(false, "the first batch: {:?}", other),
+            }
+        }
+    }
+}
