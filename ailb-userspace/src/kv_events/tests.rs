@@ -468,3 +468,101 @@ mod mutated {
         }
     }
 }
+
+/// The subscriber against a publisher that speaks as vLLM 0.32.0's does (a PUB socket, and a
+/// ROUTER answering replays as `ZmqEventPublisher._service_replay` does), over loopback TCP.
+mod sockets {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use zeromq::{prelude::*, PubSocket, RouterSocket, ZmqMessage};
+
+    use super::*;
+
+    fn message(frames: &[&[u8]]) -> ZmqMessage {
+        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
+        ZmqMessage::try_from(frames).expect("at least one frame")
+    }
+
+    /// Answers one replay request from `buffer` (the batches the engine still holds).
+    async fn serve_one_replay(mut router: RouterSocket, buffer: Vec<(u64, Vec<u8>)>) -> u64 {
+        let request = router.recv().await.expect("a replay request");
+        let frames = request.into_vec();
+        assert_eq!(frames.len(), 3, "vLLM's ROUTER takes [identity, \"\", start]: {frames:?}");
+        assert!(frames[1].is_empty());
+        let start = u64::from_be_bytes(frames[2].as_ref().try_into().expect("8 bytes"));
+        for (seq, payload) in buffer.iter().filter(|(s, _)| *s >= start) {
+            router.send(message(&[&frames[0], b"", b"kv", &seq.to_be_bytes(), payload])).await.expect("sent");
+        }
+        router.send(message(&[&frames[0], b"", b"", &u64::MAX.to_be_bytes(), b""])).await.expect("sent");
+        start
+    }
+
+    /// A subscriber that has applied batch 0 (published until it arrives: a PUB drops what it
+    /// sends before the subscription reaches it), and its publisher.
+    async fn subscribed(b0: &[u8], replay: &str) -> (PubSocket, Subscriber, BlockIndex) {
+        let mut publisher = PubSocket::new();
+        let endpoint = publisher.bind("tcp://127.0.0.1:0").await.expect("bind").to_string();
+        let mut sub = Subscriber::connect(&endpoint, Some(replay), Duration::from_secs(5)).await.expect("connects");
+        let mut index = BlockIndex::new(BS);
+        loop {
+            publisher.send(message(&[b"kv", &0u64.to_be_bytes(), b0])).await.expect("published");
+            if let Ok(followed) = tokio::time::timeout(Duration::from_millis(50), sub.next(&mut index)).await {
+                assert!(matches!(followed.expect("received").receipt, Receipt::Applied(_) | Receipt::Duplicate { .. }));
+                break;
+            }
+        }
+        // The copies of batch 0 still on the way are duplicates.
+        while let Ok(followed) = tokio::time::timeout(Duration::from_millis(100), sub.next(&mut index)).await {
+            assert!(matches!(followed.expect("received").receipt, Receipt::Duplicate { seq: 0 }));
+        }
+        (publisher, sub, index)
+    }
+
+    async fn router() -> (RouterSocket, String) {
+        let mut router = RouterSocket::new();
+        let endpoint = router.bind("tcp://127.0.0.1:0").await.expect("bind").to_string();
+        (router, endpoint)
+    }
+
+    #[tokio::test]
+    async fn a_gap_is_filled_from_the_replay_socket() {
+        let t: Vec<u64> = (0..12).collect();
+        let b0 = batch(1.0, vec![stored_array(&[1], None, &t[..4], "GPU")]);
+        let b1 = batch(2.0, vec![stored_array(&[2], Some(1), &t[4..8], "GPU")]);
+        let b2 = batch(3.0, vec![stored_array(&[3], Some(2), &t[8..], "GPU")]);
+        let (router, replay) = router().await;
+        let run = async {
+            let replayer = tokio::spawn(serve_one_replay(router, vec![(0, b0.clone()), (1, b1), (2, b2.clone())]));
+            let (mut publisher, mut sub, mut index) = subscribed(&b0, &replay).await;
+            // Batch 1 never reaches the subscriber; batch 2 does.
+            publisher.send(message(&[b"kv", &2u64.to_be_bytes(), &b2])).await.expect("published");
+            let followed = sub.next(&mut index).await.expect("followed");
+            assert_eq!(replayer.await.expect("the replayer"), 1, "the replay is asked from the first missing batch");
+            assert!(matches!(followed.receipt, Receipt::Duplicate { seq: 2 }), "{followed:?}");
+            assert_eq!((followed.replayed, followed.resynced), (2, false));
+            assert_eq!(sorted(index.keys().collect()), sorted(keys_of(&t)));
+        };
+        tokio::time::timeout(Duration::from_secs(20), run).await.expect("within 20 s");
+    }
+
+    #[tokio::test]
+    async fn a_gap_the_engine_no_longer_holds_drops_what_was_held() {
+        let t: Vec<u64> = (0..8).collect();
+        let b0 = batch(1.0, vec![stored_array(&[1], None, &t[..4], "GPU")]);
+        let b2 = batch(3.0, vec![stored_array(&[3], None, &t[4..], "GPU")]);
+        let (router, replay) = router().await;
+        let run = async {
+            // The engine's buffer has moved past batch 1.
+            let replayer = tokio::spawn(serve_one_replay(router, vec![(2, b2.clone())]));
+            let (mut publisher, mut sub, mut index) = subscribed(&b0, &replay).await;
+            publisher.send(message(&[b"kv", &2u64.to_be_bytes(), &b2])).await.expect("published");
+            let followed = sub.next(&mut index).await.expect("followed");
+            replayer.await.expect("the replayer");
+            assert!(followed.resynced, "{followed:?}");
+            assert!(matches!(followed.receipt, Receipt::Applied(_)), "{followed:?}");
+            assert_eq!(sorted(index.keys().collect()), keys_of(&t[4..]), "batch 0's block was dropped");
+        };
+        tokio::time::timeout(Duration::from_secs(20), run).await.expect("within 20 s");
+    }
+}
