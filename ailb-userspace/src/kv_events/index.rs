@@ -186,7 +186,8 @@ impl BlockIndex {
     }
 
     /// Keys whose held state may have changed since the last call, each once, with whether it
-    /// is held now: what a writer of the kernel map applies.
+    /// is held now: what a writer of the kernel map applies. Their list grows until taken, so
+    /// the owner of an index takes them after every batch or few.
     pub fn take_changes(&mut self) -> Vec<(u64, bool)> {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
@@ -210,8 +211,8 @@ impl BlockIndex {
         self.expected = Some(next);
     }
 
-    /// A publisher message `[topic, seq, payload]` (or, with `replay`, a replay answer's
-    /// batch): decoded and applied in sequence. A malformed one is logged and skipped.
+    /// A publisher message `[topic, seq, payload]`: decoded and applied in sequence. A malformed
+    /// one is logged and skipped.
     pub fn receive(&mut self, frames: &[&[u8]]) -> Receipt {
         let message = match wire::split_message(frames) {
             Ok(m) => m,
