@@ -16,8 +16,8 @@
 //!   [`TEXT_CHUNK_BYTES`] bytes;
 //! * a key that comes out 0 is replaced by 1 (before it is chained on): 0 is the empty slot of
 //!   fixed-size key arrays;
-//! * a partial last block gets no key: an engine caches only full blocks (vLLM hashes only full
-//!   blocks), so a key for it could name a block no engine holds.
+//! * a partial last block gets no key: an engine keys its cache by full blocks, so a key for
+//!   it could name a block no engine offers.
 //!
 //! The test vectors in `prefix/tests.rs` pin this; they were checked against the reference
 //! implementation of XXH3 (Python's `xxhash` package).
