@@ -566,3 +566,57 @@ mod sockets {
         tokio::time::timeout(Duration::from_secs(20), run).await.expect("within 20 s");
     }
 }
+
+/// Against a real vLLM started by hand (not run by `cargo test`): the keys the index makes from
+/// the engine's own events for a chat request are the keys the tokenizer makes from the same
+/// messages. Run with `AILB_VLLM_URL=http://127.0.0.1:PORT AILB_VLLM_KV_EVENTS=tcp://127.0.0.1:PORT
+/// AILB_VLLM_MODEL_DIR=DIR AILB_VLLM_BLOCK_SIZE=N cargo test -p ailb-userspace --lib real_vllm --
+/// --ignored`, the engine served with `--block-size N --enable-prefix-caching --kv-events-config
+/// '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:PORT"}'` (vLLM's
+/// CPU backend takes only multiples of 32).
+#[tokio::test]
+#[ignore = "needs a running vLLM with KV events; see the doc comment"]
+async fn real_vllm_events_give_the_tokenizers_keys() {
+    use std::time::{Duration, Instant};
+
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let (url, events, model) = (var("AILB_VLLM_URL"), var("AILB_VLLM_KV_EVENTS"), var("AILB_VLLM_MODEL_DIR"));
+    let tokenizer = crate::tokenize::ChatTokenizer::load(std::path::Path::new(&model)).expect("the model's tokenizer");
+    let messages = serde_json::json!([
+        {"role": "system", "content": "You are a model server cache. Explain the prefix, please! ".repeat(16)},
+        {"role": "user", "content": "What is the kernel socket route weight table? 12345 tokens."},
+    ]);
+    let ids = tokenizer.chat_token_ids(&messages, true).expect("tokens");
+    let block: u32 = std::env::var("AILB_VLLM_BLOCK_SIZE").map_or(16, |b| b.parse().expect("AILB_VLLM_BLOCK_SIZE"));
+    let block = NonZeroU32::new(block).expect("a block size over 0");
+    let want = token_keys(&ids, block);
+    assert!(want.len() >= 4, "the prompt is {} tokens", ids.len());
+
+    let mut sub = Subscriber::connect(&events, None, Duration::from_secs(5)).await.expect("subscribed");
+    let mut index = BlockIndex::new(block);
+    let body = serde_json::json!({"model": "tiny", "messages": messages, "max_tokens": 4});
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The subscription takes a moment to reach the publisher: ask again until the blocks show.
+    while !want.iter().all(|k| index.holds(*k)) {
+        assert!(
+            Instant::now() < deadline,
+            "held {} of {} prompt keys",
+            want.iter().filter(|k| index.holds(**k)).count(),
+            want.len()
+        );
+        let answer = client
+            .post(format!("{url}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("vLLM answers");
+        assert!(answer.status().is_success(), "{}", answer.status());
+        while let Ok(followed) = tokio::time::timeout(Duration::from_millis(500), sub.next(&mut index)).await {
+            let followed = followed.expect("received");
+            println!("{:?}", followed.receipt);
+        }
+    }
+    println!("all {} prompt keys ({} tokens) held, {} keys in the index", want.len(), ids.len(), index.len());
+}
