@@ -191,6 +191,9 @@ fn vllm(p: &Paths, r: &mut Report) -> Result<(), Failure> {
         Command::new(p.uv())
             .args(["pip", "install", "--python"])
             .arg(p.python())
+            // Byte-compiled here, once, rather than by the first server of every test run: the
+            // first `import vllm` otherwise writes thousands of .pyc files while a test waits.
+            .arg("--compile-bytecode")
             .arg("--overrides")
             .arg(engines.join("vllm-overrides.txt"))
             .arg("--constraints")

@@ -45,17 +45,22 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// The demo (needs root): rnacos, simulated GPUs with their agents, `ailb run` on a child
-    /// cgroup, a load generator and a live view; `--simple`: three loopback backends and `ailb
-    /// run` on its embedded default config.
+    /// The demo (needs root): rnacos, simulated GPUs (or, with `--engine vllm`, real vLLM for
+    /// CPU servers) with their agents, `ailb run` on a child cgroup, the front door, a load
+    /// generator and a live view; `--simple`: three loopback backends and `ailb run` on its
+    /// embedded default config.
     Run {
         /// Stop after this many seconds (default: when the load is done, or Ctrl-C; `--simple`:
         /// until Ctrl-C).
         #[arg(long, value_name = "SECS")]
         duration: Option<u64>,
         /// The loopback demo of `ailb run`'s embedded default instead of the fleet.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "engine")]
         simple: bool,
+        /// The fleet's model servers: `sim` (simulated GPUs, the default) or `vllm` (real vLLM
+        /// for CPU with the tiny model that `cargo xtask setup` makes; real time, 2 servers).
+        #[arg(long, value_parser = ["sim", "vllm"])]
+        engine: Option<String>,
         /// Passed to `ailb-demo` (e.g. `-- --trace --requests 300`), or with `--simple` to `ailb run`.
         #[arg(last = true)]
         args: Vec<OsString>,
@@ -132,8 +137,12 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Setup { build_only: true } => setup::build_only(),
         Cmd::Build { release } => build::build(release),
         Cmd::Test { args } => test::test(&args),
-        Cmd::Run { duration, simple: true, args } => demo::run(duration, &args),
-        Cmd::Run { duration, simple: false, args } => demo::full::run(duration, &args),
+        Cmd::Run { duration, simple: true, args, .. } => demo::run(duration, &args),
+        Cmd::Run { duration, simple: false, engine, args } => {
+            let mut demo_args: Vec<OsString> = engine.into_iter().flat_map(|e| ["--engine".into(), e.into()]).collect();
+            demo_args.extend(args);
+            demo::full::run(duration, &demo_args)
+        }
         Cmd::Bench { only, fuzz_minutes, peers_run } => bench::bench(&only, fuzz_minutes, &peers_run),
         Cmd::Soak { minutes, overload_only, no_overload, no_tc, debug } => {
             soak::soak(&soak::SoakOpts { minutes, overload_only, no_overload, no_tc, debug })

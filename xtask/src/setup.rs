@@ -318,9 +318,9 @@ const PEER_ROUTERS: &[(&str, &str, Option<&str>)] =
 /// beside it `bin/smg` would be whichever wheel pip installed last.
 const SMG_ROUTER: &[(&str, &str, Option<&str>)] = &[("smg", "1.13.0", Some("smg"))];
 
-/// The official `openai` Python client the front-door test (`gateway_openai`) drives
-/// `ailb gateway` with, pinned so the test sees one client version.
-const OPENAI_CLIENT: &[(&str, &str, Option<&str>)] = &[("openai", "3.57.0", None)];
+/// The official `openai` and `anthropic` Python clients the front-door tests (`gateway_openai`,
+/// `gateway_agents`) drive `ailb gateway` with, pinned so the tests see one client version.
+const PYTHON_CLIENTS: &[(&str, &str, Option<&str>)] = &[("openai", "3.57.0", None), ("anthropic", "2.17.0", None)];
 
 /// The peer routers in `target/peers-venv` and SMG in `target/smg-venv`, where `ailb-compare`
 /// looks.
@@ -329,9 +329,16 @@ fn peer_routers(r: &mut Report) {
     python_venv(r, "SMG router", "target/smg-venv", SMG_ROUTER, "ailb-compare reports SMG as not installed");
 }
 
-/// The `openai` client in `target/client-venv`, where the `gateway_openai` test looks.
+/// The `openai` and `anthropic` clients in `target/client-venv`, where the `gateway_openai` and
+/// `gateway_agents` tests look.
 fn client_venv(r: &mut Report) {
-    python_venv(r, "python client", "target/client-venv", OPENAI_CLIENT, "the gateway_openai test skips");
+    python_venv(
+        r,
+        "python clients",
+        "target/client-venv",
+        PYTHON_CLIENTS,
+        "the gateway_openai test and gateway_agents' client test skip",
+    );
 }
 
 /// The checkers of the deployment files (`docs/deploy/`), pinned: the Kubernetes schemas

@@ -101,10 +101,17 @@ fn print_request(r: &RequestInputs) {
                 KeySource::Derived => {
                     "derived from the request (model, system prompt, first user message or prompt prefix)"
                 }
+                KeySource::PreviousResponse => "the stored response named by previous_response_id",
             };
             println!("  conversation {:?} (hash {h}, from {from})", c.key);
         }
         _ => println!("  conversation none: a fresh weighted pick for every request"),
+    }
+    if let Some(id) = &i.previous_response_id {
+        println!(
+            "  pinned       previous_response_id {id:?}: the running gateway sends it to the backend that stored \
+             that response (its table, which this command cannot read), with no kernel pick"
+        );
     }
     println!();
 }

@@ -21,6 +21,8 @@
 //! upstream_max_idle = 256
 //! worker_threads = 0               # 0: one per core
 //! http1_fast_path = true           # false: every connection served by hyper
+//! responses_max_entries = 100000   # response id -> backend, for `previous_response_id`
+//! responses_ttl = "24h"            # default: none (kept while there is room)
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
@@ -139,6 +141,22 @@ pub struct GatewayConfig {
     /// hyper with the bytes read so far. `false`: hyper serves every connection. Default true.
     #[serde(default = "default_true")]
     pub http1_fast_path: bool,
+    /// Responses API ids remembered with the backend that produced each (`POST /v1/responses`
+    /// answers), so that a request naming one in `previous_response_id` goes to the server
+    /// that stored it; past this many the oldest is forgotten. Default 100000 (25 to 45 MB: an
+    /// entry holds the id twice, the backend and the conversation key, 250 to 450 bytes).
+    #[serde(default = "default_responses_max_entries")]
+    pub responses_max_entries: u32,
+    /// How long a remembered response id is kept. Default: none, kept until
+    /// `responses_max_entries` pushes it out, since vLLM keeps a stored response in its memory
+    /// until the server restarts (a follow-up to a server that restarted gets the server's own
+    /// 404).
+    #[serde(default)]
+    pub responses_ttl: Option<String>,
+}
+
+fn default_responses_max_entries() -> u32 {
+    100_000
 }
 
 fn default_true() -> bool {
@@ -214,6 +232,8 @@ impl Default for GatewayConfig {
             admission: AdmissionSetting::Off,
             admission_retry_after: default_retry_after(),
             http1_fast_path: true,
+            responses_max_entries: default_responses_max_entries(),
+            responses_ttl: None,
         }
     }
 }
@@ -242,6 +262,10 @@ pub struct ValidGateway {
     pub admission: ValidAdmission,
     /// Client connections read by the HTTP/1 fast path first (`false`: hyper only).
     pub http1_fast_path: bool,
+    /// Response ids remembered with their backend, at most.
+    pub responses_max_entries: u32,
+    /// How long a response id is remembered (`None`: until pushed out by newer ones).
+    pub responses_ttl: Option<Duration>,
 }
 
 /// A duration that must be above zero.
@@ -284,6 +308,8 @@ impl GatewayConfig {
             worker_threads: (self.worker_threads > 0).then_some(self.worker_threads as usize),
             admission,
             http1_fast_path: self.http1_fast_path,
+            responses_max_entries: self.responses_max_entries,
+            responses_ttl: self.responses_ttl.as_deref().map(|t| positive("gateway.responses_ttl", t)).transpose()?,
         })
     }
 
@@ -313,6 +339,13 @@ impl GatewayConfig {
         }
         if self.completion_prefix_bytes == 0 {
             return Err(ConfigError::invalid("gateway.completion_prefix_bytes", 0, "must be above zero"));
+        }
+        if self.responses_max_entries == 0 {
+            return Err(ConfigError::invalid(
+                "gateway.responses_max_entries",
+                0,
+                "must be above zero (a follow-up with previous_response_id needs its response's backend)",
+            ));
         }
         Ok(())
     }

@@ -9,14 +9,16 @@
 //!   `MB = ceil(blocks * kv_block_tokens * kv_bytes_per_token / 2^20)`, where `prompt_tokens =
 //!   ceil(prompt text bytes / 4)` (chat: the text of every message; completions and
 //!   embeddings: the prompt or input strings), `max_tokens` is the body's `max_tokens` or
-//!   `max_completion_tokens` (0 when absent) and `kv_block_tokens` the model's KV block
+//!   `max_completion_tokens` (0 when absent; the Responses and Messages APIs: see [`agents`])
+//!   and `kv_block_tokens` the model's KV block
 //!   (a paged KV cache allocates whole blocks, so a request one token past a block boundary
 //!   holds one more block); none when the model has no `kv_bytes_per_token`.
 //! - **conversation**: the first of `X-Session-ID`, the body's `prompt_cache_key`, the
 //!   `llm-d-session` cookie, the configured `session_header`; else derived: for chat, the
 //!   hash of the model, the system prompt and the first user message (every turn of a chat
 //!   that resends its history derives the same key); for `/v1/completions`, of the model and
-//!   the first `completion_prefix_bytes` of the prompt; embeddings derive none. A given id
+//!   the first `completion_prefix_bytes` of the prompt; embeddings derive none; the Responses
+//!   and Messages APIs as chat does, from their own fields ([`agents`]). A given id
 //!   longer than the kernel takes ([`MAX_CONVERSATION_LEN`]) is replaced by its hash.
 
 use ailb_common::abi::MAX_CONVERSATION_LEN;
@@ -25,8 +27,10 @@ use hyper::header::HeaderName;
 use hyper::StatusCode;
 use serde_json::Value;
 
-use super::http::{visible_ascii, ApiError, Headers};
+use super::http::{visible_ascii, ApiError, ErrorShape, Headers};
 use super::request_fields::{self, Fields, Messages, StrOr, Text};
+
+mod agents;
 
 /// The API a request calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +38,13 @@ pub enum Endpoint {
     ChatCompletions,
     Completions,
     Embeddings,
+    /// OpenAI's Responses API.
+    Responses,
+    /// Anthropic's Messages API.
+    Messages,
+    /// Anthropic's token count of a Messages request (`/v1/messages/count_tokens`): its
+    /// fields without `max_tokens`, nothing generated.
+    CountTokens,
 }
 
 impl Endpoint {
@@ -43,7 +54,18 @@ impl Endpoint {
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/embeddings" => Some(Endpoint::Embeddings),
+            "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             _ => None,
+        }
+    }
+
+    /// The shape its clients read errors in: Anthropic's on its Messages API, else OpenAI's.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Endpoint::Messages | Endpoint::CountTokens => ErrorShape::Anthropic,
+            _ => ErrorShape::OpenAi,
         }
     }
 }
@@ -73,6 +95,8 @@ pub enum KeySource {
     Cookie,
     ConfiguredHeader,
     Derived,
+    /// The conversation of the stored response a Responses API request continues.
+    PreviousResponse,
 }
 
 /// Where a memory need came from.
@@ -109,9 +133,13 @@ pub struct Inputs {
     pub memory_mb: Option<u32>,
     pub memory_source: Option<MemorySource>,
     pub conversation: Option<Conversation>,
+    /// The Responses API's `previous_response_id`: the request must reach the backend that
+    /// stored that response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_response_id: Option<String>,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum InputsError {
     #[error("request body: invalid JSON: {reason}")]
     Json { reason: String },
@@ -119,6 +147,8 @@ pub enum InputsError {
     NotObject { found: &'static str },
     #[error("no model: set the body's `model` or the X-Model-Id header")]
     NoModel,
+    #[error("body field `{field}`: missing ({reason})")]
+    Missing { field: &'static str, reason: &'static str },
     #[error("body field `{field}`: invalid value {value}: {reason}")]
     BadField { field: &'static str, value: String, reason: &'static str },
     #[error("header {header}: invalid value {value:?}: {reason}")]
@@ -132,7 +162,7 @@ impl InputsError {
     pub fn param(&self) -> Option<&str> {
         match self {
             InputsError::NoModel | InputsError::UnknownModel { .. } => Some("model"),
-            InputsError::BadField { field, .. } => Some(field),
+            InputsError::BadField { field, .. } | InputsError::Missing { field, .. } => Some(field),
             InputsError::BadHeader { header, .. } => Some(header),
             InputsError::Json { .. } | InputsError::NotObject { .. } => None,
         }
@@ -149,6 +179,7 @@ impl From<InputsError> for ApiError {
             }
             R::Json { .. } | R::NotObject { .. } => ApiError::invalid_request("invalid_json", ""),
             R::NoModel | R::BadField { .. } | R::BadHeader { .. } => ApiError::invalid_request("invalid_value", ""),
+            R::Missing { .. } => ApiError::invalid_request("missing_required_parameter", ""),
         };
         api.message = e.to_string();
         api.param = param;
@@ -193,9 +224,17 @@ pub fn extract(
     let Some(model_facts) = facts(&model) else {
         return Err(InputsError::UnknownModel { model });
     };
+    agents::check(endpoint, body)?;
     let memory = memory_mb(endpoint, headers, body, model_facts)?;
     let conversation = conversation(endpoint, headers, body, rules, &model)?;
-    Ok(Inputs { model, memory_mb: memory.map(|m| m.0), memory_source: memory.map(|m| m.1), conversation })
+    let previous_response_id = agents::previous_response_id(body)?;
+    Ok(Inputs {
+        model,
+        memory_mb: memory.map(|m| m.0),
+        memory_source: memory.map(|m| m.1),
+        conversation,
+        previous_response_id,
+    })
 }
 
 /// A header's value as text; `None` when absent or empty.
@@ -241,7 +280,7 @@ fn memory_mb(
     }
     let Some(per_token) = facts.kv_bytes_per_token else { return Ok(None) };
     let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
-    let tokens = prompt_tokens.saturating_add(max_tokens(body)?);
+    let tokens = prompt_tokens.saturating_add(max_tokens(endpoint, body)?);
     Ok(Some((kv_estimate_mb(tokens, per_token, facts.kv_block_tokens), MemorySource::Estimate)))
 }
 
@@ -254,8 +293,14 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
     u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
-fn max_tokens(body: &Fields<'_>) -> Result<u64, InputsError> {
-    for (field, value) in [("max_tokens", &body.max_tokens), ("max_completion_tokens", &body.max_completion_tokens)] {
+fn max_tokens(endpoint: Endpoint, body: &Fields<'_>) -> Result<u64, InputsError> {
+    let fields = match endpoint {
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {
+            [agents::max_tokens_field(endpoint, body), ("", None)]
+        }
+        _ => [("max_tokens", body.max_tokens.as_ref()), ("max_completion_tokens", body.max_completion_tokens.as_ref())],
+    };
+    for (field, value) in fields {
         match value {
             None | Some(Value::Null) => continue,
             Some(v) => {
@@ -279,6 +324,7 @@ fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize {
         },
         Endpoint::Completions => strings_len(body.prompt.as_ref()),
         Endpoint::Embeddings => strings_len(body.input.as_ref()),
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => agents::prompt_text_bytes(endpoint, body),
     }
 }
 
@@ -370,6 +416,9 @@ fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) 
             material.extend_from_slice(&bytes[..bytes.len().min(rules.completion_prefix_bytes)]);
         }
         Endpoint::Embeddings => return None,
+        Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {
+            agents::derive_material(endpoint, body, &mut material)?
+        }
     }
     Some(format!("d-{:016x}", conversation_hash(&material)))
 }

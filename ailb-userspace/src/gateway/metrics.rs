@@ -32,6 +32,23 @@ pub struct AdmissionLabel {
     pub outcome: &'static str,
 }
 
+/// What became of a Responses API request with `previous_response_id`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowUpLabel {
+    pub outcome: &'static str,
+}
+
+impl FollowUpLabel {
+    /// Sent to the backend that stored its response, and answered.
+    pub const PINNED: &'static str = "pinned";
+    /// The front door knows no backend for its response: 404.
+    pub const UNKNOWN: &'static str = "unknown";
+    /// Its response's backend refused the connection: 404.
+    pub const GONE: &'static str = "gone";
+    /// Sent to its response's backend, which failed otherwise (502, 504).
+    pub const FAILED: &'static str = "failed";
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReuseLabel {
     pub reused: bool,
@@ -56,6 +73,10 @@ pub struct GatewayMetrics {
     pub upstream_connections: Family<ReuseLabel, Counter>,
     /// Client connections the HTTP/1 fast path handed to hyper's server.
     pub handoffs: Counter,
+    /// Responses API follow-ups by outcome.
+    pub follow_ups: Family<FollowUpLabel, Counter>,
+    /// Response ids remembered with their backend now.
+    pub responses_remembered: Gauge,
     /// `upstream_connections` with `reused = false` and `true`, resolved on first use.
     reuse: [OnceLock<Counter>; 2],
 }
@@ -69,6 +90,8 @@ impl GatewayMetrics {
             in_flight: Family::default(),
             upstream_connections: Family::default(),
             handoffs: Counter::default(),
+            follow_ups: Family::default(),
+            responses_remembered: Gauge::default(),
             reuse: Default::default(),
         };
         registry.register(
@@ -99,7 +122,25 @@ impl GatewayMetrics {
              body, an upgrade, Expect, a head it does not take)",
             m.handoffs.clone(),
         );
+        registry.register(
+            "ailb_gateway_previous_responses",
+            "Responses API requests with previous_response_id: sent to the backend that stored the response \
+             (pinned), answered 404 because the front door knows no backend for it (unknown) or that backend \
+             refused the connection (gone), or failed otherwise upstream (failed)",
+            m.follow_ups.clone(),
+        );
+        registry.register(
+            "ailb_gateway_responses_remembered",
+            "Responses API response ids remembered with the backend that stored each (gateway.responses_max_entries \
+             at most)",
+            m.responses_remembered.clone(),
+        );
         m
+    }
+
+    /// Counts a Responses API follow-up with `outcome` (a [`FollowUpLabel`] constant).
+    pub fn follow_up(&self, outcome: &'static str) {
+        self.follow_ups.get_or_create(&FollowUpLabel { outcome }).inc();
     }
 
     /// Counts a request sent upstream on a fresh (`reused = false`) or a kept connection.

@@ -28,12 +28,15 @@
 //! - [`http`]: the types both sides share (a request's head, its answer, the body of every
 //!   answer, the OpenAI-shaped errors, a request's deadline, header names and checks);
 //! - [`inputs`] (with `request_fields.rs`, the request body's first parse): a request's
-//!   routing inputs, pure;
+//!   routing inputs, pure; [`response_ids`]: which backend stored each Responses API
+//!   response, and the id found in an answer, pure;
 //!   [`metrics`] and `log.rs` (the access log);
 //! - the three sides, none of which imports another: [`client`] (client connections: hyper's
 //!   server and the HTTP/1 fast path), [`upstream`] (tagged connects, kept connections, the
 //!   front door's own HTTP/1 client and hyper's, the relayed answer) and [`control`] (the
 //!   admission and the live models, from the daemon's plan and the kernel's pins);
+//! - [`responses`]: a Responses API follow-up sent to the backend that stored its response,
+//!   and each answer's id learned as it passes;
 //! - [`pipeline`]: a proxied request's phases, in order, calling the upstream side and the
 //!   admission;
 //! - [`service`]: [`Gateway`], what the client side hands each request to;
@@ -49,6 +52,8 @@ mod log;
 pub mod metrics;
 pub mod pipeline;
 mod request_fields;
+pub mod response_ids;
+pub mod responses;
 mod run;
 pub mod service;
 pub mod upstream;

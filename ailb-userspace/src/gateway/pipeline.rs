@@ -4,16 +4,21 @@
 //! 1. **slot**: one of `gateway.max_concurrent`, or 429 at once;
 //! 2. **body**: the request body, whole ([`RequestBody::read`]);
 //! 3. **inputs**: the routing inputs, model, memory and conversation ([`Pipeline::inputs`],
-//!    the rules of [`super::inputs`]);
+//!    the rules of [`super::inputs`]); a Responses API request with `previous_response_id`
+//!    is pinned to the backend that stored that response (`super::responses`);
 //! 4. **admission**: the model's admission, when one is on ([`Pipeline::admit`]);
 //! 5. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
 //! 6. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
-//!    tagged one, and the response head read ([`Pipeline::exchange`]);
+//!    tagged one (a pinned request: on a fresh connection to its backend), and the response
+//!    head read ([`Pipeline::exchange`]);
 //! 7. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
 //!    out, `x-ailb-backend` and `x-ailb-conversation` in, the client's HTTP version), and its
-//!    body relayed, or ended at once when it came whole ([`Pipeline::answer`]).
+//!    body relayed, or ended at once when it came whole ([`Pipeline::answer`]); a Responses
+//!    API answer's id is learned on the way.
 //!
-//! Every wait ends by the request's [`Deadline`] (`gateway.total_timeout`). The client side
+//! Every wait ends by the request's [`Deadline`] (`gateway.total_timeout`). Refusals and
+//! failures are answered in the error shape of the request's API (Anthropic's on its Messages
+//! API, else OpenAI's). The client side
 //! ([`super::client`]) hands the request here through the front door's service
 //! ([`super::service`]); the upstream side ([`super::upstream`]) and the admission
 //! ([`super::control`]) are called from here and know nothing of each other.
@@ -25,7 +30,7 @@ use std::sync::Arc;
 use ailb_common::client::Tags;
 use http_body_util::BodyExt;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
-use hyper::{Response, Version};
+use hyper::{Response, StatusCode, Version};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::client::{RequestBody, Settings};
@@ -35,9 +40,11 @@ use super::http::{
     full, is_event_stream, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead, BACKEND_HEADER,
     CONVERSATION_HEADER, HOP_BY_HOP,
 };
-use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, ModelFacts, Rules};
+use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, KeySource, ModelFacts, Rules};
 use super::log::RequestLog;
-use super::metrics::{GatewayMetrics, ModelSeries};
+use super::metrics::{FollowUpLabel, GatewayMetrics, ModelSeries};
+use super::response_ids::Stored;
+use super::responses::{self, Learn, Learner, Param, Responses};
 use super::upstream::body::UpBody;
 use super::upstream::conn::{Conn, Sent};
 use super::upstream::pool::{Pool, PoolKey};
@@ -126,6 +133,8 @@ struct Forwarded {
     conn: Box<Conn>,
     reuse: Option<Reuse>,
     ticket: Option<Ticket>,
+    /// A Responses API answer: its id is learned with its backend.
+    learner: Option<Learner>,
 }
 
 /// What the phases of a proxied request need, shared by every connection of a worker.
@@ -140,6 +149,8 @@ pub struct Pipeline {
     /// Idle upstream connections by routing inputs (`None`: `upstream_reuse = "never"`).
     pool: Option<Arc<Pool>>,
     admission: Option<Control>,
+    /// The Responses API's response ids and their backends, shared by every worker.
+    responses: Arc<Responses>,
 }
 
 impl Pipeline {
@@ -154,7 +165,8 @@ impl Pipeline {
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
-        Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission }
+        let responses = Responses::new(&cfg, metrics.responses_remembered.clone());
+        Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission, responses }
     }
 
     /// The same pipeline (catalog, limits, metrics, the `max_concurrent` slots) for worker
@@ -174,6 +186,7 @@ impl Pipeline {
             permits: self.permits.clone(),
             pool,
             admission: self.admission.clone(),
+            responses: self.responses.clone(),
         }
     }
 
@@ -195,16 +208,17 @@ impl Pipeline {
     }
 
     /// A request to `endpoint`, through every phase; refusals and failures are answered in
-    /// OpenAI's error shape.
+    /// the error shape of `endpoint`'s API.
     pub async fn proxy(&self, endpoint: Endpoint, head: ReqHead, body: RequestBody, client: ClientIp) -> Answer {
         let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
         let deadline = Deadline::after(log.started(), self.cfg.total_timeout);
+        let shape = endpoint.error_shape();
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            return refused(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
+            return refused(log, ApiError::overloaded(self.cfg.max_concurrent).shaped(shape)).into();
         };
         match self.forward(endpoint, head, body, client, &mut log, deadline).await {
-            Ok(forwarded) => self.answer(forwarded, permit, log, deadline),
-            Err(e) => refused(log, e).into(),
+            Ok(forwarded) => self.answer(forwarded, endpoint, permit, log, deadline),
+            Err(e) => refused(log, e.shaped(shape)).into(),
         }
     }
 
@@ -221,27 +235,65 @@ impl Pipeline {
     ) -> Result<Forwarded, ApiError> {
         let client_version = head.version();
         let bytes = body.read(&head, self.client, deadline).await?;
-        let inputs = self.inputs(endpoint, &head, &bytes, log)?;
+        let mut inputs = self.inputs(endpoint, &head, &bytes, log)?;
+        let pinned = self.pinned(endpoint, &mut inputs)?;
         let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
         let ticket = self.admit(&inputs, deadline).await?;
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
         let tags = tags(&inputs);
-        let key = match (&self.pool, conv_hash) {
-            (Some(_), Some(conversation)) => {
+        // A pinned request never takes a kept connection: those go where the kernel picked.
+        let key = match (&self.pool, conv_hash, &pinned) {
+            (Some(_), Some(conversation), None) => {
                 Some(PoolKey { model: model.index, memory_mb: inputs.memory_mb, conversation })
             }
             _ => None,
         };
         let req = UpRequest { head, body: bytes, client };
-        let (mut resp, mut lines, conn) = self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?;
+        let (mut resp, mut lines, conn) = match &pinned {
+            None => self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?,
+            Some((id, stored)) => {
+                let sent = self.exchange_pinned(id, stored, Param::PreviousResponseId, req, deadline).await;
+                let outcome = match &sent {
+                    Ok(_) => FollowUpLabel::PINNED,
+                    Err(e) if e.status == StatusCode::NOT_FOUND => FollowUpLabel::GONE,
+                    Err(_) => FollowUpLabel::FAILED,
+                };
+                self.metrics.follow_up(outcome);
+                sent?
+            }
+        };
         let reuse = match (key, &self.pool) {
             (Some(key), Some(pool)) if keeps_alive(&resp) => Some(Reuse { pool: pool.clone(), key }),
             _ => None,
         };
+        let learner = (endpoint == Endpoint::Responses && resp.status().is_success()).then(|| Learner {
+            responses: self.responses.clone(),
+            stored: Stored {
+                backend: conn.backend,
+                model: inputs.model.clone(),
+                conversation: inputs.conversation.map(|c| c.key),
+            },
+        });
         log.upstream(conn.backend, resp.status().as_u16());
         answer_head(&mut resp, lines.as_mut(), &conn, conv_hash, client_version);
-        Ok(Forwarded { resp, lines, conn, reuse, ticket })
+        Ok(Forwarded { resp, lines, conn, reuse, ticket, learner })
+    }
+
+    /// Phase **inputs**, for a Responses API request with `previous_response_id`: the stored
+    /// response's id and backend, the request taking that response's conversation.
+    fn pinned(&self, endpoint: Endpoint, inputs: &mut Inputs) -> Result<Option<(String, Stored)>, ApiError> {
+        let (Endpoint::Responses, Some(id)) = (endpoint, &inputs.previous_response_id) else { return Ok(None) };
+        let stored = self
+            .responses
+            .pinned(id, Param::PreviousResponseId)
+            .inspect_err(|_| self.metrics.follow_up(FollowUpLabel::UNKNOWN))?;
+        if let Some(key) = &stored.conversation {
+            if inputs.conversation.as_ref().is_none_or(|c| c.source == KeySource::Derived) {
+                inputs.conversation = Some(Conversation { key: key.clone(), source: KeySource::PreviousResponse });
+            }
+        }
+        Ok(Some((id.clone(), stored)))
     }
 
     /// Phase **inputs**: the routing inputs of the request (a model the catalog does not have
@@ -261,6 +313,56 @@ impl Pipeline {
         Ok(inputs)
     }
 
+    /// Phase **exchange** of a request pinned to the backend that stored the response `id`:
+    /// a fresh connection to that backend (not the VIP, so the kernel lets the connect through
+    /// untouched: no pick to tag); a refused connect is the 404 that says it is gone.
+    async fn exchange_pinned(
+        &self,
+        id: &str,
+        stored: &Stored,
+        param: Param,
+        req: UpRequest,
+        deadline: Deadline,
+    ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
+        self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
+            if e.code == Some(ApiError::NO_BACKEND) {
+                responses::gone(id, stored.backend, param)
+            } else {
+                e
+            }
+        })
+    }
+
+    /// A request for the stored response `id` ([`responses::by_id`]: retrieve, cancel), sent as
+    /// it came to the backend that stored it; the slot, body, exchange and answer phases of
+    /// [`Pipeline::proxy`], without routing inputs or admission (a lookup, not a generation).
+    pub async fn stored_response(&self, id: &str, head: ReqHead, body: RequestBody, client: ClientIp) -> Answer {
+        let mut log = RequestLog::start(self.metrics.clone(), head.method(), head.path());
+        let deadline = Deadline::after(log.started(), self.cfg.total_timeout);
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return refused(log, ApiError::overloaded(self.cfg.max_concurrent)).into();
+        };
+        let forwarded = async {
+            let client_version = head.version();
+            let bytes = body.read(&head, self.client, deadline).await?;
+            let stored = self.responses.pinned(id, Param::ResponseId)?;
+            let series = self.models.get(&stored.model).map(|m| &m.series);
+            if let Some(series) = series {
+                log.proxying(series, None);
+            }
+            let req = UpRequest { head, body: bytes, client };
+            let (mut resp, mut lines, conn) =
+                self.exchange_pinned(id, &stored, Param::ResponseId, req, deadline).await?;
+            log.upstream(conn.backend, resp.status().as_u16());
+            answer_head(&mut resp, lines.as_mut(), &conn, None, client_version);
+            Ok::<_, ApiError>(Forwarded { resp, lines, conn, reuse: None, ticket: None, learner: None })
+        };
+        match forwarded.await {
+            Ok(f) => self.answer(f, Endpoint::Responses, permit, log, deadline),
+            Err(e) => refused(log, e).into(),
+        }
+    }
+
     /// Phase **admission**: the request's share of its model's admission, when one is on.
     async fn admit(&self, inputs: &Inputs, deadline: Deadline) -> Result<Option<Ticket>, ApiError> {
         match &self.admission {
@@ -270,7 +372,8 @@ impl Pipeline {
     }
 
     /// Phase **exchange**: sends `req` on an idle connection with the same routing inputs
-    /// (`key`) when the pool has one, else on a fresh connection to `vip` tagged with `tags`.
+    /// (`key`) when the pool has one, else on a fresh connection to `vip` tagged with `tags`
+    /// (a pinned request's backend instead of a VIP).
     async fn exchange(
         &self,
         key: Option<&PoolKey>,
@@ -312,11 +415,21 @@ impl Pipeline {
 
     /// Phase **answer**, its body: relayed as it comes, or, when it came whole with its head,
     /// ended now (nothing left to relay, wait for or time out).
-    fn answer(&self, f: Forwarded, permit: OwnedSemaphorePermit, log: RequestLog, deadline: Deadline) -> Answer {
-        let Forwarded { resp, lines, conn, reuse, ticket } = f;
+    fn answer(
+        &self,
+        f: Forwarded,
+        endpoint: Endpoint,
+        permit: OwnedSemaphorePermit,
+        log: RequestLog,
+        deadline: Deadline,
+    ) -> Answer {
+        let Forwarded { resp, lines, conn, reuse, ticket, learner } = f;
         let (parts, mut body) = resp.into_parts();
         let held = Held { _permit: permit, ticket };
         if let Some(data) = body.take_whole() {
+            if let Some(learner) = learner {
+                responses::learn_whole(learner, &data);
+            }
             upstream::relay::whole(body, &data, conn, reuse, held, log);
             return Answer { resp: Response::from_parts(parts, full(data)), lines };
         }
@@ -324,8 +437,13 @@ impl Pipeline {
             Some(l) => l.event_stream,
             None => parts.headers.get(CONTENT_TYPE).is_some_and(|v| is_event_stream(v.as_bytes())),
         };
-        let relay = Relay::new(body, sse, conn, reuse, held, log, self.cfg.idle_timeout, deadline);
-        Answer { resp: Response::from_parts(parts, relay.boxed_unsync()), lines }
+        let shape = sse.then_some(endpoint.error_shape());
+        let relay = Relay::new(body, shape, conn, reuse, held, log, self.cfg.idle_timeout, deadline);
+        let body = match learner {
+            Some(learner) => Learn::new(relay, sse, learner).boxed_unsync(),
+            None => relay.boxed_unsync(),
+        };
+        Answer { resp: Response::from_parts(parts, body), lines }
     }
 }
 

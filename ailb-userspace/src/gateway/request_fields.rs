@@ -18,10 +18,25 @@ use serde_json::Value;
 /// The top-level fields of a body that the rules read. Every other field is parsed and checked
 /// as JSON like these, but not kept: a request's `tools`, `response_format` or sampling
 /// settings cost no allocation here, and only the model server reads them.
-pub(super) const ROUTING_FIELDS: [&str; 7] =
-    ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "prompt_cache_key"];
+pub(super) const ROUTING_FIELDS: [&str; 11] = [
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "max_tokens",
+    "max_completion_tokens",
+    "prompt_cache_key",
+    "instructions",
+    "system",
+    "previous_response_id",
+    "max_output_tokens",
+];
 
 /// A body: its routing fields when it is an object, else what it is.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per request and taken apart at once; a Box would add an allocation to every request"
+)]
 pub(super) enum Top<'a> {
     Object(Fields<'a>),
     Other(&'static str),
@@ -39,6 +54,14 @@ pub struct Fields<'a> {
     pub max_completion_tokens: Option<Value>,
     /// Its text when it is a string.
     pub prompt_cache_key: Option<Text<'a>>,
+    /// The Responses API's system text.
+    pub instructions: Option<StrOr<'a>>,
+    /// The Anthropic Messages API's system prompt: a string or an array of text blocks.
+    pub system: Option<Value>,
+    /// The Responses API's stored response this request continues.
+    pub previous_response_id: Option<StrOr<'a>>,
+    /// The Responses API's `max_tokens`.
+    pub max_output_tokens: Option<Value>,
 }
 
 /// A value that is read as text when it is a string, and quoted in an error when it is not.
@@ -171,6 +194,10 @@ impl<'de> serde::de::Visitor<'de> for TopVisitor {
                 Some("max_tokens") => f.max_tokens = Some(map.next_value()?),
                 Some("max_completion_tokens") => f.max_completion_tokens = Some(map.next_value()?),
                 Some("prompt_cache_key") => f.prompt_cache_key = Some(map.next_value()?),
+                Some("instructions") => f.instructions = Some(map.next_value()?),
+                Some("system") => f.system = Some(map.next_value()?),
+                Some("previous_response_id") => f.previous_response_id = Some(map.next_value()?),
+                Some("max_output_tokens") => f.max_output_tokens = Some(map.next_value()?),
                 _ => map.next_value::<Skip>().map(drop)?,
             }
         }

@@ -1,5 +1,6 @@
 //! What the front door serves ([`Gateway`]): a request is dispatched by its method and path to
-//! the [`Pipeline`] (a `POST` to an inference endpoint) or answered here (`GET /v1/models`,
+//! the [`Pipeline`] (a `POST` to an inference endpoint, or a request for one stored response by
+//! its id) or answered here (`GET /v1/models`,
 //! `/healthz`, `/metrics`; 404 and 405 for the rest).
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::http::{full, Answer, ApiError, Body, ClientIp, ReqHead};
 use super::inputs::Endpoint;
 use super::metrics::GatewayMetrics;
 use super::pipeline::Pipeline;
+use super::responses;
 use crate::config::gateway::ValidGateway;
 use crate::config::ValidConfig;
 
@@ -115,6 +117,10 @@ impl Handler for Gateway {
         let endpoint = Endpoint::from_path(head.path());
         if let (&Method::POST, Some(ep)) = (head.method(), endpoint) {
             return self.pipeline.proxy(ep, head, body, client).await;
+        }
+        if let Some(id) = responses::by_id(head.method(), head.path()) {
+            let id = id.to_string();
+            return self.pipeline.stored_response(&id, head, body, client).await;
         }
         let path = head.path();
         let resp = match (head.method(), path, endpoint) {

@@ -41,7 +41,8 @@ fn catalog() -> &'static (ValidConfig, ValidGateway) {
     })
 }
 
-const PATHS: [&str; 4] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/other"];
+const PATHS: [&str; 6] =
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/other", "/v1/responses", "/v1/messages"];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, rest)) = data.split_first() else { return };

@@ -25,6 +25,7 @@ pub mod packet;
 pub mod remote;
 pub mod sim;
 pub mod status;
+pub mod vllm;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -90,6 +91,14 @@ pub fn workspace_bin(package: &str, name: &str) -> PathBuf {
         );
     }
     path
+}
+
+/// Reports `test` skipped, with its reason, where the test output shows it. libtest keeps what a
+/// passing test prints with `eprintln!` to itself, and its summary would say `ok`; this line
+/// goes to the process's own stderr, so the log of `cargo xtask test` carries it.
+pub fn report_skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 /// Whether this process runs as root.

@@ -404,8 +404,16 @@ fn completions_other_models_and_unknown_paths_are_answered_as_vllm_answers_them(
             (404, Some("NotFoundError"), Some(404)),
             "{path}: {e}"
         );
-        assert_eq!(e["message"], "The model `other` does not exist.");
+        assert_eq!(e["message"], "The model `other` does not exist. Valid aliases: m.");
     }
+    // A malformed field: vLLM's validation error, the field under `body.`.
+    let r = post("/v1/chat/completions", json!({"model": "m", "messages": "bad"}));
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["type"].as_str(), e["param"].as_str()),
+        (400, Some("Bad Request"), Some("body.messages")),
+        "{e}"
+    );
     // No model named: served (vLLM takes its one served model).
     assert_eq!(post("/v1/completions", json!({"prompt": "x", "max_tokens": 1})).status, 200);
 
@@ -415,4 +423,160 @@ fn completions_other_models_and_unknown_paths_are_answered_as_vllm_answers_them(
     let text = sim.get("/metrics").body;
     let info = text.lines().find(|l| l.starts_with("vllm:cache_config_info{")).unwrap_or_else(|| panic!("{text}"));
     assert!(info.contains("block_size=\"512\"") && info.contains("num_gpu_blocks=\""), "{info}");
+}
+
+/// The named events of an agents' API stream: `(event, data)` in order.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let mut name = None;
+            let mut data = None;
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str::<Value>(d).unwrap_or_else(|e| panic!("event {d:?}: {e}")));
+                }
+            }
+            let (name, data) = (name.expect("an event name"), data.expect("event data"));
+            assert_eq!(data["type"].as_str(), Some(name.as_str()), "the event's name is its type");
+            (name, data)
+        })
+        .collect()
+}
+
+#[test]
+fn responses_are_stored_in_the_server_that_made_them_and_found_only_there() {
+    let a = Sim::start(&["--time-scale", "100", "--model", "m"]);
+    let b = Sim::start(&["--time-scale", "100", "--model", "m"]);
+    let post = |sim: &Sim, body: Value| request(&sim.addr, "POST", "/v1/responses", Some(&body)).expect("a response");
+
+    let r = post(&a, json!({"model": "m", "instructions": "be brief", "input": "abcdefgh", "max_output_tokens": 2}));
+    let v = r.json();
+    assert_eq!(
+        (r.status, v["object"].as_str(), v["status"].as_str()),
+        (200, Some("response"), Some("completed")),
+        "{v}"
+    );
+    let id = v["id"].as_str().expect("an id").to_string();
+    assert!(id.starts_with("resp_"), "{id}");
+    assert_eq!(v["output"][0]["content"][0]["text"], "tok tok ");
+    assert_eq!((v["usage"]["input_tokens"].as_u64(), v["usage"]["output_tokens"].as_u64()), (Some(4), Some(2)));
+
+    // The follow-up continues the stored conversation on the server that stored it ...
+    let r = post(&a, json!({"model": "m", "input": "more", "previous_response_id": id, "max_output_tokens": 1}));
+    let v = r.json();
+    assert_eq!(r.status, 200, "{v}");
+    assert_eq!(v["previous_response_id"].as_str(), Some(id.as_str()));
+    assert_eq!(v["usage"]["input_tokens"].as_u64(), Some(4 + 2 + 1), "the stored conversation and the new input");
+    // ... and any other server answers vLLM's 404.
+    let r = post(&b, json!({"model": "m", "input": "more", "previous_response_id": id}));
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["code"].as_u64(), e["type"].as_str(), e["param"].as_str()),
+        (404, Some(404), Some("invalid_request_error"), Some("response_id")),
+        "{e}"
+    );
+    assert_eq!(e["message"].as_str(), Some(format!("Response with id '{id}' not found.").as_str()));
+    // Not stored when asked not to.
+    let v = post(&a, json!({"model": "m", "input": "x", "store": false, "max_output_tokens": 1})).json();
+    let r = post(&a, json!({"model": "m", "input": "y", "previous_response_id": v["id"]}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(post(&a, json!({"model": "m"})).status, 400, "no input");
+    let r = request(&a.addr, "GET", &format!("/v1/responses/{id}"), None).expect("a response");
+    assert_eq!((r.status, r.json()["id"].as_str()), (200, Some(id.as_str())), "retrieved where stored");
+    let r = request(&b.addr, "GET", &format!("/v1/responses/{id}"), None).expect("a response");
+    assert_eq!(r.status, 404, "and nowhere else: {}", r.body);
+    let r = request(&a.addr, "POST", &format!("/v1/responses/{id}/cancel"), None).expect("a response");
+    assert_eq!(r.status, 400, "a finished response is not cancelled: {}", r.body);
+
+    // Streamed: the id in response.created, one delta per token, then the done events.
+    let r = post(&b, json!({"model": "m", "input": "abcd", "max_output_tokens": 3, "stream": true}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = named_events(&r.body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let seqs: Vec<u64> = events.iter().map(|(_, d)| d["sequence_number"].as_u64().expect("a number")).collect();
+    assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<_>>());
+    let streamed_id = events[0].1["response"]["id"].as_str().expect("the id first").to_string();
+    assert_eq!(events[10].1["response"]["id"].as_str(), Some(streamed_id.as_str()));
+    let r =
+        post(&b, json!({"model": "m", "input": "more", "previous_response_id": streamed_id, "max_output_tokens": 1}));
+    assert_eq!(r.status, 200, "a streamed response is stored too: {}", r.body);
+    assert_ne!(id, streamed_id);
+}
+
+#[test]
+fn anthropic_messages_are_answered_in_anthropics_shapes() {
+    let sim = Sim::start(&["--time-scale", "100", "--model", "m"]);
+    let post = |body: Value| request(&sim.addr, "POST", "/v1/messages", Some(&body)).expect("a response");
+    let body =
+        json!({"model": "m", "system": "ab", "messages": [{"role": "user", "content": "cdefgh"}], "max_tokens": 2});
+
+    let r = post(body.clone());
+    let v = r.json();
+    assert_eq!((r.status, v["type"].as_str(), v["role"].as_str()), (200, Some("message"), Some("assistant")), "{v}");
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("msg_")), "{v}");
+    assert_eq!((v["content"][0]["type"].as_str(), v["content"][0]["text"].as_str()), (Some("text"), Some("tok tok ")));
+    assert_eq!((v["stop_reason"].as_str(), v["usage"]["input_tokens"].as_u64()), (Some("max_tokens"), Some(2)));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(streamed);
+    let events = named_events(&r.body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    assert_eq!(events[2].1["delta"], json!({"type": "text_delta", "text": "tok "}));
+    assert_eq!(events[5].1["usage"]["output_tokens"].as_u64(), Some(2));
+
+    let r = request(
+        &sim.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&json!({"model": "m", "system": "ab", "messages": [{"role": "user", "content": "cdefgh"}]})),
+    )
+    .expect("a response");
+    assert_eq!((r.status, r.json()["input_tokens"].as_u64()), (200, Some(2)), "{}", r.body);
+
+    // vLLM's validation answers in its OpenAI shape on this route too; other errors are Anthropic's.
+    let r = post(json!({"model": "m", "messages": []}));
+    let e = &r.json()["error"];
+    assert_eq!(
+        (r.status, e["type"].as_str(), e["param"].as_str()),
+        (400, Some("Bad Request"), Some("max_tokens")),
+        "{e}"
+    );
+    let r = post(json!({"model": "other", "messages": [], "max_tokens": 1}));
+    let v = r.json();
+    assert_eq!(
+        (r.status, v["type"].as_str(), v["error"]["type"].as_str()),
+        (404, Some("error"), Some("NotFoundError"))
+    );
 }

@@ -29,6 +29,8 @@ fn absent_section_gets_documented_defaults() {
     assert_eq!(g.upstream_max_idle, 256);
     assert_eq!(g.worker_threads, None, "one per core");
     assert_eq!(g.admission, super::ValidAdmission::Off, "admission off");
+    assert_eq!(g.responses_max_entries, 100_000);
+    assert_eq!(g.responses_ttl, None, "kept while there is room, as vLLM keeps stored responses");
 }
 
 #[test]
@@ -50,6 +52,8 @@ fn values_are_taken() {
     assert_eq!(g.admission, super::ValidAdmission::Off);
     let g = check("admission = true\nadmission_retry_after = \"2s\"").unwrap();
     assert_eq!(g.admission, super::ValidAdmission::Inflight { retry_after: std::time::Duration::from_secs(2) });
+    let g = check("responses_max_entries = 7\nresponses_ttl = \"2h\"").unwrap();
+    assert_eq!((g.responses_max_entries, g.responses_ttl), (7, Some(std::time::Duration::from_secs(7200))));
     let g = check("admission = false").unwrap();
     assert_eq!(g.admission, super::ValidAdmission::Off);
     let g = check("[gateway.admission]\nmode = \"inflight\"").unwrap();
@@ -130,6 +134,9 @@ fn bad_values_name_field_and_value() {
         ("upstream_max_age = \"0s\"", &["gateway.upstream_max_age", "above zero"]),
         ("upstream_idle_mark_after = \"2s\"", &["gateway.upstream_idle_mark_after", "2s", "upstream_max_age"]),
         ("upstream_idle_mark_after = \"soon\"", &["gateway.upstream_idle_mark_after", "soon"]),
+        ("responses_max_entries = 0", &["gateway.responses_max_entries", "above zero"]),
+        ("responses_ttl = \"0s\"", &["gateway.responses_ttl", "above zero"]),
+        ("responses_ttl = \"forever\"", &["gateway.responses_ttl", "forever"]),
         ("bogus = 1", &["bogus"]),
     ];
     for (text, wants) in cases {

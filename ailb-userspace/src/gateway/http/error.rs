@@ -1,5 +1,7 @@
-//! The OpenAI-shaped error answers of a request ([`ApiError`]:
-//! `{"error":{"message","type","param","code"}}`).
+//! The error answers of a request ([`ApiError`]): OpenAI's shape,
+//! `{"error":{"message","type","param","code"}}`, on every route but Anthropic's Messages API,
+//! whose clients read Anthropic's, `{"type":"error","error":{"type","message"}}`
+//! ([`ErrorShape`]).
 
 use std::time::Duration;
 
@@ -8,6 +10,33 @@ use hyper::{Response, StatusCode};
 use serde_json::json;
 
 use super::{full, Body};
+
+/// Which API's error body an answer has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ErrorShape {
+    #[default]
+    OpenAi,
+    /// Anthropic's: its `type` names the kind by the status (`invalid_request_error`,
+    /// `not_found_error`, `rate_limit_error`, `overloaded_error`, ...), there is no `param` or
+    /// `code`.
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// Anthropic's error type for `status`, as its API documents them.
+    fn anthropic_type(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
+}
 
 /// One error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,11 +49,26 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// `Retry-After` in seconds.
     pub retry_after: Option<u32>,
+    pub shape: ErrorShape,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), kind, param: None, code: Some(code), retry_after: None }
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: Some(code),
+            retry_after: None,
+            shape: ErrorShape::OpenAi,
+        }
+    }
+
+    /// The same error in `shape`.
+    pub fn shaped(mut self, shape: ErrorShape) -> Self {
+        self.shape = shape;
+        self
     }
 
     pub fn param(mut self, param: Option<&str>) -> Self {
@@ -124,8 +168,13 @@ impl ApiError {
         e
     }
 
+    /// The code of [`ApiError::unavailable`].
+    pub const NO_BACKEND: &'static str = "no_backend";
+
+    /// 503: the connect was refused (no live backend of the model fits the request, or the
+    /// address refuses connections).
     pub fn unavailable(message: impl Into<String>) -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_backend", message);
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Self::NO_BACKEND, message);
         e.retry_after = Some(1);
         e
     }
@@ -150,7 +199,24 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        match self.shape {
+            ErrorShape::OpenAi => {
+                json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+            }
+            ErrorShape::Anthropic => json!({
+                "type": "error",
+                "error": {"type": ErrorShape::anthropic_type(self.status), "message": self.message},
+            }),
+        }
+    }
+
+    /// The error as the last event of a broken-off event stream: `data:` with the body, and for
+    /// Anthropic's clients the `event: error` line they dispatch on.
+    pub fn event(&self) -> String {
+        match self.shape {
+            ErrorShape::OpenAi => format!("data: {}\n\n", self.body()),
+            ErrorShape::Anthropic => format!("event: error\ndata: {}\n\n", self.body()),
+        }
     }
 
     pub fn into_response(self) -> Response<Body> {

@@ -23,7 +23,7 @@ use hyper::header::{HeaderMap, HeaderValue};
 
 pub use answer::{Answer, HeadLines};
 pub use deadline::Deadline;
-pub use error::ApiError;
+pub use error::{ApiError, ErrorShape};
 pub use request::{RawHead, ReqHead};
 
 /// The error of a body: hyper's, the relay's or the upstream's own client's.

@@ -20,11 +20,12 @@ fn reference(bytes: &[u8]) -> Result<Result<Fields<'static>, &'static str>, Stri
             _ => Content::None,
         },
     };
+    let str_or = |v: &Value| match v {
+        Value::String(s) => StrOr::Str(Cow::Owned(s.clone())),
+        other => StrOr::Other(other.clone()),
+    };
     Ok(Ok(Fields {
-        model: m.get("model").map(|v| match v {
-            Value::String(s) => StrOr::Str(Cow::Owned(s.clone())),
-            other => StrOr::Other(other.clone()),
-        }),
+        model: m.get("model").map(str_or),
         messages: m.get("messages").map(|v| match v {
             Value::Array(list) => Messages::List(list.iter().map(message).collect()),
             _ => Messages::NotList,
@@ -34,6 +35,10 @@ fn reference(bytes: &[u8]) -> Result<Result<Fields<'static>, &'static str>, Stri
         max_tokens: m.get("max_tokens").cloned(),
         max_completion_tokens: m.get("max_completion_tokens").cloned(),
         prompt_cache_key: m.get("prompt_cache_key").map(|v| Text(text(Some(v)))),
+        instructions: m.get("instructions").map(str_or),
+        system: m.get("system").cloned(),
+        previous_response_id: m.get("previous_response_id").map(str_or),
+        max_output_tokens: m.get("max_output_tokens").cloned(),
     }))
 }
 
@@ -52,6 +57,9 @@ fn accepts_refuses_and_keeps_what_a_value_parse_does() {
         r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"stream":false}"#,
         r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,2.5,-3e7,null,true]}}}]}"#,
         r#"{"model":"a","model":"b","prompt":["x","y"],"input":"z","prompt_cache_key":"k","max_completion_tokens":9}"#,
+        r#"{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"q"}]}],"instructions":"be terse","previous_response_id":"resp_1","max_output_tokens":5}"#,
+        r#"{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"}],"max_tokens":3}"#,
+        r#"{"instructions":7,"previous_response_id":{"id":1},"system":"s","system":null,"max_output_tokens":"x"}"#,
         r#"{"model":"m","temperature":1e400}"#,
         r#"{"model":"m","x":"\ud800"}"#,
         r#"{"model":"m","x":"\u00e9\n\"q\""}"#,

@@ -18,7 +18,7 @@ use tokio::time::Sleep;
 use super::body::UpBody;
 use super::conn::{Conn, Link};
 use super::pool::{Pool, PoolKey};
-use crate::gateway::http::{ApiError, BoxError, Deadline};
+use crate::gateway::http::{ApiError, BoxError, Deadline, ErrorShape};
 use crate::gateway::log::RequestLog;
 
 /// Where a connection goes when its response has been relayed whole: back to the pool under
@@ -41,13 +41,15 @@ pub enum RelayError {
 /// time to first byte, and on its end (or drop) the request's duration and access log.
 ///
 /// When an event stream (`text/event-stream`) breaks off (the upstream reset, or a timeout),
-/// the client gets one last event, `data: {"error": {...}}` in OpenAI's error shape, and a
+/// the client gets one last event, `data: {"error": {...}}` in OpenAI's error shape (or
+/// Anthropic's `event: error`, on its route: see [`ApiError::event`]), and a
 /// clean end of the stream: an SSE client reads that as the answer's end with a reason, where a
 /// cut connection would look like a network fault or, to some clients, like a hang. Other
 /// bodies end with an error, which aborts the response (the client sees it incomplete).
 pub struct Relay<T> {
     inner: UpBody,
-    sse: bool,
+    /// An event stream's error shape (`None`: not an event stream).
+    sse: Option<ErrorShape>,
     done: bool,
     idle: Duration,
     /// When the last frame came (or the body first had to wait): the idle timeout counts
@@ -83,7 +85,7 @@ impl<T> Relay<T> {
     )]
     pub fn new(
         inner: UpBody,
-        sse: bool,
+        sse: Option<ErrorShape>,
         conn: Box<Conn>,
         reuse: Option<Reuse>,
         held: Held<T>,
@@ -130,12 +132,12 @@ impl<T> Relay<T> {
         self.reuse = None;
         self.release(Instant::now);
         self.finish(outcome);
-        if !self.sse {
+        let Some(shape) = self.sse else {
             return Poll::Ready(Some(Err(e)));
-        }
+        };
         self.done = true;
         let msg = format!("the upstream stream broke off: {}", crate::error_chain(&*e));
-        let event = format!("data: {}\n\n", ApiError::bad_gateway(msg).body());
+        let event = ApiError::bad_gateway(msg).shaped(shape).event();
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
     }
 }

@@ -3,12 +3,16 @@
 //! sleep of `seconds / time_scale`.
 //!
 //! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (SSE when `"stream": true`),
-//! `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM names, [`metrics`]), `GET /sim/state`
+//! `POST /v1/responses` (OpenAI's Responses API, with stored responses, [`responses`]),
+//! `POST /v1/messages` (Anthropic's Messages API, [`anthropic`]), `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM names, [`metrics`]), `GET /sim/state`
 //! (JSON for reports); any other path is a 404 with FastAPI's body, as vLLM answers it.
 //! See [the crate docs](crate) for the request extension and the error format.
 
+mod anthropic;
+mod events;
 mod metrics;
 mod request;
+mod responses;
 
 pub use request::{parse_chat, parse_completion, Api, ChatRequest, DEFAULT_MAX_TOKENS};
 
@@ -28,7 +32,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, Started};
+use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started};
 
 /// How to run one simulated server.
 #[derive(Debug, Clone)]
@@ -82,6 +86,11 @@ struct App {
     /// This server's `ip:port`, sent as `x-ailb-backend` so that a client can tell which GPU
     /// served it (the affinity hit rate of a replay).
     addr: String,
+    /// Makes this server's response and message ids unlike any other server's.
+    id_seed: u64,
+    /// The Responses API's stored responses, by id: in this server's memory only, as vLLM
+    /// keeps them.
+    stored: Mutex<HashMap<String, responses::Stored>>,
 }
 
 impl App {
@@ -89,6 +98,11 @@ impl App {
         // A panic while holding the lock leaves a consistent model (every mutation completes
         // before any await), so keep serving.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stored_responses(&self) -> MutexGuard<'_, HashMap<String, responses::Stored>> {
+        // Each insert completes under the lock.
+        self.stored.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -175,12 +189,19 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         clock: Clock { start: Instant::now(), scale: cfg.time_scale },
         cfg,
         next_chat: AtomicU64::new(0),
+        id_seed: id_seed(&addr),
         addr,
+        stored: Mutex::new(HashMap::new()),
     });
     tokio::spawn(sampler(app.clone()));
     let router = Router::new()
         .route("/v1/chat/completions", post(|s, b| generate(s, b, Api::Chat)))
         .route("/v1/completions", post(|s, b| generate(s, b, Api::Completion)))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics::metrics))
@@ -188,6 +209,12 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
         .with_state(app);
     axum::serve(listener, router).await
+}
+
+/// A seed from the server's address and its start time.
+fn id_seed(addr: &str) -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    ailb_common::hash::fmix64(ailb_common::hash::conversation_hash(addr.as_bytes()) ^ nanos)
 }
 
 /// Samples utilisation every interval and rewrites the NVML state file.
@@ -289,14 +316,18 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Respons
     };
     let req = match parsed {
         Ok(r) => r,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+        // vLLM's request models name the field under `body.` (pydantic's location).
+        Err(msg) => return responses::validation_error(&format!("body.{msg}")),
     };
     // vLLM serves a model only under its served name and answers any other with a 404.
     if let Some(m) = req.model.as_deref().filter(|m| *m != app.cfg.model) {
-        return error(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist."));
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist. Valid aliases: {}.", app.cfg.model),
+        );
     }
     let t0 = app.clock.now();
-    let started = match admit(&app, &req, t0).await {
+    let started = match admit(&app, &req.sim, t0).await {
         Ok(s) => s,
         Err(oom) => return error(StatusCode::BAD_REQUEST, oom.to_string()),
     };
@@ -316,11 +347,7 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Respons
         max_tokens: req.sim.max_tokens,
         queued_s: app.clock.now() - t0,
     };
-    let sim_headers = [
-        ("x-ailb-backend", app.addr.clone()),
-        ("x-ailb-sim-cached-tokens", gen.started.cached_tokens.to_string()),
-        ("x-ailb-sim-queued-s", format!("{:.6}", gen.queued_s)),
-    ];
+    let sim_headers = sim_headers(&app, &gen.started, gen.queued_s);
     if req.stream {
         streamed(app.clock, req.include_usage, gen, seq, begin, sim_headers)
     } else {
@@ -328,12 +355,21 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Respons
     }
 }
 
+/// The headers of an answer of `app` to a request `started` after `queued_s` in the queue.
+fn sim_headers(app: &App, started: &Started, queued_s: f64) -> SimHeaders {
+    [
+        ("x-ailb-backend", app.addr.clone()),
+        ("x-ailb-sim-cached-tokens", started.cached_tokens.to_string()),
+        ("x-ailb-sim-queued-s", format!("{queued_s:.6}")),
+    ]
+}
+
 /// Admits the request to the GPU at `t0`, waiting while it is queued; the GPU's refusal when
 /// its KV cache can never hold it.
-async fn admit(app: &Arc<App>, req: &ChatRequest, t0: f64) -> Result<Started, OutOfMemory> {
+async fn admit(app: &Arc<App>, req: &SimRequest, t0: f64) -> Result<Started, OutOfMemory> {
     let admission = {
         let mut inner = app.lock();
-        match inner.gpu.admit(req.sim.clone(), t0) {
+        match inner.gpu.admit(req.clone(), t0) {
             Admission::Start(s) => Ok(s),
             Admission::Queued(id) => {
                 let (tx, rx) = oneshot::channel();

@@ -2,10 +2,13 @@
 //!
 //! - **rnacos**, a Nacos-compatible registry, on free loopback ports with its own data dir;
 //! - a **simulated GPU fleet**: one `ailb-sim` per GPU (A100-80GB and RTX 3090 profiles, a 7B
-//!   model) on 127.0.20.x:8000, each keeping a fake-NVML state file up to date;
-//! - one **`ailb agent`** per GPU, reading that GPU through a fake `libnvidia-ml.so` (built here
-//!   with gcc from `tests/integration/fixtures/fake_nvml.c`) and the server's vLLM metrics, and registering
-//!   the instance in rnacos with its metadata;
+//!   model) on 127.0.20.x:8000, each keeping a fake-NVML state file up to date; or, with
+//!   `--engine vllm`, **real vLLM for CPU servers** (1 to 3) serving the tiny model that
+//!   `cargo xtask setup` makes, in real time;
+//! - one **`ailb agent`** per server, reading its GPU through a fake `libnvidia-ml.so` (built here
+//!   with gcc from `tests/integration/fixtures/fake_nvml.c`; none for the real servers, whose free
+//!   memory is their free KV cache) and the server's vLLM metrics, and registering the instance
+//!   in rnacos with its metadata;
 //! - the **balancer**, `ailb run` with Nacos discovery and the AI-aware policy, attached to a
 //!   child cgroup created here (never the cgroup2 root);
 //! - the **front door**, `ailb gateway`, inside that cgroup: an OpenAI-style HTTP server that
@@ -23,10 +26,11 @@
 //! everything: each process by its pid, the pins (`ailb teardown`), the cgroup, the temp dirs
 //! (RAII guards, also on a panic).
 
+mod fleet;
 mod view;
 
 use std::io::Write as _;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,30 +45,51 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::Value;
 
+use self::fleet::Node;
 use self::view::view;
-use crate::sim_gpus::{sibling_bin, Proc, SimGpu, SimOpts};
+use crate::sim_gpus::{sibling_bin, Proc};
 
-const MODEL: &str = "sim-7b";
+/// The model the simulated fleet serves.
+const SIM_MODEL: &str = "sim-7b";
+/// The name the real servers serve the tiny model under.
+const VLLM_MODEL: &str = "tiny-llama";
 const VIP: &str = "127.77.20.1:8000";
 
+/// The model servers of the demo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    /// Simulated GPUs (`ailb-sim`), time-scaled.
+    Sim,
+    /// Real vLLM for CPU servers with the tiny model, in real time.
+    Vllm,
+}
+
 #[derive(Debug, Parser)]
-#[command(name = "ailb-demo", about = "rnacos + simulated GPUs + agents + ailb + load, live (root)")]
+#[command(name = "ailb-demo", about = "rnacos + model servers + agents + ailb + load, live (root)")]
 pub struct Args {
+    /// The model servers: simulated GPUs, or real vLLM for CPU servers (`cargo xtask setup`
+    /// installs the engine and makes its tiny model).
+    #[arg(long, value_enum, default_value_t = EngineKind::Sim)]
+    pub engine: EngineKind,
+    /// With `--engine vllm`: how many real servers (1 to 3).
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
     /// Simulated A100-80GB GPUs.
     #[arg(long, default_value_t = 2)]
     pub a100: usize,
     /// Simulated RTX 3090 24GB GPUs.
     #[arg(long, default_value_t = 2)]
     pub rtx3090: usize,
-    /// Simulated seconds per real second (GPUs and load together).
+    /// Simulated seconds per real second (GPUs and load together; real servers run at 1).
     #[arg(long, default_value_t = 10.0)]
     pub time_scale: f64,
-    /// Requests the load generator sends.
-    #[arg(long, default_value_t = 1500)]
-    pub requests: usize,
-    /// New synthetic conversations per simulated second.
-    #[arg(long, default_value_t = 2.0)]
-    pub rate: f64,
+    /// Requests the load generator sends (default 1500; 60 on real servers).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// New synthetic conversations per second of the load's clock (default 2; 0.3 on real
+    /// servers, which serve a few requests a second on this machine's cores).
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Replay the Mooncake trace instead of the synthetic mix.
     #[arg(long)]
     pub trace: bool,
@@ -101,33 +126,38 @@ fn say(msg: &str) {
     eprintln!("[demo] {msg}");
 }
 
-/// One simulated GPU and its agent (dropped first: it deregisters while the server still runs).
-pub(super) struct Gpu {
-    pub(super) agent: Proc,
-    pub(super) gpu: SimGpu,
-}
+impl Args {
+    fn model(&self) -> &'static str {
+        match self.engine {
+            EngineKind::Sim => SIM_MODEL,
+            EngineKind::Vllm => VLLM_MODEL,
+        }
+    }
 
-fn start_gpu(i: usize, profile: &'static str, args: &Args, nacos: &RnacosServer, dir: &Path) -> anyhow::Result<Gpu> {
-    let addr = SocketAddrV4::new([127, 0, 20, (i + 1) as u8].into(), 8000);
-    let opts = SimOpts {
-        sim_bin: &sibling_bin("ailb-sim"),
-        model: MODEL,
-        time_scale: args.time_scale,
-        sample_interval_ms: 250,
-        log: Some(dir.join(format!("sim-{i}.log"))),
-    };
-    let gpu = SimGpu::start(addr, profile, &opts)?;
-    let agent = gpu.start_agent(MODEL, &nacos.url(), "500ms", dir)?;
-    Ok(Gpu { agent, gpu })
+    /// The load's speed: the simulated fleet's time scale, or real time.
+    fn speed(&self) -> f64 {
+        match self.engine {
+            EngineKind::Sim => self.time_scale,
+            EngineKind::Vllm => 1.0,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.unwrap_or(if self.engine == EngineKind::Vllm { 60 } else { 1500 })
+    }
+
+    fn rate(&self) -> f64 {
+        self.rate.unwrap_or(if self.engine == EngineKind::Vllm { 0.3 } else { 2.0 })
+    }
 }
 
 /// `ailb-demo`: starts everything, shows the live view until the load is done (or Ctrl-C, or
 /// `--duration-s`), reports the load and stops everything in order.
 pub fn main(args: Args) -> anyhow::Result<()> {
-    if args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 200 {
+    if args.engine == EngineKind::Sim && (args.a100 + args.rtx3090 == 0 || args.a100 + args.rtx3090 > 200) {
         bail!("--a100 + --rtx3090: 1 to 200 GPUs");
     }
-    if !(args.time_scale > 0.0 && args.rate > 0.0) {
+    if !(args.time_scale > 0.0 && args.rate() > 0.0) {
         bail!("--time-scale and --rate must be positive");
     }
     let ailb = preflight();
@@ -140,14 +170,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let nacos = RnacosServer::start();
     say(&format!("rnacos at {}", nacos.url()));
 
-    let profiles = std::iter::repeat_n("a100-80gb", args.a100).chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090));
-    let mut gpus = Vec::new();
-    for (i, p) in profiles.enumerate() {
-        gpus.push(start_gpu(i, p, &args, &nacos, dir.path())?);
-        say(&format!("GPU {i}: ailb-sim {p} on {} with its agent", gpus[i].gpu.addr));
-    }
+    let mut gpus = fleet::start(&args, args.model(), &nacos, dir.path())?;
     let front_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let daemon = start_balancer(&ailb, &cg, &nacos, gpus.len(), front_addr);
+    let daemon = start_balancer(&ailb, &cg, &nacos, args.model(), gpus.len(), front_addr);
     let mut front = GatewayProcess::start(&ailb, daemon.config_path(), &cg, front_addr);
     say(&format!(
         "front door `ailb gateway` (pid {}) in the cgroup: http://{front_addr}/v1/chat/completions",
@@ -159,11 +184,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut world = World { daemon: &daemon, front: &mut front, gpus: &mut gpus };
     let finished = watch(&args, &mut world, &mut load, dir.path(), started)?;
-    print!("{}", view(&daemon, front_addr, &gpus, started));
+    print!("{}", view(&daemon, args.model(), front_addr, &gpus, started));
     if let Some(st) = finished {
         load_done(st, dir.path(), &out)?;
     }
-    say("tearing down: load, front door, agents (they deregister), GPUs, balancer (pins removed), rnacos, cgroup");
+    say("tearing down: load, front door, agents (they deregister), servers, balancer (pins removed), rnacos, cgroup");
     drop(load);
     drop(front);
     drop(gpus);
@@ -177,13 +202,22 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 /// The balancer, `ailb run` with Nacos discovery and the AI-aware policy, ready once all `n`
 /// GPUs are live in its table. Its config also holds the front door's `[gateway]` section
 /// (listening on `front`), which `ailb run` ignores.
-fn start_balancer(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize, front: SocketAddr) -> Daemon {
+fn start_balancer(
+    ailb: &Path,
+    cg: &CgroupGuard,
+    nacos: &RnacosServer,
+    model: &str,
+    n: usize,
+    front: SocketAddr,
+) -> Daemon {
     let listen = format!("127.0.0.1:{}", free_port());
     // GPU capability: the simulated A100 prefills 2.7x and decodes 1.6x as fast as the 3090.
+    // The tiny model's requests need megabytes, not the simulated 7B's 2 GB.
+    let required = if model == SIM_MODEL { "required_memory_mb = 2048\n" } else { "" };
     let mut cfg = base_config("demo", cg);
     cfg.listen = Some(listen.clone());
     cfg.extra = format!(
-        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\nrequired_memory_mb = 2048\naffinity_ttl = \"10m\"\n\n\
+        "[[models]]\nname = \"{model}\"\nvips = [\"{VIP}\"]\n{required}affinity_ttl = \"10m\"\n\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"200ms\"\n\n\
          [policy.gpu_capability]\n\"A100-80GB\" = 2.0\n\"RTX3090-24GB\" = 1.0\n\n\
          [gateway]\nlisten = [\"{front}\"]\n",
@@ -193,10 +227,12 @@ fn start_balancer(ailb: &Path, cg: &CgroupGuard, nacos: &RnacosServer, n: usize,
     say(&format!(
         "balancer `ailb run` ready: VIP {VIP}, metrics http://{listen}/metrics, plan http://{listen}/v1/plan"
     ));
-    wait_until("every GPU registered by its agent and live in the gateway's table", Duration::from_secs(30), || {
-        (live_backends(&daemon.status(), MODEL) == n).then_some(())
-    });
-    say(&format!("all {n} GPUs are in the table; starting the load"));
+    wait_until(
+        "every server registered by its agent and live in the balancer's table",
+        Duration::from_secs(30),
+        || (live_backends(&daemon.status(), model) == n).then_some(()),
+    );
+    say(&format!("all {n} servers are in the table; starting the load"));
     daemon
 }
 
@@ -210,8 +246,8 @@ fn start_load(args: &Args, cg: &CgroupGuard, front: SocketAddr, dir: &Path, out:
     } else {
         cmd.arg("--gateway").arg(front.to_string());
     }
-    cmd.args(["--model", MODEL, "--limit", &args.requests.to_string()])
-        .args(["--speed", &args.time_scale.to_string(), "--concurrency", "256", "--quiet"])
+    cmd.args(["--model", args.model(), "--limit", &args.requests().to_string()])
+        .args(["--speed", &args.speed().to_string(), "--concurrency", "256", "--quiet"])
         .arg("--out")
         .arg(out)
         .stdin(Stdio::null())
@@ -220,7 +256,7 @@ fn start_load(args: &Args, cg: &CgroupGuard, front: SocketAddr, dir: &Path, out:
     if args.trace {
         cmd.arg("--trace").arg(replay::default_trace_path());
     } else {
-        cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
+        cmd.args(["--synthetic", "--rate", &args.rate().to_string()]);
     }
     let (child, path) = if args.socket_abi {
         (spawn_in_cgroup(&mut cmd, cg.path()), format!("in the cgroup, socket tags to the VIP {VIP}"))
@@ -231,8 +267,8 @@ fn start_load(args: &Args, cg: &CgroupGuard, front: SocketAddr, dir: &Path, out:
     say(&format!(
         "load: ailb-replay ({}, {} requests, speed x{}), {path}; Ctrl-C stops the demo",
         if args.trace { "Mooncake trace" } else { "synthetic mix" },
-        args.requests,
-        args.time_scale
+        args.requests(),
+        args.speed()
     ));
     Ok(load)
 }
@@ -241,7 +277,7 @@ fn start_load(args: &Args, cg: &CgroupGuard, front: SocketAddr, dir: &Path, out:
 struct World<'a> {
     daemon: &'a Daemon,
     front: &'a mut GatewayProcess,
-    gpus: &'a mut [Gpu],
+    gpus: &'a mut [Node],
 }
 
 /// Shows the live view every `--every-s` until the load exits (its status), or Ctrl-C or
@@ -271,15 +307,16 @@ fn watch(
             bail!("the front door `ailb gateway` exited ({st}):\n{}", w.front.log());
         }
         for g in w.gpus.iter_mut() {
-            for p in [&mut g.gpu.sim, &mut g.agent] {
-                if let Some(st) = p.exited() {
-                    bail!("{} exited ({st}); logs in {}", p.name, dir.display());
-                }
+            if let Some(st) = g.agent.exited() {
+                bail!("{} exited ({st}); logs in {}", g.agent.name, dir.display());
+            }
+            if let Some((name, st)) = g.server.exited() {
+                bail!("{name} exited ({st}); logs in {}", dir.display());
             }
         }
         if Instant::now() >= next {
             next += every;
-            print!("{}", view(w.daemon, w.front.addr(), w.gpus, started));
+            print!("{}", view(w.daemon, args.model(), w.front.addr(), w.gpus, started));
             let _ = std::io::stdout().flush();
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -1,5 +1,5 @@
-//! The demo's live view: the front door's address, then one row per GPU, from the balancer's
-//! pinned maps and the GPU itself.
+//! The demo's live view: the front door's address, then one row per server, from the
+//! balancer's pinned maps and the server itself.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,19 +10,17 @@ use ailb_tests::status::model_backends;
 use ailb_tests::Daemon;
 use serde_json::Value;
 
-use super::{Gpu, MODEL};
-use crate::sim_gpus::get_ok;
+use super::fleet::{Node, Sample};
 
-/// The live view: the front door at `front`, then one row per GPU, joined from the balancer's
-/// pinned maps and the GPU itself.
-pub(super) fn view(daemon: &Daemon, front: SocketAddr, gpus: &[Gpu], started: Instant) -> String {
-    // Each GPU's state, read once per view.
-    let sims: Vec<Option<Value>> =
-        gpus.iter().map(|g| get_ok(g.gpu.addr, "/sim/state").and_then(|t| serde_json::from_str(&t).ok())).collect();
-    let replay_done: u64 = sims.iter().flatten().filter_map(|v| v["counters"]["finished_total"].as_u64()).sum();
+/// The live view: the front door at `front`, then one row per server of `model`, joined from
+/// the balancer's pinned maps and the server itself.
+pub(super) fn view(daemon: &Daemon, model: &str, front: SocketAddr, nodes: &[Node], started: Instant) -> String {
+    // Each server's state, read once per view.
+    let samples: Vec<Sample> = nodes.iter().map(|n| n.server.sample()).collect();
+    let replay_done: u64 = samples.iter().filter_map(|s| s.finished).sum();
     let st = daemon.status();
     let by_addr: BTreeMap<&str, &Value> =
-        model_backends(&st, MODEL).into_iter().filter_map(|b| Some((b["address"].as_str()?, b))).collect();
+        model_backends(&st, model).into_iter().filter_map(|b| Some((b["address"].as_str()?, b))).collect();
     let s = &st["stats"];
     let mut out = String::new();
     let _ = writeln!(
@@ -40,27 +38,27 @@ pub(super) fn view(daemon: &Daemon, front: SocketAddr, gpus: &[Gpu], started: In
         "{:<17} {:<13} {:>6} {:>6} {:>8} {:>6} | {:>5} {:>5} {:>7} {:>7} {:>9}",
         "backend", "GPU", "weight", "share", "inflight", "picks", "util", "KV", "running", "waiting", "free MiB"
     );
-    for (Gpu { gpu: g, .. }, sim) in gpus.iter().zip(&sims) {
-        let a = g.addr.to_string();
+    for (node, sample) in nodes.iter().zip(&samples) {
+        let a = node.server.addr().to_string();
         let b = by_addr.get(a.as_str());
         let field = |v: Option<&Value>, k: &str| v.map(|v| v[k].clone()).unwrap_or(Value::Null);
-        let pct = |v: Value| v.as_f64().map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
-        let int = |v: Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0));
+        let int = |v: Option<u64>| v.map_or("-".to_string(), |x| x.to_string());
         let live = b.is_some_and(|b| b["live"].as_bool() == Some(true));
         let _ = writeln!(
             out,
             "{:<17} {:<13} {:>6} {:>6} {:>8} {:>6} | {:>5} {:>5} {:>7} {:>7} {:>9}",
             a,
-            g.profile,
-            if live { int(field(b.copied(), "weight")) } else { "out".into() },
-            pct(field(b.copied(), "table_share")),
-            int(field(b.copied(), "inflight")),
-            int(field(b.copied(), "picks")),
-            pct(field(sim.as_ref(), "utilization")),
-            pct(field(sim.as_ref(), "kv_cache_usage")),
-            int(field(sim.as_ref(), "running")),
-            int(field(sim.as_ref(), "waiting")),
-            int(field(b.copied(), "free_mem_mb")),
+            node.server.label(),
+            if live { int(field(b.copied(), "weight").as_u64()) } else { "out".into() },
+            pct(field(b.copied(), "table_share").as_f64()),
+            int(field(b.copied(), "inflight").as_u64()),
+            int(field(b.copied(), "picks").as_u64()),
+            pct(sample.utilization),
+            pct(sample.kv_cache_usage),
+            int(sample.running),
+            int(sample.waiting),
+            int(field(b.copied(), "free_mem_mb").as_u64()),
         );
     }
     out

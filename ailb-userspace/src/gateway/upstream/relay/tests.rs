@@ -71,7 +71,7 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
     let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
     let mut relay = Relay::new(
         UpBody::Raw(body),
-        false,
+        None,
         conn,
         None,
         Held { _permit: permit, ticket },

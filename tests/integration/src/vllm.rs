@@ -1,0 +1,496 @@
+//! Real vLLM servers (vLLM for CPU, the tiny model) for the `vllm*` tests, from what
+//! `cargo xtask setup` keeps under `~/.cache/ailb/`: the venv `vllm-venv` and the model
+//! `models/tiny-llama`. Each server runs in its own process group (the API server starts an
+//! engine process of its own), is killed by that group on drop (SIGTERM, then SIGKILL), and
+//! dies with the test process if that is killed first (`PR_SET_PDEATHSIG`).
+//!
+//! Start-up is slow (about a minute and a half for two side by side on 2 cores): a test binary
+//! starts its servers once and runs its checks against them in turn.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::nacos::free_port;
+
+/// The engine's cache folder (`cargo xtask setup` fills it).
+fn cache_dir() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".cache/ailb")
+}
+
+/// The file in which `cargo xtask setup` wrote why it could not install the engine (only an
+/// unreachable package registry): the tests then report themselves skipped with that reason.
+const SKIPPED_MARKER: &str = "vllm-engine.skipped";
+
+/// KV cache per server, GiB (`VLLM_CPU_KVCACHE_SPACE`): 1 GiB holds 262,144 tokens of the tiny
+/// model, far more than a test sends, and keeps two or three servers within this machine's memory.
+pub const KV_CACHE_GIB: u32 = 1;
+/// The tiny model's KV cache per token: K and V x 4 layers x 4 KV heads x 64 dims x 2 bytes
+/// (bfloat16) (`tests/engines/tiny_model.py`).
+pub const KV_BYTES_PER_TOKEN: u64 = 2 * 4 * 4 * 64 * 2;
+
+/// The installed engine: the venv's python and the model folder.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub python: PathBuf,
+    pub model: PathBuf,
+    cache: PathBuf,
+}
+
+impl Engine {
+    /// The engine `cargo xtask setup` installed. `Err(reason)` only when setup recorded that it
+    /// could not reach the package registry (the caller reports the test skipped); panics, saying
+    /// what to run, when the engine is simply missing or incomplete.
+    pub fn find() -> Result<Self, String> {
+        let cache = cache_dir();
+        let marker = cache.join(SKIPPED_MARKER);
+        if let Ok(reason) = std::fs::read_to_string(&marker) {
+            return Err(format!("no real engine: {} ({})", reason.trim(), marker.display()));
+        }
+        let python = cache.join("vllm-venv/bin/python");
+        let model = cache.join("models/tiny-llama");
+        for need in [&python, &model.join("config.json"), &model.join("tokenizer.json")] {
+            if !need.exists() {
+                panic!(
+                    "{} is missing: run `cargo xtask setup` (it installs vLLM for CPU and makes the tiny model)",
+                    need.display()
+                );
+            }
+        }
+        Ok(Self { python, model, cache })
+    }
+}
+
+/// A running `vllm.entrypoints.openai.api_server` on `127.0.0.1:port`, its output in a file.
+pub struct VllmServer {
+    child: Child,
+    port: u16,
+    name: String,
+    log: tempfile::NamedTempFile,
+    started: Instant,
+}
+
+impl VllmServer {
+    /// Spawns a server of `engine`'s model under the name `served` on a free loopback port,
+    /// with `extra` arguments (`--max-model-len` 8192 unless they set it); returns at once ([`Self::wait_ready`] waits for `/health`).
+    pub fn spawn(engine: &Engine, served: &str, extra: &[&str]) -> Self {
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
+        let out = log.reopen().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
+        let err = log.reopen().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
+        let work = engine.cache.join("vllm-work");
+        let mut cmd = Command::new(&engine.python);
+        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+            .arg(&engine.model)
+            .args(["--served-model-name", served, "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--enable-prefix-caching", "--dtype", "bfloat16"])
+            .args(extra)
+            .env("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB.to_string())
+            .env("VLLM_CPU_OMP_THREADS_BIND", "auto")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1")
+            .env("VLLM_NO_USAGE_STATS", "1")
+            .env("VLLM_CACHE_ROOT", work.join("vllm"))
+            .env("HF_HOME", work.join("hf"))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
+        // parent; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        if !extra.contains(&"--max-model-len") {
+            cmd.args(["--max-model-len", "8192"]);
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting vLLM ({}): {e}", engine.python.display()));
+        Self { child, port, name: served.to_string(), log, started: Instant::now() }
+    }
+
+    /// Waits until `/health` answers 200, at most `timeout`; panics with the log's tail when the
+    /// server exits first or the time runs out. Returns the time from spawn to ready.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Duration {
+        let deadline = self.started + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("vLLM on port {} exited with {status} before it was ready:\n{}", self.port, self.log_tail(60));
+            }
+            if get(&self.addr(), "/health").is_ok_and(|(status, _)| status == 200) {
+                return self.started.elapsed();
+            }
+            if Instant::now() > deadline {
+                panic!("vLLM on port {} not ready within {timeout:?}:\n{}", self.port, self.log_tail(60));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The name it serves the model under.
+    pub fn served(&self) -> &str {
+        &self.name
+    }
+
+    /// Its exit status once the API server has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The API server's pid (its process group's id).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last `lines` lines it printed.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Its `/metrics` text now (panics when it does not answer 200).
+    pub fn metrics(&self) -> String {
+        match get(&self.addr(), "/metrics") {
+            Ok((200, body)) => body,
+            other => panic!("GET /metrics from vLLM on {}: {other:?}", self.addr()),
+        }
+    }
+
+    /// The sum of every sample of `name` (all label sets) in its `/metrics` now, or `None` when
+    /// it has no such sample.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        metric_sum(&self.metrics(), name)
+    }
+
+    /// [`Self::metric`] that panics, naming the metric and the server, when it is absent.
+    pub fn must(&self, name: &str) -> f64 {
+        let text = self.metrics();
+        metric_sum(&text, name).unwrap_or_else(|| panic!("no {name} in the /metrics of vLLM on {}", self.addr()))
+    }
+
+    /// A label of its `vllm:cache_config_info` (`block_size`, `num_gpu_blocks`) as a number.
+    pub fn cache_config(&self, label: &str) -> Option<u64> {
+        let text = self.metrics();
+        let info = text.lines().find(|l| l.starts_with("vllm:cache_config_info{"))?;
+        let at = info.find(&format!(",{label}=\"")).or_else(|| info.find(&format!("{{{label}=\"")))? + label.len() + 3;
+        info[at..].split('"').next()?.parse().ok()
+    }
+
+    /// The resident memory of its process group, MiB (the API server and its engine process).
+    pub fn rss_mib(&self) -> u64 {
+        let pgid = self.child.id() as i32;
+        let mut kib = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            // SAFETY: getpgid has no memory arguments; it fails harmlessly for a gone pid.
+            if unsafe { libc::getpgid(pid) } != pgid {
+                continue;
+            }
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            kib += status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        kib / 1024
+    }
+}
+
+impl Drop for VllmServer {
+    fn drop(&mut self) {
+        let pgid = self.child.id() as i32;
+        // SAFETY: kill(2) on the process group we created for our own child (its pid).
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The engine process may outlive the API server: the whole group goes.
+        // SAFETY: as above; ESRCH when the group is already gone is harmless.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts one server per name side by side and waits for all of them (`timeout` each from its
+/// spawn); prints the start-up time and resident memory of each.
+pub fn start_servers(engine: &Engine, names: &[&str], extra: &[&str], timeout: Duration) -> Vec<VllmServer> {
+    let mut servers: Vec<VllmServer> = names.iter().map(|n| VllmServer::spawn(engine, n, extra)).collect();
+    for s in &mut servers {
+        let took = s.wait_ready(timeout);
+        eprintln!("vLLM {} on {} ready in {:.1}s", s.served(), s.addr(), took.as_secs_f64());
+    }
+    for s in &servers {
+        eprintln!("vLLM {} on {}: {} MiB resident (API server and engine)", s.served(), s.addr(), s.rss_mib());
+    }
+    servers
+}
+
+/// The config of an `ailb agent` that registers `s` in Nacos as an instance of `service`: its
+/// load and KV cache from its `/metrics`, no NVML (free memory = free KV cache x
+/// [`KV_BYTES_PER_TOKEN`]), publishing every `publish`.
+pub fn agent_config(s: &VllmServer, service: &str, nacos_url: &str, metrics_port: u16, publish: &str) -> String {
+    format!(
+        r#"publish_interval = "{publish}"
+heartbeat_interval = "1s"
+drain_timeout = "5s"
+listen = "127.0.0.1:{metrics_port}"
+
+[nacos]
+servers = ["{nacos_url}"]
+api = "v1"
+timeout = "500ms"
+
+[[instances]]
+service = "{service}"
+ip = "127.0.0.1"
+port = {port}
+model_id = "{service}"
+gpu_type = "CPU"
+supported_tasks = ["chat", "completion"]
+metrics_url = "http://{addr}/metrics"
+health_url = "http://{addr}/health"
+server = "vllm"
+nvml = false
+kv_bytes_per_token = {KV_BYTES_PER_TOKEN}
+"#,
+        port = s.port(),
+        addr = s.addr()
+    )
+}
+
+/// The sum of every sample of `name` (any labels) in a Prometheus text; `None` when none.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else { continue };
+        let value = if rest.starts_with('{') { rest.split_once('}').map(|x| x.1) } else { Some(rest) };
+        let Some(value) = value.filter(|v| v.starts_with(' ')) else { continue };
+        if let Some(v) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// An HTTP answer: status, the head's header lines (lower-cased names), the body (de-chunked).
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The first header of that (lower-case) name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON (panics, showing it, when it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body, in order (`[DONE]` included).
+    pub fn sse_data(&self) -> Vec<String> {
+        self.body.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.trim().to_string()).collect()
+    }
+}
+
+/// `GET path` on `addr` (`Connection: close`): status and body, or why it failed.
+pub fn get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    let r = request(addr, "GET", path, &[], None, Duration::from_secs(10))?;
+    Ok((r.status, r.body))
+}
+
+/// `POST path` with a JSON body and extra headers on `addr`, read to the end (`Connection: close`).
+pub fn post_json(addr: &str, path: &str, headers: &[(&str, &str)], body: &serde_json::Value) -> Reply {
+    request(addr, "POST", path, headers, Some(&body.to_string()), Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("POST {path} to {addr}: {e}"))
+}
+
+fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let _ = s.set_read_timeout(Some(timeout));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).map_err(|e| format!("write: {e}"))?;
+    if let Some(b) = body {
+        s.write_all(b.as_bytes()).map_err(|e| format!("write: {e}"))?;
+    }
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
+    parse_reply(&raw)
+}
+
+/// Splits a whole HTTP/1.1 response and undoes chunked transfer coding.
+pub fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, rest) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no end of head in {text:?}"))?;
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or("");
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked { dechunk(rest)? } else { rest.to_string() };
+    Ok(Reply { status, headers, body })
+}
+
+fn dechunk(mut rest: &str) -> Result<String, String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").ok_or("a chunk size without CRLF")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|e| format!("chunk size {size:?}: {e}"))?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = after.get(..size).ok_or("a chunk shorter than its size")?;
+        out.push_str(chunk);
+        rest = after[size..].strip_prefix("\r\n").ok_or("a chunk without its CRLF")?;
+    }
+}
+
+/// A streamed request left open: the test reads until the stream has started, then drops it
+/// (the client disconnects mid-stream).
+pub struct OpenStream {
+    reader: BufReader<TcpStream>,
+}
+
+impl OpenStream {
+    /// Sends `POST path` with `body` (which asks for `"stream": true`) and reads the head.
+    pub fn start(addr: &str, path: &str, body: &serde_json::Value) -> Self {
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+        let b = body.to_string();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            b.len()
+        );
+        s.write_all(head.as_bytes()).and_then(|_| s.write_all(b.as_bytes())).unwrap_or_else(|e| panic!("write: {e}"));
+        Self { reader: BufReader::new(s) }
+    }
+
+    /// Reads lines until `n` SSE `data:` lines have come; returns the head and those lines.
+    pub fn read_events(&mut self, n: usize) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut line = String::new();
+        while seen.iter().filter(|l: &&String| l.starts_with("data:")).count() < n {
+            line.clear();
+            let got =
+                self.reader.read_line(&mut line).unwrap_or_else(|e| panic!("reading the stream: {e} after {seen:?}"));
+            if got == 0 {
+                panic!("the stream ended after {seen:?}");
+            }
+            seen.push(line.trim_end().to_string());
+        }
+        seen
+    }
+}
+
+/// Deterministic English-like filler of about `words` words, different for each `seed`
+/// (a word list cycled with a small LCG): long prompts whose tokens do not repeat in short
+/// cycles, so that cached blocks are the shared prefix and nothing else.
+pub fn filler(seed: u64, words: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the",
+        "cluster",
+        "routes",
+        "every",
+        "request",
+        "to",
+        "a",
+        "server",
+        "whose",
+        "cache",
+        "holds",
+        "its",
+        "prefix",
+        "while",
+        "load",
+        "stays",
+        "bounded",
+        "and",
+        "memory",
+        "fits",
+        "model",
+        "weights",
+        "tokens",
+        "blocks",
+        "kernel",
+        "picks",
+        "backend",
+        "gateway",
+        "agent",
+        "publishes",
+        "metrics",
+        "queue",
+        "waiting",
+        "running",
+        "latency",
+        "throughput",
+        "conversation",
+        "turn",
+        "system",
+        "prompt",
+        "tenant",
+        "user",
+    ];
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut out = String::with_capacity(words * 7);
+    for i in 0..words {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if i > 0 {
+            out.push(if i % 17 == 0 { '.' } else { ' ' });
+            if i % 17 == 0 {
+                out.push(' ');
+            }
+        }
+        out.push_str(WORDS[(x >> 33) as usize % WORDS.len()]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

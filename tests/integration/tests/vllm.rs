@@ -1,0 +1,317 @@
+//! ailb in front of real engines: two vLLM for CPU servers with the tiny model (what
+//! `cargo xtask setup` installs under `~/.cache/ailb/`), started once for this binary and
+//! checked in turn:
+//! - their `/metrics` carry every name the agent reads by default for vLLM, with the KV
+//!   capacity in `vllm:cache_config_info`;
+//! - `ailb agent` samples one of them and publishes its load and free KV memory to rnacos, a
+//!   Nacos-fed `ailb run` puts it in the kernel table with that memory, and a request running on
+//!   it shows in the published `current_requests`;
+//! - the one-box `ailb run` (static backends with `metrics_url`, no registry) samples the same;
+//! - the front door in front of both: chat and completions, streamed and not; a multi-turn chat
+//!   with no header stays on one server, whose own `vllm:prefix_cache_hits_total` shows the
+//!   second turn read the first turn's prompt from the cache; completions sharing a long prefix
+//!   go to one server and the second is read from its cache; a client that disconnects
+//!   mid-stream takes the request off the server (`vllm:num_requests_running` back to 0).
+//!
+//! What the simulator got wrong about a real server is written down in `docs/engines.md`.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ailb_tests::nacos::{free_port, RnacosServer};
+use ailb_tests::status::backend;
+use ailb_tests::vllm::{
+    agent_config, filler, post_json, start_servers, Engine, OpenStream, Reply, VllmServer, KV_BYTES_PER_TOKEN,
+    KV_CACHE_GIB,
+};
+use ailb_tests::{base_config, preflight, report_skipped, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
+use serde_json::{json, Value};
+
+const MODEL: &str = "tiny-llama";
+/// The free KV memory of an idle server: its whole cache, MiB.
+const IDLE_KV_MB: u64 = KV_CACHE_GIB as u64 * 1024;
+
+#[test]
+fn real_vllm_servers_behind_ailb() {
+    let engine = match Engine::find() {
+        Ok(e) => e,
+        Err(why) => return report_skipped("real_vllm_servers_behind_ailb", &why),
+    };
+    let bin = preflight();
+    let t0 = Instant::now();
+    let servers = start_servers(&engine, &[MODEL, MODEL], &[], Duration::from_secs(420));
+    eprintln!("two vLLM servers ready {:.1}s after the first spawn", t0.elapsed().as_secs_f64());
+
+    the_metrics_the_agent_reads_are_there(&servers[0]);
+    one_box_and_the_front_door(&bin, &servers);
+    the_agent_publishes_a_real_server_and_the_table_follows(&bin, &servers[0]);
+    eprintln!("all checks against real vLLM done in {:.1}s", t0.elapsed().as_secs_f64());
+}
+
+fn the_metrics_the_agent_reads_are_there(s: &VllmServer) {
+    let text = s.metrics();
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ] {
+        assert!(ailb_tests::vllm::metric_sum(&text, name).is_some(), "no {name} in vLLM's /metrics:\n{text}");
+    }
+    // vLLM for CPU uses 128-token blocks (the GPU build's default is 16): read, not assumed.
+    let block =
+        s.cache_config("block_size").unwrap_or_else(|| panic!("no block_size in vllm:cache_config_info:\n{text}"));
+    let blocks = s.cache_config("num_gpu_blocks").unwrap_or_else(|| panic!("no num_gpu_blocks:\n{text}"));
+    eprintln!("vLLM's KV cache: {blocks} blocks of {block} tokens");
+    assert_eq!(blocks * block * KV_BYTES_PER_TOKEN, IDLE_KV_MB << 20, "the KV cache is {blocks} x {block} tokens");
+}
+
+/// The instance's metadata in rnacos, if listed.
+fn published(nacos: &RnacosServer, port: u16) -> Option<Value> {
+    let path = format!("/nacos/v1/ns/instance/list?serviceName={MODEL}&healthyOnly=false");
+    let (status, body) = ailb_tests::nacos::http_request(nacos.http_port, "GET", &path, &[]).ok()?;
+    let v: Value = serde_json::from_slice(&body).ok().filter(|_| status == 200)?;
+    v["hosts"].as_array()?.iter().find(|h| h["port"] == port).map(|h| h["metadata"].clone())
+}
+
+fn meta_num(meta: &Value, key: &str) -> Option<f64> {
+    meta[key].as_str()?.parse().ok()
+}
+
+fn the_agent_publishes_a_real_server_and_the_table_follows(bin: &Path, s: &VllmServer) {
+    let nacos = RnacosServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, agent_config(s, MODEL, &nacos.url(), free_port(), "250ms")).expect("agent config");
+    let log = std::fs::File::create(dir.path().join("agent.log")).expect("agent log");
+    let mut agent = std::process::Command::new(bin)
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .env("AILB_LOG", "info")
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log)
+        .spawn()
+        .expect("spawning ailb agent");
+    let agent_log = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+    let guard = KillOnDrop(&mut agent);
+
+    let meta = ailb_sim::poll::wait_until_or(
+        "the agent to publish the real server's load and KV memory",
+        Duration::from_secs(20),
+        || {
+            let m = published(&nacos, s.port())?;
+            (m["memory_source"] == "kv_cache" && m["current_requests"].is_string()).then_some(m)
+        },
+        || format!("published: {:?}\nagent log:\n{}", published(&nacos, s.port()), agent_log()),
+    );
+    eprintln!("published for a real vLLM: {meta}");
+    assert_eq!(meta_num(&meta, "current_requests"), Some(0.0), "{meta}");
+    assert_eq!(meta_num(&meta, "queue_length"), Some(0.0), "{meta}");
+    let usage = meta_num(&meta, "kv_cache_usage").unwrap_or_else(|| panic!("kv_cache_usage: {meta}"));
+    assert!((0.0..0.05).contains(&usage), "an idle server's KV usage: {meta}");
+    let mb = meta_num(&meta, "remaining_memory_mb").unwrap_or_else(|| panic!("remaining_memory_mb: {meta}"));
+    assert!((IDLE_KV_MB as f64 * 0.95..=IDLE_KV_MB as f64).contains(&mb), "free KV memory of an idle server: {meta}");
+
+    // A Nacos-fed gateway node puts the instance in the kernel table with that memory.
+    let cg = CgroupGuard::new("vllm-nacos");
+    let mut dcfg = base_config("vllm-nacos", &cg);
+    dcfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"127.77.31.9:8000\"]\n\n[discovery]\nsource = \"nacos\"\n\
+         [discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n",
+        nacos.url()
+    );
+    let daemon = Daemon::start(bin, &dcfg);
+    let row = wait_until("the real server live in the Nacos-fed table", Duration::from_secs(10), || {
+        backend(&daemon.status(), &s.addr()).filter(|b| b["live"] == true).cloned()
+    });
+    assert_eq!(row["free_mem_mb"].as_u64(), Some(mb as u64), "the kernel's free memory is the published one: {row}");
+
+    // A request running on the server shows in what the agent publishes, and goes away.
+    let mut stream = OpenStream::start(&s.addr(), "/v1/completions", &long_stream_body(&filler(7, 40)));
+    let _ = stream.read_events(2);
+    wait_until("current_requests 1 published while a request runs", Duration::from_secs(10), || {
+        published(&nacos, s.port()).and_then(|m| (meta_num(&m, "current_requests") == Some(1.0)).then_some(()))
+    });
+    drop(stream);
+    wait_until("current_requests back to 0 once the client left", Duration::from_secs(15), || {
+        published(&nacos, s.port()).and_then(|m| (meta_num(&m, "current_requests") == Some(0.0)).then_some(()))
+    });
+    drop(daemon);
+    drop(guard);
+    eprintln!("agent log tail:\n{}", tail(&agent_log(), 10));
+}
+
+/// Kills the agent (our child, by pid) on drop, also when the test panics first.
+struct KillOnDrop<'a>(&'a mut std::process::Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A streamed completion that runs for seconds: thousands of tokens, EOS ignored (the tiny
+/// model's random weights could stop at any point).
+fn long_stream_body(prompt: &str) -> Value {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": 3000, "ignore_eos": true, "stream": true})
+}
+
+fn one_box_and_the_front_door(bin: &Path, servers: &[VllmServer]) {
+    let cg = CgroupGuard::new("vllm-front");
+    let vip = "127.77.31.1:8000";
+    let listen = "127.0.31.1:18031";
+    let mut cfg = base_config("vllm-front", &cg).service(MODEL, vip);
+    for s in servers {
+        let mut b = BackendCfg::new(MODEL, &s.addr(), 1);
+        b.extra = format!(
+            "metrics_url = \"http://{a}/metrics\"\nhealth_url = \"http://{a}/health\"\nkv_bytes_per_token = {KV_BYTES_PER_TOKEN}\n",
+            a = s.addr()
+        );
+        cfg = cfg.backend(b);
+    }
+    cfg.daemon_extra = "sample_interval = \"200ms\"\n".to_string();
+    cfg.extra = format!("[gateway]\nlisten = [\"{listen}\"]\n");
+    let daemon = Daemon::start(bin, &cfg);
+
+    // One box: the daemon samples both servers itself, no registry.
+    for s in servers {
+        let row = wait_until("the one-box daemon to sample a real server", Duration::from_secs(10), || {
+            backend(&daemon.status(), &s.addr()).filter(|b| b["live"] == true && b["free_mem_mb"].is_u64()).cloned()
+        });
+        let mb = row["free_mem_mb"].as_u64().unwrap_or(0);
+        assert!(mb * 100 >= IDLE_KV_MB * 95 && mb <= IDLE_KV_MB, "free KV memory sampled by ailb run: {row}");
+    }
+
+    let addr: SocketAddr = listen.parse().expect("listen address");
+    let gateway = GatewayProcess::start(bin, daemon.config_path(), &cg, addr);
+    let names: BTreeSet<String> = servers.iter().map(VllmServer::addr).collect();
+    let by_addr = |a: &str| servers.iter().find(|s| s.addr() == a).unwrap_or_else(|| panic!("no server {a}"));
+    let served_by = |r: &Reply| -> String {
+        let b = r.header("x-ailb-backend").unwrap_or_else(|| panic!("no x-ailb-backend: {r:?}")).to_string();
+        assert!(names.contains(&b), "x-ailb-backend {b} is not one of {names:?}");
+        b
+    };
+
+    // Chat and completions, streamed and not.
+    let chat = |messages: Value, stream: bool| -> Reply {
+        post_json(
+            listen,
+            "/v1/chat/completions",
+            &[],
+            &json!({"model": MODEL, "messages": messages, "max_tokens": 16, "stream": stream}),
+        )
+    };
+    let r = chat(json!([{"role": "user", "content": "hello there"}]), false);
+    assert_eq!(r.status, 200, "{r:?}\n{}", gateway.log());
+    served_by(&r);
+    let body = r.json();
+    assert!(body["choices"][0]["message"]["content"].is_string(), "{body}");
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{body}");
+    let r = chat(json!([{"role": "user", "content": "hello again"}]), true);
+    assert_eq!(r.status, 200, "{r:?}");
+    served_by(&r);
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")), "{r:?}");
+    let events = r.sse_data();
+    assert!(events.len() > 2 && events.last().map(String::as_str) == Some("[DONE]"), "{events:?}");
+    for streamed in [false, true] {
+        let r = post_json(
+            listen,
+            "/v1/completions",
+            &[],
+            &json!({"model": MODEL, "prompt": "once upon a time", "max_tokens": 16, "stream": streamed}),
+        );
+        assert_eq!(r.status, 200, "completions (stream {streamed}): {r:?}");
+        served_by(&r);
+        if streamed {
+            assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"), "{r:?}");
+        } else {
+            assert!(r.json()["choices"][0]["text"].is_string(), "{r:?}");
+        }
+    }
+
+    // A multi-turn chat with no header: every turn on one server; the second turn reads the
+    // first turn's prompt from that server's prefix cache.
+    let block = servers[0].cache_config("block_size").expect("block_size");
+    let system = filler(1, 1500);
+    let mut messages =
+        vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": filler(2, 40)})];
+    let mut used = BTreeSet::new();
+    let mut first_prompt = 0;
+    for turn in 0..4 {
+        let before: Vec<f64> = servers.iter().map(|s| s.must("vllm:prefix_cache_hits_total")).collect();
+        let r = chat(Value::Array(messages.clone()), false);
+        assert_eq!(r.status, 200, "turn {turn}: {r:?}");
+        let at = served_by(&r);
+        used.insert(at.clone());
+        let body = r.json();
+        let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        let i = servers.iter().position(|s| s.addr() == at).expect("a server");
+        let hits = by_addr(&at).must("vllm:prefix_cache_hits_total") - before[i];
+        eprintln!("turn {turn} on {at}: {prompt} prompt tokens, {hits} read from the cache");
+        if turn == 0 {
+            first_prompt = prompt;
+            assert!(prompt > 1000, "the system prompt is long: {prompt} tokens");
+        } else {
+            // Whole blocks of the first prompt (the last, partial block is not cached).
+            let want = (first_prompt / block) * block;
+            assert!(hits >= want as f64, "turn {turn}: {hits} tokens from the cache, want at least {want}");
+        }
+        let reply = body["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+        messages.push(json!({"role": "assistant", "content": reply}));
+        messages.push(json!({"role": "user", "content": filler(10 + turn, 12)}));
+    }
+    assert_eq!(used.len(), 1, "a 4-turn chat with no header went to {used:?}");
+
+    // Completions sharing a long prefix: the front door keys them by that prefix, so they meet
+    // on one server and the second reads it from the cache.
+    let prefix = filler(3, 1200);
+    let mut at = Vec::new();
+    for (k, suffix) in ["first question?", "a second, different question?"].iter().enumerate() {
+        let before: Vec<f64> = servers.iter().map(|s| s.must("vllm:prefix_cache_hits_total")).collect();
+        let r = post_json(
+            listen,
+            "/v1/completions",
+            &[],
+            &json!({"model": MODEL, "prompt": format!("{prefix} {suffix}"), "max_tokens": 8}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        let a = served_by(&r);
+        let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        let i = servers.iter().position(|s| s.addr() == a).expect("a server");
+        let hits = servers[i].must("vllm:prefix_cache_hits_total") - before[i];
+        eprintln!("shared-prefix completion {k} on {a}: {prompt} prompt tokens, {hits} from the cache");
+        if k == 1 {
+            assert!(hits >= (prompt as f64) * 0.8, "the second request read {hits} of {prompt} tokens from the cache");
+        }
+        at.push(a);
+    }
+    assert_eq!(at[0], at[1], "two completions sharing a 1,200-word prefix went to different servers");
+
+    // A client that disconnects mid-stream: the server stops the request.
+    let mut stream = OpenStream::start(listen, "/v1/completions", &long_stream_body("tell me a long story"));
+    let seen = stream.read_events(3);
+    let b = seen
+        .iter()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-ailb-backend:").map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no x-ailb-backend in {seen:?}"));
+    let s = by_addr(&b);
+    assert!(s.must("vllm:num_requests_running") >= 1.0, "the streamed request runs on {b}");
+    let t = Instant::now();
+    drop(stream);
+    wait_until("vLLM to drop the request once its client left", Duration::from_secs(15), || {
+        (s.must("vllm:num_requests_running") == 0.0).then_some(())
+    });
+    eprintln!("vLLM stopped the abandoned request {:.2}s after the client closed", t.elapsed().as_secs_f64());
+    assert!(gateway.log().lines().all(|l| !l.contains("panicked")), "{}", gateway.log());
+    drop(gateway);
+    drop(daemon);
+}
