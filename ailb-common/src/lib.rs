@@ -4,6 +4,8 @@
 //! * [`hash`]: the conversation hash (FNV-1a 64 with a murmur3 finaliser) that the kernel
 //!   computes from `setsockopt(SOL_AILB, AILB_CONVERSATION, ..)` bytes and that `ailb hash` prints.
 //! * [`pick`]: the per-connection backend pick, exactly as `cgroup/connect4` runs it.
+//! * [`prefix`]: prefix keys, a prompt's chained block keys (the keys themselves with feature
+//!   `std`), and which of them a request sends to the kernel.
 //! * [`maglev`] (feature `std`): the deterministic weighted Maglev table builder.
 //! * `client` (feature `client`): the safe Rust client of the socket ABI, the twin of
 //!   `docs/client/ailb.h`: tag a socket with a conversation id, a memory need and a model
@@ -19,5 +21,6 @@ pub mod hash;
 #[cfg(feature = "std")]
 pub mod maglev;
 pub mod pick;
+pub mod prefix;
 
 pub use abi::*;

@@ -13,11 +13,13 @@ pub mod discovery;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
+pub mod kv_events;
 pub mod metadata;
 pub mod metrics;
 pub mod nacos;
 pub mod policy;
 pub mod telemetry;
+pub mod tokenize;
 pub mod validate;
 
 /// `e: cause: cause` on one line, for logs.

@@ -1,0 +1,179 @@
+//! A model's prompt as the engine tokenizes it: the model's `tokenizer.json` (the `tokenizers`
+//! crate, the library behind transformers' fast tokenizers) and its chat template rendered the
+//! way transformers' `apply_chat_template` renders it for vLLM, so that the token ids, and with
+//! them the prefix keys (`ailb_common::prefix::token_keys`), are the engine's own.
+//!
+//! What vLLM does for `/v1/chat/completions`, and so what [`ChatTokenizer::chat_token_ids`]
+//! does: render the template with `messages`, `add_generation_prompt` and the special tokens
+//! of `tokenizer_config.json` (`bos_token`, `eos_token`, `unk_token`, `pad_token`), then
+//! encode the text without adding special tokens (the template wrote them).
+//! The template is the model folder's `chat_template.jinja` if there is one (what
+//! transformers 5 writes), else `chat_template` in `tokenizer_config.json` (a string, or a list
+//! of named templates of which `default` is taken).
+//!
+//! Pure and synchronous: files in, token ids out.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+
+use minijinja::Environment;
+use tokenizers::Tokenizer;
+
+mod template;
+
+/// The special tokens a chat template may print.
+const SPECIAL_TOKENS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
+
+/// What went wrong loading a tokenizer or tokenizing a prompt. Messages name the file or the
+/// field.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizeError {
+    #[error("tokenizer {path}: cannot read")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tokenizer {origin}: not a tokenizer.json the tokenizers library reads")]
+    Tokenizer {
+        origin: String,
+        #[source]
+        source: tokenizers::Error,
+    },
+    #[error("tokenizer {origin}: not JSON")]
+    Config {
+        origin: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("tokenizer config {origin}: field `{field}`: {value}: {reason}")]
+    Field { origin: String, field: String, value: String, reason: &'static str },
+    #[error("tokenizer {origin}: no chat template (neither chat_template.jinja nor `chat_template` in tokenizer_config.json)")]
+    NoChatTemplate { origin: String },
+    #[error("tokenizer {origin}: the chat template does not parse")]
+    Template {
+        origin: String,
+        #[source]
+        source: minijinja::Error,
+    },
+    #[error("chat template: rendering failed")]
+    Render(#[source] minijinja::Error),
+    #[error("tokenizer: encoding failed")]
+    Encode(#[source] tokenizers::Error),
+}
+
+/// A model's tokenizer with its chat template.
+pub struct ChatTokenizer {
+    tokenizer: Tokenizer,
+    env: Environment<'static>,
+    /// The special tokens' text, by the template variable's name.
+    specials: Vec<(&'static str, String)>,
+}
+
+impl std::fmt::Debug for ChatTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTokenizer").field("specials", &self.specials).finish_non_exhaustive()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TokenizeError> {
+    std::fs::read(path).map_err(|source| TokenizeError::Read { path: path.to_path_buf(), source })
+}
+
+impl ChatTokenizer {
+    /// A model folder's `tokenizer.json`, `tokenizer_config.json` and, if present,
+    /// `chat_template.jinja`.
+    pub fn load(dir: &Path) -> Result<Self, TokenizeError> {
+        let tokenizer = read(&dir.join("tokenizer.json"))?;
+        let config = read(&dir.join("tokenizer_config.json"))?;
+        let jinja = dir.join("chat_template.jinja");
+        let template = match std::fs::read_to_string(&jinja) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(TokenizeError::Read { path: jinja, source }),
+        };
+        Self::from_parts(&dir.display().to_string(), &tokenizer, &config, template)
+    }
+
+    /// The same from the files' contents; `origin` names them in errors; `template` overrides
+    /// the config's `chat_template`.
+    pub fn from_parts(
+        origin: &str,
+        tokenizer_json: &[u8],
+        config_json: &[u8],
+        template: Option<String>,
+    ) -> Result<Self, TokenizeError> {
+        let tokenizer = Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|source| TokenizeError::Tokenizer { origin: origin.to_string(), source })?;
+        let config: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|source| TokenizeError::Config { origin: origin.to_string(), source })?;
+        let field = |field: &str, value: &serde_json::Value, reason| TokenizeError::Field {
+            origin: origin.to_string(),
+            field: field.to_string(),
+            value: value.to_string(),
+            reason,
+        };
+        let mut specials = Vec::new();
+        for name in SPECIAL_TOKENS {
+            match config.get(name) {
+                None | Some(serde_json::Value::Null) => {}
+                Some(serde_json::Value::String(s)) => specials.push((name, s.clone())),
+                // transformers also writes an added token: `{"content": "<s>", ...}`.
+                Some(v) => match v.get("content").and_then(|c| c.as_str()) {
+                    Some(s) => specials.push((name, s.to_string())),
+                    None => return Err(field(name, v, "expected a string or an object with `content`")),
+                },
+            }
+        }
+        let template = match template {
+            Some(t) => t,
+            None => match config.get("chat_template") {
+                None | Some(serde_json::Value::Null) => {
+                    return Err(TokenizeError::NoChatTemplate { origin: origin.to_string() })
+                }
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(v @ serde_json::Value::Array(named)) => named
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .and_then(|t| t.get("template")?.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| field("chat_template", v, "a list of templates without a `default` one"))?,
+                Some(v) => return Err(field("chat_template", v, "expected a string or a list of named templates")),
+            },
+        };
+        let env = template::environment(template)
+            .map_err(|source| TokenizeError::Template { origin: origin.to_string(), source })?;
+        Ok(ChatTokenizer { tokenizer, env, specials })
+    }
+
+    /// The prompt text: the chat template over `messages` (the request's `messages` array, as
+    /// JSON) with `add_generation_prompt`.
+    pub fn render(&self, messages: &serde_json::Value, add_generation_prompt: bool) -> Result<String, TokenizeError> {
+        let tmpl = self.env.get_template(template::CHAT).map_err(TokenizeError::Render)?;
+        let mut ctx: Vec<(&str, minijinja::Value)> =
+            self.specials.iter().map(|(name, text)| (*name, minijinja::Value::from(text.as_str()))).collect();
+        ctx.push(("messages", minijinja::Value::from(minijinja::value::Serde(messages))));
+        ctx.push(("add_generation_prompt", minijinja::Value::from(add_generation_prompt)));
+        let ctx = minijinja::Value::from_pairs(ctx);
+        tmpl.render(ctx).map_err(TokenizeError::Render)
+    }
+
+    /// Token ids of `text`; `add_special_tokens` as in transformers (the tokenizer's own
+    /// post-processor, e.g. a leading BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self.tokenizer.encode(text, add_special_tokens).map_err(TokenizeError::Encode)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// A chat request's prompt token ids, as vLLM computes them for `/v1/chat/completions`.
+    pub fn chat_token_ids(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        self.encode(&self.render(messages, add_generation_prompt)?, false)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::*;
+
+/// A ChatML template like the tiny model's (`tests/engines/tiny_model.py`), with whitespace
+/// control of every kind, a BOS and a Python string method, so that the environment's settings
+/// show in the output.
+const TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}
+    {% if true %}{{ '<|im_start|>' + message['role'] + '\\n' }}{% endif %}
+    {% if message['content'] is string %}
+        {{- message['content'].strip() }}
+    {%- else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}
+    {%- endif %}
+    {{- '<|im_end|>\\n' }}
+{% endfor %}
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}
+";
+
+/// A word-level tokenizer.json written out in full: three special tokens, a few words, split
+/// on whitespace and punctuation. Deterministic, and read by the same library as a model's.
+fn tokenizer_json() -> Vec<u8> {
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": true})
+    };
+    let words = [
+        "[UNK]",
+        "<s>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "user",
+        "assistant",
+        "system",
+        "hello",
+        "world",
+        "!",
+        "be",
+        "brief",
+    ];
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let t = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(1, "<s>"), special(2, "<|im_start|>"), special(3, "<|im_end|>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    serde_json::to_vec(&t).expect("json")
+}
+
+fn config(template: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "bos_token": {"content": "<s>", "lstrip": false, "normalized": false, "rstrip": false, "single_word": false},
+        "eos_token": "<|im_end|>",
+        "chat_template": template,
+    }))
+    .expect("json")
+}
+
+fn fixture() -> ChatTokenizer {
+    ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(json!(TEMPLATE)), None).expect("fixture loads")
+}
+
+#[test]
+fn renders_as_transformers_does() {
+    let t = fixture();
+    let messages = json!([
+        {"role": "system", "content": "  be brief "},
+        {"role": "user", "content": [{"type": "text", "text": "hello world!"}, {"type": "image_url"}]},
+    ]);
+    // What Jinja2 3.1.6 renders with transformers' settings (`ImmutableSandboxedEnvironment(
+    // trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])`), pasted: trim_blocks
+    // drops the newline after a block tag, not after `}}`, hence the blank lines.
+    assert_eq!(
+        t.render(&messages, true).expect("renders"),
+        "<s><|im_start|>system\nbe brief<|im_end|>\n\n<|im_start|>user\nhello world!<|im_end|>\n\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        t.render(&messages, false).expect("renders"),
+        "<s><|im_start|>system\nbe brief<|im_end|>\n\n<|im_start|>user\nhello world!<|im_end|>\n\n"
+    );
+}
+
+#[test]
+fn chat_token_ids_are_the_rendered_text_without_added_specials() {
+    let t = fixture();
+    let messages = json!([{"role": "user", "content": "hello world!"}]);
+    assert_eq!(t.chat_token_ids(&messages, true).expect("tokens"), vec![1, 2, 4, 7, 8, 9, 3, 2, 5]);
+}
+
+#[test]
+fn a_named_default_template_and_the_override() {
+    let named = json!([{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "{{ eos_token }}"}]);
+    let t = ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(named), None).expect("loads");
+    assert_eq!(t.render(&json!([]), false).expect("renders"), "<|im_end|>");
+    let t = ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(json!(null)), Some("x{{ 1 }}".into()))
+        .expect("loads");
+    assert_eq!(t.render(&json!([]), false).expect("renders"), "x1");
+}
+
+#[test]
+fn errors_name_what_is_wrong() {
+    let err = ChatTokenizer::from_parts("m", &tokenizer_json(), &config(json!(null)), None).expect_err("no template");
+    assert!(matches!(err, TokenizeError::NoChatTemplate { .. }), "{err}");
+    let err = ChatTokenizer::from_parts("m", &tokenizer_json(), &config(json!(7)), None).expect_err("bad template");
+    assert!(err.to_string().contains("`chat_template`: 7"), "{err}");
+    let err = ChatTokenizer::from_parts("m", b"{}", &config(json!("x")), None).expect_err("bad tokenizer");
+    assert!(matches!(err, TokenizeError::Tokenizer { .. }), "{err}");
+    let err = ChatTokenizer::from_parts("m", &tokenizer_json(), &config(json!("{% if %}")), None).expect_err("parse");
+    assert!(matches!(err, TokenizeError::Template { .. }), "{err}");
+    let t = ChatTokenizer::from_parts(
+        "m",
+        &tokenizer_json(),
+        &config(json!("{{ raise_exception('no system role') }}")),
+        None,
+    )
+    .expect("loads");
+    let err = t.render(&json!([]), false).expect_err("raises");
+    assert!(crate::error_chain(&err).contains("no system role"), "{}", crate::error_chain(&err));
+}
+
+#[test]
+fn tojson_writes_what_pythons_json_dumps_writes() {
+    let t = ChatTokenizer::from_parts(
+        "m",
+        &tokenizer_json(),
+        &config(json!("{{ messages | tojson }}|{{ messages[0] | tojson(indent=2) }}")),
+        None,
+    )
+    .expect("loads");
+    let messages = json!([{"a": [1, 2.5, "é<"], "b": {}}]);
+    assert_eq!(
+        t.render(&messages, false).expect("renders"),
+        "[{\"a\": [1, 2.5, \"é<\"], \"b\": {}}]|{\n  \"a\": [\n    1,\n    2.5,\n    \"é<\"\n  ],\n  \"b\": {}\n}"
+    );
+}
+
+#[test]
+fn strftime_formats_a_date() {
+    // 2024-02-29 13:05:09 UTC.
+    assert_eq!(
+        template::strftime("%d %b %Y %H:%M:%S %B %m %%", 1_709_211_909).expect("formats"),
+        "29 Feb 2024 13:05:09 February 02 %"
+    );
+    assert!(template::strftime("%j", 0).is_err());
+}
+
+/// The tiny model `cargo xtask setup` makes (or the folder `AILB_TINY_MODEL_DIR` names),
+/// against what transformers itself renders and tokenizes (`tests/engines/chat_fixture.py`
+/// wrote the expectation with the pinned packages).
+#[test]
+fn the_tiny_models_tokenizer_matches_transformers() {
+    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
+        (Some(dir), _) => PathBuf::from(dir),
+        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
+        (None, None) => {
+            println!("skipped: neither AILB_TINY_MODEL_DIR nor HOME is set, so there is no tiny model to test against");
+            return;
+        }
+    };
+    if !dir.join("tokenizer.json").is_file() {
+        println!("skipped: no tiny model at {} (cargo xtask setup makes it)", dir.display());
+        return;
+    }
+    let t = ChatTokenizer::load(&dir).expect("the tiny model's tokenizer loads");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/engines/fixtures/tiny_llama_chat.json");
+    let cases: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the expectation file")).expect("json");
+    let cases = cases.as_array().expect("a list of cases");
+    assert!(!cases.is_empty());
+    for case in cases {
+        let messages = &case["messages"];
+        let add = case["add_generation_prompt"].as_bool().expect("add_generation_prompt");
+        assert_eq!(t.render(messages, add).expect("renders"), case["text"].as_str().expect("text"), "{messages}");
+        let ids: Vec<u32> = serde_json::from_value(case["token_ids"].clone()).expect("ids");
+        assert_eq!(t.chat_token_ids(messages, add).expect("tokenizes"), ids, "{messages}");
+    }
+    println!("checked {} conversations against transformers' rendering and tokens", cases.len());
+}
