@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod gateway;
+pub mod http;
 pub mod nacos;
 pub mod netns;
 pub mod packet;

@@ -99,28 +99,8 @@ fn send(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp 
     s.write_all(format!("{head}\r\n{body}").as_bytes()).expect("request written");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("reading the answer to {method} {path}: {e}"));
-    let text = String::from_utf8(raw).expect("UTF-8 answer");
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head end in {text:?}"));
-    let mut lines = head.split("\r\n");
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("a status");
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
-    Resp { status, headers, body }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").unwrap_or_else(|| panic!("bad chunk framing at {s:?}"));
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
+    let r = ailb_tests::http::parse_reply(&raw).unwrap_or_else(|e| panic!("the answer to {method} {path}: {e}"));
+    Resp { status: r.status, headers: r.headers, body: r.body }
 }
 
 /// A Responses request; (its answer, the response's id, the backend that answered).

@@ -20,12 +20,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ailb_tests::http::{post_json, OpenStream, Reply};
 use ailb_tests::nacos::{free_port, RnacosServer};
 use ailb_tests::status::backend;
-use ailb_tests::vllm::{
-    agent_config, filler, post_json, start_servers, Engine, OpenStream, Reply, VllmServer, KV_BYTES_PER_TOKEN,
-    KV_CACHE_GIB,
-};
+use ailb_tests::vllm::{agent_config, filler, start_servers, Engine, VllmServer, KV_BYTES_PER_TOKEN, KV_CACHE_GIB};
 use ailb_tests::{base_config, preflight, report_skipped, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
 use serde_json::{json, Value};
 
