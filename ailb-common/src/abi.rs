@@ -2,7 +2,9 @@
 //! with explicit padding so that the kernel, userspace and `bpftool` agree byte for byte.
 //! The TC datapath's layouts (flows, NAT, remote clients) are in [`tc`].
 
+mod prefix;
 mod tc;
+pub use prefix::*;
 pub use tc::*;
 
 /// `setsockopt` level that the `cgroup/setsockopt` program consumes ("AIL").
@@ -23,7 +25,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 pub const MAX_MODELS: u32 = 1024;
 /// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by
@@ -115,8 +117,15 @@ pub mod maps {
     /// The IPv6 address of each backend id whose `Backend::state` has
     /// [`super::BACKEND_IPV6`] ([`super::BackendAddr6`]).
     pub const BACKEND_ADDRS6: &str = "AILB_BACKEND_ADDRS6";
+    /// Which backends hold a cached prefix block ([`super::PrefixKey`] ->
+    /// [`super::PrefixHolders`], LRU).
+    pub const PREFIX: &str = "AILB_PREFIX";
+    /// The prefix keys a socket carries (sk_storage, [`super::SockPrefix`]).
+    pub const SOCK_PREFIX: &str = "AILB_SOCK_PREFIX";
+    /// The prefix search's counters per model (per-CPU, [`super::PrefixStats`]).
+    pub const PREFIX_STATS: &str = "AILB_PREFIX_STATS";
     /// Every map the daemon pins, in the order teardown removes them.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 24] = [
         SERVICES,
         SERVICES6,
         BACKENDS,
@@ -138,6 +147,9 @@ pub mod maps {
         TC_CONFIG6,
         TC_MODELS,
         TC_STATS,
+        PREFIX,
+        SOCK_PREFIX,
+        PREFIX_STATS,
     ];
 }
 
@@ -324,6 +336,8 @@ pub struct ModelState {
     pub name: [u8; MAX_MODEL_NAME_LEN],
     /// This model's affinity TTL; 0: `GlobalConfig::affinity_ttl_ns` applies.
     pub affinity_ttl_ns: u64,
+    /// How long a learnt prefix entry counts ([`MODEL_PREFIX_LEARN`]); 0: until evicted.
+    pub prefix_ttl_ns: u64,
 }
 
 impl Default for ModelState {
@@ -334,6 +348,7 @@ impl Default for ModelState {
             slots: [TableSlot::default(); 2],
             name: [0; MAX_MODEL_NAME_LEN],
             affinity_ttl_ns: 0,
+            prefix_ttl_ns: 0,
         }
     }
 }
@@ -393,6 +408,8 @@ pub const SOCK_COUNTED: u32 = 16;
 /// The client marked this picked, open socket idle (`AILB_IDLE` = 1): not counted in flight
 /// until it is marked busy again; its close is still counted (once).
 pub const SOCK_IDLE: u32 = 32;
+/// The socket carries prefix keys (`AILB_SOCK_PREFIX`).
+pub const SOCK_HAS_PREFIX: u32 = 64;
 
 /// `AILB_SOCK` (sk_storage) value: the client's hints and the pick.
 #[repr(C)]
@@ -563,7 +580,11 @@ mod pod {
         TcConfig,
         TcConfig6,
         TcModel,
-        TcStats
+        TcStats,
+        PrefixKey,
+        PrefixHolders,
+        SockPrefix,
+        PrefixStats
     );
 }
 

@@ -41,6 +41,9 @@
 use crate::abi::*;
 use crate::hash::rehash;
 
+mod prefix;
+pub use prefix::{PrefixQuery, PrefixUse, PrefixVerdict, SEARCH_STEPS};
+
 /// Read access to the maps the pick needs. Implementations must be cheap: the kernel calls
 /// these at most `probes + MAX_MEMBERS` times per connect.
 ///
@@ -55,6 +58,9 @@ pub trait PickMaps {
     fn table_entry(&self, pos: u32) -> Option<u32>;
     /// Id `pos` of the member arena (`AILB_MEMBERS`).
     fn member(&self, pos: u32) -> Option<u32>;
+    /// The `AILB_PREFIX` entry of block `key` of `model` (read only when the connect carries
+    /// prefix keys and the model has a prefix mode).
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<PrefixHolders>;
 
     /// Step 3: [`MemberScan::step`] over members `0..members` of the list at arena position
     /// `offset`, in order. The
@@ -117,6 +123,8 @@ pub struct VecMaps {
     pub table: Vec<u32>,
     pub member_offset: u32,
     pub members: Vec<u32>,
+    /// `AILB_PREFIX`: `(model, key) -> holders`.
+    pub prefix: std::collections::BTreeMap<(u32, u64), PrefixHolders>,
 }
 
 #[cfg(feature = "std")]
@@ -156,6 +164,7 @@ impl VecMaps {
             member_offset,
             members: (0..n as u32).collect(),
             backends,
+            prefix: Default::default(),
         };
         (maps, state)
     }
@@ -177,6 +186,9 @@ impl PickMaps for VecMaps {
     }
     fn member(&self, pos: u32) -> Option<u32> {
         self.members.get(pos.checked_sub(self.member_offset)? as usize).copied()
+    }
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<PrefixHolders> {
+        self.prefix.get(&(model, key)).copied()
     }
 }
 
@@ -289,6 +301,8 @@ impl MemberScan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     AffinityHit,
+    /// A backend that holds the request's longest cached prefix was taken.
+    Prefix,
     /// The first probed slot was taken.
     Primary,
     /// A later probed slot was taken because earlier ones were over their bound.
@@ -329,6 +343,8 @@ pub struct PickResult {
     pub outcome: Outcome,
     /// An affinity entry existed but could not be honoured.
     pub affinity_break: bool,
+    /// What the prefix step did.
+    pub prefix: PrefixVerdict,
 }
 
 /// `ceil(c * (total + 1) * w / W)` with `c = load_factor_milli / 1000`.
@@ -425,7 +441,7 @@ pub fn pick<M: PickMaps>(maps: &M, state: &ModelState, cfg: &GlobalConfig, req: 
 }
 
 /// Picks a backend for one connection from a socket of `family`, among the backends it can
-/// reach. Pure: the caller applies the result (affinity write, sk_storage, counters).
+/// reach, without prefix keys ([`pick_prefixed`]).
 #[inline(always)]
 pub fn pick_for<M: PickMaps>(
     maps: &M,
@@ -434,11 +450,34 @@ pub fn pick_for<M: PickMaps>(
     req: &PickRequest,
     family: ClientFamily,
 ) -> PickResult {
+    pick_prefixed(maps, state, cfg, req, family, None)
+}
+
+/// Picks a backend for one connection from a socket of `family`, among the backends it can
+/// reach; a connect that carries prefix keys (`prefix`) to a model with a prefix mode
+/// ([`MODEL_PREFIX_LEARN`], [`MODEL_PREFIX_EVENTS`]) first tries the holders of its longest
+/// cached prefix, after affinity ([`prefix`]'s docs). Pure: the caller applies the result
+/// (affinity write, prefix learning, sk_storage, counters).
+#[inline(always)]
+pub fn pick_prefixed<M: PickMaps>(
+    maps: &M,
+    state: &ModelState,
+    cfg: &GlobalConfig,
+    req: &PickRequest,
+    family: ClientFamily,
+    prefix: Option<&PrefixQuery<'_>>,
+) -> PickResult {
     let slot = state.active_slot();
     let mut affinity_break = false;
+    let mut verdict = PrefixVerdict::default();
 
     if state.flags & MODEL_AVAILABLE == 0 || slot.size == 0 || slot.members == 0 || slot.total_weight == 0 {
-        return PickResult { backend: NO_BACKEND, outcome: Outcome::NoBackend, affinity_break: false };
+        return PickResult {
+            backend: NO_BACKEND,
+            outcome: Outcome::NoBackend,
+            affinity_break: false,
+            prefix: verdict,
+        };
     }
 
     // 1. Affinity.
@@ -448,9 +487,25 @@ pub fn pick_for<M: PickMaps>(
             if affinity_usable(maps, req, family, (ttl_ns, cfg.affinity_wait_ns), aff)
                 && (!req.affinity_bounded || under_bound(maps, cfg, req, slot.total_weight, aff.backend))
             {
-                return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
+                return PickResult {
+                    backend: aff.backend,
+                    outcome: Outcome::AffinityHit,
+                    affinity_break: false,
+                    prefix: verdict,
+                };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);
+        }
+    }
+
+    // 1b. The longest cached prefix.
+    if let Some(q) = prefix {
+        if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 && !q.keys.is_empty() {
+            let (v, chosen) = prefix::search(maps, cfg, req, family, q, slot.total_weight);
+            verdict = v;
+            if chosen != NO_BACKEND {
+                return PickResult { backend: chosen, outcome: Outcome::Prefix, affinity_break, prefix: verdict };
+            }
         }
     }
 
@@ -459,7 +514,7 @@ pub fn pick_for<M: PickMaps>(
         let index = (req.turn % slot.members as u64) as u32;
         if let Some(id) = maps.member(slot.member_offset.wrapping_add(index)) {
             if maps.backend(id).is_some_and(|b| b.is_live() && family.reaches(&b)) {
-                return PickResult { backend: id, outcome: Outcome::Primary, affinity_break };
+                return PickResult { backend: id, outcome: Outcome::Primary, affinity_break, prefix: verdict };
             }
         }
     }
@@ -494,7 +549,7 @@ pub fn pick_for<M: PickMaps>(
                     && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(id)))
                 {
                     let outcome = if i == 0 { Outcome::Primary } else { Outcome::Spill };
-                    return PickResult { backend: id, outcome, affinity_break };
+                    return PickResult { backend: id, outcome, affinity_break, prefix: verdict };
                 }
             }
         }
@@ -506,15 +561,15 @@ pub fn pick_for<M: PickMaps>(
     let best = scan.best;
     let any_live = scan.any_live;
     if best != NO_BACKEND {
-        return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break };
+        return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break, prefix: verdict };
     }
     // 4. No member has the memory free now: queue where it should finish first, on one that
     //    will have it (a model server makes such a request wait for KV cache, it does not fail it).
     if scan.later != NO_BACKEND {
-        return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break };
+        return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break, prefix: verdict };
     }
     let outcome = if any_live { Outcome::NoFit } else { Outcome::NoBackend };
-    PickResult { backend: NO_BACKEND, outcome, affinity_break }
+    PickResult { backend: NO_BACKEND, outcome, affinity_break, prefix: verdict }
 }
 
 #[cfg(test)]

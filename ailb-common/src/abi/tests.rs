@@ -9,7 +9,11 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<Service>(), 8);
     assert_eq!(size_of::<Backend>(), 32);
     assert_eq!(size_of::<TableSlot>(), 32);
-    assert_eq!(size_of::<ModelState>(), 8 + 2 * 32 + 64 + 8);
+    assert_eq!(size_of::<ModelState>(), 8 + 2 * 32 + 64 + 8 + 8);
+    assert_eq!(size_of::<PrefixKey>(), 16);
+    assert_eq!(size_of::<PrefixHolders>(), 64);
+    assert_eq!(size_of::<SockPrefix>(), 8 + 16 * 8);
+    assert_eq!(size_of::<PrefixStats>(), 8 * 8);
     assert_eq!(size_of::<AffinityKey>(), 16);
     assert_eq!(size_of::<AffinityValue>(), 16);
     assert_eq!(size_of::<SockState>(), 40);
@@ -30,4 +34,47 @@ fn v4_mapped_addresses_round_trip() {
     assert_eq!(v4_mapped(&mapped), Some(v4));
     assert_eq!(v4_mapped(&[0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]), None, "::1 is not mapped");
     assert_eq!(v4_mapped(&[0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xfe]), v4]), None);
+}
+
+#[test]
+fn prefix_holders_record_refresh_and_age() {
+    let mut h = PrefixHolders::EMPTY;
+    assert!(h.is_empty());
+    assert!(h.record(3, 100, 100, 10));
+    assert!(!h.record(3, 100, 100, 10), "the same stamp changes nothing");
+    assert!(h.record(3, 105, 105, 10), "a later stamp refreshes");
+    assert_eq!(h.ids.iter().filter(|&&i| i == 3).count(), 1);
+    assert!(h.fresh(0, 115, 10));
+    assert!(!h.fresh(0, 116, 10), "older than the lifetime");
+    assert!(h.fresh(0, 1_000_000, 0), "no lifetime: fresh until evicted");
+    // Fill every slot; the next one replaces the oldest.
+    for id in 10..17 {
+        assert!(h.record(id, 100 + id, 120, 100));
+    }
+    assert!(h.record(99, 130, 130, 100));
+    assert!(!h.ids.contains(&3), "the oldest (3, stamped 105) gave its slot");
+    assert!(h.remove(99));
+    assert!(!h.remove(99));
+}
+
+#[test]
+fn exact_holders_are_not_aged_or_displaced_by_learnt_ones() {
+    let mut h = PrefixHolders::EMPTY;
+    for id in 0..PREFIX_HOLDERS as u32 {
+        assert!(h.record(id, PREFIX_SEEN_EXACT, 5, 1));
+    }
+    assert!((0..PREFIX_HOLDERS).all(|i| h.fresh(i, u32::MAX - 1, 1)));
+    assert!(!h.record(50, 7, 7, 1), "a learnt holder does not displace an exact one");
+    assert!(!h.record(51, PREFIX_SEEN_EXACT, 7, 1), "a full exact entry keeps its holders");
+    assert!(!h.record(2, 9, 9, 1), "a learnt stamp does not downgrade an exact holder");
+    assert_eq!(h.seen[2], PREFIX_SEEN_EXACT);
+}
+
+#[test]
+fn prefix_ticks_round_up() {
+    assert_eq!(prefix_ttl_ticks(0), 0);
+    assert_eq!(prefix_ttl_ticks(1), 1);
+    assert_eq!(prefix_ttl_ticks(1 << 30), 1);
+    assert_eq!(prefix_ttl_ticks((1 << 30) + 1), 2);
+    assert_eq!(prefix_tick(3 << 30), 3);
 }

@@ -1,0 +1,204 @@
+//! The prefix map's layouts: which backends hold a cached prompt prefix, by block key
+//! ([`crate::prefix`] defines the keys), and the keys a socket carries to the pick.
+//!
+//! `AILB_PREFIX` is an LRU hash map `{model, block key} -> PrefixHolders`, shared by every
+//! model. It learns one of two ways, per model ([`ModelState::flags`](super::ModelState)):
+//! * [`MODEL_PREFIX_LEARN`] (approximate): each connect that carried keys records them for the
+//!   backend it got, stamped with the [`prefix_tick`] of the connect; an entry older than the
+//!   model's `prefix_ttl_ns` no longer counts (an engine's cache turns over; the daemon sets
+//!   the lifetime from the model's `prefix_ttl`);
+//! * [`MODEL_PREFIX_EVENTS`] (precise): the daemon writes what each backend's engine reports
+//!   in its KV events, stamped [`PREFIX_SEEN_EXACT`] (never aged), and removes a backend from
+//!   an entry when its engine evicts the block. The kernel does not learn for such a model,
+//!   so every daemon that reads the same events holds the same map.
+//!
+//! Kernel memory: one entry is a 16-byte key and a 64-byte value in an LRU hash element (the
+//! element header and the LRU node add about 56 bytes); `docs/prefix.md` has the measured
+//! figure per block.
+
+use super::NO_BACKEND;
+
+/// Option: the request's prefix keys, 1..=[`crate::prefix::PREFIX_KEYS_MAX`] native-endian
+/// `u64`s (`optlen` a multiple of 8), in prompt order: the keys [`crate::prefix::sent`]
+/// chooses (every k-th block's and the last), none of them 0. Setting it again replaces them.
+pub const AILB_PREFIX: i32 = 5;
+
+/// Backends one prefix entry names. A block held by more (a system prompt on every server)
+/// keeps the first ones written; the pick then chooses among those.
+pub const PREFIX_HOLDERS: usize = 8;
+
+/// Default capacity of `AILB_PREFIX`, in entries (blocks of all models together), set at load
+/// from `[limits] prefix_entries`.
+pub const DEFAULT_PREFIX_ENTRIES: u32 = 262_144;
+/// Largest `AILB_PREFIX` the daemon accepts.
+pub const MAX_PREFIX_ENTRIES: u32 = 16 * 1024 * 1024;
+
+/// [`PrefixHolders::seen`] of a holder the daemon wrote from its engine's KV events: exact
+/// until the engine reports the block removed, never aged.
+pub const PREFIX_SEEN_EXACT: u32 = u32::MAX;
+
+/// The model's prefix entries are learnt from its picks (approximate mode).
+pub const MODEL_PREFIX_LEARN: u32 = 2;
+/// The model's prefix entries come from its engines' KV events (precise mode).
+pub const MODEL_PREFIX_EVENTS: u32 = 4;
+
+/// The clock of [`PrefixHolders::seen`]: `bpf_ktime_get_ns() >> 30`, ticks of 1.07 s. A
+/// 32-bit tick wraps after 146 years of uptime; a second's resolution is plenty for a
+/// lifetime of minutes, and it halves the entry.
+#[inline(always)]
+pub const fn prefix_tick(now_ns: u64) -> u32 {
+    (now_ns >> 30) as u32
+}
+
+/// A lifetime in ns as [`prefix_tick`] ticks, rounded up; 0 (no lifetime) stays 0.
+#[inline(always)]
+pub const fn prefix_ttl_ticks(ttl_ns: u64) -> u32 {
+    let t = ttl_ns.div_ceil(1 << 30);
+    if t > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        t as u32
+    }
+}
+
+/// `AILB_PREFIX` key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PrefixKey {
+    pub model: u32,
+    pub _pad: u32,
+    /// A block key ([`crate::prefix`]); never 0.
+    pub key: u64,
+}
+
+/// `AILB_PREFIX` value: the backends that hold the block (and so its whole prefix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixHolders {
+    /// Backend ids; [`NO_BACKEND`] in an empty slot.
+    pub ids: [u32; PREFIX_HOLDERS],
+    /// When each was recorded ([`prefix_tick`]), or [`PREFIX_SEEN_EXACT`].
+    pub seen: [u32; PREFIX_HOLDERS],
+}
+
+impl Default for PrefixHolders {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+impl PrefixHolders {
+    pub const EMPTY: Self = Self { ids: [NO_BACKEND; PREFIX_HOLDERS], seen: [0; PREFIX_HOLDERS] };
+
+    /// Whether holder slot `i` counts at tick `now` with lifetime `ttl` ticks (0: no lifetime).
+    #[inline(always)]
+    pub fn fresh(&self, i: usize, now: u32, ttl: u32) -> bool {
+        let seen = self.seen[i];
+        self.ids[i] != NO_BACKEND && (seen == PREFIX_SEEN_EXACT || ttl == 0 || now.wrapping_sub(seen) <= ttl)
+    }
+
+    /// Records `id` at tick `seen`: its own slot refreshed, else an empty or expired slot,
+    /// else the one recorded longest ago (an exact holder is replaced only by another exact
+    /// one). Returns whether anything changed.
+    pub fn record(&mut self, id: u32, seen: u32, now: u32, ttl: u32) -> bool {
+        let mut free = PREFIX_HOLDERS;
+        let mut oldest = PREFIX_HOLDERS;
+        let mut i = 0;
+        while i < PREFIX_HOLDERS {
+            if self.ids[i] == id {
+                if self.seen[i] == seen || (self.seen[i] == PREFIX_SEEN_EXACT && seen != PREFIX_SEEN_EXACT) {
+                    return false;
+                }
+                self.seen[i] = seen;
+                return true;
+            }
+            if free == PREFIX_HOLDERS && !self.fresh(i, now, ttl) {
+                free = i;
+            }
+            if self.seen[i] != PREFIX_SEEN_EXACT
+                && (oldest == PREFIX_HOLDERS || now.wrapping_sub(self.seen[i]) > now.wrapping_sub(self.seen[oldest]))
+            {
+                oldest = i;
+            }
+            i += 1;
+        }
+        let slot = if free < PREFIX_HOLDERS {
+            free
+        } else if oldest < PREFIX_HOLDERS {
+            oldest
+        } else {
+            // Every slot exact: the block is held by more backends than an entry names.
+            return false;
+        };
+        self.ids[slot] = id;
+        self.seen[slot] = seen;
+        true
+    }
+
+    /// Removes `id`; returns whether it was there.
+    pub fn remove(&mut self, id: u32) -> bool {
+        let mut found = false;
+        let mut i = 0;
+        while i < PREFIX_HOLDERS {
+            if self.ids[i] == id {
+                self.ids[i] = NO_BACKEND;
+                self.seen[i] = 0;
+                found = true;
+            }
+            i += 1;
+        }
+        found
+    }
+
+    /// Whether no slot names a backend.
+    pub fn is_empty(&self) -> bool {
+        self.ids.iter().all(|&id| id == NO_BACKEND)
+    }
+}
+
+/// `AILB_SOCK_PREFIX` (sk_storage) value: the keys of the socket's [`AILB_PREFIX`] option.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockPrefix {
+    /// Keys in `keys[..count]`, `count <= PREFIX_KEYS_MAX`.
+    pub count: u32,
+    pub _pad: u32,
+    pub keys: [u64; crate::prefix::PREFIX_KEYS_MAX],
+}
+
+/// `AILB_PREFIX_STATS` value (per-CPU, indexed by model): what the prefix search did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
+pub struct PrefixStats {
+    /// Picks of connects that carried keys, for a model with a prefix mode.
+    pub lookups: u64,
+    /// Of those, the ones where some live backend held at least the first key sent.
+    pub found: u64,
+    /// Keys sent, summed over the lookups.
+    pub keys_sent: u64,
+    /// Keys found held (the longest held prefix, in keys sent), summed over the lookups.
+    pub keys_found: u64,
+    /// A holder of the longest prefix was taken.
+    pub used: u64,
+    /// Every holder was at its load bound or cap: the pick went on without the prefix.
+    pub overruled_load: u64,
+    /// Every holder under its bound lacked the request's memory now.
+    pub overruled_memory: u64,
+    /// Keys recorded for the chosen backend (approximate mode).
+    pub learned: u64,
+}
+
+impl PrefixStats {
+    /// Adds another CPU's counters.
+    pub fn merge(&mut self, o: &Self) {
+        self.lookups += o.lookups;
+        self.found += o.found;
+        self.keys_sent += o.keys_sent;
+        self.keys_found += o.keys_found;
+        self.used += o.used;
+        self.overruled_load += o.overruled_load;
+        self.overruled_memory += o.overruled_memory;
+        self.learned += o.learned;
+    }
+}

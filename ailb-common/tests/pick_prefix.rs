@@ -1,0 +1,251 @@
+//! The pick's prefix step against in-memory maps (`VecMaps`): the same code the kernel runs.
+
+use std::cell::Cell;
+
+use ailb_common::{
+    pick::{pick_prefixed, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixQuery, PrefixUse, VecMaps},
+    prefix::{sent, text_keys},
+    AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, BACKEND_LIVE, MEM_UNKNOWN, MODEL_PREFIX_EVENTS,
+    MODEL_PREFIX_LEARN, NO_CAP, PREFIX_SEEN_EXACT,
+};
+use proptest::prelude::*;
+
+const MODEL: u32 = 2;
+const NOW: u32 = 1_000;
+
+/// In-memory maps that count the prefix map's lookups.
+struct Fleet {
+    maps: VecMaps,
+    state: ModelState,
+    cfg: GlobalConfig,
+    lookups: Cell<u32>,
+}
+
+impl PickMaps for Fleet {
+    fn backend(&self, id: u32) -> Option<Backend> {
+        self.maps.backend(id)
+    }
+    fn inflight(&self, id: u32) -> u64 {
+        self.maps.inflight(id)
+    }
+    fn inflight_mem(&self, id: u32) -> u64 {
+        self.maps.inflight_mem(id)
+    }
+    fn table_entry(&self, pos: u32) -> Option<u32> {
+        self.maps.table_entry(pos)
+    }
+    fn member(&self, pos: u32) -> Option<u32> {
+        self.maps.member(pos)
+    }
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<PrefixHolders> {
+        self.lookups.set(self.lookups.get() + 1);
+        self.maps.prefix_holders(model, key)
+    }
+}
+
+impl Fleet {
+    fn new(n: usize, flags: u32) -> Self {
+        let backends = (0..n)
+            .map(|i| Backend {
+                addr: 0x0100_007f + ((i as u32) << 24),
+                port: 8000u16.to_be(),
+                model: MODEL,
+                weight: 1,
+                cap: NO_CAP,
+                free_mem_mb: MEM_UNKNOWN,
+                state: BACKEND_LIVE,
+                ..Default::default()
+            })
+            .collect();
+        let (maps, mut state) = VecMaps::one_model(MODEL, 0, backends);
+        state.flags |= flags;
+        Self { maps, state, cfg: GlobalConfig::defaults(), lookups: Cell::new(0) }
+    }
+
+    /// Records that backend `id` holds `keys` (exact, as the daemon writes from KV events).
+    fn hold(&mut self, id: u32, keys: &[u64], seen: u32) {
+        for &k in keys {
+            let e = self.maps.prefix.entry((MODEL, k)).or_default();
+            e.record(id, seen, NOW, 0);
+        }
+    }
+
+    fn req(&self) -> PickRequest {
+        PickRequest {
+            model: MODEL,
+            hash: 0x1234_5678_9abc_def0,
+            has_conversation: false,
+            required_mem_mb: 0,
+            affinity: None,
+            now_ns: 5_000,
+            model_inflight: self.maps.inflight.iter().sum(),
+            turn: 0,
+            affinity_bounded: false,
+        }
+    }
+
+    fn pick_with(&self, req: &PickRequest, keys: &[u64], ttl_ticks: u32) -> PickResult {
+        self.lookups.set(0);
+        let q = PrefixQuery { keys, now_tick: NOW, ttl_ticks };
+        pick_prefixed(self, &self.state, &self.cfg, req, ClientFamily::Ipv4, Some(&q))
+    }
+
+    fn pick(&self, keys: &[u64]) -> PickResult {
+        self.pick_with(&self.req(), keys, 0)
+    }
+}
+
+/// The keys a prompt sends: `prefix::sent` over its text keys.
+fn sent_keys(prompt: &[u8]) -> Vec<u64> {
+    sent(&text_keys(prompt)).map(|(_, k)| k).collect()
+}
+
+fn prompt(system: &str, user: &str) -> Vec<u8> {
+    format!("{}|{}", system.repeat(40), user).into_bytes()
+}
+
+#[test]
+fn the_holder_of_the_whole_prompt_is_taken() {
+    let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+    let p = prompt("You are a helpful assistant of tenant seven. ", "hello");
+    let all = text_keys(&p);
+    f.hold(2, &all, PREFIX_SEEN_EXACT);
+    let keys = sent_keys(&p);
+    let r = f.pick(&keys);
+    assert_eq!((r.backend, r.outcome), (2, Outcome::Prefix));
+    assert_eq!(r.prefix.usage, PrefixUse::Used);
+    assert_eq!((r.prefix.found, r.prefix.sent), (keys.len() as u32, keys.len() as u32));
+    assert!(f.lookups.get() <= ailb_common::pick::SEARCH_STEPS, "{} lookups", f.lookups.get());
+}
+
+#[test]
+fn the_longest_held_prefix_wins_over_a_shorter_one() {
+    let mut f = Fleet::new(3, MODEL_PREFIX_EVENTS);
+    // 16 blocks sent one each (16 * 64 bytes).
+    let p: Vec<u8> = (0..16 * 64).map(|i| b'a' + (i % 23) as u8).collect();
+    let all = text_keys(&p);
+    assert_eq!(all.len(), 16);
+    f.hold(0, &all[..3], PREFIX_SEEN_EXACT);
+    f.hold(1, &all[..11], PREFIX_SEEN_EXACT);
+    let r = f.pick(&all);
+    assert_eq!((r.backend, r.prefix.found), (1, 11));
+}
+
+#[test]
+fn a_holder_that_left_does_not_hide_a_shorter_live_prefix() {
+    let mut f = Fleet::new(3, MODEL_PREFIX_EVENTS);
+    let p: Vec<u8> = (0..16 * 64).map(|i| b'a' + (i % 19) as u8).collect();
+    let all = text_keys(&p);
+    f.hold(0, &all[..5], PREFIX_SEEN_EXACT);
+    f.hold(1, &all, PREFIX_SEEN_EXACT);
+    f.maps.backends[1].state = 0;
+    let r = f.pick(&all);
+    assert_eq!((r.backend, r.prefix.found, r.outcome), (0, 5, Outcome::Prefix));
+    // Another model's backend is no holder either.
+    f.maps.backends[1].state = BACKEND_LIVE;
+    f.maps.backends[1].model = MODEL + 1;
+    assert_eq!(f.pick(&all).backend, 0);
+}
+
+#[test]
+fn learnt_entries_age_out_and_exact_ones_do_not() {
+    let mut f = Fleet::new(2, MODEL_PREFIX_LEARN);
+    let p = prompt("Old tenant prompt. ", "x");
+    let keys = sent_keys(&p);
+    f.hold(1, &text_keys(&p), NOW - 100);
+    assert_eq!(f.pick_with(&f.req(), &keys, 50).prefix.usage, PrefixUse::NotHeld, "100 ticks old, lifetime 50");
+    assert_eq!(f.pick_with(&f.req(), &keys, 200).outcome, Outcome::Prefix);
+    let mut g = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    g.hold(1, &text_keys(&p), PREFIX_SEEN_EXACT);
+    assert_eq!(g.pick_with(&g.req(), &keys, 50).outcome, Outcome::Prefix);
+}
+
+#[test]
+fn a_holder_at_its_load_bound_is_overruled() {
+    let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+    let p = prompt("Busy tenant. ", "q");
+    f.hold(3, &text_keys(&p), PREFIX_SEEN_EXACT);
+    // 8 in flight on backend 3, nothing elsewhere: bound ceil(1.25 * 9 / 4) = 3.
+    f.maps.inflight[3] = 8;
+    let r = f.pick(&sent_keys(&p));
+    assert_ne!(r.backend, 3);
+    assert_ne!(r.outcome, Outcome::Prefix);
+    assert_eq!(r.prefix.usage, PrefixUse::OverruledLoad);
+    assert!(r.prefix.found > 0);
+}
+
+#[test]
+fn a_holder_without_the_memory_is_overruled_and_the_fit_decides() {
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    f.maps.backends[0].free_mem_mb = 4_000;
+    f.maps.backends[0].mem_capacity_mb = 4_000;
+    f.maps.backends[1].free_mem_mb = 40_000;
+    f.maps.backends[1].mem_capacity_mb = 40_000;
+    let p = prompt("Big requests. ", "q");
+    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
+    let mut req = f.req();
+    req.required_mem_mb = 8_000;
+    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    assert_eq!(r.prefix.usage, PrefixUse::OverruledMemory);
+    assert_eq!(r.backend, 1);
+}
+
+#[test]
+fn a_model_without_a_prefix_mode_is_not_searched() {
+    let mut f = Fleet::new(2, 0);
+    let p = prompt("Anything. ", "q");
+    f.hold(1, &text_keys(&p), PREFIX_SEEN_EXACT);
+    let r = f.pick(&sent_keys(&p));
+    assert_eq!(r.prefix.usage, PrefixUse::NotAsked);
+    assert_eq!(f.lookups.get(), 0);
+}
+
+#[test]
+fn conversation_affinity_comes_first() {
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    let p = prompt("Shared. ", "q");
+    f.hold(1, &text_keys(&p), PREFIX_SEEN_EXACT);
+    let mut req = f.req();
+    req.has_conversation = true;
+    req.affinity = Some(AffinityValue { backend: 0, _pad: 0, last_seen_ns: 4_000 });
+    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    assert_eq!((r.backend, r.outcome), (0, Outcome::AffinityHit));
+}
+
+proptest! {
+    /// Each backend holds a leading run of the prompt's blocks (as an engine caches); the
+    /// search finds the longest run among usable holders, measured in keys sent, in at most
+    /// `SEARCH_STEPS` lookups, and takes a backend that holds every key found.
+    #[test]
+    fn binary_search_finds_the_longest_held_run(
+        blocks in 1usize..200,
+        held in proptest::collection::vec(0usize..200, 4),
+        live in proptest::collection::vec(any::<bool>(), 4),
+    ) {
+        let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+        let p: Vec<u8> = (0..blocks * 64).map(|i| (i * 7 % 251) as u8).collect();
+        let all = text_keys(&p);
+        for (id, &h) in held.iter().enumerate() {
+            f.hold(id as u32, &all[..h.min(blocks)], PREFIX_SEEN_EXACT);
+            if !live[id] {
+                f.maps.backends[id].state = 0;
+            }
+        }
+        let sent: Vec<(usize, u64)> = sent(&all).collect();
+        let keys: Vec<u64> = sent.iter().map(|&(_, k)| k).collect();
+        let best_blocks = (0..4).filter(|&i| live[i]).map(|i| held[i].min(blocks)).max().unwrap_or(0);
+        // Keys sent whose block is within the longest run.
+        let expected = sent.iter().filter(|&&(pos, _)| pos < best_blocks).count() as u32;
+        let r = f.pick(&keys);
+        prop_assert!(f.lookups.get() <= ailb_common::pick::SEARCH_STEPS);
+        prop_assert_eq!(r.prefix.found, expected);
+        if expected > 0 {
+            prop_assert_eq!(r.outcome, Outcome::Prefix);
+            // The backend taken holds every key found (the search resolves only keys sent).
+            let last_found = sent[expected as usize - 1].0;
+            prop_assert!(live[r.backend as usize] && held[r.backend as usize].min(blocks) > last_found);
+        } else if live.iter().any(|&l| l) {
+            prop_assert_eq!(r.prefix.usage, PrefixUse::NotHeld);
+        }
+    }
+}
