@@ -358,6 +358,30 @@ impl ModelState {
         // `active & 1` keeps the index in range for the verifier and for corrupt input.
         &self.slots[(self.active & 1) as usize]
     }
+
+    /// What the pick reads of the model: its flags, active slot and lifetimes.
+    #[inline(always)]
+    pub fn view(&self) -> ModelView {
+        ModelView {
+            flags: self.flags,
+            _pad: 0,
+            slot: *self.active_slot(),
+            affinity_ttl_ns: self.affinity_ttl_ns,
+            prefix_ttl_ns: self.prefix_ttl_ns,
+        }
+    }
+}
+
+/// The part of a [`ModelState`] the pick reads, copied once per connect (the active slot is
+/// read once, so a table swap during the pick cannot mix two tables). The connect programs
+/// copy this rather than the whole state: its 64-byte name would not fit their stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelView {
+    pub flags: u32,
+    pub _pad: u32,
+    pub slot: TableSlot,
+    pub affinity_ttl_ns: u64,
+    pub prefix_ttl_ns: u64,
 }
 
 /// The chunk of an arena that holds arena position `pos`, and the position inside it.
@@ -499,6 +523,9 @@ pub struct Stats {
     pub sockopts: u64,
     /// Rejected `SOL_AILB` options (bad length or unknown name).
     pub bad_sockopts: u64,
+    /// A holder of the request's longest cached prefix was taken (per model:
+    /// `AILB_PREFIX_STATS`).
+    pub prefix_picks: u64,
 }
 
 /// `AILB_BACKEND_STATS` value (per-CPU, indexed by backend id).
@@ -531,6 +558,7 @@ impl Stats {
         self.connect_failures += o.connect_failures;
         self.sockopts += o.sockopts;
         self.bad_sockopts += o.bad_sockopts;
+        self.prefix_picks += o.prefix_picks;
     }
 }
 

@@ -26,7 +26,7 @@
 //! with the field named ([`ClientError::Length`]); the kernel would answer `EINVAL`.
 //!
 //! For finer control: [`Socket::new`], the one-option calls ([`tag_conversation`],
-//! [`tag_required_memory_mb`], [`tag_model`]) or [`tag`], then [`Socket::connect`].
+//! [`tag_required_memory_mb`], [`tag_model`], [`tag_prefix`]) or [`tag`], then [`Socket::connect`].
 //! [`raw`] sends unchecked options, for tests of the kernel's own input checks.
 //!
 //! Every `unsafe` block of the client is in [`raw`].
@@ -38,8 +38,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use crate::abi::{
-    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN, MAX_MODEL_NAME_LEN,
+    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN,
+    MAX_MODEL_NAME_LEN,
 };
+use crate::prefix::PREFIX_KEYS_MAX;
 
 /// Bytes of a rejected value shown in [`ClientError::Length`]'s message.
 const SHOWN_BYTES: usize = 32;
@@ -50,6 +52,8 @@ pub enum Field {
     Conversation,
     RequiredMemoryMb,
     Model,
+    /// The prompt's prefix keys ([`crate::prefix::sent`]).
+    Prefix,
     /// Not a tag: the idle/busy mark of a connected socket ([`mark_idle`]).
     Idle,
 }
@@ -61,6 +65,7 @@ impl Field {
             Field::Conversation => AILB_CONVERSATION,
             Field::RequiredMemoryMb => AILB_REQUIRED_MEMORY_MB,
             Field::Model => AILB_MODEL,
+            Field::Prefix => AILB_PREFIX,
             Field::Idle => AILB_IDLE,
         }
     }
@@ -71,6 +76,7 @@ impl Field {
             Field::Conversation => "AILB_CONVERSATION",
             Field::RequiredMemoryMb => "AILB_REQUIRED_MEMORY_MB",
             Field::Model => "AILB_MODEL",
+            Field::Prefix => "AILB_PREFIX",
             Field::Idle => "AILB_IDLE",
         }
     }
@@ -82,6 +88,7 @@ impl fmt::Display for Field {
             Field::Conversation => "conversation",
             Field::RequiredMemoryMb => "required_memory_mb",
             Field::Model => "model",
+            Field::Prefix => "prefix",
             Field::Idle => "idle",
         })
     }
@@ -98,6 +105,9 @@ pub enum ClientError {
         len: usize,
         max: usize,
     },
+    /// Prefix keys the kernel refuses (`EINVAL`): none, more than it takes, or a key of 0.
+    #[error("tag `prefix`: invalid value ({count} keys, {zeros} of them 0): must be 1..={max} keys, none of them 0")]
+    PrefixKeys { count: usize, zeros: usize, max: usize },
     #[error("connect timeout: invalid value 0 s: must be above zero (or none, to wait as long as the kernel does)")]
     ZeroTimeout,
     #[error("creating a TCP/IPv4 socket")]
@@ -140,7 +150,10 @@ impl ClientError {
             | ClientError::PeerAddr { source, .. } => {
                 source.raw_os_error().or((source.kind() == io::ErrorKind::TimedOut).then_some(libc::ETIMEDOUT))
             }
-            ClientError::Length { .. } | ClientError::ZeroTimeout | ClientError::PeerNotIpv4 { .. } => None,
+            ClientError::Length { .. }
+            | ClientError::PrefixKeys { .. }
+            | ClientError::ZeroTimeout
+            | ClientError::PeerNotIpv4 { .. } => None,
         }
     }
 }
@@ -176,12 +189,13 @@ pub struct Tags<'a> {
     conversation: Option<&'a [u8]>,
     required_memory_mb: Option<u32>,
     model: Option<&'a [u8]>,
+    prefix: Option<&'a [u64]>,
 }
 
 impl<'a> Tags<'a> {
     /// No tags.
     pub const fn new() -> Self {
-        Self { conversation: None, required_memory_mb: None, model: None }
+        Self { conversation: None, required_memory_mb: None, model: None, prefix: None }
     }
 
     /// `AILB_CONVERSATION`: 1..=[`MAX_CONVERSATION_LEN`] raw bytes. Connections of one
@@ -204,8 +218,19 @@ impl<'a> Tags<'a> {
         self
     }
 
+    /// `AILB_PREFIX`: the prompt's prefix keys in order, 1..=[`PREFIX_KEYS_MAX`] of them, none
+    /// 0: the ones [`crate::prefix::sent`] chooses. A model with a prefix mode then prefers a
+    /// backend that has the longest of these prefixes cached.
+    pub const fn prefix(mut self, keys: &'a [u64]) -> Self {
+        self.prefix = Some(keys);
+        self
+    }
+
     pub const fn is_empty(&self) -> bool {
-        self.conversation.is_none() && self.required_memory_mb.is_none() && self.model.is_none()
+        self.conversation.is_none()
+            && self.required_memory_mb.is_none()
+            && self.model.is_none()
+            && self.prefix.is_none()
     }
 
     /// Checks every length as the kernel will, so that a bad value never half-tags a socket.
@@ -216,8 +241,24 @@ impl<'a> Tags<'a> {
         if let Some(name) = self.model {
             check_len(Field::Model, name, MAX_MODEL_NAME_LEN)?;
         }
+        if let Some(keys) = self.prefix {
+            check_keys(keys)?;
+        }
         Ok(())
     }
+}
+
+fn check_keys(keys: &[u64]) -> Result<(), ClientError> {
+    let zeros = keys.iter().filter(|&&k| k == 0).count();
+    if (1..=PREFIX_KEYS_MAX).contains(&keys.len()) && zeros == 0 {
+        return Ok(());
+    }
+    Err(ClientError::PrefixKeys { count: keys.len(), zeros, max: PREFIX_KEYS_MAX })
+}
+
+/// The option's bytes: each key native-endian, in order.
+fn key_bytes(keys: &[u64]) -> Vec<u8> {
+    keys.iter().flat_map(|k| k.to_ne_bytes()).collect()
 }
 
 fn check_len(field: Field, value: &[u8], max: usize) -> Result<(), ClientError> {
@@ -257,6 +298,12 @@ pub fn tag_model(fd: impl AsFd, name: &[u8]) -> Result<Tagging, ClientError> {
     set(fd.as_fd(), Field::Model, name)
 }
 
+/// `ailb_tag_prefix`: tags `fd` with a prompt's prefix keys (1..=[`PREFIX_KEYS_MAX`], none 0).
+pub fn tag_prefix(fd: impl AsFd, keys: &[u64]) -> Result<Tagging, ClientError> {
+    check_keys(keys)?;
+    set(fd.as_fd(), Field::Prefix, &key_bytes(keys))
+}
+
 /// `ailb_mark_idle`: marks a connected socket idle (`true`: kept open between requests, not
 /// counted in flight at its backend) or busy again (`false`: a request is about to go on it).
 /// A connection kept for reuse must be marked idle while it waits, or the kernel's load bound
@@ -265,17 +312,19 @@ pub fn mark_idle(fd: impl AsFd, idle: bool) -> Result<Tagging, ClientError> {
     set(fd.as_fd(), Field::Idle, &u32::from(idle).to_ne_bytes())
 }
 
-/// Sets every option of `tags` on `fd` (conversation, memory, model), after checking them
+/// Sets every option of `tags` on `fd` (conversation, memory, model, prefix), after checking them
 /// all. Stops at the first `ENOPROTOOPT` ([`Tagging::NoBalancer`]); the first other failure
 /// is an error, and the options before it stay set.
 pub fn tag(fd: impl AsFd, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
     tags.validate()?;
     let fd = fd.as_fd();
     let mem = tags.required_memory_mb.map(u32::to_ne_bytes);
+    let keys = tags.prefix.map(key_bytes);
     let options = [
         (Field::Conversation, tags.conversation),
         (Field::RequiredMemoryMb, mem.as_ref().map(|b| &b[..])),
         (Field::Model, tags.model),
+        (Field::Prefix, keys.as_deref()),
     ];
     let mut tagging = Tagging::NoTags;
     for (field, value) in options {

@@ -42,7 +42,10 @@ use crate::abi::*;
 use crate::hash::rehash;
 
 mod prefix;
-pub use prefix::{PrefixQuery, PrefixUse, PrefixVerdict, SEARCH_STEPS};
+pub use prefix::{
+    held, search as prefix_search, verdict as prefix_verdict, Choose, PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict,
+    Search, SEARCH_STEPS,
+};
 
 /// Read access to the maps the pick needs. Implementations must be cheap: the kernel calls
 /// these at most `probes + MAX_MEMBERS` times per connect.
@@ -60,7 +63,48 @@ pub trait PickMaps {
     fn member(&self, pos: u32) -> Option<u32>;
     /// The `AILB_PREFIX` entry of block `key` of `model` (read only when the connect carries
     /// prefix keys and the model has a prefix mode).
-    fn prefix_holders(&self, model: u32, key: u64) -> Option<PrefixHolders>;
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders>;
+
+    /// The prefix step's binary search over `keys` ([`Search`]), at most [`SEARCH_STEPS`]
+    /// steps; `lo` of the result is the number of keys held. The default is a plain loop; the
+    /// eBPF side runs the steps through `bpf_loop`.
+    #[inline(always)]
+    fn prefix_search(&self, c: &PrefixCtx, keys: &[u64]) -> Search
+    where
+        Self: Sized,
+    {
+        let mut s = Search::new(keys.len() as u32);
+        let mut i = 0;
+        while i < SEARCH_STEPS {
+            if !s.step(self, c, keys) {
+                break;
+            }
+            i += 1;
+        }
+        s
+    }
+
+    /// The whole prefix step: the verdict, and the holder to take ([`NO_BACKEND`]: none).
+    /// The default runs [`prefix`]'s search here. The eBPF side keeps the search's state in
+    /// a per-CPU map, counts the verdict itself and returns a default one: a verdict carried
+    /// into the rest of the pick multiplied the states the verifier explored there.
+    #[inline(always)]
+    fn prefix_step(&self, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (PrefixVerdict, u32)
+    where
+        Self: Sized,
+    {
+        prefix::search(self, c, q)
+    }
+
+    /// The choice among the holders of `key` ([`Choose`]). The default is a plain loop; the
+    /// eBPF side runs it in a `bpf_loop` callback.
+    #[inline(always)]
+    fn prefix_choose(&self, c: &PrefixCtx, key: u64) -> Choose
+    where
+        Self: Sized,
+    {
+        Choose::all(self, c, key)
+    }
 
     /// Step 3: [`MemberScan::step`] over members `0..members` of the list at arena position
     /// `offset`, in order. The
@@ -187,8 +231,8 @@ impl PickMaps for VecMaps {
     fn member(&self, pos: u32) -> Option<u32> {
         self.members.get(pos.checked_sub(self.member_offset)? as usize).copied()
     }
-    fn prefix_holders(&self, model: u32, key: u64) -> Option<PrefixHolders> {
-        self.prefix.get(&(model, key)).copied()
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders> {
+        self.prefix.get(&(model, key))
     }
 }
 
@@ -426,7 +470,7 @@ fn affinity_expired(ttl_ns: u64, req: &PickRequest, aff: &AffinityValue) -> bool
 
 /// The model's own affinity TTL when it has one, else the global one.
 #[inline(always)]
-pub fn affinity_ttl_ns(state: &ModelState, cfg: &GlobalConfig) -> u64 {
+pub fn affinity_ttl_ns(state: &ModelView, cfg: &GlobalConfig) -> u64 {
     if state.affinity_ttl_ns != 0 {
         state.affinity_ttl_ns
     } else {
@@ -450,34 +494,51 @@ pub fn pick_for<M: PickMaps>(
     req: &PickRequest,
     family: ClientFamily,
 ) -> PickResult {
-    pick_prefixed(maps, state, cfg, req, family, None)
+    pick_prefixed(maps, &state.view(), cfg, req, family, None)
 }
 
 /// Picks a backend for one connection from a socket of `family`, among the backends it can
 /// reach; a connect that carries prefix keys (`prefix`) to a model with a prefix mode
-/// ([`MODEL_PREFIX_LEARN`], [`MODEL_PREFIX_EVENTS`]) first tries the holders of its longest
-/// cached prefix, after affinity ([`prefix`]'s docs). Pure: the caller applies the result
-/// (affinity write, prefix learning, sk_storage, counters).
+/// ([`MODEL_PREFIX_LEARN`], [`MODEL_PREFIX_EVENTS`]) tries the holders of its longest cached
+/// prefix after affinity ([`prefix`]'s docs). Pure: the caller applies the result (affinity
+/// write, sk_storage, counters).
 #[inline(always)]
 pub fn pick_prefixed<M: PickMaps>(
     maps: &M,
-    state: &ModelState,
+    state: &ModelView,
     cfg: &GlobalConfig,
     req: &PickRequest,
     family: ClientFamily,
     prefix: Option<&PrefixQuery<'_>>,
 ) -> PickResult {
-    let slot = state.active_slot();
+    let step = match prefix {
+        Some(q) if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 && !q.keys.is_empty() => {
+            let c = PrefixCtx::new(cfg, req, family, q, state.slot.total_weight);
+            Some(maps.prefix_step(&c, q))
+        }
+        _ => None,
+    };
+    pick_with_prefix(maps, state, cfg, req, family, step)
+}
+
+/// [`pick_prefixed`] with the prefix step already taken (`PickMaps::prefix_step`'s result,
+/// `None` when the connect carries no keys or the model has no prefix mode). The kernel
+/// takes the step before the pick, where fewer of the verifier's states reach it.
+#[inline(always)]
+pub fn pick_with_prefix<M: PickMaps>(
+    maps: &M,
+    state: &ModelView,
+    cfg: &GlobalConfig,
+    req: &PickRequest,
+    family: ClientFamily,
+    prefix: Option<(PrefixVerdict, u32)>,
+) -> PickResult {
+    let slot = &state.slot;
     let mut affinity_break = false;
     let mut verdict = PrefixVerdict::default();
 
     if state.flags & MODEL_AVAILABLE == 0 || slot.size == 0 || slot.members == 0 || slot.total_weight == 0 {
-        return PickResult {
-            backend: NO_BACKEND,
-            outcome: Outcome::NoBackend,
-            affinity_break: false,
-            prefix: verdict,
-        };
+        return PickResult { backend: NO_BACKEND, outcome: Outcome::NoBackend, affinity_break: false, prefix: verdict };
     }
 
     // 1. Affinity.
@@ -499,13 +560,14 @@ pub fn pick_prefixed<M: PickMaps>(
     }
 
     // 1b. The longest cached prefix.
-    if let Some(q) = prefix {
-        if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 && !q.keys.is_empty() {
-            let (v, chosen) = prefix::search(maps, cfg, req, family, q, slot.total_weight);
-            verdict = v;
-            if chosen != NO_BACKEND {
-                return PickResult { backend: chosen, outcome: Outcome::Prefix, affinity_break, prefix: verdict };
-            }
+    if let Some((v, chosen)) = prefix {
+        verdict = v;
+        // Checked again here, whatever the step's implementation: a holder taken must be a
+        // live member of this model that the client reaches.
+        if chosen != NO_BACKEND
+            && maps.backend(chosen).is_some_and(|b| b.model == req.model && b.is_live() && family.reaches(&b))
+        {
+            return PickResult { backend: chosen, outcome: Outcome::Prefix, affinity_break, prefix: verdict };
         }
     }
 

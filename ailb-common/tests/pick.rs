@@ -39,7 +39,7 @@ impl PickMaps for Fleet {
         assert!(index.is_some_and(|i| i < slot.members), "the pick must read the active members, not position {pos}");
         self.maps.member(pos)
     }
-    fn prefix_holders(&self, model: u32, key: u64) -> Option<ailb_common::PrefixHolders> {
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<&ailb_common::PrefixHolders> {
         self.maps.prefix_holders(model, key)
     }
 }

@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick_for, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
+    pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx, PrefixVerdict},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -21,6 +21,7 @@ use crate::{
         AILB_MODEL_NAMES, AILB_SERVICES,
     },
     pick_maps::Maps,
+    prefix::{self, sock_prefix},
     refuse, AF_INET, ALLOW, ECONNREFUSED, ENOMEM, IPPROTO_TCP, SOCK_STREAM,
 };
 
@@ -91,15 +92,20 @@ pub(crate) fn pick_connect(
     let Some(state) = AILB_MODELS.get_ptr(model) else {
         return Err(refuse_connect(Outcome::NoBackend));
     };
-    // SAFETY: a non-null array map value pointer; copied so that `active` and the slot it
-    // selects are read once.
-    let state = unsafe { ptr::read(state) };
+    // SAFETY: a non-null array map value pointer; the fields the pick reads are copied, so
+    // that `active` and the slot it selects are read once.
+    let state = unsafe { model_view(state) };
 
+    // The prefix step first, while few branches have been taken: the verifier walks its
+    // loops once per distinct state reaching it (the pick applies its result after affinity).
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let model_inflight = inflight_read(INFLIGHT_MODEL_BASE + model);
+    let prefix = prefix_choice(sa, sock, &state, &cfg, model, model_inflight, family, now_ns);
     let (has_conversation, hash) = conversation(ctx, sock);
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
-    let req = request(&cfg, sock, model, hash, has_conversation, entry.value());
-    let res = pick_for(&Maps, &state, &cfg, &req, family);
+    let req = request(&cfg, sock, model, hash, has_conversation, entry.value(), now_ns, model_inflight);
+    let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix);
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return Err(refuse_connect(res.outcome));
     }
@@ -107,6 +113,60 @@ pub(crate) fn pick_connect(
         return Err(refuse_connect(Outcome::NoBackend));
     };
     Ok(Picked { id: res.backend, backend, res, now_ns: req.now_ns, model, entry, sock })
+}
+
+/// The prefix step's result for a connect that carries keys to a model with a prefix mode
+/// (`PickMaps::prefix_step`), for [`pick_with_prefix`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn prefix_choice(
+    sa: &bpf_sock_addr,
+    sock: &SockState,
+    state: &ModelView,
+    cfg: &GlobalConfig,
+    model: u32,
+    model_inflight: u64,
+    family: ClientFamily,
+    now_ns: u64,
+) -> Option<(PrefixVerdict, u32)> {
+    if sock.flags & SOCK_HAS_PREFIX == 0 || state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) == 0 {
+        return None;
+    }
+    // SAFETY: as for `sock_state` in `pick_connect`.
+    let sp = unsafe { sock_prefix(sa.__bindgen_anon_1.sk.cast(), false) }?;
+    let q = prefix::query(sp, state, now_ns);
+    let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
+    let c = PrefixCtx {
+        model,
+        required_mem_mb,
+        now_tick: q.now_tick,
+        ttl_ticks: q.ttl_ticks,
+        load_factor_milli: cfg.load_factor_milli,
+        use_bound: cfg.flags & CONFIG_LOAD_BOUND != 0,
+        family,
+        model_inflight,
+        total_weight: state.slot.total_weight,
+    };
+    Some(Maps.prefix_step(&c, &q))
+}
+
+/// The pick's copy of a model's state: `active`, then the slot it selects.
+///
+/// # Safety
+/// `p` must be a non-null `AILB_MODELS` value pointer, valid for this run.
+#[inline(always)]
+unsafe fn model_view(p: *const ModelState) -> ModelView {
+    // SAFETY: per the contract; plain field reads (`active & 1` keeps the slot in range).
+    unsafe {
+        let active = ptr::read_volatile(ptr::addr_of!((*p).active));
+        ModelView {
+            flags: ptr::read(ptr::addr_of!((*p).flags)),
+            _pad: 0,
+            slot: ptr::read(ptr::addr_of!((*p).slots[(active & 1) as usize])),
+            affinity_ttl_ns: ptr::read(ptr::addr_of!((*p).affinity_ttl_ns)),
+            prefix_ttl_ns: ptr::read(ptr::addr_of!((*p).prefix_ttl_ns)),
+        }
+    }
 }
 
 /// The VIP entry of a TCP/IPv4 connect's destination; `None` for any other connect.
@@ -152,6 +212,7 @@ fn conversation(ctx: &SockAddrContext, sock: &SockState) -> (bool, u64) {
 /// The pick's inputs besides the maps. With round robin (a baseline), this connect takes the
 /// model's turn (one atomic add) unless an affinity entry may decide instead.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn request(
     cfg: &GlobalConfig,
     sock: &SockState,
@@ -159,11 +220,10 @@ fn request(
     hash: u64,
     has_conversation: bool,
     affinity: Option<AffinityValue>,
+    now_ns: u64,
+    model_inflight: u64,
 ) -> PickRequest {
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
-    // SAFETY: no arguments.
-    let now_ns = unsafe { bpf_ktime_get_ns() };
-    let model_inflight = inflight_read(INFLIGHT_MODEL_BASE + model);
     let turn = if cfg.flags & CONFIG_ROUND_ROBIN != 0 && affinity.is_none() { turn_take(model) } else { 0 };
     PickRequest {
         model,
@@ -239,6 +299,7 @@ pub(crate) fn count_pick(res: &PickResult) {
         s.picks += 1;
         match res.outcome {
             Outcome::AffinityHit => s.affinity_hits += 1,
+            Outcome::Prefix => s.prefix_picks += 1,
             Outcome::Spill => s.spills += 1,
             Outcome::Fallback => s.fallbacks += 1,
             _ => {}

@@ -42,6 +42,7 @@ mod nat;
 mod nat6;
 mod packet;
 mod pick_maps;
+mod prefix;
 mod reclaim;
 mod setsockopt;
 mod sockops;

@@ -48,6 +48,17 @@ pub(crate) static AILB_STATS: PerCpuArray<Stats, 1> = PerCpuArray::new();
 pub(crate) static AILB_BACKEND_STATS: PerCpuArray<BackendStats, { MAX_BACKENDS as usize }> = PerCpuArray::new();
 #[btf_map]
 pub(crate) static AILB_CONFIG: Array<GlobalConfig, 1> = Array::new();
+/// The daemon sets the real capacity at load from `[limits] prefix_entries`.
+#[btf_map]
+pub(crate) static AILB_PREFIX: LruHashMap<PrefixKey, PrefixHolders, { DEFAULT_PREFIX_ENTRIES as usize }> =
+    LruHashMap::new();
+#[btf_map]
+pub(crate) static AILB_SOCK_PREFIX: SkStorage<SockPrefix> = SkStorage::new();
+/// A CPU's prefix keys and prefix step state ([`crate::prefix::PrefixScratch`]).
+#[btf_map]
+pub(crate) static AILB_PREFIX_SCRATCH: PerCpuArray<crate::prefix::PrefixScratch, 1> = PerCpuArray::new();
+#[btf_map]
+pub(crate) static AILB_PREFIX_STATS: PerCpuArray<PrefixStats, { MAX_MODELS as usize }> = PerCpuArray::new();
 
 /// The current CPU's global counters.
 #[inline(always)]

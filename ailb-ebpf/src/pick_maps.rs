@@ -8,11 +8,11 @@ use core::{
 
 use ailb_common::{
     abi::*,
-    pick::{ClientFamily, MemberScan, PickMaps},
+    pick::{ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery, PrefixVerdict},
 };
 use aya_ebpf::helpers::generated::bpf_loop;
 
-use crate::maps::{inflight_read, AILB_BACKENDS, AILB_MEMBERS, AILB_TABLES};
+use crate::maps::{inflight_read, AILB_BACKENDS, AILB_MEMBERS, AILB_PREFIX, AILB_TABLES};
 
 pub(crate) struct Maps;
 
@@ -59,6 +59,21 @@ impl PickMaps for Maps {
         let p = AILB_MEMBERS.get_ptr(chunk)?;
         // SAFETY: `p` is a valid MemberChunk in the map and `lane < MEMBER_CHUNK` (its length).
         Some(unsafe { ptr::read(addr_of!((*p).ids).cast::<u32>().add(lane as usize)) })
+    }
+
+    #[inline(always)]
+    fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders> {
+        // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU). Read in place,
+        // not copied (the stack has no room): a concurrent update may tear it, which the
+        // search tolerates, as every holder id is checked against the backends before use.
+        AILB_PREFIX.get_ptr(PrefixKey { model, _pad: 0, key }).map(|p| unsafe { &*p })
+    }
+
+    /// The prefix step, its loops run by `bpf_loop` over state kept in this CPU's
+    /// `AILB_PREFIX_SCRATCH` slot ([`crate::prefix`]).
+    #[inline(always)]
+    fn prefix_step(&self, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (PrefixVerdict, u32) {
+        (PrefixVerdict::default(), crate::prefix::step(c, q.keys))
     }
 
     /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a

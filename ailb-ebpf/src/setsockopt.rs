@@ -5,11 +5,12 @@
 
 use core::ptr;
 
-use ailb_common::{abi::*, hash::ConversationHasher};
+use ailb_common::{abi::*, hash::ConversationHasher, prefix::PREFIX_KEYS_MAX};
 use aya_ebpf::{macros::cgroup_sockopt, programs::SockoptContext};
 
 use crate::{
     maps::{recount, refresh_affinity, sock_state, stats, uncount},
+    prefix::{read_keys, sock_prefix},
     refuse, ALLOW, EINVAL, ENOMEM, ENOPROTOOPT,
 };
 
@@ -37,6 +38,9 @@ fn try_setsockopt(ctx: &SockoptContext) -> i32 {
     // verifier knows as optval / optval_end).
     let (start, end) =
         unsafe { (so.__bindgen_anon_2.optval as *const u8, so.__bindgen_anon_3.optval_end as *const u8) };
+    if so.optname == AILB_PREFIX {
+        return set_prefix(so, start, end);
+    }
     let opt = match parse_opt(so.optname, so.optlen, start, end) {
         Ok(opt) => opt,
         Err(errno) => return bad_sockopt(errno),
@@ -117,6 +121,30 @@ fn hash_optval(start: *const u8, end: *const u8, len: u32, max: u32) -> Option<u
         i += 1;
     }
     Some(h.finish(len as u64))
+}
+
+/// `AILB_PREFIX`: the keys go to the socket's `AILB_SOCK_PREFIX` entry (kept apart from
+/// `AILB_SOCK`, so sockets without keys do not carry their 136 bytes).
+#[inline(always)]
+fn set_prefix(so: &mut aya_ebpf::bindings::bpf_sockopt, start: *const u8, end: *const u8) -> i32 {
+    let mut keys = [0u64; PREFIX_KEYS_MAX];
+    let Some(count) = read_keys(start, end, so.optlen, &mut keys) else {
+        return bad_sockopt(EINVAL);
+    };
+    // SAFETY: `sk` in bpf_sockopt is a valid full socket.
+    let sk = unsafe { so.__bindgen_anon_1.sk.cast() };
+    // SAFETY: as above.
+    let (Some(sock), Some(sp)) = (unsafe { sock_state(sk, true) }, unsafe { sock_prefix(sk, true) }) else {
+        return refuse(ENOMEM);
+    };
+    sp.keys = keys;
+    sp.count = count;
+    sock.flags |= SOCK_HAS_PREFIX;
+    so.optlen = -1;
+    if let Some(s) = stats() {
+        s.sockopts += 1;
+    }
+    ALLOW
 }
 
 #[inline(always)]

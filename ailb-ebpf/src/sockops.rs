@@ -37,11 +37,40 @@ fn try_sockops(ctx: &SockOpsContext) {
         return;
     }
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        if sock.flags & SOCK_HAS_PREFIX != 0 {
+            learn_prefix(ctx.ops, backend, model);
+        }
         on_connect(ctx, sock);
     } else if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         on_established(ctx.ops, backend);
     } else {
         on_state_change(ctx, sock, backend, model);
+    }
+}
+
+/// Approximate mode: the connect's prefix keys now name its backend, which caches the prompt.
+/// Learnt here, at the SYN, rather than in connect4: the connect program's stack and the
+/// verifier's budget for it are taken by the pick.
+#[inline(always)]
+fn learn_prefix(ops: *mut bpf_sock_ops, backend: u32, model: u32) {
+    let Some(state) = crate::maps::AILB_MODELS.get_ptr(model) else {
+        return;
+    };
+    // SAFETY: a non-null array map value pointer, valid for this run; two plain reads.
+    let (flags, ttl_ns) = unsafe { ((*state).flags, (*state).prefix_ttl_ns) };
+    if flags & MODEL_PREFIX_LEARN == 0 {
+        return;
+    }
+    // SAFETY: reading the context's `sk` field.
+    let sk = unsafe { (*ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    // SAFETY: `sk` is a non-null full socket; lookup only.
+    if let Some(sp) = unsafe { crate::prefix::sock_prefix(sk.cast(), false) } {
+        // SAFETY: no arguments.
+        let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
+        crate::prefix::learn(sp, model, backend, ttl_ns, now);
     }
 }
 

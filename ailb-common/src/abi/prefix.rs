@@ -97,39 +97,45 @@ impl PrefixHolders {
         self.ids[i] != NO_BACKEND && (seen == PREFIX_SEEN_EXACT || ttl == 0 || now.wrapping_sub(seen) <= ttl)
     }
 
-    /// Records `id` at tick `seen`: its own slot refreshed, else an empty or expired slot,
-    /// else the one recorded longest ago (an exact holder is replaced only by another exact
-    /// one). Returns whether anything changed.
+    /// Records `id` at tick `seen`: its own slot refreshed, else the first empty or expired
+    /// slot, else (all taken by fresh holders) the slot `(id + seen) % PREFIX_HOLDERS`
+    /// unless that one is exact (an exact holder is replaced only by another exact one, and
+    /// never displaced when every slot is exact). Returns whether anything changed.
+    ///
+    /// Three plain passes, each carrying nothing but its index: the kernel runs this per key a
+    /// connect learns, and a pass that tracked the oldest slot gave the verifier a state per
+    /// combination of indices.
     pub fn record(&mut self, id: u32, seen: u32, now: u32, ttl: u32) -> bool {
-        let mut free = PREFIX_HOLDERS;
-        let mut oldest = PREFIX_HOLDERS;
         let mut i = 0;
         while i < PREFIX_HOLDERS {
             if self.ids[i] == id {
-                if self.seen[i] == seen || (self.seen[i] == PREFIX_SEEN_EXACT && seen != PREFIX_SEEN_EXACT) {
+                let old = self.seen[i];
+                if old == seen || (old == PREFIX_SEEN_EXACT && seen != PREFIX_SEEN_EXACT) {
                     return false;
                 }
                 self.seen[i] = seen;
                 return true;
             }
-            if free == PREFIX_HOLDERS && !self.fresh(i, now, ttl) {
-                free = i;
-            }
-            if self.seen[i] != PREFIX_SEEN_EXACT
-                && (oldest == PREFIX_HOLDERS || now.wrapping_sub(self.seen[i]) > now.wrapping_sub(self.seen[oldest]))
-            {
-                oldest = i;
+            i += 1;
+        }
+        let mut i = 0;
+        while i < PREFIX_HOLDERS {
+            if !self.fresh(i, now, ttl) {
+                self.ids[i] = id;
+                self.seen[i] = seen;
+                return true;
             }
             i += 1;
         }
-        let slot = if free < PREFIX_HOLDERS {
-            free
-        } else if oldest < PREFIX_HOLDERS {
-            oldest
-        } else {
-            // Every slot exact: the block is held by more backends than an entry names.
+        let slot = (id.wrapping_add(seen) as usize) % PREFIX_HOLDERS;
+        if self.seen[slot] == PREFIX_SEEN_EXACT && seen != PREFIX_SEEN_EXACT {
             return false;
-        };
+        }
+        if self.seen[slot] == PREFIX_SEEN_EXACT {
+            // Every holder named exact by the engines: the block is held by more backends
+            // than an entry names; the first ones written stay.
+            return false;
+        }
         self.ids[slot] = id;
         self.seen[slot] = seen;
         true

@@ -18,7 +18,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<AffinityValue>(), 16);
     assert_eq!(size_of::<SockState>(), 40);
     assert_eq!(size_of::<GlobalConfig>(), 40);
-    assert_eq!(size_of::<Stats>(), 12 * 8);
+    assert_eq!(size_of::<Stats>(), 13 * 8);
     assert_eq!(size_of::<BackendStats>(), 7 * 8);
     assert_eq!(size_of::<TableChunk>(), TABLE_CHUNK as usize * 4);
     assert_eq!(size_of::<MemberChunk>(), MEMBER_CHUNK as usize * 4);
@@ -47,12 +47,17 @@ fn prefix_holders_record_refresh_and_age() {
     assert!(h.fresh(0, 115, 10));
     assert!(!h.fresh(0, 116, 10), "older than the lifetime");
     assert!(h.fresh(0, 1_000_000, 0), "no lifetime: fresh until evicted");
-    // Fill every slot; the next one replaces the oldest.
+    // Fill every slot; the next one takes slot (id + seen) % 8 = (99 + 130) % 8 = 5.
     for id in 10..17 {
         assert!(h.record(id, 100 + id, 120, 100));
     }
     assert!(h.record(99, 130, 130, 100));
-    assert!(!h.ids.contains(&3), "the oldest (3, stamped 105) gave its slot");
+    assert_eq!(h.ids[5], 99);
+    assert_eq!(h.ids.iter().filter(|&&i| i != NO_BACKEND).count(), PREFIX_HOLDERS);
+    // An expired slot is taken before any fresh one.
+    h.seen[2] = 1;
+    assert!(h.record(98, 131, 131, 100));
+    assert_eq!(h.ids[2], 98);
     assert!(h.remove(99));
     assert!(!h.remove(99));
 }

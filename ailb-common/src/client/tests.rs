@@ -160,3 +160,23 @@ fn fields_map_to_the_abi() {
     assert_eq!(Field::RequiredMemoryMb.to_string(), "required_memory_mb");
     assert_eq!(Field::Model.option_name(), "AILB_MODEL");
 }
+
+#[test]
+fn bad_prefix_keys_are_refused_before_any_call() {
+    let s = Socket::new().expect("socket");
+    let seventeen = [7u64; 17];
+    for (keys, count, zeros) in [(&[][..], 0, 0), (&seventeen[..], 17, 0), (&[1, 0, 2][..], 3, 1)] {
+        let err = Tags::new().prefix(keys).validate().expect_err("bad keys");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ClientError::PrefixKeys { count: c, zeros: z, max: 16 } if c == count && z == zeros),
+            "{msg}"
+        );
+        assert!(msg.starts_with("tag `prefix`: invalid value"), "{msg}");
+        assert!(matches!(tag_prefix(&s, keys), Err(ClientError::PrefixKeys { .. })));
+    }
+    Tags::new().prefix(&[1; 16]).validate().expect("16 keys are the limit");
+    assert!(!Tags::new().prefix(&[1]).is_empty());
+    // Without ailb loaded the option is the kernel's unknown level.
+    assert_eq!(tag_prefix(&s, &[42, 43]).expect("no balancer is not an error"), Tagging::NoBalancer);
+}

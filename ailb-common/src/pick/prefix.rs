@@ -4,18 +4,22 @@
 //! A request carries at most [`PREFIX_KEYS_MAX`] keys of its prompt in order
 //! ([`crate::prefix::sent`]). A backend that holds a block holds every block before it, so
 //! "some live backend holds key `i`" is true for a leading run of the keys and false after:
-//! a binary search finds the last held key in at most [`SEARCH_STEPS`] map lookups. A key
-//! counts as held when its entry names a fresh holder (see [`PrefixHolders::fresh`]) that is
-//! a live, weighted member of the model the client can reach, so a backend that left, or a
-//! learnt entry past the cache's lifetime, does not hide a shorter prefix held elsewhere.
+//! a binary search ([`Search`]) finds the last held key in at most [`SEARCH_STEPS`] map
+//! lookups. A key counts as held ([`held`]) when its entry names a fresh holder (see
+//! [`PrefixHolders::fresh`]) that is a live, weighted member of the model the client can
+//! reach, so a backend that left, or a learnt entry past the cache's lifetime, does not hide
+//! a shorter prefix held elsewhere.
 //!
 //! Of the longest prefix's holders, the least loaded (in-flight / weight) that is under its
-//! cap and load bound and fits the memory hint now is taken. When none can take it, the
-//! pick goes on as without keys (the weighted table, bounded load, memory fit), and the
-//! verdict says why: every holder was at its bound ([`PrefixUse::OverruledLoad`]) or some
-//! were under it but lacked the memory ([`PrefixUse::OverruledMemory`]). Holders of a
+//! cap and load bound and fits the memory hint now is taken ([`Choose`]). When none can take
+//! it, the pick goes on as without keys (the weighted table, bounded load, memory fit), and
+//! the verdict says why: every holder was at its bound ([`PrefixUse::OverruledLoad`]) or
+//! some were under it but lacked the memory ([`PrefixUse::OverruledMemory`]). Holders of a
 //! shorter prefix are not tried: the table's pick then spreads the load, as it does for a
 //! request without keys, rather than crowding the next-best holder.
+//!
+//! The steps read only [`PrefixCtx`] (plain numbers), so the kernel can run the whole step as
+//! a `bpf_loop` callback ([`PickMaps::prefix_step`]), as it does the member scan.
 
 use super::{load_bound, sat_mul, ClientFamily, PickMaps, PickRequest};
 use crate::abi::*;
@@ -49,6 +53,9 @@ pub enum PrefixUse {
     OverruledLoad,
     /// Some holder was under its bound but none had the memory hint free now.
     OverruledMemory,
+    /// No holder of the longest prefix is a live member of the model now (it left, or is
+    /// drained): the pick went on without the prefix.
+    Gone,
 }
 
 /// The prefix step's verdict, reported with the pick.
@@ -61,100 +68,208 @@ pub struct PrefixVerdict {
     pub sent: u32,
 }
 
-/// Whether backend `id` counts as a holder for this request.
-#[inline(always)]
-fn usable_holder<M: PickMaps>(maps: &M, req: &PickRequest, family: ClientFamily, id: u32) -> bool {
-    maps.backend(id).is_some_and(|b| b.model == req.model && b.is_live() && b.weight > 0 && family.reaches(&b))
+/// Everything the prefix steps read besides the maps and the keys: plain numbers, so that a
+/// `bpf_loop` callback can take it as its context.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefixCtx {
+    pub model: u32,
+    pub required_mem_mb: u32,
+    pub now_tick: u32,
+    pub ttl_ticks: u32,
+    pub load_factor_milli: u32,
+    pub use_bound: bool,
+    pub family: ClientFamily,
+    pub model_inflight: u64,
+    pub total_weight: u64,
 }
 
-/// The entry of `key` if it names a usable fresh holder.
+impl PrefixCtx {
+    #[inline(always)]
+    pub fn new(
+        cfg: &GlobalConfig,
+        req: &PickRequest,
+        family: ClientFamily,
+        q: &PrefixQuery<'_>,
+        total_weight: u64,
+    ) -> Self {
+        Self {
+            model: req.model,
+            required_mem_mb: req.required_mem_mb,
+            now_tick: q.now_tick,
+            ttl_ticks: q.ttl_ticks,
+            load_factor_milli: cfg.load_factor_milli,
+            use_bound: cfg.flags & CONFIG_LOAD_BOUND != 0,
+            family,
+            model_inflight: req.model_inflight,
+            total_weight,
+        }
+    }
+}
+
+/// Whether `key`'s entry names a fresh holder. Membership and liveness are checked only
+/// when choosing among the longest prefix's holders: checked at every step, they made the
+/// search too costly for the kernel's verifier. A backend that leaves must therefore leave
+/// the map too: the daemon removes a retired backend from every entry of its model, and
+/// precise mode removes what the engine evicts; until then a holder that cannot take requests
+/// can hide a shorter prefix held elsewhere ([`PrefixUse::Gone`]).
 #[inline(always)]
-fn held<M: PickMaps>(
-    maps: &M,
-    req: &PickRequest,
-    family: ClientFamily,
-    q: &PrefixQuery<'_>,
-    key: u64,
-) -> Option<PrefixHolders> {
-    let h = maps.prefix_holders(req.model, key)?;
+pub fn held<M: PickMaps>(maps: &M, c: &PrefixCtx, key: u64) -> bool {
+    let Some(h) = maps.prefix_holders(c.model, key) else {
+        return false;
+    };
     let mut i = 0;
     while i < PREFIX_HOLDERS {
-        if h.fresh(i, q.now_tick, q.ttl_ticks) && usable_holder(maps, req, family, h.ids[i]) {
-            return Some(h);
+        if h.fresh(i, c.now_tick, c.ttl_ticks) {
+            return true;
         }
         i += 1;
     }
-    None
+    false
+}
+
+/// The binary search's state. Invariant: keys `..lo` are held, keys `hi..` are not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Search {
+    pub lo: u32,
+    pub hi: u32,
+}
+
+impl Search {
+    /// A search over `n` keys.
+    #[inline(always)]
+    pub fn new(n: u32) -> Self {
+        Self { lo: 0, hi: if n as usize > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX as u32 } else { n } }
+    }
+
+    /// One step: the key to look up next, or `None` when the search is over.
+    #[inline(always)]
+    pub fn mid(&self) -> Option<u32> {
+        (self.lo < self.hi).then_some((self.lo + self.hi) / 2)
+    }
+
+    /// Records whether key `mid` is held.
+    #[inline(always)]
+    pub fn record(&mut self, mid: u32, held: bool) {
+        if held {
+            self.lo = mid + 1;
+        } else {
+            self.hi = mid;
+        }
+    }
+
+    /// One step over `keys`; false when the search was already over.
+    #[inline(always)]
+    pub fn step<M: PickMaps>(&mut self, maps: &M, c: &PrefixCtx, keys: &[u64]) -> bool {
+        let Some(mid) = self.mid() else {
+            return false;
+        };
+        let Some(&key) = keys.get(mid as usize) else {
+            return false;
+        };
+        let h = held(maps, c, key);
+        self.record(mid, h);
+        true
+    }
+}
+
+/// The choice among the longest prefix's holders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choose {
+    /// The least loaded holder that can take the request, or [`NO_BACKEND`].
+    pub chosen: u32,
+    pub load: u64,
+    pub weight: u64,
+    /// Some holder under its bound lacked the memory hint now.
+    pub lacked_memory: bool,
+    /// Some holder is a live member the client can reach.
+    pub any_live: bool,
+}
+
+impl Default for Choose {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Choose {
+    #[inline(always)]
+    pub const fn new() -> Self {
+        Self { chosen: NO_BACKEND, load: 0, weight: 1, lacked_memory: false, any_live: false }
+    }
+
+    /// Considers holder slot `i` of `h`.
+    #[inline(always)]
+    pub fn step<M: PickMaps>(&mut self, maps: &M, c: &PrefixCtx, h: &PrefixHolders, i: usize) {
+        if i >= PREFIX_HOLDERS || !h.fresh(i, c.now_tick, c.ttl_ticks) {
+            return;
+        }
+        let id = h.ids[i];
+        let Some(b) = maps.backend(id) else {
+            return;
+        };
+        if b.model != c.model || !b.is_live() || b.weight == 0 || !c.family.reaches(&b) {
+            return;
+        }
+        self.any_live = true;
+        let inflight = maps.inflight(id);
+        let bound_ok =
+            !c.use_bound || inflight < load_bound(c.load_factor_milli, c.model_inflight, b.weight, c.total_weight);
+        if !b.under_cap(inflight) || !bound_ok {
+            return;
+        }
+        if c.required_mem_mb != 0 && !b.fits_now(c.required_mem_mb, maps.inflight_mem(id)) {
+            self.lacked_memory = true;
+        } else if self.chosen == NO_BACKEND || sat_mul(inflight, self.weight) < sat_mul(self.load, b.weight as u64) {
+            self.chosen = id;
+            self.load = inflight;
+            self.weight = b.weight as u64;
+        }
+    }
+
+    /// Every holder of `key`'s entry (the default of [`PickMaps::prefix_choose`]).
+    #[inline(always)]
+    pub fn all<M: PickMaps>(maps: &M, c: &PrefixCtx, key: u64) -> Self {
+        let mut choose = Self::new();
+        if let Some(h) = maps.prefix_holders(c.model, key) {
+            let mut i = 0;
+            while i < PREFIX_HOLDERS {
+                choose.step(maps, c, h, i);
+                i += 1;
+            }
+        }
+        choose
+    }
 }
 
 /// The prefix step: the verdict, and the backend to take if a holder can take the request.
 #[inline(always)]
-pub(super) fn search<M: PickMaps>(
-    maps: &M,
-    cfg: &GlobalConfig,
-    req: &PickRequest,
-    family: ClientFamily,
-    q: &PrefixQuery<'_>,
-    total_weight: u64,
-) -> (PrefixVerdict, u32) {
+pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (PrefixVerdict, u32) {
     let n = if q.keys.len() > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX } else { q.keys.len() };
-    let mut verdict = PrefixVerdict { usage: PrefixUse::NotHeld, found: 0, sent: n as u32 };
-    // Invariant: keys[..lo] are held (the last one's entry in `best`), keys[hi..] are not.
-    let (mut lo, mut hi) = (0usize, n);
-    let mut best = PrefixHolders::EMPTY;
-    let mut step = 0;
-    while step < SEARCH_STEPS {
-        if lo >= hi {
-            break;
-        }
-        let mid = (lo + hi) / 2;
-        let Some(&key) = q.keys.get(mid) else { break };
-        match held(maps, req, family, q, key) {
-            Some(h) => {
-                best = h;
-                lo = mid + 1;
-            }
-            None => hi = mid,
-        }
-        step += 1;
+    let found = maps.prefix_search(c, &q.keys[..n]).lo;
+    if found == 0 {
+        return (verdict(n as u32, 0, &Choose::new()), NO_BACKEND);
     }
-    if lo == 0 {
-        return (verdict, NO_BACKEND);
-    }
-    verdict.found = lo as u32;
-
-    let use_bound = cfg.flags & CONFIG_LOAD_BOUND != 0;
-    let (mut chosen, mut chosen_load, mut chosen_weight) = (NO_BACKEND, 0u64, 1u64);
-    let mut lacked_memory = false;
-    let mut i = 0;
-    while i < PREFIX_HOLDERS {
-        let id = best.ids[i];
-        if best.fresh(i, q.now_tick, q.ttl_ticks) && usable_holder(maps, req, family, id) {
-            if let Some(b) = maps.backend(id) {
-                let inflight = maps.inflight(id);
-                let bound_ok = !use_bound
-                    || inflight < load_bound(cfg.load_factor_milli, req.model_inflight, b.weight, total_weight);
-                if b.under_cap(inflight) && bound_ok {
-                    if req.required_mem_mb != 0 && !b.fits_now(req.required_mem_mb, maps.inflight_mem(id)) {
-                        lacked_memory = true;
-                    } else if chosen == NO_BACKEND
-                        || sat_mul(inflight, chosen_weight) < sat_mul(chosen_load, b.weight as u64)
-                    {
-                        chosen = id;
-                        chosen_load = inflight;
-                        chosen_weight = b.weight as u64;
-                    }
-                }
-            }
-        }
-        i += 1;
-    }
-    verdict.usage = if chosen != NO_BACKEND {
-        PrefixUse::Used
-    } else if lacked_memory {
-        PrefixUse::OverruledMemory
-    } else {
-        PrefixUse::OverruledLoad
+    let Some(&key) = q.keys.get(found as usize - 1) else {
+        return (verdict(n as u32, 0, &Choose::new()), NO_BACKEND);
     };
-    (verdict, chosen)
+    let choose = maps.prefix_choose(c, key);
+    (verdict(n as u32, found, &choose), choose.chosen)
+}
+
+/// The verdict of a search of `sent` keys that found `found` held and chose as `choose` says.
+#[inline(always)]
+pub fn verdict(sent: u32, found: u32, choose: &Choose) -> PrefixVerdict {
+    let usage = if found == 0 {
+        PrefixUse::NotHeld
+    } else if choose.chosen != NO_BACKEND {
+        PrefixUse::Used
+    } else if choose.lacked_memory {
+        PrefixUse::OverruledMemory
+    } else if choose.any_live {
+        PrefixUse::OverruledLoad
+    } else {
+        // No live member holds it (or the entry was evicted since the search).
+        PrefixUse::Gone
+    };
+    PrefixVerdict { usage, found, sent }
 }

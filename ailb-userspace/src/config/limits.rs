@@ -6,8 +6,8 @@
 use serde::Deserialize;
 
 use ailb_common::{
-    maglev::table_size_for, DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS, MAX_MEMBER_SLOTS, MAX_TABLE_SLOTS, MEMBER_CHUNK,
-    TABLE_CHUNK,
+    maglev::table_size_for, DEFAULT_MEMBER_SLOTS, DEFAULT_PREFIX_ENTRIES, DEFAULT_TABLE_SLOTS, MAX_MEMBER_SLOTS,
+    MAX_PREFIX_ENTRIES, MAX_TABLE_SLOTS, MEMBER_CHUNK, TABLE_CHUNK,
 };
 
 use crate::{datapath::ArenaLimits, validate::ConfigError};
@@ -24,6 +24,11 @@ pub struct LimitsConfig {
     /// 65,536 (256 KiB).
     #[serde(default = "default_member_slots")]
     pub member_slots: u32,
+    /// Entries of the kernel's prefix map (prompt blocks of all models together; the least
+    /// recently used is evicted when full), 1,024 to 16,777,216. Default 262,144 (about 36 MiB
+    /// of kernel memory: `docs/prefix.md`).
+    #[serde(default = "default_prefix_entries")]
+    pub prefix_entries: u32,
 }
 
 fn default_table_slots() -> u32 {
@@ -32,10 +37,17 @@ fn default_table_slots() -> u32 {
 fn default_member_slots() -> u32 {
     DEFAULT_MEMBER_SLOTS
 }
+fn default_prefix_entries() -> u32 {
+    DEFAULT_PREFIX_ENTRIES
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
+        Self {
+            table_slots: DEFAULT_TABLE_SLOTS,
+            member_slots: DEFAULT_MEMBER_SLOTS,
+            prefix_entries: DEFAULT_PREFIX_ENTRIES,
+        }
     }
 }
 
@@ -81,7 +93,18 @@ impl LimitsConfig {
             u64::from(table_size_for(n))
         })?;
         check_arena("limits.member_slots", self.member_slots, MEMBER_CHUNK, MAX_MEMBER_SLOTS, &members, |n| n as u64)?;
-        Ok(ArenaLimits { table_slots: self.table_slots, member_slots: self.member_slots })
+        if !(1024..=MAX_PREFIX_ENTRIES).contains(&self.prefix_entries) {
+            return Err(ConfigError::invalid(
+                "limits.prefix_entries",
+                self.prefix_entries,
+                format!("from 1024 to {MAX_PREFIX_ENTRIES}"),
+            ));
+        }
+        Ok(ArenaLimits {
+            table_slots: self.table_slots,
+            member_slots: self.member_slots,
+            prefix_entries: self.prefix_entries,
+        })
     }
 }
 

@@ -81,6 +81,15 @@ pub struct ModelConfig {
     /// every connection afresh.
     #[serde(default)]
     pub remote_affinity: Option<String>,
+    /// How the kernel's prefix map learns which backend has a prompt prefix cached: "off"
+    /// (default), "approximate" (from the picks themselves) or "precise" (from the engines'
+    /// KV events).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Approximate mode: how long a learnt entry counts (e.g. "60s", the default; "0s": until
+    /// the map evicts it).
+    #[serde(default)]
+    pub prefix_ttl: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]

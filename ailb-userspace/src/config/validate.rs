@@ -144,6 +144,24 @@ fn check_balancer(b: &BalancerConfig) -> Result<WriterSettings, ConfigError> {
     })
 }
 
+/// A model's `prefix`: "off" when absent.
+fn check_prefix(field: &str, value: Option<&str>) -> Result<crate::policy::PrefixMode, ConfigError> {
+    match value {
+        None => Ok(crate::policy::PrefixMode::Off),
+        Some(v) => crate::policy::PrefixMode::parse(v)
+            .ok_or_else(|| ConfigError::invalid(field, v, "\"off\", \"approximate\" or \"precise\"")),
+    }
+}
+
+/// A model's `prefix_ttl`: [`crate::policy::DEFAULT_PREFIX_TTL`] when absent, none for "0s".
+fn check_prefix_ttl(field: &str, value: Option<&str>) -> Result<Option<std::time::Duration>, ConfigError> {
+    let ttl = match value {
+        None => crate::policy::DEFAULT_PREFIX_TTL,
+        Some(v) => parse_duration(field, v)?,
+    };
+    Ok((!ttl.is_zero()).then_some(ttl))
+}
+
 /// `models[i]`, with its VIPs recorded in `vips`.
 fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Result<ValidModel, ConfigError> {
     let field = |f: &str| format!("models[{i}].{f}");
@@ -154,6 +172,8 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Res
             affinity_ttl: m.affinity_ttl.as_deref().map(|t| parse_duration(&field("affinity_ttl"), t)).transpose()?,
             backend_capacity: check_capacity(&field("backend_capacity"), m.backend_capacity)?,
             spill_saturation_milli: check_spill(&field("spill_saturation"), m.spill_saturation)?,
+            prefix: check_prefix(&field("prefix"), m.prefix.as_deref())?,
+            prefix_ttl: check_prefix_ttl(&field("prefix_ttl"), m.prefix_ttl.as_deref())?,
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },

@@ -229,6 +229,7 @@ fn encode_models(
         "Sum of the queue_length the model's live backends report",
         models().map(|m| (m.name.clone(), load(&m.name).queued)),
     )?;
+    encode_prefix(st, enc)?;
     model_gauges(
         enc,
         "ailb_model_memory_headroom_mb",
@@ -238,6 +239,44 @@ fn encode_models(
             (m.name.clone(), mb as f64)
         }),
     )
+}
+
+/// The kernel's prefix map per model: entries, and what the prefix searches found (counters
+/// since the maps were created; `ailb status` shows the same).
+fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let with_mode = || st.models.iter().filter(|m| m.prefix.mode != "off" || m.prefix.stats.lookups > 0);
+    model_gauges(
+        enc,
+        "ailb_prefix_entries",
+        "Blocks of the model in the kernel's prefix map (a scan of the map)",
+        with_mode().map(|m| (m.name.clone(), m.prefix.entries as f64)),
+    )?;
+    type Field = fn(&crate::datapath::prefix::PrefixStatsView) -> u64;
+    let counters: [(&str, &str, Field); 7] = [
+        ("ailb_prefix_lookups", "Connects that carried prefix keys to a model with a prefix mode", |s| s.lookups),
+        ("ailb_prefix_found", "Of those, the ones whose first key some backend holds", |s| s.found),
+        ("ailb_prefix_used", "A holder of the longest cached prefix could take the request", |s| s.used),
+        ("ailb_prefix_overruled_load", "Every holder of the longest prefix was at its load bound or cap", |s| {
+            s.overruled_load
+        }),
+        ("ailb_prefix_overruled_memory", "Holders under their bound lacked the request's memory", |s| {
+            s.overruled_memory
+        }),
+        (
+            "ailb_prefix_keys_found",
+            "Keys found held, summed (over keys_sent: the share of the prompt found cached)",
+            |s| s.keys_found,
+        ),
+        ("ailb_prefix_keys_sent", "Keys the connects carried, summed", |s| s.keys_sent),
+    ];
+    for (name, help, field) in counters {
+        let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+        for m in with_mode() {
+            ConstCounter::new(field(&m.prefix.stats))
+                .encode(fam.encode_family(&ModelLabel { model: m.name.clone() })?)?;
+        }
+    }
+    Ok(())
 }
 
 /// A counter family by `reason`.

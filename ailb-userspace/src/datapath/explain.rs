@@ -146,6 +146,9 @@ fn copy_maps(
 /// Why the pick came out as it did, in words.
 fn why(outcome: Outcome, affinity_break: bool) -> String {
     match outcome {
+        Outcome::Prefix => "a backend holding the longest cached prefix of its prompt is live, under its load bound \
+                            and fits the hint"
+            .to_string(),
         Outcome::AffinityHit => "its affinity entry's backend is live, under its cap and fits the hint (now, or \
                                  once idle while the conversation is within affinity_wait)"
             .to_string(),

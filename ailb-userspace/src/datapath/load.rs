@@ -162,13 +162,20 @@ pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, Datapath
             });
         }
         let (tables, members) = maps.arena_chunks();
-        let pinned = ArenaLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK };
+        let prefix_entries = aya::maps::MapData::from_pin(dir.join(maps::PREFIX))
+            .and_then(|m| m.info())
+            .map(|i| i.max_entries())
+            .unwrap_or(limits.prefix_entries);
+        let pinned =
+            ArenaLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK, prefix_entries };
         if pinned != *limits {
             warn!(
                 pinned_table_slots = pinned.table_slots,
                 pinned_member_slots = pinned.member_slots,
                 table_slots = limits.table_slots,
                 member_slots = limits.member_slots,
+                pinned_prefix_entries = pinned.prefix_entries,
+                prefix_entries = limits.prefix_entries,
                 "the pinned arenas keep their size; [limits] takes effect after `ailb teardown`"
             );
         }
@@ -183,6 +190,7 @@ pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, Datapath
         .btf(btf.as_ref())
         .map_max_entries(maps::TABLES, limits.table_slots / TABLE_CHUNK)
         .map_max_entries(maps::MEMBERS, limits.member_slots / MEMBER_CHUNK)
+        .map_max_entries(maps::PREFIX, limits.prefix_entries)
         .load(OBJECT)
         .map_err(|e| DatapathError::Load(Box::new(e)))?;
     let result = (|| {

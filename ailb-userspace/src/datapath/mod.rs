@@ -16,6 +16,7 @@ mod ids;
 pub mod load;
 pub mod memory;
 pub mod model_load;
+pub mod prefix;
 mod settings;
 pub mod status;
 mod store;

@@ -32,11 +32,17 @@ pub struct WriterSettings {
 pub struct ArenaLimits {
     pub table_slots: u32,
     pub member_slots: u32,
+    /// Entries of the prefix map (`AILB_PREFIX`, LRU).
+    pub prefix_entries: u32,
 }
 
 impl Default for ArenaLimits {
     fn default() -> Self {
-        Self { table_slots: DEFAULT_TABLE_SLOTS, member_slots: DEFAULT_MEMBER_SLOTS }
+        Self {
+            table_slots: DEFAULT_TABLE_SLOTS,
+            member_slots: DEFAULT_MEMBER_SLOTS,
+            prefix_entries: ailb_common::DEFAULT_PREFIX_ENTRIES,
+        }
     }
 }
 

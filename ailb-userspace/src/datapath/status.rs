@@ -56,6 +56,8 @@ pub struct ModelStatus {
     /// its active table and member list in the arenas (whole chunks), and its backends
     /// (`KernelMemory::per_backend_bytes` each).
     pub kernel_bytes: u64,
+    /// The prefix map's side of the model: its mode, entries and what the searches found.
+    pub prefix: super::prefix::PrefixStatus,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -97,12 +99,26 @@ fn backend_stats(maps: &Maps, id: u32) -> Result<BackendStats, DatapathError> {
     Ok(s)
 }
 
+/// The prefix mode a model's flags name.
+fn prefix_mode_name(flags: u32) -> &'static str {
+    if flags & ailb_common::MODEL_PREFIX_EVENTS != 0 {
+        "precise"
+    } else if flags & ailb_common::MODEL_PREFIX_LEARN != 0 {
+        "approximate"
+    } else {
+        "off"
+    }
+}
+
 pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
     check_attached(dir)?;
     let maps = Maps::open(dir)?;
     let gc = maps.global_config()?;
     let mut vips = read_vips(&maps)?;
     let backends_by_model = read_backends(&maps)?;
+    let prefix_map = super::prefix::PrefixMap::open(dir)?;
+    let prefix_entries = prefix_map.entries();
+    let prefix_stats: BTreeMap<u32, ailb_common::PrefixStats> = prefix_map.stats()?.into_iter().collect();
     let mut models = Vec::new();
     let mut used = (0u64, 0u64);
     let mut arena_bytes = Vec::new();
@@ -132,6 +148,11 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             table_digest,
             inflight: maps.inflight.get(&(INFLIGHT_MODEL_BASE + idx), 0).map_err(map_err(maps::INFLIGHT))?,
             kernel_bytes: 0,
+            prefix: super::prefix::PrefixStatus {
+                mode: prefix_mode_name(st.flags).to_string(),
+                entries: prefix_entries.get(&idx).copied().unwrap_or(0),
+                stats: prefix_stats.get(&idx).copied().unwrap_or_default().into(),
+            },
             backends,
         });
     }

@@ -23,6 +23,7 @@ mod config;
 mod evaluate;
 mod explain;
 mod factors;
+mod prefix;
 mod weights;
 
 #[cfg(test)]
@@ -45,6 +46,7 @@ pub use self::{
     explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, Reason, UtilExplain},
     factors::UtilBand,
     metadata::InvalidField,
+    prefix::{PrefixMode, DEFAULT_PREFIX_TTL},
     weights::{MAX_WEIGHT, WEIGHT_SCALE},
 };
 use crate::discovery::{Instance, Snapshot};
@@ -65,6 +67,10 @@ pub struct ModelSpec {
     pub backend_capacity: Option<u32>,
     /// This model's `spill_saturation` in thousandths; `None`: `[policy]`'s.
     pub spill_saturation_milli: Option<u32>,
+    /// How the model's prefix map learns.
+    pub prefix: PrefixMode,
+    /// How long a learnt prefix entry counts (approximate mode).
+    pub prefix_ttl: Option<Duration>,
 }
 
 impl AsRef<ModelSpec> for ModelSpec {
@@ -202,6 +208,12 @@ pub struct ModelPlan {
     /// New weights differed from the last table by less than `min_weight_change`, so the last
     /// table weights were emitted again.
     pub weights_held: bool,
+    /// How the model's prefix map learns.
+    #[serde(default)]
+    pub prefix: PrefixMode,
+    /// How long a learnt prefix entry counts (approximate mode); `null`: until evicted.
+    #[serde(default, with = "human_duration")]
+    pub prefix_ttl: Option<Duration>,
 }
 
 /// An optional duration as humantime writes and reads it (`"10m"`, `"1h 30m"`).
@@ -291,6 +303,8 @@ pub fn plan<M: AsRef<ModelSpec>>(
                 weights_held: weights.held,
                 backends: planned_backends(evaluated, &weights),
                 affinity_ttl: spec.affinity_ttl,
+                prefix: spec.prefix,
+                prefix_ttl: spec.prefix_ttl,
             },
         );
     }

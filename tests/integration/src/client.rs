@@ -59,6 +59,9 @@ pub struct ConnectOpts {
     pub v6only: bool,
     /// Deadline for the whole run (or, with hold, until `HOLDING`).
     pub timeout: Duration,
+    /// Connection i sends the prefix keys of a prompt of tenant `i % tenants` (`--tenants`),
+    /// whose system prompt has this many bytes.
+    pub tenants: Option<(usize, usize)>,
 }
 
 impl ConnectOpts {
@@ -73,6 +76,7 @@ impl ConnectOpts {
             linger0: false,
             v6only: false,
             timeout: Duration::from_secs(120),
+            tenants: None,
         }
     }
 
@@ -97,6 +101,12 @@ impl ConnectOpts {
         self
     }
 
+    /// Connection i carries the prefix keys of tenant `i % tenants`'s prompt.
+    pub fn tenants(mut self, tenants: usize, prompt_bytes: usize) -> Self {
+        self.tenants = Some((tenants, prompt_bytes));
+        self
+    }
+
     fn args(&self, hold: bool) -> Vec<String> {
         let mut a = vec!["connect".into(), "--vip".into(), self.vip.clone(), "--count".into(), self.count.to_string()];
         if let Some(c) = self.conversations {
@@ -116,6 +126,9 @@ impl ConnectOpts {
         }
         if self.v6only {
             a.push("--v6only".into());
+        }
+        if let Some((t, b)) = self.tenants {
+            a.extend(["--tenants".into(), t.to_string(), "--prompt-bytes".into(), b.to_string()]);
         }
         a
     }

@@ -9,7 +9,11 @@ fn defaults_fit_1024_small_models_or_one_of_16384_backends() {
 
 #[test]
 fn bad_sizes_and_a_catalog_that_does_not_fit_name_the_field_and_value() {
-    let l = |table_slots, member_slots| LimitsConfig { table_slots, member_slots };
+    let l = |table_slots, member_slots| LimitsConfig {
+        table_slots,
+        member_slots,
+        prefix_entries: ailb_common::DEFAULT_PREFIX_ENTRIES,
+    };
     let e = l(1000, 64).validate(&[1]).unwrap_err().to_string();
     assert!(e.contains("limits.table_slots") && e.contains("1000") && e.contains("multiple of 1024"), "{e}");
     let e = l(8192, 24).validate(&[1]).unwrap_err().to_string();

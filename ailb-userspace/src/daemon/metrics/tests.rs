@@ -37,6 +37,7 @@ fn model(name: &str, inflight: u64, backends: Vec<BackendStatus>) -> ModelStatus
         table_digest: None,
         kernel_bytes: 0,
         inflight,
+        prefix: Default::default(),
         backends,
     }
 }

@@ -86,6 +86,8 @@ pub struct Writer<M: WriterMaps = Maps> {
     /// which reads the maps (a previous daemon's entries) and writes every one.
     services: Option<BTreeMap<VipOrder, (ServiceKey, Service)>>,
     names: Option<BTreeMap<u64, u32>>,
+    /// The kernel ids of the last plan's backends, for the KV-event feed.
+    directory: super::prefix::IdDirectory,
 }
 
 /// A VIP key as a total order (address, port, padding).
@@ -109,6 +111,7 @@ impl<M: WriterMaps> Writer<M> {
             swaps: Vec::new(),
             services: None,
             names: None,
+            directory: Default::default(),
         };
         w.recover_models()?;
         w.recover_backends()?;
@@ -266,6 +269,7 @@ impl<M: WriterMaps> Writer<M> {
         self.table_arena.reclaim(GRACE);
         self.member_arena.reclaim(GRACE);
         let planned = self.allocate_ids(plan)?;
+        self.publish_directory(plan);
         report.live_backends = self.write_backends(&planned)?;
         self.write_tables(plan, cfg.seed, generation, &mut report)?;
         self.write_services(plan)?;
@@ -277,6 +281,25 @@ impl<M: WriterMaps> Writer<M> {
         self.maps.set_config(values::global_config(cfg, generation))?;
         self.generation = generation;
         Ok(report)
+    }
+
+    /// The kernel ids of the backends of the last plan applied, kept current: the feed of the
+    /// engines' KV events names backends by model and address, the prefix map by id.
+    pub fn id_directory(&self) -> super::prefix::IdDirectory {
+        self.directory.clone()
+    }
+
+    fn publish_directory(&self, plan: &Plan) {
+        let mut ids = std::collections::HashMap::new();
+        for (name, mp) in plan {
+            let model = self.model_index(name);
+            for b in &mp.backends {
+                if let Some(id) = self.ids.backend(&(model, b.address)) {
+                    ids.insert((name.clone(), b.address), (model, id));
+                }
+            }
+        }
+        self.directory.replace(ids);
     }
 
     /// The index of a model of the plan being applied ([`Self::allocate_ids`] gave it one).

@@ -34,6 +34,9 @@ struct TableInput<'p> {
     /// The live backends, by id.
     members: Vec<MaglevBackend>,
     ttl_ns: u64,
+    /// The model's prefix mode as `ModelState::flags` bits, and its learnt-entry lifetime.
+    prefix_flags: u32,
+    prefix_ttl_ns: u64,
 }
 
 /// A table ready to be swapped in, with its slot's description.
@@ -110,7 +113,14 @@ impl<M: WriterMaps> Writer<M> {
                     })
                     .collect();
                 members.sort_by_key(|m| m.id);
-                TableInput { name, model, members, ttl_ns: model_ttl_ns(mp.affinity_ttl) }
+                TableInput {
+                    name,
+                    model,
+                    members,
+                    ttl_ns: model_ttl_ns(mp.affinity_ttl),
+                    prefix_flags: mp.prefix.kernel_flags(),
+                    prefix_ttl_ns: model_ttl_ns(mp.prefix_ttl),
+                }
             })
             .collect()
     }
@@ -135,15 +145,18 @@ impl<M: WriterMaps> Writer<M> {
         generation: u64,
         report: &mut ApplyReport,
     ) -> Result<(), DatapathError> {
-        let TableInput { name, model, ref members, ttl_ns } = *input;
+        let TableInput { name, model, ref members, ttl_ns, prefix_flags, prefix_ttl_ns } = *input;
         let mut st = self.model_state(model);
         if members.is_empty() {
             return self.mark_unavailable(input, st);
         }
         let available = st.flags & MODEL_AVAILABLE != 0;
-        if st.affinity_ttl_ns != ttl_ns && available {
-            // A TTL change alone needs no table swap: one update of the model entry.
+        let flags = MODEL_AVAILABLE | prefix_flags;
+        if (st.affinity_ttl_ns != ttl_ns || st.flags != flags || st.prefix_ttl_ns != prefix_ttl_ns) && available {
+            // A TTL or prefix mode change alone needs no table swap: one update of the model entry.
             st.affinity_ttl_ns = ttl_ns;
+            st.flags = flags;
+            st.prefix_ttl_ns = prefix_ttl_ns;
             self.set_model(model, st)?;
         }
         // Same builder inputs as the table in the kernel: nothing to build or write.
@@ -211,9 +224,10 @@ impl<M: WriterMaps> Writer<M> {
         st.slots[inactive as usize] = new.slot;
         st.name = name_bytes(input.name);
         st.affinity_ttl_ns = input.ttl_ns;
+        st.prefix_ttl_ns = input.prefix_ttl_ns;
         let mut flipped = st;
         flipped.active = inactive;
-        flipped.flags = MODEL_AVAILABLE;
+        flipped.flags = MODEL_AVAILABLE | input.prefix_flags;
         let new = ActiveTable { table: new.table, members: new.ids, table_at, members_at };
         self.swaps.push(PendingSwap { model: input.model, entries: [st, flipped], new });
         if self.swaps.len() >= SWAP_BATCH {

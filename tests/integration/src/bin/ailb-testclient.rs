@@ -43,13 +43,17 @@ struct Args {
     hold: bool,
     linger0: bool,
     v6only: bool,
+    /// Connection i sends the prefix keys of a prompt of tenant `i % tenants`: the tenant's
+    /// `prompt_bytes`-byte system prompt, then a question of its own.
+    tenants: Option<usize>,
+    prompt_bytes: usize,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("ailb-testclient: {msg}");
     eprintln!(
         "usage: ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] \
-         [--memory-mb M] [--model NAME] [--hold] [--linger0] [--v6only]\n       \
+         [--memory-mb M] [--model NAME] [--hold] [--linger0] [--v6only] [--tenants T --prompt-bytes B]\n       \
          ailb-testclient sockopt-hostile --vip A:P\n       \
          ailb-testclient serve --listen A:P"
     );
@@ -67,6 +71,8 @@ fn parse_args(rest: &[String]) -> Args {
         hold: false,
         linger0: false,
         v6only: false,
+        tenants: None,
+        prompt_bytes: 4096,
     };
     let mut have_vip = false;
     let mut it = rest.iter();
@@ -88,6 +94,10 @@ fn parse_args(rest: &[String]) -> Args {
             "--hold" => a.hold = true,
             "--linger0" => a.linger0 = true,
             "--v6only" => a.v6only = true,
+            "--tenants" => a.tenants = Some(val().parse().unwrap_or_else(|e| usage(&format!("--tenants: {e}")))),
+            "--prompt-bytes" => {
+                a.prompt_bytes = val().parse().unwrap_or_else(|e| usage(&format!("--prompt-bytes: {e}")))
+            }
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -233,6 +243,16 @@ fn set_linger0(stream: &TcpStream) {
     let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
+/// The keys a prompt of tenant `tenant` sends for its `i`-th question: `prompt_bytes` of
+/// the tenant's system prompt, then the question (two text chunks of its own).
+fn tenant_prompt_keys(tenant: usize, i: usize, prompt_bytes: usize) -> Vec<u64> {
+    let mut prompt: Vec<u8> =
+        format!("You are the assistant of tenant {tenant}. ").bytes().cycle().take(prompt_bytes).collect();
+    prompt.extend(format!("question {i}: ").bytes().cycle().take(2 * ailb_common::prefix::TEXT_CHUNK_BYTES));
+    let keys = ailb_common::prefix::text_keys(&prompt);
+    ailb_common::prefix::sent(&keys).map(|(_, k)| k).collect()
+}
+
 fn connect_mode(a: &Args) {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -250,6 +270,10 @@ fn connect_mode(a: &Args) {
         }
         if let Some(m) = &a.model {
             hint_err = hint_error(Field::Model, client::tag_model(&sock, m.as_bytes())).or(hint_err);
+        }
+        if let Some(t) = a.tenants {
+            let keys = tenant_prompt_keys(i % t, i, a.prompt_bytes);
+            hint_err = hint_error(Field::Prefix, client::tag_prefix(&sock, &keys)).or(hint_err);
         }
         let line = match sock.connect(a.vip) {
             Err(errno) => json!({"i": i, "conversation": conversation, "backend": null, "reply": null,

@@ -1,0 +1,207 @@
+//! The kernel's prefix map from userspace: what the precise mode writes (each engine's KV
+//! events, as block keys held or removed per backend), the per-model counters, and the
+//! directory that names a backend's kernel id from its model and address.
+//!
+//! Writes are read-modify-write of one entry: the daemon is the only writer of a precise
+//! model's entries (the kernel learns only for approximate models), so no update is lost.
+
+use std::collections::HashMap as StdHashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use ailb_common::{maps, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFIX_SEEN_EXACT};
+use aya::maps::{HashMap, MapData, MapError, PerCpuArray};
+use serde::Serialize;
+
+use super::{map_err, DatapathError};
+
+/// Which kernel ids a model's backends have now: `(model name, address) -> (model index,
+/// backend id)`. The writer replaces it after each plan it writes; the KV-event feed reads it.
+#[derive(Debug, Clone, Default)]
+pub struct IdDirectory {
+    inner: Arc<RwLock<Directory>>,
+}
+
+/// `(model name, address) -> (model index, backend id)`.
+pub type Directory = StdHashMap<(String, SocketAddr), (u32, u32)>;
+
+impl IdDirectory {
+    /// The kernel ids of `model`'s backend at `addr`, if it has one now.
+    pub fn lookup(&self, model: &str, addr: SocketAddr) -> Option<(u32, u32)> {
+        self.inner.read().ok()?.get(&(model.to_string(), addr)).copied()
+    }
+
+    /// Replaces the whole directory.
+    pub fn replace(&self, ids: Directory) {
+        if let Ok(mut g) = self.inner.write() {
+            *g = ids;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().map(|g| g.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one [`PrefixMap::apply`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixApplied {
+    /// Blocks recorded for the backend.
+    pub stored: u64,
+    /// Blocks the backend no longer holds.
+    pub removed: u64,
+    /// Blocks already held by `PREFIX_HOLDERS` other backends (exact): not recorded.
+    pub full: u64,
+}
+
+/// The pinned `AILB_PREFIX` and `AILB_PREFIX_STATS`.
+pub struct PrefixMap {
+    map: HashMap<MapData, PrefixKey, PrefixHolders>,
+    stats: PerCpuArray<MapData, PrefixStats>,
+}
+
+fn open_map(dir: &Path, name: &str) -> Result<aya::maps::Map, DatapathError> {
+    let md = MapData::from_pin(dir.join(name)).map_err(map_err(name))?;
+    aya::maps::Map::from_map_data(md).map_err(map_err(name))
+}
+
+impl PrefixMap {
+    /// Opens the maps pinned in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, DatapathError> {
+        Ok(Self {
+            map: open_map(dir, maps::PREFIX)?.try_into().map_err(map_err(maps::PREFIX))?,
+            stats: open_map(dir, maps::PREFIX_STATS)?.try_into().map_err(map_err(maps::PREFIX_STATS))?,
+        })
+    }
+
+    fn get(&self, key: &PrefixKey) -> Result<Option<PrefixHolders>, DatapathError> {
+        match self.map.get(key, 0) {
+            Ok(h) => Ok(Some(h)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(maps::PREFIX)(e)),
+        }
+    }
+
+    /// Records what backend `id` of model `model` (kernel indices) holds now: each `(key,
+    /// held)` marks the block held (exact, never aged) or no longer held.
+    pub fn apply(&mut self, model: u32, id: u32, changes: &[(u64, bool)]) -> Result<PrefixApplied, DatapathError> {
+        let mut done = PrefixApplied::default();
+        for &(key, held) in changes {
+            let k = PrefixKey { model, _pad: 0, key };
+            let current = self.get(&k)?;
+            if held {
+                let mut h = current.unwrap_or(PrefixHolders::EMPTY);
+                if h.record(id, PREFIX_SEEN_EXACT, 0, 0) {
+                    self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
+                    done.stored += 1;
+                } else if !h.ids.contains(&id) {
+                    done.full += 1;
+                }
+            } else if let Some(mut h) = current {
+                if h.remove(id) {
+                    done.removed += 1;
+                    if h.is_empty() {
+                        match self.map.remove(&k) {
+                            Ok(()) | Err(MapError::KeyNotFound) => {}
+                            Err(e) => return Err(map_err(maps::PREFIX)(e)),
+                        }
+                    } else {
+                        self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Removes backend `id` from every entry of `model` (its engine cleared its cache, or the
+    /// backend left); returns the entries it was removed from. A scan of the map.
+    pub fn clear_backend(&mut self, model: u32, id: u32) -> Result<u64, DatapathError> {
+        let keys: Vec<PrefixKey> = self.map.keys().filter_map(Result::ok).filter(|k| k.model == model).collect();
+        let mut n = 0;
+        for k in keys {
+            if let Some(mut h) = self.get(&k)? {
+                if h.remove(id) {
+                    n += 1;
+                    if h.is_empty() {
+                        let _ = self.map.remove(&k);
+                    } else {
+                        self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// The per-model counters, summed over CPUs, for the models that have any.
+    pub fn stats(&self) -> Result<Vec<(u32, PrefixStats)>, DatapathError> {
+        let mut out = Vec::new();
+        for model in 0..MAX_MODELS {
+            let per_cpu = self.stats.get(&model, 0).map_err(map_err(maps::PREFIX_STATS))?;
+            let mut s = PrefixStats::default();
+            per_cpu.iter().for_each(|c| s.merge(c));
+            if s != PrefixStats::default() {
+                out.push((model, s));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Entries per model index (a scan of the map).
+    pub fn entries(&self) -> StdHashMap<u32, u64> {
+        let mut out = StdHashMap::new();
+        for k in self.map.keys().filter_map(Result::ok) {
+            *out.entry(k.model).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// The entry of `key` of `model`, if any.
+    pub fn holders(&self, model: u32, key: u64) -> Result<Option<PrefixHolders>, DatapathError> {
+        self.get(&PrefixKey { model, _pad: 0, key })
+    }
+}
+
+/// One model's prefix counters, as `ailb status` and `/metrics` show them.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct PrefixStatus {
+    pub mode: String,
+    /// Entries (blocks) in the kernel map.
+    pub entries: u64,
+    #[serde(flatten)]
+    pub stats: PrefixStatsView,
+}
+
+/// [`PrefixStats`] with the rates a reader wants.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct PrefixStatsView {
+    pub lookups: u64,
+    pub found: u64,
+    pub used: u64,
+    pub overruled_load: u64,
+    pub overruled_memory: u64,
+    pub keys_sent: u64,
+    pub keys_found: u64,
+    pub learned: u64,
+}
+
+impl From<PrefixStats> for PrefixStatsView {
+    fn from(s: PrefixStats) -> Self {
+        Self {
+            lookups: s.lookups,
+            found: s.found,
+            used: s.used,
+            overruled_load: s.overruled_load,
+            overruled_memory: s.overruled_memory,
+            keys_sent: s.keys_sent,
+            keys_found: s.keys_found,
+            learned: s.learned,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The kernel's prefix-aware pick on real sockets in a child cgroup: connects that carry the
+//! prefix keys of their prompt (`AILB_PREFIX`) and no conversation id.
+//!
+//! - approximate mode: each tenant's first connect is placed by the weighted table, and the
+//!   kernel records its keys; every later connect of the tenant finds that prefix and goes to
+//!   the same backend (connections are short, so no holder is ever at its load bound);
+//! - mode off (the same connects after a reload): the keys are ignored and each tenant's
+//!   connects spread over the backends, as any connect without a conversation does;
+//! - the counters in `ailb status` say what the searches found.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ailb_tests::client::assert_all_ok;
+use ailb_tests::{
+    base_config, client_bin, preflight, BackendCfg, BackendServer, CgroupGuard, ConnResult, ConnectOpts, Daemon,
+    TestClient, TestConfig,
+};
+
+const MODEL: &str = "prefix-7b";
+const VIP: &str = "127.77.9.1:8000";
+const BACKENDS: [&str; 4] = ["127.0.9.11:18911", "127.0.9.12:18912", "127.0.9.13:18913", "127.0.9.14:18914"];
+const TENANTS: usize = 8;
+const PER_TENANT: usize = 25;
+/// A 6,000-byte system prompt: 93 text chunks, so a request sends 13 of its keys.
+const PROMPT_BYTES: usize = 6_000;
+
+fn config(cg: &CgroupGuard, mode: &str) -> TestConfig {
+    let mut cfg = base_config("prefix", cg).service(MODEL, VIP);
+    for addr in BACKENDS {
+        cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1));
+    }
+    cfg.extra = format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"{mode}\"\nprefix_ttl = \"10m\"\n");
+    cfg
+}
+
+/// Backends reached by each tenant (connection i belongs to tenant i % TENANTS).
+fn by_tenant(results: &[ConnResult]) -> BTreeMap<usize, BTreeMap<String, usize>> {
+    let mut out: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+    for r in results {
+        let b = r.backend.clone().unwrap_or_else(|| panic!("connection {} got no backend: {r:?}", r.i));
+        *out.entry(r.i % TENANTS).or_default().entry(b).or_default() += 1;
+    }
+    out
+}
+
+fn prefix_status(daemon: &Daemon) -> serde_json::Value {
+    let status = daemon.status();
+    let m = status["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
+        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"));
+    m["prefix"].clone()
+}
+
+#[test]
+fn tenants_stay_where_their_prompt_prefix_is_cached() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix");
+    let _servers = BackendServer::start_all(&BACKENDS);
+    let mut daemon = Daemon::start(&bin, &config(&cg, "approximate"));
+    let client = TestClient::new(client_bin!());
+    let opts = ConnectOpts::new(VIP, TENANTS * PER_TENANT).tenants(TENANTS, PROMPT_BYTES);
+
+    // Approximate: after its first connect, every connect of a tenant finds its prefix.
+    let learnt = client.connect(Some(&cg), &opts);
+    assert_all_ok(&learnt, "approximate mode");
+    let tenants = by_tenant(&learnt);
+    eprintln!("approximate: backends per tenant {tenants:?}");
+    for (t, backends) in &tenants {
+        assert_eq!(
+            backends.len(),
+            1,
+            "tenant {t}: its {PER_TENANT} connects carried the same prompt prefix but reached {backends:?}"
+        );
+    }
+    let used: BTreeSet<&String> = tenants.values().flat_map(|b| b.keys()).collect();
+    assert!(used.len() >= 2, "8 tenants placed by the weighted table all landed on {used:?}");
+    let p = prefix_status(&daemon);
+    eprintln!("approximate: status.prefix {p}");
+    assert_eq!(p["mode"], "approximate");
+    let n = (TENANTS * PER_TENANT) as u64;
+    assert_eq!(p["lookups"].as_u64(), Some(n), "every connect searched: {p}");
+    // The first connect of each tenant finds nothing; every other finds its whole prompt
+    // except the question (the last key sent) and takes the holder.
+    assert_eq!(p["used"].as_u64(), Some(n - TENANTS as u64), "{p}");
+    assert_eq!(p["found"].as_u64(), Some(n - TENANTS as u64), "{p}");
+    assert!(p["entries"].as_u64().is_some_and(|e| e > 0), "{p}");
+    assert!(p["learned"].as_u64().is_some_and(|e| e > 0), "{p}");
+
+    // Off: the same connects ignore their keys and spread.
+    daemon.reload(&config(&cg, "off"));
+    let spread = client.connect(Some(&cg), &opts);
+    assert_all_ok(&spread, "prefix off");
+    let tenants_off = by_tenant(&spread);
+    eprintln!("off: backends per tenant {tenants_off:?}");
+    let spread_tenants = tenants_off.values().filter(|b| b.len() > 1).count();
+    assert!(
+        spread_tenants >= TENANTS / 2,
+        "with prefix off, only {spread_tenants} of {TENANTS} tenants reached more than one backend: {tenants_off:?}"
+    );
+    let off = prefix_status(&daemon);
+    assert_eq!(off["mode"], "off");
+    assert_eq!(off["lookups"], p["lookups"], "no search with the mode off: {off}");
+}
