@@ -293,6 +293,19 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
     u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
+/// The tokens a request may take, for a tenant's token rate: the prompt's estimate (as for
+/// memory, a token per 4 bytes of prompt text) plus its `max_tokens`, or `assumed_max_tokens`
+/// when it sets none (an embedding or a token count generates nothing).
+pub fn token_estimate(endpoint: Endpoint, body: &Fields<'_>, assumed_max_tokens: u64) -> Result<u64, InputsError> {
+    let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
+    let out = match max_tokens(endpoint, body)? {
+        0 if matches!(endpoint, Endpoint::Embeddings | Endpoint::CountTokens) => 0,
+        0 => assumed_max_tokens,
+        n => n,
+    };
+    Ok(prompt_tokens.saturating_add(out))
+}
+
 fn max_tokens(endpoint: Endpoint, body: &Fields<'_>) -> Result<u64, InputsError> {
     let fields = match endpoint {
         Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {

@@ -44,7 +44,7 @@ impl Gateway {
         admission: Option<Control>,
     ) -> Arc<Self> {
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
-        let pipeline = Pipeline::new(config, cfg, metrics.clone(), admission);
+        let pipeline = Pipeline::new(config, cfg, metrics.clone(), admission, &mut registry);
         let live = Arc::new(Liveness::new(config.listen));
         Arc::new(Self { pipeline, metrics, registry: Arc::new(registry), live })
     }
