@@ -24,15 +24,68 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use hyper::header::HeaderMap;
 use hyper::StatusCode;
 use serde_json::Value;
 
 use super::http::{visible_ascii, ApiError, Headers};
+use super::inputs::{parse_body, token_estimate, Endpoint};
 use super::request_fields::Fields;
 use crate::config::gateway::{ValidTenancy, ValidTenant};
 
 /// A tenant, by its place in [`ValidTenancy::tenants`].
 pub type TenantId = usize;
+
+/// How a request's tenant was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchedBy {
+    ApiKey,
+    Header,
+    Address,
+    Default,
+}
+
+/// What `ailb explain --request` shows of a request's tenant.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TenantView {
+    pub tenant: String,
+    pub matched_by: MatchedBy,
+    pub weight: u32,
+    pub priority: u8,
+    pub asked: Option<u8>,
+    pub max_priority: u8,
+    /// Its tokens against the tenant's rate (prompt estimate + max_tokens).
+    pub cost_tokens: u64,
+}
+
+/// The tenant, priority and cost the front door gives a request to `path` with `headers` and
+/// `body` from `client` (for `ailb explain --request`).
+pub fn explain(
+    cfg: &ValidTenancy,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    client: Option<IpAddr>,
+) -> Result<TenantView, ApiError> {
+    let endpoint =
+        Endpoint::from_path(path).ok_or_else(|| ApiError::not_found(format!("POST {path}: no such route")))?;
+    let tenancy = Tenancy::new(cfg.clone());
+    let fields = parse_body(body)?;
+    let (tenant, matched_by) = tenancy.identify_by(headers, || client);
+    let (priority, asked) = tenancy.priority(tenant, headers, &fields)?;
+    let cost_tokens = token_estimate(endpoint, &fields, u64::from(cfg.assumed_max_tokens))?;
+    let t = tenancy.tenant(tenant);
+    Ok(TenantView {
+        tenant: t.name.clone(),
+        matched_by,
+        weight: t.weight,
+        priority,
+        asked,
+        max_priority: t.max_priority,
+        cost_tokens,
+    })
+}
 
 /// Whose a request is, and at which priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,27 +201,36 @@ impl Tenancy {
 
     /// The tenant of a request with `headers` from `client`.
     pub fn identify(&self, headers: &impl Headers, client: impl FnOnce() -> Option<IpAddr>) -> TenantId {
+        self.identify_by(headers, client).0
+    }
+
+    /// The tenant of a request with `headers` from `client`, and how it was found.
+    pub fn identify_by(
+        &self,
+        headers: &impl Headers,
+        client: impl FnOnce() -> Option<IpAddr>,
+    ) -> (TenantId, MatchedBy) {
         if let Some(key) = api_key(headers) {
             let digest = ring::digest::digest(&ring::digest::SHA256, key);
             if let Some(id) = <[u8; 32]>::try_from(digest.as_ref()).ok().and_then(|d| self.by_key.get(&d)) {
-                return *id;
+                return (*id, MatchedBy::ApiKey);
             }
         }
         if let Some(name) = &self.cfg.tenant_header {
             let value = headers.first(name.as_str()).and_then(visible_ascii).map(str::trim);
             if let Some(id) = value.and_then(|v| self.by_header.get(v)) {
-                return *id;
+                return (*id, MatchedBy::Header);
             }
         }
         if self.by_addr {
             if let Some(ip) = client() {
                 let ip = ip.to_canonical();
                 if let Some(id) = self.cfg.tenants.iter().position(|t| t.cidrs.iter().any(|c| c.contains(&ip))) {
-                    return id;
+                    return (id, MatchedBy::Address);
                 }
             }
         }
-        self.default_tenant()
+        (self.default_tenant(), MatchedBy::Default)
     }
 
     /// The priority of a request of `tenant` (see the module's rules), and what it asked.

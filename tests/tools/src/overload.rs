@@ -50,6 +50,9 @@ const SLOTS: usize = (2 * FREE_MB / NEED_MB) as usize;
 /// Requests waiting in the scheduler at most: about six seconds of the fleet's rate, so the
 /// batch tenant's excess is shed (evicted, 429) rather than left to wait out `max_wait`.
 const MAX_QUEUED: u32 = 64;
+/// Of one tenant: half, so that two backlogged tenants both keep requests waiting (with the
+/// whole queue open to each, the one served less fills it and the other's arrivals find it full).
+const PER_TENANT: u32 = MAX_QUEUED / 2;
 /// Tokens generated per streamed request.
 const MAX_TOKENS: u32 = 32;
 
@@ -119,7 +122,7 @@ fn gateway_toml(listen: &str, tenants: bool) -> anyhow::Result<String> {
     if tenants {
         write!(
             t,
-            "[gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {MAX_QUEUED}\nmax_wait = \"10s\"\n\
+            "[gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {PER_TENANT}\nmax_wait = \"10s\"\n\
              [[gateway.tenants]]\nname = \"alpha\"\napi_key_sha256 = [\"{}\"]\nweight = 3\n\
              [[gateway.tenants]]\nname = \"beta\"\napi_key_sha256 = [\"{}\"]\nweight = 1\n\
              [[gateway.tenants]]\nname = \"batch\"\napi_key_sha256 = [\"{}\"]\nmax_priority = 0\n",

@@ -136,3 +136,28 @@ fn a_tenant_at_its_concurrency_share_gets_429_until_one_finishes() {
     drop(held);
     t.enter(1, 4).expect("room again");
 }
+
+#[test]
+fn explain_shows_the_tenant_how_it_was_found_its_priority_and_cost() {
+    let t = tenancy();
+    let body = br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"12345678"}]}"#;
+    let h = headers(&[("authorization", "Bearer key-a"), ("x-ailb-priority", "9")]);
+    let v = explain(t.config(), "/v1/chat/completions", &h, body, None).unwrap();
+    assert_eq!(
+        v,
+        TenantView {
+            tenant: "a".into(),
+            matched_by: MatchedBy::ApiKey,
+            weight: 1,
+            priority: 2,
+            asked: Some(2),
+            max_priority: 2,
+            cost_tokens: 102,
+        }
+    );
+    let v = explain(t.config(), "/v1/chat/completions", &headers(&[]), body, Some("10.1.0.1".parse().unwrap()));
+    assert_eq!(v.map(|v| (v.tenant, v.matched_by)), Ok(("b".into(), MatchedBy::Address)));
+    let v = explain(t.config(), "/v1/embeddings", &headers(&[]), br#"{"model":"m","input":"1234"}"#, None).unwrap();
+    assert_eq!((v.matched_by, v.cost_tokens), (MatchedBy::Default, 1), "an embedding generates nothing");
+    assert_eq!(explain(t.config(), "/nope", &headers(&[]), b"{}", None).unwrap_err().status.as_u16(), 404);
+}
