@@ -108,7 +108,7 @@ pub fn routing_inputs(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(Inputs, SocketAddrV4), ApiError> {
-    let Some(endpoint) = Endpoint::from_path(path) else {
+    let Some(endpoint) = Endpoint::from_path(path).or_else(|| Endpoint::pass_through(path)) else {
         return Err(ApiError::not_found(format!("POST {path}: no such route")));
     };
     let models = catalog(config, cfg);
@@ -340,9 +340,17 @@ impl Pipeline {
         body: &'b [u8],
         log: &mut RequestLog,
     ) -> Result<(Inputs, Fields<'b>), ApiError> {
-        let found = find_inputs(&self.models, &self.cfg, endpoint, head, body).inspect_err(|e| {
-            if let InputsError::UnknownModel { model } = e {
-                log.model(model);
+        let found = find_inputs(&self.models, &self.cfg, endpoint, head, body).map_err(|e| match e {
+            // Only a body that names its model makes a path of the server's a route here.
+            InputsError::NoModel if endpoint == Endpoint::PassThrough => ApiError::not_found(format!(
+                "POST {}: no such route (a path passed through to the model's servers needs the body's `model`)",
+                head.path()
+            )),
+            e => {
+                if let InputsError::UnknownModel { model } = &e {
+                    log.model(model);
+                }
+                e.into()
             }
         })?;
         Ok(found)

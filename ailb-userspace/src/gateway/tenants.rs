@@ -68,8 +68,9 @@ pub fn explain(
     body: &[u8],
     client: Option<IpAddr>,
 ) -> Result<TenantView, ApiError> {
-    let endpoint =
-        Endpoint::from_path(path).ok_or_else(|| ApiError::not_found(format!("POST {path}: no such route")))?;
+    let endpoint = Endpoint::from_path(path)
+        .or_else(|| Endpoint::pass_through(path))
+        .ok_or_else(|| ApiError::not_found(format!("POST {path}: no such route")))?;
     let tenancy = Tenancy::new(cfg.clone());
     let fields = parse_body(body)?;
     let (tenant, matched_by) = tenancy.identify_by(headers, || client);

@@ -16,6 +16,7 @@
 //!   takes the newest one's place (that one gets 429 `shed_for_priority` with `Retry-After`),
 //!   and one more batch request is refused at once (429 `scheduler_queue_full`).
 //! - The access log names each request's tenant and priority, and the metrics count them.
+//! - A route passed through (`/tokenize`) reaches a backend of the model.
 
 #[expect(dead_code, reason = "the fleet-memory admission's own counters: its queue is the scheduler's here")]
 mod gateway_async;
@@ -208,6 +209,11 @@ fn tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_
     let e = json_body(&anthropic);
     assert!(anthropic.starts_with("HTTP/1.1 429"), "{anthropic}");
     assert_eq!((&e["type"], &e["error"]["type"]), (&"error".into(), &"rate_limit_error".into()), "{e}");
+
+    // A route the front door passes through (vLLM's /tokenize) reaches a backend of the model,
+    // whatever the simulated server answers for it.
+    let tokenize = curl("key-alpha", "/tokenize", &format!(r#"{{"model":"{MODEL}","prompt":"hi"}}"#));
+    assert!(tokenize.to_ascii_lowercase().contains("x-ailb-backend: 127.0.43.1"), "passed through: {tokenize}");
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
