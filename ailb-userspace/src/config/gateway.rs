@@ -29,6 +29,9 @@
 //! "demo-7b" = 16
 //! ```
 //!
+//! Tenants, priorities and the scheduler: `[gateway.scheduler]` and `[[gateway.tenants]]`
+//! ([`tenants`]); the admission's table: `[gateway.admission]` (`admission.rs`).
+//!
 //! `kv_bytes_per_token` and `kv_block_tokens` live here rather than in `[[models]]`: they are
 //! only the front door's estimate of a request's memory, the kernel and `ailb run` never use
 //! them.

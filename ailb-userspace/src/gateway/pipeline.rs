@@ -192,6 +192,12 @@ impl Pipeline {
                 .clone()
                 .map(|a| Scheduler::new(a, tenancy.clone(), metrics.clone(), models.keys().map(String::as_str)));
             let retry_after = sched.as_ref().map_or(1, |s| s.retry_after());
+            tracing::info!(
+                tenants = tenancy.config().tenants.len(),
+                levels = tenancy.config().levels,
+                scheduler = sched.is_some(),
+                "gateway: tenants on (the scheduler queues only with an admission on)"
+            );
             Tenants { tenancy, metrics, sched, retry_after }
         });
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
