@@ -15,8 +15,8 @@
 //!   a request finding too few tokens gets 429 with the `Retry-After` after which the bucket
 //!   holds its cost. A request costing more than the whole bucket is let through when the
 //!   bucket is full (and leaves it in debt), so it is slowed, never refused forever.
-//! - **Concurrency**: a tenant's requests in flight at most `concurrency_share` x
-//!   `gateway.max_concurrent`; one more gets 429 at once.
+//! - **Concurrency**: a tenant's requests in flight (those waiting in the scheduler included)
+//!   at most `concurrency_share` x `gateway.max_concurrent`; one more gets 429 at once.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
