@@ -32,11 +32,17 @@
 //!    with ailb both ways in and the two cache-aware peers (one seed is one draw of where its few
 //!    long conversations land, which sets the tail and the spread); reports in
 //!    `docs/results/peers-*/`.
-//! 9. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
-//!    minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
-//!    for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
-//!    the parser it broke. Its table goes to `docs/results/fuzz.md`. Needs no root but for
-//!    `tc_packet` (the TC program under `BPF_PROG_TEST_RUN`), which says it skipped without.
+//! 9. The front door's tenants and scheduler (`--only overload`): `ailb-overload-bench` from the
+//!    `ailb-tools` package: three tenants offered about 5x what two simulated servers serve (a
+//!    batch tenant 80 % of it at the lowest priority): the interactive tenants' TTFT P95 against
+//!    the same load alone, shares against weights while backlogged, refusals of a higher band
+//!    while a lower one waited, and the front door's added p50 with and without tenants when
+//!    nothing waits. Its report is written to `target/bench/overload.md`.
+//! 10. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
+//!     minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
+//!     for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
+//!     the parser it broke. Its table goes to `docs/results/fuzz.md`. Needs no root but for
+//!     `tc_packet` (the TC program under `BPF_PROG_TEST_RUN`), which says it skipped without.
 
 use anyhow::{bail, Context, Result};
 
@@ -64,6 +70,8 @@ pub(crate) enum Part {
     Scale,
     /// `ailb-tc-bench`: remote new connections through the TC VIP vs direct vs HAProxy; TC ns per packet.
     Tc,
+    /// `ailb-overload-bench`: the front door's tenants and scheduler under 5x overload.
+    Overload,
 }
 
 /// One run of `--only peers`: a workload at a load.
@@ -167,6 +175,10 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -
         scale()?;
         say!("scale report: {}", util::target_dir().join("bench/scale.md").display());
     }
+    if runs(Part::Overload) {
+        overload()?;
+        say!("overload report: {}", util::target_dir().join("bench/overload.md").display());
+    }
     if runs(Part::Tc) {
         tc()?;
         say!("TC datapath report: {}", util::target_dir().join("bench/tc.md").display());
@@ -260,6 +272,13 @@ fn scale() -> Result<()> {
 fn agent() -> Result<()> {
     let what = "GPU node agent: ailb-agent-bench (NVML change -> Nacos; about 4 minutes)";
     release_bench(what, &["ailb-tools"], &["ailb-agent-bench"], &[])
+}
+
+/// The front door's tenants and scheduler under overload: `ailb-overload-bench` (it finds
+/// `ailb-sim` next to itself).
+fn overload() -> Result<()> {
+    let what = "front door with tenants: ailb-overload-bench (5x the fleet's capacity; about 2 minutes)";
+    release_bench(what, &["ailb-tools", "ailb-sim"], &["ailb-overload-bench", "ailb-sim"], &[])
 }
 
 /// The front door: `ailb-frontdoor-bench` (it finds `ailb-sim` next to itself: one build puts

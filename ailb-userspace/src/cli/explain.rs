@@ -2,7 +2,10 @@
 //! weight (from the daemon's `/v1/plan`), and which backend a conversation gets now (the
 //! kernel's pick, run over the pinned maps). `ailb explain --request FILE [-H ...]`: first the
 //! routing inputs the front door finds in that request (the same code as `ailb gateway`),
-//! then the same for its model, conversation and memory need.
+//! then the same for its model, conversation and memory need; with tenants configured, the
+//! request's tenant (by its API key, a trusted header or `--client-ip`), priority and token
+//! cost. Whether it would wait, and why, is the running gateway's state, which this command
+//! does not read: the gateway's access log (`queued_ms`) and its error bodies say it.
 
 use std::{
     net::{SocketAddr, SocketAddrV4},
@@ -16,6 +19,7 @@ use crate::{
     datapath::explain::{explain_conversation, ConversationExplain},
     gateway::control::plan::{PlanClient, PlanError},
     gateway::inputs::{Inputs, KeySource, MemorySource},
+    gateway::tenants::{MatchedBy, TenantView},
     policy::{ModelPlan, PlanView},
 };
 
@@ -35,6 +39,9 @@ pub struct RequestInputs {
     pub vip: SocketAddrV4,
     /// The conversation key's hash, as `ailb hash` prints it.
     pub conversation_hash: Option<String>,
+    /// Its tenant and priority (tenants configured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<TenantView>,
 }
 
 /// The routing inputs of a request with body `body` (a file, or `-` for standard input),
@@ -44,6 +51,7 @@ pub fn request_inputs(
     body: &Path,
     path: &str,
     headers: &[String],
+    client_ip: Option<std::net::IpAddr>,
 ) -> anyhow::Result<RequestInputs> {
     let (valid, gateway) = crate::gateway::load(config)?;
     let bytes = if body == Path::new("-") {
@@ -64,16 +72,23 @@ pub fn request_inputs(
             .with_context(|| format!("--header {h:?}: invalid header value"))?;
         map.append(name, value);
     }
-    let (inputs, vip) = crate::gateway::routing_inputs(&valid, &gateway, path, &map, &bytes).map_err(|e| {
+    let would_answer = |e: crate::gateway::http::ApiError| {
         anyhow::anyhow!(
             "the front door would answer {} ({}): {}",
             e.status.as_u16(),
             e.code.unwrap_or(e.kind),
             e.message
         )
-    })?;
+    };
+    let (inputs, vip) = crate::gateway::routing_inputs(&valid, &gateway, path, &map, &bytes).map_err(would_answer)?;
+    let tenant = gateway
+        .tenancy
+        .as_ref()
+        .map(|t| crate::gateway::tenants::explain(t, path, &map, &bytes, client_ip))
+        .transpose()
+        .map_err(would_answer)?;
     let conversation_hash = inputs.conversation.as_ref().map(|c| format!("{:#018x}", c.hash()));
-    Ok(RequestInputs { path: path.to_string(), inputs, vip, conversation_hash })
+    Ok(RequestInputs { path: path.to_string(), inputs, vip, conversation_hash, tenant })
 }
 
 fn print_request(r: &RequestInputs) {
@@ -106,6 +121,25 @@ fn print_request(r: &RequestInputs) {
             println!("  conversation {:?} (hash {h}, from {from})", c.key);
         }
         _ => println!("  conversation none: a fresh weighted pick for every request"),
+    }
+    if let Some(t) = &r.tenant {
+        let by = match t.matched_by {
+            MatchedBy::ApiKey => "its API key's SHA-256",
+            MatchedBy::Header => "gateway.scheduler.tenant_header",
+            MatchedBy::Address => "the client address (--client-ip)",
+            MatchedBy::Default => "no tenant matched",
+        };
+        let asked = t.asked.map_or("none".to_string(), |a| a.to_string());
+        println!("  tenant       {} (by {by}), weight {}", t.tenant, t.weight);
+        println!(
+            "  priority     {} (asked {asked}, the tenant's ceiling {}); costs {} tokens of its rate",
+            t.priority, t.max_priority, t.cost_tokens
+        );
+        println!(
+            "               when the model is saturated it waits in band {} (whether it would wait now is the \
+             running gateway's state: its access log's queued_ms and its metrics)",
+            t.priority
+        );
     }
     if let Some(id) = &i.previous_response_id {
         println!(

@@ -63,6 +63,9 @@ enum Command {
         /// A request header ("Name: value"; repeatable), with `--request`.
         #[arg(short = 'H', long = "header", requires = "request")]
         headers: Vec<String>,
+        /// The client's address, with `--request`: for a tenant matched by `cidrs`.
+        #[arg(long, requires = "request")]
+        client_ip: Option<std::net::IpAddr>,
         #[arg(long)]
         conversation: Option<String>,
         /// Memory hint (MB) for the conversation's pick, as AILB_REQUIRED_MEMORY_MB would give.
@@ -109,22 +112,35 @@ pub fn main() -> ExitCode {
             })
             .map_err(anyhow::Error::from),
         Command::Status { bpffs, json } => status::status(&bpffs, json),
-        Command::Explain { model, request, path, headers, conversation, memory_mb, config, listen, bpffs, json } => {
-            (|| {
-                let cfg = config.as_deref().map(|p| config::load_valid(Some(p))).transpose()?;
-                let listen = listen.or(cfg.as_ref().and_then(|c| c.listen));
-                let bpffs =
-                    bpffs.or(cfg.as_ref().map(|c| c.bpffs.clone())).unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS));
-                let what = match (request, model) {
-                    (Some(body), _) => {
-                        explain::What::Request(explain::request_inputs(config.as_deref(), &body, &path, &headers)?)
-                    }
-                    (None, Some(model)) => explain::What::Model { model, conversation, memory_mb },
-                    (None, None) => anyhow::bail!("--model or --request is needed"),
-                };
-                explain::explain(listen, &bpffs, what, json)
-            })()
-        }
+        Command::Explain {
+            model,
+            request,
+            path,
+            headers,
+            client_ip,
+            conversation,
+            memory_mb,
+            config,
+            listen,
+            bpffs,
+            json,
+        } => (|| {
+            let cfg = config.as_deref().map(|p| config::load_valid(Some(p))).transpose()?;
+            let listen = listen.or(cfg.as_ref().and_then(|c| c.listen));
+            let bpffs = bpffs.or(cfg.as_ref().map(|c| c.bpffs.clone())).unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS));
+            let what = match (request, model) {
+                (Some(body), _) => explain::What::Request(explain::request_inputs(
+                    config.as_deref(),
+                    &body,
+                    &path,
+                    &headers,
+                    client_ip,
+                )?),
+                (None, Some(model)) => explain::What::Model { model, conversation, memory_mb },
+                (None, None) => anyhow::bail!("--model or --request is needed"),
+            };
+            explain::explain(listen, &bpffs, what, json)
+        })(),
         Command::Hash { conversation } => {
             println!("{:#018x}", ailb_common::hash::conversation_hash(conversation.as_bytes()));
             Ok(())

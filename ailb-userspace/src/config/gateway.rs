@@ -29,6 +29,9 @@
 //! "demo-7b" = 16
 //! ```
 //!
+//! Tenants, priorities and the scheduler: `[gateway.scheduler]` and `[[gateway.tenants]]`
+//! ([`tenants`]); the admission's table: `[gateway.admission]` (`admission.rs`).
+//!
 //! `kv_bytes_per_token` and `kv_block_tokens` live here rather than in `[[models]]`: they are
 //! only the front door's estimate of a request's memory, the kernel and `ailb run` never use
 //! them.
@@ -43,7 +46,9 @@ use serde::Deserialize;
 use crate::validate::{parse_duration, ConfigError};
 
 mod admission;
+pub mod tenants;
 pub use admission::{AdmissionSetting, AdmissionTable, FleetMemoryLimits, ValidAdmission, MAX_FACTOR, MAX_QUEUED};
+pub use tenants::{SchedulerTable, TenantTable, ValidTenancy, ValidTenant};
 
 /// Tokens per KV block of a model not in `kv_block_tokens`: vLLM's default `--block-size`.
 pub const DEFAULT_KV_BLOCK_TOKENS: u64 = 16;
@@ -153,6 +158,14 @@ pub struct GatewayConfig {
     /// 404).
     #[serde(default)]
     pub responses_ttl: Option<String>,
+    /// The scheduler's settings (`[gateway.scheduler]`, see [`tenants`]): priority levels,
+    /// the bounds of its queues. Default: off, unless `tenants` are configured.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerTable>,
+    /// The tenants (`[[gateway.tenants]]`, see [`tenants`]): how each is recognised, its
+    /// weight, priority ceiling, token rate and concurrency share. Default: none.
+    #[serde(default)]
+    pub tenants: Vec<TenantTable>,
 }
 
 fn default_responses_max_entries() -> u32 {
@@ -234,6 +247,8 @@ impl Default for GatewayConfig {
             http1_fast_path: true,
             responses_max_entries: default_responses_max_entries(),
             responses_ttl: None,
+            scheduler: None,
+            tenants: Vec::new(),
         }
     }
 }
@@ -266,6 +281,8 @@ pub struct ValidGateway {
     pub responses_max_entries: u32,
     /// How long a response id is remembered (`None`: until pushed out by newer ones).
     pub responses_ttl: Option<Duration>,
+    /// Tenants, priorities and the scheduler (`None`: every request is equal).
+    pub tenancy: Option<ValidTenancy>,
 }
 
 /// A duration that must be above zero.
@@ -310,6 +327,7 @@ impl GatewayConfig {
             http1_fast_path: self.http1_fast_path,
             responses_max_entries: self.responses_max_entries,
             responses_ttl: self.responses_ttl.as_deref().map(|t| positive("gateway.responses_ttl", t)).transpose()?,
+            tenancy: tenants::validate(self.scheduler.as_ref(), &self.tenants, self.max_concurrent)?,
         })
     }
 

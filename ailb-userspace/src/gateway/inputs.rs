@@ -2,6 +2,9 @@
 //! and JSON body. Pure: no I/O, so every rule is unit-tested here.
 //!
 //! - **model**: the `X-Model-Id` header, else the body's `model`.
+//! - A pass-through route ([`Endpoint::pass_through`]: vLLM's `/tokenize`, `/v1/score`, ...)
+//!   is read as a completion: its `prompt` (when it has one) makes its memory estimate and its
+//!   derived conversation.
 //! - **memory** (MB; ailb's MB are MiB, as NVML reports them): `X-Required-Memory` in GB
 //!   (decimal allowed, 1 GB = 1024 MB), else `X-Required-Memory-MB`, else the model's
 //!   `required_memory_mb`, else the estimate of the KV cache the server reserves:
@@ -45,6 +48,10 @@ pub enum Endpoint {
     /// Anthropic's token count of a Messages request (`/v1/messages/count_tokens`): its
     /// fields without `max_tokens`, nothing generated.
     CountTokens,
+    /// A route of the model server the front door passes through, routed like a completion
+    /// ([`Endpoint::pass_through`]): vLLM's `/tokenize`, `/detokenize`, `/v1/score`,
+    /// `/v1/rerank`, and any other `POST /v1/...` whose body names a `model`.
+    PassThrough,
 }
 
 impl Endpoint {
@@ -59,6 +66,18 @@ impl Endpoint {
             "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             _ => None,
         }
+    }
+
+    /// The route of a `POST` to `path` that none of the APIs above takes: a pass-through for
+    /// vLLM's own routes (`/tokenize`, `/detokenize`, `/score`, `/rerank`, `/v1/score`,
+    /// `/v1/rerank`, `/v2/rerank`) and any other `/v1/...` path, sent upstream as it came,
+    /// routed by its body's `model` (a body without one is a 404: no such route). Not under `/v1/responses/`,
+    /// `/v1/messages/` or `/v1/models`, whose paths the front door answers itself.
+    pub fn pass_through(path: &str) -> Option<Self> {
+        const OWN: [&str; 3] = ["/v1/responses/", "/v1/messages/", "/v1/models"];
+        let vllm = matches!(path, "/tokenize" | "/detokenize" | "/score" | "/rerank" | "/v2/rerank");
+        let v1 = path.starts_with("/v1/") && path.len() > 4 && !OWN.iter().any(|p| path.starts_with(p));
+        (vllm || v1).then_some(Endpoint::PassThrough)
     }
 
     /// The shape its clients read errors in: Anthropic's on its Messages API, else OpenAI's.
@@ -293,6 +312,20 @@ pub fn kv_estimate_mb(tokens: u64, per_token: u64, block_tokens: u64) -> u32 {
     u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
 }
 
+/// The tokens a request may take, for a tenant's token rate: the prompt's estimate (as for
+/// memory, a token per 4 bytes of prompt text) plus its `max_tokens`, or `assumed_max_tokens`
+/// when it sets none (an embedding, a token count or a pass-through route such as `/tokenize`
+/// or `/v1/score` generates nothing unless it says so).
+pub fn token_estimate(endpoint: Endpoint, body: &Fields<'_>, assumed_max_tokens: u64) -> Result<u64, InputsError> {
+    let prompt_tokens = (prompt_text_bytes(endpoint, body) as u64).div_ceil(4);
+    let out = match max_tokens(endpoint, body)? {
+        0 if matches!(endpoint, Endpoint::Embeddings | Endpoint::CountTokens | Endpoint::PassThrough) => 0,
+        0 => assumed_max_tokens,
+        n => n,
+    };
+    Ok(prompt_tokens.saturating_add(out))
+}
+
 fn max_tokens(endpoint: Endpoint, body: &Fields<'_>) -> Result<u64, InputsError> {
     let fields = match endpoint {
         Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => {
@@ -322,7 +355,7 @@ fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize {
             Some(Messages::List(msgs)) => msgs.iter().map(|m| m.content.text_len()).sum(),
             _ => 0,
         },
-        Endpoint::Completions => strings_len(body.prompt.as_ref()),
+        Endpoint::Completions | Endpoint::PassThrough => strings_len(body.prompt.as_ref()),
         Endpoint::Embeddings => strings_len(body.input.as_ref()),
         Endpoint::Responses | Endpoint::Messages | Endpoint::CountTokens => agents::prompt_text_bytes(endpoint, body),
     }
@@ -403,7 +436,7 @@ fn derive(endpoint: Endpoint, body: &Fields<'_>, rules: Rules<'_>, model: &str) 
             material.push(0);
             user.content.write_text(&mut material);
         }
-        Endpoint::Completions => {
+        Endpoint::Completions | Endpoint::PassThrough => {
             let prompt = match body.prompt.as_ref()? {
                 Value::String(s) => s.clone(),
                 Value::Array(items) => match items.first()? {

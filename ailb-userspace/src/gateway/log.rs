@@ -1,5 +1,6 @@
 //! One request's metrics and access-log line (`tracing`, target `ailb::gateway::access`):
-//! model, status, backend, conversation hash, time to first byte and duration.
+//! model, status, backend, conversation hash, time to first byte and duration; with tenants
+//! configured, the tenant, the priority and the time waited in the scheduler's queue.
 
 use std::net::SocketAddrV4;
 use std::sync::Arc;
@@ -27,6 +28,10 @@ pub struct RequestLog {
     conversation: Option<u64>,
     ttfb: Option<Duration>,
     in_flight: bool,
+    /// The tenant and priority (tenants configured).
+    tenant: Option<(Arc<str>, u8)>,
+    /// Time waited in the scheduler's queue.
+    queued: Option<Duration>,
 }
 
 impl RequestLog {
@@ -43,6 +48,8 @@ impl RequestLog {
             conversation: None,
             ttfb: None,
             in_flight: false,
+            tenant: None,
+            queued: None,
         }
     }
 
@@ -62,6 +69,16 @@ impl RequestLog {
     /// The request names `model`, which the catalog does not have.
     pub fn model(&mut self, model: &str) {
         self.model = model.to_string();
+    }
+
+    /// The request's tenant and priority.
+    pub fn tenant(&mut self, tenant: Arc<str>, priority: u8) {
+        self.tenant = Some((tenant, priority));
+    }
+
+    /// The request waited `d` in the scheduler's queue before it was admitted.
+    pub fn waited(&mut self, d: Duration) {
+        self.queued = Some(d);
     }
 
     pub fn upstream(&mut self, backend: SocketAddrV4, status: u16) {
@@ -117,6 +134,9 @@ impl RequestLog {
             ttfb_ms = self.ttfb.map(ms),
             duration_ms = ms(duration),
             outcome,
+            tenant = self.tenant.as_ref().map(|t| &*t.0),
+            priority = self.tenant.as_ref().map(|t| t.1),
+            queued_ms = self.queued.map(ms),
         );
     }
 }

@@ -203,3 +203,122 @@ impl ModelSeries {
         }
     }
 }
+
+/// A tenant's request at a priority (`[[gateway.tenants]]`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+    pub priority: u8,
+}
+
+/// What became of a tenant's request at a priority.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantOutcomeLabel {
+    pub tenant: String,
+    pub priority: u8,
+    pub outcome: &'static str,
+}
+
+/// The outcomes of [`TenantOutcomeLabel`], in the order of [`TenantSeries::outcomes`].
+pub const TENANT_OUTCOMES: [&str; 7] =
+    ["admitted", "queued", "shed_queue_full", "shed_evicted", "shed_wait", "rate_limited", "concurrency_limited"];
+
+/// Indices into [`TENANT_OUTCOMES`].
+pub mod outcome {
+    /// Admitted at once (nothing waited, or the model had room).
+    pub const ADMITTED: usize = 0;
+    /// Waited in the scheduler's queue, then admitted.
+    pub const QUEUED: usize = 1;
+    /// Refused at once: the queue (or its tenant's share of it) was full of requests of its
+    /// band or higher.
+    pub const SHED_QUEUE_FULL: usize = 2;
+    /// Waited, then evicted by a request of a higher band.
+    pub const SHED_EVICTED: usize = 3;
+    /// Waited `gateway.scheduler.max_wait` without room.
+    pub const SHED_WAIT: usize = 4;
+    /// Over its tenant's token rate.
+    pub const RATE_LIMITED: usize = 5;
+    /// Over its tenant's concurrency share.
+    pub const CONCURRENCY_LIMITED: usize = 6;
+}
+
+/// One tenant's series at one priority, resolved at start-up (no label lookup per request).
+#[derive(Debug)]
+pub struct TenantSeries {
+    pub outcomes: [Counter; TENANT_OUTCOMES.len()],
+    pub waiting: Gauge,
+    pub wait_seconds: Histogram,
+    pub tokens: Counter,
+}
+
+/// The per-tenant, per-priority metrics.
+#[derive(Debug)]
+pub struct TenantMetrics {
+    /// `[tenant][priority]`.
+    series: Vec<Vec<TenantSeries>>,
+    /// Requests refused for room (queue full, or the wait) while one of a lower band waited.
+    pub inversions: Counter,
+}
+
+impl TenantMetrics {
+    /// The series of `tenants` (names, in id order) at `levels` priorities, on `registry`.
+    pub fn new(tenants: &[&str], levels: u8, registry: &mut Registry) -> Self {
+        let requests = Family::<TenantOutcomeLabel, Counter>::default();
+        let waiting = Family::<TenantLabel, Gauge>::default();
+        let wait = Family::<TenantLabel, Histogram, Buckets>::new_with_constructor(Buckets);
+        let tokens = Family::<TenantLabel, Counter>::default();
+        let inversions = Counter::default();
+        let series = tenants
+            .iter()
+            .map(|&name| {
+                (0..levels)
+                    .map(|priority| {
+                        let label = TenantLabel { tenant: name.to_string(), priority };
+                        TenantSeries {
+                            outcomes: TENANT_OUTCOMES.map(|outcome| {
+                                let l = TenantOutcomeLabel { tenant: name.to_string(), priority, outcome };
+                                requests.get_or_create(&l).clone()
+                            }),
+                            waiting: waiting.get_or_create(&label).clone(),
+                            wait_seconds: wait.get_or_create(&label).clone(),
+                            tokens: tokens.get_or_create(&label).clone(),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        registry.register(
+            "ailb_gateway_tenant_requests",
+            "Requests per tenant and priority by outcome: admitted (at once), queued (waited, then admitted), \
+             shed_queue_full (429), shed_evicted (429: a higher band took its place), shed_wait (503 after \
+             gateway.scheduler.max_wait), rate_limited (429: the tenant's token rate), concurrency_limited (429)",
+            requests,
+        );
+        registry.register(
+            "ailb_gateway_tenant_waiting",
+            "Requests waiting in the scheduler's queues now, per tenant and priority",
+            waiting,
+        );
+        registry.register(
+            "ailb_gateway_tenant_wait_seconds",
+            "Time in the scheduler's queue of the requests that waited, per tenant and priority",
+            wait,
+        );
+        registry.register(
+            "ailb_gateway_tenant_tokens",
+            "Tokens admitted (prompt estimate + max_tokens), per tenant and priority",
+            tokens,
+        );
+        registry.register(
+            "ailb_gateway_scheduler_inversions",
+            "Requests refused for room (queue full, or the wait) while a request of a lower priority waited \
+             (the scheduler keeps it at 0; a wait can run out at any band while the fleet stays full)",
+            inversions.clone(),
+        );
+        Self { series, inversions }
+    }
+
+    pub fn of(&self, tenant: usize, priority: u8) -> &TenantSeries {
+        &self.series[tenant][usize::from(priority)]
+    }
+}

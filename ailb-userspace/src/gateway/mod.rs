@@ -30,7 +30,8 @@
 //! - [`inputs`] (with `request_fields.rs`, the request body's first parse): a request's
 //!   routing inputs, pure; [`response_ids`]: which backend stored each Responses API
 //!   response, and the id found in an answer, pure;
-//!   [`metrics`] and `log.rs` (the access log);
+//!   [`metrics`] and `log.rs` (the access log); [`tenants`]: a request's tenant and priority,
+//!   its tenant's token rate and concurrency share, pure;
 //! - the three sides, none of which imports another: [`client`] (client connections: hyper's
 //!   server and the HTTP/1 fast path), [`upstream`] (tagged connects, kept connections, the
 //!   front door's own HTTP/1 client and hyper's, the relayed answer) and [`control`] (the
@@ -56,6 +57,7 @@ pub mod response_ids;
 pub mod responses;
 mod run;
 pub mod service;
+pub mod tenants;
 pub mod upstream;
 
 pub use pipeline::routing_inputs;

@@ -6,12 +6,17 @@
 //! 3. **inputs**: the routing inputs, model, memory and conversation ([`Pipeline::inputs`],
 //!    the rules of [`super::inputs`]); a Responses API request with `previous_response_id`
 //!    is pinned to the backend that stored that response (`super::responses`);
-//! 4. **admission**: the model's admission, when one is on ([`Pipeline::admit`]);
-//! 5. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
-//! 6. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
+//! 4. **tenant**: with tenants configured, the request's tenant and priority, its tenant's
+//!    concurrency share and token rate, 429 past either ([`Pipeline::tenant`], the rules of
+//!    [`super::tenants`]);
+//! 5. **admission**: the model's admission, when one is on ([`Pipeline::admit`]); with tenants
+//!    configured, through the scheduler ([`super::control::sched`]), where a request of a
+//!    saturated model waits in its tenant's queue in its priority's band;
+//! 6. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
+//! 7. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
 //!    tagged one (a pinned request: on a fresh connection to its backend), and the response
 //!    head read ([`Pipeline::exchange`]);
-//! 7. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
+//! 8. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
 //!    out, `x-ailb-backend` and `x-ailb-conversation` in, the client's HTTP version), and its
 //!    body relayed, or ended at once when it came whole ([`Pipeline::answer`]); a Responses
 //!    API answer's id is learned on the way.
@@ -34,7 +39,7 @@ use hyper::{Response, StatusCode, Version};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::client::{RequestBody, Settings};
-use super::control::fleet_memory::Ticket;
+use super::control::sched::{Grant, Scheduler, Waited};
 use super::control::Control;
 use super::http::{
     full, is_event_stream, Answer, ApiError, Body, ClientIp, Deadline, HeadLines, Headers, ReqHead, BACKEND_HEADER,
@@ -42,9 +47,11 @@ use super::http::{
 };
 use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, KeySource, ModelFacts, Rules};
 use super::log::RequestLog;
-use super::metrics::{FollowUpLabel, GatewayMetrics, ModelSeries};
+use super::metrics::{outcome, FollowUpLabel, GatewayMetrics, ModelSeries, TenantMetrics};
+use super::request_fields::Fields;
 use super::response_ids::Stored;
 use super::responses::{self, Learn, Learner, Param, Responses};
+use super::tenants::{Tenancy, TenantSlot, Who};
 use super::upstream::body::UpBody;
 use super::upstream::conn::{Conn, Sent};
 use super::upstream::pool::{Pool, PoolKey};
@@ -101,27 +108,29 @@ pub fn routing_inputs(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(Inputs, SocketAddrV4), ApiError> {
-    let Some(endpoint) = Endpoint::from_path(path) else {
+    let Some(endpoint) = Endpoint::from_path(path).or_else(|| Endpoint::pass_through(path)) else {
         return Err(ApiError::not_found(format!("POST {path}: no such route")));
     };
     let models = catalog(config, cfg);
-    let inputs = find_inputs(&models, cfg, endpoint, headers, body)?;
+    let (inputs, _) = find_inputs(&models, cfg, endpoint, headers, body)?;
     let vip = models[&inputs.model].vip;
     Ok((inputs, vip))
 }
 
-/// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules.
-fn find_inputs(
+/// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules,
+/// and the body's fields they were read from.
+fn find_inputs<'b>(
     models: &BTreeMap<String, CatalogModel>,
     cfg: &ValidGateway,
     endpoint: Endpoint,
     headers: &impl Headers,
-    body: &[u8],
-) -> Result<Inputs, InputsError> {
+    body: &'b [u8],
+) -> Result<(Inputs, Fields<'b>), InputsError> {
     let json = inputs::parse_body(body)?;
     let rules =
         Rules { session_header: cfg.session_header.as_ref(), completion_prefix_bytes: cfg.completion_prefix_bytes };
-    inputs::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))
+    let inputs = inputs::extract(endpoint, headers, &json, rules, |m| models.get(m).map(|r| r.facts))?;
+    Ok((inputs, json))
 }
 
 /// A request sent and its response head read: the response (with its headers as lines when
@@ -132,7 +141,7 @@ struct Forwarded {
     lines: Option<HeadLines>,
     conn: Box<Conn>,
     reuse: Option<Reuse>,
-    ticket: Option<Ticket>,
+    grant: Grant,
     /// A Responses API answer: its id is learned with its backend.
     learner: Option<Learner>,
 }
@@ -151,6 +160,18 @@ pub struct Pipeline {
     admission: Option<Control>,
     /// The Responses API's response ids and their backends, shared by every worker.
     responses: Arc<Responses>,
+    /// The tenants, their metrics and the scheduler (with an admission on), when configured.
+    tenancy: Option<Tenants>,
+}
+
+/// What the tenant and admission phases use when tenants are configured.
+#[derive(Clone)]
+struct Tenants {
+    tenancy: Arc<Tenancy>,
+    metrics: Arc<TenantMetrics>,
+    sched: Option<Arc<Scheduler>>,
+    /// `Retry-After` of a request over its tenant's concurrency.
+    retry_after: u32,
 }
 
 impl Pipeline {
@@ -160,13 +181,30 @@ impl Pipeline {
         cfg: ValidGateway,
         metrics: Arc<GatewayMetrics>,
         admission: Option<Control>,
+        registry: &mut prometheus_client::registry::Registry,
     ) -> Self {
         let models = catalog(config, &cfg);
+        let tenancy = cfg.tenancy.clone().map(|t| {
+            let tenancy = Tenancy::new(t);
+            let names: Vec<&str> = tenancy.config().tenants.iter().map(|t| t.name.as_str()).collect();
+            let metrics = Arc::new(TenantMetrics::new(&names, tenancy.config().levels, registry));
+            let sched = admission
+                .clone()
+                .map(|a| Scheduler::new(a, tenancy.clone(), metrics.clone(), models.keys().map(String::as_str)));
+            let retry_after = sched.as_ref().map_or(1, |s| s.retry_after());
+            tracing::info!(
+                tenants = tenancy.config().tenants.len(),
+                levels = tenancy.config().levels,
+                scheduler = sched.is_some(),
+                "gateway: tenants on (the scheduler queues only with an admission on)"
+            );
+            Tenants { tenancy, metrics, sched, retry_after }
+        });
         let permits = Arc::new(Semaphore::new(cfg.max_concurrent as usize));
         let pool = (cfg.upstream_reuse == UpstreamReuse::Conversation)
             .then(|| Pool::new(cfg.upstream_max_age, cfg.upstream_max_idle as usize, cfg.upstream_idle_mark_after));
         let responses = Responses::new(&cfg, metrics.responses_remembered.clone());
-        Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission, responses }
+        Self { client: Settings::of(&cfg), cfg, models, metrics, permits, pool, admission, responses, tenancy }
     }
 
     /// The same pipeline (catalog, limits, metrics, the `max_concurrent` slots) for worker
@@ -187,6 +225,7 @@ impl Pipeline {
             pool,
             admission: self.admission.clone(),
             responses: self.responses.clone(),
+            tenancy: self.tenancy.clone(),
         }
     }
 
@@ -235,10 +274,12 @@ impl Pipeline {
     ) -> Result<Forwarded, ApiError> {
         let client_version = head.version();
         let bytes = body.read(&head, self.client, deadline).await?;
-        let mut inputs = self.inputs(endpoint, &head, &bytes, log)?;
+        let (mut inputs, fields) = self.inputs(endpoint, &head, &bytes, log)?;
+        let tenant = self.tenant(endpoint, &head, &fields, &client, log)?;
+        drop(fields);
         let pinned = self.pinned(endpoint, &mut inputs)?;
         let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
-        let ticket = self.admit(&inputs, deadline).await?;
+        let grant = self.admit(&inputs, tenant, deadline, log).await?;
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
         let tags = tags(&inputs);
@@ -277,7 +318,7 @@ impl Pipeline {
         });
         log.upstream(conn.backend, resp.status().as_u16());
         answer_head(&mut resp, lines.as_mut(), &conn, conv_hash, client_version);
-        Ok(Forwarded { resp, lines, conn, reuse, ticket, learner })
+        Ok(Forwarded { resp, lines, conn, reuse, grant, learner })
     }
 
     /// Phase **inputs**, for a Responses API request with `previous_response_id`: the stored
@@ -297,20 +338,56 @@ impl Pipeline {
     }
 
     /// Phase **inputs**: the routing inputs of the request (a model the catalog does not have
-    /// is noted in the access log).
-    fn inputs(
+    /// is noted in the access log), and the body's fields they were read from.
+    fn inputs<'b>(
         &self,
         endpoint: Endpoint,
         head: &ReqHead,
-        body: &[u8],
+        body: &'b [u8],
         log: &mut RequestLog,
-    ) -> Result<Inputs, ApiError> {
-        let inputs = find_inputs(&self.models, &self.cfg, endpoint, head, body).inspect_err(|e| {
-            if let InputsError::UnknownModel { model } = e {
-                log.model(model);
+    ) -> Result<(Inputs, Fields<'b>), ApiError> {
+        let found = find_inputs(&self.models, &self.cfg, endpoint, head, body).map_err(|e| match e {
+            // Only a body that names its model makes a path of the server's a route here.
+            InputsError::NoModel if endpoint == Endpoint::PassThrough => ApiError::not_found(format!(
+                "POST {}: no such route (a path passed through to the model's servers needs the body's `model`)",
+                head.path()
+            )),
+            e => {
+                if let InputsError::UnknownModel { model } = &e {
+                    log.model(model);
+                }
+                e.into()
             }
         })?;
-        Ok(inputs)
+        Ok(found)
+    }
+
+    /// Phase **tenant** (tenants configured): the request's tenant and priority (in the access
+    /// log), its place among its tenant's requests in flight and its tokens from its tenant's
+    /// bucket, or 429 past either.
+    fn tenant(
+        &self,
+        endpoint: Endpoint,
+        head: &ReqHead,
+        body: &Fields<'_>,
+        client: &ClientIp,
+        log: &mut RequestLog,
+    ) -> Result<Option<(Who, TenantSlot)>, ApiError> {
+        let Some(t) = &self.tenancy else { return Ok(None) };
+        let tenancy = &t.tenancy;
+        let tenant = tenancy.identify(head, || client.addr());
+        let (priority, asked) = tenancy.priority(tenant, head, body)?;
+        let assumed = u64::from(tenancy.config().assumed_max_tokens);
+        let cost = inputs::token_estimate(endpoint, body, assumed)?;
+        log.tenant(tenancy.name(tenant), priority);
+        let series = t.metrics.of(tenant, priority);
+        let slot = tenancy.enter(tenant, t.retry_after).inspect_err(|_| {
+            series.outcomes[outcome::CONCURRENCY_LIMITED].inc();
+        })?;
+        tenancy.take_tokens(tenant, cost, std::time::Instant::now()).inspect_err(|_| {
+            series.outcomes[outcome::RATE_LIMITED].inc();
+        })?;
+        Ok(Some((Who { tenant, priority, asked, cost }, slot)))
     }
 
     /// Phase **exchange** of a request pinned to the backend that stored the response `id`:
@@ -355,7 +432,7 @@ impl Pipeline {
                 self.exchange_pinned(id, &stored, Param::ResponseId, req, deadline).await?;
             log.upstream(conn.backend, resp.status().as_u16());
             answer_head(&mut resp, lines.as_mut(), &conn, None, client_version);
-            Ok::<_, ApiError>(Forwarded { resp, lines, conn, reuse: None, ticket: None, learner: None })
+            Ok::<_, ApiError>(Forwarded { resp, lines, conn, reuse: None, grant: Grant::default(), learner: None })
         };
         match forwarded.await {
             Ok(f) => self.answer(f, Endpoint::Responses, permit, log, deadline),
@@ -363,12 +440,38 @@ impl Pipeline {
         }
     }
 
-    /// Phase **admission**: the request's share of its model's admission, when one is on.
-    async fn admit(&self, inputs: &Inputs, deadline: Deadline) -> Result<Option<Ticket>, ApiError> {
-        match &self.admission {
-            Some(a) => deadline.bound(a.admit(&inputs.model, inputs.memory_mb)).await,
-            None => Ok(None),
-        }
+    /// Phase **admission**: the request's share of its model's admission, when one is on;
+    /// through the scheduler for a request of a tenant (how long it waited in the access log).
+    async fn admit(
+        &self,
+        inputs: &Inputs,
+        tenant: Option<(Who, TenantSlot)>,
+        deadline: Deadline,
+        log: &mut RequestLog,
+    ) -> Result<Grant, ApiError> {
+        let Some((who, slot)) = tenant else {
+            return match &self.admission {
+                Some(a) => deadline.bound(a.admit(&inputs.model, inputs.memory_mb)).await.map(Grant::of),
+                None => Ok(Grant::default()),
+            };
+        };
+        let t = self.tenancy.as_ref().expect("a tenant comes from a configured tenancy");
+        let grant = match &t.sched {
+            Some(sched) => {
+                let (grant, waited) = sched.admit(&inputs.model, inputs.memory_mb, who, deadline).await?;
+                if let Waited::For(d) = waited {
+                    log.waited(d);
+                }
+                grant
+            }
+            None => {
+                let series = t.metrics.of(who.tenant, who.priority);
+                series.outcomes[outcome::ADMITTED].inc();
+                series.tokens.inc_by(who.cost);
+                Grant::default()
+            }
+        };
+        Ok(grant.with_tenant(slot))
     }
 
     /// Phase **exchange**: sends `req` on an idle connection with the same routing inputs
@@ -423,9 +526,9 @@ impl Pipeline {
         log: RequestLog,
         deadline: Deadline,
     ) -> Answer {
-        let Forwarded { resp, lines, conn, reuse, ticket, learner } = f;
+        let Forwarded { resp, lines, conn, reuse, grant, learner } = f;
         let (parts, mut body) = resp.into_parts();
-        let held = Held { _permit: permit, ticket };
+        let held = Held { _permit: permit, ticket: Some(grant) };
         if let Some(data) = body.take_whole() {
             if let Some(learner) = learner {
                 responses::learn_whole(learner, &data);

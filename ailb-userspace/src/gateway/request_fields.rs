@@ -18,7 +18,7 @@ use serde_json::Value;
 /// The top-level fields of a body that the rules read. Every other field is parsed and checked
 /// as JSON like these, but not kept: a request's `tools`, `response_format` or sampling
 /// settings cost no allocation here, and only the model server reads them.
-pub(super) const ROUTING_FIELDS: [&str; 11] = [
+pub(super) const ROUTING_FIELDS: [&str; 13] = [
     "model",
     "messages",
     "prompt",
@@ -30,6 +30,8 @@ pub(super) const ROUTING_FIELDS: [&str; 11] = [
     "system",
     "previous_response_id",
     "max_output_tokens",
+    "priority",
+    "service_tier",
 ];
 
 /// A body: its routing fields when it is an object, else what it is.
@@ -62,6 +64,10 @@ pub struct Fields<'a> {
     pub previous_response_id: Option<StrOr<'a>>,
     /// The Responses API's `max_tokens`.
     pub max_output_tokens: Option<Value>,
+    /// The request's priority (read only when tenants are configured).
+    pub priority: Option<Value>,
+    /// OpenAI's `service_tier` (`"flex"`, `"default"`, `"priority"`, ...).
+    pub service_tier: Option<Value>,
 }
 
 /// A value that is read as text when it is a string, and quoted in an error when it is not.
@@ -198,6 +204,8 @@ impl<'de> serde::de::Visitor<'de> for TopVisitor {
                 Some("system") => f.system = Some(map.next_value()?),
                 Some("previous_response_id") => f.previous_response_id = Some(map.next_value()?),
                 Some("max_output_tokens") => f.max_output_tokens = Some(map.next_value()?),
+                Some("priority") => f.priority = Some(map.next_value()?),
+                Some("service_tier") => f.service_tier = Some(map.next_value()?),
                 _ => map.next_value::<Skip>().map(drop)?,
             }
         }

@@ -1,6 +1,6 @@
 //! What the front door serves ([`Gateway`]): a request is dispatched by its method and path to
-//! the [`Pipeline`] (a `POST` to an inference endpoint, or a request for one stored response by
-//! its id) or answered here (`GET /v1/models`,
+//! the [`Pipeline`] (a `POST` to an inference endpoint, a request for one stored response by
+//! its id, or a `POST` to a route passed through, such as vLLM's `/tokenize` or `/v1/rerank`) or answered here (`GET /v1/models`,
 //! `/healthz`, `/metrics`; 404 and 405 for the rest).
 
 use std::sync::Arc;
@@ -44,7 +44,7 @@ impl Gateway {
         admission: Option<Control>,
     ) -> Arc<Self> {
         let metrics = Arc::new(GatewayMetrics::new(&mut registry));
-        let pipeline = Pipeline::new(config, cfg, metrics.clone(), admission);
+        let pipeline = Pipeline::new(config, cfg, metrics.clone(), admission, &mut registry);
         let live = Arc::new(Liveness::new(config.listen));
         Arc::new(Self { pipeline, metrics, registry: Arc::new(registry), live })
     }
@@ -121,6 +121,9 @@ impl Handler for Gateway {
         if let Some(id) = responses::by_id(head.method(), head.path()) {
             let id = id.to_string();
             return self.pipeline.stored_response(&id, head, body, client).await;
+        }
+        if let (&Method::POST, Some(ep)) = (head.method(), Endpoint::pass_through(head.path())) {
+            return self.pipeline.proxy(ep, head, body, client).await;
         }
         let path = head.path();
         let resp = match (head.method(), path, endpoint) {

@@ -10,6 +10,7 @@
 //! | [`compare`] | `ailb-compare`: balancing policies on one simulated fleet (root) |
 //! | [`demo`] | `ailb-demo`: the whole system, live (root; `cargo xtask run`) |
 //! | [`frontdoor`] | `ailb-frontdoor-bench`: small requests through the front door vs direct, nginx and the peer routers (root) |
+//! | [`overload`] | `ailb-overload-bench`: the front door's tenants and scheduler under 5x overload (root) |
 //! | [`scale`] | `ailb-scale-bench`: table write time, kernel memory, recompute and connect4 run time at 1,024 models (root) |
 //! | [`soak`] | `ailb-soak`: a chaos soak and an overload (root; `cargo xtask soak`) |
 //!
@@ -23,6 +24,7 @@ pub mod chart;
 pub mod compare;
 pub mod demo;
 pub mod frontdoor;
+pub mod overload;
 pub mod scale;
 pub mod sim_gpus;
 pub mod soak;

@@ -146,3 +146,77 @@ fn bad_values_name_field_and_value() {
         }
     }
 }
+
+#[test]
+fn tenants_are_off_by_default_and_on_with_a_scheduler_table_or_a_tenant() {
+    assert_eq!(check("").unwrap().tenancy, None);
+    let t = check("[gateway.scheduler]\n").unwrap().tenancy.expect("on");
+    assert_eq!((t.levels, t.default_priority, t.max_queued, t.max_queued_per_tenant), (3, 1, 1024, 256));
+    assert_eq!(t.priority_header.as_str(), "x-ailb-priority");
+    assert_eq!(t.tenants.len(), 1, "the implicit default");
+    let d = &t.tenants[0];
+    assert_eq!((d.name.as_str(), d.weight, d.max_priority, d.rate, d.max_concurrent), ("default", 1, 1, None, 1024));
+}
+
+#[test]
+fn tenants_are_taken_with_the_default_last() {
+    let key = "ab".repeat(32);
+    let t = check(&format!(
+        "max_concurrent = 100\n[gateway.scheduler]\nlevels = 4\ntenant_header = \"X-Team\"\n\
+         [[gateway.tenants]]\nname = \"default\"\nweight = 2\n\
+         [[gateway.tenants]]\nname = \"search\"\napi_key_sha256 = [\"{key}\"]\nheader_values = [\"s\"]\n\
+         cidrs = [\"10.1.0.0/16\", \"::1\"]\nweight = 3\nmax_priority = 3\ntokens_per_second = 50.5\n\
+         concurrency_share = 0.25\n"
+    ))
+    .unwrap()
+    .tenancy
+    .unwrap();
+    assert_eq!(t.tenant_header.unwrap().as_str(), "x-team");
+    let names: Vec<_> = t.tenants.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["search", "default"]);
+    let s = &t.tenants[0];
+    assert_eq!((s.weight, s.max_priority, s.rate, s.max_concurrent), (3, 3, Some((50.5, 50.5)), 25));
+    assert_eq!(s.api_keys, vec![[0xab; 32]]);
+    assert_eq!(s.cidrs.len(), 2);
+    assert_eq!(t.tenants[1].weight, 2);
+}
+
+#[test]
+fn bad_tenants_are_refused_naming_the_field_and_value() {
+    let key = "ab".repeat(32);
+    let cases: &[(&str, &str)] = &[
+        ("[gateway.scheduler]\nlevels = 0", "gateway.scheduler.levels"),
+        ("[gateway.scheduler]\nlevels = 2\ndefault_priority = 2", "gateway.scheduler.default_priority"),
+        ("[gateway.scheduler]\nmax_queued = 4\nmax_queued_per_tenant = 5", "gateway.scheduler.max_queued_per_tenant"),
+        ("[gateway.scheduler]\nmax_wait = \"soon\"", "gateway.scheduler.max_wait"),
+        ("[gateway.scheduler]\npriority_header = \"a b\"", "gateway.scheduler.priority_header"),
+        ("[[gateway.tenants]]\nname = \"a b\"\ncidrs = [\"10.0.0.0/8\"]", "gateway.tenants[0].name"),
+        ("[[gateway.tenants]]\nname = \"a\"", "gateway.tenants[0].name"),
+        ("[[gateway.tenants]]\nname = \"default\"\ncidrs = [\"10.0.0.0/8\"]", "gateway.tenants[0].name"),
+        ("[[gateway.tenants]]\nname = \"a\"\napi_key_sha256 = [\"sk-secret\"]", "gateway.tenants[0].api_key_sha256[0]"),
+        ("[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"10.0.0.0/33\"]", "gateway.tenants[0].cidrs[0]"),
+        ("[[gateway.tenants]]\nname = \"a\"\nheader_values = [\"a\"]", "gateway.tenants[0].header_values"),
+        ("[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"::1\"]\nweight = 0", "gateway.tenants[0].weight"),
+        ("[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"::1\"]\nmax_priority = 3", "gateway.tenants[0].max_priority"),
+        (
+            "[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"::1\"]\ntokens_per_second = 0.0",
+            "gateway.tenants[0].tokens_per_second",
+        ),
+        ("[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"::1\"]\nburst_tokens = 5.0", "gateway.tenants[0].burst_tokens"),
+        (
+            "[[gateway.tenants]]\nname = \"a\"\ncidrs = [\"::1\"]\nconcurrency_share = 1.5",
+            "gateway.tenants[0].concurrency_share",
+        ),
+    ];
+    for (toml, field) in cases {
+        let e = check(toml).unwrap_err();
+        assert!(e.contains(field), "{toml:?}: {e}");
+    }
+    let twice = format!(
+        "[[gateway.tenants]]\nname = \"a\"\napi_key_sha256 = [\"{key}\"]\n[[gateway.tenants]]\nname = \"b\"\napi_key_sha256 = [\"{key}\"]\n"
+    );
+    let e = check(&twice).unwrap_err();
+    assert!(e.contains("gateway.tenants[1].api_key_sha256[0]") && e.contains("another tenant"), "{e}");
+    let e = check("[[gateway.tenants]]\nname = \"a\"\napi_key_sha256 = [\"sk-secret\"]").unwrap_err();
+    assert!(e.contains("never the key itself") && !e.contains("sk-secret"), "a key in clear is not echoed: {e}");
+}

@@ -276,6 +276,33 @@ impl FleetMemory {
         }
     }
 
+    /// The `Retry-After` of a refused request, seconds.
+    pub fn retry_after(&self) -> u32 {
+        self.limits.retry_after
+    }
+
+    /// A ticket for a request of `model` that needs `need_mb` when the model has room now
+    /// (`Some(None)`: a model this admission does not gate), else `None`: the scheduler's
+    /// queues (`super::sched`) wait in place of this admission's own.
+    pub fn try_admit(&self, model: &str, need_mb: Option<u32>) -> Option<Option<Ticket>> {
+        let Some(gate) = self.gates.get(model) else { return Some(None) };
+        let need = u64::from(need_mb.unwrap_or(0));
+        (self.look(gate, need) == Look::Fits).then(|| Some(Self::ticket(gate, need)))
+    }
+
+    /// Why `model` has no room for `need_mb` now, for the answer of a request that waited.
+    pub fn why_full(&self, model: &str, need_mb: Option<u32>) -> String {
+        let Some(gate) = self.gates.get(model) else { return "room now".into() };
+        match self.look(gate, u64::from(need_mb.unwrap_or(0))) {
+            Look::Full { inflight_mb, limit_mb } => format!(
+                "{inflight_mb} MB of requests in flight against a limit of {limit_mb} MB (its backends' KV capacity \
+                 x gateway.admission.factor)"
+            ),
+            Look::NoSlot => "every backend is at its max_inflight".into(),
+            Look::Fits => "room only as the wait ran out".into(),
+        }
+    }
+
     /// Waits for the head of the queue, then for room.
     async fn wait_turn(&self, gate: &Arc<Gate>, need: u64) -> Ticket {
         let _turn = gate.turn.lock().await;

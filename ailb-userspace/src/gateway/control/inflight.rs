@@ -111,6 +111,31 @@ impl Admission {
         *self.limits.write().unwrap_or_else(|p| p.into_inner()) = limits;
     }
 
+    /// The `Retry-After` of a refused request, seconds.
+    pub fn retry_after(&self) -> u32 {
+        self.retry_after
+    }
+
+    /// Whether a request of `model` fits now, counting `own` (this front door's admitted requests
+    /// of the model, which the kernel counts only once they connect) against the capacity; with
+    /// the reason when it does not.
+    pub fn has_room(&self, model: &str, own: u64) -> Result<(), String> {
+        let limit = self.limits.read().unwrap_or_else(|p| p.into_inner()).get(model).copied();
+        let Some(limit) = limit else { return Ok(()) };
+        match self.kernel.inflight(limit.index) {
+            Ok(inflight) if inflight.max(own) >= limit.capacity => Err(format!(
+                "{} requests in flight, capacity {} (the sum of its backends' max_inflight)",
+                inflight.max(own),
+                limit.capacity
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(model, error = %crate::error_chain(&e), "gateway admission: admitting unread");
+                Ok(())
+            }
+        }
+    }
+
     /// Admits a request of `model`, or answers 429 with `Retry-After` when the model's
     /// connections in flight have reached its capacity.
     pub fn admit(&self, model: &str) -> Result<(), ApiError> {

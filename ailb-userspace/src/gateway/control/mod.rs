@@ -19,6 +19,7 @@ pub mod fleet_memory;
 pub mod inflight;
 pub mod live_models;
 pub mod plan;
+pub mod sched;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,6 +92,35 @@ impl Control {
             }
         };
         Ok(Some(control))
+    }
+
+    /// Whether a request of `model` that needs `need_mb` fits now, without waiting (the
+    /// scheduler's queues wait instead): `Some` with the ticket to hold when it fits; `own` is
+    /// this front door's admitted requests of the model (the in-flight mode counts them until
+    /// the kernel does).
+    pub fn try_admit(&self, model: &str, need_mb: Option<u32>, own: u64) -> Option<Option<Ticket>> {
+        match self {
+            Control::Inflight(a) => a.has_room(model, own).is_ok().then_some(None),
+            Control::FleetMemory(f) => f.try_admit(model, need_mb),
+        }
+    }
+
+    /// Why `model` has no room now, for the answer of a request that waited for it.
+    pub fn why_full(&self, model: &str, need_mb: Option<u32>, own: u64) -> String {
+        match self {
+            Control::Inflight(a) => {
+                a.has_room(model, own).err().unwrap_or_else(|| "room only as the wait ran out".into())
+            }
+            Control::FleetMemory(f) => f.why_full(model, need_mb),
+        }
+    }
+
+    /// The `Retry-After` of a refused request, seconds.
+    pub fn retry_after(&self) -> u32 {
+        match self {
+            Control::Inflight(a) => a.retry_after(),
+            Control::FleetMemory(f) => f.retry_after(),
+        }
     }
 
     /// Admits a request of `model` that needs `need_mb`; the ticket, when there is one, is

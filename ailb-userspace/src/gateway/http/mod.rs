@@ -76,6 +76,11 @@ impl ClientIp {
     pub fn value(&self) -> &HeaderValue {
         &self.0
     }
+
+    /// The address (read back from its text: only a tenant matched by address needs it).
+    pub fn addr(&self) -> Option<std::net::IpAddr> {
+        self.0.to_str().ok()?.parse().ok()
+    }
 }
 
 /// A request's headers as the routing rules read them: hyper's map, or the HTTP/1 fast path's

@@ -103,7 +103,9 @@ pub(super) fn check(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsE
                 return Err(InputsError::Missing { field: "max_tokens", reason: "the Messages API requires it" });
             }
         }
-        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings => return Ok(()),
+        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings | Endpoint::PassThrough => {
+            return Ok(())
+        }
     }
     match max_tokens_field(endpoint, body) {
         (_, None | Some(Value::Null)) => Ok(()),
@@ -166,7 +168,7 @@ pub(super) fn prompt_text_bytes(endpoint: Endpoint, body: &Fields<'_>) -> usize 
             };
             system_text(body.system.as_ref()).map_or(0, |t| t.len()) + messages
         }
-        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings => 0,
+        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings | Endpoint::PassThrough => 0,
     }
 }
 
@@ -226,7 +228,9 @@ pub(super) fn derive_material(endpoint: Endpoint, body: &Fields<'_>, material: &
             material.push(0);
             user.content.write_text(material);
         }
-        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings => return None,
+        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings | Endpoint::PassThrough => {
+            return None
+        }
     }
     Some(())
 }

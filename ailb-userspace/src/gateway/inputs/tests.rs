@@ -184,3 +184,30 @@ fn derived_completion_key_uses_the_prompt_prefix() {
     let e = extract_json(Endpoint::Embeddings, &HeaderMap::new(), &json!({"model": "m", "input": "x"}), RULES, facts);
     assert_eq!(e.unwrap().conversation, None, "embeddings derive no key");
 }
+
+#[test]
+fn vllm_routes_and_other_v1_posts_pass_through_but_not_the_front_doors_own_paths() {
+    for path in
+        ["/tokenize", "/detokenize", "/v1/score", "/v1/rerank", "/score", "/rerank", "/v2/rerank", "/v1/pooling"]
+    {
+        assert_eq!(Endpoint::pass_through(path), Some(Endpoint::PassThrough), "{path}");
+    }
+    for path in ["/v1/", "/v1/responses/resp_1/cancel", "/v1/messages/batches", "/v1/models", "/metrics", "/v2/x"] {
+        assert_eq!(Endpoint::pass_through(path), None, "{path}");
+    }
+}
+
+#[test]
+fn a_pass_through_request_is_routed_like_a_completion() {
+    let body = parse_body(br#"{"model":"m","prompt":"the same prefix, then more"}"#).unwrap();
+    let rules = Rules { session_header: None, completion_prefix_bytes: 15 };
+    let facts =
+        |_: &str| Some(ModelFacts { kv_bytes_per_token: Some(1 << 20), kv_block_tokens: 1, ..ModelFacts::default() });
+    let h = hyper::HeaderMap::new();
+    let pass = extract(Endpoint::PassThrough, &h, &body, rules, facts).unwrap();
+    let completion = extract(Endpoint::Completions, &h, &body, rules, facts).unwrap();
+    assert_eq!(pass, completion);
+    assert_eq!(token_estimate(Endpoint::PassThrough, &body, 256).unwrap(), 7, "the prompt only: nothing generated");
+    let no_model = parse_body(br#"{"text_1":"a","text_2":"b"}"#).unwrap();
+    assert_eq!(extract(Endpoint::PassThrough, &h, &no_model, rules, facts).unwrap_err(), InputsError::NoModel);
+}

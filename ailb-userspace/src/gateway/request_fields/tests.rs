@@ -39,6 +39,8 @@ fn reference(bytes: &[u8]) -> Result<Result<Fields<'static>, &'static str>, Stri
         system: m.get("system").cloned(),
         previous_response_id: m.get("previous_response_id").map(str_or),
         max_output_tokens: m.get("max_output_tokens").cloned(),
+        priority: m.get("priority").cloned(),
+        service_tier: m.get("service_tier").cloned(),
     }))
 }
 

@@ -1,0 +1,496 @@
+//! `ailb-overload-bench` (root; `cargo xtask bench --only overload`): ailb's front door with
+//! tenants and its scheduler (`[[gateway.tenants]]`, `[gateway.scheduler]`) offered about five
+//! times what the fleet serves, side by side in one run with the same interactive load alone.
+//!
+//! The fleet: two `ailb-sim` servers declared with 1000 MB free each, the front door's
+//! admission by fleet memory on (`[gateway.admission] mode = "fleet_memory"`), every request
+//! needing 250 MB: eight in flight at once. `ailb run` is attached to a child cgroup created
+//! here and both front doors run inside it:
+//!
+//! - **tenants**: `alpha` (weight 3) and `beta` (weight 1) interactive at priority 1, `batch`
+//!   capped at priority 0, by API key;
+//! - **plain**: the same admission, no tenants (the admission's own first-come-first-served
+//!   queue).
+//!
+//! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded):
+//!
+//! 1. **capacity**: eight closed-loop clients through the plain front door: the fleet's rate X.
+//! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95.
+//! 3. **overload**: the same, plus `batch` at 3.6 X (80 % of 4.5 X offered): the
+//!    interactive TTFT P95 again (goal: at most 1.5x alone), what was shed per tenant, and the
+//!    scheduler's count of requests refused for room while a lower band waited (goal: 0).
+//! 4. **shares**: `alpha` and `beta` at 2.5 X each, one band: their completed requests after
+//!    the first third (backlogged) against weights 3:1 (goal: within 10 %).
+//! 5. **fast path**: one client, one small request at a time (nothing ever waits), in
+//!    interleaved rounds: directly to a server, through the plain front door, through the
+//!    front door with tenants: p50 and what each front door adds (goal: the same within noise).
+//!
+//! Writes `target/bench/overload.md` and prints it; progress on stderr.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ailb_tests::{base_config, ensure_bpffs, require_root, BackendCfg, CgroupGuard, Daemon, GatewayProcess, SimServer};
+use anyhow::{bail, Context};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MODEL: &str = "overload-7b";
+const VIP: &str = "127.77.47.1:8000";
+const TENANTS_LISTEN: &str = "127.0.47.1:18470";
+const PLAIN_LISTEN: &str = "127.0.47.2:18471";
+const BACKENDS: [&str; 2] = ["127.0.47.11:18472", "127.0.47.12:18473"];
+const FREE_MB: u32 = 1000;
+const NEED_MB: u32 = 250;
+/// Requests in flight at once: the fleet's memory over each request's need.
+const SLOTS: usize = (2 * FREE_MB / NEED_MB) as usize;
+/// Requests waiting in the scheduler at most: about six seconds of the fleet's rate, so the
+/// batch tenant's excess is shed (evicted, 429) rather than left to wait out `max_wait`.
+const MAX_QUEUED: u32 = 64;
+/// Of one tenant: half, so that two backlogged tenants both keep requests waiting (with the
+/// whole queue open to each, the one served less fills it and the other's arrivals find it full).
+const PER_TENANT: u32 = MAX_QUEUED / 2;
+/// Tokens generated per streamed request.
+const MAX_TOKENS: u32 = 32;
+
+#[derive(Debug, clap::Parser)]
+#[command(name = "ailb-overload-bench", about = "ailb's front door with tenants under 5x overload")]
+pub struct Args {
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 15)]
+    pub phase_secs: u64,
+    /// Rounds of the fast-path comparison (each path 2 s per round).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+}
+
+/// A tenant of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tenant {
+    Alpha,
+    Beta,
+    Batch,
+}
+
+impl Tenant {
+    fn key(self) -> &'static str {
+        match self {
+            Tenant::Alpha => "key-alpha",
+            Tenant::Beta => "key-beta",
+            Tenant::Batch => "key-batch",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Tenant::Alpha => "alpha",
+            Tenant::Beta => "beta",
+            Tenant::Batch => "batch",
+        }
+    }
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    tenant: Tenant,
+    /// Since the phase began.
+    sent: Duration,
+    status: u16,
+    ttft: Option<Duration>,
+}
+
+fn sha256(key: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("printf %s '{key}' | sha256sum")])
+        .output()
+        .context("sha256sum")?;
+    let hex = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    if hex.len() != 64 {
+        bail!("sha256sum printed {:?}", String::from_utf8_lossy(&out.stdout));
+    }
+    Ok(hex)
+}
+
+fn gateway_toml(listen: &str, tenants: bool) -> anyhow::Result<String> {
+    let mut t = format!(
+        "[gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = 4096\n\
+         [gateway.admission]\nmode = \"fleet_memory\"\nmax_wait = \"10s\"\nmax_queued = 4096\nreserve = 0.0\n"
+    );
+    if tenants {
+        write!(
+            t,
+            "[gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {PER_TENANT}\nmax_wait = \"10s\"\n\
+             [[gateway.tenants]]\nname = \"alpha\"\napi_key_sha256 = [\"{}\"]\nweight = 3\n\
+             [[gateway.tenants]]\nname = \"beta\"\napi_key_sha256 = [\"{}\"]\nweight = 1\n\
+             [[gateway.tenants]]\nname = \"batch\"\napi_key_sha256 = [\"{}\"]\nmax_priority = 0\n",
+            sha256(Tenant::Alpha.key())?,
+            sha256(Tenant::Beta.key())?,
+            sha256(Tenant::Batch.key())?
+        )?;
+    }
+    Ok(t)
+}
+
+/// A chat request of `tenant` (`None`: no key), closing its connection after the answer.
+fn request(tenant: Option<Tenant>, max_tokens: u32, stream: bool) -> String {
+    let body = format!(
+        r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"overload"}}]}}"#
+    );
+    let auth = tenant.map(|t| format!("Authorization: Bearer {}\r\n", t.key())).unwrap_or_default();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nConnection: close\r\n\
+         X-Required-Memory-MB: {NEED_MB}\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Sends `req` to `addr`: the status, the time to the first streamed token (or to the head
+/// when not streamed) and the whole time.
+async fn exchange(addr: &str, req: &str, stream: bool) -> (u16, Option<Duration>, Duration) {
+    let started = Instant::now();
+    let work = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::with_capacity(4096);
+        let mut buf = [0u8; 4096];
+        let mut status = None;
+        let mut ttft = None;
+        loop {
+            let n = s.read(&mut buf).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if status.is_none() && raw.len() >= 12 {
+                status = std::str::from_utf8(&raw[9..12]).ok()?.parse::<u16>().ok();
+                if !stream {
+                    ttft = Some(started.elapsed());
+                }
+            }
+            if ttft.is_none() && memchr_str(&raw, b"chat.completion.chunk") {
+                ttft = Some(started.elapsed());
+            }
+        }
+        Some((status.unwrap_or(0), ttft))
+    };
+    match tokio::time::timeout(Duration::from_secs(60), work).await {
+        Ok(Some((status, ttft))) => (status, ttft.filter(|_| status == 200), started.elapsed()),
+        _ => (0, None, started.elapsed()),
+    }
+}
+
+fn memchr_str(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A seeded exponential sampler (xorshift64*), for Poisson arrivals.
+struct Arrivals(u64);
+
+impl Arrivals {
+    fn next_gap(&mut self, rate: f64) -> Duration {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let u = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        Duration::from_secs_f64(-(1.0 - u).ln() / rate)
+    }
+}
+
+/// Offers `tenant`'s streamed requests to `addr` at `rate` per second for `dur`, open loop.
+async fn offer(
+    addr: &'static str,
+    tenant: Tenant,
+    rate: f64,
+    dur: Duration,
+    seed: u64,
+    records: Arc<Mutex<Vec<Record>>>,
+) {
+    let start = Instant::now();
+    let mut arrivals = Arrivals(seed | 1);
+    let mut next = Duration::ZERO;
+    let mut tasks = Vec::new();
+    let req: Arc<str> = request(Some(tenant), MAX_TOKENS, true).into();
+    loop {
+        next += arrivals.next_gap(rate);
+        if next >= dur {
+            break;
+        }
+        tokio::time::sleep_until((start + next).into()).await;
+        let (req, records) = (req.clone(), records.clone());
+        let sent = start.elapsed();
+        tasks.push(tokio::spawn(async move {
+            let (status, ttft, _) = exchange(addr, &req, true).await;
+            records.lock().unwrap_or_else(|p| p.into_inner()).push(Record { tenant, sent, status, ttft });
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Runs the open-loop `loads` together; every request's record.
+async fn phase(addr: &'static str, loads: &[(Tenant, f64)], dur: Duration) -> Vec<Record> {
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = loads
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, rate))| tokio::spawn(offer(addr, t, rate, dur, 0x9e37_79b9 + i as u64, records.clone())))
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let out = records.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    out
+}
+
+/// The fleet's rate through `addr`: [`SLOTS`] closed-loop clients for `dur`.
+async fn capacity(addr: &'static str, dur: Duration) -> f64 {
+    let end = Instant::now() + dur;
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let req: Arc<str> = request(None, MAX_TOKENS, true).into();
+    let tasks: Vec<_> = (0..SLOTS)
+        .map(|_| {
+            let (done, req) = (done.clone(), req.clone());
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    if exchange(addr, &req, true).await.0 == 200 {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    for t in tasks {
+        let _ = t.await;
+    }
+    done.load(std::sync::atomic::Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> Option<Duration> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort();
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+    Some(v[i])
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
+}
+
+fn ttfts(records: &[Record], interactive: bool) -> Vec<Duration> {
+    records.iter().filter(|r| (r.tenant != Tenant::Batch) == interactive).filter_map(|r| r.ttft).collect()
+}
+
+fn count(records: &[Record], tenant: Tenant, status: impl Fn(u16) -> bool) -> usize {
+    records.iter().filter(|r| r.tenant == tenant && status(r.status)).count()
+}
+
+/// A counter's value in a metrics page.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+async fn metrics(addr: &str) -> String {
+    let req = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+    let Ok(mut s) = TcpStream::connect(addr).await else { return String::new() };
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw).await;
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// Small requests one at a time to each path in turn, `rounds` rounds of 2 s each: every
+/// request's latency per path.
+async fn fast_path(paths: &[(&'static str, &'static str, Option<Tenant>)], rounds: u32) -> Vec<Vec<Duration>> {
+    let mut out = vec![Vec::new(); paths.len()];
+    for round in 0..rounds as usize {
+        for k in 0..paths.len() {
+            let i = (round + k) % paths.len();
+            let (_, addr, tenant) = paths[i];
+            let req = request(tenant, 1, false);
+            let end = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < end {
+                let (status, _, total) = exchange(addr, &req, false).await;
+                if status == 200 {
+                    out[i].push(total);
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn main(args: Args) -> anyhow::Result<()> {
+    require_root();
+    ensure_bpffs();
+    let bin = match std::env::var_os("AILB_BIN").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => crate::target_dir().join("release/ailb"),
+    };
+    if !bin.is_file() {
+        bail!("{} is absent: build it with `cargo xtask build --release`, or name it with AILB_BIN", bin.display());
+    }
+    let dur = Duration::from_secs(args.phase_secs.max(3));
+    let cg = CgroupGuard::new("overload");
+    let sims: Vec<SimServer> = BACKENDS.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "1"])).collect();
+    let mut cfg = base_config("overload", &cg).service(MODEL, VIP);
+    for addr in BACKENDS {
+        cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(FREE_MB));
+    }
+    cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
+    let tenants_toml = gateway_toml(TENANTS_LISTEN, true)?;
+    cfg.extra = tenants_toml.clone();
+    let daemon = Daemon::start(&bin, &cfg);
+    let text = std::fs::read_to_string(daemon.config_path()).context("the daemon's config")?;
+    let plain_path = daemon.config_path().with_file_name("plain.toml");
+    std::fs::write(&plain_path, text.replace(&tenants_toml, &gateway_toml(PLAIN_LISTEN, false)?))
+        .context("the plain front door's config")?;
+    let with_tenants = GatewayProcess::start(&bin, daemon.config_path(), &cg, TENANTS_LISTEN.parse::<SocketAddr>()?);
+    let plain = GatewayProcess::start(&bin, &plain_path, &cg, PLAIN_LISTEN.parse::<SocketAddr>()?);
+    with_tenants.wait_for_log("admission per model by fleet memory on");
+    plain.wait_for_log("admission per model by fleet memory on");
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let report = rt.block_on(async {
+        eprintln!("overload: capacity ({} s, {SLOTS} closed-loop clients)", dur.as_secs());
+        let x = capacity(PLAIN_LISTEN, dur).await;
+        if x <= 0.0 {
+            bail!("no request was answered while measuring the fleet's rate");
+        }
+        eprintln!("overload: X = {x:.1} req/s; alone");
+        let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
+        let alone = phase(TENANTS_LISTEN, &interactive, dur).await;
+        eprintln!("overload: 4.5 X offered");
+        let before = metrics(TENANTS_LISTEN).await;
+        let over = phase(TENANTS_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
+        let after = metrics(TENANTS_LISTEN).await;
+        let inversions = metric(&after, "ailb_gateway_scheduler_inversions_total ")
+            - metric(&before, "ailb_gateway_scheduler_inversions_total ");
+        eprintln!("overload: shares");
+        let shares = phase(TENANTS_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
+        eprintln!("overload: fast path");
+        let paths = [
+            ("direct to a server", BACKENDS[0], None),
+            ("front door, no tenants", PLAIN_LISTEN, None),
+            ("front door, tenants + scheduler", TENANTS_LISTEN, Some(Tenant::Alpha)),
+        ];
+        let fast = fast_path(&paths, args.rounds).await;
+        Ok(render(x, dur, &alone, &over, inversions, &shares, &paths, &fast))
+    })?;
+    drop((with_tenants, plain, daemon, sims, cg));
+    let out = crate::target_dir().join("bench/overload.md");
+    write(&out, &report)?;
+    println!("{report}");
+    eprintln!("overload report: {}", out.display());
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[expect(clippy::too_many_arguments, reason = "each phase's results, rendered side by side once")]
+fn render(
+    x: f64,
+    dur: Duration,
+    alone: &[Record],
+    over: &[Record],
+    inversions: f64,
+    shares: &[Record],
+    paths: &[(&str, &str, Option<Tenant>)],
+    fast: &[Vec<Duration>],
+) -> String {
+    let mut r = String::new();
+    let p95_alone = percentile(ttfts(alone, true), 0.95);
+    let p95_over = percentile(ttfts(over, true), 0.95);
+    let ratio = match (p95_alone, p95_over) {
+        (Some(a), Some(o)) if !a.is_zero() => o.as_secs_f64() / a.as_secs_f64(),
+        _ => f64::NAN,
+    };
+    let _ = writeln!(r, "# Front door with tenants under overload\n");
+    let _ = writeln!(
+        r,
+        "Two `ailb-sim` servers (1000 MB free each), admission by fleet memory, 250 MB per request: {SLOTS} in \
+         flight at once; {MAX_TOKENS} tokens streamed per request. Fleet rate X = {x:.1} req/s ({SLOTS} \
+         closed-loop clients). Phases of {} s, Poisson arrivals.\n",
+        dur.as_secs()
+    );
+    let _ = writeln!(r, "## Interactive TTFT under 4.5 X offered (batch 3.6 X = 80 %, priority 0)\n");
+    let _ = writeln!(r, "| | offered | interactive TTFT p50 ms | interactive TTFT P95 ms | ratio to alone | goal |");
+    let _ = writeln!(r, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        r,
+        "| alone (alpha 0.6 X + beta 0.3 X) | 0.9 X | {} | {} | 1.00 | |",
+        ms(percentile(ttfts(alone, true), 0.5)),
+        ms(p95_alone)
+    );
+    let _ = writeln!(
+        r,
+        "| with batch | 4.5 X | {} | {} | {ratio:.2} | <= 1.5: {} |",
+        ms(percentile(ttfts(over, true), 0.5)),
+        ms(p95_over),
+        if ratio <= 1.5 { "met" } else { "NOT met" }
+    );
+    let _ = writeln!(r, "\n| tenant (overload phase) | sent | 200 | 429 | 503 | other |");
+    let _ = writeln!(r, "|---|---|---|---|---|---|");
+    for t in [Tenant::Alpha, Tenant::Beta, Tenant::Batch] {
+        let _ = writeln!(
+            r,
+            "| {} | {} | {} | {} | {} | {} |",
+            t.name(),
+            count(over, t, |_| true),
+            count(over, t, |s| s == 200),
+            count(over, t, |s| s == 429),
+            count(over, t, |s| s == 503),
+            count(over, t, |s| !matches!(s, 200 | 429 | 503)),
+        );
+    }
+    let _ = writeln!(
+        r,
+        "\nRefused for room while a lower band waited (`ailb_gateway_scheduler_inversions_total`, overload \
+         phase): **{inversions}** (goal 0: {}).\n",
+        if inversions == 0.0 { "met" } else { "NOT met" }
+    );
+    let _ = writeln!(r, "## Shares while backlogged (alpha and beta at 2.5 X each, one band)\n");
+    let from = dur / 3;
+    let done = |t| shares.iter().filter(|r| r.tenant == t && r.status == 200 && r.sent >= from).count();
+    let (a, b) = (done(Tenant::Alpha), done(Tenant::Beta));
+    let share = a as f64 / (a + b).max(1) as f64;
+    let off = (share / 0.75 - 1.0).abs();
+    let _ = writeln!(r, "| tenant | weight | served (sent after {} s) | share | weight share |", from.as_secs());
+    let _ = writeln!(r, "|---|---|---|---|---|");
+    let _ = writeln!(r, "| alpha | 3 | {a} | {share:.3} | 0.750 |");
+    let _ = writeln!(r, "| beta | 1 | {b} | {:.3} | 0.250 |", 1.0 - share);
+    let _ = writeln!(
+        r,
+        "\nalpha's share is {:.1} % off its weight share (goal within 10 %: {}).\n",
+        off * 100.0,
+        if off <= 0.1 { "met" } else { "NOT met" }
+    );
+    let _ = writeln!(r, "## Fast path: nothing queued, one request at a time, interleaved rounds\n");
+    let _ = writeln!(r, "| path | requests | p50 ms | p99 ms | added p50 over direct ms |");
+    let _ = writeln!(r, "|---|---|---|---|---|");
+    let direct = percentile(fast[0].clone(), 0.5);
+    for ((name, _, _), lat) in paths.iter().zip(fast) {
+        let p50 = percentile(lat.clone(), 0.5);
+        let added = match (p50, direct) {
+            (Some(p), Some(d)) => format!("{:.3}", (p.as_secs_f64() - d.as_secs_f64()) * 1e3),
+            _ => "-".into(),
+        };
+        let us = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.3}", d.as_secs_f64() * 1e3));
+        let _ =
+            writeln!(r, "| {name} | {} | {} | {} | {added} |", lat.len(), us(p50), us(percentile(lat.clone(), 0.99)));
+    }
+    r
+}
