@@ -63,6 +63,7 @@ pub mod peers;
 pub mod plot_data;
 pub mod plots;
 pub mod policy;
+pub mod real;
 pub mod report;
 pub mod run;
 pub mod seeds;
@@ -93,6 +94,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if let Some(vip) = &args.replay_worker {
         let out = args.worker_out.clone().context("--replay-worker needs --worker-out")?;
         return replay_worker(&args, vip, &out);
+    }
+    if let Some(addr) = &args.real_worker {
+        return real::worker(&args, addr);
+    }
+    if args.engine == args::Engine::Vllm {
+        return real::main(&args);
     }
     if args.replot {
         return plot_data::replot(&args.out_dir);
