@@ -74,22 +74,23 @@ pub struct Args {
     #[arg(long, default_value = "shared-prefix,trace")]
     pub workloads: String,
     /// `--engine vllm`: requests of the shared-prefix workload.
-    #[arg(long, default_value_t = 240)]
+    #[arg(long, default_value_t = 48)]
     pub prefix_requests: usize,
     /// `--engine vllm`: tenants of the shared-prefix workload, each with its system prompt.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 8)]
     pub tenants: usize,
     /// `--engine vllm`: words of each tenant's system prompt (about 2 tokens a word).
-    #[arg(long, default_value_t = 1200)]
+    #[arg(long, default_value_t = 600)]
     pub system_words: usize,
     /// `--engine vllm`: words of each user's question.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 30)]
     pub question_words: usize,
     /// `--engine vllm`: output tokens of each shared-prefix request.
     #[arg(long, default_value_t = 16)]
     pub max_tokens: u32,
-    /// `--engine vllm`: requests of the trace workload (the trace's first ones that fit).
-    #[arg(long, default_value_t = 120)]
+    /// `--engine vllm`: requests of the trace workload, at most (whole conversations of two
+    /// turns or more, in the order of their first turn).
+    #[arg(long, default_value_t = 32)]
     pub trace_requests: usize,
     /// `--engine vllm`: the trace's prompts and outputs are divided by this (a divisor of 2048).
     #[arg(long, default_value_t = 16)]
@@ -97,12 +98,15 @@ pub struct Args {
     /// `--engine vllm`: output tokens of a trace request, at most.
     #[arg(long, default_value_t = 32)]
     pub trace_max_tokens: u32,
-    /// `--engine vllm`: the servers' `--max-model-len` (the tiny model has 16,384 positions).
-    #[arg(long, default_value_t = 16384)]
+    /// `--engine vllm`: the servers' `--max-model-len` (the tiny model has 16,384 positions;
+    /// vLLM refuses one request's worth more than `--kv-blocks` x 128 tokens).
+    #[arg(long, default_value_t = 6144)]
     pub max_model_len: usize,
     /// `--engine vllm`: KV blocks per server (`--num-gpu-blocks-override`; 128 tokens each on
-    /// CPU); 0 keeps the 1 GiB cache (2,048 blocks), which holds every prompt of a run.
-    #[arg(long, default_value_t = 160)]
+    /// CPU); 0 keeps the 1 GiB cache (2,048 blocks), which holds every prompt of a run. The
+    /// default, 48 (6,144 tokens), holds about 60 % of the shared-prefix tenants' system prompts:
+    /// one server cannot keep them all, two can if each keeps its share.
+    #[arg(long, default_value_t = 48)]
     pub kv_blocks: u64,
     /// `--engine vllm`: requests in flight (a closed loop: each client sends its next request
     /// when its last is answered).

@@ -72,6 +72,9 @@ pub struct Row {
     /// CPU seconds of the userspace router on the request path during the run (none for the
     /// kernel's picks).
     pub router_cpu_s: Option<f64>,
+    /// How often `ailb run` took a server out of its table during the run (its log's "backend
+    /// excluded" lines: a failed or late `/health` or `/metrics` answer), `None` without ailb.
+    pub exclusions: Option<usize>,
 }
 
 /// What every row shares: the servers and the workloads.
@@ -296,7 +299,7 @@ fn counters(s: &VllmServer) -> anyhow::Result<(f64, f64, f64, f64)> {
 
 /// The probe of the reset: text no workload shares a block with (other words than theirs).
 fn probe() -> RealRequest {
-    let text: String = (0..900).map(|i| format!("probe{} ", i % 97)).collect();
+    let text: String = (0..300).map(|i| format!("probe{} ", i % 97)).collect();
     RealRequest {
         body: serde_json::json!({
             "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
@@ -461,8 +464,8 @@ fn start_balancer(
 
 /// `ailb run`'s config for a kernel policy over the real servers: the L4 baselines on a
 /// static table as in the simulated race; ailb with the daemon's defaults (affinity, load
-/// bound 1.25, 20 s affinity wait) and each server's `/metrics` sampled every 200 ms (load,
-/// free KV memory from its KV cache and the tiny model's bytes per token).
+/// bound 1.25, 20 s affinity wait, each server's `/metrics` and `/health` sampled every 500 ms:
+/// load, free KV memory from its KV cache and the tiny model's bytes per token).
 fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfig {
     let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
@@ -479,7 +482,9 @@ fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfi
             cfg.affinity = false;
             cfg.load_factor = 1.01;
         }
-        _ => cfg.daemon_extra = "sample_interval = \"200ms\"\n".to_string(),
+        // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
+        // by that interval).
+        _ => {}
     }
     let sampled = matches!(policy, Policy::Ailb | Policy::AilbGateway);
     for s in servers {
@@ -523,6 +528,10 @@ fn run_policy(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if policy != Policy::Ailb {
+        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
+        cmd.arg("--untagged");
+    }
     eprintln!(
         "ailb-compare: {} / {}: sending {n} requests, {} at a time, to {}",
         kind.key(),
@@ -542,6 +551,8 @@ fn run_policy(
     if args.keep_records {
         keep_logs(args, kind, policy, &balancer, dir.path(), &out)?;
     }
+    let exclusions =
+        balancer.daemon.as_ref().map(|d| d.log().lines().filter(|l| l.contains("backend excluded")).count());
     drop(balancer);
     let text = std::fs::read_to_string(&out).context("reading the client worker's records")?;
     let (records, wall_s): (Vec<Record>, f64) = serde_json::from_str(&text).context("parsing the records")?;
@@ -554,6 +565,7 @@ fn run_policy(
         hit_tokens: before.iter().zip(&after).map(|(b, a)| a.1 - b.1).sum(),
         per_server: before.iter().zip(&after).map(|(b, a)| (a.2 - b.2).round() as u64).collect(),
         router_cpu_s: super::cpu::used(cpu0, cpu1),
+        exclusions,
     })
 }
 
@@ -633,7 +645,13 @@ pub fn worker(args: &Args, addr: &str) -> anyhow::Result<()> {
     let out = args.worker_out.clone().context("--real-worker needs --worker-out")?;
     let addr: SocketAddrV4 = addr.parse().with_context(|| format!("--real-worker {addr}"))?;
     let text = std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
-    let requests: Vec<RealRequest> = serde_json::from_slice(&text).context("parsing the requests")?;
+    let mut requests: Vec<RealRequest> = serde_json::from_slice(&text).context("parsing the requests")?;
+    if args.untagged {
+        for r in &mut requests {
+            r.tag_conversation = None;
+            r.memory_mb = 0;
+        }
+    }
     let (records, wall_s) = client::run(addr, &requests, args.concurrency, Duration::from_secs_f64(args.deadline_s));
     std::fs::write(&out, serde_json::to_vec(&(records, wall_s))?)
         .with_context(|| format!("writing {}", out.display()))?;

@@ -68,19 +68,21 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
          prefix cache reset and the reset checked before it. \"From cache\" is the servers' own count: \
          `vllm:prefix_cache_hits_total` over `vllm:prefix_cache_queries_total`, deltas over the policy's run, \
          summed over the servers; \"by usage\" is the same share from the answers' `cached_tokens`. TTFT and \
-         end-to-end times are the client's, from its `connect()`.\n",
+         end-to-end times are the client's, from its `connect()`. \"ailb exclusions\": how often `ailb run` took \
+         a server out of its table during the run (a `/health` or `/metrics` answer missing or later than its \
+         sampling interval).\n",
         args.concurrency
     );
     for (kind, what, _) in &setup.workloads {
         let _ = writeln!(md, "## {}\n\n{what}.\n", kind.key());
         md.push_str(
-            "| policy | from cache | by usage | TTFT P50 ms | TTFT P95 ms | E2E P50 ms | failures | req/s | requests per server | router CPU s |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            "| policy | from cache | by usage | TTFT P50 ms | TTFT P95 ms | E2E P50 ms | failures | req/s | requests per server | router CPU s | ailb exclusions |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for r in rows.iter().filter(|r| r.workload == *kind) {
             let _ = writeln!(
                 md,
-                "| {} | {:.1} % | {} | {} | {} | {} | {} of {} | {:.2} | {} | {} |",
+                "| {} | {:.1} % | {} | {} | {} | {} | {} of {} | {:.2} | {} | {} | {} |",
                 r.policy.title(),
                 r.hit_share() * 100.0,
                 r.usage_cached_share().map_or("-".into(), |s| format!("{:.1} %", s * 100.0)),
@@ -92,6 +94,7 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
                 r.rate(),
                 r.per_server.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
                 r.router_cpu_s.map_or("-".into(), |c| format!("{c:.1}")),
+                r.exclusions.map_or("-".into(), |n| n.to_string()),
             );
         }
         let kinds: std::collections::BTreeMap<String, usize> = rows
@@ -149,7 +152,7 @@ fn to_json(setup: &Setup, rows: &[Row]) -> serde_json::Value {
             "queried_tokens": r.queried_tokens, "hit_tokens": r.hit_tokens, "hit_share": r.hit_share(),
             "usage_cached_share": r.usage_cached_share(),
             "ttft_ms": {"p50": r.ttft(50.0), "p95": r.ttft(95.0)}, "e2e_ms": {"p50": r.e2e(50.0), "p95": r.e2e(95.0)},
-            "per_server": r.per_server, "router_cpu_s": r.router_cpu_s,
+            "per_server": r.per_server, "router_cpu_s": r.router_cpu_s, "ailb_exclusions": r.exclusions,
         })).collect::<Vec<_>>(),
     })
 }

@@ -12,7 +12,10 @@
 //!   `1 / scale` of their length), `max_tokens` the trace's output length over the same scale.
 //!   The conversation goes as `X-Session-ID` (and as the socket tag for ailb's kernel pick).
 
-use ailb_sim::replay::{trace, TraceSelect};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use ailb_sim::replay::{trace, RequestSpec, TraceSelect};
 use ailb_sim::text::{block_text, BLOCK_BYTES, BYTES_PER_TOKEN};
 use ailb_tests::vllm::filler;
 use anyhow::{bail, Context};
@@ -80,12 +83,7 @@ pub struct Sizes {
 }
 
 /// The request list of `kind`, and a line saying what it is.
-pub fn build(
-    kind: Kind,
-    sizes: &Sizes,
-    model: &str,
-    trace_path: &std::path::Path,
-) -> anyhow::Result<(Vec<RealRequest>, String)> {
+pub fn build(kind: Kind, sizes: &Sizes, model: &str, trace_path: &Path) -> anyhow::Result<(Vec<RealRequest>, String)> {
     match kind {
         Kind::SharedPrefix => Ok(shared_prefix(sizes, model)),
         Kind::Trace => trace_slice(sizes, model, trace_path),
@@ -146,7 +144,7 @@ fn shared_prefix(s: &Sizes, model: &str) -> (Vec<RealRequest>, String) {
     (out, what)
 }
 
-fn trace_slice(s: &Sizes, model: &str, path: &std::path::Path) -> anyhow::Result<(Vec<RealRequest>, String)> {
+fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealRequest>, String)> {
     if s.trace_scale == 0 || !BLOCK_BYTES.is_multiple_of(s.trace_scale as usize) {
         bail!("--trace-scale {}: must divide {BLOCK_BYTES} (the bytes of a trace block's text)", s.trace_scale);
     }
@@ -155,18 +153,39 @@ fn trace_slice(s: &Sizes, model: &str, path: &std::path::Path) -> anyhow::Result
     let sel = TraceSelect { limit: None, model: model.to_string(), ..Default::default() };
     let specs = ailb_sim::replay::trace_specs(&requests, &convs, &sel);
     let chunk = BLOCK_BYTES / s.trace_scale as usize;
-    let mut out = Vec::new();
-    let mut skipped = 0;
+    let bytes_of =
+        |spec: &RequestSpec| (u64::from(spec.prompt_tokens) * BYTES_PER_TOKEN) as usize / s.trace_scale as usize;
+    let max_tokens_of = |spec: &RequestSpec| (spec.max_tokens / s.trace_scale).clamp(1, s.trace_max_tokens);
+    let fits = |spec: &RequestSpec| {
+        bytes_of(spec) / MIN_BYTES_PER_TOKEN + TEMPLATE_TOKENS + max_tokens_of(spec) as usize <= s.max_model_len
+    };
+    // Whole conversations of two turns or more, in the order of their first turn, while they
+    // fit: the trace's first requests are mostly first turns (their later turns come minutes
+    // later), which no placement can serve from a cache.
+    let mut turns: HashMap<&str, (usize, bool)> = HashMap::new();
     for spec in &specs {
-        if out.len() >= s.trace_requests {
-            break;
-        }
-        let bytes = (u64::from(spec.prompt_tokens) * BYTES_PER_TOKEN) as usize / s.trace_scale as usize;
-        let max_tokens = (spec.max_tokens / s.trace_scale).clamp(1, s.trace_max_tokens);
-        if bytes / MIN_BYTES_PER_TOKEN + TEMPLATE_TOKENS + max_tokens as usize > s.max_model_len {
-            skipped += 1;
+        let e = turns.entry(spec.conversation.as_str()).or_insert((0, true));
+        e.0 += 1;
+        e.1 &= fits(spec);
+    }
+    let (mut chosen, mut total, mut too_long) = (HashSet::new(), 0, 0);
+    for spec in &specs {
+        let (n, fit) = turns[spec.conversation.as_str()];
+        if n < 2 || chosen.contains(spec.conversation.as_str()) || total + n > s.trace_requests {
             continue;
         }
+        if !fit {
+            too_long += 1;
+            continue;
+        }
+        chosen.insert(spec.conversation.as_str());
+        total += n;
+    }
+    let picked: Vec<RequestSpec> = specs.iter().filter(|x| chosen.contains(x.conversation.as_str())).cloned().collect();
+    let mut out = Vec::new();
+    for spec in &picked {
+        let bytes = bytes_of(spec);
+        let max_tokens = max_tokens_of(spec);
         let mut text = String::with_capacity(bytes + chunk);
         let mut ids = spec.hash_ids.iter();
         let mut filler_id = 1u64 << 63 | (spec.index as u64) << 20;
@@ -187,15 +206,27 @@ fn trace_slice(s: &Sizes, model: &str, path: &std::path::Path) -> anyhow::Result
             memory_mb: memory_mb(bytes, max_tokens, s.kv_bytes_per_token),
         });
     }
+    let reuse = ailb_sim::replay::oracle_prefix_hit_rate(&picked).unwrap_or(0.0);
     let what = format!(
-        "the first {} requests of the Mooncake trace{} ({}), prompts and outputs scaled by 1/{} (a 512-token block \
-         is {} bytes of text), at most {} output tokens, the conversation as X-Session-ID",
+        "{} requests of the Mooncake trace ({}): every turn of its first {} conversations of two turns or more{}, \
+         in the trace's order; prompts and outputs scaled by 1/{} (a 512-token block of the trace is {} bytes of \
+         text), at most {} output tokens, the conversation as X-Session-ID; {:.1} % of their prompt tokens are a \
+         prefix an earlier request of the slice sent (in whole trace blocks: a bound no placement passes)",
         out.len(),
-        if skipped > 0 { format!(" that fit --max-model-len ({skipped} longer ones skipped)") } else { String::new() },
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        chosen.len(),
+        if too_long > 0 {
+            format!(" whose turns fit --max-model-len ({too_long} longer ones left out)")
+        } else {
+            String::new()
+        },
         s.trace_scale,
         chunk,
-        s.trace_max_tokens
+        s.trace_max_tokens,
+        reuse * 100.0
     );
     Ok((out, what))
 }
+
+#[cfg(test)]
+mod tests;
