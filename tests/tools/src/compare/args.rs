@@ -99,14 +99,14 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub trace_max_tokens: u32,
     /// `--engine vllm`: the servers' `--max-model-len` (the tiny model has 16,384 positions;
-    /// vLLM refuses one request's worth more than `--kv-blocks` x 128 tokens).
+    /// vLLM refuses to start unless `--kv-blocks` less one hold it, at 128 tokens a block).
     #[arg(long, default_value_t = 6144)]
     pub max_model_len: usize,
     /// `--engine vllm`: KV blocks per server (`--num-gpu-blocks-override`; 128 tokens each on
     /// CPU); 0 keeps the 1 GiB cache (2,048 blocks), which holds every prompt of a run. The
-    /// default, 48 (6,144 tokens), holds about 60 % of the shared-prefix tenants' system prompts:
+    /// default, 49 (6,272 tokens), holds about 65 % of the shared-prefix tenants' system prompts:
     /// one server cannot keep them all, two can if each keeps its share.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 49)]
     pub kv_blocks: u64,
     /// `--engine vllm`: requests in flight (a closed loop: each client sends its next request
     /// when its last is answered).

@@ -2,7 +2,7 @@
 //! vLLM for CPU servers serving the tiny model, instead of simulated GPUs.
 //!
 //! The servers start once (`--servers`, 2 by default, at most 3: each takes about 4 GB and
-//! they share the CPU cores; two take 100-300 s to start here) through the shared launcher
+//! they share the CPU cores; two take 100-520 s to start here) through the shared launcher
 //! ([`ailb_tests::vllm`]: own process group, stopped by that group at the end and on any
 //! failure, `PR_SET_PDEATHSIG`), with `VLLM_SERVER_DEV_MODE=1` so that `POST
 //! /reset_prefix_cache` exists, `--max-model-len`, `--enable-prompt-tokens-details` and
@@ -53,6 +53,9 @@ use crate::sim_gpus::Proc;
 
 /// The name the servers serve the tiny model under.
 pub const MODEL: &str = "tiny-llama";
+/// vLLM's KV block on CPU, tokens (its default there; the run reads the servers' own from
+/// `vllm:cache_config_info` once they are up).
+const CPU_BLOCK_TOKENS: u64 = 128;
 /// The policies raced when `--policies` is left at its default.
 pub const DEFAULT_POLICIES: &str = "round-robin,ailb,ailb-gateway,smg-cache-aware,smg-prefix-hash,vllm-cache-aware";
 
@@ -99,6 +102,17 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1, not 0");
     }
+    if args.kv_blocks > 0 && args.max_model_len as u64 > (args.kv_blocks - 1) * CPU_BLOCK_TOKENS {
+        bail!(
+            "--max-model-len {} needs --kv-blocks {} at least: vLLM refuses to start unless one request of that \
+             length fits in all blocks but one, at {CPU_BLOCK_TOKENS} tokens a block",
+            args.max_model_len,
+            (args.max_model_len as u64).div_ceil(CPU_BLOCK_TOKENS) + 1
+        );
+    }
+    if args.deadline_s <= 0.0 || !args.deadline_s.is_finite() {
+        bail!("--deadline-s must be a positive number of seconds, not {}", args.deadline_s);
+    }
     let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
     let policies = real_policies(args)?;
     let (policies, not_run) = installed(policies);
@@ -125,7 +139,7 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         extra.extend(["--num-gpu-blocks-override", &blocks]);
     }
     eprintln!(
-        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-300 s on 2 cores)...",
+        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
         args.servers,
         engine.model.display()
     );

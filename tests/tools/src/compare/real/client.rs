@@ -213,3 +213,6 @@ impl<R: BufRead> Read for Chunked<R> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -130,6 +130,13 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
         if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
             a[at + 1] = prefix_token_count(r.workload, args).to_string();
         }
+        // The run's own addresses change per policy: the listen and Prometheus ports and the
+        // servers are written as placeholders.
+        for (i, x) in a.clone().iter().enumerate().skip(1) {
+            if a[i - 1] == "--port" || a[i - 1] == "--prometheus-port" {
+                a[i] = if x == "0" { "PORT".into() } else { x.clone() };
+            }
+        }
         let _ = writeln!(
             md,
             "- {} ({}): `{} {}`",
