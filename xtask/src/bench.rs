@@ -33,7 +33,7 @@
 //!    long conversations land, which sets the tail and the spread); reports in
 //!    `docs/results/peers-*/`.
 //! 9. The race on real engines (`--only real-engine`, not part of a plain `cargo xtask bench`:
-//!    about 25 minutes, two real vLLM for CPU servers of about 4 GB each): `ailb-compare --engine
+//!    about 30 minutes, two real vLLM for CPU servers of 3-4 GB each): `ailb-compare --engine
 //!    vllm`, round robin L4, ailb both ways in, SMG `cache_aware` and `prefix_hash` and
 //!    vllm-router `cache_aware` in front of the same servers, on a shared-prefix mix and a
 //!    slice of the Mooncake trace; report in `docs/results/real-engine/`.
@@ -139,7 +139,7 @@ const SEEDS_POLICIES: &str = "ailb,ailb-gateway,sglang-cache-aware,vllm-cache-aw
 const SEEDS: u64 = 4;
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -> Result<()> {
-    // The peer runs take half an hour and the real-engine race 25 minutes and 8 GB: only when
+    // The peer runs take half an hour and the real-engine race 30 minutes and 6-8 GB: only when
     // asked for by name.
     let runs = |p: Part| (only.is_empty() && !matches!(p, Part::Peers | Part::RealEngine)) || only.contains(&p);
     if !peers_runs.is_empty() && !runs(Part::Peers) {
@@ -413,7 +413,7 @@ fn real_engine() -> Result<()> {
     let bin = util::target_dir().join("release/ailb-compare");
     let out = util::workspace_root().join("docs/results/real-engine");
     let step =
-        Step::start("real engines: ailb-compare --engine vllm, 2 servers, 2 workloads x 6 policies (about 25 minutes)");
+        Step::start("real engines: ailb-compare --engine vllm, 2 servers, 2 workloads x 6 policies (about 30 minutes)");
     let mut cmd = std::process::Command::new(&bin);
     cmd.env("AILB_BIN", util::ailb_bin("release"))
         .args(["--engine", "vllm", "--trace"])
