@@ -18,7 +18,10 @@ pub enum Engine {
 }
 
 #[derive(Debug, Clone, Parser)]
-#[command(name = "ailb-compare", about = "Balancing policies compared on one simulated GPU fleet (root)")]
+#[command(
+    name = "ailb-compare",
+    about = "Balancing policies compared on one simulated GPU fleet, or on real vLLM servers (root)"
+)]
 pub struct Args {
     /// Requests to replay (the first N of the trace, or N synthetic ones).
     #[arg(long, default_value_t = 1000)]

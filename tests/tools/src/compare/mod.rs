@@ -9,6 +9,7 @@
 //! end-to-end latency CDFs and an SVG of every GPU's utilisation over time per policy under
 //! `--out-dir`, with the data they draw (`replay-plots.json`, [`plot_data`]), and prints the
 //! report. `--replot` only redraws the SVGs in `--out-dir` from that data (no root, no run).
+//! `--engine vllm` races the policies in front of real vLLM for CPU servers instead ([`real`]).
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
