@@ -38,7 +38,12 @@
 //!    the same load alone, shares against weights while backlogged, refusals of a higher band
 //!    while a lower one waited, and the front door's added p50 with and without tenants when
 //!    nothing waits. Its report is written to `target/bench/overload.md`.
-//! 10. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
+//! 10. The race on real engines (`--only real-engine`, not part of a plain `cargo xtask bench`:
+//!    about 30 minutes, two real vLLM for CPU servers of 3-4 GB each): `ailb-compare --engine
+//!    vllm`, round robin L4, ailb both ways in, SMG `cache_aware` and `prefix_hash` and
+//!    vllm-router `cache_aware` in front of the same servers, on a shared-prefix mix and a
+//!    slice of the Mooncake trace; report in `docs/results/real-engine/`.
+//! 11. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!     minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!     for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
 //!     the parser it broke. Its table goes to `docs/results/fuzz.md`. Needs no root but for
@@ -64,6 +69,9 @@ pub(crate) enum Part {
     Fleet,
     /// `ailb-compare` against every peer router policy, `--peers-run` (only when asked for).
     Peers,
+    /// `ailb-compare --engine vllm`: the race on real vLLM servers (only when asked for).
+    #[value(name = "real-engine")]
+    RealEngine,
     /// Every fuzz target for `--fuzz-minutes` each.
     Fuzz,
     /// `ailb-scale-bench`: table writes, kernel memory, recompute and connect4 at 1,024 models.
@@ -139,8 +147,9 @@ const SEEDS_POLICIES: &str = "ailb,ailb-gateway,sglang-cache-aware,vllm-cache-aw
 const SEEDS: u64 = 4;
 
 pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -> Result<()> {
-    // The peer runs take half an hour: only when asked for by name.
-    let runs = |p: Part| (only.is_empty() && p != Part::Peers) || only.contains(&p);
+    // The peer runs take half an hour and the real-engine race 30 minutes and 6-8 GB: only when
+    // asked for by name.
+    let runs = |p: Part| (only.is_empty() && !matches!(p, Part::Peers | Part::RealEngine)) || only.contains(&p);
     if !peers_runs.is_empty() && !runs(Part::Peers) {
         bail!("--peers-run needs --only peers");
     }
@@ -189,6 +198,10 @@ pub(crate) fn bench(only: &[Part], fuzz_minutes: u64, peers_runs: &[PeersRun]) -
     }
     if runs(Part::Peers) {
         peers(if peers_runs.is_empty() { &PeersRun::ALL } else { peers_runs })?;
+    }
+    if runs(Part::RealEngine) {
+        real_engine()?;
+        say!("real-engine race: docs/results/real-engine/real-engine.md (with an SVG chart)");
     }
     if runs(Part::Fuzz) {
         let outcomes = crate::fuzz::fuzz(fuzz_minutes * 60, &[])?;
@@ -407,5 +420,26 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
         step.done();
         say!("peer routers, {dir}: docs/results/{dir}/{report}");
     }
+    Ok(())
+}
+
+/// The race on real engines: `ailb-compare --engine vllm` with its defaults (two vLLM servers,
+/// the shared-prefix mix and the trace's slice, six policies); report in
+/// `docs/results/real-engine/`. The engine is what `cargo xtask setup` installed under
+/// `~/.cache/ailb/`.
+fn real_engine() -> Result<()> {
+    util::build_release_bins(&["ailb-tools"], &["ailb-compare"])?;
+    let bin = util::target_dir().join("release/ailb-compare");
+    let out = util::workspace_root().join("docs/results/real-engine");
+    let step =
+        Step::start("real engines: ailb-compare --engine vllm, 2 servers, 2 workloads x 6 policies (about 30 minutes)");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.env("AILB_BIN", util::ailb_bin("release"))
+        .args(["--engine", "vllm", "--trace"])
+        .arg(trace_path()?)
+        .arg("--out-dir")
+        .arg(&out);
+    util::run(&mut cmd).with_context(|| format!("running {} for docs/results/real-engine", bin.display()))?;
+    step.done();
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `ailb-compare` (root): balancing policies compared in one run, on the same simulated GPU
-//! fleet and the same request list; see [`ailb_tools::compare`] for the method and the
-//! policies.
+//! fleet (or, with `--engine vllm`, the same real vLLM servers) and the same request list; see
+//! [`ailb_tools::compare`] for the method and the policies.
 
 use ailb_tools::compare::{self, args::Args};
 use clap::Parser;

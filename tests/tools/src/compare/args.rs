@@ -5,8 +5,23 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Parser;
 
+/// `--policies` when not given (with `--engine vllm`: [`super::real::DEFAULT_POLICIES`]).
+pub const DEFAULT_POLICIES: &str = "round-robin,random,least-conn,ailb,ailb-static,nginx";
+
+/// The model servers of a race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// Simulated GPUs (`ailb-sim`), a fresh fleet per policy.
+    Sim,
+    /// Real vLLM for CPU servers serving the tiny model, started once ([`super::real`]).
+    Vllm,
+}
+
 #[derive(Debug, Clone, Parser)]
-#[command(name = "ailb-compare", about = "Balancing policies compared on one simulated GPU fleet (root)")]
+#[command(
+    name = "ailb-compare",
+    about = "Balancing policies compared on one simulated GPU fleet, or on real vLLM servers (root)"
+)]
 pub struct Args {
     /// Requests to replay (the first N of the trace, or N synthetic ones).
     #[arg(long, default_value_t = 1000)]
@@ -44,8 +59,68 @@ pub struct Args {
     /// nginx (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH), and the peer
     /// routers sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash,
     /// smg-least-load, vllm-cache-aware, vllm-consistent-hash.
-    #[arg(long, default_value = "round-robin,random,least-conn,ailb,ailb-static,nginx")]
+    /// With `--engine vllm`: round-robin, random, least-conn, ailb, ailb-gateway and the peer
+    /// routers (default: round-robin, ailb, ailb-gateway, smg-cache-aware, smg-prefix-hash,
+    /// vllm-cache-aware).
+    #[arg(long, default_value = DEFAULT_POLICIES)]
     pub policies: String,
+    /// The model servers: simulated GPUs, or real vLLM for CPU servers (the options below
+    /// `--servers` apply to those only).
+    #[arg(long, value_enum, default_value_t = Engine::Sim)]
+    pub engine: Engine,
+    /// `--engine vllm`: how many vLLM servers (1 to 3; each takes about 4 GB).
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// `--engine vllm`: the workloads, comma-separated, run in this order: shared-prefix
+    /// (tenants' long system prompts, no session header) and trace (a slice of the Mooncake
+    /// trace, scaled down).
+    #[arg(long, default_value = "shared-prefix,trace")]
+    pub workloads: String,
+    /// `--engine vllm`: requests of the shared-prefix workload.
+    #[arg(long, default_value_t = 48)]
+    pub prefix_requests: usize,
+    /// `--engine vllm`: tenants of the shared-prefix workload, each with its system prompt.
+    #[arg(long, default_value_t = 8)]
+    pub tenants: usize,
+    /// `--engine vllm`: words of each tenant's system prompt (about 2 tokens a word).
+    #[arg(long, default_value_t = 600)]
+    pub system_words: usize,
+    /// `--engine vllm`: words of each user's question.
+    #[arg(long, default_value_t = 30)]
+    pub question_words: usize,
+    /// `--engine vllm`: output tokens of each shared-prefix request.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// `--engine vllm`: requests of the trace workload, at most (whole conversations of two
+    /// turns or more, in the order of their first turn).
+    #[arg(long, default_value_t = 32)]
+    pub trace_requests: usize,
+    /// `--engine vllm`: the trace's prompts and outputs are divided by this (a divisor of 2048).
+    #[arg(long, default_value_t = 16)]
+    pub trace_scale: u32,
+    /// `--engine vllm`: output tokens of a trace request, at most.
+    #[arg(long, default_value_t = 32)]
+    pub trace_max_tokens: u32,
+    /// `--engine vllm`: the servers' `--max-model-len` (the tiny model has 16,384 positions;
+    /// vLLM refuses to start unless `--kv-blocks` less one hold it, at 128 tokens a block).
+    #[arg(long, default_value_t = 6144)]
+    pub max_model_len: usize,
+    /// `--engine vllm`: KV blocks per server (`--num-gpu-blocks-override`; 128 tokens each on
+    /// CPU); 0 keeps the 1 GiB cache (2,048 blocks), which holds every prompt of a run. The
+    /// default, 49 (6,272 tokens), holds about 65 % of the shared-prefix tenants' system prompts:
+    /// one server cannot keep them all, two can if each keeps its share.
+    #[arg(long, default_value_t = 49)]
+    pub kv_blocks: u64,
+    /// `--engine vllm`: requests in flight (a closed loop: each client sends its next request
+    /// when its last is answered).
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Internal: the real-engine client worker, sending to this address, and exit.
+    #[arg(long, hide = true)]
+    pub real_worker: Option<String>,
+    /// Internal: the requests the real-engine client worker sends.
+    #[arg(long, hide = true)]
+    pub worker_in: Option<PathBuf>,
     /// Where `replay.md`, `replay-cdf.svg`, `replay-util.svg` and `replay-plots.json` go.
     #[arg(long, default_value = "target/bench")]
     pub out_dir: PathBuf,

@@ -9,6 +9,7 @@
 //! end-to-end latency CDFs and an SVG of every GPU's utilisation over time per policy under
 //! `--out-dir`, with the data they draw (`replay-plots.json`, [`plot_data`]), and prints the
 //! report. `--replot` only redraws the SVGs in `--out-dir` from that data (no root, no run).
+//! `--engine vllm` races the policies in front of real vLLM for CPU servers instead ([`real`]).
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
@@ -63,6 +64,7 @@ pub mod peers;
 pub mod plot_data;
 pub mod plots;
 pub mod policy;
+pub mod real;
 pub mod report;
 pub mod run;
 pub mod seeds;
@@ -93,6 +95,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if let Some(vip) = &args.replay_worker {
         let out = args.worker_out.clone().context("--replay-worker needs --worker-out")?;
         return replay_worker(&args, vip, &out);
+    }
+    if let Some(addr) = &args.real_worker {
+        return real::worker(&args, addr);
+    }
+    if args.engine == args::Engine::Vllm {
+        return real::main(&args);
     }
     if args.replot {
         return plot_data::replot(&args.out_dir);

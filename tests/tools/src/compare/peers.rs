@@ -170,12 +170,25 @@ pub fn start(
     gpus: &[SocketAddrV4],
     dir: &Path,
 ) -> anyhow::Result<Proc> {
-    let name = binary(policy).context("not a peer router")?;
     let workers: Vec<String> = gpus.iter().map(|a| format!("http://{a}")).collect();
+    start_with_args(policy, venv, listen, args(policy, listen, metrics, &workers), gpus.len(), dir)
+}
+
+/// [`start`] with the command line `argv` (from [`args`], a setting changed): returns once the
+/// router on `listen` lists `workers` healthy workers (30 s at most).
+pub fn start_with_args(
+    policy: Policy,
+    venv: &Path,
+    listen: SocketAddrV4,
+    argv: Vec<String>,
+    workers: usize,
+    dir: &Path,
+) -> anyhow::Result<Proc> {
+    let name = binary(policy).context("not a peer router")?;
     let log_path = dir.join(format!("{}.log", policy.key()));
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let child = Command::new(venv.join("bin").join(name))
-        .args(args(policy, listen, metrics, &workers))
+        .args(argv)
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("log file")?)
         .stderr(log)
@@ -188,12 +201,12 @@ pub fn start(
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             bail!("{name} exited ({st}): {}", tail(&log));
         }
-        if healthy_workers(listen) == Some(gpus.len()) {
+        if healthy_workers(listen) == Some(workers) {
             return Ok(proc);
         }
         if Instant::now() >= deadline {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!("{name} did not list {} healthy workers on {listen} within 30 s: {}", gpus.len(), tail(&log));
+            bail!("{name} did not list {workers} healthy workers on {listen} within 30 s: {}", tail(&log));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -1,0 +1,673 @@
+//! The race on real engines (`ailb-compare --engine vllm`): the same policies in front of real
+//! vLLM for CPU servers serving the tiny model, instead of simulated GPUs.
+//!
+//! The servers start once (`--servers`, 2 by default, at most 3: each takes about 4 GB and
+//! they share the CPU cores; two take 100-520 s to start here) through the shared launcher
+//! ([`ailb_tests::vllm`]: own process group, stopped by that group at the end and on any
+//! failure, `PR_SET_PDEATHSIG`), with `VLLM_SERVER_DEV_MODE=1` so that `POST
+//! /reset_prefix_cache` exists, `--max-model-len`, `--enable-prompt-tokens-details` and
+//! `--num-gpu-blocks-override` (`--kv-blocks`: a KV cache small enough that where a prefix
+//! lives matters; 1 GiB would hold every prompt of the run on every server).
+//!
+//! Before each policy every server's prefix cache is reset, and the reset is checked: a probe
+//! prompt sent twice must be a hit the second time (so the check can fail), and after the
+//! reset the same probe must find no cached token, by the answer's `cached_tokens` and by the
+//! server's `vllm:prefix_cache_hits_total`. The probe's text shares no 128-token block with any
+//! workload. Then the balancer under test starts, the client worker ([`client`], a re-exec of
+//! this binary inside the child cgroup, so that ailb's kernel pick sees its sockets) sends the
+//! workload ([`workload`]) in a closed loop, and the run is measured by the servers' own
+//! counters (`vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`, in tokens,
+//! deltas summed over the servers; `vllm:request_success_total` per server for the split) and
+//! on the client side (TTFT P50/P95, failures, requests per second). The report goes to
+//! `--out-dir` ([`report`]).
+//!
+//! Policies: `round-robin`, `random`, `least-conn` (the kernel's L4 baselines on a static
+//! config), `ailb` (the kernel pick of the one-box `ailb run`, which samples each server's
+//! `/metrics` itself: load, KV memory; affinity by the socket's conversation tag where the
+//! workload has one), `ailb-gateway` (that daemon with its front door `ailb gateway`), and the
+//! peer routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key
+//! length set per workload, see [`prefix_token_count`]).
+
+pub mod client;
+pub mod report;
+pub mod workload;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddrV4, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ailb_tests::client::spawn_in_cgroup;
+use ailb_tests::status::backend;
+use ailb_tests::vllm::{self, metric_sum, Engine, VllmServer, KV_BYTES_PER_TOKEN};
+use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, TestConfig};
+use anyhow::{bail, Context};
+
+use self::client::Record;
+use self::workload::{Kind, RealRequest, Sizes};
+use super::args::Args;
+use super::policy::Policy;
+use super::{front_door, peers, VIP};
+use crate::sim_gpus::Proc;
+
+/// The name the servers serve the tiny model under.
+pub const MODEL: &str = "tiny-llama";
+/// vLLM's KV block on CPU, tokens (its default there; the run reads the servers' own from
+/// `vllm:cache_config_info` once they are up).
+const CPU_BLOCK_TOKENS: u64 = 128;
+/// The policies raced when `--policies` is left at its default.
+pub const DEFAULT_POLICIES: &str = "round-robin,ailb,ailb-gateway,smg-cache-aware,smg-prefix-hash,vllm-cache-aware";
+
+/// One policy on one workload, measured.
+pub struct Row {
+    pub workload: Kind,
+    pub policy: Policy,
+    /// Every request's record, in index order.
+    pub records: Vec<Record>,
+    pub wall_s: f64,
+    /// Prompt tokens the servers looked up in their prefix caches, and found there (deltas of
+    /// their counters over the run, summed over the servers).
+    pub queried_tokens: f64,
+    pub hit_tokens: f64,
+    /// Requests each server finished during the run.
+    pub per_server: Vec<u64>,
+    /// CPU seconds of the userspace router on the request path during the run (none for the
+    /// kernel's picks).
+    pub router_cpu_s: Option<f64>,
+    /// How often `ailb run` took a server out of its table during the run (its log's "backend
+    /// excluded" lines: a failed or late `/health` or `/metrics` answer), `None` without ailb.
+    pub exclusions: Option<usize>,
+}
+
+/// What every row shares: the servers and the workloads.
+pub struct Setup {
+    pub servers: usize,
+    pub block_size: Option<u64>,
+    pub kv_blocks: Option<u64>,
+    /// Seconds from spawn to ready, per server.
+    pub ready_s: Vec<f64>,
+    pub rss_mib: Vec<u64>,
+    /// Per workload, what it is.
+    pub workloads: Vec<(Kind, String, usize)>,
+    /// Policies that could not run, and why.
+    pub not_run: Vec<(Policy, String)>,
+}
+
+/// `ailb-compare --engine vllm`.
+pub fn main(args: &Args) -> anyhow::Result<()> {
+    if !(1..=3).contains(&args.servers) {
+        bail!("--servers {}: 1 to 3 real vLLM servers (each takes about 4 GB and shares the CPU cores)", args.servers);
+    }
+    if args.concurrency == 0 {
+        bail!("--concurrency must be at least 1, not 0");
+    }
+    if args.kv_blocks > 0 && args.max_model_len as u64 > (args.kv_blocks - 1) * CPU_BLOCK_TOKENS {
+        bail!(
+            "--max-model-len {} needs --kv-blocks {} at least: vLLM refuses to start unless one request of that \
+             length fits in all blocks but one, at {CPU_BLOCK_TOKENS} tokens a block",
+            args.max_model_len,
+            (args.max_model_len as u64).div_ceil(CPU_BLOCK_TOKENS) + 1
+        );
+    }
+    if args.deadline_s <= 0.0 || !args.deadline_s.is_finite() {
+        bail!("--deadline-s must be a positive number of seconds, not {}", args.deadline_s);
+    }
+    let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let policies = real_policies(args)?;
+    let (policies, not_run) = installed(policies);
+    let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
+    let ailb = preflight();
+    let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
+    let sizes = sizes(args);
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let mut workloads = Vec::new();
+    for k in &kinds {
+        let (reqs, what) = workload::build(*k, &sizes, MODEL, &trace)?;
+        let path = dir.path().join(format!("{}.json", k.key()));
+        std::fs::write(&path, serde_json::to_vec(&reqs)?).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("ailb-compare: workload {}: {what}", k.key());
+        workloads.push((*k, what, reqs.len(), path));
+    }
+    // The launcher adds its own variables to this process's environment, which the servers
+    // inherit: this one turns on vLLM's development endpoints, `/reset_prefix_cache` among them.
+    std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
+    let len = args.max_model_len.to_string();
+    let blocks = args.kv_blocks.to_string();
+    let mut extra = vec!["--max-model-len", &len, "--enable-prompt-tokens-details"];
+    if args.kv_blocks > 0 {
+        extra.extend(["--num-gpu-blocks-override", &blocks]);
+    }
+    eprintln!(
+        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
+        args.servers,
+        engine.model.display()
+    );
+    let names = vec![MODEL; args.servers];
+    let t0 = Instant::now();
+    let servers = vllm::start_servers(&engine, &names, &extra, Duration::from_secs(600));
+    let setup = Setup {
+        servers: servers.len(),
+        block_size: servers[0].cache_config("block_size"),
+        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
+        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
+        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
+        workloads: workloads.iter().map(|(k, w, n, _)| (*k, w.clone(), *n)).collect(),
+        not_run,
+    };
+    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+    let cg = CgroupGuard::new("real-race");
+    let mut rows = Vec::new();
+    let mut port = 18_400u16;
+    for (kind, _, n, path) in &workloads {
+        for p in &policies {
+            port += 1;
+            eprintln!("ailb-compare: {} / {}: resetting the prefix caches", kind.key(), p.title());
+            for s in &servers {
+                reset_and_check(s)?;
+            }
+            let row = run_policy(args, &ailb, &cg, *p, *kind, port, &servers, block, path, *n)?;
+            let ok: Vec<&Record> = row.records.iter().filter(|r| r.ok()).collect();
+            eprintln!(
+                "ailb-compare: {} / {}: {} ok, {} failed in {:.1} s; {:.1} % of prompt tokens from the cache; \
+                 TTFT p50 {} ms; per server {:?}",
+                kind.key(),
+                p.title(),
+                ok.len(),
+                row.records.len() - ok.len(),
+                row.wall_s,
+                row.hit_share() * 100.0,
+                report::fmt_ms(row.ttft(50.0)),
+                row.per_server
+            );
+            rows.push(row);
+        }
+    }
+    drop(cg);
+    drop(servers);
+    let md = report::write(args, &setup, &rows)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// `--policies`, or [`DEFAULT_POLICIES`] when left at the simulator's default; only those that
+/// run in front of real servers.
+fn real_policies(args: &Args) -> anyhow::Result<Vec<Policy>> {
+    let list = if args.policies == super::args::DEFAULT_POLICIES { DEFAULT_POLICIES } else { &args.policies };
+    let policies = list.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    for p in &policies {
+        let fits =
+            matches!(p, Policy::RoundRobin | Policy::Random | Policy::LeastConn | Policy::Ailb | Policy::AilbGateway)
+                || peers::binary(*p).is_some();
+        if !fits {
+            bail!(
+                "--policies: {} does not run with --engine vllm (round-robin, random, least-conn, ailb, ailb-gateway \
+                 and the peer routers do)",
+                p.key()
+            );
+        }
+    }
+    Ok(policies)
+}
+
+/// The policies whose router is installed, and the others with the reason.
+fn installed(policies: Vec<Policy>) -> (Vec<Policy>, Vec<(Policy, String)>) {
+    let mut not_run = Vec::new();
+    let run = policies
+        .into_iter()
+        .filter(|p| match peers::missing(*p, &peers::venv_of(*p)) {
+            Some(why) => {
+                eprintln!("ailb-compare: {}: {why}: skipping it", p.title());
+                not_run.push((*p, why));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (run, not_run)
+}
+
+fn sizes(args: &Args) -> Sizes {
+    Sizes {
+        requests: args.prefix_requests,
+        tenants: args.tenants,
+        system_words: args.system_words,
+        question_words: args.question_words,
+        max_tokens: args.max_tokens,
+        trace_requests: args.trace_requests,
+        trace_scale: args.trace_scale,
+        trace_max_tokens: args.trace_max_tokens,
+        max_model_len: args.max_model_len,
+        kv_bytes_per_token: KV_BYTES_PER_TOKEN,
+        seed: args.seed,
+    }
+}
+
+impl Row {
+    /// Share of the prompt tokens looked up that the servers found in their caches.
+    pub fn hit_share(&self) -> f64 {
+        if self.queried_tokens > 0.0 {
+            self.hit_tokens / self.queried_tokens
+        } else {
+            0.0
+        }
+    }
+
+    pub fn ok(&self) -> usize {
+        self.records.iter().filter(|r| r.ok()).count()
+    }
+
+    pub fn failures(&self) -> usize {
+        self.records.len() - self.ok()
+    }
+
+    /// A percentile of the successful requests' time to first token, ms.
+    pub fn ttft(&self, p: f64) -> Option<f64> {
+        let v: Vec<f64> = self.records.iter().filter(|r| r.ok()).filter_map(|r| r.ttft_ms).collect();
+        ailb_sim::replay::percentile(&v, p)
+    }
+
+    pub fn e2e(&self, p: f64) -> Option<f64> {
+        let v: Vec<f64> = self.records.iter().filter(|r| r.ok()).map(|r| r.e2e_ms).collect();
+        ailb_sim::replay::percentile(&v, p)
+    }
+
+    /// Successful requests per second of the run.
+    pub fn rate(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            self.ok() as f64 / self.wall_s
+        } else {
+            0.0
+        }
+    }
+
+    /// The cached share of the prompt tokens by the answers' own usage chunks (a cross-check
+    /// of the counters; `None` when no answer carried it).
+    pub fn usage_cached_share(&self) -> Option<f64> {
+        let (mut c, mut p) = (0u64, 0u64);
+        for r in self.records.iter().filter(|r| r.ok()) {
+            c += r.cached_tokens?;
+            p += r.prompt_tokens?;
+        }
+        (p > 0).then(|| c as f64 / p as f64)
+    }
+}
+
+/// The counters of one server now: (prefix-cache queried tokens, hit tokens, requests finished,
+/// running + waiting requests).
+fn counters(s: &VllmServer) -> anyhow::Result<(f64, f64, f64, f64)> {
+    let text = match ailb_tests::http::get(&s.addr(), "/metrics") {
+        Ok((200, body)) => body,
+        other => bail!("GET /metrics from vLLM on {}: {other:?}", s.addr()),
+    };
+    let m = |name: &str| {
+        metric_sum(&text, name).with_context(|| format!("no {name} in the /metrics of vLLM on {}", s.addr()))
+    };
+    Ok((
+        m("vllm:prefix_cache_queries_total")?,
+        m("vllm:prefix_cache_hits_total")?,
+        m("vllm:request_success_total")?,
+        m("vllm:num_requests_running")? + m("vllm:num_requests_waiting")?,
+    ))
+}
+
+/// The probe of the reset: text no workload shares a block with (other words than theirs).
+fn probe() -> RealRequest {
+    let text: String = (0..300).map(|i| format!("probe{} ", i % 97)).collect();
+    RealRequest {
+        body: serde_json::json!({
+            "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
+            "stream": true, "stream_options": {"include_usage": true},
+        }),
+        session: None,
+        tag_conversation: None,
+        memory_mb: 0,
+    }
+}
+
+/// Sends the probe to `s` directly; returns its cached tokens by the answer and by the
+/// server's hit counter.
+fn send_probe(s: &VllmServer) -> anyhow::Result<(u64, f64)> {
+    let addr: SocketAddrV4 = s.addr().parse().context("server address")?;
+    let before = counters(s)?.1;
+    let rec = client::send(addr, 0, &probe(), Duration::from_secs(60));
+    if !rec.ok() {
+        bail!("the reset probe to vLLM on {} failed: {rec:?}", s.addr());
+    }
+    let cached = rec.cached_tokens.with_context(|| format!("vLLM on {} answered no cached_tokens", s.addr()))?;
+    Ok((cached, counters(s)?.1 - before))
+}
+
+/// Waits until `s` runs and queues nothing (60 s at most), empties its prefix cache with `POST
+/// /reset_prefix_cache` (retried while blocks are still held) and checks that a prompt cached
+/// before is no longer a hit.
+fn reset_and_check(s: &VllmServer) -> anyhow::Result<()> {
+    wait_idle(std::slice::from_ref(s), Duration::from_secs(60))?;
+    send_probe(s)?;
+    let (cached, hits) = send_probe(s)?;
+    if cached == 0 || hits <= 0.0 {
+        bail!(
+            "vLLM on {}: the probe sent twice was no hit the second time ({cached} cached, {hits} hit tokens)",
+            s.addr()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = post_empty(&s.addr(), "/reset_prefix_cache")?;
+        if status == 404 {
+            bail!("vLLM on {} has no /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1 not in effect?)", s.addr());
+        }
+        if status == 200 && body.replace(' ', "").contains("\"success\":true") {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("vLLM on {}: /reset_prefix_cache kept failing: {status} {body}", s.addr());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (cached, hits) = send_probe(s)?;
+    if cached != 0 || hits != 0.0 {
+        bail!("vLLM on {}: after /reset_prefix_cache the probe still found {cached} ({hits}) cached tokens", s.addr());
+    }
+    Ok(())
+}
+
+/// `POST path` with no body; the status and body.
+fn post_empty(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(s, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).with_context(|| format!("reading POST {path} from {addr}"))?;
+    let r = ailb_tests::http::parse_reply(&raw).map_err(|e| anyhow::anyhow!("POST {path} to {addr}: {e}"))?;
+    Ok((r.status, r.body))
+}
+
+fn wait_idle(servers: &[VllmServer], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut busy = 0.0;
+        for s in servers {
+            busy += counters(s)?.3;
+        }
+        if busy == 0.0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("the vLLM servers still had {busy} requests running or waiting after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The balancer under test, held to be stopped on drop (the router first, then `ailb run`).
+struct Balancer {
+    router: Option<Proc>,
+    daemon: Option<Daemon>,
+    /// Where the client sends.
+    addr: SocketAddrV4,
+}
+
+/// SMG `prefix_hash`'s key length for a workload, tokens. Its docs: the key should cover what
+/// requests that belong together share and no more. On the shared-prefix mix that is the
+/// tenant's system prompt (about 2,400 tokens), which the key of 1,024 tokens that the
+/// simulated race passes lies inside; the trace's prompts are scaled by `1 / --trace-scale`
+/// here, so its 1,024 (the trace's shared first block and a conversation's first block of its
+/// own) scales with them.
+pub fn prefix_token_count(kind: Kind, args: &Args) -> u32 {
+    match kind {
+        Kind::SharedPrefix => 1024,
+        Kind::Trace => (1024 / args.trace_scale).max(1),
+    }
+}
+
+#[expect(clippy::too_many_arguments, reason = "the parts of one run")]
+fn start_balancer(
+    args: &Args,
+    ailb: &Path,
+    cg: &CgroupGuard,
+    policy: Policy,
+    kind: Kind,
+    port: u16,
+    servers: &[VllmServer],
+    block: u64,
+    dir: &Path,
+) -> anyhow::Result<Balancer> {
+    let addrs: Vec<SocketAddrV4> =
+        servers.iter().map(|s| s.addr().parse()).collect::<Result<_, _>>().context("server addresses")?;
+    if peers::binary(policy).is_some() {
+        let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
+        let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port + peers::METRICS_PORT_OFFSET);
+        let mut a =
+            peers::args(policy, listen, metrics, &addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>());
+        if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
+            a[at + 1] = prefix_token_count(kind, args).to_string();
+        }
+        let router = peers::start_with_args(policy, &peers::venv_of(policy), listen, a, addrs.len(), dir)?;
+        return Ok(Balancer { router: Some(router), daemon: None, addr: listen });
+    }
+    let mut cfg = config(policy, cg, servers);
+    let front = (policy == Policy::AilbGateway).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
+    if let Some(listen) = front {
+        cfg.extra.push_str(&format!(
+            "\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {KV_BYTES_PER_TOKEN}\n\
+             [gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n"
+        ));
+    }
+    let daemon = Daemon::start(ailb, &cfg);
+    if matches!(policy, Policy::Ailb | Policy::AilbGateway) {
+        // The one-box daemon samples every server itself before it weighs them.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !servers.iter().all(|s| {
+            backend(&daemon.status(), &s.addr()).is_some_and(|b| b["live"] == true && b["free_mem_mb"].is_u64())
+        }) {
+            if Instant::now() >= deadline {
+                bail!("ailb run did not sample every vLLM server within 15 s:\n{}", daemon.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let mut b = Balancer { router: None, daemon: None, addr: VIP.parse().context("VIP")? };
+    if let Some(listen) = front {
+        b.router = Some(front_door::start(ailb, daemon.config_path(), Some(cg), listen, dir)?);
+        b.addr = listen;
+    }
+    b.daemon = Some(daemon);
+    Ok(b)
+}
+
+/// `ailb run`'s config for a kernel policy over the real servers: the L4 baselines on a
+/// static table as in the simulated race; ailb with the daemon's defaults (affinity, load
+/// bound 1.25, 20 s affinity wait, each server's `/metrics` and `/health` sampled every 500 ms:
+/// load, free KV memory from its KV cache and the tiny model's bytes per token).
+fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfig {
+    let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
+    match policy {
+        Policy::RoundRobin => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+            cfg.round_robin = true;
+        }
+        Policy::Random => {
+            cfg.affinity = false;
+            cfg.load_bound = false;
+        }
+        Policy::LeastConn => {
+            cfg.affinity = false;
+            cfg.load_factor = 1.01;
+        }
+        // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
+        // by that interval).
+        _ => {}
+    }
+    let sampled = matches!(policy, Policy::Ailb | Policy::AilbGateway);
+    for s in servers {
+        let mut b = BackendCfg::new(MODEL, &s.addr(), 1);
+        if sampled {
+            b.extra = format!(
+                "metrics_url = \"http://{a}/metrics\"\nhealth_url = \"http://{a}/health\"\nkv_bytes_per_token = {KV_BYTES_PER_TOKEN}\n",
+                a = s.addr()
+            );
+        }
+        cfg = cfg.backend(b);
+    }
+    cfg
+}
+
+#[expect(clippy::too_many_arguments, reason = "the parts of one run")]
+fn run_policy(
+    args: &Args,
+    ailb: &Path,
+    cg: &CgroupGuard,
+    policy: Policy,
+    kind: Kind,
+    port: u16,
+    servers: &[VllmServer],
+    block: u64,
+    requests: &Path,
+    n: usize,
+) -> anyhow::Result<Row> {
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let balancer = start_balancer(args, ailb, cg, policy, kind, port, servers, block, dir.path())?;
+    let before = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
+    let out = dir.path().join("records.json");
+    let me = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(me);
+    cmd.args(["--engine", "vllm", "--real-worker", &balancer.addr.to_string()])
+        .arg("--worker-in")
+        .arg(requests)
+        .arg("--worker-out")
+        .arg(&out)
+        .args(["--concurrency", &args.concurrency.to_string(), "--deadline-s", &args.deadline_s.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if policy != Policy::Ailb {
+        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
+        cmd.arg("--untagged");
+    }
+    eprintln!(
+        "ailb-compare: {} / {}: sending {n} requests, {} at a time, to {}",
+        kind.key(),
+        policy.title(),
+        args.concurrency,
+        balancer.addr
+    );
+    let cpu0 = balancer.router.as_ref().and_then(|r| super::cpu::process_cpu_s(r.child.id()));
+    let child = spawn_in_cgroup(&mut cmd, cg.path());
+    let (status, stderr) = watch(child, servers, &before, n, kind, policy, args.deadline_s)?;
+    let cpu1 = balancer.router.as_ref().and_then(|r| super::cpu::process_cpu_s(r.child.id()));
+    if !status {
+        bail!("the client worker failed: {stderr}");
+    }
+    wait_idle(servers, Duration::from_secs(60))?;
+    let after = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
+    if args.keep_records {
+        keep_logs(args, kind, policy, &balancer, dir.path(), &out)?;
+    }
+    let exclusions =
+        balancer.daemon.as_ref().map(|d| d.log().lines().filter(|l| l.contains("backend excluded")).count());
+    drop(balancer);
+    let text = std::fs::read_to_string(&out).context("reading the client worker's records")?;
+    let (records, wall_s): (Vec<Record>, f64) = serde_json::from_str(&text).context("parsing the records")?;
+    Ok(Row {
+        workload: kind,
+        policy,
+        records,
+        wall_s,
+        queried_tokens: before.iter().zip(&after).map(|(b, a)| a.0 - b.0).sum(),
+        hit_tokens: before.iter().zip(&after).map(|(b, a)| a.1 - b.1).sum(),
+        per_server: before.iter().zip(&after).map(|(b, a)| (a.2 - b.2).round() as u64).collect(),
+        router_cpu_s: super::cpu::used(cpu0, cpu1),
+        exclusions,
+    })
+}
+
+/// Waits for the client worker, printing progress every 10 s (requests the servers finished,
+/// running and waiting per server); kills it by pid past its deadline and a minute. Returns
+/// whether it succeeded, and its stderr.
+fn watch(
+    mut child: Child,
+    servers: &[VllmServer],
+    before: &[(f64, f64, f64, f64)],
+    n: usize,
+    kind: Kind,
+    policy: Policy,
+    deadline_s: f64,
+) -> anyhow::Result<(bool, String)> {
+    let mut stderr = child.stderr.take().context("piped stderr")?;
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let hard = start + Duration::from_secs_f64(deadline_s + 60.0);
+    let mut next = start + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for the client worker")? {
+            break st;
+        }
+        if Instant::now() >= hard {
+            let _ = child.kill(); // SIGKILL to this child's pid only
+            let _ = child.wait();
+            bail!("the client worker did not finish within {:.0} s", deadline_s + 60.0);
+        }
+        if Instant::now() >= next {
+            next += Duration::from_secs(10);
+            let now: Vec<(f64, f64, f64, f64)> = servers.iter().filter_map(|s| counters(s).ok()).collect();
+            if now.len() == servers.len() {
+                let done: f64 = now.iter().zip(before).map(|(a, b)| a.2 - b.2).sum();
+                let busy: Vec<String> = now.iter().map(|c| format!("{:.0}", c.3)).collect();
+                eprintln!(
+                    "ailb-compare: {} / {}: {:.0} s, {done:.0}/{n} answered, running+waiting per server [{}]",
+                    kind.key(),
+                    policy.title(),
+                    start.elapsed().as_secs_f64(),
+                    busy.join(" ")
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Ok((status.success(), err.join().unwrap_or_default()))
+}
+
+/// `--keep-records`: the records, the daemon's and the router's logs under the output
+/// directory, named by workload and policy.
+fn keep_logs(args: &Args, kind: Kind, policy: Policy, b: &Balancer, dir: &Path, records: &Path) -> anyhow::Result<()> {
+    let keep = args.out_dir.join("real-engine-logs");
+    std::fs::create_dir_all(&keep).with_context(|| format!("creating {}", keep.display()))?;
+    let name = |what: &str| keep.join(format!("{}-{}-{what}", kind.key(), policy.key()));
+    let _ = std::fs::copy(records, name("records.json"));
+    if let Some(d) = &b.daemon {
+        std::fs::write(name("daemon.log"), d.log()).context("writing the daemon's log")?;
+    }
+    for entry in std::fs::read_dir(dir).context("listing the run's directory")?.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.ends_with(".log") {
+            let _ = std::fs::copy(entry.path(), name(&file));
+        }
+    }
+    Ok(())
+}
+
+/// The client worker (`--real-worker ADDR`, inside the cgroup): sends the requests of
+/// `--worker-in` and writes `(records, wall seconds)` to `--worker-out`.
+pub fn worker(args: &Args, addr: &str) -> anyhow::Result<()> {
+    let input: PathBuf = args.worker_in.clone().context("--real-worker needs --worker-in")?;
+    let out = args.worker_out.clone().context("--real-worker needs --worker-out")?;
+    let addr: SocketAddrV4 = addr.parse().with_context(|| format!("--real-worker {addr}"))?;
+    let text = std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
+    let mut requests: Vec<RealRequest> = serde_json::from_slice(&text).context("parsing the requests")?;
+    if args.untagged {
+        for r in &mut requests {
+            r.tag_conversation = None;
+            r.memory_mb = 0;
+        }
+    }
+    let (records, wall_s) = client::run(addr, &requests, args.concurrency, Duration::from_secs_f64(args.deadline_s));
+    std::fs::write(&out, serde_json::to_vec(&(records, wall_s))?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
