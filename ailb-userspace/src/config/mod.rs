@@ -15,7 +15,7 @@ use crate::validate::ConfigError;
 
 pub use limits::LimitsConfig;
 pub use tc::TcSettings;
-pub use validate::{ValidConfig, ValidModel};
+pub use validate::{PrefixMode, ValidConfig, ValidModel};
 
 /// The embedded default (a loopback demo attached to the child cgroup `ailb-demo`).
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
@@ -81,6 +81,11 @@ pub struct ModelConfig {
     /// every connection afresh.
     #[serde(default)]
     pub remote_affinity: Option<String>,
+    /// How the model's prefix-aware pick learns what each backend caches: "precise" (the
+    /// engines' KV events, from backends that name their `kv_events` endpoint), "approximate"
+    /// (what requests sent), "off" (default).
+    #[serde(default)]
+    pub prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -279,6 +284,17 @@ pub struct BackendConfig {
     /// Metric names, as the agent's `[instances.metrics]`.
     #[serde(default)]
     pub metrics: Option<crate::telemetry::instance::MetricsConfig>,
+    /// The engine's KV-event publisher, `tcp://HOST:PORT` (vLLM's `--kv-events-config`
+    /// endpoint, with the engine's address for its `*`), for models with `prefix = "precise"`.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// Its replay socket, `tcp://HOST:PORT` (vLLM's `replay_endpoint`); optional.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// The engine's KV-cache block size in tokens (vLLM's `--block-size`); required with
+    /// `kv_events`.
+    #[serde(default)]
+    pub kv_block_size: Option<u32>,
 }
 
 fn default_weight() -> u32 {

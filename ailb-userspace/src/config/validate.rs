@@ -52,6 +52,32 @@ pub struct ValidModel {
     pub nacos_services: Vec<String>,
     /// Remote clients keep their backend by client address (the TC datapath).
     pub remote_affinity: bool,
+    /// `models[i].prefix`.
+    pub prefix: PrefixMode,
+}
+
+/// How a model's prefix-aware pick learns what each backend caches (`models[i].prefix`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PrefixMode {
+    /// No prefix-aware pick (the default).
+    #[default]
+    Off,
+    /// From what requests sent: a backend is taken to hold the prefixes it was sent.
+    Approximate,
+    /// From the engines' own KV events (`kv_events` of a backend, `kv_events_endpoint` of an
+    /// instance): what each one holds, block by block.
+    Precise,
+}
+
+impl PrefixMode {
+    fn parse(field: &str, value: Option<&str>) -> Result<Self, ConfigError> {
+        match value {
+            None | Some("off") => Ok(PrefixMode::Off),
+            Some("approximate") => Ok(PrefixMode::Approximate),
+            Some("precise") => Ok(PrefixMode::Precise),
+            Some(other) => Err(ConfigError::invalid(field, other, "expected \"off\", \"approximate\" or \"precise\"")),
+        }
+    }
 }
 
 impl AsRef<ModelSpec> for ValidModel {
@@ -158,6 +184,7 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Res
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },
         remote_affinity: super::tc::remote_affinity(field("remote_affinity"), m.remote_affinity.as_deref())?,
+        prefix: PrefixMode::parse(&field("prefix"), m.prefix.as_deref())?,
     };
     for (j, v) in m.vips.iter().enumerate() {
         add_vip(vips, format!("models[{i}].vips[{j}]"), v, &mut vm.spec)?;
@@ -263,7 +290,36 @@ fn check_backend(
             c.cluster.clone().unwrap_or_default()
         },
         telemetry: local_telemetry(i, c, address)?,
+        kv_events: kv_events(i, c)?,
     })
+}
+
+/// `backends[i]`'s KV-event publisher: `kv_events` with `kv_block_size`, `kv_replay` optional.
+fn kv_events(i: usize, c: &BackendConfig) -> Result<Option<crate::kv_events::EventSource>, ConfigError> {
+    use crate::kv_events::feed::{check_block_size, check_endpoint};
+    let field = |f: &str| format!("backends[{i}].{f}");
+    let Some(endpoint) = &c.kv_events else {
+        for (name, set) in [("kv_replay", c.kv_replay.is_some()), ("kv_block_size", c.kv_block_size.is_some())] {
+            if set {
+                return Err(ConfigError::invalid(field(name), "set", "only with kv_events (the engine's publisher)"));
+            }
+        }
+        return Ok(None);
+    };
+    check_endpoint(endpoint).map_err(|reason| ConfigError::invalid(field("kv_events"), endpoint, reason))?;
+    if let Some(r) = &c.kv_replay {
+        check_endpoint(r).map_err(|reason| ConfigError::invalid(field("kv_replay"), r, reason))?;
+    }
+    let Some(size) = c.kv_block_size else {
+        return Err(ConfigError::invalid(
+            field("kv_block_size"),
+            "absent",
+            "required with kv_events: the engine's KV-cache block size in tokens (vLLM's --block-size)",
+        ));
+    };
+    let block_size = check_block_size(u64::from(size))
+        .map_err(|reason| ConfigError::invalid(field("kv_block_size"), size, reason))?;
+    Ok(Some(crate::kv_events::EventSource { endpoint: endpoint.clone(), replay: c.kv_replay.clone(), block_size }))
 }
 
 /// `backends[i]`'s live telemetry (`metrics_url` and the keys that go with it), checked as the

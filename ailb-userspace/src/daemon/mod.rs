@@ -9,6 +9,7 @@
 
 pub mod http;
 pub mod metrics;
+pub mod prefix;
 
 use std::{
     path::PathBuf,
@@ -37,6 +38,8 @@ pub struct Daemon {
     pub shared: Option<Arc<http::Shared>>,
     /// The TC datapath's idle-flow reclaim, run by the housekeeping (when TC is attached).
     pub tc_reclaim: Option<crate::datapath::tc::Reclaimer>,
+    /// The engines' KV events of `prefix = "precise"` models, followed into a sink.
+    pub prefix: prefix::PrefixFeed,
     policy: PolicyState,
     last_snapshot: Option<Snapshot>,
     last_ok: Instant,
@@ -111,6 +114,7 @@ impl Daemon {
             metrics,
             shared,
             tc_reclaim: None,
+            prefix: prefix::PrefixFeed::default(),
             policy,
             last_snapshot: None,
             last_ok: Instant::now(),
@@ -155,6 +159,7 @@ impl Daemon {
             }
         }
         self.record_loads(&plan);
+        self.prefix.update(snapshot, &self.cfg.models);
         if let Some(shared) = &self.shared {
             if let Ok(mut v) = shared.plan.write() {
                 *v = Some(PlanView { generation: report.generation, models: plan });
