@@ -296,7 +296,6 @@ fn check_backend(
 
 /// `backends[i]`'s KV-event publisher: `kv_events` with `kv_block_size`, `kv_replay` optional.
 fn kv_events(i: usize, c: &BackendConfig) -> Result<Option<crate::kv_events::EventSource>, ConfigError> {
-    use crate::kv_events::feed::{check_block_size, check_endpoint};
     let field = |f: &str| format!("backends[{i}].{f}");
     let Some(endpoint) = &c.kv_events else {
         for (name, set) in [("kv_replay", c.kv_replay.is_some()), ("kv_block_size", c.kv_block_size.is_some())] {
@@ -306,20 +305,9 @@ fn kv_events(i: usize, c: &BackendConfig) -> Result<Option<crate::kv_events::Eve
         }
         return Ok(None);
     };
-    check_endpoint(endpoint).map_err(|reason| ConfigError::invalid(field("kv_events"), endpoint, reason))?;
-    if let Some(r) = &c.kv_replay {
-        check_endpoint(r).map_err(|reason| ConfigError::invalid(field("kv_replay"), r, reason))?;
-    }
-    let Some(size) = c.kv_block_size else {
-        return Err(ConfigError::invalid(
-            field("kv_block_size"),
-            "absent",
-            "required with kv_events: the engine's KV-cache block size in tokens (vLLM's --block-size)",
-        ));
-    };
-    let block_size = check_block_size(u64::from(size))
-        .map_err(|reason| ConfigError::invalid(field("kv_block_size"), size, reason))?;
-    Ok(Some(crate::kv_events::EventSource { endpoint: endpoint.clone(), replay: c.kv_replay.clone(), block_size }))
+    crate::kv_events::feed::check_source(endpoint, c.kv_replay.as_deref(), c.kv_block_size.map(u64::from))
+        .map(Some)
+        .map_err(|(name, value, reason)| ConfigError::invalid(field(name), value, reason))
 }
 
 /// `backends[i]`'s live telemetry (`metrics_url` and the keys that go with it), checked as the
@@ -380,6 +368,10 @@ fn local_telemetry(
         nvml: !c.gpus.is_empty(),
         kv_bytes_per_token: c.kv_bytes_per_token,
         metrics: c.metrics.clone(),
+        // The backend's publisher is declared with the backend (`kv_events`), not sampled.
+        kv_events: None,
+        kv_replay: None,
+        kv_block_size: None,
     };
     check_local_instance(&format!("backends[{i}]"), &inst).map(|v| Some(Box::new(v)))
 }

@@ -80,6 +80,27 @@ pub fn check_block_size(value: u64) -> Result<NonZeroU32, &'static str> {
         .ok_or("expected a block size of 1 to 65536 tokens")
 }
 
+/// A publisher as a config names it (`kv_events`, `kv_replay`, `kv_block_size`): the endpoint
+/// and the replay socket checked by [`check_endpoint`], the block size required. The error names
+/// the field (one of those three), its value and the reason.
+pub fn check_source(
+    endpoint: &str,
+    replay: Option<&str>,
+    block_size: Option<u64>,
+) -> Result<EventSource, (&'static str, String, &'static str)> {
+    check_endpoint(endpoint).map_err(|r| ("kv_events", endpoint.to_string(), r))?;
+    if let Some(r) = replay {
+        check_endpoint(r).map_err(|reason| ("kv_replay", r.to_string(), reason))?;
+    }
+    let size = block_size.ok_or((
+        "kv_block_size",
+        "absent".to_string(),
+        "required with kv_events: the engine's KV-cache block size in tokens (vLLM's --block-size)",
+    ))?;
+    let block_size = check_block_size(size).map_err(|r| ("kv_block_size", size.to_string(), r))?;
+    Ok(EventSource { endpoint: endpoint.to_string(), replay: replay.map(str::to_string), block_size })
+}
+
 /// Where the feed's key changes go. Calls for one backend come from one task, in order; calls
 /// for different backends may come from different threads.
 pub trait PrefixSink: Send + Sync {
