@@ -51,7 +51,7 @@ fn hashes(prompt: usize) -> Value {
 /// Batch `i` as vLLM 0.32.0 encodes it: `[ts, events, rank]`, events as tagged maps.
 fn payload(i: usize) -> Vec<u8> {
     let s = Value::from;
-    let tokens = (0..BLOCKS_PER_BATCH * BLOCK_SIZE as usize).map(|k| Value::from((i * 1_600 + k) as u32 % 32_000));
+    let tokens = (0..BLOCKS_PER_BATCH * BLOCK_SIZE as usize).map(|k| Value::from((i * 1_600 + k) as u32));
     let mut events = vec![Value::Map(vec![
         (s("type"), s("BlockStored")),
         (s("block_hashes"), hashes(i)),
