@@ -288,6 +288,17 @@ pub struct BackendConfig {
     /// Metric names, as the agent's `[instances.metrics]`.
     #[serde(default)]
     pub metrics: Option<crate::telemetry::instance::MetricsConfig>,
+    /// The engine's KV-event publisher, `tcp://HOST:PORT` (vLLM's `--kv-events-config`
+    /// endpoint, with the engine's address for its `*`), for models with `prefix = "precise"`.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// Its replay socket, `tcp://HOST:PORT` (vLLM's `replay_endpoint`); optional.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// The engine's KV-cache block size in tokens (vLLM's `--block-size`); required with
+    /// `kv_events`.
+    #[serde(default)]
+    pub kv_block_size: Option<u32>,
 }
 
 fn default_weight() -> u32 {

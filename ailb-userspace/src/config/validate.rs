@@ -283,7 +283,24 @@ fn check_backend(
             c.cluster.clone().unwrap_or_default()
         },
         telemetry: local_telemetry(i, c, address)?,
+        kv_events: kv_events(i, c)?,
     })
+}
+
+/// `backends[i]`'s KV-event publisher: `kv_events` with `kv_block_size`, `kv_replay` optional.
+fn kv_events(i: usize, c: &BackendConfig) -> Result<Option<crate::kv_events::EventSource>, ConfigError> {
+    let field = |f: &str| format!("backends[{i}].{f}");
+    let Some(endpoint) = &c.kv_events else {
+        for (name, set) in [("kv_replay", c.kv_replay.is_some()), ("kv_block_size", c.kv_block_size.is_some())] {
+            if set {
+                return Err(ConfigError::invalid(field(name), "set", "only with kv_events (the engine's publisher)"));
+            }
+        }
+        return Ok(None);
+    };
+    crate::kv_events::feed::check_source(endpoint, c.kv_replay.as_deref(), c.kv_block_size.map(u64::from))
+        .map(Some)
+        .map_err(|(name, value, reason)| ConfigError::invalid(field(name), value, reason))
 }
 
 /// `backends[i]`'s live telemetry (`metrics_url` and the keys that go with it), checked as the
@@ -344,6 +361,10 @@ fn local_telemetry(
         nvml: !c.gpus.is_empty(),
         kv_bytes_per_token: c.kv_bytes_per_token,
         metrics: c.metrics.clone(),
+        // The backend's publisher is declared with the backend (`kv_events`), not sampled.
+        kv_events: None,
+        kv_replay: None,
+        kv_block_size: None,
     };
     check_local_instance(&format!("backends[{i}]"), &inst).map(|v| Some(Box::new(v)))
 }

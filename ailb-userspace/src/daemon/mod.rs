@@ -9,6 +9,7 @@
 
 pub mod http;
 pub mod metrics;
+pub mod prefix;
 
 use std::{
     path::PathBuf,
@@ -37,6 +38,8 @@ pub struct Daemon {
     pub shared: Option<Arc<http::Shared>>,
     /// The TC datapath's idle-flow reclaim, run by the housekeeping (when TC is attached).
     pub tc_reclaim: Option<crate::datapath::tc::Reclaimer>,
+    /// The engines' KV events of `prefix = "precise"` models, followed into a sink.
+    pub prefix: prefix::PrefixFeed,
     policy: PolicyState,
     last_snapshot: Option<Snapshot>,
     last_ok: Instant,
@@ -103,6 +106,15 @@ impl Daemon {
         for (model, weights) in writer.table_weights() {
             policy.seed_weights(&model, weights);
         }
+        // The engines' KV events go to the kernel's prefix map; without its pins (an older
+        // daemon's, or none) they are kept in memory only, and said so.
+        let prefix = match prefix::KernelSink::open(&writer.maps().dir, writer.id_directory()) {
+            Ok(sink) => prefix::PrefixFeed::with_sink(Arc::new(sink), crate::kv_events::FeedSettings::default()),
+            Err(e) => {
+                warn!(error = %crate::error_chain(&*e), "prefix map not opened: KV events are followed in memory only");
+                prefix::PrefixFeed::default()
+            }
+        };
         Self {
             writer,
             cfg,
@@ -111,6 +123,7 @@ impl Daemon {
             metrics,
             shared,
             tc_reclaim: None,
+            prefix,
             policy,
             last_snapshot: None,
             last_ok: Instant::now(),
@@ -155,6 +168,7 @@ impl Daemon {
             }
         }
         self.record_loads(&plan);
+        self.prefix.update(snapshot, &self.cfg.models);
         if let Some(shared) = &self.shared {
             if let Ok(mut v) = shared.plan.write() {
                 *v = Some(PlanView { generation: report.generation, models: plan });

@@ -20,4 +20,6 @@ pub struct StaticBackend {
     pub cluster: String,
     /// Live telemetry sampled by the daemon (`metrics_url`, `gpus`), as an agent's instance.
     pub telemetry: Option<Box<ValidInstance>>,
+    /// The engine's KV-event publisher (`kv_events`, `kv_replay`, `kv_block_size`).
+    pub kv_events: Option<crate::kv_events::EventSource>,
 }

@@ -32,17 +32,26 @@ pub fn from_static_sampled(backends: &[StaticBackend], sampled: &BTreeMap<usize,
                 weight: b.weight as f64,
                 healthy: b.healthy,
                 enabled: true,
-                metadata: sampled.get(&i).cloned().unwrap_or_else(|| {
-                    InstanceMetadata::declared(Declared {
-                        model_id: &b.model,
-                        gpu_type: b.gpu_type.as_deref(),
-                        free_memory_mb: b.free_memory_mb,
-                        max_inflight: (b.max_inflight > 0).then_some(b.max_inflight),
-                    })
-                }),
+                metadata: static_metadata(i, b, sampled),
             })
             .collect(),
         services: Vec::new(),
+    }
+}
+
+/// Backend `i`'s metadata: sampled, or declared; with its KV-event publisher either way.
+fn static_metadata(i: usize, b: &StaticBackend, sampled: &BTreeMap<usize, InstanceMetadata>) -> InstanceMetadata {
+    let metadata = sampled.get(&i).cloned().unwrap_or_else(|| {
+        InstanceMetadata::declared(Declared {
+            model_id: &b.model,
+            gpu_type: b.gpu_type.as_deref(),
+            free_memory_mb: b.free_memory_mb,
+            max_inflight: (b.max_inflight > 0).then_some(b.max_inflight),
+        })
+    });
+    match &b.kv_events {
+        Some(source) => metadata.with_kv_events(source),
+        None => metadata,
     }
 }
 

@@ -567,6 +567,100 @@ mod sockets {
     }
 }
 
+/// The feed: a task per engine into a sink, counters, malformed batches and gaps, and the keys
+/// withdrawn when the engine is no longer followed.
+mod feed {
+    use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+    use bytes::Bytes;
+    use zeromq::{prelude::*, PubSocket, ZmqMessage};
+
+    use super::*;
+
+    fn message(seq: u64, payload: &[u8]) -> ZmqMessage {
+        let frames = vec![
+            Bytes::from_static(b"kv"),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            Bytes::copy_from_slice(payload),
+        ];
+        ZmqMessage::try_from(frames).expect("frames")
+    }
+
+    /// Polls `f` every 10 ms for up to 10 s.
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_feed_follows_an_engine_into_the_sink_and_withdraws_it() {
+        let mut publisher = PubSocket::new();
+        let endpoint = publisher.bind("tcp://127.0.0.1:0").await.expect("bind").to_string();
+        let backend: SocketAddr = "127.0.0.1:8000".parse().expect("addr");
+        let sink = Arc::new(MemorySink::default());
+        let mut feeds = Feeds::new(sink.clone(), FeedSettings::default()).expect("a runtime");
+        let source = EventSource { endpoint, replay: None, block_size: BS };
+        let targets = BTreeMap::from([(("m".to_string(), backend), source)]);
+        feeds.follow(&targets);
+        // Empty batches until one is applied: the subscription has reached the publisher.
+        let mut seq = 0;
+        let empty = batch(1.0, vec![]);
+        while feeds.stats("m").batches == 0 {
+            publisher.send(message(seq, &empty)).await.expect("published");
+            seq += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(seq < 500, "no batch reached the feed");
+        }
+        let t: Vec<u64> = (0..8).collect();
+        publisher.send(message(seq, &batch(2.0, vec![stored_array(&[1, 2], None, &t, "GPU")]))).await.expect("sent");
+        let want: std::collections::HashSet<u64> = keys_of(&t).into_iter().collect();
+        until("the stored blocks' keys in the sink", || sink.keys("m", backend) == want).await;
+        // A malformed batch: counted and skipped; nothing else changes.
+        publisher.send(message(seq + 1, &[0xc1])).await.expect("sent");
+        until("the malformed batch counted", || feeds.stats("m").malformed == 1).await;
+        assert_eq!(sink.keys("m", backend), want);
+        // A gap without a replay socket: the backend's keys are dropped and relearnt.
+        let other: Vec<u64> = (100..104).collect();
+        publisher
+            .send(message(seq + 5, &batch(3.0, vec![stored_array(&[9], None, &other, "GPU")])))
+            .await
+            .expect("sent");
+        let relearnt: std::collections::HashSet<u64> = keys_of(&other).into_iter().collect();
+        until("the resync", || sink.keys("m", backend) == relearnt).await;
+        let stats = feeds.stats("m");
+        assert_eq!((stats.gaps, stats.resyncs, stats.keys_held, stats.blocks_stored), (1, 1, 1, 3), "{stats:?}");
+        // No longer followed: its keys are withdrawn.
+        feeds.follow(&BTreeMap::new());
+        until("the keys withdrawn", || sink.keys("m", backend).is_empty() && feeds.stats("m").keys_held == 0).await;
+        assert_eq!(feeds.followed().count(), 0);
+    }
+
+    #[test]
+    fn endpoints_and_block_sizes_are_checked() {
+        use super::super::feed::{check_block_size, check_endpoint};
+        for ok in ["tcp://127.0.0.1:5557", "tcp://engine-3.local:5557", "tcp://[::1]:5557"] {
+            check_endpoint(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, why) in [
+            ("127.0.0.1:5557", "tcp://"),
+            ("tcp://*:5557", "wildcard"),
+            ("tcp://0.0.0.0:5557", "wildcard"),
+            ("tcp://127.0.0.1:0", "port"),
+            ("tcp://127.0.0.1", "tcp://"),
+            ("tcp://::1:5557", "brackets"),
+            ("tcp://:5557", "host"),
+        ] {
+            let e = check_endpoint(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert_eq!(check_block_size(16).map(|b| b.get()), Ok(16));
+        assert!(check_block_size(0).is_err() && check_block_size(65_537).is_err());
+    }
+}
+
 /// Against a real vLLM started by hand (not run by `cargo test`): the keys the index makes from
 /// the engine's own events for a chat request are the keys the tokenizer makes from the same
 /// messages. Run with `AILB_VLLM_URL=http://127.0.0.1:PORT AILB_VLLM_KV_EVENTS=tcp://127.0.0.1:PORT

@@ -15,6 +15,8 @@ use std::{
 
 use serde::Serialize;
 
+use crate::kv_events::{feed, EventSource};
+
 pub mod publish;
 pub mod signals;
 pub mod values;
@@ -43,9 +45,15 @@ pub mod keys {
     pub const UPDATED_AT_MS: &str = "updated_at_ms";
     /// Where `remaining_memory_mb` came from (`nvml`, `kv_cache`, `metrics`); informational.
     pub const MEMORY_SOURCE: &str = "memory_source";
+    /// The engine's KV-event publisher (`tcp://HOST:PORT`), for the precise prefix feed.
+    pub const KV_EVENTS_ENDPOINT: &str = "kv_events_endpoint";
+    /// Its replay socket (`tcp://HOST:PORT`); optional.
+    pub const KV_EVENTS_REPLAY: &str = "kv_events_replay";
+    /// Its KV-cache block size in tokens; required with the endpoint.
+    pub const KV_BLOCK_SIZE: &str = "kv_block_size";
 
     /// Every key of the contract, in the order above.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 21] = [
         MODEL_ID,
         SUPPORTED_MODELS,
         MODEL_VERSION,
@@ -64,6 +72,9 @@ pub mod keys {
         AGENT_VERSION,
         UPDATED_AT_MS,
         MEMORY_SOURCE,
+        KV_EVENTS_ENDPOINT,
+        KV_EVENTS_REPLAY,
+        KV_BLOCK_SIZE,
     ];
 }
 
@@ -143,6 +154,9 @@ pub struct Metadata {
     pub max_inflight: Field<u32>,
     pub agent_version: Field<String>,
     pub updated_at_ms: Field<u64>,
+    /// Where the engine publishes its KV events (`kv_events_endpoint`, `kv_events_replay`,
+    /// `kv_block_size` together); absent without `kv_events_endpoint`.
+    pub kv_events: Field<EventSource>,
 }
 
 /// A value for display: at most [`MAX_SHOWN_CHARS`] characters, control characters escaped
@@ -234,6 +248,44 @@ fn list(raw: &str) -> Field<Vec<String>> {
     }
 }
 
+/// The three KV-event keys as one value: invalid when any of them is (the reason names the
+/// key), or when the endpoint comes without the block size.
+fn kv_events(endpoint: Option<&str>, replay: Option<&str>, block_size: Option<&str>) -> Field<EventSource> {
+    let Some(raw) = endpoint else { return Field::Absent };
+    let endpoint = raw.trim();
+    if let Err(reason) = feed::check_endpoint(endpoint) {
+        return invalid(raw, format!("{}: {reason}", keys::KV_EVENTS_ENDPOINT));
+    }
+    let replay = match replay.map(str::trim) {
+        None => None,
+        Some(r) => match feed::check_endpoint(r) {
+            Ok(()) => Some(r.to_string()),
+            Err(reason) => return invalid(r, format!("{}: {reason}", keys::KV_EVENTS_REPLAY)),
+        },
+    };
+    let Some(size) = block_size else {
+        return invalid(
+            raw,
+            format!(
+                "{} is required with {} (the engine's --block-size)",
+                keys::KV_BLOCK_SIZE,
+                keys::KV_EVENTS_ENDPOINT
+            ),
+        );
+    };
+    let block_size = match integer(size, f64::from(feed::MAX_BLOCK_SIZE), "1 to 65536") {
+        Field::Valid(v) => match feed::check_block_size(v as u64) {
+            Ok(b) => b,
+            Err(reason) => return invalid(size, format!("{}: {reason}", keys::KV_BLOCK_SIZE)),
+        },
+        Field::Invalid { raw, reason } => {
+            return Field::Invalid { raw, reason: format!("{}: {reason}", keys::KV_BLOCK_SIZE) }
+        }
+        Field::Absent => return Field::Absent,
+    };
+    Field::Valid(EventSource { endpoint: endpoint.to_string(), replay, block_size })
+}
+
 fn health(raw: &str) -> Field<HealthStatus> {
     match raw.trim().to_ascii_lowercase().as_str() {
         "" => invalid(raw, "is empty"),
@@ -278,6 +330,7 @@ impl Metadata {
                 Field::Invalid { raw, reason } => Field::Invalid { raw, reason },
                 Field::Absent => Field::Absent,
             },
+            kv_events: kv_events(get(keys::KV_EVENTS_ENDPOINT), get(keys::KV_EVENTS_REPLAY), get(keys::KV_BLOCK_SIZE)),
         }
     }
 }
@@ -368,6 +421,18 @@ impl InstanceMetadata {
             raw.insert(keys::MAX_INFLIGHT.to_string(), c.to_string());
         }
         Self { raw, contract }
+    }
+
+    /// The same with the engine's KV-event publisher declared (a static backend's
+    /// `kv_events`, checked by the config's validation).
+    pub fn with_kv_events(mut self, source: &EventSource) -> Self {
+        self.raw.insert(keys::KV_EVENTS_ENDPOINT.to_string(), source.endpoint.clone());
+        if let Some(r) = &source.replay {
+            self.raw.insert(keys::KV_EVENTS_REPLAY.to_string(), r.clone());
+        }
+        self.raw.insert(keys::KV_BLOCK_SIZE.to_string(), source.block_size.to_string());
+        self.contract.kv_events = Field::Valid(source.clone());
+        self
     }
 
     /// The contract's keys, typed.

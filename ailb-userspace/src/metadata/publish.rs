@@ -69,6 +69,13 @@ pub fn metadata(inst: &ValidInstance, v: &Values, updated_at_ms: u64) -> BTreeMa
             put(s.key, format_number(x.clamp(s.range.lo, s.range.hi)));
         }
     }
+    if let Some(kv) = &inst.kv_events {
+        put(keys::KV_EVENTS_ENDPOINT, kv.endpoint.clone());
+        if let Some(r) = &kv.replay {
+            put(keys::KV_EVENTS_REPLAY, r.clone());
+        }
+        put(keys::KV_BLOCK_SIZE, kv.block_size.to_string());
+    }
     put(keys::HEALTH_STATUS, v.health_status().to_string());
     put(keys::UPDATED_AT_MS, updated_at_ms.to_string());
     put(keys::AGENT_VERSION, AGENT_VERSION.to_string());

@@ -130,3 +130,42 @@ fn long_values_are_shortened_on_a_char_boundary() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The KV-event keys are read together; any bad one makes the whole invalid, its key named.
+#[test]
+fn kv_event_keys() {
+    let ok = meta(&[
+        ("kv_events_endpoint", " tcp://10.0.0.7:5557 "),
+        ("kv_events_replay", "tcp://10.0.0.7:5558"),
+        ("kv_block_size", "128"),
+    ]);
+    let Field::Valid(source) = &ok.kv_events else { panic!("{:?}", ok.kv_events) };
+    assert_eq!(
+        (source.endpoint.as_str(), source.replay.as_deref()),
+        ("tcp://10.0.0.7:5557", Some("tcp://10.0.0.7:5558"))
+    );
+    assert_eq!(source.block_size.get(), 128);
+    assert_eq!(meta(&[("kv_block_size", "16")]).kv_events, Field::Absent);
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("kv_events_endpoint", "tcp://*:5557"), ("kv_block_size", "16")], "kv_events_endpoint: a wildcard"),
+        (&[("kv_events_endpoint", "tcp://10.0.0.7:5557")], "kv_block_size is required"),
+        (
+            &[("kv_events_endpoint", "tcp://10.0.0.7:5557"), ("kv_block_size", "16.5")],
+            "kv_block_size: is not a whole number",
+        ),
+        (
+            &[("kv_events_endpoint", "tcp://10.0.0.7:5557"), ("kv_block_size", "0")],
+            "kv_block_size: expected a block size",
+        ),
+        (
+            &[("kv_events_endpoint", "tcp://10.0.0.7:5557"), ("kv_events_replay", "5558"), ("kv_block_size", "16")],
+            "kv_events_replay: expected tcp://",
+        ),
+    ];
+    for (pairs, want) in cases {
+        match meta(pairs).kv_events {
+            Field::Invalid { reason, .. } => assert!(reason.contains(want), "{pairs:?}: {reason}"),
+            other => panic!("{pairs:?}: {other:?}"),
+        }
+    }
+}

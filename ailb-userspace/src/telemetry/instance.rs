@@ -109,6 +109,30 @@ pub struct InstanceConfig {
     pub kv_bytes_per_token: Option<u64>,
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// The engine's KV-event publisher (vLLM's `--kv-events-config` endpoint), published as
+    /// `kv_events_endpoint` for gateways whose model follows the engines' caches
+    /// (`prefix = "precise"`). A wildcard host, as vLLM's default `tcp://*:5557`, is published
+    /// with the instance's `ip`. Default none.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// Its replay socket (vLLM's `replay_endpoint`), published as `kv_events_replay`; optional.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// The engine's KV-cache block size in tokens (vLLM's `--block-size`), published as
+    /// `kv_block_size`; required with `kv_events`.
+    #[serde(default)]
+    pub kv_block_size: Option<u32>,
+}
+
+/// `endpoint` with a wildcard host (`*`, `0.0.0.0`: where an engine binds) replaced by `ip`,
+/// the address a gateway connects to.
+fn published_endpoint(endpoint: &str, ip: Ipv4Addr) -> String {
+    for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] {
+        if let Some(port) = endpoint.strip_prefix(wildcard) {
+            return format!("tcp://{ip}:{port}");
+        }
+    }
+    endpoint.to_string()
 }
 
 fn default_cluster() -> String {
@@ -141,6 +165,8 @@ pub struct ValidInstance {
     /// What a scrape reads (built-in names, `[instances.metrics]`, KV capacity).
     pub names: MetricNames,
     pub kv_bytes_per_token: Option<u64>,
+    /// The engine's KV-event publisher as gateways connect to it.
+    pub kv_events: Option<crate::kv_events::EventSource>,
 }
 
 impl ValidInstance {
@@ -231,5 +257,29 @@ pub(crate) fn check_instance(
         nvml: c.nvml,
         names: metric_names(c, &f)?,
         kv_bytes_per_token: c.kv_bytes_per_token,
+        kv_events: kv_events(c, &f)?,
     })
+}
+
+/// `instances[i]`'s KV-event publisher, wildcard hosts replaced by the instance's address.
+fn kv_events(
+    c: &InstanceConfig,
+    f: &dyn Fn(&str) -> String,
+) -> Result<Option<crate::kv_events::EventSource>, ConfigError> {
+    let Some(endpoint) = &c.kv_events else {
+        for (name, set) in [("kv_replay", c.kv_replay.is_some()), ("kv_block_size", c.kv_block_size.is_some())] {
+            if set {
+                return Err(ConfigError::invalid(f(name), "set", "only with kv_events (the engine's publisher)"));
+            }
+        }
+        return Ok(None);
+    };
+    let replay = c.kv_replay.as_deref().map(|r| published_endpoint(r, c.ip));
+    crate::kv_events::feed::check_source(
+        &published_endpoint(endpoint, c.ip),
+        replay.as_deref(),
+        c.kv_block_size.map(u64::from),
+    )
+    .map(Some)
+    .map_err(|(name, value, reason)| ConfigError::invalid(f(name), value, reason))
 }

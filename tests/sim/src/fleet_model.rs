@@ -262,6 +262,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
             prompt_tokens: spec.prompt_tokens as u64,
             max_tokens: spec.max_tokens as u64,
             hash_ids: crate::text::cache_keys(&spec.hash_ids, spec.prompt_tokens as u64),
+            token_ids: Vec::new(),
         };
         let gpu = match placement {
             Placement::RoundRobin => i % profiles.len(),

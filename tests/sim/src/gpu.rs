@@ -132,6 +132,10 @@ pub struct SimRequest {
     /// Ids of the prompt's 512-token blocks in order (a shared leading run = a shared prefix).
     /// Ids past the prompt's `ceil(prompt_tokens / 512)` blocks are ignored.
     pub hash_ids: Vec<u64>,
+    /// The prompt's token ids, when the server knows them (a tokenizer, or its own
+    /// pseudo-tokens): what the KV events of its blocks carry ([`CacheChange::Stored`]). Empty:
+    /// the blocks are cached all the same and announced without tokens.
+    pub token_ids: Vec<u32>,
 }
 
 impl SimRequest {
@@ -139,6 +143,20 @@ impl SimRequest {
     pub fn blocks_needed(&self) -> u64 {
         (self.prompt_tokens + self.max_tokens).div_ceil(BLOCK_TOKENS).max(1)
     }
+}
+
+/// A change of the prefix cache, as [`Gpu::take_cache_changes`] reports it in order: what an
+/// engine's KV events announce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheChange {
+    /// Block `id` entered the cache; `parent` is the prompt's block before it (`None`: the
+    /// prompt's first). `tokens`: the block's token ids (up to [`BLOCK_TOKENS`]; a prompt's
+    /// last block may be partial), empty when the request carried none.
+    Stored { id: u64, parent: Option<u64>, tokens: Vec<u32> },
+    /// Block `id` was evicted.
+    Evicted { id: u64 },
+    /// Every block was dropped ([`Gpu::reset_prefix_cache`]).
+    Cleared,
 }
 
 /// Identifies one admitted or waiting request.
@@ -228,6 +246,8 @@ pub struct Gpu {
     counters: Counters,
     busy_s: f64,
     busy_since: Option<f64>,
+    /// Cache changes not yet taken; `None`: not recorded (nobody takes them).
+    changes: Option<Vec<CacheChange>>,
 }
 
 impl Gpu {
@@ -245,7 +265,38 @@ impl Gpu {
             counters: Counters::default(),
             busy_s: 0.0,
             busy_since: None,
+            changes: None,
         }
+    }
+
+    /// Starts recording the prefix cache's changes for [`Gpu::take_cache_changes`] (a server
+    /// that publishes KV events); whoever turns it on takes them, or they pile up.
+    pub fn record_cache_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache's changes since the last call, in order (empty unless recording).
+    pub fn take_cache_changes(&mut self) -> Vec<CacheChange> {
+        self.changes.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, change: CacheChange) {
+        if let Some(c) = &mut self.changes {
+            c.push(change);
+        }
+    }
+
+    /// Drops every cached block, as vLLM's `POST /reset_prefix_cache` does; like vLLM it
+    /// refuses (`false`, nothing dropped) while a sequence runs and holds blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.running.is_empty() {
+            return false;
+        }
+        self.counters.evicted_blocks += self.blocks.len() as u64;
+        self.blocks.clear();
+        self.lru.clear();
+        self.record(CacheChange::Cleared);
+        true
     }
 
     pub fn profile(&self) -> &GpuProfile {
@@ -371,6 +422,23 @@ impl Gpu {
             let (_, victim) = self.lru.pop_first().expect("fits() counted enough evictable blocks");
             self.blocks.remove(&victim);
             self.counters.evicted_blocks += 1;
+            self.record(CacheChange::Evicted { id: victim });
+        }
+        if self.changes.is_some() {
+            // The prompt's blocks in order, for each new one its parent and its tokens.
+            let max = req.prompt_tokens.div_ceil(BLOCK_TOKENS) as usize;
+            let mut parent = None;
+            for (i, &h) in req.hash_ids.iter().take(max).enumerate() {
+                if new_ids.contains(&h) && !self.blocks.contains_key(&h) {
+                    let from = (i * BLOCK_TOKENS as usize).min(req.token_ids.len());
+                    let to = ((i + 1) * BLOCK_TOKENS as usize).min(req.token_ids.len());
+                    let tokens = req.token_ids[from..to].to_vec();
+                    self.record(CacheChange::Stored { id: h, parent, tokens });
+                    // Recorded once even if the prompt names it twice.
+                    self.blocks.insert(h, Block { refs: 0, tick: 0 });
+                }
+                parent = Some(h);
+            }
         }
         for h in new_ids {
             self.tick += 1;

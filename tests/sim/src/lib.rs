@@ -41,6 +41,19 @@
 //! `max_tokens` to the body's `max_tokens` (or `max_completion_tokens`), then 16. The replay
 //! never sends it.
 //!
+//! # Token ids and KV events
+//!
+//! With `--tokenizer DIR` (a model folder: `tokenizer.json`, `tokenizer_config.json`, the chat
+//! template), chat and completion prompts are tokenized as vLLM tokenizes them (ailb's
+//! `tokenize::ChatTokenizer`): the prompt's length is its token count and its 512-token blocks
+//! are keyed by their token ids. With `--kv-events-endpoint` the server publishes its prefix
+//! cache's KV events in vLLM 0.32.0's format ([`kv_events`]), in engine blocks of
+//! `--kv-block-size` tokens; their token ids are the tokenizer's, or, without one, the
+//! simulator's pseudo-tokens (each 4 bytes of prompt text one id), which follow the same
+//! prompts through the cache but match no front door's keys. The Responses and Messages APIs
+//! and the `ailb_sim` extension carry no token ids: their blocks are cached and not announced.
+//! `POST /reset_prefix_cache` drops the cache (`AllBlocksCleared`), as vLLM's does.
+//!
 //! # Answers
 //!
 //! `POST /v1/completions` takes a `prompt` (one string) where a chat takes `messages`, and is
@@ -66,11 +79,12 @@
 
 pub mod fleet_model;
 pub mod gpu;
+pub mod kv_events;
 pub mod poll;
 pub mod replay;
 pub mod server;
 pub mod text;
 
-pub use gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started, BLOCK_TOKENS};
+pub use gpu::{Admission, CacheChange, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started, BLOCK_TOKENS};
 pub use poll::wait_until;
-pub use server::{parse_chat, serve, ChatRequest, SimConfig};
+pub use server::{parse_chat, serve, serve_with, ChatRequest, SimConfig};

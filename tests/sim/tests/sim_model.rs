@@ -22,7 +22,7 @@ fn gpu(blocks: u64, max_seqs: usize) -> Gpu {
 }
 
 fn req(prompt_tokens: u64, max_tokens: u64, hash_ids: &[u64]) -> SimRequest {
-    SimRequest { prompt_tokens, max_tokens, hash_ids: hash_ids.to_vec() }
+    SimRequest { prompt_tokens, max_tokens, hash_ids: hash_ids.to_vec(), token_ids: Vec::new() }
 }
 
 fn started(a: Admission) -> Started {

@@ -34,6 +34,8 @@ fn start_sim() -> SocketAddrV4 {
         nvml_state: None,
         gpu_uuid: "GPU-peers-test".into(),
         sample_interval: Duration::from_millis(100),
+        tokenizer: None,
+        kv_events: None,
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

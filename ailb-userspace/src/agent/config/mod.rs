@@ -34,6 +34,10 @@
 //! server = "vllm"              # "sglang", or "custom": names from [instances.metrics]
 //! nvml = true                  # false: no NVML; memory and utilisation from metrics (below) or left out
 //! # kv_bytes_per_token = 131072 # nvml = false, vllm / sglang: free KV cache x this = free memory
+//! # kv_events = "tcp://*:5557"  # optional: the engine's KV-event publisher (vLLM's --kv-events-config
+//! #                             # endpoint; `*` is published as `ip`), for gateways with prefix = "precise"
+//! # kv_replay = "tcp://*:5558"  # optional: its replay_endpoint
+//! # kv_block_size = 16          # required with kv_events: the engine's --block-size
 //!
 //! # [instances.metrics]          # optional for vllm / sglang (overrides); custom: running, waiting
 //! # running = "tgi_batch_current_size"

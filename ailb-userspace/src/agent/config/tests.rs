@@ -191,3 +191,34 @@ fn the_password_comes_from_one_source_named_under_nacos() {
     assert!(e.contains("`nacos.password_file`") && e.contains("only one password source"), "{e}");
     assert!(!e.contains("inline-pw") && !e.contains("agent-file-pw"), "{e}");
 }
+
+/// The engine's KV-event publisher: a wildcard host is published with the instance's address;
+/// bad values name the field.
+#[test]
+fn kv_events_are_published_with_the_instances_address() {
+    let kv = "kv_events = \"tcp://*:5557\"\nkv_replay = \"tcp://0.0.0.0:5558\"\nkv_block_size = 16\n";
+    let v = parse(&format!("{MIN}{kv}")).unwrap();
+    let source = v.instances[0].kv_events.as_ref().expect("a publisher");
+    assert_eq!(
+        (source.endpoint.as_str(), source.replay.as_deref()),
+        ("tcp://10.0.0.7:5557", Some("tcp://10.0.0.7:5558"))
+    );
+    assert_eq!(source.block_size.get(), 16);
+    let published = crate::metadata::publish::metadata(&v.instances[0], &crate::metadata::values::Values::default(), 1);
+    let parsed = crate::metadata::Metadata::parse(&published);
+    assert_eq!(
+        parsed.kv_events,
+        crate::metadata::Field::Valid(source.clone()),
+        "the gateway reads what the agent writes"
+    );
+    assert_eq!(parse(MIN).unwrap().instances[0].kv_events, None);
+    for (bad, want) in [
+        (kv.replace("kv_block_size = 16\n", ""), "instances[0].kv_block_size"),
+        (kv.replace("tcp://*:5557", "5557"), "instances[0].kv_events"),
+        (kv.replace("tcp://0.0.0.0:5558", "tcp://10.0.0.7:0"), "instances[0].kv_replay"),
+        ("kv_block_size = 16\n".to_string(), "instances[0].kv_block_size"),
+    ] {
+        let e = parse(&format!("{MIN}{bad}")).unwrap_err();
+        assert!(e.contains(want), "{e} should name {want}");
+    }
+}

@@ -131,3 +131,36 @@ fn live_telemetry_keys_are_checked_as_the_agents() {
     let e = err(&format!("[daemon]\nsample_interval = \"10ms\"\n{OK}"));
     assert!(e.contains("daemon.sample_interval") && e.contains("10ms"), "{e}");
 }
+
+/// `models[i].prefix` and a backend's KV-event publisher: the values kept, bad ones named.
+#[test]
+fn prefix_mode_and_kv_events_are_checked() {
+    use crate::policy::PrefixMode;
+    let model = "[[models]]\nname = \"m\"\nvips = [\"127.77.0.1:8000\"]\nprefix = \"precise\"\n";
+    let backend = "[[backends]]\nmodel = \"m\"\naddress = \"127.0.0.11:18001\"\n";
+    let kv = "kv_events = \"tcp://127.0.0.11:5557\"\nkv_replay = \"tcp://127.0.0.11:5558\"\nkv_block_size = 16\n";
+    let c = Config::parse(&format!("{model}{backend}{kv}"), "test").and_then(|c| c.validate()).expect("valid");
+    assert_eq!(c.models["m"].spec.prefix, PrefixMode::Precise);
+    let source = c.backends[0].kv_events.as_ref().expect("a publisher");
+    assert_eq!(
+        (source.endpoint.as_str(), source.replay.as_deref()),
+        ("tcp://127.0.0.11:5557", Some("tcp://127.0.0.11:5558"))
+    );
+    assert_eq!(source.block_size.get(), 16);
+    let c = Config::parse(OK, "test").and_then(|c| c.validate()).expect("valid");
+    assert_eq!((c.models["m"].spec.prefix, c.backends[0].kv_events.as_ref()), (PrefixMode::Off, None));
+    for (bad, want) in [
+        (format!("{}{backend}", model.replace("precise", "exact")), "models[0].prefix"),
+        (format!("{model}{backend}{}", kv.replace("tcp://127.0.0.11:5557", "tcp://*:5557")), "backends[0].kv_events"),
+        (
+            format!("{model}{backend}{}", kv.replace("tcp://127.0.0.11:5558", "127.0.0.11:5558")),
+            "backends[0].kv_replay",
+        ),
+        (format!("{model}{backend}{}", kv.replace("kv_block_size = 16\n", "")), "backends[0].kv_block_size"),
+        (format!("{model}{backend}{}", kv.replace("= 16", "= 0")), "backends[0].kv_block_size"),
+        (format!("{model}{backend}kv_block_size = 16\n"), "only with kv_events"),
+    ] {
+        let e = err(&bad);
+        assert!(e.contains(want), "error {e:?} should mention {want:?}");
+    }
+}

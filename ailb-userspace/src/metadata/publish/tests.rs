@@ -28,6 +28,7 @@ fn inst() -> ValidInstance {
         nvml: true,
         names: crate::telemetry::model_server::ServerKind::Vllm.names(),
         kv_bytes_per_token: None,
+        kv_events: None,
     }
 }
 

@@ -5,7 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use ailb_sim::kv_events::KvEventsConfig;
 use ailb_sim::{serve, GpuProfile, SimConfig};
+use ailb_userspace::tokenize::ChatTokenizer;
 use anyhow::{bail, Context};
 use clap::Parser;
 
@@ -54,6 +58,26 @@ struct Args {
     /// Real milliseconds between utilisation samples and NVML state writes.
     #[arg(long, default_value_t = 200)]
     sample_interval_ms: u64,
+    /// A model folder (tokenizer.json, tokenizer_config.json, chat template): prompts are
+    /// tokenized as vLLM tokenizes them for that model.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Publish KV events as vLLM's `--kv-events-config` does, on this ZMQ PUB endpoint
+    /// (vLLM's default tcp://*:5557).
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// The replay ROUTER endpoint (vLLM's `replay_endpoint`; none by default).
+    #[arg(long, requires = "kv_events_endpoint")]
+    kv_events_replay_endpoint: Option<String>,
+    /// The topic frame of every KV-event message (vLLM's default: empty).
+    #[arg(long, default_value = "", requires = "kv_events_endpoint")]
+    kv_events_topic: String,
+    /// KV-event batches kept for replay (vLLM's `buffer_steps`).
+    #[arg(long, default_value_t = 10_000, requires = "kv_events_endpoint")]
+    kv_events_buffer_steps: usize,
+    /// The engine's KV-cache block size in tokens, a divisor of 512 (vLLM's default 16).
+    #[arg(long, default_value_t = 16)]
+    kv_block_size: u32,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,6 +108,29 @@ fn main() -> anyhow::Result<()> {
         };
         format!("GPU-5133a1b0-0000-0000-0000-{:012x}", (ip << 16) | u64::from(a.listen.port()))
     });
+    let tokenizer = match &a.tokenizer {
+        None => None,
+        Some(dir) => Some(Arc::new(
+            ChatTokenizer::load(dir)
+                .map_err(|e| anyhow::anyhow!("--tokenizer: {}", ailb_userspace::error_chain(&e)))?,
+        )),
+    };
+    let kv_events = match a.kv_events_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let kv = KvEventsConfig {
+                endpoint,
+                replay_endpoint: a.kv_events_replay_endpoint,
+                topic: a.kv_events_topic,
+                buffer_steps: a.kv_events_buffer_steps,
+                block_size: a.kv_block_size,
+            };
+            if let Err(e) = kv.validate() {
+                bail!("{e}");
+            }
+            Some(kv)
+        }
+    };
     let cfg = SimConfig {
         profile: p,
         model: a.model,
@@ -91,6 +138,8 @@ fn main() -> anyhow::Result<()> {
         nvml_state: a.nvml_state,
         gpu_uuid: uuid,
         sample_interval: Duration::from_millis(a.sample_interval_ms),
+        tokenizer,
+        kv_events,
     };
     let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     rt.block_on(async move {

@@ -137,6 +137,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body
         prompt_tokens: text::tokens_of(req.text.len()),
         max_tokens: req.max_tokens,
         hash_ids: text::block_keys(&req.text),
+        token_ids: Vec::new(),
     };
     let t0 = app.clock.now();
     let started = match admit(&app, &sim, t0).await {

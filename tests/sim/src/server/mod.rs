@@ -14,7 +14,9 @@ mod metrics;
 mod request;
 mod responses;
 
-pub use request::{parse_chat, parse_completion, Api, ChatRequest, DEFAULT_MAX_TOKENS};
+pub use request::{
+    parse_chat, parse_completion, parse_request, token_block_keys, Api, ChatRequest, Tokens, DEFAULT_MAX_TOKENS,
+};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -23,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ailb_userspace::tokenize::ChatTokenizer;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -30,9 +33,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::gpu::{Admission, Gpu, GpuProfile, OutOfMemory, ReqId, SimRequest, Started};
+use crate::kv_events::{KvEventsConfig, Publisher};
 
 /// How to run one simulated server.
 #[derive(Debug, Clone)]
@@ -48,6 +52,28 @@ pub struct SimConfig {
     pub gpu_uuid: String,
     /// Real time between utilisation samples (and NVML state writes).
     pub sample_interval: Duration,
+    /// The model's tokenizer: prompts are counted and cached by their real token ids (chat
+    /// and completion requests), as the engine tokenizes them. `None`: `bytes / 4` tokens.
+    pub tokenizer: Option<Arc<ChatTokenizer>>,
+    /// Publish the prefix cache's KV events as vLLM does ([`crate::kv_events`]).
+    pub kv_events: Option<KvEventsConfig>,
+}
+
+impl SimConfig {
+    /// A server of `profile` serving `model` at `time_scale`, without NVML state, tokenizer or
+    /// KV events.
+    pub fn new(profile: GpuProfile, model: &str, time_scale: f64) -> Self {
+        SimConfig {
+            profile,
+            model: model.to_string(),
+            time_scale,
+            nvml_state: None,
+            gpu_uuid: "GPU-5133a1b0-0000-0000-0000-000000000000".to_string(),
+            sample_interval: Duration::from_millis(200),
+            tokenizer: None,
+            kv_events: None,
+        }
+    }
 }
 
 /// Converts between real and simulated time.
@@ -91,9 +117,27 @@ struct App {
     /// The Responses API's stored responses, by id: in this server's memory only, as vLLM
     /// keeps them.
     stored: Mutex<HashMap<String, responses::Stored>>,
+    /// Woken after the GPU model changed, when KV events are published.
+    kv_changed: Option<Arc<Notify>>,
 }
 
 impl App {
+    /// The GPU model may have changed its cache: the KV-event publisher takes the changes.
+    fn changed(&self) {
+        if let Some(n) = &self.kv_changed {
+            n.notify_one();
+        }
+    }
+
+    /// Where this server's requests take their token ids from.
+    fn tokens(&self) -> request::Tokens<'_> {
+        match (&self.cfg.tokenizer, &self.cfg.kv_events) {
+            (Some(t), _) => request::Tokens::Model(t),
+            (None, Some(_)) => request::Tokens::Pseudo,
+            (None, None) => request::Tokens::None,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves a consistent model (every mutation completes
         // before any await), so keep serving.
@@ -137,6 +181,8 @@ impl Drop for SeqGuard {
         }
         let started = inner.gpu.finish(self.id, now);
         wake(&mut inner, started, now);
+        drop(inner);
+        self.app.changed();
     }
 }
 
@@ -171,15 +217,46 @@ impl Drop for WaitGuard {
                 }
             }
         }
+        drop(inner);
+        self.app.changed();
     }
 }
 
-/// Serves until the listener fails.
+/// Serves until the listener fails; binds the KV-event sockets first when `cfg.kv_events`
+/// asks for them (and says where on stderr).
 pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io::Result<()> {
+    let publisher = match &cfg.kv_events {
+        None => None,
+        Some(kv) => {
+            let (publisher, bound) = Publisher::bind(kv).await.map_err(std::io::Error::other)?;
+            eprintln!(
+                "ailb-sim: kv events on {} (replay {}), blocks of {} tokens",
+                bound.endpoint,
+                bound.replay_endpoint.as_deref().unwrap_or("off"),
+                kv.block_size
+            );
+            Some(publisher)
+        }
+    };
+    serve_with(listener, cfg, publisher).await
+}
+
+/// [`serve`] with a KV-event publisher already bound ([`Publisher::bind`], which tells the ports
+/// it bound).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    cfg: SimConfig,
+    publisher: Option<Publisher>,
+) -> std::io::Result<()> {
     let addr = listener.local_addr()?.to_string();
+    let mut gpu = Gpu::new(cfg.profile.clone());
+    let kv_changed = publisher.as_ref().map(|_| {
+        gpu.record_cache_changes();
+        Arc::new(Notify::new())
+    });
     let app = Arc::new(App {
         inner: Mutex::new(Inner {
-            gpu: Gpu::new(cfg.profile.clone()),
+            gpu,
             waiters: HashMap::new(),
             aborted: 0,
             util: 0.0,
@@ -192,8 +269,12 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         id_seed: id_seed(&addr),
         addr,
         stored: Mutex::new(HashMap::new()),
+        kv_changed,
     });
     tokio::spawn(sampler(app.clone()));
+    if let Some(publisher) = publisher {
+        tokio::spawn(publish(app.clone(), publisher));
+    }
     let router = Router::new()
         .route("/v1/chat/completions", post(|s, b| generate(s, b, Api::Chat)))
         .route("/v1/completions", post(|s, b| generate(s, b, Api::Completion)))
@@ -206,9 +287,36 @@ pub async fn serve(listener: tokio::net::TcpListener, cfg: SimConfig) -> std::io
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics::metrics))
         .route("/sim/state", get(state))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
         .with_state(app);
     axum::serve(listener, router).await
+}
+
+/// Publishes the GPU model's cache changes, one batch per wake-up (an engine publishes one per
+/// scheduler step).
+async fn publish(app: Arc<App>, mut publisher: Publisher) {
+    let Some(changed) = app.kv_changed.clone() else { return };
+    loop {
+        changed.notified().await;
+        let changes = app.lock().gpu.take_cache_changes();
+        if !changes.is_empty() {
+            publisher.publish(changes).await;
+        }
+    }
+}
+
+/// vLLM's `POST /reset_prefix_cache`: every cached block dropped (`AllBlocksCleared`). While
+/// sequences run the model refuses, as vLLM's cache does; the simulator then answers 409 so that
+/// a caller can tell.
+async fn reset_prefix_cache(State(app): State<Arc<App>>) -> Response {
+    let reset = app.lock().gpu.reset_prefix_cache();
+    app.changed();
+    if reset {
+        StatusCode::OK.into_response()
+    } else {
+        error(StatusCode::CONFLICT, "the prefix cache was not reset: sequences are running".into())
+    }
 }
 
 /// A seed from the server's address and its start time.
@@ -260,6 +368,7 @@ fn nvml_state_text(cfg: &SimConfig, inner: &Inner) -> String {
 fn error(status: StatusCode, message: String) -> Response {
     let kind = match status {
         StatusCode::BAD_REQUEST => "BadRequestError",
+        StatusCode::CONFLICT => "ConflictError",
         StatusCode::NOT_FOUND => "NotFoundError",
         _ => "InternalServerError",
     };
@@ -310,10 +419,7 @@ impl Gen {
 type SimHeaders = [(&'static str, String); 3];
 
 async fn generate(State(app): State<Arc<App>>, body: Bytes, api: Api) -> Response {
-    let parsed = match api {
-        Api::Chat => parse_chat(&body),
-        Api::Completion => parse_completion(&body),
-    };
+    let parsed = request::parse_request(&body, api, app.tokens());
     let req = match parsed {
         Ok(r) => r,
         // vLLM's request models name the field under `body.` (pydantic's location).
@@ -379,6 +485,7 @@ async fn admit(app: &Arc<App>, req: &SimRequest, t0: f64) -> Result<Started, Out
             Admission::Reject(oom) => Err(Err(oom)),
         }
     };
+    app.changed();
     match admission {
         Ok(s) => Ok(s),
         Err(Ok(wait)) => Ok(wait.wait().await),

@@ -1,10 +1,27 @@
 //! Reading a request: an OpenAI chat or completion body, with the optional `ailb_sim`
 //! extension (see [the crate docs](crate)).
 
+use ailb_common::hash::ConversationHasher;
+use ailb_userspace::tokenize::ChatTokenizer;
 use serde_json::Value;
 
-use crate::gpu::SimRequest;
+use crate::gpu::{SimRequest, BLOCK_TOKENS};
 use crate::text;
+
+/// Where a request's token ids come from.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Tokens<'a> {
+    /// None: the prompt is counted as `bytes / 4` tokens and keyed by its text (the default).
+    #[default]
+    None,
+    /// The same count and keys, with pseudo-tokens for the KV events: each 4 bytes of the
+    /// prompt text, little-endian, one token id. They name the same prompt in every event, but
+    /// no front door computes them, so keys from them match none of its keys.
+    Pseudo,
+    /// The model's tokenizer and chat template, as vLLM tokenizes: the prompt's length is its
+    /// token count and its blocks are its tokens, so the engine's blocks are the real ones.
+    Model(&'a ChatTokenizer),
+}
 
 /// The API a request called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,13 +47,55 @@ pub const DEFAULT_MAX_TOKENS: u64 = 16;
 
 /// Reads an OpenAI chat request with the optional `ailb_sim` extension (see [the crate docs](crate)).
 pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
-    parse(body, Api::Chat)
+    parse(body, Api::Chat, Tokens::None)
 }
 
 /// Reads an OpenAI completion request (`prompt`: a string, or an array of one string) with the
 /// optional `ailb_sim` extension.
 pub fn parse_completion(body: &[u8]) -> Result<ChatRequest, String> {
-    parse(body, Api::Completion)
+    parse(body, Api::Completion, Tokens::None)
+}
+
+/// A chat or completion request read with its token ids from `tokens`.
+pub fn parse_request(body: &[u8], api: Api, tokens: Tokens<'_>) -> Result<ChatRequest, String> {
+    parse(body, api, tokens)
+}
+
+/// The prompt's token ids as vLLM computes them: a chat's messages through the chat template
+/// (`add_generation_prompt` as the body says, vLLM's default true) encoded without special
+/// tokens; a completion's prompt encoded with them (a BOS where the tokenizer adds one).
+fn model_tokens(v: &Value, api: Api, tokenizer: &ChatTokenizer) -> Result<Vec<u32>, String> {
+    let ids = match api {
+        Api::Chat => {
+            let messages = &v["messages"];
+            if !messages.is_array() {
+                return Err("messages: missing or not an array".into());
+            }
+            let generation = v["add_generation_prompt"].as_bool().unwrap_or(true);
+            tokenizer.chat_token_ids(messages, generation)
+        }
+        Api::Completion => {
+            let text = prompt_text(v, api)?;
+            tokenizer.encode(&String::from_utf8_lossy(&text), true)
+        }
+    };
+    ids.map_err(|e| format!("prompt: {}", ailb_userspace::error_chain(&e)))
+}
+
+/// Prefix-cache keys of token ids: one per [`BLOCK_TOKENS`] tokens (the last may be partial),
+/// each the hash of the previous key and the block's ids, as [`text::block_keys`] chains text.
+pub fn token_block_keys(ids: &[u32]) -> Vec<u64> {
+    let mut prev = 0u64;
+    ids.chunks(BLOCK_TOKENS as usize)
+        .map(|chunk| {
+            let mut h = ConversationHasher::new();
+            for b in prev.to_le_bytes().into_iter().chain(chunk.iter().flat_map(|t| t.to_le_bytes())) {
+                h.write_u8(b);
+            }
+            prev = h.finish(8 + 4 * chunk.len() as u64);
+            prev
+        })
+        .collect()
 }
 
 /// The prompt text of a request without the extension.
@@ -63,7 +122,7 @@ fn prompt_text(v: &Value, api: Api) -> Result<Vec<u8>, String> {
     Ok(text)
 }
 
-fn parse(body: &[u8], api: Api) -> Result<ChatRequest, String> {
+fn parse(body: &[u8], api: Api, tokens: Tokens<'_>) -> Result<ChatRequest, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body is not JSON: {e}"))?;
     let uint = |v: &Value, what: &str| -> Result<Option<u64>, String> {
         match v {
@@ -76,14 +135,32 @@ fn parse(body: &[u8], api: Api) -> Result<ChatRequest, String> {
         None => uint(&v["max_completion_tokens"], "max_completion_tokens")?,
     };
     let sim = match &v["ailb_sim"] {
-        Value::Null => {
-            let text = prompt_text(&v, api)?;
-            SimRequest {
-                prompt_tokens: text::tokens_of(text.len()),
-                max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
-                hash_ids: text::block_keys(&text),
+        Value::Null => match tokens {
+            Tokens::Model(tokenizer) => {
+                let ids = model_tokens(&v, api, tokenizer)?;
+                SimRequest {
+                    prompt_tokens: (ids.len() as u64).max(1),
+                    max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
+                    hash_ids: token_block_keys(&ids),
+                    token_ids: ids,
+                }
             }
-        }
+            Tokens::None | Tokens::Pseudo => {
+                let text = prompt_text(&v, api)?;
+                let token_ids = match tokens {
+                    Tokens::Pseudo => {
+                        text.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                SimRequest {
+                    prompt_tokens: text::tokens_of(text.len()),
+                    max_tokens: top_max.unwrap_or(DEFAULT_MAX_TOKENS),
+                    hash_ids: text::block_keys(&text),
+                    token_ids,
+                }
+            }
+        },
         ext @ Value::Object(_) => {
             let prompt_tokens =
                 uint(&ext["prompt_tokens"], "ailb_sim.prompt_tokens")?.ok_or("ailb_sim.prompt_tokens: missing")?;
@@ -96,7 +173,7 @@ fn parse(body: &[u8], api: Api) -> Result<ChatRequest, String> {
                     .collect::<Result<_, _>>()?,
                 other => return Err(format!("ailb_sim.hash_ids: {other} is not an array")),
             };
-            SimRequest { prompt_tokens, max_tokens, hash_ids }
+            SimRequest { prompt_tokens, max_tokens, hash_ids, token_ids: Vec::new() }
         }
         other => return Err(format!("ailb_sim: {other} is not an object")),
     };

@@ -257,7 +257,12 @@ pub(super) async fn create(State(app): State<Arc<App>>, body: Bytes) -> Response
         },
     };
     let prompt_tokens = history + text::tokens_of(req.text.len());
-    let sim = SimRequest { prompt_tokens, max_tokens: req.max_tokens, hash_ids: text::block_keys(&req.text) };
+    let sim = SimRequest {
+        prompt_tokens,
+        max_tokens: req.max_tokens,
+        hash_ids: text::block_keys(&req.text),
+        token_ids: Vec::new(),
+    };
     let t0 = app.clock.now();
     let started = match admit(&app, &sim, t0).await {
         Ok(s) => s,
