@@ -23,10 +23,13 @@
 //! http1_fast_path = true           # false: every connection served by hyper
 //! responses_max_entries = 100000   # response id -> backend, for `previous_response_id`
 //! responses_ttl = "24h"            # default: none (kept while there is room)
+//! prefix_keys = true               # each prompt's prefix keys to the kernel (default false)
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
 //! "demo-7b" = 16
+//! [gateway.tokenizers]             # with `prefix_keys = true`: token-exact prefix keys
+//! "demo-7b" = "/models/demo-7b"
 //! ```
 //!
 //! Tenants, priorities and the scheduler: `[gateway.scheduler]` and `[[gateway.tenants]]`
@@ -49,6 +52,25 @@ mod admission;
 pub mod tenants;
 pub use admission::{AdmissionSetting, AdmissionTable, FleetMemoryLimits, ValidAdmission, MAX_FACTOR, MAX_QUEUED};
 pub use tenants::{SchedulerTable, TenantTable, ValidTenancy, ValidTenant};
+
+/// A model's tokenizer, loaded at start-up (equal when loaded from the same folder).
+#[derive(Clone)]
+pub struct LoadedTokenizer {
+    pub path: std::path::PathBuf,
+    pub tokenizer: std::sync::Arc<crate::tokenize::ChatTokenizer>,
+}
+
+impl PartialEq for LoadedTokenizer {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path
+    }
+}
+
+impl std::fmt::Debug for LoadedTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedTokenizer").field("path", &self.path).finish_non_exhaustive()
+    }
+}
 
 /// Tokens per KV block of a model not in `kv_block_tokens`: vLLM's default `--block-size`.
 pub const DEFAULT_KV_BLOCK_TOKENS: u64 = 16;
@@ -98,6 +120,16 @@ pub struct GatewayConfig {
     /// Default [`DEFAULT_KV_BLOCK_TOKENS`] for a model not listed.
     #[serde(default)]
     pub kv_block_tokens: BTreeMap<String, u64>,
+    /// Whether each request carries its prompt's prefix keys to the kernel (`AILB_PREFIX`),
+    /// for models with a `prefix` mode: token-exact keys for a model in `tokenizers` (blocks
+    /// of its `kv_block_tokens`), else 64-byte text chunks. Default false.
+    #[serde(default)]
+    pub prefix_keys: bool,
+    /// Per model (by catalog name): the folder of its `tokenizer.json`, `tokenizer_config.json`
+    /// and chat template, so that its prefix keys are the engine's own blocks (what its KV
+    /// events report).
+    #[serde(default)]
+    pub tokenizers: BTreeMap<String, std::path::PathBuf>,
     /// Whether an upstream connection may carry another request with the same routing inputs
     /// (`"conversation"`: idle connections are kept per model, memory need and conversation
     /// key; requests without a key always get a fresh socket), or never (`"never"`: a fresh
@@ -237,6 +269,8 @@ impl Default for GatewayConfig {
             completion_prefix_bytes: default_prefix_bytes(),
             kv_bytes_per_token: BTreeMap::new(),
             kv_block_tokens: BTreeMap::new(),
+            prefix_keys: false,
+            tokenizers: BTreeMap::new(),
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
             upstream_idle_mark_after: None,
@@ -267,6 +301,9 @@ pub struct ValidGateway {
     pub completion_prefix_bytes: usize,
     pub kv_bytes_per_token: BTreeMap<String, u64>,
     pub kv_block_tokens: BTreeMap<String, u64>,
+    pub prefix_keys: bool,
+    /// The tokenizers of `tokenizers`, loaded.
+    pub tokenizers: BTreeMap<String, LoadedTokenizer>,
     pub upstream_reuse: UpstreamReuse,
     pub upstream_max_age: Duration,
     pub upstream_idle_mark_after: Duration,
@@ -300,7 +337,8 @@ impl GatewayConfig {
         let listen = self.listen()?;
         self.check_counts()?;
         let session_header = self.session_header()?;
-        self.check_kv(&models.into_iter().collect::<Vec<_>>())?;
+        let models: Vec<&str> = models.into_iter().collect();
+        self.check_kv(&models)?;
         let admission_retry = self.admission_retry()?;
         let upstream_reuse = self.upstream_reuse()?;
         let upstream_max_age = positive("gateway.upstream_max_age", &self.upstream_max_age)?;
@@ -318,6 +356,8 @@ impl GatewayConfig {
             completion_prefix_bytes: self.completion_prefix_bytes,
             kv_bytes_per_token: self.kv_bytes_per_token.clone(),
             kv_block_tokens: self.kv_block_tokens.clone(),
+            prefix_keys: self.prefix_keys,
+            tokenizers: self.load_tokenizers(&models)?,
             upstream_reuse,
             upstream_max_age,
             upstream_idle_mark_after,
@@ -376,6 +416,26 @@ impl GatewayConfig {
                     .map_err(|_| ConfigError::invalid("gateway.session_header", h, "not a valid HTTP header name"))
             })
             .transpose()
+    }
+
+    /// `tokenizers`: models of the catalog, each folder loaded (a bad one stops start-up).
+    fn load_tokenizers(&self, models: &[&str]) -> Result<BTreeMap<String, LoadedTokenizer>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for (name, dir) in &self.tokenizers {
+            let field = format!("gateway.tokenizers.{name}");
+            if !models.contains(&name.as_str()) {
+                return Err(ConfigError::invalid(field, name, "no model of this name in the catalog"));
+            }
+            let tok = crate::tokenize::ChatTokenizer::load(dir).map_err(|e| {
+                ConfigError::invalid(
+                    &field,
+                    dir.display(),
+                    format!("not a usable tokenizer folder: {}", crate::error_chain(&e)),
+                )
+            })?;
+            out.insert(name.clone(), LoadedTokenizer { path: dir.clone(), tokenizer: std::sync::Arc::new(tok) });
+        }
+        Ok(out)
     }
 
     /// `kv_bytes_per_token` and `kv_block_tokens`: models of the catalog, values in range.

@@ -52,6 +52,7 @@ pub mod inputs;
 mod log;
 pub mod metrics;
 pub mod pipeline;
+pub mod prefix_keys;
 mod request_fields;
 pub mod response_ids;
 pub mod responses;

@@ -70,6 +70,8 @@ pub struct CatalogModel {
     pub index: u32,
     /// Its metric series, reached without a label lookup per request.
     pub series: Arc<ModelSeries>,
+    /// How its requests' prefix keys are made (`[gateway] prefix_keys`); `None`: none sent.
+    pub keyer: Option<super::prefix_keys::Keyer>,
 }
 
 /// Each model of the catalog with a VIP (where its requests connect).
@@ -94,7 +96,15 @@ pub fn catalog(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Cat
         .map(|(i, (name, vip, facts))| {
             let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
             let series = Arc::new(ModelSeries::new(name.clone()));
-            (name, CatalogModel { vip, facts, index, series })
+            let keyer = cfg.prefix_keys.then(|| match cfg.tokenizers.get(&name) {
+                Some(t) => super::prefix_keys::Keyer::Tokens {
+                    tokenizer: t.tokenizer.clone(),
+                    block: std::num::NonZeroU32::new(facts.kv_block_tokens.clamp(1, u32::MAX as u64) as u32)
+                        .unwrap_or(std::num::NonZeroU32::MIN),
+                },
+                None => super::prefix_keys::Keyer::Text,
+            });
+            (name, CatalogModel { vip, facts, index, series, keyer })
         })
         .collect()
 }
@@ -276,13 +286,18 @@ impl Pipeline {
         let bytes = body.read(&head, self.client, deadline).await?;
         let (mut inputs, fields) = self.inputs(endpoint, &head, &bytes, log)?;
         let tenant = self.tenant(endpoint, &head, &fields, &client, log)?;
+        // Phase **keys**: the prompt's prefix keys, for a model that sends them.
+        let keys = match self.models.get(&inputs.model).and_then(|m| m.keyer.as_ref()) {
+            Some(keyer) => keyer.keys(endpoint, &fields, &bytes),
+            None => Vec::new(),
+        };
         drop(fields);
         let pinned = self.pinned(endpoint, &mut inputs)?;
         let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
         let grant = self.admit(&inputs, tenant, deadline, log).await?;
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
-        let tags = tags(&inputs);
+        let tags = tags(&inputs, &keys);
         // A pinned request never takes a kept connection: those go where the kernel picked.
         let key = match (&self.pool, conv_hash, &pinned) {
             (Some(_), Some(conversation), None) => {
@@ -550,9 +565,13 @@ impl Pipeline {
     }
 }
 
-/// Phase **tags**: the socket options that carry `inputs` to the kernel's pick.
-fn tags(inputs: &Inputs) -> Tags<'_> {
+/// Phase **tags**: the socket options that carry `inputs` and the prompt's prefix `keys` to
+/// the kernel's pick.
+fn tags<'a>(inputs: &'a Inputs, keys: &'a [u64]) -> Tags<'a> {
     let mut tags = Tags::new().model(inputs.model.as_str());
+    if !keys.is_empty() {
+        tags = tags.prefix(keys);
+    }
     if let Some(c) = &inputs.conversation {
         tags = tags.conversation(c.key.as_str());
     }
