@@ -107,11 +107,11 @@ mod tests {
     #[test]
     fn chats_sharing_a_system_prompt_share_its_keys() {
         let system = "You are the assistant of tenant seven. ".repeat(30);
-        let a =
-            format!(r#"{{"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"first"}}]}}"#);
-        let b = format!(
-            r#"{{"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"second"}}]}}"#
-        );
+        let (qa, qb) = ("first question. ".repeat(10), "second question. ".repeat(10));
+        let chat = |q: &str| {
+            format!(r#"{{"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{q}"}}]}}"#)
+        };
+        let (a, b) = (chat(&qa), chat(&qb));
         let (fa, fb) = (fields(a.as_bytes()), fields(b.as_bytes()));
         let ka = text_material(Endpoint::ChatCompletions, &fa).expect("chat");
         let kb = text_material(Endpoint::ChatCompletions, &fb).expect("chat");
