@@ -1,0 +1,150 @@
+//! Precise mode end to end, through the kernel: three `ailb-sim` servers tokenizing with the
+//! tiny model's tokenizer and publishing their KV events (vLLM's format), `ailb run` with a
+//! `prefix = "precise"` model following them into the kernel's prefix map, and `ailb gateway`
+//! sending each chat's token-exact prefix keys (`prefix_keys = true`, the same tokenizer and
+//! block size). Clients send no session header, and every user's question differs, so the
+//! derived conversation keys differ: only the prefix map can keep a tenant's users together.
+//!
+//! - After a tenant's first chat, the engine that cached it reports its blocks; every later
+//!   chat of the tenant goes to that engine (the kernel found its system prompt there);
+//! - the kernel's counters say so, and the map holds what the engines hold: after a cache
+//!   reset (`AllBlocksCleared`), the engine's entries go.
+//!
+//! Requests are sent one after another on fresh upstream connections (`upstream_reuse =
+//! "never"`), so no holder is ever at its load bound: with kept connections counting in
+//! flight for a moment after their answer, the bound may overrule the prefix, by design.
+//!
+//! Needs the tiny model of `cargo xtask setup` (or `AILB_TINY_MODEL_DIR`); reported skipped
+//! without it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ailb_tests::{
+    base_config, http, preflight, report_skipped, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess,
+    SimServer,
+};
+use serde_json::{json, Value};
+
+const TEST: &str = "tenants_follow_what_the_engines_report_cached";
+const MODEL: &str = "tiny";
+const VIP: &str = "127.77.19.1:8000";
+const LISTEN: &str = "127.0.19.1:18190";
+const BACKENDS: [&str; 3] = ["127.0.19.11:18191", "127.0.19.12:18192", "127.0.19.13:18193"];
+const TENANTS: usize = 3;
+const PER_TENANT: usize = 8;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn tiny_model() -> Option<PathBuf> {
+    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
+        (Some(d), _) => PathBuf::from(d),
+        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
+        (None, None) => return None,
+    };
+    dir.join("tokenizer.json").exists().then_some(dir)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Tenant `t`'s chat for its user `u`: a long system prompt of its own, a question of the user's.
+fn chat(t: usize, u: usize) -> Value {
+    let system: Vec<String> = (0..300).map(|i| format!("rule{t}x{}", i % 40)).collect();
+    json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": format!("You are tenant {t}'s assistant. {}", system.join(" "))},
+        {"role": "user", "content": format!("user {u} of tenant {t} asks question number {u}")}]})
+}
+
+fn prefix_status(daemon: &Daemon) -> Value {
+    let status = daemon.status();
+    status["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
+        .map(|m| m["prefix"].clone())
+        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"))
+}
+
+#[test]
+fn tenants_follow_what_the_engines_report_cached() {
+    let Some(dir) = tiny_model() else {
+        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
+        return;
+    };
+    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-precise");
+    let endpoints: Vec<String> = BACKENDS.iter().map(|_| format!("tcp://127.0.0.1:{}", free_port())).collect();
+    let sims: Vec<SimServer> = BACKENDS
+        .iter()
+        .zip(&endpoints)
+        .map(|(addr, ep)| {
+            SimServer::start(
+                addr,
+                MODEL,
+                &["--tokenizer", &dir_s, "--kv-events-endpoint", ep, "--kv-block-size", "16", "--time-scale", "50"],
+            )
+        })
+        .collect();
+    let mut cfg = base_config("prefix-precise", &cg).service(MODEL, VIP);
+    for (addr, ep) in BACKENDS.iter().zip(&endpoints) {
+        let mut b = BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000);
+        b.extra = format!("kv_events = \"{ep}\"\nkv_block_size = 16\n");
+        cfg = cfg.backend(b);
+    }
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nprefix = \"precise\"\n\n[gateway]\nlisten = [\"{LISTEN}\"]\nprefix_keys = true\nupstream_reuse = \"never\"\n\
+         [gateway.tokenizers]\n\"{MODEL}\" = \"{dir_s}\"\n[gateway.kv_block_tokens]\n\"{MODEL}\" = 16\n"
+    );
+    let daemon = Daemon::start(&bin, &cfg);
+    let listen: SocketAddr = LISTEN.parse().expect("gateway address");
+    let _gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
+
+    let send = |t: usize, u: usize| -> String {
+        let r = http::post_json(LISTEN, "/v1/chat/completions", &[], &chat(t, u));
+        assert_eq!(r.status, 200, "tenant {t} user {u}: {}", r.body);
+        r.header("x-ailb-backend").unwrap_or_else(|| panic!("no x-ailb-backend: {:?}", r.headers)).to_string()
+    };
+    let mut first = BTreeMap::new();
+    for t in 0..TENANTS {
+        first.insert(t, send(t, 0));
+    }
+    // The engines' events reach the kernel's map.
+    wait_until("the prefix map to hold the engines' blocks", WAIT, || {
+        prefix_status(&daemon)["entries"].as_u64().filter(|&e| e > 0)
+    });
+    let before = prefix_status(&daemon);
+    let mut landed: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for u in 1..PER_TENANT {
+        for t in 0..TENANTS {
+            landed.entry(t).or_default().insert(send(t, u));
+        }
+    }
+    let after = prefix_status(&daemon);
+    eprintln!("first chats {first:?}; later {landed:?}; prefix before {before}, after {after}");
+    for (t, backends) in &landed {
+        assert_eq!(
+            backends.iter().collect::<Vec<_>>(),
+            vec![&first[t]],
+            "tenant {t}: its later users must follow its first user's engine {}, which reported the system prompt cached",
+            first[t]
+        );
+    }
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let later = ((PER_TENANT - 1) * TENANTS) as u64;
+    assert_eq!(after["mode"], "precise");
+    assert_eq!(n(&after, "used") - n(&before, "used"), later, "every later chat took its prefix's holder: {after}");
+    assert_eq!(n(&after, "learned"), 0, "precise mode learns nothing from picks: {after}");
+
+    // A cache reset on the first tenant's engine (AllBlocksCleared) empties its entries.
+    let target = &first[&0];
+    let sim = sims.iter().find(|s| s.addr() == target.as_str()).expect("the engine that served tenant 0");
+    let entries = n(&prefix_status(&daemon), "entries");
+    let r = http::post_json(sim.addr(), "/reset_prefix_cache", &[], &json!({}));
+    assert_eq!(r.status, 200, "reset: {}", r.body);
+    wait_until("the reset engine's entries to leave the map", WAIT, || {
+        Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e < entries)
+    });
+}
