@@ -6,7 +6,9 @@ use core::{ffi::c_void, ptr};
 
 use ailb_common::{
     abi::*,
-    pick::{held, prefix_verdict, Choose, PickMaps, PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS},
+    pick::{
+        held, prefix_verdict, Choose, PickMaps, PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
+    },
     prefix::PREFIX_KEYS_MAX,
 };
 use aya_ebpf::helpers::generated::{bpf_loop, bpf_sk_storage_get};
@@ -35,7 +37,12 @@ pub(crate) unsafe fn sock_prefix(sk: *mut c_void, create: bool) -> Option<&'stat
 /// Reads the option's keys from the kernel's buffer `start..end` (`optlen` bytes) into
 /// `keys`; the count, or `None` for a bad length or a key of 0.
 #[inline(always)]
-pub(crate) fn read_keys(start: *const u8, end: *const u8, optlen: i32, keys: &mut [u64; PREFIX_KEYS_MAX]) -> Option<u32> {
+pub(crate) fn read_keys(
+    start: *const u8,
+    end: *const u8,
+    optlen: i32,
+    keys: &mut [u64; PREFIX_KEYS_MAX],
+) -> Option<u32> {
     if optlen < 8 || optlen > (PREFIX_KEYS_MAX * 8) as i32 || optlen % 8 != 0 {
         return None;
     }
@@ -196,13 +203,7 @@ pub(crate) fn learn(sp: &SockPrefix, model: u32, backend: u32, ttl_ns: u64, now_
         return;
     };
     s.keys = sp.keys;
-    let mut ctx = LearnCtx {
-        count,
-        model,
-        backend,
-        tick: prefix_tick(now_ns),
-        ttl: prefix_ttl_ticks(ttl_ns),
-    };
+    let mut ctx = LearnCtx { count, model, backend, tick: prefix_tick(now_ns), ttl: prefix_ttl_ticks(ttl_ns) };
     // SAFETY: `learn_key` has the callback signature bpf_loop expects and only uses its
     // context as the `LearnCtx` passed here, which outlives the call.
     unsafe {

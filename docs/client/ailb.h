@@ -46,9 +46,33 @@
  * request with the same tags; it stops counting as in flight at its backend), 0 = busy again.
  * A client that keeps connections for reuse marks them idle while they wait. */
 #define AILB_IDLE 4
+/* The prompt's prefix keys: 1..AILB_PREFIX_KEYS_MAX native-endian uint64_t, in prompt order,
+ * none of them 0 (length a multiple of 8). Chained XXH3 block keys of the prompt, as
+ * docs/prefix.md defines them (every k-th block's key and the last). A model with a prefix
+ * mode then prefers the backend that holds the longest of these prefixes in its cache, while
+ * it is under its load bound and fits the memory hint. */
+#define AILB_PREFIX 5
 
 #define AILB_MAX_CONVERSATION_LEN 128
 #define AILB_MAX_MODEL_NAME_LEN 64
+#define AILB_PREFIX_KEYS_MAX 16
+
+/* Tags fd with n prefix keys (1..AILB_PREFIX_KEYS_MAX, none 0). Returns 0, or -1 with errno. */
+static inline int ailb_tag_prefix(int fd, const uint64_t *keys, size_t n)
+{
+    size_t i;
+    if (n == 0 || n > AILB_PREFIX_KEYS_MAX) {
+        errno = EINVAL;
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        if (keys[i] == 0) {
+            errno = EINVAL;
+            return -1;
+        }
+    }
+    return setsockopt(fd, SOL_AILB, AILB_PREFIX, keys, (socklen_t)(n * sizeof *keys));
+}
 
 /* Tags fd with a conversation id. Returns 0, or -1 with errno set (see above). */
 static inline int ailb_tag_conversation(int fd, const void *id, size_t len)

@@ -39,10 +39,10 @@
 //!    while a lower one waited, and the front door's added p50 with and without tenants when
 //!    nothing waits. Its report is written to `target/bench/overload.md`.
 //! 10. The race on real engines (`--only real-engine`, not part of a plain `cargo xtask bench`:
-//!    about 30 minutes, two real vLLM for CPU servers of 3-4 GB each): `ailb-compare --engine
-//!    vllm`, round robin L4, ailb both ways in, SMG `cache_aware` and `prefix_hash` and
-//!    vllm-router `cache_aware` in front of the same servers, on a shared-prefix mix and a
-//!    slice of the Mooncake trace; report in `docs/results/real-engine/`.
+//!     about 30 minutes, two real vLLM for CPU servers of 3-4 GB each): `ailb-compare --engine
+//!     vllm`, round robin L4, ailb both ways in, SMG `cache_aware` and `prefix_hash` and
+//!     vllm-router `cache_aware` in front of the same servers, on a shared-prefix mix and a
+//!     slice of the Mooncake trace; report in `docs/results/real-engine/`.
 //! 11. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!     minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!     for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
