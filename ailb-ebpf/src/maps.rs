@@ -7,7 +7,11 @@ use core::{
     ptr::{self, addr_of},
 };
 
-use ailb_common::abi::*;
+use ailb_common::{
+    abi::*,
+    pick::{Choose, PrefixCtx, Search},
+    prefix::PREFIX_KEYS_MAX,
+};
 use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
@@ -54,11 +58,30 @@ pub(crate) static AILB_PREFIX: LruHashMap<PrefixKey, PrefixHolders, { DEFAULT_PR
     LruHashMap::new();
 #[btf_map]
 pub(crate) static AILB_SOCK_PREFIX: SkStorage<SockPrefix> = SkStorage::new();
-/// A CPU's prefix keys and prefix step state ([`crate::prefix::PrefixScratch`]).
+/// A CPU's prefix keys and prefix step state ([`PrefixScratch`]).
 #[btf_map]
-pub(crate) static AILB_PREFIX_SCRATCH: PerCpuArray<crate::prefix::PrefixScratch, 1> = PerCpuArray::new();
+pub(crate) static AILB_PREFIX_SCRATCH: PerCpuArray<PrefixScratch, 1> = PerCpuArray::new();
 #[btf_map]
 pub(crate) static AILB_PREFIX_STATS: PerCpuArray<PrefixStats, { MAX_MODELS as usize }> = PerCpuArray::new();
+
+/// This CPU's prefix scratch slot (`AILB_PREFIX_SCRATCH`): the keys of the connect being
+/// picked or learnt, and the prefix step's loop state.
+///
+/// The step's loops keep their state here rather than on the stack: a value read from a map
+/// is unknown to the verifier, so each `bpf_loop` callback is verified for one state instead
+/// of once per combination of search bounds and choices, which took the connect program past
+/// the verifier's million-instruction budget. The price: a connect preempted on this CPU by
+/// another that uses the slot could finish its step with the other's state. That can only
+/// make it choose another request's holder, which the pick then checks (a live member of its
+/// own model), or learn another request's keys (an approximate entry, aged out like others).
+pub(crate) struct PrefixScratch {
+    pub(crate) keys: [u64; PREFIX_KEYS_MAX],
+    pub(crate) count: u32,
+    pub(crate) c: PrefixCtx,
+    pub(crate) search: Search,
+    pub(crate) key: u64,
+    pub(crate) choose: Choose,
+}
 
 /// The current CPU's global counters.
 #[inline(always)]

@@ -8,7 +8,11 @@ use core::{
 
 use ailb_common::{
     abi::*,
-    pick::{ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery, PrefixVerdict},
+    pick::{
+        held, prefix_verdict, Choose, ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery, PrefixVerdict,
+        Search, SEARCH_STEPS,
+    },
+    prefix::PREFIX_KEYS_MAX,
 };
 use aya_ebpf::helpers::generated::bpf_loop;
 
@@ -73,7 +77,7 @@ impl PickMaps for Maps {
     /// `AILB_PREFIX_SCRATCH` slot ([`crate::prefix`]).
     #[inline(always)]
     fn prefix_step(&self, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (PrefixVerdict, u32) {
-        (PrefixVerdict::default(), crate::prefix::step(c, q.keys))
+        (PrefixVerdict::default(), prefix_step(c, q.keys))
     }
 
     /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a
@@ -89,6 +93,69 @@ impl PickMaps for Maps {
         }
         ctx.scan
     }
+}
+
+/// The kernel's prefix step (`PickMaps::prefix_step`): the binary search and the choice
+/// among the longest prefix's holders, each a `bpf_loop` over the slot's state, and the
+/// verdict counted. The holder chosen, or [`NO_BACKEND`].
+#[inline(always)]
+fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
+    let Some(s) = crate::prefix::scratch() else {
+        return NO_BACKEND;
+    };
+    crate::prefix::stage(s, keys);
+    s.c = *c;
+    s.search = Search::new(s.count);
+    s.choose = Choose::new();
+    let mut unused = 0u64;
+    // SAFETY: `search_step` has the callback signature bpf_loop expects and ignores its context.
+    unsafe {
+        bpf_loop(SEARCH_STEPS, search_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
+    }
+    let Some(s) = crate::prefix::scratch() else {
+        return NO_BACKEND;
+    };
+    let found = s.search.lo;
+    if found != 0 {
+        s.key = s.keys[(found as usize - 1) & (PREFIX_KEYS_MAX - 1)];
+        // SAFETY: as above, for `choose_step`.
+        unsafe {
+            bpf_loop(PREFIX_HOLDERS as u32, choose_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
+        }
+    }
+    let Some(s) = crate::prefix::scratch() else {
+        return NO_BACKEND;
+    };
+    crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose));
+    s.choose.chosen
+}
+
+/// `bpf_loop` callback: one step of the binary search.
+#[inline(never)]
+extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = crate::prefix::scratch() else {
+        return 1;
+    };
+    let Some(mid) = s.search.mid() else {
+        return 1;
+    };
+    // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
+    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
+    let h = held(&Maps, &s.c, key);
+    s.search.record(mid, h);
+    0
+}
+
+/// `bpf_loop` callback: holder `index` of the longest prefix's entry.
+#[inline(never)]
+extern "C" fn choose_step(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = crate::prefix::scratch() else {
+        return 1;
+    };
+    if let Some(h) = Maps.prefix_holders(s.c.model, s.key) {
+        s.choose.step(&Maps, &s.c, h, index as usize & (PREFIX_HOLDERS - 1));
+    }
+    0
 }
 
 /// `bpf_loop` context of [`Maps::scan_members`].

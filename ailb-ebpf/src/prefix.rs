@@ -6,17 +6,12 @@ use core::{ffi::c_void, ptr};
 
 use ailb_common::{
     abi::*,
-    pick::{
-        held, prefix_verdict, Choose, PickMaps, PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
-    },
+    pick::{PrefixQuery, PrefixUse, PrefixVerdict},
     prefix::PREFIX_KEYS_MAX,
 };
 use aya_ebpf::helpers::generated::{bpf_loop, bpf_sk_storage_get};
 
-use crate::{
-    maps::{AILB_PREFIX, AILB_PREFIX_SCRATCH, AILB_PREFIX_STATS, AILB_SOCK_PREFIX},
-    pick_maps::Maps,
-};
+use crate::maps::{PrefixScratch, AILB_PREFIX, AILB_PREFIX_SCRATCH, AILB_PREFIX_STATS, AILB_SOCK_PREFIX};
 
 /// This socket's `AILB_SOCK_PREFIX` entry; with `create`, created (zeroed) when absent.
 ///
@@ -71,34 +66,15 @@ pub(crate) fn read_keys(
     Some(n as u32)
 }
 
-/// This CPU's prefix scratch slot (`AILB_PREFIX_SCRATCH`): the keys of the connect being
-/// picked or learnt, and the prefix step's loop state.
-///
-/// The step's loops keep their state here rather than on the stack: a value read from a map
-/// is unknown to the verifier, so each `bpf_loop` callback is verified for one state instead
-/// of once per combination of search bounds and choices, which took the connect program past
-/// the verifier's million-instruction budget. The price: a connect preempted on this CPU by
-/// another that uses the slot could finish its step with the other's state. That can only
-/// make it choose another request's holder, which the pick then checks (a live member of its
-/// own model), or learn another request's keys (an approximate entry, aged out like others).
-pub(crate) struct PrefixScratch {
-    pub(crate) keys: [u64; PREFIX_KEYS_MAX],
-    pub(crate) count: u32,
-    c: PrefixCtx,
-    search: Search,
-    key: u64,
-    choose: Choose,
-}
-
 #[inline(always)]
-fn scratch() -> Option<&'static mut PrefixScratch> {
+pub(crate) fn scratch() -> Option<&'static mut PrefixScratch> {
     // SAFETY: this CPU's slot, valid for the run (see `PrefixScratch` on sharing it).
     AILB_PREFIX_SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
 /// Copies up to [`PREFIX_KEYS_MAX`] keys into the slot.
 #[inline(always)]
-fn stage(s: &mut PrefixScratch, keys: &[u64]) {
+pub(crate) fn stage(s: &mut PrefixScratch, keys: &[u64]) {
     let mut i = 0;
     while i < PREFIX_KEYS_MAX {
         // `get`, not an index: no panic path may survive into the program.
@@ -107,69 +83,6 @@ fn stage(s: &mut PrefixScratch, keys: &[u64]) {
         i += 1;
     }
     s.count = i as u32;
-}
-
-/// The kernel's prefix step (`PickMaps::prefix_step`): the binary search and the choice
-/// among the longest prefix's holders, each a `bpf_loop` over the slot's state, and the
-/// verdict counted. The holder chosen, or [`NO_BACKEND`].
-#[inline(always)]
-pub(crate) fn step(c: &PrefixCtx, keys: &[u64]) -> u32 {
-    let Some(s) = scratch() else {
-        return NO_BACKEND;
-    };
-    stage(s, keys);
-    s.c = *c;
-    s.search = Search::new(s.count);
-    s.choose = Choose::new();
-    let mut unused = 0u64;
-    // SAFETY: `search_step` has the callback signature bpf_loop expects and ignores its context.
-    unsafe {
-        bpf_loop(SEARCH_STEPS, search_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
-    }
-    let Some(s) = scratch() else {
-        return NO_BACKEND;
-    };
-    let found = s.search.lo;
-    if found != 0 {
-        s.key = s.keys[(found as usize - 1) & (PREFIX_KEYS_MAX - 1)];
-        // SAFETY: as above, for `choose_step`.
-        unsafe {
-            bpf_loop(PREFIX_HOLDERS as u32, choose_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
-        }
-    }
-    let Some(s) = scratch() else {
-        return NO_BACKEND;
-    };
-    count(c.model, &prefix_verdict(s.count, found, &s.choose));
-    s.choose.chosen
-}
-
-/// `bpf_loop` callback: one step of the binary search.
-#[inline(never)]
-extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = scratch() else {
-        return 1;
-    };
-    let Some(mid) = s.search.mid() else {
-        return 1;
-    };
-    // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
-    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
-    let h = held(&Maps, &s.c, key);
-    s.search.record(mid, h);
-    0
-}
-
-/// `bpf_loop` callback: holder `index` of the longest prefix's entry.
-#[inline(never)]
-extern "C" fn choose_step(index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = scratch() else {
-        return 1;
-    };
-    if let Some(h) = Maps.prefix_holders(s.c.model, s.key) {
-        s.choose.step(&Maps, &s.c, h, index as usize & (PREFIX_HOLDERS - 1));
-    }
-    0
 }
 
 /// The query for a connect of `sock` with `sp`'s keys to a model in `state`.
@@ -183,7 +96,7 @@ pub(crate) fn query<'a>(sp: &'a SockPrefix, state: &ModelView, now_ns: u64) -> P
     }
 }
 
-/// `bpf_loop` context of [`learn`]; the keys are in this CPU's [`PrefixScratch`] slot (the
+/// `bpf_loop` context of [`learn`]; the keys are in this CPU's `PrefixScratch` slot (the
 /// connect programs' 512-byte stack has no room for a copy).
 struct LearnCtx {
     count: u32,

@@ -102,6 +102,18 @@ pub fn report_skipped(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
+/// The tiny model's folder (its tokenizer and chat template) that `cargo xtask setup` makes
+/// under `~/.cache/ailb/models/tiny-llama`, or `AILB_TINY_MODEL_DIR`; `None` when it has no
+/// `tokenizer.json`.
+pub fn tiny_model_dir() -> Option<PathBuf> {
+    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
+        (Some(d), _) => PathBuf::from(d),
+        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
+        (None, None) => return None,
+    };
+    dir.join("tokenizer.json").exists().then_some(dir)
+}
+
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

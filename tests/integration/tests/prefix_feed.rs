@@ -9,9 +9,8 @@
 //! Needs the tiny model of `cargo xtask setup` (or `AILB_TINY_MODEL_DIR`); no root.
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ailb_common::prefix::token_keys;
@@ -27,19 +26,6 @@ use serde_json::{json, Value};
 const BLOCK: u32 = 16;
 const WAIT: Duration = Duration::from_secs(15);
 
-fn tiny_model() -> Option<PathBuf> {
-    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
-        (Some(d), _) => PathBuf::from(d),
-        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
-        (None, None) => return None,
-    };
-    dir.join("tokenizer.json").exists().then_some(dir)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
-}
-
 fn messages(topic: &str, words: usize) -> Value {
     let text: Vec<String> = (0..words).map(|i| format!("{topic}{}", i % 50)).collect();
     json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
@@ -49,14 +35,14 @@ fn messages(topic: &str, words: usize) -> Value {
 #[test]
 fn the_daemons_feed_holds_what_a_simulated_engine_caches() {
     const TEST: &str = "the_daemons_feed_holds_what_a_simulated_engine_caches";
-    let Some(dir) = tiny_model() else {
+    let Some(dir) = ailb_tests::tiny_model_dir() else {
         report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
         return;
     };
     let tokenizer = ChatTokenizer::load(&dir).expect("the tiny model's tokenizer loads");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    let replay = format!("tcp://127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{}", ailb_tests::nacos::free_port());
+    let endpoint = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
+    let replay = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
     // Four 512-token blocks (1 MiB each beside 13,352 MiB of weights): two prompts of two
     // blocks fill the cache; a third evicts the least recently used (the first).
     let sim = SimServer::start(

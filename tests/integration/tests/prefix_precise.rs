@@ -18,8 +18,7 @@
 //! without it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ailb_tests::{
@@ -36,19 +35,6 @@ const BACKENDS: [&str; 3] = ["127.0.19.11:18191", "127.0.19.12:18192", "127.0.19
 const TENANTS: usize = 3;
 const PER_TENANT: usize = 8;
 const WAIT: Duration = Duration::from_secs(20);
-
-fn tiny_model() -> Option<PathBuf> {
-    let dir = match (std::env::var_os("AILB_TINY_MODEL_DIR"), std::env::var_os("HOME")) {
-        (Some(d), _) => PathBuf::from(d),
-        (None, Some(home)) => PathBuf::from(home).join(".cache/ailb/models/tiny-llama"),
-        (None, None) => return None,
-    };
-    dir.join("tokenizer.json").exists().then_some(dir)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
-}
 
 /// Tenant `t`'s chat for its user `u`: a long system prompt of its own, a question of the user's.
 fn chat(t: usize, u: usize) -> Value {
@@ -69,14 +55,15 @@ fn prefix_status(daemon: &Daemon) -> Value {
 
 #[test]
 fn tenants_follow_what_the_engines_report_cached() {
-    let Some(dir) = tiny_model() else {
+    let Some(dir) = ailb_tests::tiny_model_dir() else {
         report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
         return;
     };
     let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-precise");
-    let endpoints: Vec<String> = BACKENDS.iter().map(|_| format!("tcp://127.0.0.1:{}", free_port())).collect();
+    let endpoints: Vec<String> =
+        BACKENDS.iter().map(|_| format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port())).collect();
     let sims: Vec<SimServer> = BACKENDS
         .iter()
         .zip(&endpoints)

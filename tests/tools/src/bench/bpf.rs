@@ -11,7 +11,7 @@ use ailb_common::client::{self, Tags};
 use ailb_tests::{CgroupGuard, Daemon};
 
 use super::netns::{output_in, run, Netns};
-use super::{say, AFFINITY_ENTRIES, BIG_VIP, MEASURE_CONNECTS, VIP};
+use super::{say, AFFINITY_ENTRIES, BIG_VIP, MEASURE_CONNECTS, PREFIX_BLOCKS, PREFIX_TENANTS, VIP};
 
 /// One measured case: its label, connect4 runs, connect4 ns per run, all programs' ns per
 /// connection.
@@ -23,12 +23,25 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
     let stats = BpfStats::enable();
     say(&format!("creating {AFFINITY_ENTRIES} affinity entries on the 1000-backend model"));
     spawn_loop(ns, cg, BIG_VIP, AFFINITY_ENTRIES, AFFINITY_ENTRIES, "c");
+    say(&format!(
+        "learning {PREFIX_BLOCKS} prefix blocks on the 1000-backend model ({PREFIX_TENANTS} prompts of 16 blocks)"
+    ));
+    spawn_loop(ns, cg, BIG_VIP, PREFIX_TENANTS, 0, &format!("keys:{PREFIX_TENANTS}:0"));
     let st = daemon.status();
+    let held_keys = format!("keys:{PREFIX_TENANTS}:0");
+    let new_keys = format!("keys:{MEASURE_CONNECTS}:{}", 10 * PREFIX_TENANTS);
     let mut rows: Vec<Row> = Vec::new();
     for (label, vip, convs, prefix) in [
         ("1000 backends, conversation with an affinity entry (hit)", BIG_VIP, AFFINITY_ENTRIES, "c"),
         ("1000 backends, new conversation (miss, entry written)", BIG_VIP, MEASURE_CONNECTS, "new"),
         ("1000 backends, no conversation (socket cookie)", BIG_VIP, 0, "-"),
+        (
+            "1000 backends, no conversation, 16 prefix keys all held (100,000 blocks in the map)",
+            BIG_VIP,
+            0,
+            held_keys.as_str(),
+        ),
+        ("1000 backends, no conversation, 16 prefix keys none held (learnt at the SYN)", BIG_VIP, 0, new_keys.as_str()),
         ("3 backends, no conversation", VIP, 0, "-"),
     ] {
         rows.push(measure(ns, cg, progs, label, vip, convs, prefix));
@@ -37,10 +50,12 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
     let _ = writeln!(
         report,
         "\n## connect4 run time (kernel BPF statistics)\n\n`kernel.bpf_stats_enabled=1`, average of `run_time_ns / run_cnt` \
-         over {MEASURE_CONNECTS} connects per row, {AFFINITY_ENTRIES} affinity entries present (affinity hits before: {}).\n\n\
+         over {MEASURE_CONNECTS} connects per row, {AFFINITY_ENTRIES} affinity entries present (affinity hits before: {}); \
+         the 1000-backend model has `prefix = \"approximate\"` and {PREFIX_BLOCKS} learnt prefix blocks (the prefix map: {}).\n\n\
          The last column adds the setsockopt and sock_ops programs' time (tagging, in-flight \
          counting, close) per connection.\n\n| case | connect4 runs | connect4 ns per run | all ailb programs, ns per connection |\n|---|---:|---:|---:|",
-        st["stats"]["affinity_hits"]
+        st["stats"]["affinity_hits"],
+        st["models"].as_array().and_then(|ms| ms.iter().find(|m| m["name"] == "bench-1000")).map(|m| m["prefix"].to_string()).unwrap_or_default()
     );
     for (label, runs, avg, per_conn) in rows {
         let _ = writeln!(report, "| {label} | {runs} | {avg:.0} | {per_conn:.0} |");
@@ -112,15 +127,25 @@ impl Drop for BpfStats {
 
 /// Child mode: `ailb-bench --connect-loop VIP COUNT CONVERSATIONS PREFIX` makes COUNT connects
 /// (conversation `PREFIX-<i % CONVERSATIONS>`, none when CONVERSATIONS is 0) and closes each.
+/// A PREFIX `keys:T:O` tags connect `i` instead with the 16 prefix keys of prompt `O + i % T`
+/// (16 text chunks of its own).
 pub(crate) fn connect_loop(args: &[String]) {
     let vip: std::net::SocketAddrV4 = args[0].parse().expect("vip");
     let count: usize = args[1].parse().expect("count");
     let convs: usize = args[2].parse().expect("conversations");
     let prefix = &args[3];
     let (mut ok, mut refused, mut other) = (0u64, 0u64, 0u64);
+    let keyed: Option<(usize, usize)> = prefix.strip_prefix("keys:").and_then(|r| {
+        let (t, o) = r.split_once(':')?;
+        Some((t.parse().ok()?, o.parse().ok()?))
+    });
     for i in 0..count {
         let id;
-        let tags = if convs > 0 {
+        let keys;
+        let tags = if let Some((tenants, offset)) = keyed {
+            keys = prompt_keys(offset + i % tenants.max(1));
+            Tags::new().prefix(&keys)
+        } else if convs > 0 {
             id = format!("{prefix}-{}", i % convs);
             Tags::new().conversation(&id)
         } else {
@@ -134,6 +159,13 @@ pub(crate) fn connect_loop(args: &[String]) {
         }
     }
     println!("{ok} {refused} {other}");
+}
+
+/// The 16 keys of prompt `n`: 16 text chunks that name it.
+fn prompt_keys(n: usize) -> Vec<u64> {
+    let chunk = ailb_common::prefix::TEXT_CHUNK_BYTES;
+    let text: Vec<u8> = format!("prompt {n} ").bytes().cycle().take(16 * chunk).collect();
+    ailb_common::prefix::text_keys(&text)
 }
 
 fn spawn_loop(ns: &Netns, cg: &CgroupGuard, vip: &str, count: usize, convs: usize, prefix: &str) {

@@ -48,6 +48,9 @@ const IPVS_VIP: &str = "127.0.0.30:80";
 const HAPROXY: &str = "127.0.0.21:8080";
 const AFFINITY_ENTRIES: usize = 100_000;
 const MEASURE_CONNECTS: usize = 50_000;
+/// Prompts of 16 blocks learnt before the prefix rows: 100,000 blocks in the prefix map.
+const PREFIX_TENANTS: usize = 6_250;
+const PREFIX_BLOCKS: usize = 16 * PREFIX_TENANTS;
 
 fn say(msg: &str) {
     eprintln!("[bench {:>6.1}s] {msg}", START.with(|s| s.elapsed().as_secs_f64()));
@@ -152,5 +155,7 @@ fn daemon_config(cg: &CgroupGuard) -> TestConfig {
     for i in 0..1000u32 {
         cfg = cfg.backend(BackendCfg::new("bench-1000", &format!("127.1.{}.{}:9000", i / 250, i % 250 + 1), 1 + i % 3));
     }
+    // The prefix rows: the big model learns from its picks, for as long as the bench runs.
+    cfg.extra.push_str("[[models]]\nname = \"bench-1000\"\nprefix = \"approximate\"\nprefix_ttl = \"1h\"\n");
     cfg
 }
