@@ -387,8 +387,6 @@ pub struct PickResult {
     pub outcome: Outcome,
     /// An affinity entry existed but could not be honoured.
     pub affinity_break: bool,
-    /// What the prefix step did.
-    pub prefix: PrefixVerdict,
 }
 
 /// `ceil(c * (total + 1) * w / W)` with `c = load_factor_milli / 1000`.
@@ -494,7 +492,7 @@ pub fn pick_for<M: PickMaps>(
     req: &PickRequest,
     family: ClientFamily,
 ) -> PickResult {
-    pick_prefixed(maps, &state.view(), cfg, req, family, None)
+    pick_with_prefix(maps, &state.view(), cfg, req, family, None)
 }
 
 /// Picks a backend for one connection from a socket of `family`, among the backends it can
@@ -510,7 +508,7 @@ pub fn pick_prefixed<M: PickMaps>(
     req: &PickRequest,
     family: ClientFamily,
     prefix: Option<&PrefixQuery<'_>>,
-) -> PickResult {
+) -> (PickResult, PrefixVerdict) {
     let step = match prefix {
         Some(q) if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 && !q.keys.is_empty() => {
             let c = PrefixCtx::new(cfg, req, family, q, state.slot.total_weight);
@@ -518,12 +516,15 @@ pub fn pick_prefixed<M: PickMaps>(
         }
         _ => None,
     };
-    pick_with_prefix(maps, state, cfg, req, family, step)
+    let res = pick_with_prefix(maps, state, cfg, req, family, step.map(|(_, chosen)| chosen));
+    (res, step.map(|(v, _)| v).unwrap_or_default())
 }
 
-/// [`pick_prefixed`] with the prefix step already taken (`PickMaps::prefix_step`'s result,
-/// `None` when the connect carries no keys or the model has no prefix mode). The kernel
-/// takes the step before the pick, where fewer of the verifier's states reach it.
+/// [`pick_prefixed`] with the prefix step already taken (the holder `PickMaps::prefix_step`
+/// chose, [`NO_BACKEND`] for none; `None` when the connect carries no keys or the model has
+/// no prefix mode). The kernel takes the step before the pick, where fewer of the verifier's
+/// states reach it. The step's verdict stays out of [`PickResult`]: the TC program, which
+/// inlines this pick, has no stack to spare for it.
 #[inline(always)]
 pub fn pick_with_prefix<M: PickMaps>(
     maps: &M,
@@ -531,14 +532,13 @@ pub fn pick_with_prefix<M: PickMaps>(
     cfg: &GlobalConfig,
     req: &PickRequest,
     family: ClientFamily,
-    prefix: Option<(PrefixVerdict, u32)>,
+    prefix: Option<u32>,
 ) -> PickResult {
     let slot = &state.slot;
     let mut affinity_break = false;
-    let mut verdict = PrefixVerdict::default();
 
     if state.flags & MODEL_AVAILABLE == 0 || slot.size == 0 || slot.members == 0 || slot.total_weight == 0 {
-        return PickResult { backend: NO_BACKEND, outcome: Outcome::NoBackend, affinity_break: false, prefix: verdict };
+        return PickResult { backend: NO_BACKEND, outcome: Outcome::NoBackend, affinity_break: false };
     }
 
     // 1. Affinity.
@@ -548,26 +548,20 @@ pub fn pick_with_prefix<M: PickMaps>(
             if affinity_usable(maps, req, family, (ttl_ns, cfg.affinity_wait_ns), aff)
                 && (!req.affinity_bounded || under_bound(maps, cfg, req, slot.total_weight, aff.backend))
             {
-                return PickResult {
-                    backend: aff.backend,
-                    outcome: Outcome::AffinityHit,
-                    affinity_break: false,
-                    prefix: verdict,
-                };
+                return PickResult { backend: aff.backend, outcome: Outcome::AffinityHit, affinity_break: false };
             }
             affinity_break = !affinity_expired(ttl_ns, req, aff);
         }
     }
 
     // 1b. The longest cached prefix.
-    if let Some((v, chosen)) = prefix {
-        verdict = v;
+    if let Some(chosen) = prefix {
         // Checked again here, whatever the step's implementation: a holder taken must be a
         // live member of this model that the client reaches.
         if chosen != NO_BACKEND
             && maps.backend(chosen).is_some_and(|b| b.model == req.model && b.is_live() && family.reaches(&b))
         {
-            return PickResult { backend: chosen, outcome: Outcome::Prefix, affinity_break, prefix: verdict };
+            return PickResult { backend: chosen, outcome: Outcome::Prefix, affinity_break };
         }
     }
 
@@ -576,7 +570,7 @@ pub fn pick_with_prefix<M: PickMaps>(
         let index = (req.turn % slot.members as u64) as u32;
         if let Some(id) = maps.member(slot.member_offset.wrapping_add(index)) {
             if maps.backend(id).is_some_and(|b| b.is_live() && family.reaches(&b)) {
-                return PickResult { backend: id, outcome: Outcome::Primary, affinity_break, prefix: verdict };
+                return PickResult { backend: id, outcome: Outcome::Primary, affinity_break };
             }
         }
     }
@@ -611,7 +605,7 @@ pub fn pick_with_prefix<M: PickMaps>(
                     && (req.required_mem_mb == 0 || b.fits_now(req.required_mem_mb, maps.inflight_mem(id)))
                 {
                     let outcome = if i == 0 { Outcome::Primary } else { Outcome::Spill };
-                    return PickResult { backend: id, outcome, affinity_break, prefix: verdict };
+                    return PickResult { backend: id, outcome, affinity_break };
                 }
             }
         }
@@ -623,15 +617,15 @@ pub fn pick_with_prefix<M: PickMaps>(
     let best = scan.best;
     let any_live = scan.any_live;
     if best != NO_BACKEND {
-        return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break, prefix: verdict };
+        return PickResult { backend: best, outcome: Outcome::Fallback, affinity_break };
     }
     // 4. No member has the memory free now: queue where it should finish first, on one that
     //    will have it (a model server makes such a request wait for KV cache, it does not fail it).
     if scan.later != NO_BACKEND {
-        return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break, prefix: verdict };
+        return PickResult { backend: scan.later, outcome: Outcome::Fallback, affinity_break };
     }
     let outcome = if any_live { Outcome::NoFit } else { Outcome::NoBackend };
-    PickResult { backend: NO_BACKEND, outcome, affinity_break, prefix: verdict }
+    PickResult { backend: NO_BACKEND, outcome, affinity_break }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::cell::Cell;
 
 use ailb_common::{
-    pick::{pick_prefixed, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixQuery, PrefixUse, VecMaps},
+    pick::{pick_prefixed, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery, PrefixUse, VecMaps},
     prefix::{sent, text_keys},
     AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, BACKEND_LIVE, MEM_UNKNOWN, MODEL_PREFIX_EVENTS,
     MODEL_PREFIX_LEARN, NO_CAP, PREFIX_SEEN_EXACT,
@@ -84,15 +84,23 @@ impl Fleet {
         }
     }
 
-    fn pick_with(&self, req: &PickRequest, keys: &[u64], ttl_ticks: u32) -> PickResult {
+    fn pick_with(&self, req: &PickRequest, keys: &[u64], ttl_ticks: u32) -> Picked {
         self.lookups.set(0);
         let q = PrefixQuery { keys, now_tick: NOW, ttl_ticks };
-        pick_prefixed(self, &self.state.view(), &self.cfg, req, ClientFamily::Ipv4, Some(&q))
+        let (r, prefix) = pick_prefixed(self, &self.state.view(), &self.cfg, req, ClientFamily::Ipv4, Some(&q));
+        Picked { backend: r.backend, outcome: r.outcome, prefix }
     }
 
-    fn pick(&self, keys: &[u64]) -> PickResult {
+    fn pick(&self, keys: &[u64]) -> Picked {
         self.pick_with(&self.req(), keys, 0)
     }
+}
+
+/// A pick and the prefix step's verdict.
+struct Picked {
+    backend: u32,
+    outcome: Outcome,
+    prefix: ailb_common::pick::PrefixVerdict,
 }
 
 /// The keys a prompt sends: `prefix::sent` over its text keys.
@@ -114,7 +122,7 @@ fn the_holder_of_the_whole_prompt_is_taken() {
     let r = f.pick(&keys);
     assert_eq!((r.backend, r.outcome), (2, Outcome::Prefix));
     assert_eq!(r.prefix.usage, PrefixUse::Used);
-    assert_eq!((r.prefix.found, r.prefix.sent), (keys.len() as u32, keys.len() as u32));
+    assert_eq!((r.prefix.found, r.prefix.sent), (keys.len() as u8, keys.len() as u8));
     assert!(f.lookups.get() <= ailb_common::pick::SEARCH_STEPS + 1, "{} lookups", f.lookups.get());
 }
 
@@ -256,7 +264,7 @@ proptest! {
         f.maps.prefix.retain(|_, h| !h.is_empty());
         let best_blocks = (0..4).filter(|&i| live[i]).map(|i| held[i].min(blocks)).max().unwrap_or(0);
         // Keys sent whose block is within the longest run.
-        let expected = sent.iter().filter(|&&(pos, _)| pos < best_blocks).count() as u32;
+        let expected = sent.iter().filter(|&&(pos, _)| pos < best_blocks).count() as u8;
         let r = f.pick(&keys);
         // The search's steps, and one more read of the longest held key's entry to choose.
         prop_assert!(f.lookups.get() <= ailb_common::pick::SEARCH_STEPS + 1);

@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx, PrefixVerdict},
+    pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -128,7 +128,7 @@ fn prefix_choice(
     model_inflight: u64,
     family: ClientFamily,
     now_ns: u64,
-) -> Option<(PrefixVerdict, u32)> {
+) -> Option<u32> {
     if sock.flags & SOCK_HAS_PREFIX == 0 || state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) == 0 {
         return None;
     }
@@ -147,7 +147,7 @@ fn prefix_choice(
         model_inflight,
         total_weight: state.slot.total_weight,
     };
-    Some(Maps.prefix_step(&c, &q))
+    Some(Maps.prefix_step(&c, &q).1)
 }
 
 /// The pick's copy of a model's state: `active`, then the slot it selects.

@@ -8,7 +8,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::{fmix64, rehash},
-    pick::{pick_for, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
+    pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
 };
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 
@@ -303,7 +303,7 @@ pub(crate) fn pick_remote(
         turn,
         affinity_bounded: by_client,
     };
-    let res = pick_for(&Maps, state, &gcfg, &req, family);
+    let res = pick_with_prefix(&Maps, state, &gcfg, &req, family, None);
     if res.backend >= MAX_BACKENDS {
         return Err(refuse_syn(res.outcome));
     }

@@ -30,11 +30,12 @@ static AILB_TC_CONFIG6: Array<TcConfig6, 1> = Array::new();
 pub(crate) static AILB_TC_MODELS: Array<TcModel, { MAX_MODELS as usize }> = Array::new();
 #[btf_map]
 pub(crate) static AILB_TC_STATS: PerCpuArray<TcStats, 1> = PerCpuArray::new();
-/// Per-CPU room for the copy of the model's state that a SYN's pick reads: next to the rest
-/// of the open path it does not fit the 512 bytes of BPF stack. Only one program run uses a
-/// CPU's slot at a time; never pinned (it holds nothing between runs).
+/// Per-CPU room for the copy of the model's state that a SYN's pick reads (what the pick
+/// reads of it, `ModelView`): next to the rest of the open path it does not fit the 512 bytes
+/// of BPF stack. Only one program run uses a CPU's slot at a time; never pinned (it holds
+/// nothing between runs).
 #[btf_map]
-static AILB_TC_SCRATCH: PerCpuArray<ModelState, 1> = PerCpuArray::new();
+static AILB_TC_SCRATCH: PerCpuArray<ModelView, 1> = PerCpuArray::new();
 
 /// The programs `ailb_tc_ingress` tail-calls, by [`TC_PROG_IPV6`]: filled by the daemon at a
 /// fresh load, pinned (a program array's slots are emptied when no pin or file descriptor of
@@ -109,16 +110,21 @@ pub(crate) fn nat_cursor_advance(slot: u32, by: u64) {
     }
 }
 
-/// A copy of `AILB_MODELS[model]`, taken once so that `active` and the slot it selects are
-/// read together (as connect4's copy on its stack).
+/// The pick's copy of `AILB_MODELS[model]` (`ModelView`), taken once so that `active` and
+/// the slot it selects are read together (as connect4's copy on its stack), in the scratch slot.
 #[inline(always)]
-pub(crate) fn model_state(model: u32) -> Option<&'static ModelState> {
+pub(crate) fn model_state(model: u32) -> Option<&'static ModelView> {
     let src = crate::maps::AILB_MODELS.get_ptr(model)?;
     let dst = AILB_TC_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: both are non-null map value pointers of `ModelState`, valid for this run, in
-    // different maps; the per-CPU slot is this run's alone (migration is disabled).
+    // SAFETY: both are non-null map value pointers, valid for this run, in different maps;
+    // the per-CPU slot is this run's alone (migration is disabled). `active & 1` keeps the
+    // slot index in range.
     unsafe {
-        ptr::copy_nonoverlapping(src, dst, 1);
+        let active = ptr::read_volatile(ptr::addr_of!((*src).active));
+        (*dst).flags = (*src).flags;
+        ptr::copy_nonoverlapping(ptr::addr_of!((*src).slots[(active & 1) as usize]), ptr::addr_of_mut!((*dst).slot), 1);
+        (*dst).affinity_ttl_ns = (*src).affinity_ttl_ns;
+        (*dst).prefix_ttl_ns = (*src).prefix_ttl_ns;
         Some(&*dst)
     }
 }

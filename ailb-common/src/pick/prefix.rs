@@ -63,9 +63,11 @@ pub enum PrefixUse {
 pub struct PrefixVerdict {
     pub usage: PrefixUse,
     /// How many of the keys sent are held (the longest held prefix, in keys sent).
-    pub found: u32,
-    /// How many keys were searched.
-    pub sent: u32,
+    pub found: u8,
+    /// How many keys were searched (at most [`PREFIX_KEYS_MAX`]). Bytes, not words: the
+    /// verdict rides in every `PickResult`, in the TC program's stack too, which has no 16
+    /// bytes to spare.
+    pub sent: u8,
 }
 
 /// Everything the prefix steps read besides the maps and the keys: plain numbers, so that a
@@ -271,5 +273,6 @@ pub fn verdict(sent: u32, found: u32, choose: &Choose) -> PrefixVerdict {
         // No live member holds it (or the entry was evicted since the search).
         PrefixUse::Gone
     };
-    PrefixVerdict { usage, found, sent }
+    // Both at most PREFIX_KEYS_MAX (16).
+    PrefixVerdict { usage, found: found.min(255) as u8, sent: sent.min(255) as u8 }
 }
