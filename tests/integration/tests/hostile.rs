@@ -17,7 +17,7 @@ const BACKENDS: [&str; 2] = ["127.0.6.11:18601", "127.0.6.12:18602"];
 
 /// Contract: bad length -> EINVAL, unknown optname -> ENOPROTOOPT. The null pointer case
 /// fails in the kernel's copy before any program runs (EFAULT), so ailb never sees it.
-const EXPECTED_ERRNO: [(&str, i32); 15] = [
+const EXPECTED_ERRNO: [(&str, i32); 18] = [
     ("conversation_len0", libc::EINVAL),
     ("conversation_len129", libc::EINVAL),
     ("conversation_len4096", libc::EINVAL),
@@ -29,7 +29,11 @@ const EXPECTED_ERRNO: [(&str, i32); 15] = [
     ("unknown_0", libc::ENOPROTOOPT),
     ("idle_value2", libc::EINVAL),
     ("idle_len8", libc::EINVAL),
-    ("unknown_5", libc::ENOPROTOOPT),
+    // Prefix keys: a length that is no multiple of 8, a key of 0, more than 16 keys.
+    ("prefix_len4", libc::EINVAL),
+    ("prefix_key0", libc::EINVAL),
+    ("prefix_len136", libc::EINVAL),
+    ("unknown_6", libc::ENOPROTOOPT),
     ("unknown_999", libc::ENOPROTOOPT),
     ("unknown_neg1", libc::ENOPROTOOPT),
     ("conversation_null_len16", libc::EFAULT),

@@ -26,7 +26,7 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use ailb_common::abi::{AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
+use ailb_common::abi::{AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
 use ailb_common::client::{self, raw, ClientError, Field, Socket, Tagging};
 use serde_json::json;
 
@@ -318,6 +318,7 @@ fn hostile(vip: SocketAddrV4) {
     let big = vec![b'a'; 8192];
     let four = 7u32.to_ne_bytes();
     let eight = 8000u64.to_ne_bytes();
+    let eight_zero = 0u64.to_ne_bytes();
     let one = 1i32.to_ne_bytes();
     let two = 2u32.to_ne_bytes();
     // `None`: a null buffer of 16 bytes.
@@ -334,7 +335,10 @@ fn hostile(vip: SocketAddrV4) {
         ("unknown_0", SOL_AILB, 0, Some(&four[..])),
         ("idle_value2", SOL_AILB, AILB_IDLE, Some(&two[..])),
         ("idle_len8", SOL_AILB, AILB_IDLE, Some(&eight[..])),
-        ("unknown_5", SOL_AILB, 5, Some(&four[..])),
+        ("prefix_len4", SOL_AILB, AILB_PREFIX, Some(&four[..])),
+        ("prefix_key0", SOL_AILB, AILB_PREFIX, Some(&eight_zero[..])),
+        ("prefix_len136", SOL_AILB, AILB_PREFIX, Some(&big[..136])),
+        ("unknown_6", SOL_AILB, 6, Some(&four[..])),
         ("unknown_999", SOL_AILB, 999, Some(&four[..])),
         ("unknown_neg1", SOL_AILB, -1, Some(&four[..])),
         // A valid conversation at the length limit: must be accepted and used by the connect.
