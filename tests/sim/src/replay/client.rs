@@ -306,15 +306,15 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-/// A `Transfer-Encoding: chunked` body decoder.
-struct Chunked<R> {
+/// A `Transfer-Encoding: chunked` body decoder (the replay's and the real-engine race's).
+pub struct Chunked<R> {
     inner: R,
     left: u64,
     done: bool,
 }
 
 impl<R: BufRead> Chunked<R> {
-    fn new(inner: R) -> Self {
+    pub fn new(inner: R) -> Self {
         Self { inner, left: 0, done: false }
     }
 }

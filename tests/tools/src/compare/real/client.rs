@@ -112,7 +112,7 @@ fn exchange(
     let (status, chunked) = read_head(&mut reader)?;
     rec.status = Some(status);
     let body: Box<dyn Read> =
-        if chunked { Box::new(Chunked { inner: reader, left: 0, done: false }) } else { Box::new(reader) };
+        if chunked { Box::new(ailb_sim::replay::client::Chunked::new(reader)) } else { Box::new(reader) };
     let mut body = BufReader::new(body);
     if status != 200 {
         let mut text = String::new();
@@ -176,42 +176,6 @@ fn read_head<R: BufRead>(r: &mut R) -> Result<(u16, bool), String> {
         }
     }
     Err("response head over 200 lines".into())
-}
-
-/// A `Transfer-Encoding: chunked` body.
-struct Chunked<R> {
-    inner: R,
-    left: u64,
-    done: bool,
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-        while self.left == 0 {
-            if self.done {
-                return Ok(0);
-            }
-            let mut size = String::new();
-            if self.inner.by_ref().take(1024).read_line(&mut size)? == 0 {
-                return Err(bad("chunked body: connection closed mid-body".into()));
-            }
-            let s = size.trim();
-            if s.is_empty() {
-                continue; // the CRLF after a chunk's data
-            }
-            let hex = s.split(';').next().unwrap_or("");
-            self.left = u64::from_str_radix(hex, 16).map_err(|_| bad(format!("chunked body: bad size {s:?}")))?;
-            self.done = self.left == 0;
-        }
-        let want = buf.len().min(self.left as usize);
-        let n = self.inner.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(bad("chunked body: connection closed mid-chunk".into()));
-        }
-        self.left -= n as u64;
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
