@@ -45,6 +45,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod client;
 pub mod control;
 pub mod http;
