@@ -89,11 +89,7 @@ pub(crate) fn stage(s: &mut PrefixScratch, keys: &[u64]) {
 #[inline(always)]
 pub(crate) fn query<'a>(sp: &'a SockPrefix, state: &ModelView, now_ns: u64) -> PrefixQuery<'a> {
     let n = if sp.count as usize > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX } else { sp.count as usize };
-    PrefixQuery {
-        keys: &sp.keys[..n],
-        now_tick: prefix_tick(now_ns),
-        ttl_ticks: if state.flags & MODEL_PREFIX_LEARN != 0 { prefix_ttl_ticks(state.prefix_ttl_ns) } else { 0 },
-    }
+    PrefixQuery::for_connect(&sp.keys[..n], state, now_ns)
 }
 
 /// `bpf_loop` context of [`learn`]; the keys are in this CPU's `PrefixScratch` slot (the

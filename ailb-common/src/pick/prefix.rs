@@ -39,6 +39,21 @@ pub struct PrefixQuery<'a> {
     pub ttl_ticks: u32,
 }
 
+impl<'a> PrefixQuery<'a> {
+    /// The query of a connect at `now_ns` (`bpf_ktime_get_ns`) that carries `keys` to a
+    /// model in `state`: at most [`PREFIX_KEYS_MAX`] keys are read, and learnt entries age
+    /// only in approximate mode (the engines' own entries never do).
+    #[inline(always)]
+    pub fn for_connect(keys: &'a [u64], state: &ModelView, now_ns: u64) -> Self {
+        let n = if keys.len() > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX } else { keys.len() };
+        PrefixQuery {
+            keys: &keys[..n],
+            now_tick: prefix_tick(now_ns),
+            ttl_ticks: if state.flags & MODEL_PREFIX_LEARN != 0 { prefix_ttl_ticks(state.prefix_ttl_ns) } else { 0 },
+        }
+    }
+}
+
 /// What the prefix step did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefixUse {

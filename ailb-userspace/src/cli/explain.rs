@@ -39,6 +39,9 @@ pub struct RequestInputs {
     pub vip: SocketAddrV4,
     /// The conversation key's hash, as `ailb hash` prints it.
     pub conversation_hash: Option<String>,
+    /// The prompt's prefix keys the front door sends (`[gateway] prefix_keys`), in hex.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "hex_keys")]
+    pub prefix_keys: Vec<u64>,
     /// Its tenant and priority (tenants configured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<TenantView>,
@@ -80,7 +83,8 @@ pub fn request_inputs(
             e.message
         )
     };
-    let (inputs, vip) = crate::gateway::routing_inputs(&valid, &gateway, path, &map, &bytes).map_err(would_answer)?;
+    let routing = crate::gateway::routing_inputs(&valid, &gateway, path, &map, &bytes).map_err(would_answer)?;
+    let inputs = routing.inputs;
     let tenant = gateway
         .tenancy
         .as_ref()
@@ -88,7 +92,18 @@ pub fn request_inputs(
         .transpose()
         .map_err(would_answer)?;
     let conversation_hash = inputs.conversation.as_ref().map(|c| format!("{:#018x}", c.hash()));
-    Ok(RequestInputs { path: path.to_string(), inputs, vip, conversation_hash, tenant })
+    Ok(RequestInputs {
+        path: path.to_string(),
+        inputs,
+        vip: routing.vip,
+        conversation_hash,
+        prefix_keys: routing.prefix_keys,
+        tenant,
+    })
+}
+
+fn hex_keys<S: serde::Serializer>(keys: &[u64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(keys.iter().map(|k| format!("{k:#018x}")))
 }
 
 fn print_request(r: &RequestInputs) {
@@ -121,6 +136,11 @@ fn print_request(r: &RequestInputs) {
             println!("  conversation {:?} (hash {h}, from {from})", c.key);
         }
         _ => println!("  conversation none: a fresh weighted pick for every request"),
+    }
+    if r.prefix_keys.is_empty() {
+        println!("  prefix keys  none (the model sends none: [gateway] prefix_keys, or not a chat or completion)");
+    } else {
+        println!("  prefix keys  {} sent (every k-th block's and the last)", r.prefix_keys.len());
     }
     if let Some(t) = &r.tenant {
         let by = match t.matched_by {
@@ -198,6 +218,7 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
             (Some(r), model, conv, mb.unwrap_or(0))
         }
     };
+    let keys = request.as_ref().map(|r| r.prefix_keys.clone()).unwrap_or_default();
     let (model, conversation) = (model.as_str(), conversation.as_deref());
     if let (Some(r), false) = (&request, json) {
         // First: the inputs stand on their own, even when the kernel's maps cannot be read.
@@ -211,7 +232,7 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
         None => None,
     };
     let conv = conversation
-        .map(|c| explain_conversation(bpffs, model, c, memory_mb))
+        .map(|c| explain_conversation(bpffs, model, c, memory_mb, &keys))
         .transpose()
         .map_err(|e| super::access::pin_error(&e, bpffs, "ailb explain"))?;
     if json {
@@ -247,6 +268,10 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
         );
         if let Some(b6) = &c.backend_ipv6_client {
             println!("  from an IPv6 client: {b6}");
+        }
+        if let Some(p) = &c.prefix {
+            let holders = if p.holders.is_empty() { "none".to_string() } else { p.holders.join(", ") };
+            println!("  prefix: {} of its {} keys held (holders {holders}): {}, {}", p.found, p.sent, p.usage, p.why);
         }
         if let (Some(b), Some(age)) = (&c.affinity_backend, c.affinity_age_ms) {
             println!("  affinity entry: {b}, last used {:.1} s ago", age as f64 / 1000.0);

@@ -54,7 +54,7 @@ enum Command {
         #[arg(long, required_unless_present = "request", conflicts_with = "request")]
         model: Option<String>,
         /// A request body (JSON; `-` for standard input): explain the front door's routing
-        /// inputs of this request (model, memory, conversation), then its pick.
+        /// inputs of this request (model, memory, conversation, prefix keys), then its pick.
         #[arg(long)]
         request: Option<PathBuf>,
         /// The request's path, with `--request`.

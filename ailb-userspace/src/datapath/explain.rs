@@ -1,19 +1,23 @@
 //! Which backend a conversation gets right now, and why: the kernel's own pick
-//! (`ailb_common::pick::pick`) run in userspace over a copy of the pinned maps. The pick is
-//! an IPv4 client's; for a model with IPv6 backends an IPv6 client's too, which may differ.
+//! (`ailb_common::pick::pick_prefixed`) run in userspace over a copy of the pinned maps, with
+//! the request's prefix keys when it has some (the prefix map's entries for them are copied
+//! too). The pick is an IPv4 client's; for a model with IPv6 backends an IPv6 client's too,
+//! which may differ.
 
 use std::{collections::HashMap, net::SocketAddr, path::Path};
 
 use ailb_common::{
     hash::conversation_hash,
     maps,
-    pick::{pick_for, ClientFamily, Outcome, PickRequest, VecMaps},
+    pick::{pick_prefixed, ClientFamily, Outcome, PickRequest, PrefixQuery, PrefixUse, PrefixVerdict, VecMaps},
+    prefix::PREFIX_KEYS_MAX,
     AffinityKey, BackendAddr6, MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_TABLE_SIZE, NO_BACKEND,
 };
 use serde::Serialize;
 
 use super::{
     map_err,
+    prefix::PrefixMap,
     store::WriterMaps,
     values::{backend_address, model_name},
     DatapathError, Maps,
@@ -35,6 +39,47 @@ pub struct ConversationExplain {
     /// (`backend` is an IPv4 client's, which never reaches an IPv6 backend).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend_ipv6_client: Option<String>,
+    /// The prefix step, for a request that carries prefix keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixExplain>,
+}
+
+/// What the prefix step found for a request's keys.
+#[derive(Debug, Serialize)]
+pub struct PrefixExplain {
+    /// Keys the request sends (at most 16: every k-th block's and the last).
+    pub sent: u8,
+    /// How many of them some holder has (the longest cached prefix, in keys sent).
+    pub found: u8,
+    /// `not_asked` (the model has no prefix mode), `not_held`, `used`, `overruled_load`,
+    /// `overruled_memory` or `gone`.
+    pub usage: &'static str,
+    /// The backends the map names for the longest prefix found.
+    pub holders: Vec<String>,
+    pub why: &'static str,
+}
+
+/// The verdict's name, as `/metrics` and `ailb status` count it.
+pub fn usage_name(u: PrefixUse) -> &'static str {
+    match u {
+        PrefixUse::NotAsked => "not_asked",
+        PrefixUse::NotHeld => "not_held",
+        PrefixUse::Used => "used",
+        PrefixUse::OverruledLoad => "overruled_load",
+        PrefixUse::OverruledMemory => "overruled_memory",
+        PrefixUse::Gone => "gone",
+    }
+}
+
+fn usage_why(u: PrefixUse) -> &'static str {
+    match u {
+        PrefixUse::NotAsked => "the model has no prefix mode (prefix = \"off\"): the keys are not searched",
+        PrefixUse::NotHeld => "no backend holds its first block: the pick goes on as without keys",
+        PrefixUse::Used => "a holder of its longest cached prefix can take it",
+        PrefixUse::OverruledLoad => "every holder of its longest cached prefix is at its cap or load bound",
+        PrefixUse::OverruledMemory => "holders under their bound lack the memory hint free now",
+        PrefixUse::Gone => "no holder of its longest cached prefix is a live member of the model now",
+    }
 }
 
 fn monotonic_ns() -> u64 {
@@ -48,16 +93,28 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The pick for a connection of `conversation` to `model` with the memory hint
+/// `required_mem_mb` and the prefix keys `prefix` (none: empty).
 pub fn explain_conversation(
     dir: &Path,
     model: &str,
     conversation: &str,
     required_mem_mb: u32,
+    prefix: &[u64],
 ) -> Result<ConversationExplain, DatapathError> {
     let maps = Maps::open(dir)?;
     let gc = maps.global_config()?;
     let (midx, state) = find_model(&maps, dir, model)?;
-    let (copy, addrs6) = copy_maps(&maps, state.active_slot())?;
+    let (mut copy, addrs6) = copy_maps(&maps, state.active_slot())?;
+    let prefix = &prefix[..prefix.len().min(PREFIX_KEYS_MAX)];
+    if !prefix.is_empty() {
+        let pm = PrefixMap::open(dir)?;
+        for &key in prefix {
+            if let Some(h) = pm.holders(midx, key)? {
+                copy.prefix.insert((midx, key), h);
+            }
+        }
+    }
     let model_inflight =
         maps.inflight.get(&(ailb_common::INFLIGHT_MODEL_BASE + midx), 0).map_err(map_err(maps::INFLIGHT))?;
     let hash = conversation_hash(conversation.as_bytes());
@@ -79,7 +136,10 @@ pub fn explain_conversation(
         // A conversation, as the socket ABI and the front door tag it.
         affinity_bounded: false,
     };
-    let res = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv4);
+    let view = state.view();
+    let query = PrefixQuery::for_connect(prefix, &view, now);
+    let query = (!prefix.is_empty()).then_some(&query);
+    let (res, verdict) = pick_prefixed(&copy, &view, &gc, &req, ClientFamily::Ipv4, query);
     let addr = |id: u32| -> Option<SocketAddr> {
         copy.backends
             .get(id as usize)
@@ -87,7 +147,7 @@ pub fn explain_conversation(
             .map(|b| backend_address(b, &addrs6.get(&id).copied().unwrap_or(BackendAddr6::default())))
     };
     let backend_ipv6_client = (!addrs6.is_empty()).then(|| {
-        let r6 = pick_for(&copy, &state, &gc, &req, ClientFamily::Ipv6);
+        let (r6, _) = pick_prefixed(&copy, &view, &gc, &req, ClientFamily::Ipv6, query);
         addr(r6.backend).map_or_else(|| "refused".to_string(), |a| a.to_string())
     });
     let why = why(res.outcome, res.affinity_break);
@@ -101,7 +161,26 @@ pub fn explain_conversation(
         affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
         affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
         backend_ipv6_client,
+        prefix: query.map(|_| prefix_explain(&copy, midx, prefix, verdict, addr)),
     })
+}
+
+fn prefix_explain(
+    copy: &VecMaps,
+    model: u32,
+    keys: &[u64],
+    v: PrefixVerdict,
+    addr: impl Fn(u32) -> Option<SocketAddr>,
+) -> PrefixExplain {
+    let holders = (v.found as usize)
+        .checked_sub(1)
+        .and_then(|last| keys.get(last))
+        .and_then(|k| copy.prefix.get(&(model, *k)))
+        .map(|h| {
+            h.ids.iter().filter(|&&id| id != NO_BACKEND).filter_map(|&id| addr(id)).map(|a| a.to_string()).collect()
+        })
+        .unwrap_or_default();
+    PrefixExplain { sent: v.sent, found: v.found, usage: usage_name(v.usage), holders, why: usage_why(v.usage) }
 }
 
 /// The model named `model` in the kernel's maps: its index and state.

@@ -64,22 +64,33 @@ pub fn catalog(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Cat
         .collect()
 }
 
-/// The routing inputs the front door would find in a request to `path` with `headers` and
-/// `body` (what `ailb explain --request` shows), or the error it would answer.
+/// What the front door would tag a request's connection with.
+#[derive(Debug)]
+pub struct Routing {
+    pub inputs: Inputs,
+    /// Where it connects for it (the model's first VIP).
+    pub vip: SocketAddrV4,
+    /// The prompt's prefix keys it sends (empty: none, as without `prefix_keys`).
+    pub prefix_keys: Vec<u64>,
+}
+
+/// The routing inputs and prefix keys the front door would find in a request to `path` with
+/// `headers` and `body` (what `ailb explain --request` shows), or the error it would answer.
 pub fn routing_inputs(
     config: &ValidConfig,
     cfg: &ValidGateway,
     path: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Inputs, SocketAddrV4), ApiError> {
+) -> Result<Routing, ApiError> {
     let Some(endpoint) = Endpoint::from_path(path).or_else(|| Endpoint::pass_through(path)) else {
         return Err(ApiError::not_found(format!("POST {path}: no such route")));
     };
     let models = catalog(config, cfg);
-    let (inputs, _) = find_inputs(&models, cfg, endpoint, headers, body)?;
-    let vip = models[&inputs.model].vip;
-    Ok((inputs, vip))
+    let (inputs, fields) = find_inputs(&models, cfg, endpoint, headers, body)?;
+    let model = &models[&inputs.model];
+    let prefix_keys = model.keyer.as_ref().map(|k| k.keys(endpoint, &fields, body)).unwrap_or_default();
+    Ok(Routing { vip: model.vip, inputs, prefix_keys })
 }
 
 /// The routing inputs of a request to `endpoint`, by the catalog `models` and `cfg`'s rules,

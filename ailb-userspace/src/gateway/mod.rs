@@ -62,6 +62,6 @@ pub mod service;
 pub mod tenants;
 pub mod upstream;
 
-pub use pipeline::routing_inputs;
+pub use pipeline::{routing_inputs, Routing};
 pub use run::{load, run, GatewayError};
 pub use service::Gateway;

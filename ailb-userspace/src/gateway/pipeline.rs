@@ -61,7 +61,7 @@ use crate::config::gateway::{UpstreamReuse, ValidGateway};
 use crate::config::ValidConfig;
 
 use super::catalog::find_inputs;
-pub use super::catalog::{catalog, routing_inputs, CatalogModel};
+pub use super::catalog::{catalog, routing_inputs, CatalogModel, Routing};
 
 /// A request sent and its response head read: the response (with its headers as lines when
 /// the front door's own client read it), its connection, where the connection goes after, and
