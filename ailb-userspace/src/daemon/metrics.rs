@@ -20,6 +20,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::kv_events::{FeedCounters, FeedStats};
 pub use crate::metrics::ModelLabel;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +70,8 @@ pub struct Metrics {
     pub invalid_metadata: Family<InvalidLabel, Gauge>,
     /// What [`KernelCollector`] needs for the per-model saturation gauges.
     pub loads: ModelLoads,
+    /// The KV-event feed's counters (precise prefix models), read at scrape time.
+    pub kv_feed: FeedCounters,
 }
 
 impl Metrics {
@@ -89,6 +92,7 @@ impl Metrics {
             model_available: Family::default(),
             invalid_metadata: Family::default(),
             loads: ModelLoads::default(),
+            kv_feed: FeedCounters::default(),
         };
         registry.register(
             "ailb_discovery_errors",
@@ -133,7 +137,46 @@ impl Metrics {
             "Invalid metadata values in the last plan, by key and what the policy did (excluded/ignored)",
             m.invalid_metadata.clone(),
         );
+        registry.register_collector(Box::new(FeedCollector(m.kv_feed.clone())));
         m
+    }
+}
+
+/// The engines' KV-event feed, per model (precise prefix mode): what came in, what was lost.
+#[derive(Debug)]
+struct FeedCollector(FeedCounters);
+
+impl Collector for FeedCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let models: Vec<(String, FeedStats)> =
+            self.0.models().into_iter().map(|m| (m.clone(), self.0.stats(&m))).collect();
+        model_gauges(
+            &mut enc,
+            "ailb_kv_events_keys_held",
+            "Prefix keys the model's followed engines hold now, by their events (each engine's keys, summed)",
+            models.iter().map(|(m, s)| (m.clone(), s.keys_held as f64)),
+        )?;
+        type Field = fn(&FeedStats) -> u64;
+        let counters: [(&str, &str, Field); 7] = [
+            ("ailb_kv_events_batches", "Event batches applied, live or replayed", |s| s.batches),
+            ("ailb_kv_events_blocks_stored", "Blocks the engines reported stored", |s| s.blocks_stored),
+            ("ailb_kv_events_blocks_removed", "Blocks the engines reported evicted", |s| s.blocks_removed),
+            ("ailb_kv_events_gaps", "Sequence gaps seen (each filled by a replay or a resync)", |s| s.gaps),
+            ("ailb_kv_events_resyncs", "Gaps the replay could not fill: the engine's keys dropped and relearnt", |s| {
+                s.resyncs
+            }),
+            ("ailb_kv_events_malformed", "Malformed batches logged and skipped", |s| s.malformed),
+            ("ailb_kv_events_connect_failures", "Failed connects to an engine's publisher and lost connections", |s| {
+                s.connect_failures
+            }),
+        ];
+        for (name, help, field) in counters {
+            let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+            for (m, s) in &models {
+                ConstCounter::new(field(s)).encode(fam.encode_family(&ModelLabel { model: m.clone() })?)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -108,11 +108,16 @@ impl Daemon {
         }
         // The engines' KV events go to the kernel's prefix map; without its pins (an older
         // daemon's, or none) they are kept in memory only, and said so.
+        let counters = metrics.kv_feed.clone();
         let prefix = match prefix::KernelSink::open(&writer.maps().dir, writer.id_directory()) {
-            Ok(sink) => prefix::PrefixFeed::with_sink(Arc::new(sink), crate::kv_events::FeedSettings::default()),
+            Ok(sink) => {
+                prefix::PrefixFeed::with_sink(Arc::new(sink), crate::kv_events::FeedSettings::default(), counters)
+            }
             Err(e) => {
                 warn!(error = %crate::error_chain(&*e), "prefix map not opened: KV events are followed in memory only");
-                prefix::PrefixFeed::default()
+                let mut feed = prefix::PrefixFeed::default();
+                feed.count_into(counters);
+                feed
             }
         };
         Self {

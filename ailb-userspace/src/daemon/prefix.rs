@@ -10,7 +10,7 @@ use tracing::{error, warn};
 use crate::{
     config::ValidModel,
     discovery::Snapshot,
-    kv_events::{EventSource, FeedSettings, FeedStats, Feeds, MemorySink, PrefixSink, Targets},
+    kv_events::{EventSource, FeedCounters, FeedSettings, FeedStats, Feeds, MemorySink, PrefixSink, Targets},
     metadata::Field,
     policy::PrefixMode,
 };
@@ -91,6 +91,8 @@ pub struct PrefixFeed {
     settings: FeedSettings,
     /// Started with the first engine to follow.
     feeds: Option<Feeds>,
+    /// Its counters, shared with `/metrics`.
+    counters: FeedCounters,
     /// The instances refused at the last update, so that each is logged once.
     refused: BTreeMap<(String, SocketAddr), String>,
 }
@@ -103,15 +105,22 @@ impl Default for PrefixFeed {
             memory: Some(memory),
             settings: FeedSettings::default(),
             feeds: None,
+            counters: FeedCounters::default(),
             refused: BTreeMap::new(),
         }
     }
 }
 
 impl PrefixFeed {
-    /// A feed into `sink` (the kernel's prefix map).
-    pub fn with_sink(sink: Arc<dyn PrefixSink>, settings: FeedSettings) -> Self {
-        PrefixFeed { sink, memory: None, settings, feeds: None, refused: BTreeMap::new() }
+    /// A feed into `sink` (the kernel's prefix map), counting into `counters`.
+    pub fn with_sink(sink: Arc<dyn PrefixSink>, settings: FeedSettings, counters: FeedCounters) -> Self {
+        PrefixFeed { sink, memory: None, settings, feeds: None, counters, refused: BTreeMap::new() }
+    }
+
+    /// Counts into `counters` (those `/metrics` reads) from now on; call before the first
+    /// engine is followed.
+    pub fn count_into(&mut self, counters: FeedCounters) {
+        self.counters = counters;
     }
 
     /// Follows the engines of `snapshot`; an instance with invalid KV-event metadata is not
@@ -128,7 +137,7 @@ impl PrefixFeed {
             if follow.is_empty() {
                 return;
             }
-            match Feeds::new(self.sink.clone(), self.settings) {
+            match Feeds::with_counters(self.sink.clone(), self.settings, self.counters.clone()) {
                 Ok(f) => self.feeds = Some(f),
                 Err(e) => {
                     error!(error = %e, "kv events: cannot start the feed's runtime; no engine is followed");
@@ -143,12 +152,12 @@ impl PrefixFeed {
 
     /// `model`'s feed counters (zero before any engine of it was followed).
     pub fn stats(&self, model: &str) -> FeedStats {
-        self.feeds.as_ref().map(|f| f.stats(model)).unwrap_or_default()
+        self.counters.stats(model)
     }
 
     /// The models with counters.
     pub fn models(&self) -> Vec<String> {
-        self.feeds.as_ref().map(Feeds::models).unwrap_or_default()
+        self.counters.models()
     }
 
     /// The engines followed now.

@@ -179,6 +179,41 @@ struct Counters {
     connect_failures: AtomicU64,
 }
 
+/// Every model's feed counters, shared by the feed's tasks and whoever reads them (the
+/// daemon's `/metrics`); a clone is a handle on the same counters.
+#[derive(Clone, Debug, Default)]
+pub struct FeedCounters(Arc<Mutex<HashMap<String, Arc<Counters>>>>);
+
+impl FeedCounters {
+    fn model(&self, model: &str) -> Arc<Counters> {
+        let mut c = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        c.entry(model.to_string()).or_default().clone()
+    }
+
+    /// `model`'s counters (zero before any engine of it was followed).
+    pub fn stats(&self, model: &str) -> FeedStats {
+        let c = self.model(model);
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FeedStats {
+            keys_held: c.keys_held.load(Ordering::Relaxed).max(0) as u64,
+            batches: get(&c.batches),
+            blocks_stored: get(&c.blocks_stored),
+            blocks_removed: get(&c.blocks_removed),
+            gaps: get(&c.gaps),
+            resyncs: get(&c.resyncs),
+            malformed: get(&c.malformed),
+            connect_failures: get(&c.connect_failures),
+        }
+    }
+
+    /// The models with counters, sorted.
+    pub fn models(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.0.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
 /// One model's feed, as counted since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FeedStats {
@@ -232,29 +267,27 @@ pub struct Feeds {
     settings: FeedSettings,
     runtime: Option<tokio::runtime::Runtime>,
     tasks: BTreeMap<(String, SocketAddr), Task>,
-    counters: Mutex<HashMap<String, Arc<Counters>>>,
+    counters: FeedCounters,
 }
 
 impl Feeds {
     /// No engine followed yet; starts the feed's runtime thread.
     pub fn new(sink: Arc<dyn PrefixSink>, settings: FeedSettings) -> std::io::Result<Self> {
+        Self::with_counters(sink, settings, FeedCounters::default())
+    }
+
+    /// [`Feeds::new`], counting into `counters`.
+    pub fn with_counters(
+        sink: Arc<dyn PrefixSink>,
+        settings: FeedSettings,
+        counters: FeedCounters,
+    ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("ailb-kv-feed")
             .enable_all()
             .build()?;
-        Ok(Feeds {
-            sink,
-            settings,
-            runtime: Some(runtime),
-            tasks: BTreeMap::new(),
-            counters: Mutex::new(HashMap::new()),
-        })
-    }
-
-    fn counters(&self, model: &str) -> Arc<Counters> {
-        let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        c.entry(model.to_string()).or_default().clone()
+        Ok(Feeds { sink, settings, runtime: Some(runtime), tasks: BTreeMap::new(), counters })
     }
 
     /// Follows exactly `targets`: starts the new, stops the gone, restarts the changed.
@@ -282,7 +315,7 @@ impl Feeds {
                 backend: key.1,
                 source: source.clone(),
                 sink: self.sink.clone(),
-                counters: self.counters(&key.0),
+                counters: self.counters.model(&key.0),
                 settings: self.settings,
             };
             let after = previous.remove(key);
@@ -304,25 +337,12 @@ impl Feeds {
 
     /// `model`'s counters.
     pub fn stats(&self, model: &str) -> FeedStats {
-        let c = self.counters(model);
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        FeedStats {
-            keys_held: c.keys_held.load(Ordering::Relaxed).max(0) as u64,
-            batches: get(&c.batches),
-            blocks_stored: get(&c.blocks_stored),
-            blocks_removed: get(&c.blocks_removed),
-            gaps: get(&c.gaps),
-            resyncs: get(&c.resyncs),
-            malformed: get(&c.malformed),
-            connect_failures: get(&c.connect_failures),
-        }
+        self.counters.stats(model)
     }
 
     /// The models with counters.
     pub fn models(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.counters.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
-        v.sort();
-        v
+        self.counters.models()
     }
 }
 

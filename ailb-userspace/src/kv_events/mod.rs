@@ -17,7 +17,7 @@ pub mod subscribe;
 pub mod wire;
 
 pub use error::KvEventError;
-pub use feed::{EventSource, FeedSettings, FeedStats, Feeds, MemorySink, PrefixSink, Targets};
+pub use feed::{EventSource, FeedCounters, FeedSettings, FeedStats, Feeds, MemorySink, PrefixSink, Targets};
 pub use index::{ApplyStats, BlockIndex, Receipt};
 pub use subscribe::{Followed, SubscribeError, Subscriber};
 pub use wire::{decode_batch, split_message, split_replay, EngineHash, EventBatch, KvEvent, Message, Replayed};
