@@ -31,6 +31,8 @@ const TEST: &str = "tenants_follow_what_the_engines_report_cached";
 const MODEL: &str = "tiny";
 const VIP: &str = "127.77.19.1:8000";
 const LISTEN: &str = "127.0.19.1:18190";
+/// The daemon's `/metrics`.
+const METRICS: &str = "127.0.19.1:18199";
 const BACKENDS: [&str; 3] = ["127.0.19.11:18191", "127.0.19.12:18192", "127.0.19.13:18193"];
 const TENANTS: usize = 3;
 const PER_TENANT: usize = 8;
@@ -76,6 +78,7 @@ fn tenants_follow_what_the_engines_report_cached() {
         })
         .collect();
     let mut cfg = base_config("prefix-precise", &cg).service(MODEL, VIP);
+    cfg.listen = Some(METRICS.to_string());
     for (addr, ep) in BACKENDS.iter().zip(&endpoints) {
         let mut b = BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000);
         b.extra = format!("kv_events = \"{ep}\"\nkv_block_size = 16\n");
@@ -124,6 +127,46 @@ fn tenants_follow_what_the_engines_report_cached() {
     assert_eq!(after["mode"], "precise");
     assert_eq!(n(&after, "used") - n(&before, "used"), later, "every later chat took its prefix's holder: {after}");
     assert_eq!(n(&after, "learned"), 0, "precise mode learns nothing from picks: {after}");
+
+    // `/metrics` has the map's counters and the feed's.
+    let (code, metrics) = http::get(METRICS, "/metrics").expect("GET /metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let metric = |name: &str| -> u64 {
+        let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{metrics}")) as u64
+    };
+    assert_eq!(metric("ailb_prefix_used_total"), n(&after, "used"), "/metrics and ailb status agree");
+    assert!(metric("ailb_kv_events_batches_total") > 0, "the feed's batches are counted");
+    assert!(metric("ailb_kv_events_blocks_stored_total") > 0, "and the blocks they stored");
+    assert!(metric("ailb_kv_events_keys_held") > 0, "and the keys held now");
+    assert_eq!(metric("ailb_kv_events_malformed_total"), 0, "no malformed batch from the simulator");
+
+    // `ailb explain --request` runs the same pick over the pinned maps: a new user of tenant 0
+    // goes to the holder of its system prompt, and says so.
+    let body = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(body.path(), serde_json::to_vec(&chat(0, 99)).expect("body")).expect("write the body");
+    let out = ailb_tests::run_cmd(
+        std::process::Command::new(&bin).args(["explain", "--json", "--request"]).arg(body.path()).args([
+            "--config".as_ref(),
+            daemon.config_path().as_os_str(),
+            "--bpffs".as_ref(),
+            daemon.bpffs().as_os_str(),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "ailb explain --request: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("explain --json");
+    eprintln!("explain: {v}");
+    let p = &v["conversation"]["prefix"];
+    assert!(v["request"]["prefix_keys"].as_array().is_some_and(|k| !k.is_empty()), "keys shown: {v}");
+    assert_eq!(p["usage"], "used", "explain's prefix step: {v}");
+    assert!(n(p, "found") >= 1 && n(p, "found") < n(p, "sent"), "the system prompt held, not the question: {p}");
+    assert_eq!(v["conversation"]["backend"].as_str(), Some(first[&0].as_str()), "explain's backend: {v}");
+    assert!(p["holders"].as_array().is_some_and(|h| h.iter().any(|b| b == first[&0].as_str())), "holders: {p}");
 
     // A cache reset on the first tenant's engine (AllBlocksCleared) empties its entries.
     let target = &first[&0];
