@@ -223,6 +223,51 @@ impl TestClient {
     }
 }
 
+/// A `probe` client kept running: each [`Prober::pick`] is one tagged connection, closed once
+/// connected, and the backend the kernel gave it.
+pub struct Prober {
+    proc: ClientProcess,
+}
+
+/// One probe's tags (each optional, as the front door sets them).
+#[derive(Debug, Clone, Default)]
+pub struct ProbeTags {
+    pub model: Option<String>,
+    pub conversation: Option<String>,
+    pub memory_mb: Option<u32>,
+    pub keys: Vec<u64>,
+}
+
+impl Prober {
+    /// The backend a connection to the VIP with `tags` got, or the error.
+    pub fn pick(&mut self, tags: &ProbeTags) -> Result<String, String> {
+        let line = serde_json::json!({"model": tags.model, "conversation": tags.conversation,
+                                      "memory_mb": tags.memory_mb, "keys": tags.keys})
+        .to_string();
+        let stdin = self.proc.stdin.as_mut().expect("the prober's stdin");
+        writeln!(stdin, "{line}").and_then(|()| stdin.flush()).unwrap_or_else(|e| panic!("probe stdin: {e}"));
+        let out = self
+            .proc
+            .next_line(Instant::now() + Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("the prober gave no answer to {line}; stderr: {}", self.proc.stderr()));
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe line {out:?}: {e}"));
+        match (v["backend"].as_str(), v["error"].as_str()) {
+            (Some(b), None) => Ok(b.to_string()),
+            (_, Some(e)) => Err(e.to_string()),
+            (None, None) => Err(format!("connect failed: errno {}", v["errno"])),
+        }
+    }
+}
+
+impl TestClient {
+    /// Starts a `probe` client for `vip` (in `cgroup`).
+    pub fn prober(&self, cgroup: Option<&CgroupGuard>, vip: &str) -> Prober {
+        let mut cmd = self.command();
+        cmd.args(["probe", "--vip", vip]);
+        Prober { proc: ClientProcess::spawn(cmd, cgroup.map(CgroupGuard::path), true) }
+    }
+}
+
 /// Connections held open by a `--hold` client.
 pub struct HeldClients {
     proc: ClientProcess,

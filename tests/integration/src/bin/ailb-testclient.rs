@@ -6,6 +6,7 @@
 //!                         [--model NAME] [--hold] [--linger0] [--v6only]
 //! ailb-testclient sockopt-hostile --vip A:P
 //! ailb-testclient serve --listen A:P
+//! ailb-testclient probe --vip A:P
 //! ```
 //! `connect` prints one JSON line per connection:
 //! `{"i", "conversation", "backend", "reply", "ok", "errno", "error"}` where `backend` is the
@@ -17,7 +18,10 @@
 //! `sockopt-hostile` prints one JSON line per case: `{"case", "ret", "errno"}` (plus connect
 //! results), see [`hostile`]. `serve` is a backend in a process of its own (for a test that
 //! kills it): it listens on `A:P`, prints `LISTENING`, and serves the protocol of
-//! `ailb_tests::remote` until killed.
+//! `ailb_tests::remote` until killed. `probe` asks the kernel for picks without sending
+//! anything: for each line of stdin, `{"model", "conversation", "memory_mb", "keys"}` (each
+//! optional; `keys` the prefix keys as numbers), one connection tagged so, closed once
+//! connected, and one line out, `{"backend", "errno", "error"}`; it ends when stdin does.
 
 #![forbid(unsafe_code)]
 
@@ -55,7 +59,8 @@ fn usage(msg: &str) -> ! {
         "usage: ailb-testclient connect --vip A:P --count N [--conversations C --prefix P] \
          [--memory-mb M] [--model NAME] [--hold] [--linger0] [--v6only] [--tenants T --prompt-bytes B]\n       \
          ailb-testclient sockopt-hostile --vip A:P\n       \
-         ailb-testclient serve --listen A:P"
+         ailb-testclient serve --listen A:P\n       \
+         ailb-testclient probe --vip A:P   (stdin: one JSON line per connection)"
     );
     std::process::exit(2)
 }
@@ -118,11 +123,52 @@ fn main() {
             SocketAddr::V4(vip) => hostile(vip),
             SocketAddr::V6(_) => usage("sockopt-hostile takes an IPv4 VIP"),
         },
+        Some("probe") => match parse_args(&argv[2..]).vip {
+            SocketAddr::V4(vip) => probe_mode(vip),
+            SocketAddr::V6(_) => usage("probe takes an IPv4 VIP"),
+        },
         Some("serve") => match (argv.get(2).map(String::as_str), argv.get(3).map(|a| a.parse::<SocketAddr>())) {
             (Some("--listen"), Some(Ok(addr))) => serve_mode(addr),
             _ => usage("serve takes --listen A:P"),
         },
         _ => usage("missing mode"),
+    }
+}
+
+/// One tagged connection per line of stdin, closed once connected (nothing is sent): the
+/// backend the kernel picked for those tags.
+fn probe_mode(vip: SocketAddrV4) {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap_or_else(|e| panic!("stdin: {e}"));
+        let req: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| usage(&format!("probe {line:?}: {e}")));
+        let sock = new_socket();
+        let mut hint_err = None;
+        if let Some(m) = req["model"].as_str() {
+            hint_err = hint_error(Field::Model, client::tag_model(&sock, m.as_bytes())).or(hint_err);
+        }
+        if let Some(c) = req["conversation"].as_str() {
+            hint_err = hint_error(Field::Conversation, client::tag_conversation(&sock, c.as_bytes())).or(hint_err);
+        }
+        if let Some(m) = req["memory_mb"].as_u64() {
+            let m = u32::try_from(m).unwrap_or_else(|_| usage(&format!("probe memory_mb {m}: over u32")));
+            hint_err = hint_error(Field::RequiredMemoryMb, client::tag_required_memory_mb(&sock, m)).or(hint_err);
+        }
+        if let Some(keys) = req["keys"].as_array().filter(|k| !k.is_empty()) {
+            let keys: Vec<u64> = keys
+                .iter()
+                .map(|k| k.as_u64().unwrap_or_else(|| usage(&format!("probe key {k}: not a u64"))))
+                .collect();
+            hint_err = hint_error(Field::Prefix, client::tag_prefix(&sock, &keys)).or(hint_err);
+        }
+        let line = match sock.connect(vip, Some(IO_TIMEOUT)) {
+            Ok((_stream, peer)) => json!({"backend": peer.to_string(), "errno": null, "error": hint_err}),
+            Err(e) => json!({"backend": null, "errno": e.raw_os_error(), "error": hint_err}),
+        };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
     }
 }
 
