@@ -373,4 +373,10 @@ impl WriterMaps for FakeMaps {
         self.log("remove", name_line(hash, model));
         Ok(())
     }
+    fn clear_prefix_holders(&mut self, gone: &[(u32, u32)]) -> Result<u64, DatapathError> {
+        for (model, id) in gone {
+            self.log("clear", format!("PREFIX: MODEL={model} ID={id}"));
+        }
+        Ok(0)
+    }
 }

@@ -122,11 +122,24 @@ impl PrefixMap {
     /// Removes backend `id` from every entry of `model` (its engine cleared its cache, or the
     /// backend left); returns the entries it was removed from. A scan of the map.
     pub fn clear_backend(&mut self, model: u32, id: u32) -> Result<u64, DatapathError> {
-        let keys: Vec<PrefixKey> = self.map.keys().filter_map(Result::ok).filter(|k| k.model == model).collect();
+        self.clear_backends(&[(model, id)])
+    }
+
+    /// [`PrefixMap::clear_backend`] for every `(model, id)` of `gone`, in one scan.
+    pub fn clear_backends(&mut self, gone: &[(u32, u32)]) -> Result<u64, DatapathError> {
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let keys: Vec<PrefixKey> =
+            self.map.keys().filter_map(Result::ok).filter(|k| gone.iter().any(|(m, _)| *m == k.model)).collect();
         let mut n = 0;
         for k in keys {
             if let Some(mut h) = self.get(&k)? {
-                if h.remove(id) {
+                let mut removed = false;
+                for (_, id) in gone.iter().filter(|(m, _)| *m == k.model) {
+                    removed |= h.remove(*id);
+                }
+                if removed {
                     n += 1;
                     if h.is_empty() {
                         let _ = self.map.remove(&k);

@@ -76,6 +76,9 @@ pub trait WriterMaps {
     fn model_name_keys(&self) -> Vec<u64>;
     fn insert_model_name(&mut self, hash: u64, model: u32) -> Result<(), DatapathError>;
     fn remove_model_name(&mut self, hash: u64) -> Result<(), DatapathError>;
+    /// Removes the freed backends `gone` (model index, id) from every entry of the prefix map,
+    /// so that an id given out again inherits no cached blocks; returns the entries changed.
+    fn clear_prefix_holders(&mut self, gone: &[(u32, u32)]) -> Result<u64, DatapathError>;
 }
 
 impl WriterMaps for Maps {
@@ -205,6 +208,9 @@ impl WriterMaps for Maps {
     }
     fn remove_model_name(&mut self, hash: u64) -> Result<(), DatapathError> {
         self.model_names.remove(&hash).map_err(map_err(maps::MODEL_NAMES))
+    }
+    fn clear_prefix_holders(&mut self, gone: &[(u32, u32)]) -> Result<u64, DatapathError> {
+        super::prefix::PrefixMap::open(&self.dir)?.clear_backends(gone)
     }
 }
 

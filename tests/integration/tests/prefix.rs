@@ -4,6 +4,9 @@
 //! - approximate mode: each tenant's first connect is placed by the weighted table, and the
 //!   kernel records its keys; every later connect of the tenant finds that prefix and goes to
 //!   the same backend (connections are short, so no holder is ever at its load bound);
+//! - a backend that leaves takes its entries with it: once its id is freed, the daemon removes
+//!   it from the map, so the tenants it held find nothing (and the next backend to get its id
+//!   inherits nothing);
 //! - mode off (the same connects after a reload): the keys are ignored and each tenant's
 //!   connects spread over the backends, as any connect without a conversation does;
 //! - the counters in `ailb status` say what the searches found.
@@ -25,8 +28,12 @@ const PER_TENANT: usize = 25;
 const PROMPT_BYTES: usize = 6_000;
 
 fn config(cg: &CgroupGuard, mode: &str) -> TestConfig {
+    config_without(cg, mode, None)
+}
+
+fn config_without(cg: &CgroupGuard, mode: &str, gone: Option<&str>) -> TestConfig {
     let mut cfg = base_config("prefix", cg).service(MODEL, VIP);
-    for addr in BACKENDS {
+    for addr in BACKENDS.into_iter().filter(|a| Some(*a) != gone) {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1));
     }
     cfg.extra = format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"{mode}\"\nprefix_ttl = \"10m\"\n");
@@ -86,6 +93,23 @@ fn tenants_stay_where_their_prompt_prefix_is_cached() {
     assert_eq!(p["found"].as_u64(), Some(n - TENANTS as u64), "{p}");
     assert!(p["entries"].as_u64().is_some_and(|e| e > 0), "{p}");
     assert!(p["learned"].as_u64().is_some_and(|e| e > 0), "{p}");
+
+    // The backend that holds tenant 0 leaves: its entries leave the map with its id.
+    let holder = tenants[&0].keys().next().expect("tenant 0's backend").clone();
+    let held_by_it = tenants.values().filter(|b| b.contains_key(&holder)).count() as u64;
+    let entries = p["entries"].as_u64().unwrap_or(0);
+    daemon.reload(&config_without(&cg, "approximate", Some(&holder)));
+    let after = prefix_status(&daemon);
+    let left = after["entries"].as_u64().unwrap_or(0);
+    eprintln!("{holder} left (it held {held_by_it} tenants): entries {entries} -> {left}");
+    // Each tenant's prompt is its own blocks, held by its one backend: those of the tenants
+    // on the backend that left go; the others' stay.
+    assert!(left < entries && left > 0, "entries {entries} -> {left} after {holder} left: {after}");
+    assert_eq!(
+        (entries - left) % held_by_it,
+        0,
+        "the entries removed are whole tenants' prompts ({held_by_it} tenants on {holder}): {entries} -> {left}"
+    );
 
     // Off: the same connects ignore their keys and spread.
     daemon.reload(&config(&cg, "off"));

@@ -36,8 +36,8 @@ fn gateway_estimate(prompt_tokens: u64, block: Option<u64>) -> (u32, Vec<u8>) {
         "messages": [{"role": "user", "content": "x".repeat(prompt_tokens as usize * 4)}],
     });
     let body = serde_json::to_vec(&body).unwrap();
-    let (inputs, _) = routing_inputs(&valid, &gateway, "/v1/chat/completions", &HeaderMap::new(), &body).unwrap();
-    (inputs.memory_mb.unwrap(), body)
+    let routing = routing_inputs(&valid, &gateway, "/v1/chat/completions", &HeaderMap::new(), &body).unwrap();
+    (routing.inputs.memory_mb.unwrap(), body)
 }
 
 /// What an idle simulated GPU publishes as free memory (NVML: total minus the weights), which

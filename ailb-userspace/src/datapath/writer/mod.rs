@@ -456,17 +456,22 @@ impl<M: WriterMaps> Writer<M> {
     }
 
     /// Frees the ids of removed backends whose in-flight count has reached 0; returns how many.
+    /// A freed id leaves the prefix map too (a learnt or reported block must not follow the id
+    /// to the next backend that gets it); a failure there is logged, the ids are freed anyway.
     pub fn reap(&mut self) -> Result<usize, DatapathError> {
-        let mut freed = 0;
+        let mut freed = Vec::new();
         for (key, id) in self.ids.retired() {
             if self.maps.inflight(id)? == 0 {
                 self.write_backend(id, Backend::default())?;
                 self.ids.free(&key);
                 self.written.remove(&id);
                 self.written6.remove(&id);
-                freed += 1;
+                freed.push((key.0, id));
             }
         }
-        Ok(freed)
+        if let Err(e) = self.maps.clear_prefix_holders(&freed) {
+            warn!(error = %crate::error_chain(&e), freed = ?freed, "freed backends not cleared from the prefix map");
+        }
+        Ok(freed.len())
     }
 }

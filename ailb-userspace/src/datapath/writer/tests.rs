@@ -161,10 +161,12 @@ BE: ID=3 ADDR=10.1.0.4:80 MODEL=0 WEIGHT=100 CAP=0 FREE_MB=unknown IDLE_MB=0 STA
     assert_eq!(w.reap().unwrap(), 0, "still in flight");
     w.maps_mut().inflight.insert(0, 0);
     assert_eq!(w.reap().unwrap(), 1);
+    // Freed, it leaves the prefix map: the next backend to get id 0 inherits no blocks.
     assert_text(
         &w.maps_mut().take_writes(),
         "\
 set BE: ID=0 ZERO
+clear PREFIX: MODEL=0 ID=0
 ",
     );
     f.apply(&mut w, &plan_of([("llama", f.model(1, &[(2, 100), (3, 100), (4, 100), (5, 100)]))]));
@@ -325,6 +327,7 @@ remove NAME: HASH=0xf532bd89b9930d21 MODEL=1
 set MODEL: IDX=1 ZERO
 set BE: ID=2 ADDR=10.1.0.3:80 MODEL=1 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=2 ZERO
+clear PREFIX: MODEL=1 ID=2
 set CONFIG: ABI=10 GEN=2 LOAD=1250 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );

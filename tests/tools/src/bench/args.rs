@@ -20,6 +20,12 @@ pub struct Args {
     /// Only measure the metadata propagation from Nacos to the pinned map, and print it.
     #[arg(long)]
     pub propagation_only: bool,
+    /// Only measure the programs' run time per connection (kernel BPF statistics, the
+    /// prefix rows included), write `target/bench/datapath-bpf.md` and print it. Needs only
+    /// bpftool and ip; the userspace build does not matter (the kernel's counters time the
+    /// programs alone), so a debug `AILB_BIN` is fine.
+    #[arg(long, conflicts_with = "propagation_only")]
+    pub bpf_only: bool,
     /// Internal: the connect loop of the BPF run-time section (run inside the cgroup).
     #[arg(long, num_args = 4, value_names = ["VIP", "COUNT", "CONVERSATIONS", "PREFIX"], allow_hyphen_values = true, hide = true)]
     pub connect_loop: Option<Vec<String>>,

@@ -71,7 +71,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     say(&format!("measuring {}", bin.display()));
     require_root();
     ensure_bpffs();
-    for tool in ["wrk", "nginx", "haproxy", "ipvsadm", "bpftool", "ip"] {
+    let tools: &[&str] =
+        if args.bpf_only { &["bpftool", "ip"] } else { &["wrk", "nginx", "haproxy", "ipvsadm", "bpftool", "ip"] };
+    for tool in tools {
         if Command::new("which").arg(tool).stdout(Stdio::null()).status().map(|s| !s.success()).unwrap_or(true) {
             bail!("{tool} is not installed: run `cargo xtask setup`");
         }
@@ -82,10 +84,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         println!("{report}");
         return Ok(());
     }
-    let report = everything(&bin);
+    let (report, name) =
+        if args.bpf_only { (bpf_only(&bin), "datapath-bpf.md") } else { (everything(&bin), "datapath.md") };
     let out = crate::target_dir().join("bench");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let path = out.join("datapath.md");
+    let path = out.join(name);
     std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
     println!("{report}");
     say(&format!("report written to {}", path.display()));
@@ -143,6 +146,24 @@ fn everything(bin: &std::path::Path) -> String {
     drop(daemon);
     // 4. Metadata propagation from Nacos to the pinned map.
     propagation::propagation(bin, &mut report);
+    report
+}
+
+/// Section 2 alone: the programs' run time per connection.
+fn bpf_only(bin: &std::path::Path) -> String {
+    let ns = Netns::new();
+    let cg = CgroupGuard::new("bench-bpf");
+    let mut report = String::new();
+    let _ = writeln!(report, "# ailb data-plane benchmarks: BPF run time only\n");
+    let _ = writeln!(
+        report,
+        "Machine: {} cores, kernel {}. Reproduce: `ailb-bench --bpf-only` (as root).",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        run(Command::new("uname").arg("-r"), "uname").trim()
+    );
+    let daemon = Daemon::start(bin, &daemon_config(&cg));
+    say("ailb daemon ready");
+    bpf::connect4_run_time(&ns, &cg, &daemon, &mut report);
     report
 }
 
