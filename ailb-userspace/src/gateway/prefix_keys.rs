@@ -9,8 +9,17 @@
 //! - **text**, otherwise: the prompt's bytes in 64-byte chunks, as the field's approximate
 //!   routers do. Chat messages are written in order as `role 0x1f text 0x1e`, so two requests
 //!   that share their leading messages share their leading bytes; a completion's prompt is its
-//!   string. The Responses and Messages APIs send no keys yet (their affinity comes from the
-//!   conversation key and the stored response).
+//!   string.
+//!
+//! The Responses and Messages APIs are keyed as the chat they amount to ([`agent_chat`]): the
+//! system text (`instructions`, `system`) first, then each message's role and text, as vLLM
+//! 0.32.0 turns them into chat messages before rendering the template (its Anthropic route
+//! concatenates the system blocks and drops an attribution header block). So an agent's request and a
+//! chat completion with the same system prompt and messages send the same keys, in both
+//! modes. Non-text items (tool calls and results, images, reasoning) are left out: their keys
+//! then cover the prompt only up to the first such item's message. A Responses request that
+//! continues a stored response goes to that response's backend with no kernel pick, so its
+//! keys (which cannot cover the stored turns) do not matter.
 //!
 //! A prompt the tokenizer cannot take (a template error) sends no keys: the pick goes on as
 //! without them.
@@ -45,7 +54,7 @@ impl Keyer {
     pub fn keys(&self, endpoint: Endpoint, fields: &Fields<'_>, body: &[u8]) -> Vec<u64> {
         let all = match self {
             Keyer::Text => text_material(endpoint, fields).map(|m| ailb_common::prefix::text_keys(&m)),
-            Keyer::Tokens { tokenizer, block } => match token_ids(tokenizer, endpoint, body) {
+            Keyer::Tokens { tokenizer, block } => match token_ids(tokenizer, endpoint, fields, body) {
                 Ok(Some(ids)) => Some(ailb_common::prefix::token_keys(&ids, *block)),
                 Ok(None) => None,
                 Err(e) => {
@@ -75,13 +84,118 @@ pub fn text_material(endpoint: Endpoint, fields: &Fields<'_>) -> Option<Vec<u8>>
             Value::String(s) => out.extend_from_slice(s.as_bytes()),
             _ => return None,
         },
+        Endpoint::Responses | Endpoint::Messages => {
+            let msgs = agent_chat(endpoint, fields)?;
+            for m in &msgs {
+                out.extend_from_slice(m.role.as_bytes());
+                out.push(0x1f);
+                out.extend_from_slice(m.text.as_bytes());
+                out.push(0x1e);
+            }
+        }
         _ => return None,
     }
     Some(out)
 }
 
+/// One message of the chat an agents' API request amounts to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTurn {
+    pub role: String,
+    pub text: String,
+}
+
+/// The text of a content value: a string, or the `text` of each part that has one, joined
+/// with newlines (as a chat message's parts are); `None` for anything else.
+fn content_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
+            (!texts.is_empty()).then(|| texts.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+/// A Messages request's `system` as vLLM makes it a system message: a string as it is; text
+/// blocks concatenated, without the attribution header some agents put first (it carries a
+/// hash per request, which would make every request's first block differ).
+fn anthropic_system(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => {
+            let text: String = blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .filter(|t| !t.starts_with("x-anthropic-billing-header"))
+                .collect();
+            (!text.is_empty()).then_some(text)
+        }
+        _ => None,
+    }
+}
+
+/// The chat messages a Responses or Messages request amounts to (see the module docs);
+/// `None` for another endpoint or when it has no text at all.
+pub fn agent_chat(endpoint: Endpoint, fields: &Fields<'_>) -> Option<Vec<ChatTurn>> {
+    let mut out = Vec::new();
+    let turn = |role: &str, text: String| ChatTurn { role: role.to_string(), text };
+    match endpoint {
+        Endpoint::Responses => {
+            if let Some(super::request_fields::StrOr::Str(s)) = &fields.instructions {
+                out.push(turn("system", s.to_string()));
+            }
+            match fields.input.as_ref() {
+                Some(Value::String(s)) => out.push(turn("user", s.clone())),
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+                        let (Some(role), Some(text)) =
+                            (item.get("role").and_then(Value::as_str), item.get("content").and_then(content_text))
+                        else {
+                            break;
+                        };
+                        if kind != "message" {
+                            break;
+                        }
+                        out.push(turn(role, text));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Endpoint::Messages => {
+            if let Some(system) = fields.system.as_ref().and_then(anthropic_system) {
+                out.push(turn("system", system));
+            }
+            if let Some(Messages::List(msgs)) = &fields.messages {
+                for m in msgs {
+                    let mut text = Vec::new();
+                    m.content.write_text(&mut text);
+                    let (Some(role), Ok(text)) = (m.role.as_deref(), String::from_utf8(text)) else { break };
+                    out.push(turn(role, text));
+                }
+            }
+        }
+        _ => return None,
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 /// The engine's token ids of a prompt; `None` for an endpoint or shape not keyed.
-fn token_ids(tok: &ChatTokenizer, endpoint: Endpoint, body: &[u8]) -> Result<Option<Vec<u32>>, String> {
+fn token_ids(
+    tok: &ChatTokenizer,
+    endpoint: Endpoint,
+    fields: &Fields<'_>,
+    body: &[u8],
+) -> Result<Option<Vec<u32>>, String> {
+    if let Some(turns) = agent_chat(endpoint, fields) {
+        let messages: Vec<Value> =
+            turns.into_iter().map(|t| serde_json::json!({"role": t.role, "content": t.text})).collect();
+        return tok.chat_token_ids(&Value::Array(messages), true).map(Some).map_err(|e| crate::error_chain(&e));
+    }
     let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     match endpoint {
         Endpoint::ChatCompletions => {
@@ -123,6 +237,46 @@ mod tests {
         let sent = Keyer::Text.keys(Endpoint::ChatCompletions, &fa, a.as_bytes());
         assert!(!sent.is_empty() && sent.len() <= ailb_common::prefix::PREFIX_KEYS_MAX);
         assert!(sent.iter().all(|&k| k != 0));
+    }
+
+    /// The same system prompt and question through chat, the Messages API and the Responses
+    /// API: one chat, so one set of keys.
+    #[test]
+    fn agents_apis_send_the_keys_of_the_chat_they_amount_to() {
+        let system = "You are the assistant of tenant seven. ".repeat(30);
+        let q = "what is the capital of France? ".repeat(4);
+        let chat =
+            serde_json::json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]});
+        let messages = serde_json::json!({"system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0; hash=1234"},
+                {"type": "text", "text": &system[..100]}, {"type": "text", "text": &system[100..]}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": q}]}], "max_tokens": 5});
+        let responses = serde_json::json!({"instructions": system, "input": q});
+        let responses_items = serde_json::json!({"instructions": system,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": q}]}]});
+        let keys = |endpoint: Endpoint, v: &Value| {
+            let body = serde_json::to_vec(v).expect("json");
+            Keyer::Text.keys(endpoint, &fields(&body), &body)
+        };
+        let want = keys(Endpoint::ChatCompletions, &chat);
+        assert!(want.len() > 2, "{want:?}");
+        assert_eq!(keys(Endpoint::Messages, &messages), want, "Messages API");
+        assert_eq!(keys(Endpoint::Responses, &responses), want, "Responses API, input as a string");
+        assert_eq!(keys(Endpoint::Responses, &responses_items), want, "Responses API, input as items");
+    }
+
+    #[test]
+    fn an_agents_request_is_keyed_up_to_its_first_item_without_text() {
+        let body = serde_json::to_vec(&serde_json::json!({"instructions": "be brief", "input": [
+            {"role": "user", "content": "first"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+            {"role": "user", "content": "second"}]}))
+        .expect("json");
+        let turns = agent_chat(Endpoint::Responses, &fields(&body)).expect("text");
+        let roles: Vec<&str> = turns.iter().map(|t| t.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user"], "{turns:?}");
+        let body = br#"{"input":[{"type":"function_call_output","output":"x"}]}"#;
+        assert_eq!(agent_chat(Endpoint::Responses, &fields(body)), None);
     }
 
     #[test]

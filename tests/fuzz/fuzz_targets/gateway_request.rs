@@ -3,7 +3,7 @@
 //! every request). Input: header lines ("Name: value"), a blank line, then the body; the first
 //! byte picks the path. Besides no panic: an answer is either inputs the kernel accepts (a
 //! catalog model, a conversation key of 1..=128 bytes hashing as the kernel does, a memory need
-//! with its source) or a client error (4xx) with a message.
+//! with its source, at most 16 nonzero prefix keys) or a client error (4xx) with a message.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -27,6 +27,7 @@ required_memory_mb = 8192
 [gateway]
 session_header = "x-user-session"
 completion_prefix_bytes = 16
+prefix_keys = true
 [gateway.kv_bytes_per_token]
 m = 131072
 "#;
@@ -64,8 +65,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let (config, gateway) = catalog();
     match routing_inputs(config, gateway, path, &headers, body) {
-        Ok((inputs, vip)) => {
+        Ok(ailb_userspace::gateway::Routing { inputs, vip, prefix_keys }) => {
             assert!(config.models.contains_key(&inputs.model), "a catalog model: {inputs:?}");
+            // What the socket option takes: at most 16 keys, none of them 0.
+            assert!(prefix_keys.len() <= ailb_common::prefix::PREFIX_KEYS_MAX, "{prefix_keys:?}");
+            assert!(!prefix_keys.contains(&0), "{prefix_keys:?}");
             // The front door connects to the model's first IPv4 VIP.
             let first_v4 = config.models[&inputs.model].spec.vips.iter().find(|v| v.is_ipv4());
             assert_eq!(first_v4, Some(&std::net::SocketAddr::V4(vip)));
