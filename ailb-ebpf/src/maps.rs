@@ -80,6 +80,9 @@ pub(crate) struct PrefixScratch {
     pub(crate) c: PrefixCtx,
     pub(crate) search: Search,
     pub(crate) key: u64,
+    /// The longest prefix's entry, copied once for the choice's callbacks (one map lookup
+    /// rather than one per holder slot).
+    pub(crate) holders: PrefixHolders,
     pub(crate) choose: Choose,
 }
 

@@ -118,6 +118,11 @@ fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
     let found = s.search.lo;
     if found != 0 {
         s.key = s.keys[(found as usize - 1) & (PREFIX_KEYS_MAX - 1)];
+        // Evicted since the search: no holder to choose.
+        s.holders = match Maps.prefix_holders(c.model, s.key) {
+            Some(h) => *h,
+            None => PrefixHolders::EMPTY,
+        };
         // SAFETY: as above, for `choose_step`.
         unsafe {
             bpf_loop(PREFIX_HOLDERS as u32, choose_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
@@ -152,9 +157,7 @@ extern "C" fn choose_step(index: u64, _ctx: *mut c_void) -> i64 {
     let Some(s) = crate::prefix::scratch() else {
         return 1;
     };
-    if let Some(h) = Maps.prefix_holders(s.c.model, s.key) {
-        s.choose.step(&Maps, &s.c, h, index as usize & (PREFIX_HOLDERS - 1));
-    }
+    s.choose.step(&Maps, &s.c, &s.holders, index as usize & (PREFIX_HOLDERS - 1));
     0
 }
 
