@@ -4,7 +4,8 @@
 //!
 //! The fleet: two `ailb-sim` servers declared with 1000 MB free each, the front door's
 //! admission by fleet memory on (`[gateway.admission] mode = "fleet_memory"`), every request
-//! needing 250 MB: eight in flight at once. `ailb run` is attached to a child cgroup created
+//! needing 250 MB: eight in flight at once; each server also runs at most four at once
+//! (`--max-seqs`), so the limit is the fleet's own, whatever the router. `ailb run` is attached to a child cgroup created
 //! here and both front doors run inside it:
 //!
 //! - **tenants**: `alpha` (weight 3) and `beta` (weight 1) interactive at priority 1, `batch`
@@ -14,7 +15,8 @@
 //!
 //! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded):
 //!
-//! 1. **capacity**: eight closed-loop clients through the plain front door: the fleet's rate X.
+//! 1. **capacity**: eight closed-loop clients straight to the servers, four each: the fleet's
+//!    rate X, which every router is offered multiples of.
 //! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95.
 //! 3. **overload**: the same, plus `batch` at 3.6 X (80 % of 4.5 X offered): the
 //!    interactive TTFT P95 again (goal: at most 1.5x alone), what was shed per tenant, and the
@@ -24,6 +26,11 @@
 //! 5. **fast path**: one client, one small request at a time (nothing ever waits), in
 //!    interleaved rounds: directly to a server, through the plain front door, through the
 //!    front door with tenants: p50 and what each front door adds (goal: the same within noise).
+//!
+//! The peer row: **SMG** 1.13.0 (`smg` on PyPI, in `target/smg-venv`) in front of the same two
+//! servers, with its priority scheduler and its tenants from a trusted header (the settings
+//! are in [`smg_args`] and [`SMG_PRIORITY_YAML`], and the report repeats them), offered phases
+//! 2 to 4 the same way. Without SMG installed the row says so and why.
 //!
 //! Writes `target/bench/overload.md` and prints it; progress on stderr.
 
@@ -42,6 +49,29 @@ const MODEL: &str = "overload-7b";
 const VIP: &str = "127.77.47.1:8000";
 const TENANTS_LISTEN: &str = "127.0.47.1:18470";
 const PLAIN_LISTEN: &str = "127.0.47.2:18471";
+const SMG_LISTEN: &str = "127.0.47.3:18474";
+const SMG_METRICS: &str = "127.0.47.3:18479";
+/// SMG's trusted tenant header (`--trust-tenant-header --tenant-header-name`); its tenant keys
+/// are then `header:<value>`.
+const SMG_TENANT_HEADER: &str = "x-tenant";
+/// SMG's priority scheduler: every class's knobs (1.13.0 requires all of them once a class is
+/// listed). The reservations must fit under the fleet's capacity ({SLOTS} slots here, where
+/// its defaults reserve 160): `interactive` keeps a floor of 2 slots, the others none. Queues
+/// and waits as ailb's: 64 waiting per class, 10 s. Preemption off, as its docs advise until
+/// every handler honours the cancel. The tenants: alpha and beta may use `interactive`, batch
+/// at most `bulk`; every request asks for `interactive` (`x-smg-priority`), so batch's are
+/// clamped.
+const SMG_PRIORITY_YAML: &str = "\
+classes:
+  system: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 5, can_preempt: false}
+  interactive: {reserved_floor: 2, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 5, can_preempt: false}
+  default: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 30, can_preempt: false}
+  bulk: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 120, can_preempt: false}
+tenant_policies:
+  \"header:alpha\": {max_class: interactive}
+  \"header:beta\": {max_class: interactive}
+  \"header:batch\": {max_class: bulk}
+";
 const BACKENDS: [&str; 2] = ["127.0.47.11:18472", "127.0.47.12:18473"];
 const FREE_MB: u32 = 1000;
 const NEED_MB: u32 = 250;
@@ -139,7 +169,17 @@ fn request(tenant: Option<Tenant>, max_tokens: u32, stream: bool) -> String {
     let body = format!(
         r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"overload"}}]}}"#
     );
-    let auth = tenant.map(|t| format!("Authorization: Bearer {}\r\n", t.key())).unwrap_or_default();
+    // ailb's front door finds the tenant by its API key; SMG by its trusted header, and each
+    // ignores the other's.
+    let auth = tenant
+        .map(|t| {
+            format!(
+                "Authorization: Bearer {}\r\n{SMG_TENANT_HEADER}: {}\r\nx-smg-priority: interactive\r\n",
+                t.key(),
+                t.name()
+            )
+        })
+        .unwrap_or_default();
     format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nConnection: close\r\n\
          X-Required-Memory-MB: {NEED_MB}\r\n{auth}Content-Length: {}\r\n\r\n{body}",
@@ -246,14 +286,15 @@ async fn phase(addr: &'static str, loads: &[(Tenant, f64)], dur: Duration) -> Ve
     out
 }
 
-/// The fleet's rate through `addr`: [`SLOTS`] closed-loop clients for `dur`.
-async fn capacity(addr: &'static str, dur: Duration) -> f64 {
+/// The fleet's own rate: [`SLOTS`] closed-loop clients for `dur`, spread evenly over the
+/// servers directly (no router: every router is then offered multiples of the same rate).
+async fn capacity(dur: Duration) -> f64 {
     let end = Instant::now() + dur;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let req: Arc<str> = request(None, MAX_TOKENS, true).into();
     let tasks: Vec<_> = (0..SLOTS)
-        .map(|_| {
-            let (done, req) = (done.clone(), req.clone());
+        .map(|i| {
+            let (done, req, addr) = (done.clone(), req.clone(), BACKENDS[i % BACKENDS.len()]);
             tokio::spawn(async move {
                 while Instant::now() < end {
                     if exchange(addr, &req, true).await.0 == 200 {
@@ -328,6 +369,76 @@ async fn fast_path(paths: &[(&'static str, &'static str, Option<Tenant>)], round
     out
 }
 
+/// SMG's command line: its defaults as [`crate::compare::peers::args`] writes them for
+/// `least_load` (with generic workers its pick is the fewest in-flight requests, the nearest to
+/// ailb's least-loaded pick; its `cache_aware` would send these identical prompts to one server,
+/// and this row compares admission, not routing), plus the priority scheduler with `yaml`
+/// ([`SMG_PRIORITY_YAML`]), tenants from [`SMG_TENANT_HEADER`], and its concurrency limit at
+/// the fleet's [`SLOTS`].
+fn smg_args(yaml: &Path) -> anyhow::Result<Vec<String>> {
+    use crate::compare::{peers, policy::Policy};
+    let workers: Vec<String> = BACKENDS.iter().map(|b| format!("http://{b}")).collect();
+    let mut a = peers::args(Policy::SmgLeastLoad, SMG_LISTEN.parse()?, SMG_METRICS.parse()?, &workers);
+    a.extend(["--priority-scheduler-enabled".into(), "--priority-scheduler-config".into()]);
+    a.push(yaml.to_str().context("a UTF-8 temp path")?.to_string());
+    a.extend(["--trust-tenant-header".into(), "--tenant-header-name".into(), SMG_TENANT_HEADER.into()]);
+    a.extend(["--max-concurrent-requests".into(), SLOTS.to_string()]);
+    Ok(a)
+}
+
+/// The peer row's phases, or why it was not run.
+enum SmgRun {
+    Skipped(String),
+    Ran {
+        argv: Vec<String>,
+        alone: Vec<Record>,
+        over: Vec<Record>,
+        shares: Vec<Record>,
+        /// Its scheduler's metrics after the overload phase: `smg_scheduler_*` lines.
+        scheduler: Vec<String>,
+    },
+}
+
+/// Starts SMG in front of the fleet and offers it phases 2 to 4 (the rates of `x`).
+async fn smg_phases(x: f64, dur: Duration, dir: &Path) -> SmgRun {
+    use crate::compare::{peers, policy::Policy};
+    let venv = peers::smg_venv();
+    if let Some(why) = peers::missing(Policy::SmgLeastLoad, &venv) {
+        return SmgRun::Skipped(format!("SMG {why}"));
+    }
+    let yaml = dir.join("smg-priority.yaml");
+    let argv =
+        match std::fs::write(&yaml, SMG_PRIORITY_YAML).map_err(anyhow::Error::from).and_then(|()| smg_args(&yaml)) {
+            Ok(a) => a,
+            Err(e) => return SmgRun::Skipped(format!("SMG's config: {e:#}")),
+        };
+    let listen = match SMG_LISTEN.parse() {
+        Ok(l) => l,
+        Err(e) => return SmgRun::Skipped(format!("{SMG_LISTEN}: {e}")),
+    };
+    let started = tokio::task::block_in_place(|| {
+        peers::start_with_args(Policy::SmgLeastLoad, &venv, listen, argv.clone(), BACKENDS.len(), dir)
+    });
+    let _smg = match started {
+        Ok(p) => p,
+        Err(e) => return SmgRun::Skipped(format!("SMG did not start: {e:#}")),
+    };
+    eprintln!("overload: SMG alone");
+    let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
+    let alone = phase(SMG_LISTEN, &interactive, dur).await;
+    eprintln!("overload: SMG 4.5 X offered");
+    let over = phase(SMG_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
+    let scheduler = metrics(SMG_METRICS)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("smg_scheduler_") && !l.ends_with(" 0"))
+        .map(str::to_string)
+        .collect();
+    eprintln!("overload: SMG shares");
+    let shares = phase(SMG_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
+    SmgRun::Ran { argv, alone, over, shares, scheduler }
+}
+
 pub fn main(args: Args) -> anyhow::Result<()> {
     require_root();
     ensure_bpffs();
@@ -339,8 +450,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         bail!("{} is absent: build it with `cargo xtask build --release`, or name it with AILB_BIN", bin.display());
     }
     let dur = Duration::from_secs(args.phase_secs.max(3));
+    let work = tempfile::Builder::new().prefix("ailb-overload-").tempdir().context("a temp dir")?;
     let cg = CgroupGuard::new("overload");
-    let sims: Vec<SimServer> = BACKENDS.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "1"])).collect();
+    // Each server runs at most its share of the slots at once (more wait in its own queue, as
+    // in vLLM): the fleet's capacity is physical, so a router that does not read the memory
+    // hints (the peer) meets the same limit.
+    let per_server = (SLOTS / BACKENDS.len()).to_string();
+    let sims: Vec<SimServer> = BACKENDS
+        .iter()
+        .map(|b| SimServer::start(b, MODEL, &["--time-scale", "1", "--max-seqs", &per_server]))
+        .collect();
     let mut cfg = base_config("overload", &cg).service(MODEL, VIP);
     for addr in BACKENDS {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(FREE_MB));
@@ -361,7 +480,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report = rt.block_on(async {
         eprintln!("overload: capacity ({} s, {SLOTS} closed-loop clients)", dur.as_secs());
-        let x = capacity(PLAIN_LISTEN, dur).await;
+        let x = capacity(dur).await;
         if x <= 0.0 {
             bail!("no request was answered while measuring the fleet's rate");
         }
@@ -383,7 +502,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             ("front door, tenants + scheduler", TENANTS_LISTEN, Some(Tenant::Alpha)),
         ];
         let fast = fast_path(&paths, args.rounds).await;
-        Ok(render(x, dur, &alone, &over, inversions, &shares, &paths, &fast))
+        let smg = smg_phases(x, dur, work.path()).await;
+        let mut report = render(x, dur, &alone, &over, inversions, &shares, &paths, &fast);
+        render_smg(&mut report, &smg, (&alone, &over, &shares), dur);
+        Ok(report)
     })?;
     drop((with_tenants, plain, daemon, sims, cg));
     let out = crate::target_dir().join("bench/overload.md");
@@ -412,18 +534,15 @@ fn render(
     fast: &[Vec<Duration>],
 ) -> String {
     let mut r = String::new();
-    let p95_alone = percentile(ttfts(alone, true), 0.95);
-    let p95_over = percentile(ttfts(over, true), 0.95);
-    let ratio = match (p95_alone, p95_over) {
-        (Some(a), Some(o)) if !a.is_zero() => o.as_secs_f64() / a.as_secs_f64(),
-        _ => f64::NAN,
-    };
+    let (p95_alone, p95_over, ratio) = p95_ratio(alone, over);
     let _ = writeln!(r, "# Front door with tenants under overload\n");
     let _ = writeln!(
         r,
         "Two `ailb-sim` servers (1000 MB free each), admission by fleet memory, 250 MB per request: {SLOTS} in \
          flight at once; {MAX_TOKENS} tokens streamed per request. Fleet rate X = {x:.1} req/s ({SLOTS} \
-         closed-loop clients). Phases of {} s, Poisson arrivals.\n",
+         closed-loop clients straight to the servers, each running {} at once at most). Phases of {} s, \
+         Poisson arrivals.\n",
+        SLOTS / BACKENDS.len(),
         dur.as_secs()
     );
     let _ = writeln!(r, "## Interactive TTFT under 4.5 X offered (batch 3.6 X = 80 %, priority 0)\n");
@@ -464,9 +583,7 @@ fn render(
     );
     let _ = writeln!(r, "## Shares while backlogged (alpha and beta at 2.5 X each, one band)\n");
     let from = dur / 3;
-    let done = |t| shares.iter().filter(|r| r.tenant == t && r.status == 200 && r.sent >= from).count();
-    let (a, b) = (done(Tenant::Alpha), done(Tenant::Beta));
-    let share = a as f64 / (a + b).max(1) as f64;
+    let (a, b, share) = alpha_share(shares, dur);
     let off = (share / 0.75 - 1.0).abs();
     let _ = writeln!(r, "| tenant | weight | served (sent after {} s) | share | weight share |", from.as_secs());
     let _ = writeln!(r, "|---|---|---|---|---|");
@@ -493,4 +610,74 @@ fn render(
             writeln!(r, "| {name} | {} | {} | {} | {added} |", lat.len(), us(p50), us(percentile(lat.clone(), 0.99)));
     }
     r
+}
+
+/// The interactive TTFT P95 of `alone` and `over`, and their ratio.
+fn p95_ratio(alone: &[Record], over: &[Record]) -> (Option<Duration>, Option<Duration>, f64) {
+    let (a, o) = (percentile(ttfts(alone, true), 0.95), percentile(ttfts(over, true), 0.95));
+    let ratio = match (a, o) {
+        (Some(a), Some(o)) if !a.is_zero() => o.as_secs_f64() / a.as_secs_f64(),
+        _ => f64::NAN,
+    };
+    (a, o, ratio)
+}
+
+/// alpha's share of the requests served that were sent after the first third of `shares`.
+fn alpha_share(shares: &[Record], dur: Duration) -> (usize, usize, f64) {
+    let from = dur / 3;
+    let done = |t| shares.iter().filter(|r| r.tenant == t && r.status == 200 && r.sent >= from).count();
+    let (a, b) = (done(Tenant::Alpha), done(Tenant::Beta));
+    (a, b, a as f64 / (a + b).max(1) as f64)
+}
+
+/// The peer row beside ailb's, phase by phase.
+fn render_smg(r: &mut String, smg: &SmgRun, ailb: (&[Record], &[Record], &[Record]), dur: Duration) {
+    let _ = writeln!(r, "\n## The peer: SMG's priority scheduler and tenants, the same phases\n");
+    let SmgRun::Ran { argv, alone, over, shares, scheduler } = smg else {
+        if let SmgRun::Skipped(why) = smg {
+            let _ = writeln!(r, "Not run: {why}.");
+        }
+        return;
+    };
+    let _ = writeln!(
+        r,
+        "SMG 1.13.0 in front of the same two servers: `smg {}`, with this priority scheduler config \
+         (every request asks `x-smg-priority: interactive`; the tenant comes from `{SMG_TENANT_HEADER}`):\n\n```yaml\n{}```\n",
+        argv.join(" "),
+        SMG_PRIORITY_YAML
+    );
+    let (a_alone, a_over, a_ratio) = p95_ratio(ailb.0, ailb.1);
+    let (s_alone, s_over, s_ratio) = p95_ratio(alone, over);
+    let _ = writeln!(r, "| router | interactive TTFT P95 alone ms | with batch (4.5 X) ms | ratio | goal <= 1.5 |");
+    let _ = writeln!(r, "|---|---|---|---|---|");
+    let met = |x: f64| if x <= 1.5 { "met" } else { "NOT met" };
+    let _ = writeln!(r, "| ailb front door | {} | {} | {a_ratio:.2} | {} |", ms(a_alone), ms(a_over), met(a_ratio));
+    let _ = writeln!(r, "| SMG | {} | {} | {s_ratio:.2} | {} |", ms(s_alone), ms(s_over), met(s_ratio));
+    let _ = writeln!(r, "\n| SMG, tenant (overload phase) | sent | 200 | 429 | 408 | 503 | other |");
+    let _ = writeln!(r, "|---|---|---|---|---|---|---|");
+    for t in [Tenant::Alpha, Tenant::Beta, Tenant::Batch] {
+        let _ = writeln!(
+            r,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            t.name(),
+            count(over, t, |_| true),
+            count(over, t, |s| s == 200),
+            count(over, t, |s| s == 429),
+            count(over, t, |s| s == 408),
+            count(over, t, |s| s == 503),
+            count(over, t, |s| !matches!(s, 200 | 429 | 408 | 503)),
+        );
+    }
+    let (aa, ab, a_share) = alpha_share(ailb.2, dur);
+    let (sa, sb, s_share) = alpha_share(shares, dur);
+    let _ = writeln!(r, "\n| router | alpha served | beta served | alpha's share (weight share 0.750) |");
+    let _ = writeln!(r, "|---|---|---|---|");
+    let _ = writeln!(r, "| ailb front door (weights 3:1) | {aa} | {ab} | {a_share:.3} |");
+    let _ = writeln!(r, "| SMG (one class, FIFO: it has no tenant weights) | {sa} | {sb} | {s_share:.3} |");
+    let _ = writeln!(
+        r,
+        "\nSMG's scheduler after the overload phase (its nonzero `smg_scheduler_*` series, which show it \
+         admitted by class and clamped batch to `bulk`):\n\n```text\n{}\n```",
+        scheduler.join("\n")
+    );
 }
