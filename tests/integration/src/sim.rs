@@ -35,6 +35,33 @@ impl SimServer {
         Self { child, addr: addr.to_string() }
     }
 
+    /// One engine per address of `addrs` that tokenizes with the tokenizer in `tokenizer` and
+    /// publishes its KV events (vLLM's format, `block`-token blocks) on a free loopback port
+    /// each, at time scale 50; and those endpoints, in the same order.
+    pub fn start_publishing(addrs: &[&str], model: &str, tokenizer: &str, block: u32) -> (Vec<Self>, Vec<String>) {
+        let endpoints: Vec<String> =
+            addrs.iter().map(|_| format!("tcp://127.0.0.1:{}", crate::nacos::free_port())).collect();
+        let block = block.to_string();
+        let sims = addrs
+            .iter()
+            .zip(&endpoints)
+            .map(|(addr, ep)| {
+                let args = [
+                    "--tokenizer",
+                    tokenizer,
+                    "--kv-events-endpoint",
+                    ep,
+                    "--kv-block-size",
+                    &block,
+                    "--time-scale",
+                    "50",
+                ];
+                SimServer::start(addr, model, &args)
+            })
+            .collect();
+        (sims, endpoints)
+    }
+
     /// `ip:port`.
     pub fn addr(&self) -> &str {
         &self.addr

@@ -33,6 +33,15 @@ pub fn ailb_explain(bin: &Path, model: &str, listen: &str, bpffs: &str, args: &[
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ailb explain --json: {e}"))
 }
 
+/// The `prefix` object of model `model` in a status (its mode, map entries and counters).
+pub fn model_prefix(status: &Value, model: &str) -> Value {
+    status["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == model))
+        .map(|m| m["prefix"].clone())
+        .unwrap_or_else(|| panic!("no model {model} in status: {status}"))
+}
+
 /// The `generation` field.
 pub fn generation(status: &Value) -> u64 {
     status["generation"].as_u64().unwrap_or_else(|| panic!("status without a numeric generation: {status}"))

@@ -78,12 +78,7 @@ fn tenant_order(n: usize) -> Vec<usize> {
 }
 
 fn prefix_status(daemon: &Daemon) -> Value {
-    let status = daemon.status();
-    status["models"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
-        .map(|m| m["prefix"].clone())
-        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"))
+    ailb_tests::status::model_prefix(&daemon.status(), MODEL)
 }
 
 fn n(v: &Value, k: &str) -> u64 {
@@ -134,19 +129,7 @@ fn three_gateways_on_one_engine_fleet_agree_on_prefixes() {
     let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
     let bin = preflight();
     let started = Instant::now();
-    let endpoints: Vec<String> =
-        BACKENDS.iter().map(|_| format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port())).collect();
-    let _sims: Vec<SimServer> = BACKENDS
-        .iter()
-        .zip(&endpoints)
-        .map(|(addr, ep)| {
-            SimServer::start(
-                addr,
-                MODEL,
-                &["--tokenizer", &dir_s, "--kv-events-endpoint", ep, "--kv-block-size", "16", "--time-scale", "50"],
-            )
-        })
-        .collect();
+    let (_sims, endpoints) = SimServer::start_publishing(&BACKENDS, MODEL, &dir_s, 16);
     let cgs: Vec<CgroupGuard> = GATEWAYS.iter().map(|(name, _)| CgroupGuard::new(name)).collect();
     let daemons: Vec<Daemon> = GATEWAYS
         .iter()

@@ -51,12 +51,7 @@ fn by_tenant(results: &[ConnResult]) -> BTreeMap<usize, BTreeMap<String, usize>>
 }
 
 fn prefix_status(daemon: &Daemon) -> serde_json::Value {
-    let status = daemon.status();
-    let m = status["models"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
-        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"));
-    m["prefix"].clone()
+    ailb_tests::status::model_prefix(&daemon.status(), MODEL)
 }
 
 #[test]

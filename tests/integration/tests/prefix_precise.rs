@@ -47,12 +47,7 @@ fn chat(t: usize, u: usize) -> Value {
 }
 
 fn prefix_status(daemon: &Daemon) -> Value {
-    let status = daemon.status();
-    status["models"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
-        .map(|m| m["prefix"].clone())
-        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"))
+    ailb_tests::status::model_prefix(&daemon.status(), MODEL)
 }
 
 #[test]
@@ -64,19 +59,7 @@ fn tenants_follow_what_the_engines_report_cached() {
     let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-precise");
-    let endpoints: Vec<String> =
-        BACKENDS.iter().map(|_| format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port())).collect();
-    let sims: Vec<SimServer> = BACKENDS
-        .iter()
-        .zip(&endpoints)
-        .map(|(addr, ep)| {
-            SimServer::start(
-                addr,
-                MODEL,
-                &["--tokenizer", &dir_s, "--kv-events-endpoint", ep, "--kv-block-size", "16", "--time-scale", "50"],
-            )
-        })
-        .collect();
+    let (sims, endpoints) = SimServer::start_publishing(&BACKENDS, MODEL, &dir_s, 16);
     let mut cfg = base_config("prefix-precise", &cg).service(MODEL, VIP);
     cfg.listen = Some(METRICS.to_string());
     for (addr, ep) in BACKENDS.iter().zip(&endpoints) {
