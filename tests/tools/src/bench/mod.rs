@@ -117,19 +117,25 @@ pub(crate) fn ailb_under_test() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A report's title and the machine it ran on, with the command that reproduces it.
+fn heading(title: &str, command: &str) -> String {
+    let mut report = String::new();
+    let _ = writeln!(report, "# {title}\n");
+    let _ = writeln!(
+        report,
+        "Machine: {} cores, kernel {}. Reproduce: `{command}` (as root).\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        run(Command::new("uname").arg("-r"), "uname").trim()
+    );
+    report
+}
+
 /// Every section, in a namespace, a cgroup and a temp dir of their own; returns the report.
 fn everything(bin: &std::path::Path) -> String {
     let work = tempfile::Builder::new().prefix("ailb-bench-").tempdir().expect("tempdir");
     let ns = Netns::new();
     let cg = CgroupGuard::new("bench");
-    let mut report = String::new();
-    let _ = writeln!(report, "# ailb data-plane benchmarks\n");
-    let _ = writeln!(
-        report,
-        "Machine: {} cores, kernel {}. Reproduce: `cargo xtask bench` (as root).\n",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        run(Command::new("uname").arg("-r"), "uname").trim()
-    );
+    let mut report = heading("ailb data-plane benchmarks", "cargo xtask bench");
     let _servers = http::Servers::start(&ns, work.path());
     say("backends, nginx proxy and haproxy ready");
     let ipvs = http::Ipvs::setup(&ns);
@@ -153,14 +159,7 @@ fn everything(bin: &std::path::Path) -> String {
 fn bpf_only(bin: &std::path::Path) -> String {
     let ns = Netns::new();
     let cg = CgroupGuard::new("bench-bpf");
-    let mut report = String::new();
-    let _ = writeln!(report, "# ailb data-plane benchmarks: BPF run time only\n");
-    let _ = writeln!(
-        report,
-        "Machine: {} cores, kernel {}. Reproduce: `ailb-bench --bpf-only` (as root).",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        run(Command::new("uname").arg("-r"), "uname").trim()
-    );
+    let mut report = heading("ailb data-plane benchmarks: BPF run time only", "ailb-bench --bpf-only");
     let daemon = Daemon::start(bin, &daemon_config(&cg));
     say("ailb daemon ready");
     bpf::connect4_run_time(&ns, &cg, &daemon, &mut report);
