@@ -472,7 +472,7 @@ fn start_balancer(
     if policy == Policy::TenantPinned {
         return Ok(Balancer { router: None, daemon: None, addrs });
     }
-    let mut cfg = config(policy, cg, servers, block)?;
+    let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
     let front =
         (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
     if let Some(listen) = front {
@@ -524,7 +524,13 @@ fn gateway_keys(policy: Policy, tokenizer: &Path) -> String {
 /// load, free KV memory from its KV cache and the tiny model's bytes per token); the prefix
 /// policies add the model's `prefix` mode, and precise mode each server's KV-event sockets
 /// with its real block size.
-fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer], block: u64) -> anyhow::Result<TestConfig> {
+fn config(
+    policy: Policy,
+    cg: &CgroupGuard,
+    servers: &[VllmServer],
+    block: u64,
+    load_factor: f64,
+) -> anyhow::Result<TestConfig> {
     let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
         Policy::RoundRobin => {
@@ -541,8 +547,9 @@ fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer], block: u64) 
             cfg.load_factor = 1.01;
         }
         // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
-        // by that interval).
-        _ => {}
+        // by that interval); the load bound's factor is `--ailb-load-factor` (default 1.25,
+        // the daemon's).
+        _ => cfg.load_factor = load_factor,
     }
     let sampled = policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb);
     for s in servers {
