@@ -21,6 +21,12 @@ Files written:
                           block removed, then everything cleared
     bytes_hashes.msgpack  the same with 32-byte hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)
     extra_keys.msgpack    a salted block and a LoRA block (the fields the engine fills for them)
+    engine_int_hashes.msgpack
+                          int_hashes' prompt with the fields a running engine fills for every
+                          block (seen on vLLM 0.32.0 for CPU's own publisher): `extra_keys` one
+                          None per block, `group_idx` 0 (also on removals) and
+                          `kv_cache_spec_kind` "full_attention" (`BlockPool` and
+                          `KVCacheManager.take_events` set them)
     version.txt           the vLLM and msgspec versions and each struct's encoding and fields
 """
 
@@ -88,8 +94,28 @@ def stored(hashes, parent, tokens, **extra):
     return BlockStored(**kwargs)
 
 
-def removed(hashes):
-    return BlockRemoved(block_hashes=hashes, medium="GPU")
+def removed(hashes, **extra):
+    fields = {f.name for f in msgspec.structs.fields(BlockRemoved)}
+    return BlockRemoved(block_hashes=hashes, medium="GPU", **{k: v for k, v in extra.items() if k in fields})
+
+
+def engine_stored(hashes, parent, tokens):
+    return stored(hashes, parent, tokens, extra_keys=[None] * len(hashes), group_idx=0,
+                  kv_cache_spec_kind="full_attention")
+
+
+def engine_prompt(h):
+    """`prompt` as the engine's block pool writes it."""
+    return KVEventBatch(
+        ts=TS,
+        events=[
+            engine_stored([h[0], h[1]], None, TOKENS[: 2 * BLOCK]),
+            engine_stored([h[2], h[3]], h[1], TOKENS[2 * BLOCK :]),
+            removed([h[3]], group_idx=0),
+            AllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
 
 
 def prompt(h):
@@ -126,6 +152,7 @@ def main() -> None:
         "int_hashes.msgpack": prompt(ints),
         "bytes_hashes.msgpack": prompt(byts),
         "extra_keys.msgpack": salted,
+        "engine_int_hashes.msgpack": engine_prompt(ints),
     }
     for name, batch in files.items():
         with open(os.path.join(out, name), "wb") as f:

@@ -40,9 +40,11 @@
 //!    nothing waits. Its report is written to `target/bench/overload.md`.
 //! 10. The race on real engines (`--only real-engine`, not part of a plain `cargo xtask bench`:
 //!     about 30 minutes, two real vLLM for CPU servers of 3-4 GB each): `ailb-compare --engine
-//!     vllm`, round robin L4, ailb both ways in, SMG `cache_aware` and `prefix_hash` and
-//!     vllm-router `cache_aware` in front of the same servers, on a shared-prefix mix and a
-//!     slice of the Mooncake trace; report in `docs/results/real-engine/`.
+//!     vllm`, round robin L4, ailb both ways in, its front door with the prefix-aware pick
+//!     (approximate, and precise on the servers' KV events), the tenant-pinned oracle, SMG
+//!     `cache_aware` and `prefix_hash` and vllm-router `cache_aware` in front of the same
+//!     servers, on a shared-prefix mix and a slice of the Mooncake trace; report in
+//!     `docs/results/real-engine/`.
 //! 11. The long fuzz run: every cargo-fuzz target of `tests/fuzz` for `--fuzz-minutes` (10)
 //!     minutes each, from its seeds and the corpus earlier runs grew (`cargo xtask test` runs each
 //!     for 10 seconds). A crash stops the run and names the input; it becomes a unit test beside
@@ -432,7 +434,7 @@ fn real_engine() -> Result<()> {
     let bin = util::target_dir().join("release/ailb-compare");
     let out = util::workspace_root().join("docs/results/real-engine");
     let step =
-        Step::start("real engines: ailb-compare --engine vllm, 2 servers, 2 workloads x 6 policies (about 30 minutes)");
+        Step::start("real engines: ailb-compare --engine vllm, 2 servers, 2 workloads x 9 policies (about 30 minutes)");
     let mut cmd = std::process::Command::new(&bin);
     cmd.env("AILB_BIN", util::ailb_bin("release"))
         .args(["--engine", "vllm", "--trace"])

@@ -342,6 +342,8 @@ mod vllm_fixtures {
     const INT_HASHES: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/int_hashes.msgpack");
     const BYTES_HASHES: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/bytes_hashes.msgpack");
     const EXTRA_KEYS: &[u8] = include_bytes!("../../../tests/engines/fixtures/kv_events/extra_keys.msgpack");
+    const ENGINE_INT_HASHES: &[u8] =
+        include_bytes!("../../../tests/engines/fixtures/kv_events/engine_int_hashes.msgpack");
 
     const BLOCK: NonZeroU32 = match NonZeroU32::new(16) {
         Some(b) => b,
@@ -382,6 +384,19 @@ mod vllm_fixtures {
             keys_after_each(&batch),
             vec![sorted(keys[..2].to_vec()), sorted(keys.clone()), sorted(keys[..3].to_vec()), vec![]]
         );
+    }
+
+    /// A running engine fills `extra_keys` with one nil per block, `group_idx` 0 and
+    /// `kv_cache_spec_kind`: the same blocks, the same keys.
+    #[test]
+    fn the_fields_a_running_engine_fills_change_nothing() {
+        let batch = decode_batch(ENGINE_INT_HASHES).expect("vLLM's batch decodes");
+        let KvEvent::BlockStored(first) = &batch.events[0] else { panic!("{:?}", batch.events[0]) };
+        assert_eq!((first.has_extra_keys.as_slice(), first.group_idx), (&[false, false][..], Some(0)));
+        let KvEvent::BlockRemoved(removed) = &batch.events[2] else { panic!("{:?}", batch.events[2]) };
+        assert_eq!(removed.group_idx, Some(0));
+        let plain = decode_batch(INT_HASHES).expect("decodes");
+        assert_eq!(keys_after_each(&batch), keys_after_each(&plain));
     }
 
     #[test]

@@ -64,6 +64,41 @@ impl Engine {
     }
 }
 
+/// The loopback ports of a server's KV-event sockets: its PUB socket (`endpoint`) and its
+/// replay ROUTER socket (`replay_endpoint`). The engine is given `tcp://*:port`: a wildcard
+/// makes vLLM bind both (a plain address makes it connect the PUB socket instead), and a
+/// subscriber connects to `tcp://127.0.0.1:port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvEventPorts {
+    pub publisher: u16,
+    pub replay: u16,
+}
+
+impl KvEventPorts {
+    /// Two free loopback ports.
+    pub fn free() -> Self {
+        Self { publisher: free_port(), replay: free_port() }
+    }
+
+    /// vLLM's `--kv-events-config` for these ports (ZMQ publisher, empty topic).
+    pub fn config_arg(&self) -> String {
+        format!(
+            r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{}", "replay_endpoint": "tcp://*:{}", "topic": ""}}"#,
+            self.publisher, self.replay
+        )
+    }
+
+    /// Where a subscriber connects: `tcp://127.0.0.1:publisher`.
+    pub fn endpoint(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.publisher)
+    }
+
+    /// The replay socket, `tcp://127.0.0.1:replay`.
+    pub fn replay_endpoint(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.replay)
+    }
+}
+
 /// A running `vllm.entrypoints.openai.api_server` on `127.0.0.1:port`, its output in a file.
 pub struct VllmServer {
     child: Child,
@@ -71,12 +106,18 @@ pub struct VllmServer {
     name: String,
     log: tempfile::NamedTempFile,
     started: Instant,
+    kv_events: Option<KvEventPorts>,
 }
 
 impl VllmServer {
     /// Spawns a server of `engine`'s model under the name `served` on a free loopback port,
     /// with `extra` arguments (`--max-model-len` 8192 unless they set it); returns at once ([`Self::wait_ready`] waits for `/health`).
     pub fn spawn(engine: &Engine, served: &str, extra: &[&str]) -> Self {
+        Self::spawn_with(engine, served, extra, None)
+    }
+
+    /// [`Self::spawn`], publishing its KV-cache events on `kv_events` when given.
+    pub fn spawn_with(engine: &Engine, served: &str, extra: &[&str], kv_events: Option<KvEventPorts>) -> Self {
         let port = free_port();
         let log = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
         let out = log.reopen().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
@@ -110,8 +151,11 @@ impl VllmServer {
         if !extra.contains(&"--max-model-len") {
             cmd.args(["--max-model-len", "8192"]);
         }
+        if let Some(kv) = &kv_events {
+            cmd.arg("--kv-events-config").arg(kv.config_arg());
+        }
         let child = cmd.spawn().unwrap_or_else(|e| panic!("starting vLLM ({}): {e}", engine.python.display()));
-        Self { child, port, name: served.to_string(), log, started: Instant::now() }
+        Self { child, port, name: served.to_string(), log, started: Instant::now(), kv_events }
     }
 
     /// Waits until `/health` answers 200, at most `timeout`; panics with the log's tail when the
@@ -139,6 +183,11 @@ impl VllmServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Its KV-event sockets, when it publishes them.
+    pub fn kv_events(&self) -> Option<KvEventPorts> {
+        self.kv_events
     }
 
     /// The name it serves the model under.
@@ -234,7 +283,20 @@ impl Drop for VllmServer {
 /// Starts one server per name side by side and waits for all of them (`timeout` each from its
 /// spawn); prints the start-up time and resident memory of each.
 pub fn start_servers(engine: &Engine, names: &[&str], extra: &[&str], timeout: Duration) -> Vec<VllmServer> {
-    let mut servers: Vec<VllmServer> = names.iter().map(|n| VllmServer::spawn(engine, n, extra)).collect();
+    start_servers_with(engine, names, extra, false, timeout)
+}
+
+/// [`start_servers`]; with `kv_events`, each server publishes its KV-cache events on free
+/// ports of its own ([`VllmServer::kv_events`]).
+pub fn start_servers_with(
+    engine: &Engine,
+    names: &[&str],
+    extra: &[&str],
+    kv_events: bool,
+    timeout: Duration,
+) -> Vec<VllmServer> {
+    let mut servers: Vec<VllmServer> =
+        names.iter().map(|n| VllmServer::spawn_with(engine, n, extra, kv_events.then(KvEventPorts::free))).collect();
     for s in &mut servers {
         let took = s.wait_ready(timeout);
         eprintln!("vLLM {} on {} ready in {:.1}s", s.served(), s.addr(), took.as_secs_f64());

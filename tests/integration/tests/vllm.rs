@@ -11,7 +11,13 @@
 //!   with no header stays on one server, whose own `vllm:prefix_cache_hits_total` shows the
 //!   second turn read the first turn's prompt from the cache; completions sharing a long prefix
 //!   go to one server and the second is read from its cache; a client that disconnects
-//!   mid-stream takes the request off the server (`vllm:num_requests_running` back to 0).
+//!   mid-stream takes the request off the server (`vllm:num_requests_running` back to 0);
+//! - precise prefix mode on the servers' own KV events (each publishes on ports of its own):
+//!   `ailb run` follows them into the kernel's prefix map (`kv_block_size` = the servers' real
+//!   block size), the front door sends token-exact keys of the tiny model's tokenizer; a
+//!   tenant's first long chat grows the map by its full blocks, its later chats (other users'
+//!   questions, no session header) go to the server that holds its system prompt, and
+//!   `/reset_prefix_cache` on that server (`AllBlocksCleared`) removes its entries.
 //!
 //! What the simulator got wrong about a real server is written down in `docs/engines.md`.
 
@@ -23,7 +29,9 @@ use std::time::{Duration, Instant};
 use ailb_tests::http::{post_json, OpenStream, Reply};
 use ailb_tests::nacos::{free_port, RnacosServer};
 use ailb_tests::status::backend;
-use ailb_tests::vllm::{agent_config, filler, start_servers, Engine, VllmServer, KV_BYTES_PER_TOKEN, KV_CACHE_GIB};
+use ailb_tests::vllm::{
+    agent_config, filler, start_servers_with, Engine, VllmServer, KV_BYTES_PER_TOKEN, KV_CACHE_GIB,
+};
 use ailb_tests::{base_config, preflight, report_skipped, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess};
 use serde_json::{json, Value};
 
@@ -39,10 +47,16 @@ fn real_vllm_servers_behind_ailb() {
     };
     let bin = preflight();
     let t0 = Instant::now();
-    let servers = start_servers(&engine, &[MODEL, MODEL], &[], Duration::from_secs(420));
+    // `/reset_prefix_cache` is one of vLLM's development endpoints; the servers inherit this.
+    std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
+    let servers = start_servers_with(&engine, &[MODEL, MODEL], &[], true, Duration::from_secs(420));
     eprintln!("two vLLM servers ready {:.1}s after the first spawn", t0.elapsed().as_secs_f64());
 
     the_metrics_the_agent_reads_are_there(&servers[0]);
+    // First, while the servers' caches are empty: the map's growth is then the first chat's.
+    let t = Instant::now();
+    precise_prefix_follows_the_servers_kv_events(&bin, &engine, &servers);
+    eprintln!("precise prefix on real KV events checked in {:.1}s", t.elapsed().as_secs_f64());
     one_box_and_the_front_door(&bin, &servers);
     the_agent_publishes_a_real_server_and_the_table_follows(&bin, &servers[0]);
     eprintln!("all checks against real vLLM done in {:.1}s", t0.elapsed().as_secs_f64());
@@ -310,6 +324,143 @@ fn one_box_and_the_front_door(bin: &Path, servers: &[VllmServer]) {
     });
     eprintln!("vLLM stopped the abandoned request {:.2}s after the client closed", t.elapsed().as_secs_f64());
     assert!(gateway.log().lines().all(|l| !l.contains("panicked")), "{}", gateway.log());
+    drop(gateway);
+    drop(daemon);
+}
+
+/// The model's `prefix` object in `ailb status`.
+fn prefix_status(daemon: &Daemon) -> Value {
+    let status = daemon.status();
+    status["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == MODEL))
+        .map(|m| m["prefix"].clone())
+        .unwrap_or_else(|| panic!("no model {MODEL} in status: {status}"))
+}
+
+/// Tenant `t`'s chat for its user `u`: a long system prompt of its own (several blocks), a
+/// question of the user's.
+fn tenant_chat(t: u64, u: u64) -> Value {
+    json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": format!("You are tenant {t}'s assistant. {}", filler(100 + t, 700))},
+        {"role": "user", "content": format!("user {u} of tenant {t} asks: {}", filler(1000 + 10 * t + u, 12))}]})
+}
+
+fn precise_prefix_follows_the_servers_kv_events(bin: &Path, engine: &Engine, servers: &[VllmServer]) {
+    const TENANTS: u64 = 2;
+    const LATER: u64 = 3;
+    let wait = Duration::from_secs(20);
+    let block = servers[0].cache_config("block_size").expect("block_size in vllm:cache_config_info");
+    let dir = engine.model.to_str().expect("a UTF-8 model path");
+    let cg = CgroupGuard::new("vllm-precise");
+    let vip = "127.77.31.2:8000";
+    let listen = "127.0.31.2:18032";
+    let mut cfg = base_config("vllm-precise", &cg).service(MODEL, vip);
+    for s in servers {
+        let kv = s.kv_events().expect("the servers publish KV events");
+        let mut b = BackendCfg::new(MODEL, &s.addr(), 1).free_memory_mb(20000);
+        b.extra = format!(
+            "kv_events = \"{}\"\nkv_replay = \"{}\"\nkv_block_size = {block}\n",
+            kv.endpoint(),
+            kv.replay_endpoint()
+        );
+        cfg = cfg.backend(b);
+    }
+    // Fresh upstream connections: a kept one counts in flight for a moment after its answer,
+    // and the load bound may then overrule the prefix, by design.
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nprefix = \"precise\"\n\n[gateway]\nlisten = [\"{listen}\"]\nprefix_keys = true\n\
+         upstream_reuse = \"never\"\n[gateway.tokenizers]\n\"{MODEL}\" = \"{dir}\"\n[gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n"
+    );
+    let daemon = Daemon::start(bin, &cfg);
+    let addr: SocketAddr = listen.parse().expect("listen address");
+    let gateway = GatewayProcess::start(bin, daemon.config_path(), &cg, addr);
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let send = |t: u64, u: u64| -> (String, u64) {
+        let r = post_json(listen, "/v1/chat/completions", &[], &tenant_chat(t, u));
+        assert_eq!(r.status, 200, "tenant {t} user {u}: {r:?}\n{}", gateway.log());
+        let at = r.header("x-ailb-backend").unwrap_or_else(|| panic!("no x-ailb-backend: {r:?}")).to_string();
+        (at, r.json()["usage"]["prompt_tokens"].as_u64().unwrap_or(0))
+    };
+    assert_eq!(n(&prefix_status(&daemon), "entries"), 0, "nothing cached yet: {}", prefix_status(&daemon));
+
+    // The blocks a chat stores: each full block's token prefix, by the server's own tokenizer
+    // (`/tokenize` renders the chat template as a chat request does); the map holds one entry
+    // per distinct prefix (a block key names its whole prefix).
+    let prefixes = |t: u64, u: u64| -> Vec<Vec<u64>> {
+        let mut body = tenant_chat(t, u);
+        body.as_object_mut().expect("an object").remove("max_tokens");
+        let r = post_json(&servers[0].addr(), "/tokenize", &[], &body);
+        assert_eq!(r.status, 200, "/tokenize: {r:?}");
+        let ids: Vec<u64> = r.json()["tokens"].as_array().expect("tokens").iter().filter_map(Value::as_u64).collect();
+        (1..=ids.len() as u64 / block).map(|b| ids[..(b * block) as usize].to_vec()).collect()
+    };
+    let mut held: Vec<(String, BTreeSet<Vec<u64>>)> = Vec::new();
+    let expect = |held: &Vec<(String, BTreeSet<Vec<u64>>)>, skip: Option<&str>| -> u64 {
+        let all: BTreeSet<&Vec<u64>> =
+            held.iter().filter(|(at, _)| Some(at.as_str()) != skip).flat_map(|(_, p)| p.iter()).collect();
+        all.len() as u64
+    };
+
+    // Each tenant's first chat: the server that runs it reports its full blocks stored, and
+    // the daemon writes one entry per block.
+    let mut first = Vec::new();
+    for t in 0..TENANTS {
+        let (at, prompt) = send(t, 0);
+        let p = prefixes(t, 0);
+        assert_eq!(prompt / block, p.len() as u64, "tenant {t}: /tokenize and the chat agree on the prompt");
+        assert!(p.len() >= 4, "tenant {t}'s chat is several blocks: {prompt} tokens");
+        held.push((at.clone(), p.into_iter().collect()));
+        let want = expect(&held, None);
+        wait_until("the daemon to write the first chat's blocks", wait, || {
+            Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e == want)
+        });
+        eprintln!("tenant {t}'s first chat on {at}: {prompt} prompt tokens; prefix entries now {want}");
+        first.push(at);
+    }
+    let before = prefix_status(&daemon);
+    for u in 1..=LATER {
+        for t in 0..TENANTS {
+            let (at, _) = send(t, u);
+            assert_eq!(
+                at, first[t as usize],
+                "tenant {t} user {u}: must follow the server that reported its system prompt cached"
+            );
+            held.push((at, prefixes(t, u).into_iter().collect()));
+        }
+    }
+    let want = expect(&held, None);
+    wait_until("the map to hold the later chats' blocks too", wait, || {
+        Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e == want)
+    });
+    let after = prefix_status(&daemon);
+    eprintln!("prefix before the later chats {before}; after {after}");
+    let later = TENANTS * LATER;
+    assert_eq!(after["mode"], "precise");
+    assert_eq!(n(&after, "used") - n(&before, "used"), later, "every later chat took its prefix's holder: {after}");
+    assert_eq!(n(&after, "learned"), 0, "precise mode learns nothing from picks: {after}");
+    // The front door's token keys are the daemon's keys of the engine's own token ids.
+    assert!(n(&after, "keys_found") > n(&before, "keys_found"), "{after}");
+
+    // A cache reset on tenant 0's server. vLLM queues `AllBlocksCleared` and publishes it with
+    // the batch of its next scheduler step, so a short request (less than a block: nothing
+    // stored) makes it go out.
+    let target = servers.iter().find(|s| s.addr() == first[0]).expect("tenant 0's server");
+    // It refuses (`"success": false`) while any block is in use: every request has finished.
+    let r = post_json(&target.addr(), "/reset_prefix_cache", &[], &json!({}));
+    assert!(r.status == 200 && r.body.replace(' ', "").contains("\"success\":true"), "reset: {r:?}");
+    let r =
+        post_json(&target.addr(), "/v1/completions", &[], &json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}));
+    assert_eq!(r.status, 200, "{r:?}");
+    let want = expect(&held, Some(&first[0]));
+    wait_until("the reset server's entries, and only those, to leave the map", wait, || {
+        Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e == want)
+    });
+    eprintln!("after the reset of {}: {want} entries (the other server's)", target.addr());
+    let log = daemon.log();
+    for bad in ["kv event batch skipped", "not replayable", "answer skipped"] {
+        assert!(!log.contains(bad), "the daemon logged {bad:?} following real vLLM:\n{log}");
+    }
     drop(gateway);
     drop(daemon);
 }

@@ -15,7 +15,9 @@
 //! [`Publisher`] sends them as vLLM's `ZmqEventPublisher` does: a PUB socket, one message
 //! `[topic, seq (8 bytes, big-endian), payload]` per batch, `seq` from 0, the payload
 //! `[ts, events, data_parallel_rank]` in msgpack with each event a map tagged by `"type"`
-//! (fields equal to their default left out, as msgspec writes them); the last `buffer_steps`
+//! (fields equal to their default left out, as msgspec writes them; the fields a running engine
+//! fills for every block are filled: `extra_keys` one nil per block, `group_idx` 0 and
+//! `kv_cache_spec_kind` `"full_attention"`, as vLLM 0.32.0 for CPU was seen to send them); the last `buffer_steps`
 //! batches kept for a ROUTER socket that answers `["", start_seq]` with every batch it holds
 //! from `start_seq` on, `["", topic, seq, payload]` each, then `["", "", -1, ""]`.
 
@@ -32,6 +34,8 @@ use crate::gpu::{CacheChange, BLOCK_TOKENS};
 
 /// The medium of every block the simulated GPU holds.
 const MEDIUM: &str = "GPU";
+/// The KV-cache spec of the simulated model's one group (a plain decoder's, as vLLM names it).
+const SPEC_KIND: &str = "full_attention";
 
 /// The chain's start for a prompt's first block (vLLM's `NONE_HASH` plays this part).
 const ROOT: u64 = 0x6169_6c62_2d73_696d;
@@ -109,8 +113,9 @@ pub fn encode_batch(ts: f64, events: &[Event], data_parallel_rank: i64) -> Vec<u
     let events = events
         .iter()
         .map(|e| match e {
-            // The fields without a default are always written (None as nil); those with one
-            // (`extra_keys`, `group_idx`, ...) are left out at their default.
+            // The fields without a default are always written (None as nil); of those with one,
+            // the engine fills `extra_keys` (one nil per block: no extra keys), `group_idx` (its
+            // one KV-cache group, 0) and `kv_cache_spec_kind`; the others are left out.
             Event::Stored { hashes, parent, tokens, block_size } => Value::Map(vec![
                 (s("type"), s("BlockStored")),
                 (s("block_hashes"), ints(hashes)),
@@ -120,11 +125,15 @@ pub fn encode_batch(ts: f64, events: &[Event], data_parallel_rank: i64) -> Vec<u
                 (s("lora_id"), Value::Nil),
                 (s("medium"), s(MEDIUM)),
                 (s("lora_name"), Value::Nil),
+                (s("extra_keys"), Value::Array(vec![Value::Nil; hashes.len()])),
+                (s("group_idx"), Value::from(0)),
+                (s("kv_cache_spec_kind"), s(SPEC_KIND)),
             ]),
             Event::Removed { hashes } => Value::Map(vec![
                 (s("type"), s("BlockRemoved")),
                 (s("block_hashes"), ints(hashes)),
                 (s("medium"), s(MEDIUM)),
+                (s("group_idx"), Value::from(0)),
             ]),
             Event::Cleared => Value::Map(vec![(s("type"), s("AllBlocksCleared"))]),
         })

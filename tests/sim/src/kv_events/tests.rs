@@ -5,8 +5,9 @@ use ailb_userspace::kv_events::{decode_batch, BlockIndex, EngineHash, KvEvent};
 
 use super::*;
 
-/// vLLM 0.32.0's own encoding of a batch (`tests/engines/kv_events_fixture.py`).
-const VLLM_INT_HASHES: &[u8] = include_bytes!("../../../engines/fixtures/kv_events/int_hashes.msgpack");
+/// vLLM 0.32.0's own encoding of a batch with the fields a running engine fills
+/// (`tests/engines/kv_events_fixture.py`).
+const VLLM_INT_HASHES: &[u8] = include_bytes!("../../../engines/fixtures/kv_events/engine_int_hashes.msgpack");
 
 fn int(h: &EngineHash) -> u64 {
     match h {

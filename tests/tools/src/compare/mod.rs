@@ -146,6 +146,9 @@ pub type NotRun = (Policy, String);
 /// installed, with the reason (a row of their own in the report).
 fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
     let mut policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(p) = policies.iter().find(|p| p.real_engines_only()) {
+        anyhow::bail!("--policies: {} runs only with --engine vllm (in front of real servers)", p.key());
+    }
     let have_nginx = Command::new("nginx").arg("-v").stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     if policies.contains(&Policy::Nginx) && !have_nginx {
         eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");

@@ -38,6 +38,9 @@ pub fn style(policy: Policy) -> LineStyle {
         Policy::SmgLeastLoad => (14, Dash::Long),
         Policy::VllmCacheAware => (4, Dash::Dot),
         Policy::VllmConsistentHash => (10, Dash::Dot),
+        Policy::AilbGatewayPrecise => (0, Dash::Long),
+        Policy::AilbGatewayApprox => (1, Dash::Long),
+        Policy::TenantPinned => (7, Dash::Short),
     };
     LineStyle::new(PALETTE[color], dash)
 }

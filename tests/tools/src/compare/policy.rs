@@ -33,6 +33,16 @@ pub enum Policy {
     SmgLeastLoad,
     VllmCacheAware,
     VllmConsistentHash,
+    /// ailb through its front door with the prefix-aware pick in precise mode: `ailb run`
+    /// follows the engines' KV events, the front door sends token-exact keys (real engines only).
+    AilbGatewayPrecise,
+    /// The same in approximate mode: the kernel learns from its own picks, the front door sends
+    /// text keys (no tokenizer configured).
+    AilbGatewayApprox,
+    /// The oracle of the shared-prefix mix, no balancer: the client sends every request of
+    /// tenant `t` straight to server `t % servers` (a conversation of the trace counts as a
+    /// tenant). Each tenant's prompt is cached on one server only; real engines only.
+    TenantPinned,
 }
 
 impl Policy {
@@ -54,10 +64,14 @@ impl Policy {
             "smg-least-load" => Self::SmgLeastLoad,
             "vllm-cache-aware" => Self::VllmCacheAware,
             "vllm-consistent-hash" => Self::VllmConsistentHash,
+            "ailb-gateway-precise" => Self::AilbGatewayPrecise,
+            "ailb-gateway-approx" => Self::AilbGatewayApprox,
+            "tenant-pinned" => Self::TenantPinned,
             other => bail!(
                 "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
                  ailb-gateway-admission, ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, \
-                 smg-cache-aware, smg-prefix-hash, smg-least-load, vllm-cache-aware, vllm-consistent-hash)"
+                 smg-cache-aware, smg-prefix-hash, smg-least-load, vllm-cache-aware, vllm-consistent-hash; with \
+                 --engine vllm also ailb-gateway-precise, ailb-gateway-approx, tenant-pinned)"
             ),
         })
     }
@@ -68,10 +82,18 @@ impl Policy {
         matches!(self, Self::Ailb | Self::AilbStatic)
     }
 
+    /// Whether the policy runs only in front of real engines (`--engine vllm`): the prefix
+    /// policies, whose keys and KV events need a real tokenizer and engine, and the oracle.
+    pub fn real_engines_only(self) -> bool {
+        matches!(self, Self::AilbGatewayPrecise | Self::AilbGatewayApprox | Self::TenantPinned)
+    }
+
     /// The ailb behind `ailb gateway` for a front-door policy (`None` for every other).
     pub fn behind_front_door(self) -> Option<Policy> {
         match self {
-            Self::AilbGateway | Self::AilbGatewayAdmission => Some(Self::Ailb),
+            Self::AilbGateway | Self::AilbGatewayAdmission | Self::AilbGatewayPrecise | Self::AilbGatewayApprox => {
+                Some(Self::Ailb)
+            }
             Self::AilbStaticGateway => Some(Self::AilbStatic),
             _ => None,
         }
@@ -87,7 +109,13 @@ impl Policy {
     pub fn is_ailb(self) -> bool {
         matches!(
             self,
-            Self::Ailb | Self::AilbStatic | Self::AilbGateway | Self::AilbGatewayAdmission | Self::AilbStaticGateway
+            Self::Ailb
+                | Self::AilbStatic
+                | Self::AilbGateway
+                | Self::AilbGatewayAdmission
+                | Self::AilbStaticGateway
+                | Self::AilbGatewayPrecise
+                | Self::AilbGatewayApprox
         )
     }
 
@@ -110,6 +138,9 @@ impl Policy {
             Self::SmgLeastLoad => "smg-least-load",
             Self::VllmCacheAware => "vllm-cache-aware",
             Self::VllmConsistentHash => "vllm-consistent-hash",
+            Self::AilbGatewayPrecise => "ailb-gateway-precise",
+            Self::AilbGatewayApprox => "ailb-gateway-approx",
+            Self::TenantPinned => "tenant-pinned",
         }
     }
     /// The policy's name in the report.
@@ -131,6 +162,9 @@ impl Policy {
             Self::SmgLeastLoad => "SMG least load",
             Self::VllmCacheAware => "vllm-router cache-aware",
             Self::VllmConsistentHash => "vllm-router consistent hash",
+            Self::AilbGatewayPrecise => "ailb (front door, prefix precise)",
+            Self::AilbGatewayApprox => "ailb (front door, prefix approximate)",
+            Self::TenantPinned => "tenant pinned (oracle)",
         }
     }
 }

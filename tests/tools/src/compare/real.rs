@@ -24,9 +24,15 @@
 //! Policies: `round-robin`, `random`, `least-conn` (the kernel's L4 baselines on a static
 //! config), `ailb` (the kernel pick of the one-box `ailb run`, which samples each server's
 //! `/metrics` itself: load, KV memory; affinity by the socket's conversation tag where the
-//! workload has one), `ailb-gateway` (that daemon with its front door `ailb gateway`), and the
-//! peer routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key
-//! length set per workload, see [`prefix_token_count`]).
+//! workload has one), `ailb-gateway` (that daemon with its front door `ailb gateway`),
+//! `ailb-gateway-approx` (the same with the prefix-aware pick, `prefix = "approximate"`: the
+//! kernel learns from its own picks, the front door sends text keys), `ailb-gateway-precise`
+//! (`prefix = "precise"`: the daemon follows every server's KV events, which the servers then
+//! publish on ports of their own, and the front door sends token-exact keys of the servers'
+//! tokenizer in blocks of their real block size), the oracle `tenant-pinned` (no balancer:
+//! the client sends tenant `t`'s requests straight to server `t % servers`), and the peer
+//! routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key length
+//! set per workload, see [`prefix_token_count`]).
 
 pub mod client;
 pub mod report;
@@ -57,7 +63,9 @@ pub const MODEL: &str = "tiny-llama";
 /// `vllm:cache_config_info` once they are up).
 const CPU_BLOCK_TOKENS: u64 = 128;
 /// The policies raced when `--policies` is left at its default.
-pub const DEFAULT_POLICIES: &str = "round-robin,ailb,ailb-gateway,smg-cache-aware,smg-prefix-hash,vllm-cache-aware";
+pub const DEFAULT_POLICIES: &str =
+    "round-robin,ailb,ailb-gateway,ailb-gateway-approx,ailb-gateway-precise,tenant-pinned,\
+                                     smg-cache-aware,smg-prefix-hash,vllm-cache-aware";
 
 /// One policy on one workload, measured.
 pub struct Row {
@@ -78,6 +86,9 @@ pub struct Row {
     /// How often `ailb run` took a server out of its table during the run (its log's "backend
     /// excluded" lines: a failed or late `/health` or `/metrics` answer), `None` without ailb.
     pub exclusions: Option<usize>,
+    /// The model's `prefix` object of `ailb status` at the end of the run (its mode, entries
+    /// and counters), for the policies with the prefix-aware pick on.
+    pub prefix: Option<serde_json::Value>,
 }
 
 /// What every row shares: the servers and the workloads.
@@ -145,7 +156,9 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     );
     let names = vec![MODEL; args.servers];
     let t0 = Instant::now();
-    let servers = vllm::start_servers(&engine, &names, &extra, Duration::from_secs(600));
+    // Only precise mode follows the servers' KV events; they publish them only then.
+    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
+    let servers = vllm::start_servers_with(&engine, &names, &extra, kv_events, Duration::from_secs(600));
     let setup = Setup {
         servers: servers.len(),
         block_size: servers[0].cache_config("block_size"),
@@ -196,13 +209,21 @@ fn real_policies(args: &Args) -> anyhow::Result<Vec<Policy>> {
     let list = if args.policies == super::args::DEFAULT_POLICIES { DEFAULT_POLICIES } else { &args.policies };
     let policies = list.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
     for p in &policies {
-        let fits =
-            matches!(p, Policy::RoundRobin | Policy::Random | Policy::LeastConn | Policy::Ailb | Policy::AilbGateway)
-                || peers::binary(*p).is_some();
+        let fits = matches!(
+            p,
+            Policy::RoundRobin
+                | Policy::Random
+                | Policy::LeastConn
+                | Policy::Ailb
+                | Policy::AilbGateway
+                | Policy::AilbGatewayApprox
+                | Policy::AilbGatewayPrecise
+                | Policy::TenantPinned
+        ) || peers::binary(*p).is_some();
         if !fits {
             bail!(
-                "--policies: {} does not run with --engine vllm (round-robin, random, least-conn, ailb, ailb-gateway \
-                 and the peer routers do)",
+                "--policies: {} does not run with --engine vllm (round-robin, random, least-conn, ailb, ailb-gateway, \
+                 ailb-gateway-approx, ailb-gateway-precise, tenant-pinned and the peer routers do)",
                 p.key()
             );
         }
@@ -322,6 +343,7 @@ fn probe() -> RealRequest {
         session: None,
         tag_conversation: None,
         memory_mb: 0,
+        tenant: None,
     }
 }
 
@@ -404,8 +426,9 @@ fn wait_idle(servers: &[VllmServer], limit: Duration) -> anyhow::Result<()> {
 struct Balancer {
     router: Option<Proc>,
     daemon: Option<Daemon>,
-    /// Where the client sends.
-    addr: SocketAddrV4,
+    /// Where the client sends: one address, or (`tenant-pinned`) the servers, a tenant's
+    /// requests to one of them.
+    addrs: Vec<SocketAddrV4>,
 }
 
 /// SMG `prefix_hash`'s key length for a workload, tokens. Its docs: the key should cover what
@@ -444,18 +467,25 @@ fn start_balancer(
             a[at + 1] = prefix_token_count(kind, args).to_string();
         }
         let router = peers::start_with_args(policy, &peers::venv_of(policy), listen, a, addrs.len(), dir)?;
-        return Ok(Balancer { router: Some(router), daemon: None, addr: listen });
+        return Ok(Balancer { router: Some(router), daemon: None, addrs: vec![listen] });
     }
-    let mut cfg = config(policy, cg, servers);
-    let front = (policy == Policy::AilbGateway).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
+    if policy == Policy::TenantPinned {
+        return Ok(Balancer { router: None, daemon: None, addrs });
+    }
+    let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
+    let front =
+        (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
     if let Some(listen) = front {
+        // The servers' own model folder: its tokenizer and chat template are theirs.
+        let tokenizer = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?.model;
         cfg.extra.push_str(&format!(
-            "\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {KV_BYTES_PER_TOKEN}\n\
-             [gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n"
+            "\n[gateway]\nlisten = [\"{listen}\"]\n{keys}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {KV_BYTES_PER_TOKEN}\n\
+             [gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n",
+            keys = gateway_keys(policy, &tokenizer)
         ));
     }
     let daemon = Daemon::start(ailb, &cfg);
-    if matches!(policy, Policy::Ailb | Policy::AilbGateway) {
+    if policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb) {
         // The one-box daemon samples every server itself before it weighs them.
         let deadline = Instant::now() + Duration::from_secs(15);
         while !servers.iter().all(|s| {
@@ -467,20 +497,40 @@ fn start_balancer(
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let mut b = Balancer { router: None, daemon: None, addr: VIP.parse().context("VIP")? };
+    let mut b = Balancer { router: None, daemon: None, addrs: vec![VIP.parse().context("VIP")?] };
     if let Some(listen) = front {
         b.router = Some(front_door::start(ailb, daemon.config_path(), Some(cg), listen, dir)?);
-        b.addr = listen;
+        b.addrs = vec![listen];
     }
     b.daemon = Some(daemon);
     Ok(b)
 }
 
+/// The `[gateway]` lines of the prefix keys: text keys for approximate mode (no tokenizer),
+/// token-exact keys of the model's own tokenizer for precise mode; none for the others.
+fn gateway_keys(policy: Policy, tokenizer: &Path) -> String {
+    match policy {
+        Policy::AilbGatewayApprox => "prefix_keys = true\n".to_string(),
+        Policy::AilbGatewayPrecise => {
+            format!("prefix_keys = true\n[gateway.tokenizers]\n\"{MODEL}\" = \"{}\"\n", tokenizer.display())
+        }
+        _ => String::new(),
+    }
+}
+
 /// `ailb run`'s config for a kernel policy over the real servers: the L4 baselines on a
 /// static table as in the simulated race; ailb with the daemon's defaults (affinity, load
 /// bound 1.25, 20 s affinity wait, each server's `/metrics` and `/health` sampled every 500 ms:
-/// load, free KV memory from its KV cache and the tiny model's bytes per token).
-fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfig {
+/// load, free KV memory from its KV cache and the tiny model's bytes per token); the prefix
+/// policies add the model's `prefix` mode, and precise mode each server's KV-event sockets
+/// with its real block size.
+fn config(
+    policy: Policy,
+    cg: &CgroupGuard,
+    servers: &[VllmServer],
+    block: u64,
+    load_factor: f64,
+) -> anyhow::Result<TestConfig> {
     let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
     match policy {
         Policy::RoundRobin => {
@@ -497,10 +547,11 @@ fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfi
             cfg.load_factor = 1.01;
         }
         // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
-        // by that interval).
-        _ => {}
+        // by that interval); the load bound's factor is `--ailb-load-factor` (default 1.25,
+        // the daemon's).
+        _ => cfg.load_factor = load_factor,
     }
-    let sampled = matches!(policy, Policy::Ailb | Policy::AilbGateway);
+    let sampled = policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb);
     for s in servers {
         let mut b = BackendCfg::new(MODEL, &s.addr(), 1);
         if sampled {
@@ -509,9 +560,25 @@ fn config(policy: Policy, cg: &CgroupGuard, servers: &[VllmServer]) -> TestConfi
                 a = s.addr()
             );
         }
+        if policy == Policy::AilbGatewayPrecise {
+            let kv = s.kv_events().with_context(|| format!("vLLM on {} publishes no KV events", s.addr()))?;
+            b.extra.push_str(&format!(
+                "kv_events = \"{}\"\nkv_replay = \"{}\"\nkv_block_size = {block}\n",
+                kv.endpoint(),
+                kv.replay_endpoint()
+            ));
+        }
         cfg = cfg.backend(b);
     }
-    cfg
+    let mode = match policy {
+        Policy::AilbGatewayPrecise => Some("precise"),
+        Policy::AilbGatewayApprox => Some("approximate"),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        cfg.extra.push_str(&format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"{mode}\"\n"));
+    }
+    Ok(cfg)
 }
 
 #[expect(clippy::too_many_arguments, reason = "the parts of one run")]
@@ -533,7 +600,8 @@ fn run_policy(
     let out = dir.path().join("records.json");
     let me = std::env::current_exe().context("finding this binary")?;
     let mut cmd = Command::new(me);
-    cmd.args(["--engine", "vllm", "--real-worker", &balancer.addr.to_string()])
+    let to: Vec<String> = balancer.addrs.iter().map(SocketAddrV4::to_string).collect();
+    cmd.args(["--engine", "vllm", "--real-worker", &to.join(",")])
         .arg("--worker-in")
         .arg(requests)
         .arg("--worker-out")
@@ -551,7 +619,7 @@ fn run_policy(
         kind.key(),
         policy.title(),
         args.concurrency,
-        balancer.addr
+        to.join(",")
     );
     let cpu0 = balancer.router.as_ref().and_then(|r| super::cpu::process_cpu_s(r.child.id()));
     let child = spawn_in_cgroup(&mut cmd, cg.path());
@@ -567,6 +635,14 @@ fn run_policy(
     }
     let exclusions =
         balancer.daemon.as_ref().map(|d| d.log().lines().filter(|l| l.contains("backend excluded")).count());
+    let prefix = balancer
+        .daemon
+        .as_ref()
+        .filter(|_| matches!(policy, Policy::AilbGatewayPrecise | Policy::AilbGatewayApprox))
+        .and_then(|d| {
+            let status = d.status();
+            status["models"].as_array()?.iter().find(|m| m["name"] == MODEL).map(|m| m["prefix"].clone())
+        });
     drop(balancer);
     let text = std::fs::read_to_string(&out).context("reading the client worker's records")?;
     let (records, wall_s): (Vec<Record>, f64) = serde_json::from_str(&text).context("parsing the records")?;
@@ -580,6 +656,7 @@ fn run_policy(
         per_server: before.iter().zip(&after).map(|(b, a)| (a.2 - b.2).round() as u64).collect(),
         router_cpu_s: super::cpu::used(cpu0, cpu1),
         exclusions,
+        prefix,
     })
 }
 
@@ -657,7 +734,10 @@ fn keep_logs(args: &Args, kind: Kind, policy: Policy, b: &Balancer, dir: &Path, 
 pub fn worker(args: &Args, addr: &str) -> anyhow::Result<()> {
     let input: PathBuf = args.worker_in.clone().context("--real-worker needs --worker-in")?;
     let out = args.worker_out.clone().context("--real-worker needs --worker-out")?;
-    let addr: SocketAddrV4 = addr.parse().with_context(|| format!("--real-worker {addr}"))?;
+    let addrs: Vec<SocketAddrV4> = addr
+        .split(',')
+        .map(|a| a.parse().with_context(|| format!("--real-worker {addr}: {a:?} is not an IPv4 address and port")))
+        .collect::<anyhow::Result<_>>()?;
     let text = std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
     let mut requests: Vec<RealRequest> = serde_json::from_slice(&text).context("parsing the requests")?;
     if args.untagged {
@@ -666,7 +746,7 @@ pub fn worker(args: &Args, addr: &str) -> anyhow::Result<()> {
             r.memory_mb = 0;
         }
     }
-    let (records, wall_s) = client::run(addr, &requests, args.concurrency, Duration::from_secs_f64(args.deadline_s));
+    let (records, wall_s) = client::run(&addrs, &requests, args.concurrency, Duration::from_secs_f64(args.deadline_s));
     std::fs::write(&out, serde_json::to_vec(&(records, wall_s))?)
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(())

@@ -41,16 +41,25 @@ impl Record {
     }
 }
 
-/// Sends `requests` to `addr` with `concurrency` threads; requests not started by `deadline`
-/// are failures ("not sent"). Returns the records in index order and the wall time, s.
-pub fn run(addr: SocketAddrV4, requests: &[RealRequest], concurrency: usize, deadline: Duration) -> (Vec<Record>, f64) {
+/// Sends `requests` to `addrs` with `concurrency` threads; requests not started by `deadline`
+/// are failures ("not sent"). With one address every request goes there; with more (the
+/// `tenant-pinned` oracle) a request of tenant `t` goes to `addrs[t % len]`, one without a
+/// tenant by its index. Returns the records in index order and the wall time, s.
+pub fn run(
+    addrs: &[SocketAddrV4],
+    requests: &[RealRequest],
+    concurrency: usize,
+    deadline: Duration,
+) -> (Vec<Record>, f64) {
+    assert!(!addrs.is_empty(), "the client needs an address");
+    let addrs = Arc::new(addrs.to_vec());
     let start = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let records = Arc::new(Mutex::new(Vec::with_capacity(requests.len())));
     let requests = Arc::new(requests.to_vec());
     let workers: Vec<_> = (0..concurrency.max(1))
         .map(|_| {
-            let (next, records, requests) = (next.clone(), records.clone(), requests.clone());
+            let (next, records, requests, addrs) = (next.clone(), records.clone(), requests.clone(), addrs.clone());
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(req) = requests.get(i) else { break };
@@ -62,7 +71,7 @@ pub fn run(addr: SocketAddrV4, requests: &[RealRequest], concurrency: usize, dea
                         ..Default::default()
                     }
                 } else {
-                    send(addr, i, req, left)
+                    send(addrs[req.tenant.unwrap_or(i) % addrs.len()], i, req, left)
                 };
                 records.lock().unwrap_or_else(|p| p.into_inner()).push(rec);
             })

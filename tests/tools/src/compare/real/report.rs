@@ -15,6 +15,7 @@ use crate::chart::{label_font, panel_font, title_font, DrawError, AXIS};
 use crate::compare::args::Args;
 use crate::compare::peers;
 use crate::compare::plots::style;
+use crate::compare::policy::Policy;
 
 pub fn fmt_ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.0}"))
@@ -97,6 +98,25 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
                 r.exclusions.map_or("-".into(), |n| n.to_string()),
             );
         }
+        let of = |p: Policy| rows.iter().find(|r| r.workload == *kind && r.policy == p);
+        if let (Some(precise), Some(pinned)) = (of(Policy::AilbGatewayPrecise), of(Policy::TenantPinned)) {
+            let _ = writeln!(
+                md,
+                "\n{} cached tokens / {} cached tokens: **{}** ({:.0} / {:.0} prompt tokens from the caches; goal: at \
+                 least 90 %).",
+                Policy::AilbGatewayPrecise.title(),
+                Policy::TenantPinned.title(),
+                ratio(precise.hit_tokens, pinned.hit_tokens),
+                precise.hit_tokens,
+                pinned.hit_tokens
+            );
+        }
+        for r in rows.iter().filter(|r| r.workload == *kind) {
+            if let Some(p) = &r.prefix {
+                let _ =
+                    writeln!(md, "\n{}: the kernel's prefix counters at the end of the run: `{p}`.", r.policy.title());
+            }
+        }
         let kinds: std::collections::BTreeMap<String, usize> = rows
             .iter()
             .filter(|r| r.workload == *kind)
@@ -150,6 +170,15 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
     md
 }
 
+/// `a / b` as a percentage, `-` when `b` is 0.
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.1} %", a / b * 100.0)
+    } else {
+        "-".to_string()
+    }
+}
+
 fn to_json(setup: &Setup, rows: &[Row]) -> serde_json::Value {
     json!({
         "servers": setup.servers, "block_size": setup.block_size, "kv_blocks": setup.kv_blocks,
@@ -160,6 +189,7 @@ fn to_json(setup: &Setup, rows: &[Row]) -> serde_json::Value {
             "usage_cached_share": r.usage_cached_share(),
             "ttft_ms": {"p50": r.ttft(50.0), "p95": r.ttft(95.0)}, "e2e_ms": {"p50": r.e2e(50.0), "p95": r.e2e(95.0)},
             "per_server": r.per_server, "router_cpu_s": r.router_cpu_s, "ailb_exclusions": r.exclusions,
+            "prefix": r.prefix,
         })).collect::<Vec<_>>(),
     })
 }

@@ -40,6 +40,10 @@ pub struct RealRequest {
     pub tag_conversation: Option<String>,
     /// The socket's memory tag for ailb's kernel pick: the request's KV need, MiB.
     pub memory_mb: u32,
+    /// The tenant (shared-prefix) or conversation (trace, numbered in the order of their first
+    /// turn) the request belongs to: where the `tenant-pinned` oracle sends it.
+    #[serde(default)]
+    pub tenant: Option<usize>,
 }
 
 /// A workload of the real-engine race.
@@ -129,6 +133,7 @@ fn shared_prefix(s: &Sizes, model: &str) -> (Vec<RealRequest>, String) {
             session: None,
             tag_conversation: None,
             memory_mb: memory_mb(bytes, s.max_tokens, s.kv_bytes_per_token),
+            tenant: Some(tenant),
         });
     }
     let what = format!(
@@ -183,7 +188,10 @@ fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealR
     }
     let picked: Vec<RequestSpec> = specs.iter().filter(|x| chosen.contains(x.conversation.as_str())).cloned().collect();
     let mut out = Vec::new();
+    let mut numbers: HashMap<&str, usize> = HashMap::new();
     for spec in &picked {
+        let next = numbers.len();
+        let tenant = *numbers.entry(spec.conversation.as_str()).or_insert(next);
         let bytes = bytes_of(spec);
         let max_tokens = max_tokens_of(spec);
         let mut text = String::with_capacity(bytes + chunk);
@@ -204,6 +212,7 @@ fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealR
             session: Some(spec.conversation.clone()),
             tag_conversation: Some(spec.conversation.clone()),
             memory_mb: memory_mb(bytes, max_tokens, s.kv_bytes_per_token),
+            tenant: Some(tenant),
         });
     }
     let reuse = ailb_sim::replay::oracle_prefix_hit_rate(&picked).unwrap_or(0.0);

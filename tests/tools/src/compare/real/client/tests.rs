@@ -6,12 +6,23 @@ use super::*;
 /// A one-connection server on loopback that reads a request (head and `Content-Length` body),
 /// answers `reply` and returns what it received.
 fn serve_once(reply: &'static str) -> (SocketAddrV4, std::thread::JoinHandle<String>) {
+    let (addr, t) = serve(1, reply);
+    (addr, std::thread::spawn(move || t.join().expect("server").remove(0)))
+}
+
+/// [`serve_once`] for `n` connections one after another; returns what each received.
+fn serve(n: usize, reply: &'static str) -> (SocketAddrV4, std::thread::JoinHandle<Vec<String>>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = match l.local_addr().expect("addr") {
         std::net::SocketAddr::V4(a) => a,
         other => panic!("not v4: {other}"),
     };
-    let t = std::thread::spawn(move || {
+    let t = std::thread::spawn(move || (0..n).map(|_| one(&l, reply)).collect());
+    (addr, t)
+}
+
+fn one(l: &TcpListener, reply: &str) -> String {
+    {
         let (s, _) = l.accept().expect("accept");
         let mut r = BufReader::new(s.try_clone().expect("clone"));
         let (mut head, mut line, mut len) = (String::new(), String::new(), 0usize);
@@ -31,8 +42,27 @@ fn serve_once(reply: &'static str) -> (SocketAddrV4, std::thread::JoinHandle<Str
         let mut s = s;
         s.write_all(reply.as_bytes()).expect("write");
         head + &String::from_utf8_lossy(&body)
-    });
-    (addr, t)
+    }
+}
+
+#[test]
+fn with_several_addresses_each_tenant_goes_to_one_of_them() {
+    const OK: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 61\r\n\r\n\
+                      data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
+    let (a, ta) = serve(3, OK);
+    let (b, tb) = serve(2, OK);
+    // Tenants 0, 1, 2, 0, 1 over two addresses: 0 and 2 to the first, 1 to the second.
+    let requests: Vec<RealRequest> = [0, 1, 2, 0, 1]
+        .iter()
+        .map(|&t| RealRequest { tenant: Some(t), session: Some(format!("tenant-{t}")), ..req(None) })
+        .collect();
+    let (records, _) = run(&[a, b], &requests, 1, Duration::from_secs(10));
+    assert!(records.iter().all(Record::ok), "{records:?}");
+    let tenants = |got: Vec<String>| -> Vec<String> {
+        got.iter().map(|r| r.split("X-Session-ID: ").nth(1).unwrap_or("").lines().next().unwrap_or("").into()).collect()
+    };
+    assert_eq!(tenants(ta.join().expect("server a")), ["tenant-0", "tenant-2", "tenant-0"]);
+    assert_eq!(tenants(tb.join().expect("server b")), ["tenant-1", "tenant-1"]);
 }
 
 fn req(session: Option<&str>) -> RealRequest {
@@ -41,6 +71,7 @@ fn req(session: Option<&str>) -> RealRequest {
         session: session.map(str::to_string),
         tag_conversation: None,
         memory_mb: 0,
+        tenant: None,
     }
 }
 
