@@ -206,7 +206,9 @@ impl Workload {
 
 /// The request list of a run (the same in every policy's replay and in the report).
 pub fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
-    Ok(if args.synthetic {
+    Ok(if args.shared_prefix {
+        replay::shared_prefix_specs(&args.shared_prefix_opts(), trace::DEFAULT_KV_MB_PER_TOKEN, MODEL)
+    } else if args.synthetic {
         let opts = SyntheticOpts {
             requests: args.limit,
             conversations_per_s: args.rate,
@@ -228,10 +230,11 @@ pub fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
 fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
     let mut specs = build_specs(args)?;
     if args.untagged {
+        // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
+        replay::untag(&mut specs);
+    } else if args.prefix_keys {
         for s in &mut specs {
-            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
-            s.tag_socket = false;
-            s.memory_mb = 0;
+            s.prefix_keys = true;
         }
     }
     let opts = RunOpts {
