@@ -74,6 +74,8 @@ pub struct Args {
     pub rtx3090: usize,
     /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb,
     /// ailb-static, ailb-gateway, ailb-static-gateway (the two ailbs through `ailb gateway`),
+    /// ailb-prefix, ailb-gateway-prefix (ailb in full with `prefix = "approximate"`, through the
+    /// socket ABI with the prompt's prefix keys or through the front door with `prefix_keys`),
     /// nginx (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH), and the peer
     /// routers sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash,
     /// smg-least-load, vllm-cache-aware, vllm-consistent-hash.
