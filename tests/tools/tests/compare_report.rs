@@ -55,6 +55,7 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
             },
         ],
         prefix_tokens: None,
+        prefix_counters: BTreeMap::new(),
         failure_kinds,
         util_series: (0..30)
             .map(|t| (t as f64 * 0.25, vec![(t as f64 / 30.0) * k, if t % 5 == 0 { f64::NAN } else { 0.5 }]))
@@ -214,7 +215,15 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
     let outs = vec![
         with_tokens(outcome(Policy::RoundRobin, 1.7, 3), 2_000.0),
         with_tokens(outcome(Policy::AilbGateway, 1.0, 1), 3_000.0),
-        with_tokens(outcome(Policy::AilbPrefix, 0.5, 0), 7_000.0),
+        {
+            let mut o = with_tokens(outcome(Policy::AilbPrefix, 0.5, 0), 7_000.0);
+            o.prefix_counters =
+                [("lookups", 20.0), ("found", 18.0), ("used", 15.0), ("overruled_load", 3.0), ("keys_sent", 260.0)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+            o
+        },
         with_tokens(outcome(Policy::AilbGatewayPrefix, 0.6, 2), 7_500.0),
         with_tokens(outcome(Policy::SmgCacheAware, 1.0, 2), 8_000.0),
         with_tokens(outcome(Policy::VllmCacheAware, 0.9, 2), 6_000.0),
@@ -243,4 +252,9 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
     assert!(!md.contains(lines[2]), "no ailb row without prefix ran: no failure line for the socket ABI's: {md}");
     assert!(md.contains(lines[3]), "{} in {md}", lines[3]);
     assert!(md.contains("shared prefix, 20 requests: 8 tenants"), "{md}");
+    let counters = "ailb, prefix approximate: the kernel's prefix pick (`ailb_prefix_*` at the end): 20 connects \
+                    with keys, 18 found a holder, 15 used one, 3 overruled by load, 0 by memory; keys found 0 of 260 \
+                    sent; 0 entries.";
+    assert!(md.contains(counters), "{counters} in {md}");
+    assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
 }

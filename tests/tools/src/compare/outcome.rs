@@ -41,6 +41,9 @@ pub struct Outcome {
     /// The fleet's prompt tokens found in the GPUs' prefix caches, and all they were asked, by
     /// the simulated servers' own counters (`None`: not read).
     pub prefix_tokens: Option<(f64, f64)>,
+    /// The kernel's prefix-pick counters at the end of the replay (`ailb_prefix_*` of `ailb
+    /// run`'s `/metrics`: lookups, found, used, overruled_load, ...); empty without them.
+    pub prefix_counters: BTreeMap<String, f64>,
     /// Failed requests by kind ("HTTP 400", "connect refused", ...).
     pub failure_kinds: BTreeMap<String, usize>,
     /// Utilisation samples over time: (seconds since the replay started, one value per GPU).
@@ -93,6 +96,7 @@ impl Outcome {
             e2e_by_index,
             gpus,
             prefix_tokens: None,
+            prefix_counters: BTreeMap::new(),
             failure_kinds,
             util_series,
             window_s,

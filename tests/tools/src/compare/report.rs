@@ -178,6 +178,24 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
             o.requests()
         );
     }
+    for o in outs.iter().filter(|o| !o.prefix_counters.is_empty()) {
+        let c = |k: &str| o.prefix_counters.get(k).copied().unwrap_or(0.0);
+        let _ = writeln!(
+            s,
+            "\n{}: the kernel's prefix pick (`ailb_prefix_*` at the end): {:.0} connects with keys, {:.0} found a \
+             holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent; {:.0} \
+             entries.",
+            o.policy.title(),
+            c("lookups"),
+            c("found"),
+            c("used"),
+            c("overruled_load"),
+            c("overruled_memory"),
+            c("keys_found"),
+            c("keys_sent"),
+            c("entries")
+        );
+    }
     let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();
     let ailbs: Vec<&Outcome> = outs.iter().filter(|o| o.policy.is_ailb()).collect();
     if peers.is_empty() || ailbs.is_empty() {

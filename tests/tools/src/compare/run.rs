@@ -44,6 +44,11 @@ pub fn run_policy(
     let replayed =
         sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, balancer.daemon_http, policy, args, start)?;
     let cpu_after = balancer.cpu_s();
+    let prefix_counters = if policy.prefix_mode().is_some() {
+        balancer.daemon_http.and_then(weights::prefix_counters).unwrap_or_default()
+    } else {
+        Default::default()
+    };
     if !replayed.status.success() {
         bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
     }
@@ -58,6 +63,7 @@ pub fn run_policy(
     let mut outcome =
         Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s);
     outcome.prefix_tokens = prefix_tokens;
+    outcome.prefix_counters = prefix_counters;
     outcome.router_cpu_s = cpu::used(cpu_before.0, cpu_after.0);
     outcome.daemon_cpu_s = cpu::used(cpu_before.1, cpu_after.1);
     outcome.weights = WeightStats::of(&replayed.weights, replayed.wall_s);
