@@ -126,6 +126,7 @@ fn spec(index: usize, at_ms: u64, conversation: &str) -> RequestSpec {
         hash_ids: vec![0, 5, 6],
         model: "sim-7b".into(),
         tag_socket: true,
+        prefix_keys: false,
     }
 }
 

@@ -16,7 +16,7 @@ pub type DrawError = DrawingAreaErrorKind<std::io::Error>;
 /// Tableau 10, a qualitative palette whose colours stay apart on white and for most colour
 /// vision deficiencies; with five dark additions for plots of more than ten lines (the fleet
 /// comparison draws fifteen policies, each in its own colour).
-pub const PALETTE: [RGBColor; 15] = [
+pub const PALETTE: [RGBColor; 17] = [
     RGBColor(0x1f, 0x77, 0xb4), // blue
     RGBColor(0xff, 0x7f, 0x0e), // orange
     RGBColor(0x2c, 0xa0, 0x2c), // green
@@ -32,6 +32,8 @@ pub const PALETTE: [RGBColor; 15] = [
     RGBColor(0x1b, 0x5e, 0x20), // dark green
     RGBColor(0x80, 0x00, 0x00), // maroon
     RGBColor(0xb8, 0x86, 0x0b), // dark goldenrod
+    RGBColor(0x00, 0x80, 0x80), // teal
+    RGBColor(0xd9, 0x5f, 0x02), // dark orange
 ];
 
 /// The axes and frames: dark grey, so that no curve (the palette's black included) is taken

@@ -54,6 +54,8 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
                 prefix_hit: None,
             },
         ],
+        prefix_tokens: None,
+        prefix_counters: BTreeMap::new(),
         failure_kinds,
         util_series: (0..30)
             .map(|t| (t as f64 * 0.25, vec![(t as f64 / 30.0) * k, if t % 5 == 0 { f64::NAN } else { 0.5 }]))
@@ -200,4 +202,59 @@ fn the_lines_against_the_peers_are_unchanged() {
     assert!(md.contains("round robin L4 0 (kernel pick)"), "{md}");
     assert!(md.contains("nginx L7 round robin n/a (not read)"), "{md}");
     assert!(md.contains("ailb (front door) 15.00 s"), "0.3 s over 20 requests: {md}");
+}
+
+/// With the GPUs' counters read, the report gives every policy's prompt tokens from the cache
+/// and ailb's best against the best peer's on each, with the goal met or not.
+#[test]
+fn the_tokens_from_the_cache_and_the_goal_lines() {
+    let with_tokens = |mut o: Outcome, hit: f64| {
+        o.prefix_tokens = Some((hit, 10_000.0));
+        o
+    };
+    let outs = vec![
+        with_tokens(outcome(Policy::RoundRobin, 1.7, 3), 2_000.0),
+        with_tokens(outcome(Policy::AilbGateway, 1.0, 1), 3_000.0),
+        {
+            let mut o = with_tokens(outcome(Policy::AilbPrefix, 0.5, 0), 7_000.0);
+            o.prefix_counters =
+                [("lookups", 20.0), ("found", 18.0), ("used", 15.0), ("overruled_load", 3.0), ("keys_sent", 260.0)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+            o
+        },
+        with_tokens(outcome(Policy::AilbGatewayPrefix, 0.6, 2), 7_500.0),
+        with_tokens(outcome(Policy::SmgCacheAware, 1.0, 2), 8_000.0),
+        with_tokens(outcome(Policy::VllmCacheAware, 0.9, 2), 6_000.0),
+    ];
+    let args = Args::parse_from(["ailb-compare", "--shared-prefix", "--limit", "20"]);
+    let (_, workload) = workloads().into_iter().next().expect("a workload");
+    let md = report::markdown(&args, &outs, &workload);
+    for row in [
+        "| ailb, prefix approximate | 70.0 % (7000 of 10000) | 6 / 50 | 0 of 20 |",
+        "| SMG cache-aware | 80.0 % (8000 of 10000) | 12 / 99 | 2 of 20 |",
+    ] {
+        assert!(md.contains(row), "{row} in {md}");
+    }
+    // The best of ailb's rows on each measure against the best peer's on it.
+    let lines = [
+        "- prompt tokens from the cache: ailb's best 75.0 % (ailb (front door), prefix approximate) against the \
+         best peer's 80.0 % (SMG cache-aware): 0.94x; goal >= 1.00x: not met.",
+        "- TTFT p95: ailb's best 50 ms (ailb, prefix approximate) against the best peer's 89 ms (vllm-router \
+         cache-aware): 0.56x; goal <= 0.80x: met.",
+        "- failures, ailb, prefix approximate: 0 against 0 of ailb (today's)",
+        "- failures, ailb (front door), prefix approximate: 2 against 1 of ailb (front door) (today's); goal no more: not met.",
+    ];
+    for l in &lines[..2] {
+        assert!(md.contains(l), "{l} in {md}");
+    }
+    assert!(!md.contains(lines[2]), "no ailb row without prefix ran: no failure line for the socket ABI's: {md}");
+    assert!(md.contains(lines[3]), "{} in {md}", lines[3]);
+    assert!(md.contains("shared prefix, 20 requests: 8 tenants"), "{md}");
+    let counters = "ailb, prefix approximate: the kernel's prefix pick (`ailb_prefix_*` at the end): 20 connects \
+                    with keys, 18 found a holder, 15 used one, 3 overruled by load, 0 by memory; keys found 0 of 260 \
+                    sent; 0 entries.";
+    assert!(md.contains(counters), "{counters} in {md}");
+    assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
 }

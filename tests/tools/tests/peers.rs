@@ -59,6 +59,7 @@ fn spec(index: usize, hash_ids: Vec<u64>, prompt_tokens: u32) -> RequestSpec {
         hash_ids,
         model: "sim-7b".into(),
         tag_socket: false,
+        prefix_keys: false,
     }
 }
 

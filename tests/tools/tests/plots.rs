@@ -14,13 +14,15 @@ use ailb_tools::compare::policy::Policy;
 use serde_json::json;
 
 /// Every policy the comparison knows.
-const ALL: [Policy; 15] = [
+const ALL: [Policy; 17] = [
     Policy::RoundRobin,
     Policy::Random,
     Policy::LeastConn,
     Policy::Ailb,
     Policy::AilbStatic,
     Policy::AilbGateway,
+    Policy::AilbPrefix,
+    Policy::AilbGatewayPrefix,
     Policy::AilbStaticGateway,
     Policy::Nginx,
     Policy::SglangCacheAware,

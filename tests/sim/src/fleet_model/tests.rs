@@ -12,6 +12,7 @@ fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec 
         hash_ids: vec![],
         model: "m".into(),
         tag_socket: true,
+        prefix_keys: false,
     }
 }
 

@@ -45,6 +45,10 @@ pub struct RequestSpec {
     /// (`false`: a client of an L4 or L7 balancer, which knows neither). The conversation is
     /// sent as `X-Session-ID` either way.
     pub tag_socket: bool,
+    /// Whether a tagged socket also carries the prompt's text prefix keys (`AILB_PREFIX`:
+    /// `ailb_common::prefix::text_keys` of the prompt text, the ones `prefix::sent` picks), for
+    /// ailb's prefix-aware kernel pick.
+    pub prefix_keys: bool,
 }
 
 impl RequestSpec {
@@ -52,7 +56,25 @@ impl RequestSpec {
     /// the prompt's text ([`text::prompt_text`]: each block id rendered as the same 512 tokens
     /// of text), so that the server and any router in between see only text, no block ids.
     pub fn body(&self) -> Value {
-        let prompt = text::prompt_text(&self.hash_ids, u64::from(self.prompt_tokens), self.index as u64);
+        self.body_of(&self.prompt())
+    }
+
+    /// The prompt's text ([`text::prompt_text`]).
+    pub fn prompt(&self) -> String {
+        text::prompt_text(&self.hash_ids, u64::from(self.prompt_tokens), self.index as u64)
+    }
+
+    /// The prefix keys a socket of this request carries (empty unless `tag_socket` and
+    /// `prefix_keys`): the text keys of `prompt`, at most 16.
+    pub fn socket_prefix_keys(&self, prompt: &str) -> Vec<u64> {
+        if !(self.tag_socket && self.prefix_keys) {
+            return Vec::new();
+        }
+        let all = ailb_common::prefix::text_keys(prompt.as_bytes());
+        ailb_common::prefix::sent(&all).map(|(_, k)| k).collect()
+    }
+
+    fn body_of(&self, prompt: &str) -> Value {
         json!({
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -149,8 +171,10 @@ fn exchange(
 ) -> Result<(), String> {
     let deadline = start + timeout;
     let (conv, memory_mb) = if spec.tag_socket { (spec.conversation.as_str(), spec.memory_mb) } else { ("", 0) };
-    let mut stream = connect_tagged(vip, conv, memory_mb, timeout, &mut rec.tagged)?;
-    let body = spec.body().to_string();
+    let prompt = spec.prompt();
+    let keys = spec.socket_prefix_keys(&prompt);
+    let mut stream = connect_tagged_with(vip, conv, memory_mb, &keys, timeout, &mut rec.tagged)?;
+    let body = spec.body_of(&prompt).to_string();
     let session = session_header(&spec.conversation);
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {vip}\r\nContent-Type: application/json\r\n\
@@ -240,6 +264,18 @@ pub fn connect_tagged(
     timeout: Duration,
     tagged: &mut bool,
 ) -> Result<TcpStream, String> {
+    connect_tagged_with(vip, conversation, memory_mb, &[], timeout, tagged)
+}
+
+/// [`connect_tagged`], the socket also carrying `prefix_keys` (`AILB_PREFIX`, none when empty).
+pub fn connect_tagged_with(
+    vip: SocketAddrV4,
+    conversation: &str,
+    memory_mb: u32,
+    prefix_keys: &[u64],
+    timeout: Duration,
+    tagged: &mut bool,
+) -> Result<TcpStream, String> {
     let conv = conversation.as_bytes();
     let conv = &conv[..conv.len().min(MAX_CONVERSATION_LEN)];
     let mut tags = Tags::new();
@@ -248,6 +284,9 @@ pub fn connect_tagged(
     }
     if memory_mb > 0 {
         tags = tags.required_memory_mb(memory_mb);
+    }
+    if !prefix_keys.is_empty() {
+        tags = tags.prefix(prefix_keys);
     }
     *tagged = false;
     let (stream, outcome) = client::connect(vip, &tags, Some(timeout)).map_err(|e| error_chain(&e))?;

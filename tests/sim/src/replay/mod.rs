@@ -1,5 +1,6 @@
 //! Replay of an LLM workload against a model VIP: the Mooncake conversation trace
-//! ([`trace`]) or a synthetic mix ([`synthetic`]), sent by a bounded pool of client threads
+//! ([`trace`]), a synthetic mix ([`synthetic`]) or tenants' shared system prompts
+//! ([`shared_prefix`]), sent by a bounded pool of client threads
 //! ([`client`]) at time-scaled arrival times, summarised by [`stats`].
 //!
 //! Every request tags its socket with its conversation and its memory need through the ailb
@@ -8,6 +9,7 @@
 //! conversation as the `X-Session-ID` header.
 
 pub mod client;
+pub mod shared_prefix;
 pub mod stats;
 pub mod synthetic;
 pub mod trace;
@@ -81,6 +83,7 @@ pub fn trace_specs(requests: &[TraceRequest], conversations: &[String], sel: &Tr
             hash_ids: r.hash_ids.clone(),
             model: sel.model.clone(),
             tag_socket: true,
+            prefix_keys: false,
         })
         .collect()
 }
@@ -101,6 +104,33 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
             hash_ids: r.hash_ids,
             model: model.to_string(),
             tag_socket: true,
+            prefix_keys: false,
+        })
+        .collect()
+}
+
+/// The requests to send for the shared-prefix workload: no conversation (each request is its
+/// own, so no `X-Session-ID` and no conversation tag), the memory need as for the others.
+pub fn shared_prefix_specs(
+    opts: &shared_prefix::SharedPrefixOpts,
+    kv_mb_per_token: f64,
+    model: &str,
+) -> Vec<RequestSpec> {
+    shared_prefix::generate(opts)
+        .into_iter()
+        .enumerate()
+        .map(|(index, r)| RequestSpec {
+            index,
+            line: None,
+            at_ms: r.at_ms,
+            memory_mb: trace::memory_mb(r.input_length, r.output_length, kv_mb_per_token),
+            conversation: String::new(),
+            prompt_tokens: r.input_length,
+            max_tokens: r.output_length,
+            hash_ids: r.hash_ids,
+            model: model.to_string(),
+            tag_socket: true,
+            prefix_keys: false,
         })
         .collect()
 }
@@ -111,6 +141,7 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
 pub fn untag(specs: &mut [RequestSpec]) {
     for s in specs {
         s.tag_socket = false;
+        s.prefix_keys = false;
         s.memory_mb = 0;
     }
 }

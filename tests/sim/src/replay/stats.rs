@@ -88,9 +88,10 @@ impl Summary {
                 cached += c as u64;
             }
         }
-        // Affinity: walk each conversation's turns in the order they were sent.
+        // Affinity: walk each conversation's turns in the order they were sent (a request with
+        // no conversation, empty, continues none).
         let mut by_conv: HashMap<&str, Vec<&RequestRecord>> = HashMap::new();
-        for r in records {
+        for r in records.iter().filter(|r| !r.conversation.is_empty()) {
             by_conv.entry(r.conversation.as_str()).or_default().push(r);
         }
         let (mut turns, mut same) = (0usize, 0usize);

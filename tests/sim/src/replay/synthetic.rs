@@ -38,10 +38,10 @@ pub struct SyntheticRequest {
 }
 
 /// splitmix64: small, seeded, good enough for workload shapes.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -49,11 +49,11 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
+    pub(super) fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
     /// Uniform in lo..=hi.
-    fn range(&mut self, lo: u32, hi: u32) -> u32 {
+    pub(super) fn range(&mut self, lo: u32, hi: u32) -> u32 {
         lo + (self.next() % u64::from(hi - lo + 1)) as u32
     }
 }

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use ailb_sim::replay::shared_prefix::SharedPrefixOpts;
 use anyhow::bail;
 use clap::Parser;
 
@@ -37,11 +38,28 @@ pub struct Args {
     #[arg(long, default_value_t = 20.0)]
     pub time_scale: f64,
     /// The synthetic mix instead of the Mooncake trace.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared_prefix")]
     pub synthetic: bool,
-    /// New synthetic conversations per (simulated) second.
+    /// The shared-prefix workload instead of the Mooncake trace: `--tenants` tenants, each with
+    /// a system prompt of `--system-blocks` 512-token blocks shared by its users, every request
+    /// a different user's question (`--question-blocks`) and no conversation (no session
+    /// header, no conversation tag), Poisson arrivals at `--rate` requests per second
+    /// (`ailb_sim::replay::shared_prefix`).
+    #[arg(long)]
+    pub shared_prefix: bool,
+    /// New synthetic conversations per (simulated) second; with `--shared-prefix`, requests per
+    /// (simulated) second. `--load` scales it as it scales the trace.
     #[arg(long, default_value_t = 5.0)]
     pub rate: f64,
+    /// `--shared-prefix`: 512-token blocks of each tenant's system prompt.
+    #[arg(long, default_value_t = 12)]
+    pub system_blocks: u32,
+    /// `--shared-prefix`: 512-token blocks of each user's question (the last one 128 to 512 tokens).
+    #[arg(long, default_value_t = 1)]
+    pub question_blocks: u32,
+    /// `--shared-prefix`: mean output tokens of a request (uniform in half to 1.5 times this).
+    #[arg(long, default_value_t = 200)]
+    pub output_tokens: u32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// With `--synthetic`: run the whole comparison on this many workloads, seeds `--seed` on,
@@ -56,6 +74,8 @@ pub struct Args {
     pub rtx3090: usize,
     /// Comma-separated policies, run in this order: round-robin, random, least-conn, ailb,
     /// ailb-static, ailb-gateway, ailb-static-gateway (the two ailbs through `ailb gateway`),
+    /// ailb-prefix, ailb-gateway-prefix (ailb in full with `prefix = "approximate"`, through the
+    /// socket ABI with the prompt's prefix keys or through the front door with `prefix_keys`),
     /// nginx (nginx L7 round robin, `proxy_buffering off`; needs `nginx` on PATH), and the peer
     /// routers sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash,
     /// smg-least-load, vllm-cache-aware, vllm-consistent-hash.
@@ -79,7 +99,8 @@ pub struct Args {
     /// `--engine vllm`: requests of the shared-prefix workload.
     #[arg(long, default_value_t = 48)]
     pub prefix_requests: usize,
-    /// `--engine vllm`: tenants of the shared-prefix workload, each with its system prompt.
+    /// Tenants of the shared-prefix workload, each with its system prompt (`--shared-prefix`,
+    /// and `--engine vllm`'s shared-prefix workload).
     #[arg(long, default_value_t = 8)]
     pub tenants: usize,
     /// `--engine vllm`: words of each tenant's system prompt (about 2 tokens a word).
@@ -147,6 +168,9 @@ pub struct Args {
     /// Internal: the replay worker sends no conversation or memory tag.
     #[arg(long, hide = true)]
     pub untagged: bool,
+    /// Internal: the replay worker's tagged sockets also carry the prompt's text prefix keys.
+    #[arg(long, hide = true)]
+    pub prefix_keys: bool,
     /// Limit of the replay of one policy, real seconds.
     #[arg(long, default_value_t = 300.0)]
     pub deadline_s: f64,
@@ -157,6 +181,10 @@ pub struct Args {
     /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 20.0)]
     pub ailb_affinity_wait_s: f64,
+    /// `prefix_ttl` of the ailb prefix policies' model in simulated seconds (the daemon's
+    /// default, 60 s); the daemon, which runs in real time, gets it divided by the time scale.
+    #[arg(long, default_value_t = 60.0)]
+    pub ailb_prefix_ttl_s: f64,
     /// `ailb-gateway-admission`: `gateway.admission.max_wait` in simulated seconds (the
     /// gateway, in real time, gets it divided by the time scale).
     #[arg(long, default_value_t = 20.0)]
@@ -197,6 +225,12 @@ impl Args {
         if !(self.admission_factor > 0.0 && self.admission_factor.is_finite()) {
             bail!("--admission-factor must be a finite number above 0, not {}", self.admission_factor);
         }
+        if !(self.ailb_prefix_ttl_s > 0.0 && self.ailb_prefix_ttl_s.is_finite()) {
+            bail!("--ailb-prefix-ttl-s must be a finite number of seconds above 0, not {}", self.ailb_prefix_ttl_s);
+        }
+        if self.shared_prefix {
+            self.shared_prefix_opts().validate().map_err(|e| anyhow::anyhow!("--shared-prefix: {e}"))?;
+        }
         if self.seeds == 0 || (self.seeds > 1 && !self.synthetic) {
             bail!(
                 "--seeds must be at least 1, and above 1 only with --synthetic (the trace has one order), not {}",
@@ -207,6 +241,19 @@ impl Args {
             bail!("the fleet needs 1..=250 GPUs");
         }
         Ok(())
+    }
+
+    /// The shared-prefix workload's options (`--limit` requests).
+    pub fn shared_prefix_opts(&self) -> SharedPrefixOpts {
+        SharedPrefixOpts {
+            requests: self.limit,
+            tenants: self.tenants,
+            system_blocks: self.system_blocks,
+            question_blocks: self.question_blocks,
+            requests_per_s: self.rate,
+            output_tokens: self.output_tokens,
+            seed: self.seed,
+        }
     }
 
     /// The replay speed: the offered load on the GPUs' clock.

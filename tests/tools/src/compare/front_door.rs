@@ -30,11 +30,14 @@ pub fn kv_bytes_per_token(sims: &[SimGpu]) -> u64 {
     sims.iter().filter_map(|s| GpuProfile::preset(s.profile)).map(|p| p.kv_bytes_per_token).max().unwrap_or(0)
 }
 
-/// The `[gateway]` section appended to the config of the ailb behind the front door.
-pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64) -> String {
+/// The `[gateway]` section appended to the config of the ailb behind the front door; with
+/// `prefix_keys` the front door sends each request's text prefix keys (64-byte chunks: no
+/// tokenizer is configured).
+pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64, prefix_keys: bool) -> String {
     format!(
-        "\n[gateway]\nlisten = [\"{listen}\"]\n[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv_bytes_per_token}\n\
+        "\n[gateway]\nlisten = [\"{listen}\"]\n{}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {kv_bytes_per_token}\n\
          [gateway.kv_block_tokens]\n\"{MODEL}\" = {}\n",
+        if prefix_keys { "prefix_keys = true\n" } else { "" },
         ailb_sim::gpu::BLOCK_TOKENS
     )
 }

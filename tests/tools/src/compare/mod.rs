@@ -13,8 +13,9 @@
 //!
 //! ```text
 //! ailb-compare [--limit 300] [--load 1.0] [--time-scale 20] [--synthetic] [--rate R]
+//!              [--shared-prefix [--tenants 8] [--system-blocks 12] [--question-blocks 1] [--output-tokens 200]]
 //!              [--a100 2] [--rtx3090 4] [--policies round-robin,random,least-conn,ailb,ailb-static,
-//!               ailb-gateway,ailb-gateway-admission,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,
+//!               ailb-gateway,ailb-prefix,ailb-gateway-prefix,ailb-gateway-admission,ailb-static-gateway,nginx,sglang-cache-aware,sglang-round-robin,
 //!               smg-cache-aware,smg-prefix-hash,smg-least-load,vllm-cache-aware,vllm-consistent-hash]
 //!              [--out-dir target/bench] [--json FILE] [--trace PATH] [--replot]
 //!              [--sim-bin PATH]
@@ -42,6 +43,10 @@
 //!   front door ([`front_door`]): the same `ailb run`, plus `ailb gateway` in the same child
 //!   cgroup; the replay sends it plain untagged HTTP with `X-Session-ID`, as to nginx, and the
 //!   gateway estimates each request's memory from its prompt and `max_tokens`.
+//! - `ailb-prefix`, `ailb-gateway-prefix`: ailb in full with the model's prefix-aware pick
+//!   (`prefix = "approximate"`, `prefix_ttl` = `--ailb-prefix-ttl-s` over the time scale): through
+//!   the socket ABI, whose sockets then also carry the prompt's text prefix keys, or through
+//!   the front door with `prefix_keys = true` (text keys: 64-byte chunks of the messages).
 //! - `ailb-gateway-admission`: `ailb-gateway` with the front door's admission by fleet memory
 //!   (`[gateway.admission] mode = "fleet_memory"`, `--admission-factor`, `--admission-max-wait-s`
 //!   in simulated seconds): past the fleet's KV a request waits, then gets 503, a failure.
@@ -51,6 +56,12 @@
 //!   instead ([`peers`]: `sglang-router` 0.3.2 and `vllm-router` 0.1.17 from `target/peers-venv`,
 //!   SMG 1.13.0 from `target/smg-venv`), untagged, no ailb; they read the prompt text and the
 //!   `X-Session-ID` header the replay sends. A router that is not installed is reported as such.
+//!
+//! Workloads: the Mooncake trace (default), `--synthetic` (conversations of short questions and
+//! long generations) and `--shared-prefix` (tenants' long system prompts, every request a
+//! different user's question and no conversation, `ailb_sim::replay::shared_prefix`). The report
+//! gives every policy's prompt tokens served from the GPUs' prefix caches, by their own count,
+//! and ailb's best against the best peer's.
 //!
 //! For every policy with a userspace router on the request path (nginx, the peers, ailb's front
 //! door) the report gives that process's CPU seconds per 1,000 requests ([`cpu`]), and `ailb
@@ -209,7 +220,9 @@ impl Workload {
 
 /// The request list of a run (the same in every policy's replay and in the report).
 pub fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
-    Ok(if args.synthetic {
+    Ok(if args.shared_prefix {
+        replay::shared_prefix_specs(&args.shared_prefix_opts(), trace::DEFAULT_KV_MB_PER_TOKEN, MODEL)
+    } else if args.synthetic {
         let opts = SyntheticOpts {
             requests: args.limit,
             conversations_per_s: args.rate,
@@ -231,10 +244,11 @@ pub fn build_specs(args: &Args) -> anyhow::Result<Vec<RequestSpec>> {
 fn replay_worker(args: &Args, vip: &str, out: &Path) -> anyhow::Result<()> {
     let mut specs = build_specs(args)?;
     if args.untagged {
+        // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
+        replay::untag(&mut specs);
+    } else if args.prefix_keys {
         for s in &mut specs {
-            // The conversation stays: it is the `X-Session-ID` header an L7 router may read.
-            s.tag_socket = false;
-            s.memory_mb = 0;
+            s.prefix_keys = true;
         }
     }
     let opts = RunOpts {

@@ -38,6 +38,12 @@ pub struct Outcome {
     /// Per request index: E2E ms when it succeeded.
     pub e2e_by_index: BTreeMap<u64, f64>,
     pub gpus: Vec<GpuOutcome>,
+    /// The fleet's prompt tokens found in the GPUs' prefix caches, and all they were asked, by
+    /// the simulated servers' own counters (`None`: not read).
+    pub prefix_tokens: Option<(f64, f64)>,
+    /// The kernel's prefix-pick counters at the end of the replay (`ailb_prefix_*` of `ailb
+    /// run`'s `/metrics`: lookups, found, used, overruled_load, ...); empty without them.
+    pub prefix_counters: BTreeMap<String, f64>,
     /// Failed requests by kind ("HTTP 400", "connect refused", ...).
     pub failure_kinds: BTreeMap<String, usize>,
     /// Utilisation samples over time: (seconds since the replay started, one value per GPU).
@@ -89,6 +95,8 @@ impl Outcome {
             e2e_sorted,
             e2e_by_index,
             gpus,
+            prefix_tokens: None,
+            prefix_counters: BTreeMap::new(),
             failure_kinds,
             util_series,
             window_s,
@@ -123,6 +131,10 @@ impl Outcome {
     /// The utilisation spread: max - min of the per-GPU means while requests arrive.
     pub fn window_spread(&self) -> f64 {
         spread(self.window_means().into_iter())
+    }
+    /// The share of the prompt tokens the GPUs found in their prefix caches (their own count).
+    pub fn cached_share(&self) -> Option<f64> {
+        self.prefix_tokens.and_then(|(h, q)| (q > 0.0).then(|| h / q))
     }
     pub fn failures(&self) -> u64 {
         self.summary["failures"].as_u64().unwrap_or(0)

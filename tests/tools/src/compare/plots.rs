@@ -25,6 +25,8 @@ pub fn style(policy: Policy) -> LineStyle {
         Policy::Ailb => (0, Dash::Solid),
         Policy::AilbStatic => (1, Dash::Solid),
         Policy::AilbGateway => (9, Dash::Long),
+        Policy::AilbPrefix => (15, Dash::Solid),
+        Policy::AilbGatewayPrefix => (16, Dash::Long),
         Policy::AilbGatewayAdmission => (9, Dash::Dot),
         Policy::AilbStaticGateway => (6, Dash::Long),
         Policy::RoundRobin => (3, Dash::Short),

@@ -18,6 +18,12 @@ pub enum Policy {
     Ailb,
     AilbStatic,
     AilbGateway,
+    /// ailb in full with `prefix = "approximate"`: the replay tags each socket with the
+    /// prompt's text prefix keys as well.
+    AilbPrefix,
+    /// ailb in full with `prefix = "approximate"` through its front door with
+    /// `prefix_keys = true` (text keys: no tokenizer).
+    AilbGatewayPrefix,
     /// ailb in full through its front door with `[gateway.admission] mode = "fleet_memory"`.
     AilbGatewayAdmission,
     AilbStaticGateway,
@@ -54,6 +60,8 @@ impl Policy {
             "ailb" => Self::Ailb,
             "ailb-static" => Self::AilbStatic,
             "ailb-gateway" => Self::AilbGateway,
+            "ailb-prefix" => Self::AilbPrefix,
+            "ailb-gateway-prefix" => Self::AilbGatewayPrefix,
             "ailb-gateway-admission" => Self::AilbGatewayAdmission,
             "ailb-static-gateway" => Self::AilbStaticGateway,
             "nginx" => Self::Nginx,
@@ -69,9 +77,10 @@ impl Policy {
             "tenant-pinned" => Self::TenantPinned,
             other => bail!(
                 "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
-                 ailb-gateway-admission, ailb-static-gateway, nginx, sglang-cache-aware, sglang-round-robin, \
-                 smg-cache-aware, smg-prefix-hash, smg-least-load, vllm-cache-aware, vllm-consistent-hash; with \
-                 --engine vllm also ailb-gateway-precise, ailb-gateway-approx, tenant-pinned)"
+                 ailb-prefix, ailb-gateway-prefix, ailb-gateway-admission, ailb-static-gateway, nginx, \
+                 sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash, smg-least-load, \
+                 vllm-cache-aware, vllm-consistent-hash; with --engine vllm also ailb-gateway-precise, \
+                 ailb-gateway-approx, tenant-pinned)"
             ),
         })
     }
@@ -79,7 +88,18 @@ impl Policy {
     /// only ailb through its socket ABI reads them; the others are as an L4 or L7 balancer that
     /// knows neither (ailb's front door reads the same facts from the plain HTTP request).
     pub fn tagged(self) -> bool {
-        matches!(self, Self::Ailb | Self::AilbStatic)
+        matches!(self, Self::Ailb | Self::AilbStatic | Self::AilbPrefix)
+    }
+
+    /// The model's `prefix` mode of an ailb prefix policy (`None`: off); the socket ABI's
+    /// policy then also tags each socket with the prompt's prefix keys, the front door's sends them.
+    pub fn prefix_mode(self) -> Option<&'static str> {
+        matches!(self, Self::AilbPrefix | Self::AilbGatewayPrefix).then_some("approximate")
+    }
+
+    /// Whether this is ailb in full (rnacos, agents, the AI-aware policy), prefix mode or not.
+    pub fn is_full(self) -> bool {
+        matches!(self, Self::Ailb | Self::AilbPrefix)
     }
 
     /// Whether the policy runs only in front of real engines (`--engine vllm`): the prefix
@@ -94,6 +114,7 @@ impl Policy {
             Self::AilbGateway | Self::AilbGatewayAdmission | Self::AilbGatewayPrecise | Self::AilbGatewayApprox => {
                 Some(Self::Ailb)
             }
+            Self::AilbGatewayPrefix => Some(Self::AilbPrefix),
             Self::AilbStaticGateway => Some(Self::AilbStatic),
             _ => None,
         }
@@ -112,6 +133,8 @@ impl Policy {
             Self::Ailb
                 | Self::AilbStatic
                 | Self::AilbGateway
+                | Self::AilbPrefix
+                | Self::AilbGatewayPrefix
                 | Self::AilbGatewayAdmission
                 | Self::AilbStaticGateway
                 | Self::AilbGatewayPrecise
@@ -128,6 +151,8 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb-static",
             Self::AilbGateway => "ailb-gateway",
+            Self::AilbPrefix => "ailb-prefix",
+            Self::AilbGatewayPrefix => "ailb-gateway-prefix",
             Self::AilbGatewayAdmission => "ailb-gateway-admission",
             Self::AilbStaticGateway => "ailb-static-gateway",
             Self::Nginx => "nginx",
@@ -152,6 +177,8 @@ impl Policy {
             Self::Ailb => "ailb",
             Self::AilbStatic => "ailb, static config",
             Self::AilbGateway => "ailb (front door)",
+            Self::AilbPrefix => "ailb, prefix approximate",
+            Self::AilbGatewayPrefix => "ailb (front door), prefix approximate",
             Self::AilbGatewayAdmission => "ailb (front door, admission on)",
             Self::AilbStaticGateway => "ailb, static config (front door)",
             Self::Nginx => "nginx L7 round robin",
@@ -175,9 +202,19 @@ fn affinity_wait(args: &Args) -> String {
     format!("{}ms", (args.ailb_affinity_wait_s * 1000.0 / args.time_scale).round() as u64)
 }
 
+/// The model's `prefix` mode and `prefix_ttl` (real time: the simulated GPUs' caches turn over
+/// `time_scale` times faster), as `[[models]]` lines; empty for a policy without one.
+fn prefix_toml(policy: Policy, args: &Args) -> String {
+    policy.prefix_mode().map_or_else(String::new, |mode| {
+        let ttl_ms = (args.ailb_prefix_ttl_s * 1000.0 / args.time_scale).round().max(1.0) as u64;
+        format!("prefix = \"{mode}\"\nprefix_ttl = \"{ttl_ms}ms\"\n")
+    })
+}
+
 /// The gateway of the full ailb: instances, metadata and weights from the agents through rnacos
 /// (the AI-aware policy), the same capability ratio as the static config's weights.
-/// (`policy` names its pins: ailb in full, or through its front door.)
+/// (`policy` names its pins: ailb in full, or through its front door; a prefix policy's model
+/// gets its prefix mode.)
 pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args: &Args) -> TestConfig {
     let a100 = args.a100_capability;
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg);
@@ -186,9 +223,10 @@ pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args
     cfg.load_factor = args.ailb_load_factor;
     cfg.affinity_wait = affinity_wait(args);
     cfg.extra = format!(
-        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n\n\
+        "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n{}\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
          [policy]\n{}\n[policy.gpu_capability]\n\"A100-80GB\" = {a100:?}\n\"RTX3090-24GB\" = 1.0\n",
+        prefix_toml(policy, args),
         nacos.url(),
         args.ailb_policy.join("\n"),
     );

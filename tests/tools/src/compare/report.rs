@@ -15,6 +15,7 @@ pub fn markdown(args: &Args, outs: &[Outcome], workload: &Workload) -> String {
     let mut s = String::new();
     setup(&mut s, args);
     policy_table(&mut s, outs);
+    from_the_cache(&mut s, outs);
     oracle(&mut s, outs, workload);
     against_baselines(&mut s, outs);
     against_best_peer(&mut s, outs);
@@ -45,6 +46,9 @@ pub fn json(outs: &[Outcome], workload: &Workload) -> Value {
             }
             if let Some(w) = &o.weights {
                 p["weights"] = json!(w);
+            }
+            if let Some((hit, asked)) = o.prefix_tokens {
+                p["prefix_tokens"] = json!({"from_cache": hit, "prompt": asked, "share": o.cached_share()});
             }
             p
         })
@@ -82,12 +86,21 @@ fn trace_name(args: &Args) -> String {
 
 /// The title, the fleet and the workload.
 fn setup(s: &mut String, args: &Args) {
-    let described = if args.synthetic {
+    let described = if args.shared_prefix {
+        let o = args.shared_prefix_opts();
+        format!(
+            "shared prefix, {} requests: {} tenants, each a system prompt of {} blocks of 512 tokens shared by its \
+             users, every request a different user's question of {} block(s) (the last 128 to 512 tokens) under a \
+             tenant drawn uniformly, about {} output tokens (uniform in half to 1.5 times), no conversation (no \
+             session header, no conversation tag), Poisson arrivals at {} requests/s (seed {})",
+            o.requests, o.tenants, o.system_blocks, o.question_blocks, o.output_tokens, o.requests_per_s, o.seed
+        )
+    } else if args.synthetic {
         format!("synthetic mix, {} requests, {} conversations/s (seed {})", args.limit, args.rate, args.seed)
     } else {
         format!("the trace {}, first {} requests", trace_name(args), args.limit)
     };
-    let base = if args.synthetic { "that rate" } else { "the trace's rate" };
+    let base = if args.synthetic || args.shared_prefix { "that rate" } else { "the trace's rate" };
     let _ = writeln!(s, "# Policies compared on one simulated fleet\n");
     let _ = writeln!(
         s,
@@ -134,6 +147,125 @@ fn policy_table(s: &mut String, outs: &[Outcome]) {
             o.util_spread() * 100.0,
             o.window_spread() * 100.0,
         );
+    }
+}
+
+/// The prompt tokens the GPUs served from their prefix caches, by their own count, with TTFT and
+/// failures, per policy; then ailb's best against the best peer's on each (the goal of the
+/// prefix-aware pick: at least the best peer's tokens from the cache, TTFT P95 at most 0.8 x the
+/// best peer's, failures no more than ailb's without it). Only when the GPUs' counters were read.
+fn from_the_cache(s: &mut String, outs: &[Outcome]) {
+    if outs.iter().all(|o| o.prefix_tokens.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nPrompt tokens from the cache (the simulated GPUs' own counters, `prefix_hit_tokens` over \
+         `prefix_query_tokens`, summed over the fleet):\n\n\
+         | policy | prompt tokens from the cache | TTFT p50 / p95 (ms) | failures |\n|---|---:|---:|---:|"
+    );
+    for o in outs {
+        let tokens = o
+            .prefix_tokens
+            .map_or_else(|| "n/a".to_string(), |(h, q)| format!("{} ({:.0} of {:.0})", pct1(o.cached_share()), h, q));
+        let _ = writeln!(
+            s,
+            "| {} | {tokens} | {} / {} | {} of {} |",
+            o.policy.title(),
+            f1(o.pct("ttft_ms", "p50")),
+            f1(o.pct("ttft_ms", "p95")),
+            o.failures(),
+            o.requests()
+        );
+    }
+    for o in outs.iter().filter(|o| !o.prefix_counters.is_empty()) {
+        let c = |k: &str| o.prefix_counters.get(k).copied().unwrap_or(0.0);
+        let _ = writeln!(
+            s,
+            "\n{}: the kernel's prefix pick (`ailb_prefix_*` at the end): {:.0} connects with keys, {:.0} found a \
+             holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent; {:.0} \
+             entries.",
+            o.policy.title(),
+            c("lookups"),
+            c("found"),
+            c("used"),
+            c("overruled_load"),
+            c("overruled_memory"),
+            c("keys_found"),
+            c("keys_sent"),
+            c("entries")
+        );
+    }
+    let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();
+    let ailbs: Vec<&Outcome> = outs.iter().filter(|o| o.policy.is_ailb()).collect();
+    if peers.is_empty() || ailbs.is_empty() {
+        return;
+    }
+    let best_by = |rows: &[&Outcome], v: &dyn Fn(&Outcome) -> Option<f64>, higher: bool| {
+        rows.iter().filter_map(|o| v(o).map(|x| (x, o.policy))).max_by(|a, b| {
+            if higher {
+                a.0.total_cmp(&b.0)
+            } else {
+                b.0.total_cmp(&a.0)
+            }
+        })
+    };
+    let cached = |o: &Outcome| o.cached_share();
+    let ttft = |o: &Outcome| o.pct("ttft_ms", "p95");
+    let line =
+        |what: &str, a: Option<(f64, Policy)>, b: Option<(f64, Policy)>, goal: &str, met: &dyn Fn(f64) -> bool| match (
+            a, b,
+        ) {
+            (Some((x, pa)), Some((y, pb))) if y > 0.0 => format!(
+                "- {what}: ailb's best {} ({}) against the best peer's {} ({}): {:.2}x; goal {goal}: {}.",
+                fmt_what(what, x),
+                pa.title(),
+                fmt_what(what, y),
+                pb.title(),
+                x / y,
+                if met(x / y) { "met" } else { "not met" }
+            ),
+            _ => format!("- {what}: n/a (not measured for both)."),
+        };
+    let _ = writeln!(s, "\nailb's best against the best peer's:\n");
+    let _ = writeln!(
+        s,
+        "{}",
+        line(
+            "prompt tokens from the cache",
+            best_by(&ailbs, &cached, true),
+            best_by(&peers, &cached, true),
+            ">= 1.00x",
+            &|r| r >= 1.0
+        )
+    );
+    let _ = writeln!(
+        s,
+        "{}",
+        line("TTFT p95", best_by(&ailbs, &ttft, false), best_by(&peers, &ttft, false), "<= 0.80x", &|r| r <= 0.8)
+    );
+    for o in outs.iter().filter(|o| o.policy.prefix_mode().is_some()) {
+        let today = if o.policy.behind_front_door().is_some() { Policy::AilbGateway } else { Policy::Ailb };
+        if let Some(t) = outs.iter().find(|x| x.policy == today) {
+            let _ = writeln!(
+                s,
+                "- failures, {}: {} against {} of {} (today's); goal no more: {}.",
+                o.policy.title(),
+                o.failures(),
+                t.failures(),
+                t.policy.title(),
+                if o.failures() <= t.failures() { "met" } else { "not met" }
+            );
+        }
+    }
+}
+
+/// A value of [`from_the_cache`]'s lines: a share in percent, a latency in ms.
+fn fmt_what(what: &str, v: f64) -> String {
+    if what.starts_with("prompt") {
+        format!("{:.1} %", v * 100.0)
+    } else {
+        format!("{v:.0} ms")
     }
 }
 

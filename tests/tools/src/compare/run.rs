@@ -44,6 +44,11 @@ pub fn run_policy(
     let replayed =
         sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, balancer.daemon_http, policy, args, start)?;
     let cpu_after = balancer.cpu_s();
+    let prefix_counters = if policy.prefix_mode().is_some() {
+        balancer.daemon_http.and_then(weights::prefix_counters).unwrap_or_default()
+    } else {
+        Default::default()
+    };
     if !replayed.status.success() {
         bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
     }
@@ -52,11 +57,13 @@ pub fn run_policy(
         keep_records(args, policy, &text, balancer.daemon.as_ref(), dir.path())?;
     }
     let report: Value = serde_json::from_str(&text).context("parsing the replay report")?;
-    let gpus = gpu_outcomes(&sims, &replayed.samples.per_gpu);
+    let (gpus, prefix_tokens) = gpu_outcomes(&sims, &replayed.samples.per_gpu);
     drop(balancer);
     drop(sims);
     let mut outcome =
         Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s);
+    outcome.prefix_tokens = prefix_tokens;
+    outcome.prefix_counters = prefix_counters;
     outcome.router_cpu_s = cpu::used(cpu_before.0, cpu_after.0);
     outcome.daemon_cpu_s = cpu::used(cpu_before.1, cpu_after.1);
     outcome.weights = WeightStats::of(&replayed.weights, replayed.wall_s);
@@ -123,7 +130,7 @@ impl Balancer {
             p => {
                 let front_door = p.behind_front_door().map(|_| SocketAddrV4::new([127, 0, 10, 248].into(), port));
                 let extra = front_door.map(|l| {
-                    let mut t = front_door::toml(l, front_door::kv_bytes_per_token(sims));
+                    let mut t = front_door::toml(l, front_door::kv_bytes_per_token(sims), p.prefix_mode().is_some());
                     if p == Policy::AilbGatewayAdmission {
                         t.push_str(&front_door::admission_toml(args));
                     }
@@ -162,7 +169,7 @@ fn start_ailb(
     http: SocketAddrV4,
 ) -> anyhow::Result<Balancer> {
     let none = Balancer::bare(Some(http));
-    if policy.behind_front_door().unwrap_or(policy) != Policy::Ailb {
+    if !policy.behind_front_door().unwrap_or(policy).is_full() {
         let mut cfg = config_for(policy, cg, sims, args);
         cfg.listen = Some(http.to_string());
         cfg.extra.push_str(extra);
@@ -237,13 +244,20 @@ fn replay_command(args: &Args, policy: Policy, vip: &str, out: &Path) -> anyhow:
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if args.synthetic {
+    if args.shared_prefix {
+        cmd.args(["--shared-prefix", "--rate", &args.rate.to_string(), "--tenants", &args.tenants.to_string()])
+            .args(["--system-blocks", &args.system_blocks.to_string()])
+            .args(["--question-blocks", &args.question_blocks.to_string()])
+            .args(["--output-tokens", &args.output_tokens.to_string()]);
+    } else if args.synthetic {
         cmd.args(["--synthetic", "--rate", &args.rate.to_string()]);
     } else if let Some(t) = &args.trace {
         cmd.arg("--trace").arg(t);
     }
     if !policy.tagged() {
         cmd.arg("--untagged");
+    } else if policy.prefix_mode().is_some() {
+        cmd.arg("--prefix-keys");
     }
     Ok(cmd)
 }
@@ -353,22 +367,28 @@ fn sim_state(s: &SimGpu) -> Option<Value> {
 }
 
 /// Every GPU after the replay: its mean sampled utilisation (`util`, per GPU), busy share and
-/// prefix-cache hit share.
-fn gpu_outcomes(sims: &[SimGpu], util: &[Vec<f64>]) -> Vec<GpuOutcome> {
-    sims.iter()
+/// prefix-cache hit share; and the fleet's prompt tokens found in the GPUs' prefix caches and
+/// asked of them, by the servers' own counters (`None` when a GPU did not answer).
+fn gpu_outcomes(sims: &[SimGpu], util: &[Vec<f64>]) -> (Vec<GpuOutcome>, Option<(f64, f64)>) {
+    let mut tokens = Some((0.0, 0.0));
+    let gpus = sims
+        .iter()
         .zip(util)
         .map(|(s, util)| {
             let st = sim_state(s);
             let busy = st.as_ref().and_then(|v| v["busy_fraction"].as_f64()).unwrap_or(0.0);
-            let prefix_hit = st.as_ref().and_then(|v| {
+            let counts = st.as_ref().and_then(|v| {
                 let q = v["counters"]["prefix_query_tokens"].as_f64()?;
                 let h = v["counters"]["prefix_hit_tokens"].as_f64()?;
-                (q > 0.0).then(|| h / q)
+                Some((h, q))
             });
+            tokens = tokens.zip(counts).map(|((h, q), (dh, dq))| (h + dh, q + dq));
+            let prefix_hit = counts.and_then(|(h, q)| (q > 0.0).then(|| h / q));
             let util_mean = if util.is_empty() { 0.0 } else { util.iter().sum::<f64>() / util.len() as f64 };
             GpuOutcome { addr: s.addr.to_string(), profile: s.profile, util_mean, busy, prefix_hit }
         })
-        .collect()
+        .collect();
+    (gpus, tokens)
 }
 
 /// `--keep-records`: the replay's JSON report as `records-<policy>.json` in the output

@@ -42,6 +42,29 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     Some(&rest[..rest.find('"')?])
 }
 
+/// The kernel's prefix-pick counters in the daemon's Prometheus text (`ailb_prefix_*`, summed
+/// over the models; a counter's `_total` suffix dropped): `lookups`, `found`, `used`,
+/// `overruled_load`, `overruled_memory`, `keys_sent`, `keys_found`, `entries`.
+pub fn parse_prefix(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let Some(rest) = series.strip_prefix("ailb_prefix_") else { continue };
+        let name = rest.split('{').next().unwrap_or_default();
+        *out.entry(name.strip_suffix("_total").unwrap_or(name).to_string()).or_insert(0.0) += value;
+    }
+    out
+}
+
+/// The prefix counters of the daemon at `addr` ([`parse_prefix`]), `None` when it does not answer.
+pub fn prefix_counters(addr: SocketAddrV4) -> Option<BTreeMap<String, f64>> {
+    match sim_gpus::http_get(addr, "/metrics")? {
+        (200, body) => Some(parse_prefix(&body)),
+        _ => None,
+    }
+}
+
 /// One sample of the daemon at `addr`, `None` when it does not answer.
 pub fn sample(addr: SocketAddrV4) -> Option<WeightSample> {
     match sim_gpus::http_get(addr, "/metrics")? {

@@ -2,11 +2,16 @@ use super::*;
 
 #[test]
 fn the_section_names_the_model_and_its_kv_bytes() {
-    let t = toml(SocketAddrV4::new([127, 0, 10, 248].into(), 18_100), 524_288);
+    let t = toml(SocketAddrV4::new([127, 0, 10, 248].into(), 18_100), 524_288, false);
     assert_eq!(
         t,
         "\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\n[gateway.kv_bytes_per_token]\n\"sim-7b\" = 524288\n\
              [gateway.kv_block_tokens]\n\"sim-7b\" = 512\n"
+    );
+    let t = toml(SocketAddrV4::new([127, 0, 10, 248].into(), 18_100), 524_288, true);
+    assert!(
+        t.starts_with("\n[gateway]\nlisten = [\"127.0.10.248:18100\"]\nprefix_keys = true\n[gateway."),
+        "prefix_keys belongs to [gateway], before its tables: {t}"
     );
 }
 

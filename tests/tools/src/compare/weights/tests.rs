@@ -29,3 +29,16 @@ fn counts_changes_and_rebuilds_per_minute() {
     assert_eq!(s.changes(), (1.0, 2));
     assert_eq!(WeightStats::of(&samples[..1], 30.0), None);
 }
+
+#[test]
+fn the_prefix_counters_are_summed_over_models_without_their_suffix() {
+    let text = "# HELP ailb_prefix_lookups x\n# TYPE ailb_prefix_lookups counter\n\
+                ailb_prefix_lookups_total{model=\"a\"} 10\nailb_prefix_lookups_total{model=\"b\"} 5\n\
+                ailb_prefix_used_total{model=\"a\"} 7\nailb_prefix_entries{model=\"a\"} 300\n\
+                ailb_backend_weight{backend=\"x\"} 1\n";
+    let c = parse_prefix(text);
+    assert_eq!(c.get("lookups"), Some(&15.0));
+    assert_eq!(c.get("used"), Some(&7.0));
+    assert_eq!(c.get("entries"), Some(&300.0));
+    assert_eq!(c.len(), 3, "{c:?}");
+}

@@ -39,6 +39,7 @@ fn only_the_tc_share_leaves_out_what_the_smallest_gpu_cannot_hold() {
         hash_ids: Vec::new(),
         model: MODEL.into(),
         tag_socket: false,
+        prefix_keys: false,
     };
     let split = Split { tc_lanes: 8, tc_max_blocks: 43 };
     assert_eq!(blocks(&spec(43 * 512 - 10, 10)), 43);
