@@ -43,8 +43,8 @@ use crate::hash::rehash;
 
 mod prefix;
 pub use prefix::{
-    held, search as prefix_search, verdict as prefix_verdict, Choose, PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict,
-    Search, SEARCH_STEPS,
+    held, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose, PrefixCtx, PrefixQuery, PrefixUse,
+    PrefixVerdict, Search, SEARCH_STEPS,
 };
 
 /// Read access to the maps the pick needs. Implementations must be cheap: the kernel calls

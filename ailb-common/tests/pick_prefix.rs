@@ -3,7 +3,9 @@
 use std::cell::Cell;
 
 use ailb_common::{
-    pick::{pick_prefixed, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery, PrefixUse, VecMaps},
+    pick::{
+        pick_prefixed, uncached_need, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery, PrefixUse, VecMaps,
+    },
     prefix::{sent, text_keys},
     AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, BACKEND_LIVE, MEM_UNKNOWN, MODEL_PREFIX_EVENTS,
     MODEL_PREFIX_LEARN, NO_CAP, PREFIX_SEEN_EXACT,
@@ -97,6 +99,7 @@ impl Fleet {
 }
 
 /// A pick and the prefix step's verdict.
+#[derive(Debug)]
 struct Picked {
     backend: u32,
     outcome: Outcome,
@@ -194,20 +197,48 @@ fn a_holder_at_its_load_bound_is_overruled() {
     assert!(r.prefix.found > 0);
 }
 
-#[test]
-fn a_holder_without_the_memory_is_overruled_and_the_fit_decides() {
+/// Two backends, 0 holding the whole of `p` with `holder_free_mb` free, 1 holding nothing
+/// with plenty; an 8,000 MB request for `p`.
+fn memory_case(holder_free_mb: u32) -> (Picked, u32) {
     let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
-    f.maps.backends[0].free_mem_mb = 4_000;
-    f.maps.backends[0].mem_capacity_mb = 4_000;
+    f.maps.backends[0].free_mem_mb = holder_free_mb;
+    f.maps.backends[0].mem_capacity_mb = holder_free_mb;
     f.maps.backends[1].free_mem_mb = 40_000;
     f.maps.backends[1].mem_capacity_mb = 40_000;
     let p = prompt("Big requests. ", "q");
     f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
     let mut req = f.req();
     req.required_mem_mb = 8_000;
-    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    let keys = sent_keys(&p);
+    let n = keys.len() as u32;
+    (f.pick_with(&req, &keys, 0), uncached_need(8_000, n, n))
+}
+
+#[test]
+fn a_holder_is_asked_only_for_what_it_does_not_cache() {
+    // The whole prompt is held: its holder needs the last key interval's share of the hint.
+    let (r, need) = memory_case(4_000);
+    assert!(need < 4_000, "need {need}");
+    assert_eq!(r.prefix.usage, PrefixUse::Used, "{r:?}");
+    assert_eq!(r.backend, 0);
+}
+
+#[test]
+fn a_holder_without_the_memory_is_overruled_and_the_fit_decides() {
+    let (r, holder_need) = memory_case(100);
+    assert!(holder_need > 100, "need {holder_need}");
     assert_eq!(r.prefix.usage, PrefixUse::OverruledMemory);
     assert_eq!(r.backend, 1);
+}
+
+#[test]
+fn the_uncached_need_is_the_hint_less_the_held_share() {
+    assert_eq!(uncached_need(8_000, 0, 16), 8_000, "nothing held");
+    assert_eq!(uncached_need(8_000, 17, 16), 8_000, "an impossible count asks for all");
+    assert_eq!(uncached_need(1_700, 16, 16), 100, "held whole: one interval of 17");
+    assert_eq!(uncached_need(1_700, 8, 16), 900);
+    assert_eq!(uncached_need(10, 15, 16), 2, "rounded up");
+    assert_eq!(uncached_need(0, 5, 16), 0);
 }
 
 #[test]

@@ -9,8 +9,8 @@ use core::{
 use ailb_common::{
     abi::*,
     pick::{
-        held, prefix_verdict, Choose, ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery, PrefixVerdict,
-        Search, SEARCH_STEPS,
+        held, prefix_verdict, uncached_need, Choose, ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery,
+        PrefixVerdict, Search, SEARCH_STEPS,
     },
     prefix::PREFIX_KEYS_MAX,
 };
@@ -118,6 +118,7 @@ fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
     let found = s.search.lo;
     if found != 0 {
         s.key = s.keys[(found as usize - 1) & (PREFIX_KEYS_MAX - 1)];
+        s.c.required_mem_mb = uncached_need(s.c.required_mem_mb, found, s.count);
         // Evicted since the search: no holder to choose.
         s.holders = match Maps.prefix_holders(c.model, s.key) {
             Some(h) => *h,

@@ -269,8 +269,26 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
     let Some(&key) = q.keys.get(found as usize - 1) else {
         return (verdict(n as u32, 0, &Choose::new()), NO_BACKEND);
     };
-    let choose = maps.prefix_choose(c, key);
+    let c = PrefixCtx { required_mem_mb: uncached_need(c.required_mem_mb, found, n as u32), ..*c };
+    let choose = maps.prefix_choose(&c, key);
     (verdict(n as u32, found, &choose), choose.chosen)
+}
+
+/// The memory a holder of the longest prefix found needs for a request whose hint is
+/// `required` MB, when `found` of the `sent` keys are held: the hint covers the whole prompt
+/// (and its output), but the holder already caches the prompt up to its last key held, so it
+/// is asked only for the share after it. That share is counted in key intervals with one
+/// interval more than were sent, so that even a prompt held whole asks for
+/// `1 / (sent + 1)` of its hint (its output is not cached anywhere), rounded up. Asked for
+/// the whole hint, a holder whose free memory had fallen below it lost every later request
+/// of its tenant to another backend, which then cached the prompt a second time.
+#[inline(always)]
+pub const fn uncached_need(required: u32, found: u32, sent: u32) -> u32 {
+    if found == 0 || found > sent {
+        return required;
+    }
+    let n = sent as u64 + 1;
+    ((required as u64 * (n - found as u64)).div_ceil(n)) as u32
 }
 
 /// The verdict of a search of `sent` keys that found `found` held and chose as `choose` says.
