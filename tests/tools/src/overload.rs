@@ -164,10 +164,13 @@ fn gateway_toml(listen: &str, tenants: bool) -> anyhow::Result<String> {
     Ok(t)
 }
 
-/// A chat request of `tenant` (`None`: no key), closing its connection after the answer.
-fn request(tenant: Option<Tenant>, max_tokens: u32, stream: bool) -> String {
+/// Chat request `n` of `tenant` (`None`: no key), closing its connection after the answer.
+/// Each `n` is a user of its own (its question differs, so the front door derives a
+/// conversation of its own and no affinity ties the requests to one server).
+fn request(tenant: Option<Tenant>, n: u64, max_tokens: u32, stream: bool) -> String {
+    let who = tenant.map_or("anyone", Tenant::name);
     let body = format!(
-        r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"overload"}}]}}"#
+        r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"overload {who} {n}"}}]}}"#
     );
     // ailb's front door finds the tenant by its API key; SMG by its trusted header, and each
     // ignores the other's.
@@ -252,14 +255,15 @@ async fn offer(
     let mut arrivals = Arrivals(seed | 1);
     let mut next = Duration::ZERO;
     let mut tasks = Vec::new();
-    let req: Arc<str> = request(Some(tenant), MAX_TOKENS, true).into();
+    let mut n = seed;
     loop {
         next += arrivals.next_gap(rate);
         if next >= dur {
             break;
         }
         tokio::time::sleep_until((start + next).into()).await;
-        let (req, records) = (req.clone(), records.clone());
+        n += 1;
+        let (req, records) = (request(Some(tenant), n, MAX_TOKENS, true), records.clone());
         let sent = start.elapsed();
         tasks.push(tokio::spawn(async move {
             let (status, ttft, _) = exchange(addr, &req, true).await;
@@ -291,13 +295,14 @@ async fn phase(addr: &'static str, loads: &[(Tenant, f64)], dur: Duration) -> Ve
 async fn capacity(dur: Duration) -> f64 {
     let end = Instant::now() + dur;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let req: Arc<str> = request(None, MAX_TOKENS, true).into();
     let tasks: Vec<_> = (0..SLOTS)
         .map(|i| {
-            let (done, req, addr) = (done.clone(), req.clone(), BACKENDS[i % BACKENDS.len()]);
+            let (done, addr) = (done.clone(), BACKENDS[i % BACKENDS.len()]);
             tokio::spawn(async move {
+                let mut n = 0;
                 while Instant::now() < end {
-                    if exchange(addr, &req, true).await.0 == 200 {
+                    n += 1;
+                    if exchange(addr, &request(None, (i as u64) << 32 | n, MAX_TOKENS, true), true).await.0 == 200 {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
@@ -356,9 +361,11 @@ async fn fast_path(paths: &[(&'static str, &'static str, Option<Tenant>)], round
         for k in 0..paths.len() {
             let i = (round + k) % paths.len();
             let (_, addr, tenant) = paths[i];
-            let req = request(tenant, 1, false);
             let end = Instant::now() + Duration::from_secs(2);
+            let mut n = 0;
             while Instant::now() < end {
+                n += 1;
+                let req = request(tenant, (round as u64) << 32 | n, 1, false);
                 let (status, _, total) = exchange(addr, &req, false).await;
                 if status == 200 {
                     out[i].push(total);
