@@ -17,6 +17,10 @@
 //!   and one more batch request is refused at once (429 `scheduler_queue_full`).
 //! - The access log names each request's tenant and priority, and the metrics count them.
 //! - A route passed through (`/tokenize`) reaches a backend of the model.
+//!
+//! And the same priority order over the in-flight admission (`mode = "inflight"`, two
+//! requests at once per server by their `max_inflight`), which the scheduler consults the
+//! same way.
 
 #[expect(dead_code, reason = "the fleet-memory admission's own counters: its queue is the scheduler's here")]
 mod gateway_async;
@@ -35,6 +39,11 @@ const MODEL: &str = "tenants-7b";
 const VIP: &str = "127.77.43.1:8000";
 const LISTEN: &str = "127.0.43.1:18430";
 const BACKENDS: [&str; 2] = ["127.0.43.11:18431", "127.0.43.12:18432"];
+/// The in-flight admission's front door and servers.
+const LISTEN_INFLIGHT: &str = "127.0.43.2:18433";
+const BACKENDS_INFLIGHT: [&str; 2] = ["127.0.43.13:18434", "127.0.43.14:18435"];
+/// Each in-flight server's `max_inflight`: the fleet runs four at once, as the memory one does.
+const CAP: u32 = 2;
 const FREE_MB: u32 = 1000;
 const NEED_MB: u32 = 500;
 const MAX_QUEUED: usize = 16;
@@ -48,10 +57,11 @@ fn sha256(key: &str) -> String {
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
 }
 
-fn gateway_toml() -> String {
+/// The front door on `listen` with the admission table `admission` (its body).
+fn gateway_toml(listen: &str, admission: &str) -> String {
     format!(
-        "[gateway]\nlisten = [\"{LISTEN}\"]\nadmission_retry_after = \"3s\"\n\
-         [gateway.admission]\nmode = \"fleet_memory\"\nmax_wait = \"30s\"\nreserve = 0.0\n\
+        "[gateway]\nlisten = [\"{listen}\"]\nadmission_retry_after = \"3s\"\n\
+         [gateway.admission]\n{admission}\
          [gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {MAX_QUEUED}\nmax_wait = \"30s\"\n\
          [[gateway.tenants]]\nname = \"alpha\"\napi_key_sha256 = [\"{}\"]\nweight = 3\nmax_priority = 2\n\
          [[gateway.tenants]]\nname = \"beta\"\napi_key_sha256 = [\"{}\"]\nweight = 1\nmax_priority = 2\n\
@@ -77,8 +87,8 @@ fn request(key: &str, priority: u8, tag: &str, max_tokens: u32, stream: bool) ->
 
 /// Opens a stream of `alpha` at priority 2 and reads until its first token (it then holds its
 /// 500 MB until dropped).
-async fn hold() -> TcpStream {
-    let mut s = TcpStream::connect(LISTEN).await.expect("connect to the gateway");
+async fn hold(listen: &str) -> TcpStream {
+    let mut s = TcpStream::connect(listen).await.expect("connect to the gateway");
     s.write_all(request("key-alpha", 2, "holder", 4000, true).as_bytes()).await.expect("send");
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
@@ -90,10 +100,10 @@ async fn hold() -> TcpStream {
     s
 }
 
-async fn fill() -> Vec<TcpStream> {
+async fn fill(listen: &str) -> Vec<TcpStream> {
     let mut held = Vec::new();
     for _ in 0..(2 * FREE_MB / NEED_MB) {
-        held.push(hold().await);
+        held.push(hold(listen).await);
     }
     held
 }
@@ -111,10 +121,10 @@ fn tenant_series(name: &str, tenant: &str, priority: u8, outcome: Option<&str>) 
 }
 
 /// Polls the metrics (5 s at most) until `n` requests wait in the scheduler, all together.
-async fn wait_for_queued(n: u64) {
+async fn wait_for_queued(listen: &str, n: u64) {
     let until = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let m = gateway_async::metrics(LISTEN).await;
+        let m = gateway_async::metrics(listen).await;
         let waiting: u64 = m
             .lines()
             .filter(|l| l.starts_with("ailb_gateway_tenant_waiting{"))
@@ -130,6 +140,7 @@ async fn wait_for_queued(n: u64) {
 
 /// Sends a short request and records `label` in `order` when answered 200.
 fn waiter(
+    listen: &'static str,
     order: &Arc<Mutex<Vec<String>>>,
     key: &'static str,
     priority: u8,
@@ -137,7 +148,7 @@ fn waiter(
 ) -> tokio::task::JoinHandle<String> {
     let order = order.clone();
     tokio::spawn(async move {
-        let answer = gateway_async::exchange_raw(LISTEN, &request(key, priority, &label, 1, false)).await;
+        let answer = gateway_async::exchange_raw(listen, &request(key, priority, &label, 1, false)).await;
         if answer.starts_with("HTTP/1.1 200") {
             order.lock().unwrap().push(label);
         }
@@ -161,6 +172,55 @@ fn json_body(answer: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON body ({e}): {answer}"))
 }
 
+/// With the fleet full, batch asks for priority 2 and gets 0, then beta waits at 1 and alpha
+/// at 2; as one of the held streams ends, they go highest first. Returns the streams still
+/// held.
+async fn highest_priority_first(listen: &'static str) -> Vec<TcpStream> {
+    let mut held = fill(listen).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = vec![waiter(listen, &order, "key-batch", 2, "batch-0".into())];
+    wait_for_queued(listen, 1).await;
+    tasks.push(waiter(listen, &order, "key-beta", 1, "beta-1".into()));
+    wait_for_queued(listen, 2).await;
+    tasks.push(waiter(listen, &order, "key-alpha", 2, "alpha-2".into()));
+    wait_for_queued(listen, 3).await;
+    held.pop();
+    for t in tasks {
+        let answer = t.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    assert_eq!(*order.lock().unwrap(), ["alpha-2", "beta-1", "batch-0"], "highest priority first");
+    held
+}
+
+#[test]
+fn priorities_order_the_queue_over_the_in_flight_admission_too() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("gw-tenants-inflight");
+    let _sims: Vec<SimServer> =
+        BACKENDS_INFLIGHT.iter().map(|b| SimServer::start(b, MODEL, &["--time-scale", "1"])).collect();
+    let mut cfg = base_config("gw-tenants-inflight", &cg).service(MODEL, VIP);
+    for addr in BACKENDS_INFLIGHT {
+        let mut b = BackendCfg::new(MODEL, addr, 1);
+        b.max_inflight = Some(CAP);
+        cfg = cfg.backend(b);
+    }
+    // The in-flight admission reads the members' caps from the daemon's plan.
+    cfg.listen = Some(format!("127.0.0.1:{}", free_port()));
+    cfg.extra = gateway_toml(LISTEN_INFLIGHT, "mode = \"inflight\"\n");
+    let daemon = Daemon::start(&bin, &cfg);
+    let listen: SocketAddr = LISTEN_INFLIGHT.parse().unwrap();
+    let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
+    gateway.wait_for_log("gateway: admission per model on");
+    assert_eq!(2 * CAP, 2 * FREE_MB / NEED_MB, "both fleets run as many at once, which fill() holds");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        drop(highest_priority_first(LISTEN_INFLIGHT).await);
+        let m = gateway_async::metrics(LISTEN_INFLIGHT).await;
+        assert_eq!(value(&m, "ailb_gateway_scheduler_inversions_total "), 0, "{m}");
+    });
+}
+
 #[test]
 fn tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_limited_with_429() {
     let name = "tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_limited_with_429";
@@ -180,7 +240,7 @@ fn tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(FREE_MB));
     }
     cfg.listen = Some(format!("127.0.0.1:{}", free_port()));
-    cfg.extra = gateway_toml();
+    cfg.extra = gateway_toml(LISTEN, "mode = \"fleet_memory\"\nmax_wait = \"30s\"\nreserve = 0.0\n");
     let daemon = Daemon::start(&bin, &cfg);
     let listen: SocketAddr = LISTEN.parse().unwrap();
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, listen);
@@ -217,32 +277,18 @@ fn tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        // Priority: batch asks for 2 and gets 0; then beta at 1, alpha at 2.
-        let mut held = fill().await;
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = vec![waiter(&order, "key-batch", 2, "batch-0".into())];
-        wait_for_queued(1).await;
-        tasks.push(waiter(&order, "key-beta", 1, "beta-1".into()));
-        wait_for_queued(2).await;
-        tasks.push(waiter(&order, "key-alpha", 2, "alpha-2".into()));
-        wait_for_queued(3).await;
-        held.pop();
-        for t in tasks {
-            let answer = t.await.unwrap();
-            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        }
-        assert_eq!(*order.lock().unwrap(), ["alpha-2", "beta-1", "batch-0"], "highest priority first");
+        let mut held = highest_priority_first(LISTEN).await;
 
         // Weights: 8 + 8 waiting in band 1; the fleet holds four at once. It has room for one
         // (three held): filled again first, so that all sixteen wait.
-        held.push(hold().await);
+        held.push(hold(LISTEN).await);
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..8 {
-            tasks.push(waiter(&order, "key-alpha", 1, format!("alpha-{i}")));
-            tasks.push(waiter(&order, "key-beta", 1, format!("beta-{i}")));
+            tasks.push(waiter(LISTEN, &order, "key-alpha", 1, format!("alpha-{i}")));
+            tasks.push(waiter(LISTEN, &order, "key-beta", 1, format!("beta-{i}")));
         }
-        wait_for_queued(16).await;
+        wait_for_queued(LISTEN, 16).await;
         drop(held.drain(..));
         for t in tasks {
             let answer = t.await.unwrap();
@@ -254,11 +300,12 @@ fn tenants_share_a_saturated_fleet_by_priority_and_weight_and_are_shed_and_rate_
         assert!((5..=7).contains(&alpha_first), "alpha's share of the first 8 by weight 3:1: {order:?}");
 
         // Shedding: 16 batch requests fill the queue; a priority-1 request evicts the newest.
-        let mut held = fill().await;
+        let mut held = fill(LISTEN).await;
         let order = Arc::new(Mutex::new(Vec::new()));
-        let batch: Vec<_> = (0..MAX_QUEUED).map(|i| waiter(&order, "key-batch", 0, format!("batch-{i}"))).collect();
-        wait_for_queued(MAX_QUEUED as u64).await;
-        let high = waiter(&order, "key-beta", 1, "beta-high".into());
+        let batch: Vec<_> =
+            (0..MAX_QUEUED).map(|i| waiter(LISTEN, &order, "key-batch", 0, format!("batch-{i}"))).collect();
+        wait_for_queued(LISTEN, MAX_QUEUED as u64).await;
+        let high = waiter(LISTEN, &order, "key-beta", 1, "beta-high".into());
         let mut shed = None;
         for _ in 0..500 {
             if let Some(i) = batch.iter().position(|t| t.is_finished()) {
