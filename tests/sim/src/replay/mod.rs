@@ -88,9 +88,18 @@ pub fn trace_specs(requests: &[TraceRequest], conversations: &[String], sel: &Tr
         .collect()
 }
 
-/// The requests to send for a synthetic workload.
-pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, model: &str) -> Vec<RequestSpec> {
-    synthetic::generate(opts)
+/// A generated request (no trace line) as the replay sends it: tagged, its memory need from
+/// its lengths.
+struct Generated {
+    at_ms: u64,
+    conversation: String,
+    input_length: u32,
+    output_length: u32,
+    hash_ids: Vec<u64>,
+}
+
+fn generated_specs(requests: Vec<Generated>, kv_mb_per_token: f64, model: &str) -> Vec<RequestSpec> {
+    requests
         .into_iter()
         .enumerate()
         .map(|(index, r)| RequestSpec {
@@ -109,6 +118,18 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
         .collect()
 }
 
+/// The requests to send for a synthetic workload.
+pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, model: &str) -> Vec<RequestSpec> {
+    let requests = synthetic::generate(opts).into_iter().map(|r| Generated {
+        at_ms: r.at_ms,
+        conversation: r.conversation,
+        input_length: r.input_length,
+        output_length: r.output_length,
+        hash_ids: r.hash_ids,
+    });
+    generated_specs(requests.collect(), kv_mb_per_token, model)
+}
+
 /// The requests to send for the shared-prefix workload: no conversation (each request is its
 /// own, so no `X-Session-ID` and no conversation tag), the memory need as for the others.
 pub fn shared_prefix_specs(
@@ -116,23 +137,14 @@ pub fn shared_prefix_specs(
     kv_mb_per_token: f64,
     model: &str,
 ) -> Vec<RequestSpec> {
-    shared_prefix::generate(opts)
-        .into_iter()
-        .enumerate()
-        .map(|(index, r)| RequestSpec {
-            index,
-            line: None,
-            at_ms: r.at_ms,
-            memory_mb: trace::memory_mb(r.input_length, r.output_length, kv_mb_per_token),
-            conversation: String::new(),
-            prompt_tokens: r.input_length,
-            max_tokens: r.output_length,
-            hash_ids: r.hash_ids,
-            model: model.to_string(),
-            tag_socket: true,
-            prefix_keys: false,
-        })
-        .collect()
+    let requests = shared_prefix::generate(opts).into_iter().map(|r| Generated {
+        at_ms: r.at_ms,
+        conversation: String::new(),
+        input_length: r.input_length,
+        output_length: r.output_length,
+        hash_ids: r.hash_ids,
+    });
+    generated_specs(requests.collect(), kv_mb_per_token, model)
 }
 
 /// Makes `specs` those of a client that knows no ailb tags (of an L4 or L7 balancer, or of
