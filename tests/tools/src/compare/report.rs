@@ -180,11 +180,15 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
     }
     for o in outs.iter().filter(|o| !o.prefix_counters.is_empty()) {
         let c = |k: &str| o.prefix_counters.get(k).copied().unwrap_or(0.0);
+        // What the router predicted cached against what the GPUs report: the keys found over
+        // the keys sent (every k-th block's and the last, so a share of the prompt in blocks).
+        let predicted = (c("keys_sent") > 0.0).then(|| c("keys_found") / c("keys_sent"));
         let _ = writeln!(
             s,
             "\n{}: the kernel's prefix pick (`ailb_prefix_*` at the end): {:.0} connects with keys, {:.0} found a \
              holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent; {:.0} \
-             entries.",
+             entries. Predicted cached (keys found over keys sent): {}; the GPUs report {} of the prompt tokens \
+             served from their caches.",
             o.policy.title(),
             c("lookups"),
             c("found"),
@@ -193,7 +197,9 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
             c("overruled_memory"),
             c("keys_found"),
             c("keys_sent"),
-            c("entries")
+            c("entries"),
+            pct1(predicted),
+            pct1(o.cached_share())
         );
     }
     let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();

@@ -115,6 +115,16 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
             if let Some(p) = &r.prefix {
                 let _ =
                     writeln!(md, "\n{}: the kernel's prefix counters at the end of the run: `{p}`.", r.policy.title());
+                // What the router predicted cached (keys found over keys sent) against what
+                // vLLM's own counters say was read from the caches.
+                let n = |k: &str| p[k].as_f64().unwrap_or(0.0);
+                let _ = writeln!(
+                    md,
+                    "Predicted cached: {} of the keys sent were found held; vLLM read {} of the prompt tokens from \
+                     its caches.",
+                    ratio(n("keys_found"), n("keys_sent")),
+                    ratio(r.hit_tokens, r.queried_tokens)
+                );
             }
         }
         let kinds: std::collections::BTreeMap<String, usize> = rows
