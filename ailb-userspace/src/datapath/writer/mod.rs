@@ -469,6 +469,11 @@ impl<M: WriterMaps> Writer<M> {
                 freed.push((key.0, id));
             }
         }
+        // The daemon reaps on every tick: the prefix map is opened and scanned only when an
+        // id was freed.
+        if freed.is_empty() {
+            return Ok(0);
+        }
         if let Err(e) = self.maps.clear_prefix_holders(&freed) {
             warn!(error = %crate::error_chain(&e), freed = ?freed, "freed backends not cleared from the prefix map");
         }
