@@ -30,7 +30,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::inputs::Endpoint;
-use super::request_fields::{Fields, Messages};
+use super::request_fields::{value_text, Fields, Messages};
 use crate::tokenize::ChatTokenizer;
 
 /// How a model's requests are keyed.
@@ -105,19 +105,6 @@ pub struct ChatTurn {
     pub text: String,
 }
 
-/// The text of a content value: a string, or the `text` of each part that has one, joined
-/// with newlines (as a chat message's parts are); `None` for anything else.
-fn content_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => {
-            let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
-            (!texts.is_empty()).then(|| texts.join("\n"))
-        }
-        _ => None,
-    }
-}
-
 /// A Messages request's `system` as vLLM makes it a system message: a string as it is; text
 /// blocks concatenated, without the attribution header some agents put first (it carries a
 /// hash per request, which would make every request's first block differ).
@@ -153,7 +140,7 @@ pub fn agent_chat(endpoint: Endpoint, fields: &Fields<'_>) -> Option<Vec<ChatTur
                     for item in items {
                         let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
                         let (Some(role), Some(text)) =
-                            (item.get("role").and_then(Value::as_str), item.get("content").and_then(content_text))
+                            (item.get("role").and_then(Value::as_str), item.get("content").and_then(value_text))
                         else {
                             break;
                         };

@@ -136,6 +136,20 @@ impl Content<'_> {
     }
 }
 
+/// The text of a JSON content value kept as a `Value` (a Responses input item's `content`): a
+/// string, or the `text` of each part that has one, joined with newlines as a chat message's
+/// parts are ([`Content::write_text`]); `None` for anything else, or parts without text.
+pub(super) fn value_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text")?.as_str()).collect();
+            (!texts.is_empty()).then(|| texts.join("\n"))
+        }
+        _ => None,
+    }
+}
+
 /// Visitor methods for the JSON kinds a type does not keep: each value is checked by the parser
 /// (a map's or an array's members through [`Skip`]) and becomes the type's default.
 macro_rules! skip_kinds {

@@ -16,7 +16,7 @@
 use serde_json::Value;
 
 use super::{Endpoint, InputsError};
-use crate::gateway::request_fields::{Fields, Messages, StrOr};
+use crate::gateway::request_fields::{value_text, Fields, Messages, StrOr};
 
 /// Longest quote of a wrong value in an error (a whole input item could be megabytes).
 const QUOTE_CHARS: usize = 120;
@@ -207,13 +207,8 @@ pub(super) fn derive_material(endpoint: Endpoint, body: &Fields<'_>, material: &
                 Value::String(s) => material.extend_from_slice(s.as_bytes()),
                 Value::Array(items) => {
                     let user = items.iter().find(|i| i.get("role").and_then(Value::as_str) == Some("user"))?;
-                    match user.get("content") {
-                        Some(Value::String(s)) => material.extend_from_slice(s.as_bytes()),
-                        Some(Value::Array(parts)) => {
-                            let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text")?.as_str()).collect();
-                            material.extend_from_slice(texts.join("\n").as_bytes());
-                        }
-                        _ => {}
+                    if let Some(text) = user.get("content").and_then(value_text) {
+                        material.extend_from_slice(text.as_bytes());
                     }
                 }
                 _ => return None,
