@@ -1,7 +1,7 @@
-//! Remote clients' flows in `AILB_FLOWS` (three entries per flow; layout and invariants:
-//! `ailb_common::abi::tc`): a SYN to a VIP opens one with the pick, each packet refreshes
-//! its entry, the first FIN or an RST uncounts it, an RST or the ACK after both FINs removes
-//! it, and `ailb_tc_reclaim` removes the idle ones.
+//! The IPv4 family of the TC path: its [`Family`] (packets, `AILB_FLOWS`, `AILB_SERVICES`,
+//! the IPv4 rewrite steps) and its open path, a SYN to a VIP: the pick, the flow's three
+//! entries ([`crate::flows`]), then the SYN rewritten and forwarded. The pick for a remote
+//! client ([`pick_remote`]) and the refusal of a SYN are shared with the IPv6 open path.
 
 use core::ptr;
 
@@ -10,183 +10,135 @@ use ailb_common::{
     hash::{fmix64, rehash},
     pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult},
 };
-use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, TC_ACT_SHOT},
+    programs::TcContext,
+};
 
 use crate::{
     connect4::{count_pick, AffinityEntry},
-    maps::{inflight_add, inflight_read, stats, turn_take, AILB_CONFIG, AILB_SERVICES},
+    family::{Family, Side},
+    flows::{count_full, count_open, MAP_FULL},
+    maps::{inflight_read, stats, turn_take, AILB_CONFIG, AILB_SERVICES},
     nat,
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::Packet,
     pick_maps::Maps,
     tc_maps::{model_state, nat_cursor, nat_cursor_advance, tc_model, tc_stats, AILB_FLOWS, NAT_CURSOR_V4},
 };
 
-/// `-E2BIG`: a full hash map refuses an insert with it.
-pub(crate) const MAP_FULL: i32 = -7;
+/// The IPv4 family.
+pub(crate) struct V4;
 
-/// The key of `pkt` as it arrives, of `kind`.
-#[inline(always)]
-fn key_of(pkt: &Packet, kind: u32) -> FlowKey {
-    FlowKey { src_addr: pkt.saddr, dst_addr: pkt.daddr, src_port: pkt.sport, dst_port: pkt.dport, kind }
-}
+/// `BPF_NOEXIST`: an insert that refuses an existing key.
+pub(crate) const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
 
-/// The `kind` entry matching `pkt`, valid for this run (RCU).
-#[inline(always)]
-pub(crate) fn lookup(pkt: &Packet, kind: u32) -> Option<*mut Flow> {
-    AILB_FLOWS.get_ptr_mut(key_of(pkt, kind))
-}
+impl Family for V4 {
+    type Addr = u32;
+    type Pkt = Packet;
+    type Key = FlowKey;
+    type Flow = Flow;
 
-/// The VIP `pkt` is addressed to, if any.
-#[inline(always)]
-pub(crate) fn vip(pkt: &Packet) -> Option<Service> {
-    let key = ServiceKey { addr: pkt.daddr, port: pkt.dport, _pad: 0 };
-    let service = AILB_SERVICES.get_ptr(key)?;
-    // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
-    Some(unsafe { ptr::read(service) })
-}
-
-/// What [`on_forward`] returns when the packet is a SYN that reuses the address and port of
-/// a closing flow: that flow is removed and the SYN opens a new one.
-pub(crate) const REOPEN: i32 = -1;
-
-/// A client -> VIP packet of a known flow. A function of its own (a BPF subprogram, with its
-/// own stack frame) so that its locals and the open path's do not add up in one frame.
-#[inline(never)]
-pub(crate) fn on_forward(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u64, step: u64) -> i32 {
-    // SAFETY: a non-null hash map value pointer, valid for this run; copied at once.
-    let flow = unsafe { ptr::read(entry) };
-    let fk = key_of(pkt, FLOW_FORWARD);
-    if pkt.flags & (TCP_SYN | TCP_ACK) == TCP_SYN && flow.flags != 0 {
-        let _ = remove_flow(&fk, &flow.peer, &flow);
-        return REOPEN;
+    #[inline(always)]
+    fn saddr(pkt: &Packet) -> &u32 {
+        &pkt.saddr
     }
-    touch(entry, &flow, now, step);
-    let verdict = nat::rewrite_and_forward(ctx, pkt, &flow);
-    track_close(pkt, &fk, &flow.peer, &flow, FLOW_FIN_CLIENT);
-    verdict
-}
-
-/// How far a flow entry's `last_seen_ns` may lag its last packet: a sixteenth of the idle
-/// timeout, at most a second (and a second when flows never idle out). The entry is written
-/// only when its time has moved by at least that much, not at every packet: an entry shared by
-/// the packets of both CPUs stays in their caches unwritten, and the reclaim, which takes a
-/// flow as idle after `idle_timeout_ns` without a write, can end it at most a sixteenth early.
-#[inline(always)]
-pub(crate) fn seen_step(idle_timeout_ns: u64) -> u64 {
-    const SECOND: u64 = 1_000_000_000;
-    let step = idle_timeout_ns >> 4;
-    if idle_timeout_ns == 0 || step > SECOND {
-        SECOND
-    } else {
-        step
+    #[inline(always)]
+    fn daddr(pkt: &Packet) -> &u32 {
+        &pkt.daddr
     }
-}
-
-/// Notes a packet of the flow at `entry` (its copy `flow`) at `now`, when the entry's time is
-/// at least `step` old ([`seen_step`]).
-#[inline(always)]
-fn touch(entry: *mut Flow, flow: &Flow, now: u64, step: u64) {
-    if now.wrapping_sub(flow.last_seen_ns) >= step {
-        // SAFETY: a non-null hash map value pointer, valid for this run; a racing writer can
-        // only store another recent time.
-        unsafe { (*entry).last_seen_ns = now };
+    #[inline(always)]
+    fn ports(pkt: &Packet) -> (u16, u16) {
+        (pkt.sport, pkt.dport)
     }
-}
-
-/// A backend -> client packet of a known flow (its own subprogram, as [`on_forward`]).
-#[inline(never)]
-pub(crate) fn on_reply(ctx: &TcContext, pkt: &Packet, entry: *mut Flow, now: u64, step: u64) -> i32 {
-    // SAFETY: a non-null hash map value pointer, valid for this run; copied at once.
-    let flow = unsafe { ptr::read(entry) };
-    touch(entry, &flow, now, step);
-    let verdict = nat::rewrite_and_forward(ctx, pkt, &flow);
-    track_close(pkt, &flow.peer, &key_of(pkt, FLOW_REPLY), &flow, FLOW_FIN_BACKEND);
-    verdict
-}
-
-/// The close of a flow as its packets show it: an RST ends it; a FIN uncounts it (the load
-/// bound stops seeing it as soon as either side closes, as sock_ops does for local
-/// connections) and is noted in both entries; the first packet without FIN after both FINs
-/// (the last ACK) removes it. `flow` is the entry the packet matched, `fin` its side's flag.
-#[inline(always)]
-fn track_close(pkt: &Packet, fk: &FlowKey, rk: &FlowKey, flow: &Flow, fin: u32) {
-    let both = FLOW_FIN_CLIENT | FLOW_FIN_BACKEND;
-    if pkt.flags & TCP_RST != 0 {
-        if remove_flow(fk, rk, flow) {
-            if let Some(s) = tc_stats() {
-                s.ended_rst += 1;
-            }
-        }
-    } else if pkt.flags & TCP_FIN != 0 {
-        if flow.flags & fin == 0 {
-            note_fin(fk, fin);
-            note_fin(rk, fin);
-        }
-        let _ = uncount_once(fk, flow);
-    } else if flow.flags & both == both {
-        let _ = remove_flow(fk, rk, flow);
+    #[inline(always)]
+    fn l4(pkt: &Packet) -> u32 {
+        pkt.l4
     }
-}
-
-/// Adds `fin` to the flags of entry `key`: one byte of its own set to 1
-/// ([`flow_fin_byte`]), not a read-modify-write of the word, so that the other side's FIN noted
-/// on another CPU at the same moment is not overwritten (both sides closing at once is common:
-/// a client that closes as soon as it has read a whole answer, a server that closes after
-/// writing it).
-#[inline(always)]
-fn note_fin(key: &FlowKey, fin: u32) {
-    if let Some(p) = AILB_FLOWS.get_ptr_mut(*key) {
-        // SAFETY: a non-null hash map value pointer, valid for this run; the byte is inside
-        // `flags` (`flow_fin_byte` is 0 or 1 of its 4).
-        unsafe { set_fin_byte(ptr::addr_of_mut!((*p).flags), fin) };
+    #[inline(always)]
+    fn tcp_flags(pkt: &Packet) -> u8 {
+        pkt.flags
     }
-}
-
-/// Sets `fin`'s byte of the flags word at `flags` to 1.
-///
-/// # Safety
-/// `flags` must point to a writable `u32`.
-#[inline(always)]
-pub(crate) unsafe fn set_fin_byte(flags: *mut u32, fin: u32) {
-    // SAFETY: per this function's contract; `flow_fin_byte` of a `FLOW_FIN_*` is below 4.
-    unsafe { ptr::write_volatile(flags.cast::<u8>().add(flow_fin_byte(fin)), 1) };
-}
-
-/// Uncounts the flow of forward key `fk` if it is still counted: the delete of its
-/// `FLOW_COUNT` entry succeeds for one caller only. Returns whether this call uncounted it.
-#[inline(always)]
-pub(crate) fn uncount_once(fk: &FlowKey, flow: &Flow) -> bool {
-    let ck = FlowKey { kind: FLOW_COUNT, ..*fk };
-    if AILB_FLOWS.remove(ck).is_err() {
-        return false;
+    #[inline(always)]
+    fn key_of(pkt: &Packet, kind: u32) -> FlowKey {
+        FlowKey { src_addr: pkt.saddr, dst_addr: pkt.daddr, src_port: pkt.sport, dst_port: pkt.dport, kind }
     }
-    uncount(flow.backend, flow.model, flow.counted_mem_mb);
-    true
-}
-
-/// Takes a flow of `backend` and `model` holding `mem_mb` out of the in-flight counters.
-#[inline(always)]
-pub(crate) fn uncount(backend: u32, model: u32, mem_mb: u32) {
-    if backend < MAX_BACKENDS && model < MAX_MODELS {
-        inflight_add(backend, u64::MAX);
-        inflight_add(INFLIGHT_MODEL_BASE + model, u64::MAX);
-        if mem_mb != 0 {
-            inflight_add(INFLIGHT_MEM_BASE + backend, (mem_mb as u64).wrapping_neg());
-        }
+    #[inline(always)]
+    fn kind(key: &FlowKey) -> u32 {
+        key.kind
     }
-    if let Some(s) = tc_stats() {
-        s.flows_closed += 1;
+    #[inline(always)]
+    fn with_kind(key: &FlowKey, kind: u32) -> FlowKey {
+        FlowKey { kind, ..*key }
     }
-}
-
-/// Uncounts the flow and removes its entries. Returns whether this call uncounted it (it was
-/// still counted: no FIN had been seen).
-#[inline(always)]
-pub(crate) fn remove_flow(fk: &FlowKey, rk: &FlowKey, flow: &Flow) -> bool {
-    let uncounted = uncount_once(fk, flow);
-    let _ = AILB_FLOWS.remove(*fk);
-    let _ = AILB_FLOWS.remove(*rk);
-    uncounted
+    #[inline(always)]
+    fn flow_src(flow: &Flow) -> (&u32, u16) {
+        (&flow.src_addr, flow.src_port)
+    }
+    #[inline(always)]
+    fn flow_dst(flow: &Flow) -> (&u32, u16) {
+        (&flow.dst_addr, flow.dst_port)
+    }
+    #[inline(always)]
+    fn counted(flow: &Flow) -> (u32, u32, u32) {
+        (flow.backend, flow.model, flow.counted_mem_mb)
+    }
+    #[inline(always)]
+    fn flags(flow: &Flow) -> u32 {
+        flow.flags
+    }
+    #[inline(always)]
+    fn last_seen(flow: &Flow) -> u64 {
+        flow.last_seen_ns
+    }
+    #[inline(always)]
+    fn peer(flow: &Flow) -> &FlowKey {
+        &flow.peer
+    }
+    #[inline(always)]
+    fn flags_ptr(entry: *mut Flow) -> *mut u32 {
+        // SAFETY: a field's address, no access.
+        unsafe { ptr::addr_of_mut!((*entry).flags) }
+    }
+    #[inline(always)]
+    fn last_seen_ptr(entry: *mut Flow) -> *mut u64 {
+        // SAFETY: a field's address, no access.
+        unsafe { ptr::addr_of_mut!((*entry).last_seen_ns) }
+    }
+    #[inline(always)]
+    fn get(key: &FlowKey) -> Option<*mut Flow> {
+        AILB_FLOWS.get_ptr_mut(key)
+    }
+    #[inline(always)]
+    fn remove(key: &FlowKey) -> bool {
+        AILB_FLOWS.remove(key).is_ok()
+    }
+    #[inline(always)]
+    fn map_ptr() -> *mut core::ffi::c_void {
+        ptr::addr_of!(AILB_FLOWS).cast_mut().cast()
+    }
+    #[inline(always)]
+    fn vip(pkt: &Packet) -> Option<Service> {
+        let key = ServiceKey { addr: pkt.daddr, port: pkt.dport, _pad: 0 };
+        let service = AILB_SERVICES.get_ptr(key)?;
+        // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
+        Some(unsafe { ptr::read(service) })
+    }
+    #[inline(always)]
+    fn replace_addr(ctx: &TcContext, tcp_csum: u32, side: Side, old: &u32, new: &u32) -> Result<(), i64> {
+        nat::replace_addr4(ctx, tcp_csum, side, *old, *new)
+    }
+    #[inline(always)]
+    fn fib_addrs(fib: &mut FibParams, src: &u32, dst: &u32) {
+        nat::fib_addrs4(fib, *src, *dst)
+    }
+    #[inline(always)]
+    fn hops(pkt: &Packet) -> u8 {
+        pkt.ttl
+    }
+    #[inline(always)]
+    fn decrement_hops(ctx: &TcContext, pkt: &Packet) -> Result<(), i64> {
+        nat::decrement_ttl(ctx, pkt.ttl)
+    }
 }
 
 /// Counts a SYN the pick refused, and drops it (a remote client has no `connect()` to fail).
@@ -207,7 +159,7 @@ pub(crate) fn refuse_syn(outcome: Outcome) -> i32 {
 
 /// A SYN to `service`: the pick, the flow's entries, the counts, then the SYN rewritten and
 /// forwarded. Dropped when the pick refuses it, the flow table is full or no NAT port is free.
-/// Its own subprogram, as [`on_forward`].
+/// Its own subprogram, as [`crate::flows::on_forward`].
 #[inline(never)]
 pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcConfig, now: u64) -> i32 {
     let conn_hash =
@@ -217,7 +169,7 @@ pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcCon
         Ok(p) => p,
         Err(verdict) => return verdict,
     };
-    let fk = key_of(pkt, FLOW_FORWARD);
+    let fk = V4::key_of(pkt, FLOW_FORWARD);
     let reply = Flow {
         src_addr: pkt.daddr,
         dst_addr: pkt.saddr,
@@ -253,7 +205,7 @@ pub(crate) fn open(ctx: &TcContext, pkt: &Packet, service: &Service, cfg: &TcCon
     count_open(forward.backend, forward.model, forward.counted_mem_mb);
     entry.remember(&res, now);
     count_pick(&res);
-    nat::rewrite_and_forward(ctx, pkt, &forward)
+    nat::rewrite_and_forward::<V4>(ctx, pkt, &forward)
 }
 
 /// A remote client as the pick sees it: the affinity key of its address (in `space`), and the
@@ -313,36 +265,12 @@ pub(crate) fn pick_remote(
     Ok((res, backend, model, tcm, entry))
 }
 
-pub(crate) const BPF_NOEXIST_FLAG: u64 = aya_ebpf::bindings::BPF_NOEXIST as u64;
-
-#[inline(always)]
-pub(crate) fn count_full(err: i32) {
-    if err == MAP_FULL {
-        if let Some(s) = tc_stats() {
-            s.flows_full += 1;
-        }
-    }
-}
-
-/// Counts a new flow in flight at its backend and model, with the model's memory hint.
-#[inline(always)]
-pub(crate) fn count_open(backend: u32, model: u32, mem_mb: u32) {
-    if backend < MAX_BACKENDS && model < MAX_MODELS {
-        inflight_add(backend, 1);
-        inflight_add(INFLIGHT_MODEL_BASE + model, 1);
-        if mem_mb != 0 {
-            inflight_add(INFLIGHT_MEM_BASE + backend, mem_mb as u64);
-        }
-    }
-    if let Some(s) = tc_stats() {
-        s.flows_opened += 1;
-    }
-}
-
 /// Inserts the flow's reply entry and returns its key: routed, the backend answers the
 /// client itself; masquerading, the backend answers the NAT address at a port of the range
 /// that no other flow to this backend holds (the first of [`NAT_PROBES`] consecutive ports from
-/// the shared cursor that a no-exist insert accepts, so two SYNs never share one).
+/// the shared cursor that a no-exist insert accepts, so two SYNs never share one). Written for
+/// IPv4 only, not over [`Family`]: generic, with the key built by the caller, the open path's
+/// frame grew from 320 to 456 bytes, past what the ingress program's 160 leave of the 512.
 #[inline(always)]
 fn insert_reply(pkt: &Packet, cfg: &TcConfig, backend: &Backend, reply: &Flow) -> Option<FlowKey> {
     let mut rk = FlowKey {

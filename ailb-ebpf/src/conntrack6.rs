@@ -1,6 +1,7 @@
-//! Remote IPv6 clients' flows in `AILB_FLOWS6`: the same three entries per flow, lifecycle
-//! and exactly-once uncount as [`crate::conntrack`] (whose pick, counters and refusals they
-//! share), with IPv6 keys. The pick reaches the model's IPv6 backends only.
+//! The IPv6 family of the TC path: its [`Family`] (packets, `AILB_FLOWS6`, `AILB_SERVICES6`,
+//! the IPv6 rewrite steps of [`crate::nat6`]) and its open path, with the same three entries
+//! per flow, lifecycle and exactly-once uncount as IPv4 ([`crate::flows`]) and the same pick,
+//! among the model's IPv6 backends only.
 
 use core::ptr;
 
@@ -9,117 +10,131 @@ use ailb_common::{
     hash::{fmix64, rehash},
     pick::{ClientFamily, Outcome},
 };
-use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, TC_ACT_SHOT},
+    programs::TcContext,
+};
 
 use crate::{
     connect4::count_pick,
-    conntrack::{count_full, count_open, pick_remote, refuse_syn, uncount, Client, BPF_NOEXIST_FLAG, MAP_FULL},
+    conntrack::{pick_remote, refuse_syn, Client, BPF_NOEXIST_FLAG},
+    family::{Family, Side},
+    flows::{count_full, count_open, MAP_FULL},
     maps::{backend_addr6, AILB_SERVICES6},
     nat6,
-    packet::{Packet6, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::Packet6,
     tc_maps::{nat_addr6, nat_cursor, nat_cursor_advance, open6_scratch, tc_stats, Open6, AILB_FLOWS6, NAT_CURSOR_V6},
 };
 
-pub(crate) use crate::conntrack::REOPEN;
+/// The IPv6 family.
+pub(crate) struct V6;
 
-/// The key of `pkt` as it arrives, of `kind`.
-#[inline(always)]
-fn key_of(pkt: &Packet6, kind: u32) -> FlowKey6 {
-    FlowKey6 { src_addr: pkt.saddr, dst_addr: pkt.daddr, src_port: pkt.sport, dst_port: pkt.dport, kind }
-}
+impl Family for V6 {
+    type Addr = [u32; 4];
+    type Pkt = Packet6;
+    type Key = FlowKey6;
+    type Flow = Flow6;
 
-/// The `kind` entry matching `pkt`, valid for this run (RCU).
-#[inline(always)]
-pub(crate) fn lookup(pkt: &Packet6, kind: u32) -> Option<*mut Flow6> {
-    AILB_FLOWS6.get_ptr_mut(key_of(pkt, kind))
-}
-
-/// The IPv6 VIP `pkt` is addressed to, if any.
-#[inline(always)]
-pub(crate) fn vip(pkt: &Packet6) -> Option<Service> {
-    let service = AILB_SERVICES6.get_ptr(ServiceKey6 { addr: pkt.daddr, port: pkt.dport, _pad: 0 })?;
-    // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
-    Some(unsafe { ptr::read(service) })
-}
-
-/// A client -> VIP packet of a known flow (its own subprogram, as the IPv4 one).
-#[inline(never)]
-pub(crate) fn on_forward(ctx: &TcContext, pkt: &Packet6, entry: *mut Flow6, now: u64) -> i32 {
-    // SAFETY: a non-null hash map value pointer, valid for this run; copied at once.
-    let flow = unsafe { ptr::read(entry) };
-    let fk = key_of(pkt, FLOW_FORWARD);
-    if pkt.flags & (TCP_SYN | TCP_ACK) == TCP_SYN && flow.flags != 0 {
-        let _ = remove_flow(&fk, &flow.peer, &flow);
-        return REOPEN;
+    #[inline(always)]
+    fn saddr(pkt: &Packet6) -> &[u32; 4] {
+        &pkt.saddr
     }
-    // SAFETY: as above; a racing writer can only store another recent time.
-    unsafe { (*entry).last_seen_ns = now };
-    let verdict = nat6::rewrite_and_forward(ctx, pkt, &flow);
-    track_close(pkt, &fk, &flow.peer, &flow, FLOW_FIN_CLIENT);
-    verdict
-}
-
-/// A backend -> client packet of a known flow.
-#[inline(never)]
-pub(crate) fn on_reply(ctx: &TcContext, pkt: &Packet6, entry: *mut Flow6, now: u64) -> i32 {
-    // SAFETY: a non-null hash map value pointer, valid for this run; copied at once.
-    let flow = unsafe { ptr::read(entry) };
-    // SAFETY: as above; a racing writer can only store another recent time.
-    unsafe { (*entry).last_seen_ns = now };
-    let verdict = nat6::rewrite_and_forward(ctx, pkt, &flow);
-    track_close(pkt, &flow.peer, &key_of(pkt, FLOW_REPLY), &flow, FLOW_FIN_BACKEND);
-    verdict
-}
-
-/// The close as the packets show it, as `conntrack::track_close`.
-#[inline(always)]
-fn track_close(pkt: &Packet6, fk: &FlowKey6, rk: &FlowKey6, flow: &Flow6, fin: u32) {
-    let both = FLOW_FIN_CLIENT | FLOW_FIN_BACKEND;
-    if pkt.flags & TCP_RST != 0 {
-        if remove_flow(fk, rk, flow) {
-            if let Some(s) = tc_stats() {
-                s.ended_rst += 1;
-            }
-        }
-    } else if pkt.flags & TCP_FIN != 0 {
-        if flow.flags & fin == 0 {
-            note_fin(fk, fin);
-            note_fin(rk, fin);
-        }
-        let _ = uncount_once(fk, flow);
-    } else if flow.flags & both == both {
-        let _ = remove_flow(fk, rk, flow);
+    #[inline(always)]
+    fn daddr(pkt: &Packet6) -> &[u32; 4] {
+        &pkt.daddr
     }
-}
-
-/// Adds `fin` to the flags of entry `key` with a one-byte store, as the IPv4 one.
-#[inline(always)]
-fn note_fin(key: &FlowKey6, fin: u32) {
-    if let Some(p) = AILB_FLOWS6.get_ptr_mut(*key) {
-        // SAFETY: a non-null hash map value pointer, valid for this run.
-        unsafe { crate::conntrack::set_fin_byte(ptr::addr_of_mut!((*p).flags), fin) };
+    #[inline(always)]
+    fn ports(pkt: &Packet6) -> (u16, u16) {
+        (pkt.sport, pkt.dport)
     }
-}
-
-/// Uncounts the flow of forward key `fk` if it is still counted (the delete of its
-/// `FLOW_COUNT` entry succeeds for one caller only). Returns whether this call uncounted it.
-#[inline(always)]
-pub(crate) fn uncount_once(fk: &FlowKey6, flow: &Flow6) -> bool {
-    let ck = FlowKey6 { kind: FLOW_COUNT, ..*fk };
-    if AILB_FLOWS6.remove(ck).is_err() {
-        return false;
+    #[inline(always)]
+    fn l4(pkt: &Packet6) -> u32 {
+        pkt.l4
     }
-    uncount(flow.backend, flow.model, flow.counted_mem_mb);
-    true
-}
-
-/// Uncounts the flow and removes its entries. Returns whether this call uncounted it.
-#[inline(always)]
-pub(crate) fn remove_flow(fk: &FlowKey6, rk: &FlowKey6, flow: &Flow6) -> bool {
-    let uncounted = uncount_once(fk, flow);
-    let _ = AILB_FLOWS6.remove(*fk);
-    let _ = AILB_FLOWS6.remove(*rk);
-    uncounted
+    #[inline(always)]
+    fn tcp_flags(pkt: &Packet6) -> u8 {
+        pkt.flags
+    }
+    #[inline(always)]
+    fn key_of(pkt: &Packet6, kind: u32) -> FlowKey6 {
+        FlowKey6 { src_addr: pkt.saddr, dst_addr: pkt.daddr, src_port: pkt.sport, dst_port: pkt.dport, kind }
+    }
+    #[inline(always)]
+    fn kind(key: &FlowKey6) -> u32 {
+        key.kind
+    }
+    #[inline(always)]
+    fn with_kind(key: &FlowKey6, kind: u32) -> FlowKey6 {
+        FlowKey6 { kind, ..*key }
+    }
+    #[inline(always)]
+    fn flow_src(flow: &Flow6) -> (&[u32; 4], u16) {
+        (&flow.src_addr, flow.src_port)
+    }
+    #[inline(always)]
+    fn flow_dst(flow: &Flow6) -> (&[u32; 4], u16) {
+        (&flow.dst_addr, flow.dst_port)
+    }
+    #[inline(always)]
+    fn counted(flow: &Flow6) -> (u32, u32, u32) {
+        (flow.backend, flow.model, flow.counted_mem_mb)
+    }
+    #[inline(always)]
+    fn flags(flow: &Flow6) -> u32 {
+        flow.flags
+    }
+    #[inline(always)]
+    fn last_seen(flow: &Flow6) -> u64 {
+        flow.last_seen_ns
+    }
+    #[inline(always)]
+    fn peer(flow: &Flow6) -> &FlowKey6 {
+        &flow.peer
+    }
+    #[inline(always)]
+    fn flags_ptr(entry: *mut Flow6) -> *mut u32 {
+        // SAFETY: a field's address, no access.
+        unsafe { ptr::addr_of_mut!((*entry).flags) }
+    }
+    #[inline(always)]
+    fn last_seen_ptr(entry: *mut Flow6) -> *mut u64 {
+        // SAFETY: a field's address, no access.
+        unsafe { ptr::addr_of_mut!((*entry).last_seen_ns) }
+    }
+    #[inline(always)]
+    fn get(key: &FlowKey6) -> Option<*mut Flow6> {
+        AILB_FLOWS6.get_ptr_mut(key)
+    }
+    #[inline(always)]
+    fn remove(key: &FlowKey6) -> bool {
+        AILB_FLOWS6.remove(key).is_ok()
+    }
+    #[inline(always)]
+    fn map_ptr() -> *mut core::ffi::c_void {
+        ptr::addr_of!(AILB_FLOWS6).cast_mut().cast()
+    }
+    #[inline(always)]
+    fn vip(pkt: &Packet6) -> Option<Service> {
+        let service = AILB_SERVICES6.get_ptr(ServiceKey6 { addr: pkt.daddr, port: pkt.dport, _pad: 0 })?;
+        // SAFETY: a non-null hash map value pointer; copied at once (an update may replace it).
+        Some(unsafe { ptr::read(service) })
+    }
+    #[inline(always)]
+    fn replace_addr(ctx: &TcContext, tcp_csum: u32, side: Side, old: &[u32; 4], new: &[u32; 4]) -> Result<(), i64> {
+        nat6::replace_addr6(ctx, tcp_csum, side, old, new)
+    }
+    #[inline(always)]
+    fn fib_addrs(fib: &mut FibParams, src: &[u32; 4], dst: &[u32; 4]) {
+        nat6::fib_addrs6(fib, src, dst)
+    }
+    #[inline(always)]
+    fn hops(pkt: &Packet6) -> u8 {
+        pkt.hop_limit
+    }
+    #[inline(always)]
+    fn decrement_hops(ctx: &TcContext, pkt: &Packet6) -> Result<(), i64> {
+        nat6::decrement_hop_limit(ctx, pkt.hop_limit)
+    }
 }
 
 /// 64 bits of an IPv6 address for the hashes (the four words mixed, none dropped).
@@ -129,7 +144,7 @@ fn addr_bits(a: &[u32; 4]) -> u64 {
 }
 
 /// A SYN to an IPv6 `service`: the pick among its IPv6 backends, the flow's entries, the
-/// counts (the SYN is then rewritten by [`on_forward`], see [`OPENED`]). The entries are built in
+/// counts (the SYN is then rewritten as the flow's first packet, see [`OPENED`]). The entries are built in
 /// the per-CPU [`Open6`] slot: with 40-byte keys and 104-byte values they do not fit the
 /// BPF stack next to the pick.
 #[inline(never)]
@@ -145,7 +160,7 @@ pub(crate) fn open(pkt: &Packet6, service: &Service, cfg: &TcConfig, now: u64) -
     let (Some(backend_addr), Some(o)) = (backend_addr6(res.backend), open6_scratch()) else {
         return refuse_syn(Outcome::NoBackend);
     };
-    o.fk = key_of(pkt, FLOW_FORWARD);
+    o.fk = V6::key_of(pkt, FLOW_FORWARD);
     // The reply entry's value first; the same slot then becomes the forward entry's.
     o.flow = Flow6 {
         src_addr: pkt.daddr,
@@ -201,7 +216,7 @@ pub(crate) fn open(pkt: &Packet6, service: &Service, cfg: &TcConfig, now: u64) -
 }
 
 /// What [`open`] returns once the flow is open: the caller then handles the SYN as the
-/// flow's first packet ([`on_forward`]). The rewrite and FIB lookup are not made in `open`'s
+/// flow's first packet ([`crate::flows::on_forward`]). The rewrite and FIB lookup are not made in `open`'s
 /// frame, which with the pick would pass the 512 bytes of stack the frames share.
 pub(crate) const OPENED: i32 = -2;
 

@@ -14,11 +14,13 @@
 //!   `TCP_CONNECT_CB` to the socket's `TCP_CLOSE`, and counts established / closed /
 //!   failed connections and RTT samples.
 //! * `ailb_tc_ingress` (`sched_cls`, [`tc`]): remote clients on the `[daemon] interfaces`: a
-//!   SYN to a VIP runs the same pick, the flow is kept in `AILB_FLOWS` ([`conntrack`]) and its
-//!   packets are rewritten both ways and forwarded ([`nat`]), counted in the same in-flight
-//!   counters; IPv6 VIPs and flows the same way ([`tc6`], [`conntrack6`], [`nat6`], flows in
-//!   `AILB_FLOWS6`, IPv6 backends only). `ailb_tc_reclaim` ([`reclaim`]) removes idle flows
-//!   of both families when the daemon runs it.
+//!   SYN to a VIP runs the same pick ([`conntrack`]), the flow is kept in `AILB_FLOWS`
+//!   ([`flows`]) and its packets are rewritten both ways and forwarded ([`nat`]), counted in
+//!   the same in-flight counters; IPv6 VIPs and flows the same way ([`tc6`], [`conntrack6`],
+//!   [`nat6`], flows in `AILB_FLOWS6`, IPv6 backends only). What differs between the families
+//!   is one trait ([`family`]); the flows' lifecycle, the rewrite and the reclaim are written
+//!   once over it. `ailb_tc_reclaim` ([`reclaim`]) removes idle flows of both families when
+//!   the daemon runs it.
 //!
 //! The maps and their accessors are in [`maps`]; the pick reads them through [`pick_maps`].
 //! Every array index is checked against its bound before use (the verifier needs it and a
@@ -37,6 +39,8 @@ mod connect4;
 mod connect6;
 mod conntrack;
 mod conntrack6;
+mod family;
+mod flows;
 mod maps;
 mod nat;
 mod nat6;

@@ -2,13 +2,11 @@
 //! `BPF_PROG_TEST_RUN` to remove the flows idle for `TcConfig::idle_timeout_ns`. It runs in
 //! the kernel because the in-flight counters change by atomic adds, which userspace cannot
 //! make on a map value; the uncount is exactly once for the same reason as at a FIN (the
-//! `FLOW_COUNT` delete). Both families' flows (`AILB_FLOWS`, then `AILB_FLOWS6`). Returns the
+//! `FLOW_COUNT` delete). Both families' flows (`AILB_FLOWS`, then `AILB_FLOWS6`), with one
+//! callback written over [`Family`]. Returns the
 //! number of flows removed.
 
-use core::{
-    ffi::c_void,
-    ptr::{self, addr_of},
-};
+use core::{ffi::c_void, ptr};
 
 use ailb_common::abi::*;
 use aya_ebpf::{
@@ -18,9 +16,11 @@ use aya_ebpf::{
 };
 
 use crate::{
-    conntrack::{remove_flow, uncount_once},
-    conntrack6,
-    tc_maps::{tc_stats, AILB_FLOWS, AILB_FLOWS6, AILB_TC_CONFIG},
+    conntrack::V4,
+    conntrack6::V6,
+    family::Family,
+    flows::{remove_flow, uncount_once},
+    tc_maps::{tc_stats, AILB_TC_CONFIG},
 };
 
 struct Reclaim {
@@ -44,23 +44,9 @@ pub fn ailb_tc_reclaim(_ctx: TcContext) -> i32 {
     // SAFETY: the map pointer is the BTF map definition's address (relocated by the loader);
     // `reclaim_one` has the callback signature for a hash map and uses its context only as
     // the `Reclaim` passed here, which outlives the call.
-    unsafe {
-        bpf_for_each_map_elem(
-            addr_of!(AILB_FLOWS) as *mut c_void,
-            reclaim_one as *mut c_void,
-            ptr::from_mut(&mut r).cast(),
-            0,
-        )
-    };
+    unsafe { bpf_for_each_map_elem(V4::map_ptr(), reclaim_one::<V4> as *mut c_void, ptr::from_mut(&mut r).cast(), 0) };
     // SAFETY: as above, for the IPv6 flows and their callback.
-    unsafe {
-        bpf_for_each_map_elem(
-            addr_of!(AILB_FLOWS6) as *mut c_void,
-            reclaim_one6 as *mut c_void,
-            ptr::from_mut(&mut r).cast(),
-            0,
-        )
-    };
+    unsafe { bpf_for_each_map_elem(V6::map_ptr(), reclaim_one::<V6> as *mut c_void, ptr::from_mut(&mut r).cast(), 0) };
     if let Some(s) = tc_stats() {
         s.flows_reclaimed += r.removed as u64;
     }
@@ -81,65 +67,41 @@ fn idle(r: &Reclaim, seen: u64) -> bool {
     r.now > seen && r.now - seen >= r.timeout
 }
 
-/// `bpf_for_each_map_elem` callback: one entry of `AILB_FLOWS`. A forward entry is removed
-/// with its flow when neither side sent a packet within the timeout; a reply entry whose
-/// forward entry is gone (an open that failed half-way) when itself idle; a count entry
-/// whose forward entry is gone is uncounted. Returns 0: go on.
+/// `bpf_for_each_map_elem` callback: one entry of family `F`'s flow map. A forward entry is
+/// removed with its flow when neither side sent a packet within the timeout; a reply entry whose
+/// forward entry is gone (an open that failed half-way) when itself idle; a count entry whose
+/// forward entry is gone is uncounted. Returns 0: go on.
 #[inline(never)]
-extern "C" fn reclaim_one(_map: *mut c_void, key: *const FlowKey, value: *mut Flow, ctx: *mut c_void) -> i64 {
+extern "C" fn reclaim_one<F: Family>(
+    _map: *mut c_void,
+    key: *const F::Key,
+    value: *mut F::Flow,
+    ctx: *mut c_void,
+) -> i64 {
     // SAFETY: the kernel passes this element's key and value and the context given above.
     let (key, flow, r) = unsafe { (ptr::read(key), ptr::read(value), &mut *ctx.cast::<Reclaim>()) };
-    if key.kind == FLOW_FORWARD {
-        let peer_seen = match AILB_FLOWS.get_ptr(flow.peer) {
+    let peer = F::peer(&flow);
+    let kind = F::kind(&key);
+    if kind == FLOW_FORWARD {
+        let peer_seen = match F::get(peer) {
             // SAFETY: a non-null hash map value pointer, valid for this run.
-            Some(p) => unsafe { (*p).last_seen_ns },
+            Some(p) => unsafe { *F::last_seen_ptr(p) },
             None => 0,
         };
-        let seen = if peer_seen > flow.last_seen_ns { peer_seen } else { flow.last_seen_ns };
+        let seen = if peer_seen > F::last_seen(&flow) { peer_seen } else { F::last_seen(&flow) };
         if idle(r, seen) {
-            if remove_flow(&key, &flow.peer, &flow) {
+            if remove_flow::<F>(&key, peer, &flow) {
                 count_idle_end();
             }
             r.removed += 1;
         }
-    } else if key.kind == FLOW_REPLY {
-        if AILB_FLOWS.get_ptr(flow.peer).is_none() && idle(r, flow.last_seen_ns) {
-            let _ = AILB_FLOWS.remove(key);
+    } else if kind == FLOW_REPLY {
+        if F::get(peer).is_none() && idle(r, F::last_seen(&flow)) {
+            let _ = F::remove(&key);
         }
     } else {
-        let fk = FlowKey { kind: FLOW_FORWARD, ..key };
-        if AILB_FLOWS.get_ptr(fk).is_none() && uncount_once(&fk, &flow) {
-            count_idle_end();
-        }
-    }
-    0
-}
-
-/// `bpf_for_each_map_elem` callback: one entry of `AILB_FLOWS6`, as [`reclaim_one`].
-#[inline(never)]
-extern "C" fn reclaim_one6(_map: *mut c_void, key: *const FlowKey6, value: *mut Flow6, ctx: *mut c_void) -> i64 {
-    // SAFETY: the kernel passes this element's key and value and the context given above.
-    let (key, flow, r) = unsafe { (ptr::read(key), ptr::read(value), &mut *ctx.cast::<Reclaim>()) };
-    if key.kind == FLOW_FORWARD {
-        let peer_seen = match AILB_FLOWS6.get_ptr(flow.peer) {
-            // SAFETY: a non-null hash map value pointer, valid for this run.
-            Some(p) => unsafe { (*p).last_seen_ns },
-            None => 0,
-        };
-        let seen = if peer_seen > flow.last_seen_ns { peer_seen } else { flow.last_seen_ns };
-        if idle(r, seen) {
-            if conntrack6::remove_flow(&key, &flow.peer, &flow) {
-                count_idle_end();
-            }
-            r.removed += 1;
-        }
-    } else if key.kind == FLOW_REPLY {
-        if AILB_FLOWS6.get_ptr(flow.peer).is_none() && idle(r, flow.last_seen_ns) {
-            let _ = AILB_FLOWS6.remove(key);
-        }
-    } else {
-        let fk = FlowKey6 { kind: FLOW_FORWARD, ..key };
-        if AILB_FLOWS6.get_ptr(fk).is_none() && conntrack6::uncount_once(&fk, &flow) {
+        let fk = F::with_kind(&key, FLOW_FORWARD);
+        if F::get(&fk).is_none() && uncount_once::<F>(&fk, &flow) {
             count_idle_end();
         }
     }

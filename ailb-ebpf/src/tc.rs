@@ -1,17 +1,20 @@
 //! `sched_cls` on the ingress of the `[daemon] interfaces` (`ailb_tc_ingress`): a TCP SYN
 //! from a remote client to a VIP runs the pick ([`conntrack::open`]), the flow's packets are
-//! rewritten both ways ([`nat`]) and forwarded to the FIB's next hop; IPv6 frames go to
-//! `ailb_tc_ingress6` ([`crate::tc6`], a tail call), the same for IPv6 VIPs and flows. Everything that is not TCP to a VIP or of a
-//! known flow passes untouched, as does what cannot be parsed
-//! (the stack drops it); a packet that matches a VIP or a flow but is malformed (bad header
-//! lengths, bad IPv4 checksum, a fragment) is dropped, never rewritten.
+//! handled by [`flows`]: rewritten both ways ([`crate::nat`]) and forwarded to the FIB's next
+//! hop. IPv6 frames go to `ailb_tc_ingress6` ([`crate::tc6`], a tail call), the same for IPv6
+//! VIPs and flows. Everything that is not TCP to a VIP or of a known flow passes untouched, as
+//! does what cannot be parsed (the stack drops it); a packet that matches a VIP or a flow but
+//! is malformed (bad header lengths, bad IPv4 checksum, a fragment) is dropped, never
+//! rewritten.
 
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_ktime_get_ns, macros::classifier, programs::TcContext};
 
 use ailb_common::abi::*;
 
 use crate::{
-    conntrack,
+    conntrack::{self, V4},
+    family::Family,
+    flows::{self, lookup, on_forward, on_reply},
     packet::{self, parse, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tc_maps::{malformed, tc_config, AILB_TC_PROGS},
 };
@@ -34,37 +37,37 @@ fn try_ingress(ctx: &TcContext) -> i32 {
     };
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    let step = conntrack::seen_step(cfg.idle_timeout_ns);
+    let step = flows::seen_step(cfg.idle_timeout_ns);
     // Masquerading, a packet to the NAT address is a reply (a VIP on the NAT address at a port
     // of the NAT range would be the only forward key it could also match, and the forward
     // entry is looked up after it): one lookup instead of a miss on the forward key first.
     let reply_first = cfg.mode == TC_MODE_MASQUERADE && pkt.daddr == cfg.nat_addr;
     if reply_first {
-        if let Some(flow) = conntrack::lookup(&pkt, FLOW_REPLY) {
+        if let Some(flow) = lookup::<V4>(&pkt, FLOW_REPLY) {
             if !pkt.valid {
                 return malformed();
             }
-            return conntrack::on_reply(ctx, &pkt, flow, now, step);
+            return on_reply::<V4>(ctx, &pkt, flow, now, step);
         }
     }
-    if let Some(flow) = conntrack::lookup(&pkt, FLOW_FORWARD) {
+    if let Some(flow) = lookup::<V4>(&pkt, FLOW_FORWARD) {
         if !pkt.valid {
             return malformed();
         }
-        let verdict = conntrack::on_forward(ctx, &pkt, flow, now, step);
-        if verdict != conntrack::REOPEN {
+        let verdict = on_forward::<V4>(ctx, &pkt, flow, now, step);
+        if verdict != flows::REOPEN {
             return verdict;
         }
     }
     if !reply_first {
-        if let Some(flow) = conntrack::lookup(&pkt, FLOW_REPLY) {
+        if let Some(flow) = lookup::<V4>(&pkt, FLOW_REPLY) {
             if !pkt.valid {
                 return malformed();
             }
-            return conntrack::on_reply(ctx, &pkt, flow, now, step);
+            return on_reply::<V4>(ctx, &pkt, flow, now, step);
         }
     }
-    if let Some(service) = conntrack::vip(&pkt) {
+    if let Some(service) = V4::vip(&pkt) {
         if pkt.flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN {
             if !pkt.valid {
                 return malformed();

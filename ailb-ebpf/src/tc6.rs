@@ -1,8 +1,9 @@
 //! `ailb_tc_ingress6`, the IPv6 half of `ailb_tc_ingress`, which tail-calls it for IPv6
 //! frames (`AILB_TC_PROGS`): a TCP SYN from a remote IPv6 client to an IPv6 VIP
 //! (`AILB_SERVICES6`) opens a flow in `AILB_FLOWS6` ([`conntrack6`]) with the pick among the
-//! model's IPv6 backends (no NAT64), and the flow's packets are rewritten both ways and
-//! forwarded ([`nat6`]). A program of its own rather than a subprogram: the IPv6 open path
+//! model's IPv6 backends (no NAT64), and the flow's packets are handled as IPv4 ones
+//! ([`flows`]): rewritten both ways and forwarded ([`crate::nat`], [`crate::nat6`]), with the
+//! same lifecycle. A program of its own rather than a subprogram: the IPv6 open path
 //! (40-byte keys, 104-byte entries, the pick) does not fit in the 512 bytes of BPF stack
 //! under the IPv4 program's frame, and the verifier's instruction budget is per program, so
 //! the IPv4 program is verified and runs as before (one more branch, for non-IPv4 frames
@@ -24,7 +25,9 @@ use aya_ebpf::{bindings::TC_ACT_OK, helpers::generated::bpf_ktime_get_ns, macros
 use ailb_common::abi::*;
 
 use crate::{
-    conntrack6,
+    conntrack6::{self, V6},
+    family::Family,
+    flows::{self, lookup, on_forward, on_reply},
     packet::{parse6, Packet6, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tc_maps::{malformed, nat_addr6, pkt6_scratch, tc_config},
 };
@@ -53,22 +56,23 @@ fn ingress6(ctx: &TcContext) -> i32 {
     let pkt: &Packet6 = pkt;
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(flow) = conntrack6::lookup(pkt, FLOW_FORWARD) {
+    let step = flows::seen_step(cfg.idle_timeout_ns);
+    if let Some(flow) = lookup::<V6>(pkt, FLOW_FORWARD) {
         if !pkt.valid {
             return malformed();
         }
-        let verdict = conntrack6::on_forward(ctx, pkt, flow, now);
-        if verdict != conntrack6::REOPEN {
+        let verdict = on_forward::<V6>(ctx, pkt, flow, now, step);
+        if verdict != flows::REOPEN {
             return verdict;
         }
     }
-    if let Some(flow) = conntrack6::lookup(pkt, FLOW_REPLY) {
+    if let Some(flow) = lookup::<V6>(pkt, FLOW_REPLY) {
         if !pkt.valid {
             return malformed();
         }
-        return conntrack6::on_reply(ctx, pkt, flow, now);
+        return on_reply::<V6>(ctx, pkt, flow, now, step);
     }
-    if let Some(service) = conntrack6::vip(pkt) {
+    if let Some(service) = V6::vip(pkt) {
         if pkt.flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN {
             if !pkt.valid {
                 return malformed();
@@ -77,8 +81,8 @@ fn ingress6(ctx: &TcContext) -> i32 {
             if verdict != conntrack6::OPENED {
                 return verdict;
             }
-            return match conntrack6::lookup(pkt, FLOW_FORWARD) {
-                Some(flow) => conntrack6::on_forward(ctx, pkt, flow, now),
+            return match lookup::<V6>(pkt, FLOW_FORWARD) {
+                Some(flow) => on_forward::<V6>(ctx, pkt, flow, now, step),
                 // Removed meanwhile (an RST of the same flow on another CPU): it passes
                 // untouched, as a packet of no flow.
                 None => TC_ACT_OK as i32,

@@ -3,7 +3,8 @@
 //! close by FIN and by RST with the counters back at exactly 0, the idle reclaim of IPv6
 //! flows, IPv6 backends only (a mixed model's IPv4 backend is never picked; a model with only
 //! IPv4 backends refuses), and the hostile classes: fragments, extension headers, truncated
-//! headers, a bad checksum, traffic to no VIP.
+//! headers, a bad checksum, traffic to no VIP; and the entry time written once per step, as
+//! for IPv4 (the flows' lifecycle is one code for both families).
 
 mod tc_support;
 
@@ -249,4 +250,27 @@ fn a_bad_tcp_checksum_stays_bad_and_masquerade_without_an_ipv6_address_passes() 
     let (verdict, out) = f.run(&syn);
     assert_eq!((verdict, &out), (TC_ACT_OK, &syn));
     assert_eq!(f.tc_stats().flows_opened, 1);
+}
+
+#[test]
+fn an_ipv6_flow_entry_time_is_written_once_per_step_as_an_ipv4_one() {
+    let mut setup = mixed(TC_MODE_MASQUERADE);
+    setup.idle_timeout_ns = 3_600_000_000_000;
+    let mut f = Fixture::new(&setup);
+    let opened = std::time::Instant::now();
+    assert_eq!(open6(&f, &setup, CLIENT6).0, TC_ACT_OK);
+    let seen = |f: &Fixture| {
+        let flows = f.flows6();
+        flows.iter().find(|(k, _)| k.kind == FLOW_FORWARD).expect("forward entry").1.last_seen_ns
+    };
+    let t0 = seen(&f);
+    assert_eq!(f.run(&Frame6::tcp(CLIENT6, VIP6, TCP_ACK).build()).0, TC_ACT_OK);
+    // A second step (a sixteenth of an hour, at most a second): the packet came less than a
+    // second after the open unless this run stalled.
+    if opened.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(seen(&f), t0, "a packet within the step left the entry's time as it was");
+    }
+    f.set_tc_config(setup.mode, setup.ports, 16);
+    assert_eq!(f.run(&Frame6::tcp(CLIENT6, VIP6, TCP_ACK).build()).0, TC_ACT_OK);
+    assert!(seen(&f) > t0, "a 1 ns step: the packet wrote the entry's time");
 }
