@@ -25,7 +25,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 10;
+pub const ABI_VERSION: u32 = 11;
 
 pub const MAX_MODELS: u32 = 1024;
 /// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by
@@ -479,11 +479,15 @@ pub struct GlobalConfig {
     /// last connect or close is at most this old; older, its prefix is likely evicted and the
     /// request is placed afresh. 0: never wait.
     pub affinity_wait_ns: u64,
+    /// The load bound factor of a holder of the longest cached prefix (the prefix step), times
+    /// 1000; 0: `load_factor_milli`, which is also the daemon's default.
+    pub prefix_load_factor_milli: u32,
+    pub _pad: u32,
 }
 
 impl GlobalConfig {
-    /// The balancer's defaults as written into the map: load factor 1.25, 4 probes, affinity
-    /// and the load bound on, no affinity TTL and no wait, generation 1.
+    /// The balancer's defaults as written into the map: load factor 1.25 (a prefix holder's
+    /// too), 4 probes, affinity and the load bound on, no affinity TTL and no wait, generation 1.
     pub const fn defaults() -> Self {
         Self {
             abi_version: ABI_VERSION,
@@ -493,6 +497,8 @@ impl GlobalConfig {
             affinity_ttl_ns: 0,
             generation: 1,
             affinity_wait_ns: 0,
+            prefix_load_factor_milli: 1250,
+            _pad: 0,
         }
     }
 }

@@ -197,6 +197,27 @@ fn a_holder_at_its_load_bound_is_overruled() {
     assert!(r.prefix.found > 0);
 }
 
+#[test]
+fn a_holder_may_have_a_looser_bound_than_the_table() {
+    let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+    f.cfg.prefix_load_factor_milli = 2000;
+    let p = prompt("Tenant with a long system prompt. ", "q");
+    f.hold(3, &text_keys(&p), PREFIX_SEEN_EXACT);
+    // 3 in flight on the holder, 1 on each other backend (6 in all): at the table's bound
+    // ceil(1.25 * 7 / 4) = 3, under the holders' ceil(2 * 7 / 4) = 4.
+    f.maps.inflight = vec![1, 1, 1, 3];
+    let r = f.pick(&sent_keys(&p));
+    assert_eq!((r.backend, r.outcome), (3, Outcome::Prefix), "{r:?}");
+    // The same with the holders' factor at 0, which means the table's: overruled.
+    f.cfg.prefix_load_factor_milli = 0;
+    let r = f.pick(&sent_keys(&p));
+    assert_ne!(r.backend, 3);
+    assert_eq!(r.prefix.usage, PrefixUse::OverruledLoad);
+    // Set to the table's own factor explicitly: the same.
+    f.cfg.prefix_load_factor_milli = f.cfg.load_factor_milli;
+    assert_eq!(f.pick(&sent_keys(&p)).prefix.usage, PrefixUse::OverruledLoad);
+}
+
 /// Two backends, 0 holding the whole of `p` with `holder_free_mb` free, 1 holding nothing
 /// with plenty; an 8,000 MB request for `p`.
 fn memory_case(holder_free_mb: u32) -> (Picked, u32) {

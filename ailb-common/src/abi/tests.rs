@@ -17,7 +17,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<AffinityKey>(), 16);
     assert_eq!(size_of::<AffinityValue>(), 16);
     assert_eq!(size_of::<SockState>(), 40);
-    assert_eq!(size_of::<GlobalConfig>(), 40);
+    assert_eq!(size_of::<GlobalConfig>(), 48);
     assert_eq!(size_of::<Stats>(), 13 * 8);
     assert_eq!(size_of::<BackendStats>(), 7 * 8);
     assert_eq!(size_of::<TableChunk>(), TABLE_CHUNK as usize * 4);

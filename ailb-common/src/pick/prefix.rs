@@ -93,6 +93,7 @@ pub struct PrefixCtx {
     pub required_mem_mb: u32,
     pub now_tick: u32,
     pub ttl_ticks: u32,
+    /// The holders' load bound factor (`GlobalConfig::prefix_load_factor_milli`).
     pub load_factor_milli: u32,
     pub use_bound: bool,
     pub family: ClientFamily,
@@ -114,7 +115,11 @@ impl PrefixCtx {
             required_mem_mb: req.required_mem_mb,
             now_tick: q.now_tick,
             ttl_ticks: q.ttl_ticks,
-            load_factor_milli: cfg.load_factor_milli,
+            load_factor_milli: if cfg.prefix_load_factor_milli != 0 {
+                cfg.prefix_load_factor_milli
+            } else {
+                cfg.load_factor_milli
+            },
             use_bound: cfg.flags & CONFIG_LOAD_BOUND != 0,
             family,
             model_inflight: req.model_inflight,

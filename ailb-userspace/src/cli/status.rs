@@ -12,10 +12,11 @@ pub fn status(bpffs: &Path, json: bool) -> anyhow::Result<()> {
     }
     let s = &st.stats;
     println!(
-        "ailb at {} — generation {}, c = {}, probes {}, affinity {}, load bound {}{}",
+        "ailb at {} — generation {}, c = {} (prefix holders {}), probes {}, affinity {}, load bound {}{}",
         st.bpffs,
         st.generation,
         st.config.load_factor,
+        st.config.prefix_load_factor,
         st.config.probes,
         st.config.affinity,
         st.config.load_bound,

@@ -178,6 +178,11 @@ pub struct BalancerConfig {
     /// The load bound factor c in `ceil(c * (total + 1) * w / W)`. Default 1.25.
     #[serde(default = "default_load_factor")]
     pub load_factor: f64,
+    /// The load bound factor of a backend holding the longest cached prefix of a request's
+    /// prompt (models with `prefix`): it is taken while under `ceil(c * (total + 1) * w / W)`
+    /// with this c, else the table's pick decides. Default: `load_factor`.
+    #[serde(default)]
+    pub prefix_load_factor: Option<f64>,
     /// Table slots probed per connection, 1..=8. Default 4.
     #[serde(default = "default_probes")]
     pub probes: u32,
@@ -226,6 +231,7 @@ impl Default for BalancerConfig {
     fn default() -> Self {
         Self {
             load_factor: default_load_factor(),
+            prefix_load_factor: None,
             probes: default_probes(),
             affinity: true,
             load_bound: true,

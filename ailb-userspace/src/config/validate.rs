@@ -129,11 +129,20 @@ fn check_balancer(b: &BalancerConfig) -> Result<WriterSettings, ConfigError> {
             "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
         ));
     }
+    let prefix_load_factor = b.prefix_load_factor.unwrap_or(b.load_factor);
+    if !(prefix_load_factor.is_finite() && prefix_load_factor > 1.0 && prefix_load_factor <= 10.0) {
+        return Err(ConfigError::invalid(
+            "balancer.prefix_load_factor",
+            prefix_load_factor,
+            "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
+        ));
+    }
     if b.probes == 0 || b.probes > MAX_PROBES {
         return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
     }
     Ok(WriterSettings {
         load_factor_milli: (b.load_factor * 1000.0).round() as u32,
+        prefix_load_factor_milli: (prefix_load_factor * 1000.0).round() as u32,
         probes: b.probes,
         affinity: b.affinity,
         load_bound: b.load_bound,

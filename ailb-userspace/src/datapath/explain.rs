@@ -76,7 +76,9 @@ fn usage_why(u: PrefixUse) -> &'static str {
         PrefixUse::NotAsked => "the model has no prefix mode (prefix = \"off\"): the keys are not searched",
         PrefixUse::NotHeld => "no backend holds its first block: the pick goes on as without keys",
         PrefixUse::Used => "a holder of its longest cached prefix can take it",
-        PrefixUse::OverruledLoad => "every holder of its longest cached prefix is at its cap or load bound",
+        PrefixUse::OverruledLoad => {
+            "every holder of its longest cached prefix is at its cap or load bound (balancer.prefix_load_factor)"
+        }
         PrefixUse::OverruledMemory => "holders under their bound lack the memory hint free now",
         PrefixUse::Gone => "no holder of its longest cached prefix is a live member of the model now",
     }

@@ -94,10 +94,11 @@ fn list(values: impl Iterator<Item = String>) -> String {
 fn config_line(c: &GlobalConfig) -> String {
     let flags = [(CONFIG_AFFINITY, "affinity"), (CONFIG_LOAD_BOUND, "load_bound"), (CONFIG_ROUND_ROBIN, "round_robin")];
     format!(
-        "CONFIG: ABI={} GEN={} LOAD={} PROBES={} FLAGS={} TTL_MS={} WAIT_MS={}",
+        "CONFIG: ABI={} GEN={} LOAD={} PREFIX_LOAD={} PROBES={} FLAGS={} TTL_MS={} WAIT_MS={}",
         c.abi_version,
         c.generation,
         c.load_factor_milli,
+        c.prefix_load_factor_milli,
         c.probes,
         flag_names(c.flags, &flags),
         c.affinity_ttl_ns / 1_000_000,

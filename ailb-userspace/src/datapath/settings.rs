@@ -15,6 +15,8 @@ use ailb_common::{DEFAULT_MEMBER_SLOTS, DEFAULT_TABLE_SLOTS};
 pub struct WriterSettings {
     /// The load bound factor c, in thousandths.
     pub load_factor_milli: u32,
+    /// A prefix holder's load bound factor, in thousandths.
+    pub prefix_load_factor_milli: u32,
     /// Table slots probed per connection.
     pub probes: u32,
     pub affinity: bool,

@@ -33,6 +33,8 @@ pub struct Status {
 #[derive(Debug, Default, Serialize)]
 pub struct ConfigStatus {
     pub load_factor: f64,
+    /// A prefix holder's load bound factor.
+    pub prefix_load_factor: f64,
     pub probes: u32,
     pub affinity: bool,
     pub load_bound: bool,
@@ -167,6 +169,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
         generation: gc.generation,
         config: ConfigStatus {
             load_factor: gc.load_factor_milli as f64 / 1000.0,
+            prefix_load_factor: gc.prefix_load_factor_milli as f64 / 1000.0,
             probes: gc.probes,
             affinity: gc.flags & CONFIG_AFFINITY != 0,
             load_bound: gc.flags & CONFIG_LOAD_BOUND != 0,

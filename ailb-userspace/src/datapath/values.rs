@@ -155,6 +155,8 @@ pub(crate) fn global_config(cfg: &WriterSettings, generation: u64) -> GlobalConf
         affinity_ttl_ns: cfg.affinity_ttl.as_nanos().min(u64::MAX as u128) as u64,
         generation,
         affinity_wait_ns: cfg.affinity_wait.as_nanos().min(u64::MAX as u128) as u64,
+        prefix_load_factor_milli: cfg.prefix_load_factor_milli,
+        _pad: 0,
     }
 }
 

@@ -40,6 +40,8 @@ pub struct TestConfig {
     pub bpffs: String,
     pub cgroup: String,
     pub load_factor: f64,
+    /// `prefix_load_factor` (`None`: the daemon's default).
+    pub prefix_load_factor: Option<f64>,
     pub probes: u32,
     pub affinity: bool,
     pub load_bound: bool,
@@ -66,6 +68,7 @@ impl TestConfig {
             bpffs: bpffs.to_owned(),
             cgroup: cgroup.to_owned(),
             load_factor: 1.25,
+            prefix_load_factor: None,
             probes: 4,
             affinity: true,
             load_bound: true,
@@ -122,6 +125,9 @@ impl TestConfig {
             q(&self.affinity_wait),
             self.seed
         );
+        if let Some(c) = self.prefix_load_factor {
+            let _ = writeln!(s, "prefix_load_factor = {c:?}");
+        }
         for (model, vip) in &self.services {
             let _ = writeln!(s, "[[services]]\nmodel = {}\nvip = {}\n", q(model), q(vip));
         }

@@ -158,6 +158,9 @@ impl Kernel {
                 affinity_ttl_ns: 0,
                 generation: 1,
                 affinity_wait_ns: ns(affinity_wait_s),
+                // The fleet model makes no prefix picks.
+                prefix_load_factor_milli: 0,
+                _pad: 0,
             },
         }
     }

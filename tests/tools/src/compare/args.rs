@@ -177,6 +177,10 @@ pub struct Args {
     /// ailb's (and ailb-static's) load bound factor c (the daemon's default, 1.25).
     #[arg(long, default_value_t = 1.25)]
     pub ailb_load_factor: f64,
+    /// The load bound factor of a prefix holder for ailb's prefix policies (default: the
+    /// daemon's, the larger of 2 and `--ailb-load-factor`).
+    #[arg(long)]
+    pub ailb_prefix_load_factor: Option<f64>,
     /// ailb's (and ailb-static's) `affinity_wait` in simulated seconds (the daemon's default,
     /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 20.0)]

@@ -221,6 +221,7 @@ pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args
     cfg.affinity = true;
     cfg.load_bound = true;
     cfg.load_factor = args.ailb_load_factor;
+    cfg.prefix_load_factor = args.ailb_prefix_load_factor;
     cfg.affinity_wait = affinity_wait(args);
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n{}\n\

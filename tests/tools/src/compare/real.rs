@@ -473,6 +473,7 @@ fn start_balancer(
         return Ok(Balancer { router: None, daemon: None, addrs });
     }
     let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
+    cfg.prefix_load_factor = args.ailb_prefix_load_factor;
     let front =
         (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
     if let Some(listen) = front {
