@@ -34,28 +34,31 @@
 //! routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key length
 //! set per workload, see [`prefix_token_count`]).
 
+mod balancer;
 pub mod client;
 pub mod report;
+mod servers;
 pub mod workload;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddrV4, TcpStream};
+use std::io::Read;
+use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::status::backend;
-use ailb_tests::vllm::{self, metric_sum, Engine, VllmServer, KV_BYTES_PER_TOKEN};
-use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, TestConfig};
+use ailb_tests::vllm::{self, Engine, VllmServer, KV_BYTES_PER_TOKEN};
+use ailb_tests::{preflight, CgroupGuard};
 use anyhow::{bail, Context};
 
+pub use self::balancer::prefix_token_count;
+use self::balancer::{start_balancer, Balancer};
 use self::client::Record;
+use self::servers::{counters, reset_and_check, wait_idle};
 use self::workload::{Kind, RealRequest, Sizes};
 use super::args::Args;
+use super::peers;
 use super::policy::Policy;
-use super::{front_door, peers, VIP};
-use crate::sim_gpus::Proc;
 
 /// The name the servers serve the tiny model under.
 pub const MODEL: &str = "tiny-llama";
@@ -312,273 +315,6 @@ impl Row {
         }
         (p > 0).then(|| c as f64 / p as f64)
     }
-}
-
-/// The counters of one server now: (prefix-cache queried tokens, hit tokens, requests finished,
-/// running + waiting requests).
-fn counters(s: &VllmServer) -> anyhow::Result<(f64, f64, f64, f64)> {
-    let text = match ailb_tests::http::get(&s.addr(), "/metrics") {
-        Ok((200, body)) => body,
-        other => bail!("GET /metrics from vLLM on {}: {other:?}", s.addr()),
-    };
-    let m = |name: &str| {
-        metric_sum(&text, name).with_context(|| format!("no {name} in the /metrics of vLLM on {}", s.addr()))
-    };
-    Ok((
-        m("vllm:prefix_cache_queries_total")?,
-        m("vllm:prefix_cache_hits_total")?,
-        m("vllm:request_success_total")?,
-        m("vllm:num_requests_running")? + m("vllm:num_requests_waiting")?,
-    ))
-}
-
-/// The probe of the reset: text no workload shares a block with (other words than theirs).
-fn probe() -> RealRequest {
-    let text: String = (0..300).map(|i| format!("probe{} ", i % 97)).collect();
-    RealRequest {
-        body: serde_json::json!({
-            "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
-            "stream": true, "stream_options": {"include_usage": true},
-        }),
-        session: None,
-        tag_conversation: None,
-        memory_mb: 0,
-        tenant: None,
-    }
-}
-
-/// Sends the probe to `s` directly; returns its cached tokens by the answer and by the
-/// server's hit counter.
-fn send_probe(s: &VllmServer) -> anyhow::Result<(u64, f64)> {
-    let addr: SocketAddrV4 = s.addr().parse().context("server address")?;
-    let before = counters(s)?.1;
-    let rec = client::send(addr, 0, &probe(), Duration::from_secs(60));
-    if !rec.ok() {
-        bail!("the reset probe to vLLM on {} failed: {rec:?}", s.addr());
-    }
-    let cached = rec.cached_tokens.with_context(|| format!("vLLM on {} answered no cached_tokens", s.addr()))?;
-    Ok((cached, counters(s)?.1 - before))
-}
-
-/// Waits until `s` runs and queues nothing (60 s at most), empties its prefix cache with `POST
-/// /reset_prefix_cache` (retried while blocks are still held) and checks that a prompt cached
-/// before is no longer a hit.
-fn reset_and_check(s: &VllmServer) -> anyhow::Result<()> {
-    wait_idle(std::slice::from_ref(s), Duration::from_secs(60))?;
-    send_probe(s)?;
-    let (cached, hits) = send_probe(s)?;
-    if cached == 0 || hits <= 0.0 {
-        bail!(
-            "vLLM on {}: the probe sent twice was no hit the second time ({cached} cached, {hits} hit tokens)",
-            s.addr()
-        );
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = post_empty(&s.addr(), "/reset_prefix_cache")?;
-        if status == 404 {
-            bail!("vLLM on {} has no /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1 not in effect?)", s.addr());
-        }
-        if status == 200 && body.replace(' ', "").contains("\"success\":true") {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!("vLLM on {}: /reset_prefix_cache kept failing: {status} {body}", s.addr());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let (cached, hits) = send_probe(s)?;
-    if cached != 0 || hits != 0.0 {
-        bail!("vLLM on {}: after /reset_prefix_cache the probe still found {cached} ({hits}) cached tokens", s.addr());
-    }
-    Ok(())
-}
-
-/// `POST path` with no body; the status and body.
-fn post_empty(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(s, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).with_context(|| format!("reading POST {path} from {addr}"))?;
-    let r = ailb_tests::http::parse_reply(&raw).map_err(|e| anyhow::anyhow!("POST {path} to {addr}: {e}"))?;
-    Ok((r.status, r.body))
-}
-
-fn wait_idle(servers: &[VllmServer], limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut busy = 0.0;
-        for s in servers {
-            busy += counters(s)?.3;
-        }
-        if busy == 0.0 {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("the vLLM servers still had {busy} requests running or waiting after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The balancer under test, held to be stopped on drop (the router first, then `ailb run`).
-struct Balancer {
-    router: Option<Proc>,
-    daemon: Option<Daemon>,
-    /// Where the client sends: one address, or (`tenant-pinned`) the servers, a tenant's
-    /// requests to one of them.
-    addrs: Vec<SocketAddrV4>,
-}
-
-/// SMG `prefix_hash`'s key length for a workload, tokens. Its docs: the key should cover what
-/// requests that belong together share and no more. On the shared-prefix mix that is the
-/// tenant's system prompt (about 2,400 tokens), which the key of 1,024 tokens that the
-/// simulated race passes lies inside; the trace's prompts are scaled by `1 / --trace-scale`
-/// here, so its 1,024 (the trace's shared first block and a conversation's first block of its
-/// own) scales with them.
-pub fn prefix_token_count(kind: Kind, args: &Args) -> u32 {
-    match kind {
-        Kind::SharedPrefix => 1024,
-        Kind::Trace => (1024 / args.trace_scale).max(1),
-    }
-}
-
-#[expect(clippy::too_many_arguments, reason = "the parts of one run")]
-fn start_balancer(
-    args: &Args,
-    ailb: &Path,
-    cg: &CgroupGuard,
-    policy: Policy,
-    kind: Kind,
-    port: u16,
-    servers: &[VllmServer],
-    block: u64,
-    dir: &Path,
-) -> anyhow::Result<Balancer> {
-    let addrs: Vec<SocketAddrV4> =
-        servers.iter().map(|s| s.addr().parse()).collect::<Result<_, _>>().context("server addresses")?;
-    if peers::binary(policy).is_some() {
-        let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
-        let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port + peers::METRICS_PORT_OFFSET);
-        let mut a =
-            peers::args(policy, listen, metrics, &addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>());
-        if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
-            a[at + 1] = prefix_token_count(kind, args).to_string();
-        }
-        let router = peers::start_with_args(policy, &peers::venv_of(policy), listen, a, addrs.len(), dir)?;
-        return Ok(Balancer { router: Some(router), daemon: None, addrs: vec![listen] });
-    }
-    if policy == Policy::TenantPinned {
-        return Ok(Balancer { router: None, daemon: None, addrs });
-    }
-    let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
-    let front =
-        (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
-    if let Some(listen) = front {
-        // The servers' own model folder: its tokenizer and chat template are theirs.
-        let tokenizer = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?.model;
-        cfg.extra.push_str(&format!(
-            "\n[gateway]\nlisten = [\"{listen}\"]\n{keys}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {KV_BYTES_PER_TOKEN}\n\
-             [gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n",
-            keys = gateway_keys(policy, &tokenizer)
-        ));
-    }
-    let daemon = Daemon::start(ailb, &cfg);
-    if policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb) {
-        // The one-box daemon samples every server itself before it weighs them.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !servers.iter().all(|s| {
-            backend(&daemon.status(), &s.addr()).is_some_and(|b| b["live"] == true && b["free_mem_mb"].is_u64())
-        }) {
-            if Instant::now() >= deadline {
-                bail!("ailb run did not sample every vLLM server within 15 s:\n{}", daemon.log());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    let mut b = Balancer { router: None, daemon: None, addrs: vec![VIP.parse().context("VIP")?] };
-    if let Some(listen) = front {
-        b.router = Some(front_door::start(ailb, daemon.config_path(), Some(cg), listen, dir)?);
-        b.addrs = vec![listen];
-    }
-    b.daemon = Some(daemon);
-    Ok(b)
-}
-
-/// The `[gateway]` lines of the prefix keys: text keys for approximate mode (no tokenizer),
-/// token-exact keys of the model's own tokenizer for precise mode; none for the others.
-fn gateway_keys(policy: Policy, tokenizer: &Path) -> String {
-    match policy {
-        Policy::AilbGatewayApprox => "prefix_keys = true\n".to_string(),
-        Policy::AilbGatewayPrecise => {
-            format!("prefix_keys = true\n[gateway.tokenizers]\n\"{MODEL}\" = \"{}\"\n", tokenizer.display())
-        }
-        _ => String::new(),
-    }
-}
-
-/// `ailb run`'s config for a kernel policy over the real servers: the L4 baselines on a
-/// static table as in the simulated race; ailb with the daemon's defaults (affinity, load
-/// bound 1.25, 20 s affinity wait, each server's `/metrics` and `/health` sampled every 500 ms:
-/// load, free KV memory from its KV cache and the tiny model's bytes per token); the prefix
-/// policies add the model's `prefix` mode, and precise mode each server's KV-event sockets
-/// with its real block size.
-fn config(
-    policy: Policy,
-    cg: &CgroupGuard,
-    servers: &[VllmServer],
-    block: u64,
-    load_factor: f64,
-) -> anyhow::Result<TestConfig> {
-    let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
-    match policy {
-        Policy::RoundRobin => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-            cfg.round_robin = true;
-        }
-        Policy::Random => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-        }
-        Policy::LeastConn => {
-            cfg.affinity = false;
-            cfg.load_factor = 1.01;
-        }
-        // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
-        // by that interval); the load bound's factor is `--ailb-load-factor` (default 1.25,
-        // the daemon's).
-        _ => cfg.load_factor = load_factor,
-    }
-    let sampled = policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb);
-    for s in servers {
-        let mut b = BackendCfg::new(MODEL, &s.addr(), 1);
-        if sampled {
-            b.extra = format!(
-                "metrics_url = \"http://{a}/metrics\"\nhealth_url = \"http://{a}/health\"\nkv_bytes_per_token = {KV_BYTES_PER_TOKEN}\n",
-                a = s.addr()
-            );
-        }
-        if policy == Policy::AilbGatewayPrecise {
-            let kv = s.kv_events().with_context(|| format!("vLLM on {} publishes no KV events", s.addr()))?;
-            b.extra.push_str(&format!(
-                "kv_events = \"{}\"\nkv_replay = \"{}\"\nkv_block_size = {block}\n",
-                kv.endpoint(),
-                kv.replay_endpoint()
-            ));
-        }
-        cfg = cfg.backend(b);
-    }
-    let mode = match policy {
-        Policy::AilbGatewayPrecise => Some("precise"),
-        Policy::AilbGatewayApprox => Some("approximate"),
-        _ => None,
-    };
-    if let Some(mode) = mode {
-        cfg.extra.push_str(&format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"{mode}\"\n"));
-    }
-    Ok(cfg)
 }
 
 #[expect(clippy::too_many_arguments, reason = "the parts of one run")]
