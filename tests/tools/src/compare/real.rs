@@ -47,7 +47,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::vllm::{self, Engine, VllmServer, KV_BYTES_PER_TOKEN};
+use ailb_tests::vllm::{Engine, VllmServer, KV_BYTES_PER_TOKEN};
 use ailb_tests::{preflight, CgroupGuard};
 use anyhow::{bail, Context};
 
@@ -108,8 +108,49 @@ pub struct Setup {
     pub not_run: Vec<(Policy, String)>,
 }
 
-/// `ailb-compare --engine vllm`.
+/// One workload's request list, written once for the client worker to read.
+struct WorkloadFile {
+    kind: Kind,
+    /// What it is, for the report.
+    what: String,
+    requests: usize,
+    path: PathBuf,
+}
+
+/// `ailb-compare --engine vllm`: the workloads written, the servers started, every policy on
+/// every workload, the report.
 pub fn main(args: &Args) -> anyhow::Result<()> {
+    check_args(args)?;
+    let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let policies = real_policies(args)?;
+    let (policies, not_run) = installed(policies);
+    let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
+    let ailb = preflight();
+    let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let workloads = write_workloads(&kinds, &sizes(args), &trace, dir.path())?;
+    // Only precise mode follows the servers' KV events; they publish them only then.
+    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
+    let (servers, t0) = servers::start(args, &engine, kv_events);
+    let setup = Setup {
+        servers: servers.len(),
+        block_size: servers[0].cache_config("block_size"),
+        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
+        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
+        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
+        workloads: workloads.iter().map(|w| (w.kind, w.what.clone(), w.requests)).collect(),
+        not_run,
+    };
+    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+    let rows = race(args, &ailb, &policies, &workloads, &servers, block)?;
+    drop(servers);
+    let md = report::write(args, &setup, &rows)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// The numbers of the command line that the real engines bound.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if !(1..=3).contains(&args.servers) {
         bail!("--servers {}: 1 to 3 real vLLM servers (each takes about 4 GB and shares the CPU cores)", args.servers);
     }
@@ -127,67 +168,48 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     if args.deadline_s <= 0.0 || !args.deadline_s.is_finite() {
         bail!("--deadline-s must be a positive number of seconds, not {}", args.deadline_s);
     }
-    let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
-    let policies = real_policies(args)?;
-    let (policies, not_run) = installed(policies);
-    let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
-    let ailb = preflight();
-    let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
-    let sizes = sizes(args);
-    let dir = tempfile::tempdir().context("temp dir")?;
+    Ok(())
+}
+
+/// Builds each workload's request list and writes it under `dir`.
+fn write_workloads(kinds: &[Kind], sizes: &Sizes, trace: &Path, dir: &Path) -> anyhow::Result<Vec<WorkloadFile>> {
     let mut workloads = Vec::new();
-    for k in &kinds {
-        let (reqs, what) = workload::build(*k, &sizes, MODEL, &trace)?;
-        let path = dir.path().join(format!("{}.json", k.key()));
+    for k in kinds {
+        let (reqs, what) = workload::build(*k, sizes, MODEL, trace)?;
+        let path = dir.join(format!("{}.json", k.key()));
         std::fs::write(&path, serde_json::to_vec(&reqs)?).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("ailb-compare: workload {}: {what}", k.key());
-        workloads.push((*k, what, reqs.len(), path));
+        workloads.push(WorkloadFile { kind: *k, what, requests: reqs.len(), path });
     }
-    // The launcher adds its own variables to this process's environment, which the servers
-    // inherit: this one turns on vLLM's development endpoints, `/reset_prefix_cache` among them.
-    std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
-    let len = args.max_model_len.to_string();
-    let blocks = args.kv_blocks.to_string();
-    let mut extra = vec!["--max-model-len", &len, "--enable-prompt-tokens-details"];
-    if args.kv_blocks > 0 {
-        extra.extend(["--num-gpu-blocks-override", &blocks]);
-    }
-    eprintln!(
-        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
-        args.servers,
-        engine.model.display()
-    );
-    let names = vec![MODEL; args.servers];
-    let t0 = Instant::now();
-    // Only precise mode follows the servers' KV events; they publish them only then.
-    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
-    let servers = vllm::start_servers_with(&engine, &names, &extra, kv_events, Duration::from_secs(600));
-    let setup = Setup {
-        servers: servers.len(),
-        block_size: servers[0].cache_config("block_size"),
-        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
-        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
-        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
-        workloads: workloads.iter().map(|(k, w, n, _)| (*k, w.clone(), *n)).collect(),
-        not_run,
-    };
-    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+    Ok(workloads)
+}
+
+/// Every policy on every workload, in that order, the servers' prefix caches reset (and the
+/// reset checked) before each; the client worker runs in one child cgroup.
+fn race(
+    args: &Args,
+    ailb: &Path,
+    policies: &[Policy],
+    workloads: &[WorkloadFile],
+    servers: &[VllmServer],
+    block: u64,
+) -> anyhow::Result<Vec<Row>> {
     let cg = CgroupGuard::new("real-race");
     let mut rows = Vec::new();
     let mut port = 18_400u16;
-    for (kind, _, n, path) in &workloads {
-        for p in &policies {
+    for w in workloads {
+        for p in policies {
             port += 1;
-            eprintln!("ailb-compare: {} / {}: resetting the prefix caches", kind.key(), p.title());
-            for s in &servers {
+            eprintln!("ailb-compare: {} / {}: resetting the prefix caches", w.kind.key(), p.title());
+            for s in servers {
                 reset_and_check(s)?;
             }
-            let row = run_policy(args, &ailb, &cg, *p, *kind, port, &servers, block, path, *n)?;
+            let row = run_policy(args, ailb, &cg, *p, w.kind, port, servers, block, &w.path, w.requests)?;
             let ok: Vec<&Record> = row.records.iter().filter(|r| r.ok()).collect();
             eprintln!(
                 "ailb-compare: {} / {}: {} ok, {} failed in {:.1} s; {:.1} % of prompt tokens from the cache; \
                  TTFT p50 {} ms; per server {:?}",
-                kind.key(),
+                w.kind.key(),
                 p.title(),
                 ok.len(),
                 row.records.len() - ok.len(),
@@ -199,11 +221,7 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
             rows.push(row);
         }
     }
-    drop(cg);
-    drop(servers);
-    let md = report::write(args, &setup, &rows)?;
-    println!("{md}");
-    Ok(())
+    Ok(rows)
 }
 
 /// `--policies`, or [`DEFAULT_POLICIES`] when left at the simulator's default; only those that
@@ -334,22 +352,8 @@ fn run_policy(
     let balancer = start_balancer(args, ailb, cg, policy, kind, port, servers, block, dir.path())?;
     let before = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
     let out = dir.path().join("records.json");
-    let me = std::env::current_exe().context("finding this binary")?;
-    let mut cmd = Command::new(me);
     let to: Vec<String> = balancer.addrs.iter().map(SocketAddrV4::to_string).collect();
-    cmd.args(["--engine", "vllm", "--real-worker", &to.join(",")])
-        .arg("--worker-in")
-        .arg(requests)
-        .arg("--worker-out")
-        .arg(&out)
-        .args(["--concurrency", &args.concurrency.to_string(), "--deadline-s", &args.deadline_s.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    if policy != Policy::Ailb {
-        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
-        cmd.arg("--untagged");
-    }
+    let mut cmd = worker_command(args, policy, &to, requests, &out)?;
     eprintln!(
         "ailb-compare: {} / {}: sending {n} requests, {} at a time, to {}",
         kind.key(),
@@ -394,6 +398,27 @@ fn run_policy(
         exclusions,
         prefix,
     })
+}
+
+/// The client worker's command line: this binary with `--real-worker`, sending `requests` to
+/// `to` and writing its records to `out`.
+fn worker_command(args: &Args, policy: Policy, to: &[String], requests: &Path, out: &Path) -> anyhow::Result<Command> {
+    let me = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(me);
+    cmd.args(["--engine", "vllm", "--real-worker", &to.join(",")])
+        .arg("--worker-in")
+        .arg(requests)
+        .arg("--worker-out")
+        .arg(out)
+        .args(["--concurrency", &args.concurrency.to_string(), "--deadline-s", &args.deadline_s.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if policy != Policy::Ailb {
+        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
+        cmd.arg("--untagged");
+    }
+    Ok(cmd)
 }
 
 /// Waits for the client worker, printing progress every 10 s (requests the servers finished,

@@ -1,4 +1,4 @@
-//! The real-engine race's vLLM servers: their counters, the prefix-cache reset
+//! The real-engine race's vLLM servers: their start, their counters, the prefix-cache reset
 //! before each policy (checked by a probe that must hit before it and miss after it), and the
 //! wait until they run and queue nothing.
 
@@ -6,12 +6,38 @@ use std::io::{Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
-use ailb_tests::vllm::{metric_sum, VllmServer};
+use ailb_tests::vllm::{self, metric_sum, Engine, VllmServer};
 use anyhow::{bail, Context};
 
 use super::client;
 use super::workload::RealRequest;
 use super::MODEL;
+use crate::compare::args::Args;
+
+/// Starts `--servers` vLLM servers for CPU serving the tiny model as [`MODEL`], with their
+/// development endpoints on (`/reset_prefix_cache`), `--max-model-len`, the prompt tokens'
+/// details and `--kv-blocks`, publishing KV events when `kv_events`; waits until they are
+/// ready. Returns them and when their start began.
+pub(super) fn start(args: &Args, engine: &Engine, kv_events: bool) -> (Vec<VllmServer>, Instant) {
+    // The launcher adds its own variables to this process's environment, which the servers
+    // inherit: this one turns on vLLM's development endpoints, `/reset_prefix_cache` among them.
+    std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
+    let len = args.max_model_len.to_string();
+    let blocks = args.kv_blocks.to_string();
+    let mut extra = vec!["--max-model-len", &len, "--enable-prompt-tokens-details"];
+    if args.kv_blocks > 0 {
+        extra.extend(["--num-gpu-blocks-override", &blocks]);
+    }
+    eprintln!(
+        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
+        args.servers,
+        engine.model.display()
+    );
+    let names = vec![MODEL; args.servers];
+    let t0 = Instant::now();
+    let servers = vllm::start_servers_with(engine, &names, &extra, kv_events, Duration::from_secs(600));
+    (servers, t0)
+}
 
 /// The counters of one server now: (prefix-cache queried tokens, hit tokens, requests finished,
 /// running + waiting requests).
