@@ -144,44 +144,60 @@ fn complete(dir: &Path) -> bool {
 pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, DatapathError> {
     ensure_bpffs(dir)?;
     if dir.exists() && !empty_dir(dir)? {
-        if !complete(dir) {
-            return Err(DatapathError::State {
-                path: dir.to_path_buf(),
-                reason: format!(
-                    "incomplete ailb state (an interrupted start?); remove it with `ailb teardown --bpffs {}`",
-                    dir.display()
-                ),
-            });
-        }
-        let maps = Maps::open(dir)?;
-        let abi = maps.global_config()?.abi_version;
-        if abi != ABI_VERSION {
-            return Err(DatapathError::State {
-                path: dir.to_path_buf(),
-                reason: format!("pinned state has ABI version {abi}, this ailb uses {ABI_VERSION}; run `ailb teardown --bpffs {}` first", dir.display()),
-            });
-        }
-        let (tables, members) = maps.arena_chunks();
-        let prefix_entries = aya::maps::MapData::from_pin(dir.join(maps::PREFIX))
-            .and_then(|m| m.info())
-            .map(|i| i.max_entries())
-            .unwrap_or(limits.prefix_entries);
-        let pinned =
-            ArenaLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK, prefix_entries };
-        if pinned != *limits {
-            warn!(
-                pinned_table_slots = pinned.table_slots,
-                pinned_member_slots = pinned.member_slots,
-                table_slots = limits.table_slots,
-                member_slots = limits.member_slots,
-                pinned_prefix_entries = pinned.prefix_entries,
-                prefix_entries = limits.prefix_entries,
-                "the pinned arenas keep their size; [limits] takes effect after `ailb teardown`"
-            );
-        }
-        info!(dir = %dir.display(), "reopened pinned maps and links: programs kept routing while the daemon was down");
-        return Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: None } });
+        return reopen(dir, limits);
     }
+    load(dir, limits)
+}
+
+/// A restart: the pins of a complete state of this ABI version, reused as they are.
+fn reopen(dir: &Path, limits: &ArenaLimits) -> Result<Opened, DatapathError> {
+    if !complete(dir) {
+        return Err(DatapathError::State {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "incomplete ailb state (an interrupted start?); remove it with `ailb teardown --bpffs {}`",
+                dir.display()
+            ),
+        });
+    }
+    let maps = Maps::open(dir)?;
+    let abi = maps.global_config()?.abi_version;
+    if abi != ABI_VERSION {
+        return Err(DatapathError::State {
+            path: dir.to_path_buf(),
+            reason: format!("pinned state has ABI version {abi}, this ailb uses {ABI_VERSION}; run `ailb teardown --bpffs {}` first", dir.display()),
+        });
+    }
+    warn_if_resized(dir, &maps, limits);
+    info!(dir = %dir.display(), "reopened pinned maps and links: programs kept routing while the daemon was down");
+    Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: None } })
+}
+
+/// Warns when the pinned arenas' sizes differ from `limits`: they keep theirs until a teardown.
+fn warn_if_resized(dir: &Path, maps: &Maps, limits: &ArenaLimits) {
+    let (tables, members) = maps.arena_chunks();
+    let prefix_entries = aya::maps::MapData::from_pin(dir.join(maps::PREFIX))
+        .and_then(|m| m.info())
+        .map(|i| i.max_entries())
+        .unwrap_or(limits.prefix_entries);
+    let pinned =
+        ArenaLimits { table_slots: tables * TABLE_CHUNK, member_slots: members * MEMBER_CHUNK, prefix_entries };
+    if pinned != *limits {
+        warn!(
+            pinned_table_slots = pinned.table_slots,
+            pinned_member_slots = pinned.member_slots,
+            table_slots = limits.table_slots,
+            member_slots = limits.member_slots,
+            pinned_prefix_entries = pinned.prefix_entries,
+            prefix_entries = limits.prefix_entries,
+            "the pinned arenas keep their size; [limits] takes effect after `ailb teardown`"
+        );
+    }
+}
+
+/// A fresh start: loads the object with arenas of `limits` and pins every map; on a failure
+/// after the load, removes what it pinned.
+fn load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, DatapathError> {
     if OBJECT.is_empty() {
         return Err(DatapathError::NoObject);
     }
@@ -193,27 +209,7 @@ pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, Datapath
         .map_max_entries(maps::PREFIX, limits.prefix_entries)
         .load(OBJECT)
         .map_err(|e| DatapathError::Load(Box::new(e)))?;
-    let result = (|| {
-        create_pin_dirs(dir)?;
-        for name in maps::ALL {
-            let map = ebpf.map(name).ok_or_else(|| DatapathError::State {
-                path: dir.to_path_buf(),
-                reason: format!("map {name} missing from the eBPF object"),
-            })?;
-            let pin = dir.join(name);
-            map.pin(&pin).map_err(|e| DatapathError::Io {
-                what: "pin map",
-                path: pin.clone(),
-                source: match e {
-                    aya::pin::PinError::SyscallError(s) => s.io_error,
-                    other => std::io::Error::other(other.to_string()),
-                },
-            })?;
-            restrict(&pin, PIN_MODE)?;
-        }
-        Maps::open(dir)
-    })();
-    match result {
+    match pin_maps(&ebpf, dir) {
         Ok(maps) => {
             info!(dir = %dir.display(), "loaded eBPF object and pinned maps");
             Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: Some(ebpf) } })
@@ -223,4 +219,26 @@ pub fn open_or_load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, Datapath
             Err(e)
         }
     }
+}
+
+/// Creates the pin directories, pins every map of `ebpf` there ([`PIN_MODE`]) and opens them.
+fn pin_maps(ebpf: &Ebpf, dir: &Path) -> Result<Maps, DatapathError> {
+    create_pin_dirs(dir)?;
+    for name in maps::ALL {
+        let map = ebpf.map(name).ok_or_else(|| DatapathError::State {
+            path: dir.to_path_buf(),
+            reason: format!("map {name} missing from the eBPF object"),
+        })?;
+        let pin = dir.join(name);
+        map.pin(&pin).map_err(|e| DatapathError::Io {
+            what: "pin map",
+            path: pin.clone(),
+            source: match e {
+                aya::pin::PinError::SyscallError(s) => s.io_error,
+                other => std::io::Error::other(other.to_string()),
+            },
+        })?;
+        restrict(&pin, PIN_MODE)?;
+    }
+    Maps::open(dir)
 }

@@ -173,87 +173,97 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, KvEventError> {
     Ok(EventBatch { ts, events, data_parallel_rank })
 }
 
+/// Event `i` of a batch, by its tag; an unknown tag is kept by name.
 fn event(value: &Value, i: usize) -> Result<KvEvent, KvEventError> {
-    let path = |f: &str| format!("events[{i}].{f}");
-    let (tag, fields) = Struct::tagged(value, &format!("events[{i}]"))?;
+    let path = format!("events[{i}]");
+    let (tag, fields) = Struct::tagged(value, &path)?;
     match tag {
-        "BlockStored" => {
-            let block_hashes = hashes(fields.required(0, "block_hashes")?, &path("block_hashes"))?;
-            let parent = fields.required(1, "parent_block_hash")?;
-            let parent_block_hash =
-                if parent.is_nil() { None } else { Some(hash(parent, &path("parent_block_hash"))?) };
-            let tokens = fields.required(2, "token_ids")?;
-            let token_ids = tokens
-                .as_array()
-                .ok_or_else(|| KvEventError::field(path("token_ids"), tokens, "expected an array"))?
-                .iter()
-                .enumerate()
-                .map(|(j, t)| {
-                    t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| {
-                        KvEventError::field(path(&format!("token_ids[{j}]")), t, "expected a token id (0..2^32)")
-                    })
-                })
-                .collect::<Result<Vec<u32>, _>>()?;
-            let size = fields.required(3, "block_size")?;
-            let block_size = size
-                .as_u64()
-                .and_then(|s| u32::try_from(s).ok())
-                .filter(|&s| s > 0)
-                .ok_or_else(|| KvEventError::field(path("block_size"), size, "expected a block size (1..2^32)"))?;
-            let blocks = block_hashes.len();
-            if token_ids.len() as u64 != blocks as u64 * block_size as u64 {
-                return Err(KvEventError::field(
-                    path("token_ids"),
-                    format!("{} tokens", token_ids.len()),
-                    "expected block_size tokens per block hash",
-                ));
-            }
-            let lora_id = fields.nullable(4, "lora_id").map(|v| int(v, &path("lora_id"))).transpose()?;
-            let medium = fields.nullable(5, "medium").map(|v| string(v, &path("medium"))).transpose()?;
-            let lora_name = fields.nullable(6, "lora_name").map(|v| string(v, &path("lora_name"))).transpose()?;
-            let has_extra_keys = match fields.nullable(7, "extra_keys") {
-                None => Vec::new(),
-                Some(v) => {
-                    let keys =
-                        v.as_array().ok_or_else(|| KvEventError::field(path("extra_keys"), v, "expected an array"))?;
-                    if keys.len() != blocks {
-                        return Err(KvEventError::field(
-                            path("extra_keys"),
-                            format!("{} entries", keys.len()),
-                            "expected one entry per block hash",
-                        ));
-                    }
-                    keys.iter().map(|k| !k.is_nil()).collect()
-                }
-            };
-            let group_idx = fields.nullable(8, "group_idx").map(|v| int(v, &path("group_idx"))).transpose()?;
-            let locality = fields.nullable(11, "locality").map(|v| string(v, &path("locality"))).transpose()?;
-            let ownership = fields.nullable(12, "ownership").map(|v| string(v, &path("ownership"))).transpose()?;
-            Ok(KvEvent::BlockStored(BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id,
-                lora_name,
-                medium,
-                has_extra_keys,
-                group_idx,
-                locality,
-                ownership,
-            }))
-        }
-        "BlockRemoved" => {
-            let block_hashes = hashes(fields.required(0, "block_hashes")?, &path("block_hashes"))?;
-            let medium = fields.nullable(1, "medium").map(|v| string(v, &path("medium"))).transpose()?;
-            let group_idx = fields.nullable(2, "group_idx").map(|v| int(v, &path("group_idx"))).transpose()?;
-            let locality = fields.nullable(3, "locality").map(|v| string(v, &path("locality"))).transpose()?;
-            let ownership = fields.nullable(4, "ownership").map(|v| string(v, &path("ownership"))).transpose()?;
-            Ok(KvEvent::BlockRemoved(BlockRemoved { block_hashes, medium, group_idx, locality, ownership }))
-        }
+        "BlockStored" => block_stored(&fields, &path).map(KvEvent::BlockStored),
+        "BlockRemoved" => block_removed(&fields, &path).map(KvEvent::BlockRemoved),
         "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         other => Ok(KvEvent::Unknown { tag: other.to_string() }),
     }
+}
+
+/// A `BlockStored` event's fields (`path`: the event's, in errors): the chain of hashes, the
+/// tokens (`block_size` per hash), then the optional fields.
+fn block_stored(fields: &Struct<'_>, path: &str) -> Result<BlockStored, KvEventError> {
+    let at = |f: &str| format!("{path}.{f}");
+    let block_hashes = hashes(fields.required(0, "block_hashes")?, &at("block_hashes"))?;
+    let parent = fields.required(1, "parent_block_hash")?;
+    let parent_block_hash = if parent.is_nil() { None } else { Some(hash(parent, &at("parent_block_hash"))?) };
+    let token_ids = token_ids(fields.required(2, "token_ids")?, &at("token_ids"))?;
+    let size = fields.required(3, "block_size")?;
+    let block_size = size
+        .as_u64()
+        .and_then(|s| u32::try_from(s).ok())
+        .filter(|&s| s > 0)
+        .ok_or_else(|| KvEventError::field(at("block_size"), size, "expected a block size (1..2^32)"))?;
+    let blocks = block_hashes.len();
+    if token_ids.len() as u64 != blocks as u64 * block_size as u64 {
+        return Err(KvEventError::field(
+            at("token_ids"),
+            format!("{} tokens", token_ids.len()),
+            "expected block_size tokens per block hash",
+        ));
+    }
+    let lora_id = fields.nullable(4, "lora_id").map(|v| int(v, &at("lora_id"))).transpose()?;
+    let medium = fields.nullable(5, "medium").map(|v| string(v, &at("medium"))).transpose()?;
+    let lora_name = fields.nullable(6, "lora_name").map(|v| string(v, &at("lora_name"))).transpose()?;
+    let has_extra_keys = extra_keys(fields.nullable(7, "extra_keys"), blocks, &at("extra_keys"))?;
+    let group_idx = fields.nullable(8, "group_idx").map(|v| int(v, &at("group_idx"))).transpose()?;
+    let locality = fields.nullable(11, "locality").map(|v| string(v, &at("locality"))).transpose()?;
+    let ownership = fields.nullable(12, "ownership").map(|v| string(v, &at("ownership"))).transpose()?;
+    Ok(BlockStored {
+        block_hashes,
+        parent_block_hash,
+        token_ids,
+        block_size,
+        lora_id,
+        lora_name,
+        medium,
+        has_extra_keys,
+        group_idx,
+        locality,
+        ownership,
+    })
+}
+
+/// A `BlockRemoved` event's fields (`path`: the event's, in errors).
+fn block_removed(fields: &Struct<'_>, path: &str) -> Result<BlockRemoved, KvEventError> {
+    let at = |f: &str| format!("{path}.{f}");
+    let block_hashes = hashes(fields.required(0, "block_hashes")?, &at("block_hashes"))?;
+    let medium = fields.nullable(1, "medium").map(|v| string(v, &at("medium"))).transpose()?;
+    let group_idx = fields.nullable(2, "group_idx").map(|v| int(v, &at("group_idx"))).transpose()?;
+    let locality = fields.nullable(3, "locality").map(|v| string(v, &at("locality"))).transpose()?;
+    let ownership = fields.nullable(4, "ownership").map(|v| string(v, &at("ownership"))).transpose()?;
+    Ok(BlockRemoved { block_hashes, medium, group_idx, locality, ownership })
+}
+
+/// Token ids: an array of integers below 2^32.
+fn token_ids(value: &Value, path: &str) -> Result<Vec<u32>, KvEventError> {
+    value
+        .as_array()
+        .ok_or_else(|| KvEventError::field(path, value, "expected an array"))?
+        .iter()
+        .enumerate()
+        .map(|(j, t)| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| KvEventError::field(format!("{path}[{j}]"), t, "expected a token id (0..2^32)"))
+        })
+        .collect()
+}
+
+/// Per block, whether its `extra_keys` entry is set (empty when the engine sent none); one
+/// entry per block hash.
+fn extra_keys(value: Option<&Value>, blocks: usize, path: &str) -> Result<Vec<bool>, KvEventError> {
+    let Some(v) = value else { return Ok(Vec::new()) };
+    let keys = v.as_array().ok_or_else(|| KvEventError::field(path, v, "expected an array"))?;
+    if keys.len() != blocks {
+        return Err(KvEventError::field(path, format!("{} entries", keys.len()), "expected one entry per block hash"));
+    }
+    Ok(keys.iter().map(|k| !k.is_nil()).collect())
 }
 
 /// A msgspec struct in either form: its fields by position (array) or by name (map).

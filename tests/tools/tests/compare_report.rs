@@ -11,8 +11,12 @@ use std::path::{Path, PathBuf};
 use ailb_tools::compare::args::Args;
 use ailb_tools::compare::outcome::{GpuOutcome, Outcome};
 use ailb_tools::compare::policy::Policy;
+use ailb_tools::compare::real::client::Record;
+use ailb_tools::compare::real::report as real_report;
+use ailb_tools::compare::real::workload::Kind;
+use ailb_tools::compare::real::{Row, Setup};
 use ailb_tools::compare::weights::{WeightSample, WeightStats};
-use ailb_tools::compare::{plot_data, plots, report, Workload};
+use ailb_tools::compare::{peers, plot_data, plots, report, Workload};
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -258,4 +262,70 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
                     the prompt tokens served from their caches.";
     assert!(md.contains(counters), "{counters} in {md}");
     assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
+}
+
+/// A made-up request record of the real-engine race: request `i` of a run whose latencies are
+/// scaled by `k`; every seventh failed.
+fn record(i: usize, k: f64) -> Record {
+    let failed = i % 7 == 6;
+    Record {
+        index: i,
+        status: Some(if failed { 503 } else { 200 }),
+        error: failed.then(|| format!("HTTP 503 after {} ms: `overloaded`", 10 * i)),
+        ttft_ms: (!failed).then_some((20.0 + i as f64 * 3.5) * k),
+        e2e_ms: (80.0 + i as f64 * 11.0) * k,
+        prompt_tokens: Some(400 + i as u64),
+        cached_tokens: Some((i as u64 * 37) % 400),
+        completion_tokens: Some(16),
+        tagged: true,
+    }
+}
+
+/// A made-up row of the real-engine race.
+fn real_row(workload: Kind, policy: Policy, k: f64, hit: f64) -> Row {
+    let prefix = matches!(policy, Policy::AilbGatewayPrecise | Policy::AilbGatewayApprox)
+        .then(|| json!({"mode": "precise", "entries": 12, "keys_sent": 40, "keys_found": 31}));
+    Row {
+        workload,
+        policy,
+        records: (0..20).map(|i| record(i, k)).collect(),
+        wall_s: 9.5 * k,
+        queried_tokens: 8_000.0,
+        hit_tokens: hit,
+        per_server: vec![11, 9],
+        router_cpu_s: peers::binary(policy).map(|_| 1.25 * k),
+        exclusions: policy.is_ailb().then_some(1),
+        prefix,
+    }
+}
+
+/// The real-engine race's Markdown report (`real-engine.md`) for made-up rows of both
+/// workloads, byte for byte but for its first lines, which name this process's command line
+/// and this machine.
+#[test]
+fn the_real_engine_report_is_unchanged() {
+    let args = Args::parse_from(["ailb-compare", "--engine", "vllm"]);
+    let setup = Setup {
+        servers: 2,
+        block_size: Some(128),
+        kv_blocks: Some(300),
+        ready_s: vec![120.5, 131.0],
+        rss_mib: vec![4100, 4200],
+        workloads: vec![
+            (Kind::SharedPrefix, "20 requests of 4 tenants (made up)".to_string(), 20),
+            (Kind::Trace, "20 requests of the trace (made up)".to_string(), 20),
+        ],
+        not_run: vec![(Policy::VllmCacheAware, "not installed (made up)".to_string())],
+    };
+    let mut rows = Vec::new();
+    for kind in [Kind::SharedPrefix, Kind::Trace] {
+        rows.push(real_row(kind, Policy::RoundRobin, 1.5, 2_000.0));
+        rows.push(real_row(kind, Policy::AilbGatewayPrecise, 1.0, 6_000.0));
+        rows.push(real_row(kind, Policy::TenantPinned, 0.9, 6_400.0));
+        rows.push(real_row(kind, Policy::SmgPrefixHash, 1.2, 5_000.0));
+    }
+    let md = real_report::markdown(&args, &setup, &rows);
+    let md: String =
+        md.split_inclusive('\n').filter(|l| !l.starts_with("Command: ") && !l.starts_with("Machine: ")).collect();
+    check("compare-real.md", &md);
 }

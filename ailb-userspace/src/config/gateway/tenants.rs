@@ -201,6 +201,26 @@ pub fn validate(
         return Ok(None);
     }
     let s = scheduler.cloned().unwrap_or_default();
+    check_scheduler(&s)?;
+    let priority_header = header("gateway.scheduler.priority_header", &s.priority_header)?;
+    let tenant_header = s.tenant_header.as_deref().map(|h| header("gateway.scheduler.tenant_header", h)).transpose()?;
+    let max_wait = parse_duration("gateway.scheduler.max_wait", &s.max_wait)?;
+    let tenants = checked_tenants(tenants, &s, tenant_header.is_some(), max_concurrent)?;
+    Ok(Some(ValidTenancy {
+        levels: s.levels,
+        default_priority: s.default_priority,
+        priority_header,
+        tenant_header,
+        max_queued: s.max_queued,
+        max_queued_per_tenant: s.max_queued_per_tenant,
+        max_wait,
+        assumed_max_tokens: s.assumed_max_tokens,
+        tenants,
+    }))
+}
+
+/// The scheduler's numbers: levels, the default priority among them, the queues' bounds.
+fn check_scheduler(s: &SchedulerTable) -> Result<(), ConfigError> {
     if !(1..=MAX_LEVELS).contains(&s.levels) {
         return Err(ConfigError::invalid("gateway.scheduler.levels", s.levels, format!("must be 1 to {MAX_LEVELS}")));
     }
@@ -221,15 +241,23 @@ pub fn validate(
             format!("must be 1 to gateway.scheduler.max_queued ({})", s.max_queued),
         ));
     }
-    let priority_header = header("gateway.scheduler.priority_header", &s.priority_header)?;
-    let tenant_header = s.tenant_header.as_deref().map(|h| header("gateway.scheduler.tenant_header", h)).transpose()?;
-    let max_wait = parse_duration("gateway.scheduler.max_wait", &s.max_wait)?;
+    Ok(())
+}
+
+/// Every tenant checked, in their order, names and key hashes unique across them; the default
+/// tenant (the configured one, or an implicit one) last.
+fn checked_tenants(
+    tenants: &[TenantTable],
+    s: &SchedulerTable,
+    has_header: bool,
+    max_concurrent: u32,
+) -> Result<Vec<ValidTenant>, ConfigError> {
     let mut names = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut valid = Vec::with_capacity(tenants.len() + 1);
     let mut default = None;
     for (i, t) in tenants.iter().enumerate() {
-        let v = tenant(i, t, &s, tenant_header.is_some(), max_concurrent)?;
+        let v = tenant(i, t, s, has_header, max_concurrent)?;
         if !names.insert(v.name.clone()) {
             return Err(ConfigError::invalid(
                 format!("gateway.tenants[{i}].name"),
@@ -252,7 +280,13 @@ pub fn validate(
             valid.push(v);
         }
     }
-    valid.push(default.unwrap_or_else(|| ValidTenant {
+    valid.push(default.unwrap_or_else(|| implicit_default(s, max_concurrent)));
+    Ok(valid)
+}
+
+/// The default tenant when none is configured: weight 1, the default priority, no limits.
+fn implicit_default(s: &SchedulerTable, max_concurrent: u32) -> ValidTenant {
+    ValidTenant {
         name: DEFAULT_TENANT.to_string(),
         api_keys: Vec::new(),
         header_values: Vec::new(),
@@ -261,21 +295,11 @@ pub fn validate(
         max_priority: s.default_priority,
         rate: None,
         max_concurrent,
-    }));
-    Ok(Some(ValidTenancy {
-        levels: s.levels,
-        default_priority: s.default_priority,
-        priority_header,
-        tenant_header,
-        max_queued: s.max_queued,
-        max_queued_per_tenant: s.max_queued_per_tenant,
-        max_wait,
-        assumed_max_tokens: s.assumed_max_tokens,
-        tenants: valid,
-    }))
+    }
 }
 
-/// `[[gateway.tenants]]` number `i`, checked.
+/// `[[gateway.tenants]]` number `i`, checked: its name, its identifiers (which only the
+/// default tenant goes without), its weight and priority, its limits.
 fn tenant(
     i: usize,
     t: &TenantTable,
@@ -284,14 +308,57 @@ fn tenant(
     max_concurrent: u32,
 ) -> Result<ValidTenant, ConfigError> {
     let field = |f: &str| format!("gateway.tenants[{i}].{f}");
-    let name_ok = !t.name.is_empty()
-        && t.name.len() <= 64
-        && t.name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if !name_ok {
-        return Err(ConfigError::invalid(field("name"), &t.name, "expected 1 to 64 letters, digits, '_', '-' or '.'"));
+    check_name(&field("name"), &t.name)?;
+    let api_keys = api_keys(i, &t.api_key_sha256)?;
+    if !t.header_values.is_empty() && !has_header {
+        return Err(ConfigError::invalid(
+            field("header_values"),
+            format!("{:?}", t.header_values),
+            "needs gateway.scheduler.tenant_header (the header is read only when the operator names it as trusted)",
+        ));
     }
-    let api_keys = t
-        .api_key_sha256
+    let cidrs = cidrs(i, &t.cidrs)?;
+    let identified = !(api_keys.is_empty() && t.header_values.is_empty() && cidrs.is_empty());
+    check_identified(&field("name"), &t.name, identified)?;
+    if !(1..=MAX_WEIGHT).contains(&t.weight) {
+        return Err(ConfigError::invalid(field("weight"), t.weight, format!("must be 1 to {MAX_WEIGHT}")));
+    }
+    let max_priority = t.max_priority.unwrap_or(s.default_priority);
+    if max_priority >= s.levels {
+        return Err(ConfigError::invalid(
+            field("max_priority"),
+            max_priority,
+            format!("must be below gateway.scheduler.levels ({})", s.levels),
+        ));
+    }
+    let rate = rate(i, t.tokens_per_second, t.burst_tokens)?;
+    let max_concurrent = concurrency(&field("concurrency_share"), t.concurrency_share, max_concurrent)?;
+    Ok(ValidTenant {
+        name: t.name.clone(),
+        api_keys,
+        header_values: t.header_values.clone(),
+        cidrs,
+        weight: t.weight,
+        max_priority,
+        rate,
+        max_concurrent,
+    })
+}
+
+/// A tenant's name: what metrics, the access log and errors can carry.
+fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !name_ok {
+        return Err(ConfigError::invalid(field, name, "expected 1 to 64 letters, digits, '_', '-' or '.'"));
+    }
+    Ok(())
+}
+
+/// Tenant `i`'s `api_key_sha256`, as digests.
+fn api_keys(i: usize, hexes: &[String]) -> Result<Vec<[u8; 32]>, ConfigError> {
+    hexes
         .iter()
         .enumerate()
         .map(|(k, hex)| {
@@ -304,16 +371,12 @@ fn tenant(
                 )
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    if !t.header_values.is_empty() && !has_header {
-        return Err(ConfigError::invalid(
-            field("header_values"),
-            format!("{:?}", t.header_values),
-            "needs gateway.scheduler.tenant_header (the header is read only when the operator names it as trusted)",
-        ));
-    }
-    let cidrs = t
-        .cidrs
+        .collect()
+}
+
+/// Tenant `i`'s `cidrs`: networks, or single addresses.
+fn cidrs(i: usize, texts: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    texts
         .iter()
         .enumerate()
         .map(|(c, text)| {
@@ -321,38 +384,39 @@ fn tenant(
                 .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
                 .map_err(|_| ConfigError::invalid(format!("gateway.tenants[{i}].cidrs[{c}]"), text, "expected a CIDR"))
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let identified = !(api_keys.is_empty() && t.header_values.is_empty() && cidrs.is_empty());
-    if t.name == DEFAULT_TENANT && identified {
+        .collect()
+}
+
+/// The default tenant has no identifiers (it takes what no other matches); every other has one.
+fn check_identified(field: &str, name: &str, identified: bool) -> Result<(), ConfigError> {
+    if name == DEFAULT_TENANT && identified {
         return Err(ConfigError::invalid(
-            field("name"),
-            &t.name,
+            field,
+            name,
             "the default tenant takes the requests no other tenant matches, and has no identifiers",
         ));
     }
-    if t.name != DEFAULT_TENANT && !identified {
+    if name != DEFAULT_TENANT && !identified {
         return Err(ConfigError::invalid(
-            field("name"),
-            &t.name,
+            field,
+            name,
             "a tenant needs api_key_sha256, header_values or cidrs (or the name \"default\")",
         ));
     }
-    if !(1..=MAX_WEIGHT).contains(&t.weight) {
-        return Err(ConfigError::invalid(field("weight"), t.weight, format!("must be 1 to {MAX_WEIGHT}")));
-    }
-    let max_priority = t.max_priority.unwrap_or(s.default_priority);
-    if max_priority >= s.levels {
-        return Err(ConfigError::invalid(
-            field("max_priority"),
-            max_priority,
-            format!("must be below gateway.scheduler.levels ({})", s.levels),
-        ));
-    }
-    let rate = match (t.tokens_per_second, t.burst_tokens) {
-        (None, None) => None,
-        (None, Some(b)) => {
-            return Err(ConfigError::invalid(field("burst_tokens"), b, "needs tokens_per_second"));
-        }
+    Ok(())
+}
+
+/// The token bucket: `None` (unlimited) without `tokens_per_second`; the burst defaults to one
+/// second of it.
+fn rate(
+    i: usize,
+    tokens_per_second: Option<f64>,
+    burst_tokens: Option<f64>,
+) -> Result<Option<(f64, f64)>, ConfigError> {
+    let field = |f: &str| format!("gateway.tenants[{i}].{f}");
+    match (tokens_per_second, burst_tokens) {
+        (None, None) => Ok(None),
+        (None, Some(b)) => Err(ConfigError::invalid(field("burst_tokens"), b, "needs tokens_per_second")),
         (Some(r), burst) => {
             if !(r.is_finite() && r > 0.0) {
                 return Err(ConfigError::invalid(field("tokens_per_second"), r, "must be above zero"));
@@ -361,24 +425,18 @@ fn tenant(
             if !(b.is_finite() && b >= 1.0) {
                 return Err(ConfigError::invalid(field("burst_tokens"), b, "must be at least 1"));
             }
-            Some((r, b))
+            Ok(Some((r, b)))
         }
-    };
-    let share = t.concurrency_share;
-    if !(share.is_finite() && share > 0.0 && share <= 1.0) {
-        return Err(ConfigError::invalid(field("concurrency_share"), share, "must be above 0 and at most 1"));
     }
-    let max_concurrent = ((f64::from(max_concurrent) * share).ceil() as u32).clamp(1, max_concurrent);
-    Ok(ValidTenant {
-        name: t.name.clone(),
-        api_keys,
-        header_values: t.header_values.clone(),
-        cidrs,
-        weight: t.weight,
-        max_priority,
-        rate,
-        max_concurrent,
-    })
+}
+
+/// The requests a tenant may hold at once: its `concurrency_share` of `max_concurrent`,
+/// rounded up, at least 1.
+fn concurrency(field: &str, share: f64, max_concurrent: u32) -> Result<u32, ConfigError> {
+    if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+        return Err(ConfigError::invalid(field, share, "must be above 0 and at most 1"));
+    }
+    Ok(((f64::from(max_concurrent) * share).ceil() as u32).clamp(1, max_concurrent))
 }
 
 /// 64 hex digits as 32 bytes.

@@ -34,79 +34,91 @@ fn quote(v: &Value) -> String {
 /// with the field named rather than by the model server.
 pub(super) fn check(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsError> {
     match endpoint {
-        Endpoint::Responses => {
-            match &body.input {
-                None | Some(Value::Null) => {
-                    return Err(InputsError::Missing { field: "input", reason: "the Responses API requires it" })
-                }
-                Some(Value::String(_)) => {}
-                Some(Value::Array(items)) => {
-                    if let Some(item) = items.iter().find(|i| !i.is_object()) {
-                        return Err(InputsError::BadField {
-                            field: "input",
-                            value: quote(item),
-                            reason: "expected each input item to be an object",
-                        });
-                    }
-                }
-                Some(other) => {
-                    return Err(InputsError::BadField {
-                        field: "input",
-                        value: quote(other),
-                        reason: "expected a string or an array of input items",
-                    })
-                }
-            }
-            if let Some(StrOr::Other(v)) = &body.instructions {
-                if !v.is_null() {
-                    return Err(InputsError::BadField {
-                        field: "instructions",
-                        value: quote(v),
-                        reason: "expected a string",
-                    });
-                }
-            }
-            previous_response_id(body)?;
-        }
-        Endpoint::Messages | Endpoint::CountTokens => {
-            match &body.messages {
-                None => return Err(InputsError::Missing { field: "messages", reason: "the Messages API requires it" }),
-                Some(Messages::NotList) => {
-                    return Err(InputsError::BadField {
-                        field: "messages",
-                        value: "(not an array)".into(),
-                        reason: "expected an array of messages",
-                    })
-                }
-                Some(Messages::List(_)) => {}
-            }
-            match &body.system {
-                None | Some(Value::Null | Value::String(_)) => {}
-                Some(Value::Array(blocks)) => {
-                    if let Some(b) = blocks.iter().find(|b| !b.is_object()) {
-                        return Err(InputsError::BadField {
-                            field: "system",
-                            value: quote(b),
-                            reason: "expected each system block to be an object",
-                        });
-                    }
-                }
-                Some(other) => {
-                    return Err(InputsError::BadField {
-                        field: "system",
-                        value: quote(other),
-                        reason: "expected a string or an array of text blocks",
-                    })
-                }
-            }
-            if endpoint == Endpoint::Messages && matches!(body.max_tokens, None | Some(Value::Null)) {
-                return Err(InputsError::Missing { field: "max_tokens", reason: "the Messages API requires it" });
-            }
-        }
+        Endpoint::Responses => check_responses(body)?,
+        Endpoint::Messages | Endpoint::CountTokens => check_messages(endpoint, body)?,
         Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings | Endpoint::PassThrough => {
             return Ok(())
         }
     }
+    check_max_tokens(endpoint, body)
+}
+
+/// A Responses request: `input` (a string or input items), `instructions` (a string) and
+/// `previous_response_id`.
+fn check_responses(body: &Fields<'_>) -> Result<(), InputsError> {
+    match &body.input {
+        None | Some(Value::Null) => {
+            return Err(InputsError::Missing { field: "input", reason: "the Responses API requires it" })
+        }
+        Some(Value::String(_)) => {}
+        Some(Value::Array(items)) => {
+            if let Some(item) = items.iter().find(|i| !i.is_object()) {
+                return Err(InputsError::BadField {
+                    field: "input",
+                    value: quote(item),
+                    reason: "expected each input item to be an object",
+                });
+            }
+        }
+        Some(other) => {
+            return Err(InputsError::BadField {
+                field: "input",
+                value: quote(other),
+                reason: "expected a string or an array of input items",
+            })
+        }
+    }
+    if let Some(StrOr::Other(v)) = &body.instructions {
+        if !v.is_null() {
+            return Err(InputsError::BadField { field: "instructions", value: quote(v), reason: "expected a string" });
+        }
+    }
+    previous_response_id(body)?;
+    Ok(())
+}
+
+/// A Messages (or count-tokens) request: `messages` (a list), `system` (a string or text
+/// blocks) and, for Messages, `max_tokens`.
+fn check_messages(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsError> {
+    match &body.messages {
+        None => return Err(InputsError::Missing { field: "messages", reason: "the Messages API requires it" }),
+        Some(Messages::NotList) => {
+            return Err(InputsError::BadField {
+                field: "messages",
+                value: "(not an array)".into(),
+                reason: "expected an array of messages",
+            })
+        }
+        Some(Messages::List(_)) => {}
+    }
+    match &body.system {
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(Value::Array(blocks)) => {
+            if let Some(b) = blocks.iter().find(|b| !b.is_object()) {
+                return Err(InputsError::BadField {
+                    field: "system",
+                    value: quote(b),
+                    reason: "expected each system block to be an object",
+                });
+            }
+        }
+        Some(other) => {
+            return Err(InputsError::BadField {
+                field: "system",
+                value: quote(other),
+                reason: "expected a string or an array of text blocks",
+            })
+        }
+    }
+    if endpoint == Endpoint::Messages && matches!(body.max_tokens, None | Some(Value::Null)) {
+        return Err(InputsError::Missing { field: "max_tokens", reason: "the Messages API requires it" });
+    }
+    Ok(())
+}
+
+/// The answer's token limit, by its API's name: absent, or a whole number (at least 1 for
+/// Messages).
+fn check_max_tokens(endpoint: Endpoint, body: &Fields<'_>) -> Result<(), InputsError> {
     match max_tokens_field(endpoint, body) {
         (_, None | Some(Value::Null)) => Ok(()),
         // vLLM refuses a Messages request's `max_tokens` of 0 ("max_tokens must be positive").

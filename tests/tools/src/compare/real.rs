@@ -34,28 +34,31 @@
 //! routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key length
 //! set per workload, see [`prefix_token_count`]).
 
+mod balancer;
 pub mod client;
 pub mod report;
+mod servers;
 pub mod workload;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddrV4, TcpStream};
+use std::io::Read;
+use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::status::backend;
-use ailb_tests::vllm::{self, metric_sum, Engine, VllmServer, KV_BYTES_PER_TOKEN};
-use ailb_tests::{base_config, preflight, BackendCfg, CgroupGuard, Daemon, TestConfig};
+use ailb_tests::vllm::{Engine, VllmServer, KV_BYTES_PER_TOKEN};
+use ailb_tests::{preflight, CgroupGuard};
 use anyhow::{bail, Context};
 
+pub use self::balancer::prefix_token_count;
+use self::balancer::{start_balancer, Balancer};
 use self::client::Record;
+use self::servers::{counters, reset_and_check, wait_idle};
 use self::workload::{Kind, RealRequest, Sizes};
 use super::args::Args;
+use super::peers;
 use super::policy::Policy;
-use super::{front_door, peers, VIP};
-use crate::sim_gpus::Proc;
 
 /// The name the servers serve the tiny model under.
 pub const MODEL: &str = "tiny-llama";
@@ -105,8 +108,49 @@ pub struct Setup {
     pub not_run: Vec<(Policy, String)>,
 }
 
-/// `ailb-compare --engine vllm`.
+/// One workload's request list, written once for the client worker to read.
+struct WorkloadFile {
+    kind: Kind,
+    /// What it is, for the report.
+    what: String,
+    requests: usize,
+    path: PathBuf,
+}
+
+/// `ailb-compare --engine vllm`: the workloads written, the servers started, every policy on
+/// every workload, the report.
 pub fn main(args: &Args) -> anyhow::Result<()> {
+    check_args(args)?;
+    let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    let policies = real_policies(args)?;
+    let (policies, not_run) = installed(policies);
+    let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
+    let ailb = preflight();
+    let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let workloads = write_workloads(&kinds, &sizes(args), &trace, dir.path())?;
+    // Only precise mode follows the servers' KV events; they publish them only then.
+    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
+    let (servers, t0) = servers::start(args, &engine, kv_events);
+    let setup = Setup {
+        servers: servers.len(),
+        block_size: servers[0].cache_config("block_size"),
+        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
+        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
+        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
+        workloads: workloads.iter().map(|w| (w.kind, w.what.clone(), w.requests)).collect(),
+        not_run,
+    };
+    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+    let rows = race(args, &ailb, &policies, &workloads, &servers, block)?;
+    drop(servers);
+    let md = report::write(args, &setup, &rows)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// The numbers of the command line that the real engines bound.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if !(1..=3).contains(&args.servers) {
         bail!("--servers {}: 1 to 3 real vLLM servers (each takes about 4 GB and shares the CPU cores)", args.servers);
     }
@@ -124,67 +168,48 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     if args.deadline_s <= 0.0 || !args.deadline_s.is_finite() {
         bail!("--deadline-s must be a positive number of seconds, not {}", args.deadline_s);
     }
-    let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
-    let policies = real_policies(args)?;
-    let (policies, not_run) = installed(policies);
-    let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
-    let ailb = preflight();
-    let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
-    let sizes = sizes(args);
-    let dir = tempfile::tempdir().context("temp dir")?;
+    Ok(())
+}
+
+/// Builds each workload's request list and writes it under `dir`.
+fn write_workloads(kinds: &[Kind], sizes: &Sizes, trace: &Path, dir: &Path) -> anyhow::Result<Vec<WorkloadFile>> {
     let mut workloads = Vec::new();
-    for k in &kinds {
-        let (reqs, what) = workload::build(*k, &sizes, MODEL, &trace)?;
-        let path = dir.path().join(format!("{}.json", k.key()));
+    for k in kinds {
+        let (reqs, what) = workload::build(*k, sizes, MODEL, trace)?;
+        let path = dir.join(format!("{}.json", k.key()));
         std::fs::write(&path, serde_json::to_vec(&reqs)?).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("ailb-compare: workload {}: {what}", k.key());
-        workloads.push((*k, what, reqs.len(), path));
+        workloads.push(WorkloadFile { kind: *k, what, requests: reqs.len(), path });
     }
-    // The launcher adds its own variables to this process's environment, which the servers
-    // inherit: this one turns on vLLM's development endpoints, `/reset_prefix_cache` among them.
-    std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
-    let len = args.max_model_len.to_string();
-    let blocks = args.kv_blocks.to_string();
-    let mut extra = vec!["--max-model-len", &len, "--enable-prompt-tokens-details"];
-    if args.kv_blocks > 0 {
-        extra.extend(["--num-gpu-blocks-override", &blocks]);
-    }
-    eprintln!(
-        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
-        args.servers,
-        engine.model.display()
-    );
-    let names = vec![MODEL; args.servers];
-    let t0 = Instant::now();
-    // Only precise mode follows the servers' KV events; they publish them only then.
-    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
-    let servers = vllm::start_servers_with(&engine, &names, &extra, kv_events, Duration::from_secs(600));
-    let setup = Setup {
-        servers: servers.len(),
-        block_size: servers[0].cache_config("block_size"),
-        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
-        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
-        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
-        workloads: workloads.iter().map(|(k, w, n, _)| (*k, w.clone(), *n)).collect(),
-        not_run,
-    };
-    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+    Ok(workloads)
+}
+
+/// Every policy on every workload, in that order, the servers' prefix caches reset (and the
+/// reset checked) before each; the client worker runs in one child cgroup.
+fn race(
+    args: &Args,
+    ailb: &Path,
+    policies: &[Policy],
+    workloads: &[WorkloadFile],
+    servers: &[VllmServer],
+    block: u64,
+) -> anyhow::Result<Vec<Row>> {
     let cg = CgroupGuard::new("real-race");
     let mut rows = Vec::new();
     let mut port = 18_400u16;
-    for (kind, _, n, path) in &workloads {
-        for p in &policies {
+    for w in workloads {
+        for p in policies {
             port += 1;
-            eprintln!("ailb-compare: {} / {}: resetting the prefix caches", kind.key(), p.title());
-            for s in &servers {
+            eprintln!("ailb-compare: {} / {}: resetting the prefix caches", w.kind.key(), p.title());
+            for s in servers {
                 reset_and_check(s)?;
             }
-            let row = run_policy(args, &ailb, &cg, *p, *kind, port, &servers, block, path, *n)?;
+            let row = run_policy(args, ailb, &cg, *p, w.kind, port, servers, block, &w.path, w.requests)?;
             let ok: Vec<&Record> = row.records.iter().filter(|r| r.ok()).collect();
             eprintln!(
                 "ailb-compare: {} / {}: {} ok, {} failed in {:.1} s; {:.1} % of prompt tokens from the cache; \
                  TTFT p50 {} ms; per server {:?}",
-                kind.key(),
+                w.kind.key(),
                 p.title(),
                 ok.len(),
                 row.records.len() - ok.len(),
@@ -196,11 +221,7 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
             rows.push(row);
         }
     }
-    drop(cg);
-    drop(servers);
-    let md = report::write(args, &setup, &rows)?;
-    println!("{md}");
-    Ok(())
+    Ok(rows)
 }
 
 /// `--policies`, or [`DEFAULT_POLICIES`] when left at the simulator's default; only those that
@@ -314,274 +335,6 @@ impl Row {
     }
 }
 
-/// The counters of one server now: (prefix-cache queried tokens, hit tokens, requests finished,
-/// running + waiting requests).
-fn counters(s: &VllmServer) -> anyhow::Result<(f64, f64, f64, f64)> {
-    let text = match ailb_tests::http::get(&s.addr(), "/metrics") {
-        Ok((200, body)) => body,
-        other => bail!("GET /metrics from vLLM on {}: {other:?}", s.addr()),
-    };
-    let m = |name: &str| {
-        metric_sum(&text, name).with_context(|| format!("no {name} in the /metrics of vLLM on {}", s.addr()))
-    };
-    Ok((
-        m("vllm:prefix_cache_queries_total")?,
-        m("vllm:prefix_cache_hits_total")?,
-        m("vllm:request_success_total")?,
-        m("vllm:num_requests_running")? + m("vllm:num_requests_waiting")?,
-    ))
-}
-
-/// The probe of the reset: text no workload shares a block with (other words than theirs).
-fn probe() -> RealRequest {
-    let text: String = (0..300).map(|i| format!("probe{} ", i % 97)).collect();
-    RealRequest {
-        body: serde_json::json!({
-            "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
-            "stream": true, "stream_options": {"include_usage": true},
-        }),
-        session: None,
-        tag_conversation: None,
-        memory_mb: 0,
-        tenant: None,
-    }
-}
-
-/// Sends the probe to `s` directly; returns its cached tokens by the answer and by the
-/// server's hit counter.
-fn send_probe(s: &VllmServer) -> anyhow::Result<(u64, f64)> {
-    let addr: SocketAddrV4 = s.addr().parse().context("server address")?;
-    let before = counters(s)?.1;
-    let rec = client::send(addr, 0, &probe(), Duration::from_secs(60));
-    if !rec.ok() {
-        bail!("the reset probe to vLLM on {} failed: {rec:?}", s.addr());
-    }
-    let cached = rec.cached_tokens.with_context(|| format!("vLLM on {} answered no cached_tokens", s.addr()))?;
-    Ok((cached, counters(s)?.1 - before))
-}
-
-/// Waits until `s` runs and queues nothing (60 s at most), empties its prefix cache with `POST
-/// /reset_prefix_cache` (retried while blocks are still held) and checks that a prompt cached
-/// before is no longer a hit.
-fn reset_and_check(s: &VllmServer) -> anyhow::Result<()> {
-    wait_idle(std::slice::from_ref(s), Duration::from_secs(60))?;
-    send_probe(s)?;
-    let (cached, hits) = send_probe(s)?;
-    if cached == 0 || hits <= 0.0 {
-        bail!(
-            "vLLM on {}: the probe sent twice was no hit the second time ({cached} cached, {hits} hit tokens)",
-            s.addr()
-        );
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = post_empty(&s.addr(), "/reset_prefix_cache")?;
-        if status == 404 {
-            bail!("vLLM on {} has no /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1 not in effect?)", s.addr());
-        }
-        if status == 200 && body.replace(' ', "").contains("\"success\":true") {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!("vLLM on {}: /reset_prefix_cache kept failing: {status} {body}", s.addr());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let (cached, hits) = send_probe(s)?;
-    if cached != 0 || hits != 0.0 {
-        bail!("vLLM on {}: after /reset_prefix_cache the probe still found {cached} ({hits}) cached tokens", s.addr());
-    }
-    Ok(())
-}
-
-/// `POST path` with no body; the status and body.
-fn post_empty(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(s, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).with_context(|| format!("reading POST {path} from {addr}"))?;
-    let r = ailb_tests::http::parse_reply(&raw).map_err(|e| anyhow::anyhow!("POST {path} to {addr}: {e}"))?;
-    Ok((r.status, r.body))
-}
-
-fn wait_idle(servers: &[VllmServer], limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut busy = 0.0;
-        for s in servers {
-            busy += counters(s)?.3;
-        }
-        if busy == 0.0 {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("the vLLM servers still had {busy} requests running or waiting after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The balancer under test, held to be stopped on drop (the router first, then `ailb run`).
-struct Balancer {
-    router: Option<Proc>,
-    daemon: Option<Daemon>,
-    /// Where the client sends: one address, or (`tenant-pinned`) the servers, a tenant's
-    /// requests to one of them.
-    addrs: Vec<SocketAddrV4>,
-}
-
-/// SMG `prefix_hash`'s key length for a workload, tokens. Its docs: the key should cover what
-/// requests that belong together share and no more. On the shared-prefix mix that is the
-/// tenant's system prompt (about 2,400 tokens), which the key of 1,024 tokens that the
-/// simulated race passes lies inside; the trace's prompts are scaled by `1 / --trace-scale`
-/// here, so its 1,024 (the trace's shared first block and a conversation's first block of its
-/// own) scales with them.
-pub fn prefix_token_count(kind: Kind, args: &Args) -> u32 {
-    match kind {
-        Kind::SharedPrefix => 1024,
-        Kind::Trace => (1024 / args.trace_scale).max(1),
-    }
-}
-
-#[expect(clippy::too_many_arguments, reason = "the parts of one run")]
-fn start_balancer(
-    args: &Args,
-    ailb: &Path,
-    cg: &CgroupGuard,
-    policy: Policy,
-    kind: Kind,
-    port: u16,
-    servers: &[VllmServer],
-    block: u64,
-    dir: &Path,
-) -> anyhow::Result<Balancer> {
-    let addrs: Vec<SocketAddrV4> =
-        servers.iter().map(|s| s.addr().parse()).collect::<Result<_, _>>().context("server addresses")?;
-    if peers::binary(policy).is_some() {
-        let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
-        let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port + peers::METRICS_PORT_OFFSET);
-        let mut a =
-            peers::args(policy, listen, metrics, &addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>());
-        if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
-            a[at + 1] = prefix_token_count(kind, args).to_string();
-        }
-        let router = peers::start_with_args(policy, &peers::venv_of(policy), listen, a, addrs.len(), dir)?;
-        return Ok(Balancer { router: Some(router), daemon: None, addrs: vec![listen] });
-    }
-    if policy == Policy::TenantPinned {
-        return Ok(Balancer { router: None, daemon: None, addrs });
-    }
-    let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
-    cfg.prefix_load_factor = args.ailb_prefix_load_factor;
-    let front =
-        (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
-    if let Some(listen) = front {
-        // The servers' own model folder: its tokenizer and chat template are theirs.
-        let tokenizer = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?.model;
-        cfg.extra.push_str(&format!(
-            "\n[gateway]\nlisten = [\"{listen}\"]\n{keys}[gateway.kv_bytes_per_token]\n\"{MODEL}\" = {KV_BYTES_PER_TOKEN}\n\
-             [gateway.kv_block_tokens]\n\"{MODEL}\" = {block}\n",
-            keys = gateway_keys(policy, &tokenizer)
-        ));
-    }
-    let daemon = Daemon::start(ailb, &cfg);
-    if policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb) {
-        // The one-box daemon samples every server itself before it weighs them.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !servers.iter().all(|s| {
-            backend(&daemon.status(), &s.addr()).is_some_and(|b| b["live"] == true && b["free_mem_mb"].is_u64())
-        }) {
-            if Instant::now() >= deadline {
-                bail!("ailb run did not sample every vLLM server within 15 s:\n{}", daemon.log());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    let mut b = Balancer { router: None, daemon: None, addrs: vec![VIP.parse().context("VIP")?] };
-    if let Some(listen) = front {
-        b.router = Some(front_door::start(ailb, daemon.config_path(), Some(cg), listen, dir)?);
-        b.addrs = vec![listen];
-    }
-    b.daemon = Some(daemon);
-    Ok(b)
-}
-
-/// The `[gateway]` lines of the prefix keys: text keys for approximate mode (no tokenizer),
-/// token-exact keys of the model's own tokenizer for precise mode; none for the others.
-fn gateway_keys(policy: Policy, tokenizer: &Path) -> String {
-    match policy {
-        Policy::AilbGatewayApprox => "prefix_keys = true\n".to_string(),
-        Policy::AilbGatewayPrecise => {
-            format!("prefix_keys = true\n[gateway.tokenizers]\n\"{MODEL}\" = \"{}\"\n", tokenizer.display())
-        }
-        _ => String::new(),
-    }
-}
-
-/// `ailb run`'s config for a kernel policy over the real servers: the L4 baselines on a
-/// static table as in the simulated race; ailb with the daemon's defaults (affinity, load
-/// bound 1.25, 20 s affinity wait, each server's `/metrics` and `/health` sampled every 500 ms:
-/// load, free KV memory from its KV cache and the tiny model's bytes per token); the prefix
-/// policies add the model's `prefix` mode, and precise mode each server's KV-event sockets
-/// with its real block size.
-fn config(
-    policy: Policy,
-    cg: &CgroupGuard,
-    servers: &[VllmServer],
-    block: u64,
-    load_factor: f64,
-) -> anyhow::Result<TestConfig> {
-    let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
-    match policy {
-        Policy::RoundRobin => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-            cfg.round_robin = true;
-        }
-        Policy::Random => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-        }
-        Policy::LeastConn => {
-            cfg.affinity = false;
-            cfg.load_factor = 1.01;
-        }
-        // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
-        // by that interval); the load bound's factor is `--ailb-load-factor` (default 1.25,
-        // the daemon's).
-        _ => cfg.load_factor = load_factor,
-    }
-    let sampled = policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb);
-    for s in servers {
-        let mut b = BackendCfg::new(MODEL, &s.addr(), 1);
-        if sampled {
-            b.extra = format!(
-                "metrics_url = \"http://{a}/metrics\"\nhealth_url = \"http://{a}/health\"\nkv_bytes_per_token = {KV_BYTES_PER_TOKEN}\n",
-                a = s.addr()
-            );
-        }
-        if policy == Policy::AilbGatewayPrecise {
-            let kv = s.kv_events().with_context(|| format!("vLLM on {} publishes no KV events", s.addr()))?;
-            b.extra.push_str(&format!(
-                "kv_events = \"{}\"\nkv_replay = \"{}\"\nkv_block_size = {block}\n",
-                kv.endpoint(),
-                kv.replay_endpoint()
-            ));
-        }
-        cfg = cfg.backend(b);
-    }
-    let mode = match policy {
-        Policy::AilbGatewayPrecise => Some("precise"),
-        Policy::AilbGatewayApprox => Some("approximate"),
-        _ => None,
-    };
-    if let Some(mode) = mode {
-        cfg.extra.push_str(&format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"{mode}\"\n"));
-    }
-    Ok(cfg)
-}
-
 #[expect(clippy::too_many_arguments, reason = "the parts of one run")]
 fn run_policy(
     args: &Args,
@@ -599,22 +352,8 @@ fn run_policy(
     let balancer = start_balancer(args, ailb, cg, policy, kind, port, servers, block, dir.path())?;
     let before = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
     let out = dir.path().join("records.json");
-    let me = std::env::current_exe().context("finding this binary")?;
-    let mut cmd = Command::new(me);
     let to: Vec<String> = balancer.addrs.iter().map(SocketAddrV4::to_string).collect();
-    cmd.args(["--engine", "vllm", "--real-worker", &to.join(",")])
-        .arg("--worker-in")
-        .arg(requests)
-        .arg("--worker-out")
-        .arg(&out)
-        .args(["--concurrency", &args.concurrency.to_string(), "--deadline-s", &args.deadline_s.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    if policy != Policy::Ailb {
-        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
-        cmd.arg("--untagged");
-    }
+    let mut cmd = worker_command(args, policy, &to, requests, &out)?;
     eprintln!(
         "ailb-compare: {} / {}: sending {n} requests, {} at a time, to {}",
         kind.key(),
@@ -659,6 +398,27 @@ fn run_policy(
         exclusions,
         prefix,
     })
+}
+
+/// The client worker's command line: this binary with `--real-worker`, sending `requests` to
+/// `to` and writing its records to `out`.
+fn worker_command(args: &Args, policy: Policy, to: &[String], requests: &Path, out: &Path) -> anyhow::Result<Command> {
+    let me = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(me);
+    cmd.args(["--engine", "vllm", "--real-worker", &to.join(",")])
+        .arg("--worker-in")
+        .arg(requests)
+        .arg("--worker-out")
+        .arg(out)
+        .args(["--concurrency", &args.concurrency.to_string(), "--deadline-s", &args.deadline_s.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if policy != Policy::Ailb {
+        // Only ailb's kernel pick reads the socket's tags; every other client is plain.
+        cmd.arg("--untagged");
+    }
+    Ok(cmd)
 }
 
 /// Waits for the client worker, printing progress every 10 s (requests the servers finished,

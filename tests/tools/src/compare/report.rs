@@ -158,6 +158,19 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
     if outs.iter().all(|o| o.prefix_tokens.is_none()) {
         return;
     }
+    cache_table(s, outs);
+    prefix_pick_counters(s, outs);
+    let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();
+    let ailbs: Vec<&Outcome> = outs.iter().filter(|o| o.policy.is_ailb()).collect();
+    if peers.is_empty() || ailbs.is_empty() {
+        return;
+    }
+    best_against_best_peer(s, &ailbs, &peers);
+    failures_against_today(s, outs);
+}
+
+/// Per policy: its prompt tokens from the cache, TTFT and failures.
+fn cache_table(s: &mut String, outs: &[Outcome]) {
     let _ = writeln!(
         s,
         "\nPrompt tokens from the cache (the simulated GPUs' own counters, `prefix_hit_tokens` over \
@@ -178,6 +191,11 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
             o.requests()
         );
     }
+}
+
+/// The kernel's prefix pick counters of the policies that read them, and what they predicted
+/// cached against what the GPUs served from their caches.
+fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
     for o in outs.iter().filter(|o| !o.prefix_counters.is_empty()) {
         let c = |k: &str| o.prefix_counters.get(k).copied().unwrap_or(0.0);
         // What the router predicted cached against what the GPUs report: the keys found over
@@ -202,45 +220,54 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
             pct1(o.cached_share())
         );
     }
-    let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();
-    let ailbs: Vec<&Outcome> = outs.iter().filter(|o| o.policy.is_ailb()).collect();
-    if peers.is_empty() || ailbs.is_empty() {
-        return;
+}
+
+/// The best value of `v` among `rows` (the highest, or the lowest), with its policy.
+fn best_by(rows: &[&Outcome], v: &dyn Fn(&Outcome) -> Option<f64>, higher: bool) -> Option<(f64, Policy)> {
+    rows.iter().filter_map(|o| v(o).map(|x| (x, o.policy))).max_by(|a, b| {
+        if higher {
+            a.0.total_cmp(&b.0)
+        } else {
+            b.0.total_cmp(&a.0)
+        }
+    })
+}
+
+/// One goal line: ailb's best `a` over the best peer's `b`, and whether the ratio meets the goal.
+fn goal_line(
+    what: &str,
+    a: Option<(f64, Policy)>,
+    b: Option<(f64, Policy)>,
+    goal: &str,
+    met: &dyn Fn(f64) -> bool,
+) -> String {
+    match (a, b) {
+        (Some((x, pa)), Some((y, pb))) if y > 0.0 => format!(
+            "- {what}: ailb's best {} ({}) against the best peer's {} ({}): {:.2}x; goal {goal}: {}.",
+            fmt_what(what, x),
+            pa.title(),
+            fmt_what(what, y),
+            pb.title(),
+            x / y,
+            if met(x / y) { "met" } else { "not met" }
+        ),
+        _ => format!("- {what}: n/a (not measured for both)."),
     }
-    let best_by = |rows: &[&Outcome], v: &dyn Fn(&Outcome) -> Option<f64>, higher: bool| {
-        rows.iter().filter_map(|o| v(o).map(|x| (x, o.policy))).max_by(|a, b| {
-            if higher {
-                a.0.total_cmp(&b.0)
-            } else {
-                b.0.total_cmp(&a.0)
-            }
-        })
-    };
+}
+
+/// ailb's best rows against the best peer's: the prompt tokens from the cache (at least as
+/// many) and TTFT P95 (at most 0.8 x).
+fn best_against_best_peer(s: &mut String, ailbs: &[&Outcome], peers: &[&Outcome]) {
     let cached = |o: &Outcome| o.cached_share();
     let ttft = |o: &Outcome| o.pct("ttft_ms", "p95");
-    let line =
-        |what: &str, a: Option<(f64, Policy)>, b: Option<(f64, Policy)>, goal: &str, met: &dyn Fn(f64) -> bool| match (
-            a, b,
-        ) {
-            (Some((x, pa)), Some((y, pb))) if y > 0.0 => format!(
-                "- {what}: ailb's best {} ({}) against the best peer's {} ({}): {:.2}x; goal {goal}: {}.",
-                fmt_what(what, x),
-                pa.title(),
-                fmt_what(what, y),
-                pb.title(),
-                x / y,
-                if met(x / y) { "met" } else { "not met" }
-            ),
-            _ => format!("- {what}: n/a (not measured for both)."),
-        };
     let _ = writeln!(s, "\nailb's best against the best peer's:\n");
     let _ = writeln!(
         s,
         "{}",
-        line(
+        goal_line(
             "prompt tokens from the cache",
-            best_by(&ailbs, &cached, true),
-            best_by(&peers, &cached, true),
+            best_by(ailbs, &cached, true),
+            best_by(peers, &cached, true),
             ">= 1.00x",
             &|r| r >= 1.0
         )
@@ -248,8 +275,13 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
     let _ = writeln!(
         s,
         "{}",
-        line("TTFT p95", best_by(&ailbs, &ttft, false), best_by(&peers, &ttft, false), "<= 0.80x", &|r| r <= 0.8)
+        goal_line("TTFT p95", best_by(ailbs, &ttft, false), best_by(peers, &ttft, false), "<= 0.80x", &|r| r <= 0.8)
     );
+}
+
+/// Each prefix-aware ailb row's failures against ailb's without the prefix pick (the same
+/// side: the socket ABI or the front door): no more.
+fn failures_against_today(s: &mut String, outs: &[Outcome]) {
     for o in outs.iter().filter(|o| o.policy.prefix_mode().is_some()) {
         let today = if o.policy.behind_front_door().is_some() { Policy::AilbGateway } else { Policy::Ailb };
         if let Some(t) = outs.iter().find(|x| x.policy == today) {

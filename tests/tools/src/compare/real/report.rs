@@ -47,8 +47,29 @@ fn machine() -> String {
     format!("{cores} CPU cores ({}), {:.1} GiB of memory", model.unwrap_or("unknown"), kib as f64 / (1 << 20) as f64)
 }
 
+/// `real-engine.md`: the setup and method, a section per workload, the policies not run and
+/// the peer routers' command lines.
 pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
     let mut md = String::from("# The race on real vLLM servers\n\n");
+    setup_and_method(&mut md, args, setup);
+    for (kind, what, _) in &setup.workloads {
+        let _ = writeln!(md, "## {}\n\n{what}.\n", kind.key());
+        let rows: Vec<&Row> = rows.iter().filter(|r| r.workload == *kind).collect();
+        policy_table(&mut md, &rows);
+        against_the_oracle(&mut md, &rows);
+        prefix_counters(&mut md, &rows);
+        failures(&mut md, &rows);
+        md.push('\n');
+    }
+    for (p, why) in &setup.not_run {
+        let _ = writeln!(md, "Not run: {}: {why}.\n", p.title());
+    }
+    routers_command_lines(&mut md, args, rows);
+    md
+}
+
+/// The command, the machine, the servers and how every policy was measured.
+fn setup_and_method(md: &mut String, args: &Args, setup: &Setup) {
     let cmd: Vec<String> = std::env::args().collect();
     let _ = writeln!(md, "Command: `{}`\n", cmd.join(" "));
     let _ = writeln!(md, "Machine: {}.\n", machine());
@@ -74,79 +95,91 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
          sampling interval).\n",
         args.concurrency
     );
-    for (kind, what, _) in &setup.workloads {
-        let _ = writeln!(md, "## {}\n\n{what}.\n", kind.key());
-        md.push_str(
-            "| policy | from cache | by usage | TTFT P50 ms | TTFT P95 ms | E2E P50 ms | failures | req/s | requests per server | router CPU s | ailb exclusions |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+}
+
+/// One workload's table: a line per policy.
+fn policy_table(md: &mut String, rows: &[&Row]) {
+    md.push_str(
+        "| policy | from cache | by usage | TTFT P50 ms | TTFT P95 ms | E2E P50 ms | failures | req/s | requests per server | router CPU s | ailb exclusions |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} % | {} | {} | {} | {} | {} of {} | {:.2} | {} | {} | {} |",
+            r.policy.title(),
+            r.hit_share() * 100.0,
+            r.usage_cached_share().map_or("-".into(), |s| format!("{:.1} %", s * 100.0)),
+            fmt_ms(r.ttft(50.0)),
+            fmt_ms(r.ttft(95.0)),
+            fmt_ms(r.e2e(50.0)),
+            r.failures(),
+            r.records.len(),
+            r.rate(),
+            r.per_server.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+            r.router_cpu_s.map_or("-".into(), |c| format!("{c:.1}")),
+            r.exclusions.map_or("-".into(), |n| n.to_string()),
         );
-        for r in rows.iter().filter(|r| r.workload == *kind) {
+    }
+}
+
+/// Precise mode's cached tokens against the oracle's, where both ran.
+fn against_the_oracle(md: &mut String, rows: &[&Row]) {
+    let of = |p: Policy| rows.iter().find(|r| r.policy == p);
+    if let (Some(precise), Some(pinned)) = (of(Policy::AilbGatewayPrecise), of(Policy::TenantPinned)) {
+        let _ = writeln!(
+            md,
+            "\n{} cached tokens / {} cached tokens: **{}** ({:.0} / {:.0} prompt tokens from the caches; goal: at \
+             least 90 %).",
+            Policy::AilbGatewayPrecise.title(),
+            Policy::TenantPinned.title(),
+            ratio(precise.hit_tokens, pinned.hit_tokens),
+            precise.hit_tokens,
+            pinned.hit_tokens
+        );
+    }
+}
+
+/// The kernel's prefix counters of the policies that read them, and what they predicted.
+fn prefix_counters(md: &mut String, rows: &[&Row]) {
+    for r in rows {
+        if let Some(p) = &r.prefix {
+            let _ = writeln!(md, "\n{}: the kernel's prefix counters at the end of the run: `{p}`.", r.policy.title());
+            // What the router predicted cached (keys found over keys sent) against what
+            // vLLM's own counters say was read from the caches.
+            let n = |k: &str| p[k].as_f64().unwrap_or(0.0);
             let _ = writeln!(
                 md,
-                "| {} | {:.1} % | {} | {} | {} | {} | {} of {} | {:.2} | {} | {} | {} |",
-                r.policy.title(),
-                r.hit_share() * 100.0,
-                r.usage_cached_share().map_or("-".into(), |s| format!("{:.1} %", s * 100.0)),
-                fmt_ms(r.ttft(50.0)),
-                fmt_ms(r.ttft(95.0)),
-                fmt_ms(r.e2e(50.0)),
-                r.failures(),
-                r.records.len(),
-                r.rate(),
-                r.per_server.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
-                r.router_cpu_s.map_or("-".into(), |c| format!("{c:.1}")),
-                r.exclusions.map_or("-".into(), |n| n.to_string()),
+                "Predicted cached: {} of the keys sent were found held; vLLM read {} of the prompt tokens from \
+                 its caches.",
+                ratio(n("keys_found"), n("keys_sent")),
+                ratio(r.hit_tokens, r.queried_tokens)
             );
         }
-        let of = |p: Policy| rows.iter().find(|r| r.workload == *kind && r.policy == p);
-        if let (Some(precise), Some(pinned)) = (of(Policy::AilbGatewayPrecise), of(Policy::TenantPinned)) {
-            let _ = writeln!(
-                md,
-                "\n{} cached tokens / {} cached tokens: **{}** ({:.0} / {:.0} prompt tokens from the caches; goal: at \
-                 least 90 %).",
-                Policy::AilbGatewayPrecise.title(),
-                Policy::TenantPinned.title(),
-                ratio(precise.hit_tokens, pinned.hit_tokens),
-                precise.hit_tokens,
-                pinned.hit_tokens
-            );
-        }
-        for r in rows.iter().filter(|r| r.workload == *kind) {
-            if let Some(p) = &r.prefix {
-                let _ =
-                    writeln!(md, "\n{}: the kernel's prefix counters at the end of the run: `{p}`.", r.policy.title());
-                // What the router predicted cached (keys found over keys sent) against what
-                // vLLM's own counters say was read from the caches.
-                let n = |k: &str| p[k].as_f64().unwrap_or(0.0);
-                let _ = writeln!(
-                    md,
-                    "Predicted cached: {} of the keys sent were found held; vLLM read {} of the prompt tokens from \
-                     its caches.",
-                    ratio(n("keys_found"), n("keys_sent")),
-                    ratio(r.hit_tokens, r.queried_tokens)
-                );
-            }
-        }
-        let kinds: std::collections::BTreeMap<String, usize> = rows
-            .iter()
-            .filter(|r| r.workload == *kind)
-            .flat_map(|r| r.records.iter())
-            .filter_map(|r| r.error.clone())
-            .fold(Default::default(), |mut m, e| {
-                *m.entry(e.chars().take(120).collect()).or_default() += 1;
-                m
-            });
-        if !kinds.is_empty() {
-            md.push_str("\nFailures:\n\n");
-            for (e, n) in kinds {
-                let _ = writeln!(md, "- {n} x `{}`", e.replace('`', "'"));
-            }
-        }
-        md.push('\n');
     }
-    for (p, why) in &setup.not_run {
-        let _ = writeln!(md, "Not run: {}: {why}.\n", p.title());
+}
+
+/// The failures of every policy, counted by their message (its first 120 characters).
+fn failures(md: &mut String, rows: &[&Row]) {
+    let kinds: std::collections::BTreeMap<String, usize> = rows
+        .iter()
+        .flat_map(|r| r.records.iter())
+        .filter_map(|r| r.error.clone())
+        .fold(Default::default(), |mut m, e| {
+            *m.entry(e.chars().take(120).collect()).or_default() += 1;
+            m
+        });
+    if !kinds.is_empty() {
+        md.push_str("\nFailures:\n\n");
+        for (e, n) in kinds {
+            let _ = writeln!(md, "- {n} x `{}`", e.replace('`', "'"));
+        }
     }
+}
+
+/// Each peer router's command line, once per workload, with the run's addresses as
+/// placeholders.
+fn routers_command_lines(md: &mut String, args: &Args, rows: &[Row]) {
     md.push_str("## The routers' command lines\n\n");
     let (listen, metrics) =
         (SocketAddrV4::new([127, 0, 10, 250].into(), 0), SocketAddrV4::new([127, 0, 10, 249].into(), 0));
@@ -177,7 +210,6 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
         );
     }
     md.push('\n');
-    md
 }
 
 /// `a / b` as a percentage, `-` when `b` is 0.

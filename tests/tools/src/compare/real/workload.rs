@@ -149,6 +149,9 @@ fn shared_prefix(s: &Sizes, model: &str) -> (Vec<RealRequest>, String) {
     (out, what)
 }
 
+/// The trace workload: whole conversations of the Mooncake trace ([`choose_conversations`]),
+/// each request's sizes scaled ([`Scaled`]) and its blocks rendered as text
+/// ([`trace_request`]); and a line saying what it is.
 fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealRequest>, String)> {
     if s.trace_scale == 0 || !BLOCK_BYTES.is_multiple_of(s.trace_scale as usize) {
         bail!("--trace-scale {}: must divide {BLOCK_BYTES} (the bytes of a trace block's text)", s.trace_scale);
@@ -157,63 +160,16 @@ fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealR
     let (convs, _stats) = trace::conversations(&requests, trace::DEFAULT_COMMON_SHARE);
     let sel = TraceSelect { limit: None, model: model.to_string(), ..Default::default() };
     let specs = ailb_sim::replay::trace_specs(&requests, &convs, &sel);
-    let chunk = BLOCK_BYTES / s.trace_scale as usize;
-    let bytes_of =
-        |spec: &RequestSpec| (u64::from(spec.prompt_tokens) * BYTES_PER_TOKEN) as usize / s.trace_scale as usize;
-    let max_tokens_of = |spec: &RequestSpec| (spec.max_tokens / s.trace_scale).clamp(1, s.trace_max_tokens);
-    let fits = |spec: &RequestSpec| {
-        bytes_of(spec) / MIN_BYTES_PER_TOKEN + TEMPLATE_TOKENS + max_tokens_of(spec) as usize <= s.max_model_len
-    };
-    // Whole conversations of two turns or more, in the order of their first turn, while they
-    // fit: the trace's first requests are mostly first turns (their later turns come minutes
-    // later), which no placement can serve from a cache.
-    let mut turns: HashMap<&str, (usize, bool)> = HashMap::new();
-    for spec in &specs {
-        let e = turns.entry(spec.conversation.as_str()).or_insert((0, true));
-        e.0 += 1;
-        e.1 &= fits(spec);
-    }
-    let (mut chosen, mut total, mut too_long) = (HashSet::new(), 0, 0);
-    for spec in &specs {
-        let (n, fit) = turns[spec.conversation.as_str()];
-        if n < 2 || chosen.contains(spec.conversation.as_str()) || total + n > s.trace_requests {
-            continue;
-        }
-        if !fit {
-            too_long += 1;
-            continue;
-        }
-        chosen.insert(spec.conversation.as_str());
-        total += n;
-    }
-    let picked: Vec<RequestSpec> = specs.iter().filter(|x| chosen.contains(x.conversation.as_str())).cloned().collect();
+    let scaled = Scaled { sizes: s };
+    let chosen = choose_conversations(&specs, &scaled, s.trace_requests);
+    let picked: Vec<RequestSpec> =
+        specs.iter().filter(|x| chosen.names.contains(x.conversation.as_str())).cloned().collect();
     let mut out = Vec::new();
     let mut numbers: HashMap<&str, usize> = HashMap::new();
     for spec in &picked {
         let next = numbers.len();
         let tenant = *numbers.entry(spec.conversation.as_str()).or_insert(next);
-        let bytes = bytes_of(spec);
-        let max_tokens = max_tokens_of(spec);
-        let mut text = String::with_capacity(bytes + chunk);
-        let mut ids = spec.hash_ids.iter();
-        let mut filler_id = 1u64 << 63 | (spec.index as u64) << 20;
-        while text.len() < bytes {
-            // Past the trace's ids, text no other prompt has.
-            let id = ids.next().copied().unwrap_or_else(|| {
-                filler_id += 1;
-                filler_id
-            });
-            let take = chunk.min(bytes - text.len());
-            text.push_str(&block_text(id)[..take]);
-        }
-        let messages = json!([{"role": "user", "content": text}]);
-        out.push(RealRequest {
-            body: chat(model, messages, max_tokens),
-            session: Some(spec.conversation.clone()),
-            tag_conversation: Some(spec.conversation.clone()),
-            memory_mb: memory_mb(bytes, max_tokens, s.kv_bytes_per_token),
-            tenant: Some(tenant),
-        });
+        out.push(trace_request(spec, tenant, &scaled, model));
     }
     let reuse = ailb_sim::replay::oracle_prefix_hit_rate(&picked).unwrap_or(0.0);
     let what = format!(
@@ -223,18 +179,104 @@ fn trace_slice(s: &Sizes, model: &str, path: &Path) -> anyhow::Result<(Vec<RealR
          prefix an earlier request of the slice sent (in whole trace blocks: a bound no placement passes)",
         out.len(),
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        chosen.len(),
-        if too_long > 0 {
-            format!(" whose turns fit --max-model-len ({too_long} longer ones left out)")
+        chosen.names.len(),
+        if chosen.too_long > 0 {
+            format!(" whose turns fit --max-model-len ({} longer ones left out)", chosen.too_long)
         } else {
             String::new()
         },
         s.trace_scale,
-        chunk,
+        scaled.chunk(),
         s.trace_max_tokens,
         reuse * 100.0
     );
     Ok((out, what))
+}
+
+/// A trace request's sizes scaled down by `trace_scale`.
+struct Scaled<'a> {
+    sizes: &'a Sizes,
+}
+
+impl Scaled<'_> {
+    /// Bytes of text of a trace block.
+    fn chunk(&self) -> usize {
+        BLOCK_BYTES / self.sizes.trace_scale as usize
+    }
+
+    /// Bytes of the prompt's text.
+    fn bytes(&self, spec: &RequestSpec) -> usize {
+        (u64::from(spec.prompt_tokens) * BYTES_PER_TOKEN) as usize / self.sizes.trace_scale as usize
+    }
+
+    fn max_tokens(&self, spec: &RequestSpec) -> u32 {
+        (spec.max_tokens / self.sizes.trace_scale).clamp(1, self.sizes.trace_max_tokens)
+    }
+
+    /// Whether the request fits `--max-model-len`, its prompt at the fewest bytes a token.
+    fn fits(&self, spec: &RequestSpec) -> bool {
+        self.bytes(spec) / MIN_BYTES_PER_TOKEN + TEMPLATE_TOKENS + self.max_tokens(spec) as usize
+            <= self.sizes.max_model_len
+    }
+}
+
+/// The conversations of a trace slice, and how many were left out for a turn too long.
+struct Chosen<'a> {
+    names: HashSet<&'a str>,
+    too_long: usize,
+}
+
+/// Whole conversations of two turns or more, in the order of their first turn, while they fit
+/// `limit` requests in all: the trace's first requests are mostly first turns (their later
+/// turns come minutes later), which no placement can serve from a cache.
+fn choose_conversations<'a>(specs: &'a [RequestSpec], scaled: &Scaled<'_>, limit: usize) -> Chosen<'a> {
+    let mut turns: HashMap<&str, (usize, bool)> = HashMap::new();
+    for spec in specs {
+        let e = turns.entry(spec.conversation.as_str()).or_insert((0, true));
+        e.0 += 1;
+        e.1 &= scaled.fits(spec);
+    }
+    let (mut names, mut total, mut too_long) = (HashSet::new(), 0, 0);
+    for spec in specs {
+        let (n, fit) = turns[spec.conversation.as_str()];
+        if n < 2 || names.contains(spec.conversation.as_str()) || total + n > limit {
+            continue;
+        }
+        if !fit {
+            too_long += 1;
+            continue;
+        }
+        names.insert(spec.conversation.as_str());
+        total += n;
+    }
+    Chosen { names, too_long }
+}
+
+/// One trace request as text: the trace's block ids rendered ([`block_text`]) and scaled, past
+/// them text no other prompt has; the conversation as its session and socket tag.
+fn trace_request(spec: &RequestSpec, tenant: usize, scaled: &Scaled<'_>, model: &str) -> RealRequest {
+    let (bytes, chunk) = (scaled.bytes(spec), scaled.chunk());
+    let max_tokens = scaled.max_tokens(spec);
+    let mut text = String::with_capacity(bytes + chunk);
+    let mut ids = spec.hash_ids.iter();
+    let mut filler_id = 1u64 << 63 | (spec.index as u64) << 20;
+    while text.len() < bytes {
+        // Past the trace's ids, text no other prompt has.
+        let id = ids.next().copied().unwrap_or_else(|| {
+            filler_id += 1;
+            filler_id
+        });
+        let take = chunk.min(bytes - text.len());
+        text.push_str(&block_text(id)[..take]);
+    }
+    let messages = json!([{"role": "user", "content": text}]);
+    RealRequest {
+        body: chat(model, messages, max_tokens),
+        session: Some(spec.conversation.clone()),
+        tag_conversation: Some(spec.conversation.clone()),
+        memory_mb: memory_mb(bytes, max_tokens, scaled.sizes.kv_bytes_per_token),
+        tenant: Some(tenant),
+    }
 }
 
 #[cfg(test)]
