@@ -13,11 +13,15 @@
 //! - **plain**: the same admission, no tenants (the admission's own first-come-first-served
 //!   queue).
 //!
-//! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded):
+//! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded, the same in each router's
+//! phase; each phase's users, so its conversations, are its own):
 //!
 //! 1. **capacity**: eight closed-loop clients straight to the servers, four each: the fleet's
 //!    rate X, which every router is offered multiples of.
-//! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95.
+//! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95, per tenant
+//!    too; then the same arrivals through the plain front door (first come, first served). The
+//!    fleet is sampled throughout (`overload/slots.rs`): how busy the slots were, how long one was idle
+//!    while the router held a request, how long a server queued beside another's free slot.
 //! 3. **overload**: the same, plus `batch` at 3.6 X (80 % of 4.5 X offered): the
 //!    interactive TTFT P95 again (goal: at most 1.5x alone), what was shed per tenant, and the
 //!    scheduler's count of requests refused for room while a lower band waited (goal: 0).
@@ -30,7 +34,8 @@
 //! The peer row: **SMG** 1.13.0 (`smg` on PyPI, in `target/smg-venv`) in front of the same two
 //! servers, with its priority scheduler and its tenants from a trusted header (the settings
 //! are in [`smg_args`] and [`SMG_PRIORITY_YAML`], and the report repeats them), offered phases
-//! 2 to 4 the same way. Without SMG installed the row says so and why.
+//! 2 (without the plain front door's part) to 4 the same way. Without SMG installed the row says
+//! so and why.
 //!
 //! Writes `target/bench/overload.md` and prints it; progress on stderr.
 
