@@ -9,7 +9,8 @@
 //! here and both front doors run inside it:
 //!
 //! - **tenants**: `alpha` (weight 3) and `beta` (weight 1) interactive at priority 1, `batch`
-//!   capped at priority 0, by API key;
+//!   capped at priority 0, by API key; the scheduler's `fair_lag_tokens` from
+//!   `--fair-lag-tokens` (default 0, the product's default);
 //! - **plain**: the same admission, no tenants (the admission's own first-come-first-served
 //!   queue).
 //!
@@ -103,6 +104,10 @@ pub struct Args {
     /// Rounds of the fast-path comparison (each path 2 s per round).
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// The tenants' front door's `gateway.scheduler.fair_lag_tokens` (0, the default: by weight
+    /// at every request).
+    #[arg(long, default_value_t = 0)]
+    pub fair_lag_tokens: u64,
 }
 
 /// A tenant of the bench.
@@ -152,15 +157,18 @@ fn sha256(key: &str) -> anyhow::Result<String> {
     Ok(hex)
 }
 
-fn gateway_toml(listen: &str, tenants: bool) -> anyhow::Result<String> {
+/// The front door's config; with tenants when `tenants` is given: its scheduler's
+/// `fair_lag_tokens`.
+fn gateway_toml(listen: &str, tenants: Option<u64>) -> anyhow::Result<String> {
     let mut t = format!(
         "[gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = 4096\n\
          [gateway.admission]\nmode = \"fleet_memory\"\nmax_wait = \"10s\"\nmax_queued = 4096\nreserve = 0.0\n"
     );
-    if tenants {
+    if let Some(lag) = tenants {
         write!(
             t,
             "[gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {PER_TENANT}\nmax_wait = \"10s\"\n\
+             fair_lag_tokens = {lag}\n\
              [[gateway.tenants]]\nname = \"alpha\"\napi_key_sha256 = [\"{}\"]\nweight = 3\n\
              [[gateway.tenants]]\nname = \"beta\"\napi_key_sha256 = [\"{}\"]\nweight = 1\n\
              [[gateway.tenants]]\nname = \"batch\"\napi_key_sha256 = [\"{}\"]\nmax_priority = 0\n",
@@ -518,12 +526,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(FREE_MB));
     }
     cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
-    let tenants_toml = gateway_toml(TENANTS_LISTEN, true)?;
+    let tenants_toml = gateway_toml(TENANTS_LISTEN, Some(args.fair_lag_tokens))?;
     cfg.extra = tenants_toml.clone();
     let daemon = Daemon::start(&bin, &cfg);
     let text = std::fs::read_to_string(daemon.config_path()).context("the daemon's config")?;
     let plain_path = daemon.config_path().with_file_name("plain.toml");
-    std::fs::write(&plain_path, text.replace(&tenants_toml, &gateway_toml(PLAIN_LISTEN, false)?))
+    std::fs::write(&plain_path, text.replace(&tenants_toml, &gateway_toml(PLAIN_LISTEN, None)?))
         .context("the plain front door's config")?;
     let with_tenants = GatewayProcess::start(&bin, daemon.config_path(), &cg, TENANTS_LISTEN.parse::<SocketAddr>()?);
     let plain = GatewayProcess::start(&bin, &plain_path, &cg, PLAIN_LISTEN.parse::<SocketAddr>()?);
@@ -559,7 +567,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         ];
         let fast = fast_path(&paths, args.rounds).await;
         let smg = smg_phases(x, dur, work.path()).await;
-        let mut report = render(x, dur, &alone, &over, inversions, &shares, &paths, &fast);
+        let mut report = render(x, dur, args.fair_lag_tokens, &alone, &over, inversions, &shares, &paths, &fast);
         render_smg(&mut report, &smg, (&alone, &over, &shares), dur);
         let mut rows = vec![
             ("ailb front door, tenants 3:1", &alone[..], &alone_slots[..]),
@@ -679,6 +687,7 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 fn render(
     x: f64,
     dur: Duration,
+    lag: u64,
     alone: &[Record],
     over: &[Record],
     inversions: f64,
@@ -694,9 +703,10 @@ fn render(
         "Two `ailb-sim` servers (1000 MB free each), admission by fleet memory, 250 MB per request: {SLOTS} in \
          flight at once; {MAX_TOKENS} tokens streamed per request. Fleet rate X = {x:.1} req/s ({SLOTS} \
          closed-loop clients straight to the servers, each running {} at once at most). Phases of {} s, \
-         Poisson arrivals.\n",
+         Poisson arrivals. The scheduler's `fair_lag_tokens`: {lag}{}.\n",
         SLOTS / BACKENDS.len(),
-        dur.as_secs()
+        dur.as_secs(),
+        if lag == 0 { " (the default: by weight at every request)" } else { "" }
     );
     let _ = writeln!(r, "## Interactive TTFT under 4.5 X offered (batch 3.6 X = 80 %, priority 0)\n");
     let _ = writeln!(r, "| | offered | interactive TTFT p50 ms | interactive TTFT P95 ms | ratio to alone | goal |");
