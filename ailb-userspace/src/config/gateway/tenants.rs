@@ -10,7 +10,8 @@
 //! max_queued = 1024                  # requests waiting per model, every tenant and band
 //! max_queued_per_tenant = 256        # requests of one tenant waiting per model
 //! max_wait = "5s"                    # longest wait, then 503
-//! fair_lag_tokens = 0                # arrival order within this lead by weight (0: by weight always)
+//! fair_lag_tokens = 0                # arrival order until a tenant leads its share by this many
+//!                                    # tokens per weight, then by weight (0: by weight always)
 //! assumed_max_tokens = 256           # output tokens of a request without max_tokens
 //!
 //! [[gateway.tenants]]

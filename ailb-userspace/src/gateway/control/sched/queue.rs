@@ -3,21 +3,22 @@
 //!
 //! **Weighted least attained service on tokens** (start-time fair queueing): each tenant of a
 //! band has a virtual time, the tokens it was served divided by its weight; the next request
-//! is the head of the waiting tenant with the least (ties: the older request). With a lag
-//! ([`Queues::with_lag`], `gateway.scheduler.fair_lag_tokens`), the next request is instead the
-//! oldest head among the tenants at most that lag ahead of the least: arrival order until a
-//! tenant has run that far ahead of its share. Without one, a tenant offering more than its
-//! weighted share waits behind the others' newer requests in every burst, even when the fleet
-//! keeps up on average (measured at 0.9 of a fleet's rate, weights 3:1 offered 2:1: the lighter
-//! tenant's TTFT P95 about twice first come, first served's). Backlogged tenants still share
-//! by weight: the lead stays bounded by the lag, so it shifts the shares by at most the lag's
-//! tokens once. A tenant that
+//! is the head of the waiting tenant with the least (ties: the older request). A tenant that
 //! starts waiting again is brought up to the band's virtual time (that of the last request
 //! served), so time spent idle is no credit. Chosen over deficit round robin because costs
 //! here span orders of magnitude (a 20-token question and a 30,000-token document): DRR with a
 //! quantum below the largest cost loops through empty rounds, and with one above it serves a
 //! tenant in bursts of a quantum; virtual time is exact per request and costs a scan of the
 //! band's tenants (a configured handful) per pop.
+//!
+//! **A lag** ([`Queues::with_lag`], `gateway.scheduler.fair_lag_tokens`, default 0): the next
+//! request is the oldest head among the tenants at most that lag ahead of the least virtual
+//! time, so requests go in arrival order until a tenant has run that far ahead of its share.
+//! Without one, a tenant offering more than its weighted share waits behind the others' newer
+//! requests in every burst, even when the fleet keeps up on average (measured at 0.9 of a
+//! fleet's rate, weights 3:1 offered 2:1: the lighter tenant's TTFT P95 about twice first come,
+//! first served's). Backlogged tenants still share by weight: a lead stays bounded by the lag,
+//! so it shifts the shares once, by at most the lag's tokens.
 //!
 //! **Bounds**: at most `max_len` requests in all and `max_per_tenant` per tenant. A request that
 //! finds its bound reached evicts the newest request of the lowest band below its own (its
