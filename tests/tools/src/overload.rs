@@ -9,15 +9,20 @@
 //! here and both front doors run inside it:
 //!
 //! - **tenants**: `alpha` (weight 3) and `beta` (weight 1) interactive at priority 1, `batch`
-//!   capped at priority 0, by API key;
+//!   capped at priority 0, by API key; the scheduler's `fair_lag_tokens` from
+//!   `--fair-lag-tokens` (default 0, the product's default);
 //! - **plain**: the same admission, no tenants (the admission's own first-come-first-served
 //!   queue).
 //!
-//! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded):
+//! Phases (each [`Args::phase_secs`]; arrivals are Poisson, seeded, the same in each router's
+//! phase; each phase's users, so its conversations, are its own):
 //!
 //! 1. **capacity**: eight closed-loop clients straight to the servers, four each: the fleet's
 //!    rate X, which every router is offered multiples of.
-//! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95.
+//! 2. **alone**: `alpha` at 0.6 X and `beta` at 0.3 X, streamed: their TTFT P95, per tenant
+//!    too; then the same arrivals through the plain front door (first come, first served). The
+//!    fleet is sampled throughout (`overload/slots.rs`): how busy the slots were, how long one was idle
+//!    while the router held a request, how long a server queued beside another's free slot.
 //! 3. **overload**: the same, plus `batch` at 3.6 X (80 % of 4.5 X offered): the
 //!    interactive TTFT P95 again (goal: at most 1.5x alone), what was shed per tenant, and the
 //!    scheduler's count of requests refused for room while a lower band waited (goal: 0).
@@ -30,13 +35,15 @@
 //! The peer row: **SMG** 1.13.0 (`smg` on PyPI, in `target/smg-venv`) in front of the same two
 //! servers, with its priority scheduler and its tenants from a trusted header (the settings
 //! are in [`smg_args`] and [`SMG_PRIORITY_YAML`], and the report repeats them), offered phases
-//! 2 to 4 the same way. Without SMG installed the row says so and why.
+//! 2 (without the plain front door's part) to 4 the same way. Without SMG installed the row says
+//! so and why.
 //!
 //! Writes `target/bench/overload.md` and prints it; progress on stderr.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +51,8 @@ use ailb_tests::{base_config, ensure_bpffs, require_root, BackendCfg, CgroupGuar
 use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod slots;
 
 const MODEL: &str = "overload-7b";
 const VIP: &str = "127.77.47.1:8000";
@@ -95,6 +104,10 @@ pub struct Args {
     /// Rounds of the fast-path comparison (each path 2 s per round).
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// The tenants' front door's `gateway.scheduler.fair_lag_tokens` (0, the default: by weight
+    /// at every request).
+    #[arg(long, default_value_t = 0)]
+    pub fair_lag_tokens: u64,
 }
 
 /// A tenant of the bench.
@@ -144,15 +157,18 @@ fn sha256(key: &str) -> anyhow::Result<String> {
     Ok(hex)
 }
 
-fn gateway_toml(listen: &str, tenants: bool) -> anyhow::Result<String> {
+/// The front door's config; with tenants when `tenants` is given: its scheduler's
+/// `fair_lag_tokens`.
+fn gateway_toml(listen: &str, tenants: Option<u64>) -> anyhow::Result<String> {
     let mut t = format!(
         "[gateway]\nlisten = [\"{listen}\"]\nmax_concurrent = 4096\n\
          [gateway.admission]\nmode = \"fleet_memory\"\nmax_wait = \"10s\"\nmax_queued = 4096\nreserve = 0.0\n"
     );
-    if tenants {
+    if let Some(lag) = tenants {
         write!(
             t,
             "[gateway.scheduler]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_tenant = {PER_TENANT}\nmax_wait = \"10s\"\n\
+             fair_lag_tokens = {lag}\n\
              [[gateway.tenants]]\nname = \"alpha\"\napi_key_sha256 = [\"{}\"]\nweight = 3\n\
              [[gateway.tenants]]\nname = \"beta\"\napi_key_sha256 = [\"{}\"]\nweight = 1\n\
              [[gateway.tenants]]\nname = \"batch\"\napi_key_sha256 = [\"{}\"]\nmax_priority = 0\n",
@@ -242,20 +258,30 @@ impl Arrivals {
     }
 }
 
+/// Phases run so far: each phase's requests are users of their own ([`offer`]).
+static PHASES: AtomicU64 = AtomicU64::new(0);
+
 /// Offers `tenant`'s streamed requests to `addr` at `rate` per second for `dur`, open loop.
+/// The arrivals follow `seed` (the same in every router's phase); the users (the question,
+/// so the conversation the front door derives) are `phase`'s own: a phase that asked the
+/// questions of one 15 s before would find the kernel's affinity for them still active
+/// (`affinity_wait`, 20 s) and queue at their last server though the other had room.
+#[expect(clippy::too_many_arguments, reason = "one load of one phase, its shared counters")]
 async fn offer(
     addr: &'static str,
     tenant: Tenant,
     rate: f64,
     dur: Duration,
     seed: u64,
+    phase: u64,
     records: Arc<Mutex<Vec<Record>>>,
+    outstanding: Arc<AtomicU64>,
 ) {
     let start = Instant::now();
     let mut arrivals = Arrivals(seed | 1);
     let mut next = Duration::ZERO;
     let mut tasks = Vec::new();
-    let mut n = seed;
+    let mut n = phase << 40 | seed;
     loop {
         next += arrivals.next_gap(rate);
         if next >= dur {
@@ -263,10 +289,13 @@ async fn offer(
         }
         tokio::time::sleep_until((start + next).into()).await;
         n += 1;
-        let (req, records) = (request(Some(tenant), n, MAX_TOKENS, true), records.clone());
+        let (req, records, outstanding) =
+            (request(Some(tenant), n, MAX_TOKENS, true), records.clone(), outstanding.clone());
         let sent = start.elapsed();
+        outstanding.fetch_add(1, Ordering::Relaxed);
         tasks.push(tokio::spawn(async move {
             let (status, ttft, _) = exchange(addr, &req, true).await;
+            outstanding.fetch_sub(1, Ordering::Relaxed);
             records.lock().unwrap_or_else(|p| p.into_inner()).push(Record { tenant, sent, status, ttft });
         }));
     }
@@ -277,17 +306,40 @@ async fn offer(
 
 /// Runs the open-loop `loads` together; every request's record.
 async fn phase(addr: &'static str, loads: &[(Tenant, f64)], dur: Duration) -> Vec<Record> {
+    phase_sampled(addr, loads, dur, None).await.0
+}
+
+/// [`phase`], with the fleet sampled throughout ([`slots`]) when `sample` is given (the
+/// kernel's counters with it when readable).
+async fn phase_sampled(
+    addr: &'static str,
+    loads: &[(Tenant, f64)],
+    dur: Duration,
+    sample: Option<Option<Arc<slots::KernelView>>>,
+) -> (Vec<Record>, Vec<slots::Sample>) {
     let records = Arc::new(Mutex::new(Vec::new()));
+    let outstanding = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample.map(|kernel| tokio::spawn(slots::run(&BACKENDS, kernel, outstanding.clone(), stop.clone())));
+    let phase_no = PHASES.fetch_add(1, Ordering::Relaxed) + 1;
     let tasks: Vec<_> = loads
         .iter()
         .enumerate()
-        .map(|(i, &(t, rate))| tokio::spawn(offer(addr, t, rate, dur, 0x9e37_79b9 + i as u64, records.clone())))
+        .map(|(i, &(t, rate))| {
+            let seed = 0x9e37_79b9 + i as u64;
+            tokio::spawn(offer(addr, t, rate, dur, seed, phase_no, records.clone(), outstanding.clone()))
+        })
         .collect();
     for t in tasks {
         let _ = t.await;
     }
+    stop.store(true, Ordering::Relaxed);
+    let samples = match sampler {
+        Some(s) => s.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let out = records.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    out
+    (out, samples)
 }
 
 /// The fleet's own rate: [`SLOTS`] closed-loop clients for `dur`, spread evenly over the
@@ -403,6 +455,8 @@ enum SmgRun {
         shares: Vec<Record>,
         /// Its scheduler's metrics after the overload phase: `smg_scheduler_*` lines.
         scheduler: Vec<String>,
+        /// The fleet sampled during its alone phase.
+        alone_slots: Vec<slots::Sample>,
     },
 }
 
@@ -432,7 +486,7 @@ async fn smg_phases(x: f64, dur: Duration, dir: &Path) -> SmgRun {
     };
     eprintln!("overload: SMG alone");
     let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
-    let alone = phase(SMG_LISTEN, &interactive, dur).await;
+    let (alone, alone_slots) = phase_sampled(SMG_LISTEN, &interactive, dur, Some(None)).await;
     eprintln!("overload: SMG 4.5 X offered");
     let over = phase(SMG_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
     let scheduler = metrics(SMG_METRICS)
@@ -443,7 +497,7 @@ async fn smg_phases(x: f64, dur: Duration, dir: &Path) -> SmgRun {
         .collect();
     eprintln!("overload: SMG shares");
     let shares = phase(SMG_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
-    SmgRun::Ran { argv, alone, over, shares, scheduler }
+    SmgRun::Ran { argv, alone, over, shares, scheduler, alone_slots }
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
@@ -472,18 +526,19 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(FREE_MB));
     }
     cfg.listen = Some(format!("127.0.0.1:{}", ailb_tests::nacos::free_port()));
-    let tenants_toml = gateway_toml(TENANTS_LISTEN, true)?;
+    let tenants_toml = gateway_toml(TENANTS_LISTEN, Some(args.fair_lag_tokens))?;
     cfg.extra = tenants_toml.clone();
     let daemon = Daemon::start(&bin, &cfg);
     let text = std::fs::read_to_string(daemon.config_path()).context("the daemon's config")?;
     let plain_path = daemon.config_path().with_file_name("plain.toml");
-    std::fs::write(&plain_path, text.replace(&tenants_toml, &gateway_toml(PLAIN_LISTEN, false)?))
+    std::fs::write(&plain_path, text.replace(&tenants_toml, &gateway_toml(PLAIN_LISTEN, None)?))
         .context("the plain front door's config")?;
     let with_tenants = GatewayProcess::start(&bin, daemon.config_path(), &cg, TENANTS_LISTEN.parse::<SocketAddr>()?);
     let plain = GatewayProcess::start(&bin, &plain_path, &cg, PLAIN_LISTEN.parse::<SocketAddr>()?);
     with_tenants.wait_for_log("admission per model by fleet memory on");
     plain.wait_for_log("admission per model by fleet memory on");
 
+    let kernel = kernel_view(&bin, daemon.bpffs());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report = rt.block_on(async {
         eprintln!("overload: capacity ({} s, {SLOTS} closed-loop clients)", dur.as_secs());
@@ -493,7 +548,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         }
         eprintln!("overload: X = {x:.1} req/s; alone");
         let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
-        let alone = phase(TENANTS_LISTEN, &interactive, dur).await;
+        let (alone, alone_slots) = phase_sampled(TENANTS_LISTEN, &interactive, dur, Some(kernel.clone())).await;
+        eprintln!("overload: alone, the plain front door");
+        let plain_alone = phase_sampled(PLAIN_LISTEN, &interactive, dur, Some(kernel)).await;
         eprintln!("overload: 4.5 X offered");
         let before = metrics(TENANTS_LISTEN).await;
         let over = phase(TENANTS_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
@@ -510,8 +567,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         ];
         let fast = fast_path(&paths, args.rounds).await;
         let smg = smg_phases(x, dur, work.path()).await;
-        let mut report = render(x, dur, &alone, &over, inversions, &shares, &paths, &fast);
+        let mut report = render(x, dur, args.fair_lag_tokens, &alone, &over, inversions, &shares, &paths, &fast);
         render_smg(&mut report, &smg, (&alone, &over, &shares), dur);
+        let mut rows = vec![
+            ("ailb front door, tenants 3:1", &alone[..], &alone_slots[..]),
+            ("ailb front door, no tenants (FIFO)", &plain_alone.0[..], &plain_alone.1[..]),
+        ];
+        if let SmgRun::Ran { alone, alone_slots, .. } = &smg {
+            rows.push(("SMG", &alone[..], &alone_slots[..]));
+        }
+        render_slots(&mut report, &rows);
         Ok(report)
     })?;
     drop((with_tenants, plain, daemon, sims, cg));
@@ -520,6 +585,95 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     println!("{report}");
     eprintln!("overload report: {}", out.display());
     Ok(())
+}
+
+/// The kernel's counters of [`BACKENDS`], by the ids `ailb status` lists for them (`None`,
+/// said on stderr, when they cannot be read: the slots table then goes without them).
+fn kernel_view(bin: &Path, bpffs: &Path) -> Option<Arc<slots::KernelView>> {
+    let status = match ailb_tests::status::ailb_status(bin, bpffs) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("overload: no kernel counters in the slots table: ailb status: {e}");
+            return None;
+        }
+    };
+    let listed: Vec<(String, u32)> = status["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["backends"].as_array().into_iter().flatten())
+        .filter_map(|b| Some((b["address"].as_str()?.to_string(), u32::try_from(b["id"].as_u64()?).ok()?)))
+        .collect();
+    let ids: Option<Vec<u32>> =
+        BACKENDS.iter().map(|b| listed.iter().find(|(a, _)| a.contains(b)).map(|&(_, id)| id)).collect();
+    let view = ids.and_then(|ids| slots::KernelView::open(bpffs, ids));
+    if view.is_none() {
+        eprintln!("overload: no kernel counters in the slots table: backends listed {listed:?}");
+    }
+    view.map(Arc::new)
+}
+
+/// The alone phase router by router: the interactive TTFT per tenant, and where the fleet's
+/// slots went (`rows`: name, records, samples).
+fn render_slots(r: &mut String, rows: &[(&str, &[Record], &[slots::Sample])]) {
+    let per_server = (SLOTS / BACKENDS.len()) as u64;
+    let limit = u64::from(FREE_MB) * BACKENDS.len() as u64;
+    let _ = writeln!(r, "\n## The alone phase (0.9 X), router by router\n");
+    let _ = writeln!(
+        r,
+        "The same arrivals (same seeds) to each. The plain front door has the same admission without tenants: its \
+         queue is first come, first served, as SMG's servers' queues are.\n"
+    );
+    let _ = writeln!(r, "| router | TTFT p50 ms | TTFT P95 ms | alpha P95 ms | beta P95 ms | served |");
+    let _ = writeln!(r, "|---|---|---|---|---|---|");
+    for (name, records, _) in rows {
+        let of = |t: Tenant| records.iter().filter(|x| x.tenant == t).filter_map(|x| x.ttft).collect::<Vec<_>>();
+        let _ = writeln!(
+            r,
+            "| {name} | {} | {} | {} | {} | {} |",
+            ms(percentile(ttfts(records, true), 0.5)),
+            ms(percentile(ttfts(records, true), 0.95)),
+            ms(percentile(of(Tenant::Alpha), 0.95)),
+            ms(percentile(of(Tenant::Beta), 0.95)),
+            records.iter().filter(|x| x.status == 200).count(),
+        );
+    }
+    let _ = writeln!(
+        r,
+        "\nWhere the fleet's slots went (each server's `/sim/state` every {} ms). Shares of the sampled time unless \
+         in requests. *Held*: requests sent and at no server (waiting in the router, or on their way). *Slot idle \
+         while held*: a server had a free slot while the router held a request; *queued beside room*: a server \
+         queued a request while the other had a free slot. *Kernel excess*: the kernel's connections in flight \
+         less the servers' running and queued requests; *kernel full*: its hinted memory left no room for a \
+         request while a server had a free slot.\n",
+        slots::EVERY.as_millis()
+    );
+    let _ = writeln!(
+        r,
+        "| router | samples | slots busy | held (mean) | queued at servers (mean) | slot idle while held | idle slots while held (mean) | queued beside room | kernel excess (mean) | kernel full, slot free |"
+    );
+    let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|---|");
+    for (name, _, samples) in rows {
+        let s = slots::summarize(samples, per_server, limit, u64::from(NEED_MB));
+        let opt = |v: Option<f64>, pct: bool| match v {
+            Some(v) if pct => format!("{:.1} %", v * 100.0),
+            Some(v) => format!("{v:.3}"),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            r,
+            "| {name} | {} | {:.1} % | {:.2} | {:.2} | {:.1} % | {:.3} | {:.1} % | {} | {} |",
+            s.samples,
+            s.busy * 100.0,
+            s.held,
+            s.queued,
+            s.idle_while_held * 100.0,
+            s.idle_slots_while_held,
+            s.queued_beside_room * 100.0,
+            opt(s.kernel_excess, false),
+            opt(s.kernel_full_slot_free, true),
+        );
+    }
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -533,6 +687,7 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 fn render(
     x: f64,
     dur: Duration,
+    lag: u64,
     alone: &[Record],
     over: &[Record],
     inversions: f64,
@@ -548,9 +703,10 @@ fn render(
         "Two `ailb-sim` servers (1000 MB free each), admission by fleet memory, 250 MB per request: {SLOTS} in \
          flight at once; {MAX_TOKENS} tokens streamed per request. Fleet rate X = {x:.1} req/s ({SLOTS} \
          closed-loop clients straight to the servers, each running {} at once at most). Phases of {} s, \
-         Poisson arrivals.\n",
+         Poisson arrivals. The scheduler's `fair_lag_tokens`: {lag}{}.\n",
         SLOTS / BACKENDS.len(),
-        dur.as_secs()
+        dur.as_secs(),
+        if lag == 0 { " (the default: by weight at every request)" } else { "" }
     );
     let _ = writeln!(r, "## Interactive TTFT under 4.5 X offered (batch 3.6 X = 80 %, priority 0)\n");
     let _ = writeln!(r, "| | offered | interactive TTFT p50 ms | interactive TTFT P95 ms | ratio to alone | goal |");
@@ -640,7 +796,7 @@ fn alpha_share(shares: &[Record], dur: Duration) -> (usize, usize, f64) {
 /// The peer row beside ailb's, phase by phase.
 fn render_smg(r: &mut String, smg: &SmgRun, ailb: (&[Record], &[Record], &[Record]), dur: Duration) {
     let _ = writeln!(r, "\n## The peer: SMG's priority scheduler and tenants, the same phases\n");
-    let SmgRun::Ran { argv, alone, over, shares, scheduler } = smg else {
+    let SmgRun::Ran { argv, alone, over, shares, scheduler, .. } = smg else {
         if let SmgRun::Skipped(why) = smg {
             let _ = writeln!(r, "Not run: {why}.");
         }

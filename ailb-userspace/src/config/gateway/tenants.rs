@@ -10,6 +10,8 @@
 //! max_queued = 1024                  # requests waiting per model, every tenant and band
 //! max_queued_per_tenant = 256        # requests of one tenant waiting per model
 //! max_wait = "5s"                    # longest wait, then 503
+//! fair_lag_tokens = 0                # arrival order until a tenant leads its share by this many
+//!                                    # tokens per weight, then by weight (0: by weight always)
 //! assumed_max_tokens = 256           # output tokens of a request without max_tokens
 //!
 //! [[gateway.tenants]]
@@ -77,6 +79,13 @@ pub struct SchedulerTable {
     /// prompt's estimate plus this). Default 256.
     #[serde(default = "default_assumed_max_tokens")]
     pub assumed_max_tokens: u32,
+    /// Inside a band, requests go in arrival order among the tenants whose tokens served per
+    /// unit of weight are at most this many ahead of the least served waiting tenant's; a
+    /// tenant further ahead waits for the others. So the weights decide the order once a
+    /// tenant has taken more than its share by this much, not in every burst. 0: by weight at
+    /// every request. Default 0.
+    #[serde(default)]
+    pub fair_lag_tokens: u64,
 }
 
 fn default_levels() -> u8 {
@@ -112,6 +121,7 @@ impl Default for SchedulerTable {
             max_queued_per_tenant: default_max_queued_per_tenant(),
             max_wait: default_max_wait(),
             assumed_max_tokens: default_assumed_max_tokens(),
+            fair_lag_tokens: 0,
         }
     }
 }
@@ -182,6 +192,8 @@ pub struct ValidTenancy {
     pub max_queued_per_tenant: u32,
     pub max_wait: Duration,
     pub assumed_max_tokens: u32,
+    /// See [`SchedulerTable::fair_lag_tokens`].
+    pub fair_lag_tokens: u64,
     /// Every tenant; the last is the default tenant.
     pub tenants: Vec<ValidTenant>,
 }
@@ -215,6 +227,7 @@ pub fn validate(
         max_queued_per_tenant: s.max_queued_per_tenant,
         max_wait,
         assumed_max_tokens: s.assumed_max_tokens,
+        fair_lag_tokens: s.fair_lag_tokens,
         tenants,
     }))
 }

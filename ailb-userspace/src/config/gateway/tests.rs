@@ -152,6 +152,9 @@ fn tenants_are_off_by_default_and_on_with_a_scheduler_table_or_a_tenant() {
     assert_eq!(check("").unwrap().tenancy, None);
     let t = check("[gateway.scheduler]\n").unwrap().tenancy.expect("on");
     assert_eq!((t.levels, t.default_priority, t.max_queued, t.max_queued_per_tenant), (3, 1, 1024, 256));
+    assert_eq!(t.fair_lag_tokens, 0, "by weight at every request");
+    let lagged = check("[gateway.scheduler]\nfair_lag_tokens = 4096\n").unwrap().tenancy.expect("on");
+    assert_eq!(lagged.fair_lag_tokens, 4096);
     assert_eq!(t.priority_header.as_str(), "x-ailb-priority");
     assert_eq!(t.tenants.len(), 1, "the implicit default");
     let d = &t.tenants[0];
@@ -189,6 +192,7 @@ fn bad_tenants_are_refused_naming_the_field_and_value() {
         ("[gateway.scheduler]\nlevels = 2\ndefault_priority = 2", "gateway.scheduler.default_priority"),
         ("[gateway.scheduler]\nmax_queued = 4\nmax_queued_per_tenant = 5", "gateway.scheduler.max_queued_per_tenant"),
         ("[gateway.scheduler]\nmax_wait = \"soon\"", "gateway.scheduler.max_wait"),
+        ("[gateway.scheduler]\nfair_lag_tokens = -1", "fair_lag_tokens"),
         ("[gateway.scheduler]\npriority_header = \"a b\"", "gateway.scheduler.priority_header"),
         ("[[gateway.tenants]]\nname = \"a b\"\ncidrs = [\"10.0.0.0/8\"]", "gateway.tenants[0].name"),
         ("[[gateway.tenants]]\nname = \"a\"", "gateway.tenants[0].name"),

@@ -131,12 +131,15 @@ impl Scheduler {
             .map(|m| {
                 let q = ModelQueue {
                     model: m.to_string(),
-                    queues: Mutex::new(Queues::new(
-                        cfg.levels,
-                        weights.clone(),
-                        cfg.max_queued as usize,
-                        cfg.max_queued_per_tenant as usize,
-                    )),
+                    queues: Mutex::new(
+                        Queues::new(
+                            cfg.levels,
+                            weights.clone(),
+                            cfg.max_queued as usize,
+                            cfg.max_queued_per_tenant as usize,
+                        )
+                        .with_lag(cfg.fair_lag_tokens),
+                    ),
                     waiting: AtomicUsize::new(0),
                     own: AtomicU64::new(0),
                     pumping: AtomicBool::new(false),

@@ -116,15 +116,20 @@ impl<T> Relay<T> {
         }
     }
 
-    /// The whole response came (or the upstream failed): the request's memory is given back
-    /// to the admission, and the connection goes back to the pool for the next request with
-    /// the same routing inputs, or is shut down now. Both happen before the last frame
-    /// reaches the client, whose next request must not wait behind this one.
+    /// The whole response came (or the upstream failed): the connection goes back to the pool
+    /// for the next request with the same routing inputs, or is shut down now, and then the
+    /// request's memory is given back to the admission. Both happen before the last frame
+    /// reaches the client, whose next request must not wait behind this one. In that order
+    /// because giving the memory back wakes the admission's waiters (possibly on another
+    /// thread at once), which read the kernel's count of this connection: ended first (idle
+    /// mark or shutdown), the count is already down when they look; ended after, a waiter
+    /// saw the fleet full and slept until its next poll with a slot free.
     /// `now` gives the time (read only when the connection goes back to the pool).
     fn release(&mut self, now: impl FnOnce() -> Instant) {
+        if let Some(conn) = self.conn.take() {
+            give_back(&mut self.inner, conn, self.reuse.take(), now);
+        }
         drop(self.held.ticket.take());
-        let Some(conn) = self.conn.take() else { return };
-        give_back(&mut self.inner, conn, self.reuse.take(), now);
     }
 
     /// The body broke off: an event stream ends with an error event, any other body with `e`.
@@ -157,9 +162,9 @@ fn give_back(body: &mut UpBody, mut conn: Box<Conn>, reuse: Option<Reuse>, now: 
 
 /// The end of a request whose answer came whole with its head ([`UpBody::take_whole`]), which
 /// then needs no [`Relay`]: what the relay does at its last frame, done now. The connection goes
-/// back (or is shut down), the admission's memory and the request's `max_concurrent` slot are
-/// given back, and the request is counted and logged, with its first byte now when `data` (the
-/// body) has one.
+/// back (or is shut down), then the admission's memory and the request's `max_concurrent` slot
+/// are given back (in that order, as [`Relay`] does), and the request is counted and logged,
+/// with its first byte now when `data` (the body) has one.
 pub fn whole<T>(
     mut body: UpBody,
     data: &Bytes,
@@ -169,8 +174,8 @@ pub fn whole<T>(
     mut log: RequestLog,
 ) {
     let now = Instant::now();
-    drop(held);
     give_back(&mut body, conn, reuse, || now);
+    drop(held);
     if !data.is_empty() {
         log.first_byte(now.saturating_duration_since(log.started()));
     }

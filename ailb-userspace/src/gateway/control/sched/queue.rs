@@ -11,6 +11,15 @@
 //! tenant in bursts of a quantum; virtual time is exact per request and costs a scan of the
 //! band's tenants (a configured handful) per pop.
 //!
+//! **A lag** ([`Queues::with_lag`], `gateway.scheduler.fair_lag_tokens`, default 0): the next
+//! request is the oldest head among the tenants at most that lag ahead of the least virtual
+//! time, so requests go in arrival order until a tenant has run that far ahead of its share.
+//! Without one, a tenant offering more than its weighted share waits behind the others' newer
+//! requests in every burst, even when the fleet keeps up on average (measured at 0.9 of a
+//! fleet's rate, weights 3:1 offered 2:1: the lighter tenant's TTFT P95 about twice first come,
+//! first served's). Backlogged tenants still share by weight: a lead stays bounded by the lag,
+//! so it shifts the shares once, by at most the lag's tokens.
+//!
 //! **Bounds**: at most `max_len` requests in all and `max_per_tenant` per tenant. A request that
 //! finds its bound reached evicts the newest request of the lowest band below its own (its
 //! tenant's own, for the tenant bound); when there is none it is refused. So the lowest band is
@@ -67,6 +76,8 @@ struct Band<T> {
 pub struct Queues<T> {
     bands: Vec<Band<T>>,
     weights: Vec<u32>,
+    /// How far ahead of the least virtual time a tenant is still served in arrival order.
+    lag: u128,
     per_tenant: Vec<usize>,
     len: usize,
     max_len: usize,
@@ -84,7 +95,14 @@ impl<T> Queues<T> {
                 len: 0,
             })
             .collect();
-        Self { bands, per_tenant: vec![0; weights.len()], weights, len: 0, max_len, max_per_tenant, next_id: 0 }
+        Self { bands, per_tenant: vec![0; weights.len()], weights, lag: 0, max_len, max_per_tenant, len: 0, next_id: 0 }
+    }
+
+    /// The same queues serving in arrival order among the tenants at most `tokens` (served per
+    /// unit of weight) ahead of the least served waiting one.
+    pub fn with_lag(mut self, tokens: u64) -> Self {
+        self.lag = u128::from(tokens) * SCALE;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -166,8 +184,11 @@ impl<T> Queues<T> {
     /// The tenant whose head is next in the highest non-empty band.
     fn next(&self) -> Option<(u8, usize)> {
         let (band, b) = self.bands.iter().enumerate().rev().find(|(_, b)| b.len > 0)?;
-        let tenant =
-            b.flows.iter().enumerate().filter_map(|(t, f)| f.items.front().map(|e| ((f.vtime, e.id), t))).min()?.1;
+        let heads = || b.flows.iter().enumerate().filter_map(|(t, f)| f.items.front().map(|e| (f.vtime, e.id, t)));
+        let least = heads().map(|(v, _, _)| v).min()?;
+        // Of the tenants within the lag of the least (without one: those at the least), the
+        // oldest head.
+        let tenant = heads().filter(|&(v, _, _)| v <= least + self.lag).min_by_key(|&(_, id, _)| id)?.2;
         Some((band as u8, tenant))
     }
 

@@ -41,6 +41,11 @@ fn tenant(name: &str, key: u8, weight: u32, max_priority: u8) -> TenantTable {
 /// A scheduler over a 1,000 MB model `m` (10 requests of 100 MB fit), tenants `a` (weight 1)
 /// and `b` (weight 3), 3 levels.
 fn scheduler(max_queued: u32, max_wait: &str) -> (Arc<Scheduler>, Arc<TenantMetrics>) {
+    scheduler_over(Arc::default(), max_queued, max_wait)
+}
+
+/// [`scheduler`] over a fleet whose kernel count (MB in flight) is `kernel`.
+fn scheduler_over(kernel: Arc<AtomicU64>, max_queued: u32, max_wait: &str) -> (Arc<Scheduler>, Arc<TenantMetrics>) {
     let s = SchedulerTable {
         max_queued,
         max_queued_per_tenant: max_queued,
@@ -56,7 +61,7 @@ fn scheduler(max_queued: u32, max_wait: &str) -> (Arc<Scheduler>, Arc<TenantMetr
         reserve: 0.0,
         retry_after: 2,
     };
-    let fleet = FleetMemory::new(Box::new(Fixed(Arc::default())), limits, ["m"], &mut registry);
+    let fleet = FleetMemory::new(Box::new(Fixed(kernel)), limits, ["m"], &mut registry);
     let tenancy = Tenancy::new(t);
     let metrics = Arc::new(TenantMetrics::new(&["a", "b", "default"], 3, &mut registry));
     (Scheduler::new(Control::FleetMemory(fleet), tenancy, metrics.clone(), ["m"]), metrics)
@@ -242,4 +247,50 @@ async fn backlogged_tenants_are_admitted_by_weight() {
     let (a, b) = (through[0].load(Ordering::Acquire), through[1].load(Ordering::Acquire));
     let share = b as f64 / (a + b) as f64;
     assert!((share / 0.75 - 1.0).abs() < 0.1, "b's share {share:.3} (a {a}, b {b})");
+}
+
+/// A finished request wakes the model's task, which reads the kernel's count as well as the
+/// front door's own: when the kernel stopped counting the finished request before its grant
+/// was dropped (the relay's order: idle mark or shutdown, then the memory), the waiting request
+/// goes through at that wake; in the other order the task finds the fleet full and it goes
+/// only at the next poll, with a slot free all that time.
+#[tokio::test(start_paused = true)]
+async fn a_finish_lets_the_next_through_at_once_when_the_kernel_stopped_counting_it_first() {
+    let kernel = Arc::new(AtomicU64::new(0));
+    let (s, _) = scheduler_over(kernel.clone(), 8, "60s");
+    for uncount_first in [true, false] {
+        let mut held = fill(&s).await;
+        // The ten are connected: the kernel counts their memory too.
+        kernel.store(1000, Ordering::Release);
+        let t = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let (g, waited) = s.admit("m", Some(100), who(0, 1), deadline()).await.unwrap();
+                assert!(matches!(waited, Waited::For(_)));
+                (g, Instant::now())
+            })
+        };
+        until_waiting(&s, 1).await;
+        let finished = Instant::now();
+        let g = held.pop().expect("ten held");
+        if uncount_first {
+            kernel.store(900, Ordering::Release);
+            drop(g);
+        } else {
+            drop(g);
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+            kernel.store(900, Ordering::Release);
+        }
+        let (next, at) = t.await.unwrap();
+        let after = at - finished;
+        if uncount_first {
+            assert_eq!(after, Duration::ZERO, "through at the finish's wake");
+        } else {
+            assert!(after >= POLL, "through only at the next poll: {after:?}");
+        }
+        drop((next, held));
+        kernel.store(0, Ordering::Release);
+    }
 }

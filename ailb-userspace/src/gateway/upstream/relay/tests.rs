@@ -140,3 +140,81 @@ async fn an_answer_read_whole_with_its_head_is_ended_without_a_relay() {
         assert!(text.contains(line), "{line} in:\n{text}");
     }
 }
+
+/// What the pool held and the idle marks it had sent, when a [`Probe`] was dropped.
+type Seen = Arc<std::sync::Mutex<Option<(usize, u64)>>>;
+
+/// A ticket that notes, as it is dropped, what the pool held and how many idle marks it had
+/// sent: where the admission's waiters, woken by that drop, would find the kernel's count.
+struct Probe {
+    pool: Arc<Pool>,
+    seen: Seen,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        *self.seen.lock().unwrap() = Some((self.pool.idle_count(), self.pool.marks()));
+    }
+}
+
+fn probe(pool: &Arc<Pool>) -> (Probe, Seen) {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    (Probe { pool: pool.clone(), seen: seen.clone() }, seen)
+}
+
+/// Giving the memory back wakes the admission's waiters, which read the kernel's count of the
+/// connection: by then the connection must be back in the pool and marked idle (uncounted),
+/// or a waiter finds the fleet full with a slot free and sleeps until its next poll.
+#[tokio::test]
+async fn the_connection_is_uncounted_before_the_memory_is_given_back() {
+    let mut registry = Registry::default();
+    let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
+    let key = PoolKey { model: 0, memory_mb: Some(250), conversation: 9 };
+    let (ticket, seen) = probe(&pool);
+
+    let (conn, client, mut server) = upstream().await;
+    let body = RawBody::new(RawConn::new(client), Framing::Length(5));
+    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+    let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
+    let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
+    let mut relay = Relay::new(
+        UpBody::Raw(body),
+        None,
+        conn,
+        Some(Reuse { pool: pool.clone(), key }),
+        Held { _permit: permit, ticket: Some(ticket) },
+        log,
+        Duration::from_secs(30),
+        deadline,
+    );
+    server.write_all(b"hello").await.unwrap();
+    relay.frame().await.expect("a frame").expect("data");
+    assert!(relay.is_end_stream());
+    assert_eq!(*seen.lock().unwrap(), Some((1, 1)), "(kept, idle marks) when the memory was given back");
+}
+
+/// The same for an answer read whole with its head.
+#[tokio::test]
+async fn a_whole_answer_is_uncounted_before_its_memory_is_given_back() {
+    let mut registry = Registry::default();
+    let pool = Pool::new(Duration::from_secs(60), 8, Duration::ZERO);
+    let key = PoolKey { model: 0, memory_mb: Some(250), conversation: 9 };
+    let (ticket, seen) = probe(&pool);
+
+    let (conn, client, _server) = upstream().await;
+    let mut raw = RawConn::new(client);
+    raw.buf.extend_from_slice(b"hello");
+    let mut body = UpBody::Raw(RawBody::new(raw, Framing::Length(5)));
+    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+    let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
+    let data = body.take_whole().expect("read whole");
+    whole(
+        body,
+        &data,
+        conn,
+        Some(Reuse { pool: pool.clone(), key }),
+        Held { _permit: permit, ticket: Some(ticket) },
+        log,
+    );
+    assert_eq!(*seen.lock().unwrap(), Some((1, 1)), "(kept, idle marks) when the memory was given back");
+}

@@ -52,6 +52,58 @@ fn backlogged_tenants_share_tokens_by_weight() {
     }
 }
 
+/// Within the lag, tenants' requests go in arrival order whatever the weights; without it the
+/// heavier tenant's newer requests go first.
+#[test]
+fn within_the_lag_requests_go_in_arrival_order() {
+    let arrivals = [1usize, 1, 0, 1, 0, 0, 1, 0];
+    let order = |lag| {
+        let mut q = Queues::new(1, vec![3, 1], 100, 100).with_lag(lag);
+        for (n, &t) in arrivals.iter().enumerate() {
+            q.push(t, 0, 10, n).unwrap();
+        }
+        std::iter::from_fn(|| q.pop().map(|(_, e)| e.value)).collect::<Vec<_>>()
+    };
+    assert_eq!(order(1000), (0..arrivals.len()).collect::<Vec<_>>());
+    assert_eq!(order(0), [0, 2, 4, 5, 7, 1, 3, 6], "by weight: tenant 0's four, then tenant 1's");
+}
+
+/// A tenant more than the lag ahead of the least served waiting one waits for it: its lead
+/// stays within the lag plus one request.
+#[test]
+fn past_the_lag_the_tenant_ahead_waits() {
+    let mut q = Queues::new(1, vec![1, 1], 100, 100).with_lag(20);
+    for n in 0..10 {
+        q.push(0, 0, 10, n).unwrap();
+    }
+    for n in 10..20 {
+        q.push(1, 0, 10, n).unwrap();
+    }
+    let tenants: Vec<usize> = std::iter::from_fn(|| q.pop().map(|(p, _)| p.tenant)).collect();
+    assert_eq!(tenants[..5], [0, 0, 0, 1, 0], "{tenants:?}");
+    let mut served = [0i64; 2];
+    for &t in &tenants[..16] {
+        served[t] += 1;
+        assert!((served[0] - served[1]).abs() <= 3, "{tenants:?}");
+    }
+}
+
+/// Backlogged tenants share by weight with a lag too: it shifts the shares once, by its tokens.
+#[test]
+fn backlogged_tenants_share_by_weight_with_a_lag() {
+    let mut q = Queues::new(1, vec![1, 3], 10_000, 10_000).with_lag(100);
+    for _ in 0..2_000 {
+        q.push(0, 0, 10, ()).unwrap();
+        q.push(1, 0, 10, ()).unwrap();
+    }
+    let mut served = [0u64; 2];
+    for _ in 0..2_000 {
+        served[q.pop().unwrap().0.tenant] += 1;
+    }
+    let share = served[1] as f64 / 2_000.0;
+    assert!((share / 0.75 - 1.0).abs() < 0.02, "tenant 1's share {share:.3}");
+}
+
 #[test]
 fn a_tenant_idle_for_a_while_gets_no_credit_for_it() {
     let mut q = Queues::new(1, vec![1, 1], 1000, 1000);
