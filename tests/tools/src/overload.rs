@@ -34,7 +34,7 @@
 //!
 //! The peer row: **SMG** 1.13.0 (`smg` on PyPI, in `target/smg-venv`) in front of the same two
 //! servers, with its priority scheduler and its tenants from a trusted header (the settings
-//! are in [`smg_args`] and [`SMG_PRIORITY_YAML`], and the report repeats them), offered phases
+//! are in `overload/smg.rs`, and the report repeats them), offered phases
 //! 2 (without the plain front door's part) to 4 the same way. Without SMG installed the row says
 //! so and why.
 //!
@@ -52,7 +52,12 @@ use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod report;
 mod slots;
+mod smg;
+
+use report::{render, render_slots, render_smg};
+use smg::{smg_phases, SmgRun, SMG_PRIORITY_YAML};
 
 const MODEL: &str = "overload-7b";
 const VIP: &str = "127.77.47.1:8000";
@@ -63,24 +68,6 @@ const SMG_METRICS: &str = "127.0.47.3:18479";
 /// SMG's trusted tenant header (`--trust-tenant-header --tenant-header-name`); its tenant keys
 /// are then `header:<value>`.
 const SMG_TENANT_HEADER: &str = "x-tenant";
-/// SMG's priority scheduler: every class's knobs (1.13.0 requires all of them once a class is
-/// listed). The reservations must fit under the fleet's capacity ({SLOTS} slots here, where
-/// its defaults reserve 160): `interactive` keeps a floor of 2 slots, the others none. Queues
-/// and waits as ailb's: 64 waiting per class, 10 s. Preemption off, as its docs advise until
-/// every handler honours the cancel. The tenants: alpha and beta may use `interactive`, batch
-/// at most `bulk`; every request asks for `interactive` (`x-smg-priority`), so batch's are
-/// clamped.
-const SMG_PRIORITY_YAML: &str = "\
-classes:
-  system: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 5, can_preempt: false}
-  interactive: {reserved_floor: 2, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 5, can_preempt: false}
-  default: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 30, can_preempt: false}
-  bulk: {reserved_floor: 0, reserved_per_slot: 0, queue_size: 64, queue_timeout_secs: 10, starvation_threshold_secs: 120, can_preempt: false}
-tenant_policies:
-  \"header:alpha\": {max_class: interactive}
-  \"header:beta\": {max_class: interactive}
-  \"header:batch\": {max_class: bulk}
-";
 const BACKENDS: [&str; 2] = ["127.0.47.11:18472", "127.0.47.12:18473"];
 const FREE_MB: u32 = 1000;
 const NEED_MB: u32 = 250;
@@ -368,27 +355,6 @@ async fn capacity(dur: Duration) -> f64 {
     done.load(std::sync::atomic::Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-fn percentile(mut v: Vec<Duration>, p: f64) -> Option<Duration> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort();
-    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
-    Some(v[i])
-}
-
-fn ms(d: Option<Duration>) -> String {
-    d.map_or("-".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
-}
-
-fn ttfts(records: &[Record], interactive: bool) -> Vec<Duration> {
-    records.iter().filter(|r| (r.tenant != Tenant::Batch) == interactive).filter_map(|r| r.ttft).collect()
-}
-
-fn count(records: &[Record], tenant: Tenant, status: impl Fn(u16) -> bool) -> usize {
-    records.iter().filter(|r| r.tenant == tenant && status(r.status)).count()
-}
-
 /// A counter's value in a metrics page.
 fn metric(text: &str, series: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
@@ -426,78 +392,6 @@ async fn fast_path(paths: &[(&'static str, &'static str, Option<Tenant>)], round
         }
     }
     out
-}
-
-/// SMG's command line: its defaults as [`crate::compare::peers::args`] writes them for
-/// `least_load` (with generic workers its pick is the fewest in-flight requests, the nearest to
-/// ailb's least-loaded pick; its `cache_aware` would send these identical prompts to one server,
-/// and this row compares admission, not routing), plus the priority scheduler with `yaml`
-/// ([`SMG_PRIORITY_YAML`]), tenants from [`SMG_TENANT_HEADER`], and its concurrency limit at
-/// the fleet's [`SLOTS`].
-fn smg_args(yaml: &Path) -> anyhow::Result<Vec<String>> {
-    use crate::compare::{peers, policy::Policy};
-    let workers: Vec<String> = BACKENDS.iter().map(|b| format!("http://{b}")).collect();
-    let mut a = peers::args(Policy::SmgLeastLoad, SMG_LISTEN.parse()?, SMG_METRICS.parse()?, &workers);
-    a.extend(["--priority-scheduler-enabled".into(), "--priority-scheduler-config".into()]);
-    a.push(yaml.to_str().context("a UTF-8 temp path")?.to_string());
-    a.extend(["--trust-tenant-header".into(), "--tenant-header-name".into(), SMG_TENANT_HEADER.into()]);
-    a.extend(["--max-concurrent-requests".into(), SLOTS.to_string()]);
-    Ok(a)
-}
-
-/// The peer row's phases, or why it was not run.
-enum SmgRun {
-    Skipped(String),
-    Ran {
-        argv: Vec<String>,
-        alone: Vec<Record>,
-        over: Vec<Record>,
-        shares: Vec<Record>,
-        /// Its scheduler's metrics after the overload phase: `smg_scheduler_*` lines.
-        scheduler: Vec<String>,
-        /// The fleet sampled during its alone phase.
-        alone_slots: Vec<slots::Sample>,
-    },
-}
-
-/// Starts SMG in front of the fleet and offers it phases 2 to 4 (the rates of `x`).
-async fn smg_phases(x: f64, dur: Duration, dir: &Path) -> SmgRun {
-    use crate::compare::{peers, policy::Policy};
-    let venv = peers::smg_venv();
-    if let Some(why) = peers::missing(Policy::SmgLeastLoad, &venv) {
-        return SmgRun::Skipped(format!("SMG {why}"));
-    }
-    let yaml = dir.join("smg-priority.yaml");
-    let argv =
-        match std::fs::write(&yaml, SMG_PRIORITY_YAML).map_err(anyhow::Error::from).and_then(|()| smg_args(&yaml)) {
-            Ok(a) => a,
-            Err(e) => return SmgRun::Skipped(format!("SMG's config: {e:#}")),
-        };
-    let listen = match SMG_LISTEN.parse() {
-        Ok(l) => l,
-        Err(e) => return SmgRun::Skipped(format!("{SMG_LISTEN}: {e}")),
-    };
-    let started = tokio::task::block_in_place(|| {
-        peers::start_with_args(Policy::SmgLeastLoad, &venv, listen, argv.clone(), BACKENDS.len(), dir)
-    });
-    let _smg = match started {
-        Ok(p) => p,
-        Err(e) => return SmgRun::Skipped(format!("SMG did not start: {e:#}")),
-    };
-    eprintln!("overload: SMG alone");
-    let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
-    let (alone, alone_slots) = phase_sampled(SMG_LISTEN, &interactive, dur, Some(None)).await;
-    eprintln!("overload: SMG 4.5 X offered");
-    let over = phase(SMG_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
-    let scheduler = metrics(SMG_METRICS)
-        .await
-        .lines()
-        .filter(|l| l.starts_with("smg_scheduler_") && !l.ends_with(" 0"))
-        .map(str::to_string)
-        .collect();
-    eprintln!("overload: SMG shares");
-    let shares = phase(SMG_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
-    SmgRun::Ran { argv, alone, over, shares, scheduler, alone_slots }
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
@@ -540,51 +434,59 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 
     let kernel = kernel_view(&bin, daemon.bpffs());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let report = rt.block_on(async {
-        eprintln!("overload: capacity ({} s, {SLOTS} closed-loop clients)", dur.as_secs());
-        let x = capacity(dur).await;
-        if x <= 0.0 {
-            bail!("no request was answered while measuring the fleet's rate");
-        }
-        eprintln!("overload: X = {x:.1} req/s; alone");
-        let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
-        let (alone, alone_slots) = phase_sampled(TENANTS_LISTEN, &interactive, dur, Some(kernel.clone())).await;
-        eprintln!("overload: alone, the plain front door");
-        let plain_alone = phase_sampled(PLAIN_LISTEN, &interactive, dur, Some(kernel)).await;
-        eprintln!("overload: 4.5 X offered");
-        let before = metrics(TENANTS_LISTEN).await;
-        let over = phase(TENANTS_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
-        let after = metrics(TENANTS_LISTEN).await;
-        let inversions = metric(&after, "ailb_gateway_scheduler_inversions_total ")
-            - metric(&before, "ailb_gateway_scheduler_inversions_total ");
-        eprintln!("overload: shares");
-        let shares = phase(TENANTS_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
-        eprintln!("overload: fast path");
-        let paths = [
-            ("direct to a server", BACKENDS[0], None),
-            ("front door, no tenants", PLAIN_LISTEN, None),
-            ("front door, tenants + scheduler", TENANTS_LISTEN, Some(Tenant::Alpha)),
-        ];
-        let fast = fast_path(&paths, args.rounds).await;
-        let smg = smg_phases(x, dur, work.path()).await;
-        let mut report = render(x, dur, args.fair_lag_tokens, &alone, &over, inversions, &shares, &paths, &fast);
-        render_smg(&mut report, &smg, (&alone, &over, &shares), dur);
-        let mut rows = vec![
-            ("ailb front door, tenants 3:1", &alone[..], &alone_slots[..]),
-            ("ailb front door, no tenants (FIFO)", &plain_alone.0[..], &plain_alone.1[..]),
-        ];
-        if let SmgRun::Ran { alone, alone_slots, .. } = &smg {
-            rows.push(("SMG", &alone[..], &alone_slots[..]));
-        }
-        render_slots(&mut report, &rows);
-        Ok(report)
-    })?;
+    let report = rt.block_on(phases(&args, dur, work.path(), kernel))?;
     drop((with_tenants, plain, daemon, sims, cg));
     let out = crate::target_dir().join("bench/overload.md");
     write(&out, &report)?;
     println!("{report}");
     eprintln!("overload report: {}", out.display());
     Ok(())
+}
+
+/// The phases, in order, against the two front doors and then the peer: the report.
+async fn phases(
+    args: &Args,
+    dur: Duration,
+    work: &Path,
+    kernel: Option<Arc<slots::KernelView>>,
+) -> anyhow::Result<String> {
+    eprintln!("overload: capacity ({} s, {SLOTS} closed-loop clients)", dur.as_secs());
+    let x = capacity(dur).await;
+    if x <= 0.0 {
+        bail!("no request was answered while measuring the fleet's rate");
+    }
+    eprintln!("overload: X = {x:.1} req/s; alone");
+    let interactive = [(Tenant::Alpha, 0.6 * x), (Tenant::Beta, 0.3 * x)];
+    let (alone, alone_slots) = phase_sampled(TENANTS_LISTEN, &interactive, dur, Some(kernel.clone())).await;
+    eprintln!("overload: alone, the plain front door");
+    let plain_alone = phase_sampled(PLAIN_LISTEN, &interactive, dur, Some(kernel)).await;
+    eprintln!("overload: 4.5 X offered");
+    let before = metrics(TENANTS_LISTEN).await;
+    let over = phase(TENANTS_LISTEN, &[interactive[0], interactive[1], (Tenant::Batch, 3.6 * x)], dur).await;
+    let after = metrics(TENANTS_LISTEN).await;
+    let inversions = metric(&after, "ailb_gateway_scheduler_inversions_total ")
+        - metric(&before, "ailb_gateway_scheduler_inversions_total ");
+    eprintln!("overload: shares");
+    let shares = phase(TENANTS_LISTEN, &[(Tenant::Alpha, 2.5 * x), (Tenant::Beta, 2.5 * x)], dur).await;
+    eprintln!("overload: fast path");
+    let paths = [
+        ("direct to a server", BACKENDS[0], None),
+        ("front door, no tenants", PLAIN_LISTEN, None),
+        ("front door, tenants + scheduler", TENANTS_LISTEN, Some(Tenant::Alpha)),
+    ];
+    let fast = fast_path(&paths, args.rounds).await;
+    let smg = smg_phases(x, dur, work).await;
+    let mut report = render(x, dur, args.fair_lag_tokens, &alone, &over, inversions, &shares, &paths, &fast);
+    render_smg(&mut report, &smg, (&alone, &over, &shares), dur);
+    let mut rows = vec![
+        ("ailb front door, tenants 3:1", &alone[..], &alone_slots[..]),
+        ("ailb front door, no tenants (FIFO)", &plain_alone.0[..], &plain_alone.1[..]),
+    ];
+    if let SmgRun::Ran { alone, alone_slots, .. } = &smg {
+        rows.push(("SMG", &alone[..], &alone_slots[..]));
+    }
+    render_slots(&mut report, &rows);
+    Ok(report)
 }
 
 /// The kernel's counters of [`BACKENDS`], by the ids `ailb status` lists for them (`None`,
@@ -613,234 +515,9 @@ fn kernel_view(bin: &Path, bpffs: &Path) -> Option<Arc<slots::KernelView>> {
     view.map(Arc::new)
 }
 
-/// The alone phase router by router: the interactive TTFT per tenant, and where the fleet's
-/// slots went (`rows`: name, records, samples).
-fn render_slots(r: &mut String, rows: &[(&str, &[Record], &[slots::Sample])]) {
-    let per_server = (SLOTS / BACKENDS.len()) as u64;
-    let limit = u64::from(FREE_MB) * BACKENDS.len() as u64;
-    let _ = writeln!(r, "\n## The alone phase (0.9 X), router by router\n");
-    let _ = writeln!(
-        r,
-        "The same arrivals (same seeds) to each. The plain front door has the same admission without tenants: its \
-         queue is first come, first served, as SMG's servers' queues are.\n"
-    );
-    let _ = writeln!(r, "| router | TTFT p50 ms | TTFT P95 ms | alpha P95 ms | beta P95 ms | served |");
-    let _ = writeln!(r, "|---|---|---|---|---|---|");
-    for (name, records, _) in rows {
-        let of = |t: Tenant| records.iter().filter(|x| x.tenant == t).filter_map(|x| x.ttft).collect::<Vec<_>>();
-        let _ = writeln!(
-            r,
-            "| {name} | {} | {} | {} | {} | {} |",
-            ms(percentile(ttfts(records, true), 0.5)),
-            ms(percentile(ttfts(records, true), 0.95)),
-            ms(percentile(of(Tenant::Alpha), 0.95)),
-            ms(percentile(of(Tenant::Beta), 0.95)),
-            records.iter().filter(|x| x.status == 200).count(),
-        );
-    }
-    let _ = writeln!(
-        r,
-        "\nWhere the fleet's slots went (each server's `/sim/state` every {} ms). Shares of the sampled time unless \
-         in requests. *Held*: requests sent and at no server (waiting in the router, or on their way). *Slot idle \
-         while held*: a server had a free slot while the router held a request; *queued beside room*: a server \
-         queued a request while the other had a free slot. *Kernel excess*: the kernel's connections in flight \
-         less the servers' running and queued requests; *kernel full*: its hinted memory left no room for a \
-         request while a server had a free slot.\n",
-        slots::EVERY.as_millis()
-    );
-    let _ = writeln!(
-        r,
-        "| router | samples | slots busy | held (mean) | queued at servers (mean) | slot idle while held | idle slots while held (mean) | queued beside room | kernel excess (mean) | kernel full, slot free |"
-    );
-    let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|---|");
-    for (name, _, samples) in rows {
-        let s = slots::summarize(samples, per_server, limit, u64::from(NEED_MB));
-        let opt = |v: Option<f64>, pct: bool| match v {
-            Some(v) if pct => format!("{:.1} %", v * 100.0),
-            Some(v) => format!("{v:.3}"),
-            None => "-".into(),
-        };
-        let _ = writeln!(
-            r,
-            "| {name} | {} | {:.1} % | {:.2} | {:.2} | {:.1} % | {:.3} | {:.1} % | {} | {} |",
-            s.samples,
-            s.busy * 100.0,
-            s.held,
-            s.queued,
-            s.idle_while_held * 100.0,
-            s.idle_slots_while_held,
-            s.queued_beside_room * 100.0,
-            opt(s.kernel_excess, false),
-            opt(s.kernel_full_slot_free, true),
-        );
-    }
-}
-
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-#[expect(clippy::too_many_arguments, reason = "each phase's results, rendered side by side once")]
-fn render(
-    x: f64,
-    dur: Duration,
-    lag: u64,
-    alone: &[Record],
-    over: &[Record],
-    inversions: f64,
-    shares: &[Record],
-    paths: &[(&str, &str, Option<Tenant>)],
-    fast: &[Vec<Duration>],
-) -> String {
-    let mut r = String::new();
-    let (p95_alone, p95_over, ratio) = p95_ratio(alone, over);
-    let _ = writeln!(r, "# Front door with tenants under overload\n");
-    let _ = writeln!(
-        r,
-        "Two `ailb-sim` servers (1000 MB free each), admission by fleet memory, 250 MB per request: {SLOTS} in \
-         flight at once; {MAX_TOKENS} tokens streamed per request. Fleet rate X = {x:.1} req/s ({SLOTS} \
-         closed-loop clients straight to the servers, each running {} at once at most). Phases of {} s, \
-         Poisson arrivals. The scheduler's `fair_lag_tokens`: {lag}{}.\n",
-        SLOTS / BACKENDS.len(),
-        dur.as_secs(),
-        if lag == 0 { " (the default: by weight at every request)" } else { "" }
-    );
-    let _ = writeln!(r, "## Interactive TTFT under 4.5 X offered (batch 3.6 X = 80 %, priority 0)\n");
-    let _ = writeln!(r, "| | offered | interactive TTFT p50 ms | interactive TTFT P95 ms | ratio to alone | goal |");
-    let _ = writeln!(r, "|---|---|---|---|---|---|");
-    let _ = writeln!(
-        r,
-        "| alone (alpha 0.6 X + beta 0.3 X) | 0.9 X | {} | {} | 1.00 | |",
-        ms(percentile(ttfts(alone, true), 0.5)),
-        ms(p95_alone)
-    );
-    let _ = writeln!(
-        r,
-        "| with batch | 4.5 X | {} | {} | {ratio:.2} | <= 1.5: {} |",
-        ms(percentile(ttfts(over, true), 0.5)),
-        ms(p95_over),
-        if ratio <= 1.5 { "met" } else { "NOT met" }
-    );
-    let _ = writeln!(r, "\n| tenant (overload phase) | sent | 200 | 429 | 503 | other |");
-    let _ = writeln!(r, "|---|---|---|---|---|---|");
-    for t in [Tenant::Alpha, Tenant::Beta, Tenant::Batch] {
-        let _ = writeln!(
-            r,
-            "| {} | {} | {} | {} | {} | {} |",
-            t.name(),
-            count(over, t, |_| true),
-            count(over, t, |s| s == 200),
-            count(over, t, |s| s == 429),
-            count(over, t, |s| s == 503),
-            count(over, t, |s| !matches!(s, 200 | 429 | 503)),
-        );
-    }
-    let _ = writeln!(
-        r,
-        "\nRefused for room while a lower band waited (`ailb_gateway_scheduler_inversions_total`, overload \
-         phase): **{inversions}** (goal 0: {}).\n",
-        if inversions == 0.0 { "met" } else { "NOT met" }
-    );
-    let _ = writeln!(r, "## Shares while backlogged (alpha and beta at 2.5 X each, one band)\n");
-    let from = dur / 3;
-    let (a, b, share) = alpha_share(shares, dur);
-    let off = (share / 0.75 - 1.0).abs();
-    let _ = writeln!(r, "| tenant | weight | served (sent after {} s) | share | weight share |", from.as_secs());
-    let _ = writeln!(r, "|---|---|---|---|---|");
-    let _ = writeln!(r, "| alpha | 3 | {a} | {share:.3} | 0.750 |");
-    let _ = writeln!(r, "| beta | 1 | {b} | {:.3} | 0.250 |", 1.0 - share);
-    let _ = writeln!(
-        r,
-        "\nalpha's share is {:.1} % off its weight share (goal within 10 %: {}).\n",
-        off * 100.0,
-        if off <= 0.1 { "met" } else { "NOT met" }
-    );
-    let _ = writeln!(r, "## Fast path: nothing queued, one request at a time, interleaved rounds\n");
-    let _ = writeln!(r, "| path | requests | p50 ms | p99 ms | added p50 over direct ms |");
-    let _ = writeln!(r, "|---|---|---|---|---|");
-    let direct = percentile(fast[0].clone(), 0.5);
-    for ((name, _, _), lat) in paths.iter().zip(fast) {
-        let p50 = percentile(lat.clone(), 0.5);
-        let added = match (p50, direct) {
-            (Some(p), Some(d)) => format!("{:.3}", (p.as_secs_f64() - d.as_secs_f64()) * 1e3),
-            _ => "-".into(),
-        };
-        let us = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.3}", d.as_secs_f64() * 1e3));
-        let _ =
-            writeln!(r, "| {name} | {} | {} | {} | {added} |", lat.len(), us(p50), us(percentile(lat.clone(), 0.99)));
-    }
-    r
-}
-
-/// The interactive TTFT P95 of `alone` and `over`, and their ratio.
-fn p95_ratio(alone: &[Record], over: &[Record]) -> (Option<Duration>, Option<Duration>, f64) {
-    let (a, o) = (percentile(ttfts(alone, true), 0.95), percentile(ttfts(over, true), 0.95));
-    let ratio = match (a, o) {
-        (Some(a), Some(o)) if !a.is_zero() => o.as_secs_f64() / a.as_secs_f64(),
-        _ => f64::NAN,
-    };
-    (a, o, ratio)
-}
-
-/// alpha's share of the requests served that were sent after the first third of `shares`.
-fn alpha_share(shares: &[Record], dur: Duration) -> (usize, usize, f64) {
-    let from = dur / 3;
-    let done = |t| shares.iter().filter(|r| r.tenant == t && r.status == 200 && r.sent >= from).count();
-    let (a, b) = (done(Tenant::Alpha), done(Tenant::Beta));
-    (a, b, a as f64 / (a + b).max(1) as f64)
-}
-
-/// The peer row beside ailb's, phase by phase.
-fn render_smg(r: &mut String, smg: &SmgRun, ailb: (&[Record], &[Record], &[Record]), dur: Duration) {
-    let _ = writeln!(r, "\n## The peer: SMG's priority scheduler and tenants, the same phases\n");
-    let SmgRun::Ran { argv, alone, over, shares, scheduler, .. } = smg else {
-        if let SmgRun::Skipped(why) = smg {
-            let _ = writeln!(r, "Not run: {why}.");
-        }
-        return;
-    };
-    let _ = writeln!(
-        r,
-        "SMG 1.13.0 in front of the same two servers: `smg {}`, with this priority scheduler config \
-         (every request asks `x-smg-priority: interactive`; the tenant comes from `{SMG_TENANT_HEADER}`):\n\n```yaml\n{}```\n",
-        argv.join(" "),
-        SMG_PRIORITY_YAML
-    );
-    let (a_alone, a_over, a_ratio) = p95_ratio(ailb.0, ailb.1);
-    let (s_alone, s_over, s_ratio) = p95_ratio(alone, over);
-    let _ = writeln!(r, "| router | interactive TTFT P95 alone ms | with batch (4.5 X) ms | ratio | goal <= 1.5 |");
-    let _ = writeln!(r, "|---|---|---|---|---|");
-    let met = |x: f64| if x <= 1.5 { "met" } else { "NOT met" };
-    let _ = writeln!(r, "| ailb front door | {} | {} | {a_ratio:.2} | {} |", ms(a_alone), ms(a_over), met(a_ratio));
-    let _ = writeln!(r, "| SMG | {} | {} | {s_ratio:.2} | {} |", ms(s_alone), ms(s_over), met(s_ratio));
-    let _ = writeln!(r, "\n| SMG, tenant (overload phase) | sent | 200 | 429 | 408 | 503 | other |");
-    let _ = writeln!(r, "|---|---|---|---|---|---|---|");
-    for t in [Tenant::Alpha, Tenant::Beta, Tenant::Batch] {
-        let _ = writeln!(
-            r,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            t.name(),
-            count(over, t, |_| true),
-            count(over, t, |s| s == 200),
-            count(over, t, |s| s == 429),
-            count(over, t, |s| s == 408),
-            count(over, t, |s| s == 503),
-            count(over, t, |s| !matches!(s, 200 | 429 | 408 | 503)),
-        );
-    }
-    let (aa, ab, a_share) = alpha_share(ailb.2, dur);
-    let (sa, sb, s_share) = alpha_share(shares, dur);
-    let _ = writeln!(r, "\n| router | alpha served | beta served | alpha's share (weight share 0.750) |");
-    let _ = writeln!(r, "|---|---|---|---|");
-    let _ = writeln!(r, "| ailb front door (weights 3:1) | {aa} | {ab} | {a_share:.3} |");
-    let _ = writeln!(r, "| SMG (one class, FIFO: it has no tenant weights) | {sa} | {sb} | {s_share:.3} |");
-    let _ = writeln!(
-        r,
-        "\nSMG's scheduler after the overload phase (its nonzero `smg_scheduler_*` series, which show it \
-         admitted by class and clamped batch to `bulk`):\n\n```text\n{}\n```",
-        scheduler.join("\n")
-    );
 }

@@ -178,29 +178,10 @@ impl Scheduler {
             }
         }
         let (tx, rx) = oneshot::channel();
-        let pushed = {
-            let mut queues = q.queues.lock().unwrap_or_else(|p| p.into_inner());
-            let lower = queues.waiting_below(who.priority);
-            match queues.push(who.tenant, who.priority, who.cost, Waiter { tx, need_mb }) {
-                Ok((place, evicted)) => {
-                    q.waiting.fetch_add(1, Ordering::AcqRel);
-                    if let Some((p, _)) = evicted {
-                        // Dropping its sender tells the evicted request.
-                        q.waiting.fetch_sub(1, Ordering::AcqRel);
-                        self.metrics.of(p.tenant, p.band).waiting.dec();
-                    }
-                    Ok(place)
-                }
-                Err((full, _)) => Err((full, lower)),
-            }
-        };
-        let place = match pushed {
+        let place = match self.enqueue(q, who, Waiter { tx, need_mb }) {
             Ok(place) => place,
-            Err((full, lower)) => {
+            Err(full) => {
                 series.outcomes[outcome::SHED_QUEUE_FULL].inc();
-                if lower > 0 && full == Full::Queue {
-                    self.metrics.inversions.inc();
-                }
                 return Err(self.queue_full(model, who, full));
             }
         };
@@ -241,6 +222,30 @@ impl Scheduler {
             None => {
                 series.outcomes[outcome::SHED_EVICTED].inc();
                 Err(self.evicted(model, who, waited))
+            }
+        }
+    }
+
+    /// Puts a request in its tenant's queue in its band: its place, or why the queues are full
+    /// (counted as an inversion when a lower band had requests waiting). A request of a lower
+    /// band that this one evicts is told by its sender's drop.
+    fn enqueue(&self, q: &ModelQueue, who: Who, waiter: Waiter) -> Result<Place, Full> {
+        let mut queues = q.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let lower = queues.waiting_below(who.priority);
+        match queues.push(who.tenant, who.priority, who.cost, waiter) {
+            Ok((place, evicted)) => {
+                q.waiting.fetch_add(1, Ordering::AcqRel);
+                if let Some((p, _)) = evicted {
+                    q.waiting.fetch_sub(1, Ordering::AcqRel);
+                    self.metrics.of(p.tenant, p.band).waiting.dec();
+                }
+                Ok(place)
+            }
+            Err((full, _)) => {
+                if lower > 0 && full == Full::Queue {
+                    self.metrics.inversions.inc();
+                }
+                Err(full)
             }
         }
     }
