@@ -234,9 +234,11 @@ pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args
     cfg
 }
 
-/// The static config of `policy`'s gateway over `sims` (every policy but ailb in full and nginx).
-pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) -> TestConfig {
-    let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
+/// Sets the balancer of a baseline policy in the kernel (round robin, random, least connections:
+/// bounded loads with c close to 1 skip every backend above the mean in-flight count); `false`
+/// for the other policies, whose settings are their own. The simulated and the real-engine
+/// races share it.
+pub fn baseline(policy: Policy, cfg: &mut TestConfig) -> bool {
     match policy {
         Policy::RoundRobin => {
             cfg.affinity = false;
@@ -252,14 +254,21 @@ pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args
             cfg.load_bound = true;
             cfg.load_factor = 1.01;
         }
-        Policy::Ailb | Policy::AilbStatic | Policy::AilbStaticGateway => {
-            cfg.affinity = true;
-            cfg.load_bound = true;
-            cfg.load_factor = args.ailb_load_factor;
-            cfg.affinity_wait = affinity_wait(args);
-        }
-        // Never started for nginx and the peer routers (they proxy instead of ailb).
-        _ => {}
+        _ => return false,
+    }
+    true
+}
+
+/// The static config of `policy`'s gateway over `sims` (every policy but ailb in full and nginx).
+pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) -> TestConfig {
+    let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
+    // Nginx and the peer routers never start it (they proxy instead of ailb).
+    let ailb = matches!(policy, Policy::Ailb | Policy::AilbStatic | Policy::AilbStaticGateway);
+    if !baseline(policy, &mut cfg) && ailb {
+        cfg.affinity = true;
+        cfg.load_bound = true;
+        cfg.load_factor = args.ailb_load_factor;
+        cfg.affinity_wait = affinity_wait(args);
     }
     for s in sims {
         let addr = s.addr.to_string();

@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use super::workload::Kind;
 use super::MODEL;
 use crate::compare::args::Args;
-use crate::compare::policy::Policy;
+use crate::compare::policy::{self, Policy};
 use crate::compare::{front_door, peers, VIP};
 use crate::sim_gpus::Proc;
 
@@ -129,24 +129,10 @@ fn config(
     load_factor: f64,
 ) -> anyhow::Result<TestConfig> {
     let mut cfg = base_config(&format!("real-{}", policy.key()), cg).service(MODEL, VIP);
-    match policy {
-        Policy::RoundRobin => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-            cfg.round_robin = true;
-        }
-        Policy::Random => {
-            cfg.affinity = false;
-            cfg.load_bound = false;
-        }
-        Policy::LeastConn => {
-            cfg.affinity = false;
-            cfg.load_factor = 1.01;
-        }
-        // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded
-        // by that interval); the load bound's factor is `--ailb-load-factor` (default 1.25,
-        // the daemon's).
-        _ => cfg.load_factor = load_factor,
+    // ailb: the daemon's defaults, its sampling too (every 500 ms, each request bounded by that
+    // interval); the load bound's factor is `--ailb-load-factor` (default 1.25, the daemon's).
+    if !policy::baseline(policy, &mut cfg) {
+        cfg.load_factor = load_factor;
     }
     let sampled = policy == Policy::Ailb || policy.behind_front_door() == Some(Policy::Ailb);
     for s in servers {
