@@ -139,8 +139,8 @@ const SYNTHETIC_TIME_SCALE: f64 = 5.0;
 
 /// ailb both ways in (the front door also with its admission by fleet memory on) and on its
 /// static config, every peer router policy, and the L4 baseline.
-const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-gateway-admission,ailb-static,sglang-cache-aware,\
-                             sglang-round-robin,smg-cache-aware,smg-prefix-hash,smg-least-load,vllm-cache-aware,\
+const PEER_POLICIES: &str = "round-robin,ailb,ailb-gateway,ailb-gateway-admission,ailb-static,ailb-prefix,\
+                             ailb-gateway-prefix,sglang-cache-aware,sglang-round-robin,smg-cache-aware,smg-prefix-hash,smg-least-load,vllm-cache-aware,\
                              vllm-consistent-hash";
 /// The policies of the run over seeds: ailb both ways in, and the peers that were the best peer
 /// in every synthetic run (round robin and the consistent hash were 3-5x slower there).
@@ -399,7 +399,7 @@ fn peers(runs: &[PeersRun]) -> Result<()> {
         let (policies, what, report) = if seeds {
             (SEEDS_POLICIES, format!("{SEEDS} seeds x 4 policies (about 12 minutes)"), "seeds.md")
         } else {
-            (PEER_POLICIES, "12 policies (about 12 minutes)".to_string(), "replay.md")
+            (PEER_POLICIES, "14 policies (about 14 minutes)".to_string(), "replay.md")
         };
         let step = Step::start(format!(
             "peer routers: ailb-compare {} at load {load}, {what} -> docs/results/{dir}/",
