@@ -54,6 +54,24 @@ async fn upstream() -> (Box<Conn>, TcpStream, TcpStream) {
     (conn, client, server)
 }
 
+/// A relay of a `len`-byte answer over `client` (the upstream side of `conn`), holding
+/// `ticket`, going back to `reuse`'s pool at its end when given one.
+fn relay_of<T>(
+    conn: Box<Conn>,
+    client: TcpStream,
+    len: u64,
+    reuse: Option<Reuse>,
+    ticket: Option<T>,
+    registry: &mut Registry,
+) -> Relay<T> {
+    let body = RawBody::new(RawConn::new(client), Framing::Length(len));
+    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+    let log = RequestLog::start(Arc::new(GatewayMetrics::new(registry)), &hyper::Method::POST, "/v1/x");
+    let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
+    let held = Held { _permit: permit, ticket };
+    Relay::new(UpBody::Raw(body), None, conn, reuse, held, log, Duration::from_secs(30), deadline)
+}
+
 /// The client's next request may follow the last byte of this one's answer at once: by then
 /// the admission must have its memory back, or that request queues behind a finished one.
 #[tokio::test]
@@ -65,20 +83,7 @@ async fn the_memory_ticket_is_given_back_before_the_last_frame_reaches_the_clien
     assert_eq!(admission.admitted_mb("m"), 600);
 
     let (conn, client, mut server) = upstream().await;
-    let body = RawBody::new(RawConn::new(client), Framing::Length(10));
-    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-    let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
-    let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
-    let mut relay = Relay::new(
-        UpBody::Raw(body),
-        None,
-        conn,
-        None,
-        Held { _permit: permit, ticket },
-        log,
-        Duration::from_secs(30),
-        deadline,
-    );
+    let mut relay = relay_of(conn, client, 10, None, ticket, &mut registry);
 
     server.write_all(b"hello").await.unwrap();
     let first = relay.frame().await.expect("a frame").expect("data");
@@ -173,20 +178,8 @@ async fn the_connection_is_uncounted_before_the_memory_is_given_back() {
     let (ticket, seen) = probe(&pool);
 
     let (conn, client, mut server) = upstream().await;
-    let body = RawBody::new(RawConn::new(client), Framing::Length(5));
-    let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-    let log = RequestLog::start(Arc::new(GatewayMetrics::new(&mut registry)), &hyper::Method::POST, "/v1/x");
-    let deadline = Deadline::after(Instant::now(), Duration::from_secs(30));
-    let mut relay = Relay::new(
-        UpBody::Raw(body),
-        None,
-        conn,
-        Some(Reuse { pool: pool.clone(), key }),
-        Held { _permit: permit, ticket: Some(ticket) },
-        log,
-        Duration::from_secs(30),
-        deadline,
-    );
+    let reuse = Some(Reuse { pool: pool.clone(), key });
+    let mut relay = relay_of(conn, client, 5, reuse, Some(ticket), &mut registry);
     server.write_all(b"hello").await.unwrap();
     relay.frame().await.expect("a frame").expect("data");
     assert!(relay.is_end_stream());
