@@ -120,29 +120,25 @@ fn check_daemon_paths(d: &DaemonConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A load bound factor c at `field`, checked, in thousandths.
+fn factor_milli(field: &str, c: f64) -> Result<u32, ConfigError> {
+    if !(c.is_finite() && c > 1.0 && c <= 10.0) {
+        return Err(ConfigError::invalid(field, c, "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound"));
+    }
+    Ok((c * 1000.0).round() as u32)
+}
+
 /// `[balancer]`, checked.
 fn check_balancer(b: &BalancerConfig) -> Result<WriterSettings, ConfigError> {
-    if !(b.load_factor.is_finite() && b.load_factor > 1.0 && b.load_factor <= 10.0) {
-        return Err(ConfigError::invalid(
-            "balancer.load_factor",
-            b.load_factor,
-            "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
-        ));
-    }
-    let prefix_load_factor = b.prefix_load_factor.unwrap_or(b.load_factor);
-    if !(prefix_load_factor.is_finite() && prefix_load_factor > 1.0 && prefix_load_factor <= 10.0) {
-        return Err(ConfigError::invalid(
-            "balancer.prefix_load_factor",
-            prefix_load_factor,
-            "must be in (1.0, 10.0]: c <= 1 leaves no room for the bound",
-        ));
-    }
+    let load_factor_milli = factor_milli("balancer.load_factor", b.load_factor)?;
+    let prefix_load_factor_milli =
+        factor_milli("balancer.prefix_load_factor", b.prefix_load_factor.unwrap_or(b.load_factor))?;
     if b.probes == 0 || b.probes > MAX_PROBES {
         return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
     }
     Ok(WriterSettings {
-        load_factor_milli: (b.load_factor * 1000.0).round() as u32,
-        prefix_load_factor_milli: (prefix_load_factor * 1000.0).round() as u32,
+        load_factor_milli,
+        prefix_load_factor_milli,
         probes: b.probes,
         affinity: b.affinity,
         load_bound: b.load_bound,
