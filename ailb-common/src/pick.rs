@@ -511,7 +511,15 @@ pub fn pick_prefixed<M: PickMaps>(
 ) -> (PickResult, PrefixVerdict) {
     let step = match prefix {
         Some(q) if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 && !q.keys.is_empty() => {
-            let c = PrefixCtx::new(cfg, req, family, q, state.slot.total_weight);
+            let c = PrefixCtx::new(
+                cfg,
+                req.model,
+                req.required_mem_mb,
+                family,
+                q,
+                req.model_inflight,
+                state.slot.total_weight,
+            );
             Some(maps.prefix_step(&c, q))
         }
         _ => None,

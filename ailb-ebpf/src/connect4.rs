@@ -136,17 +136,7 @@ fn prefix_choice(
     let sp = unsafe { sock_prefix(sa.__bindgen_anon_1.sk.cast(), false) }?;
     let q = prefix::query(sp, state, now_ns);
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
-    let c = PrefixCtx {
-        model,
-        required_mem_mb,
-        now_tick: q.now_tick,
-        ttl_ticks: q.ttl_ticks,
-        load_factor_milli: cfg.load_factor_milli,
-        use_bound: cfg.flags & CONFIG_LOAD_BOUND != 0,
-        family,
-        model_inflight,
-        total_weight: state.slot.total_weight,
-    };
+    let c = PrefixCtx::new(cfg, model, required_mem_mb, family, &q, model_inflight, state.slot.total_weight);
     Some(Maps.prefix_step(&c, &q).1)
 }
 

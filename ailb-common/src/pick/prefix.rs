@@ -21,7 +21,7 @@
 //! The steps read only [`PrefixCtx`] (plain numbers), so the kernel can run the whole step as
 //! a `bpf_loop` callback ([`PickMaps::prefix_step`]), as it does the member scan.
 
-use super::{load_bound, sat_mul, ClientFamily, PickMaps, PickRequest};
+use super::{load_bound, sat_mul, ClientFamily, PickMaps};
 use crate::abi::*;
 use crate::prefix::PREFIX_KEYS_MAX;
 
@@ -102,17 +102,24 @@ pub struct PrefixCtx {
 }
 
 impl PrefixCtx {
+    /// The context of a connect to `model` asking for `required_mem_mb` (0: no hint), with
+    /// `model_inflight` connections in flight to the model: the one constructor, used by the
+    /// pure pick and the kernel alike, so that both read the same settings (the holders' own
+    /// load factor above all: 0 in the config means the table's).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &GlobalConfig,
-        req: &PickRequest,
+        model: u32,
+        required_mem_mb: u32,
         family: ClientFamily,
         q: &PrefixQuery<'_>,
+        model_inflight: u64,
         total_weight: u64,
     ) -> Self {
         Self {
-            model: req.model,
-            required_mem_mb: req.required_mem_mb,
+            model,
+            required_mem_mb,
             now_tick: q.now_tick,
             ttl_ticks: q.ttl_ticks,
             load_factor_milli: if cfg.prefix_load_factor_milli != 0 {
@@ -122,7 +129,7 @@ impl PrefixCtx {
             },
             use_bound: cfg.flags & CONFIG_LOAD_BOUND != 0,
             family,
-            model_inflight: req.model_inflight,
+            model_inflight,
             total_weight,
         }
     }

@@ -9,7 +9,10 @@
 //!   inherits nothing);
 //! - mode off (the same connects after a reload): the keys are ignored and each tenant's
 //!   connects spread over the backends, as any connect without a conversation does;
-//! - the counters in `ailb status` say what the searches found.
+//! - the counters in `ailb status` say what the searches found;
+//! - a holder's own load bound (`prefix_load_factor`): one tenant's connections held open
+//!   leave its holder once the holder is at the table's bound (1.25), and stay on it when the
+//!   holders' factor is 4, while the table's stays 1.25.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -120,4 +123,39 @@ fn tenants_stay_where_their_prompt_prefix_is_cached() {
     let off = prefix_status(&daemon);
     assert_eq!(off["mode"], "off");
     assert_eq!(off["lookups"], p["lookups"], "no search with the mode off: {off}");
+}
+
+/// The kernel's holder bound for the `k`-th connect (`k - 1` held, all on the holder) of four
+/// equal backends is `ceil(f * k / 4)`: at the table's 1.25 the second connect already finds
+/// the holder at its bound (1 of 1), at 4 never (`k - 1` of `k`).
+#[test]
+fn holders_take_connects_up_to_their_own_load_factor() {
+    const HELD: usize = 6;
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-bound");
+    let _servers = BackendServer::start_all(&BACKENDS);
+    let client = TestClient::new(client_bin!());
+    let opts = ConnectOpts::new(VIP, HELD).tenants(1, PROMPT_BYTES);
+    let held_on = |prefix_load_factor: Option<f64>| {
+        let mut cfg = config(&cg, "approximate");
+        cfg.prefix_load_factor = prefix_load_factor;
+        let daemon = Daemon::start(&bin, &cfg);
+        let held = client.hold(Some(&cg), &opts);
+        assert_all_ok(held.results(), "held connects");
+        let backends = ailb_tests::client::count_by_backend(held.results());
+        let p = prefix_status(&daemon);
+        held.release();
+        drop(daemon);
+        eprintln!("prefix_load_factor {prefix_load_factor:?}: {backends:?}, status.prefix {p}");
+        (backends, p)
+    };
+
+    let (tight, p) = held_on(None);
+    assert!(tight.len() >= 2, "at the table's factor the holder took all {HELD} held connects: {tight:?}");
+    assert!(p["overruled_load"].as_u64().is_some_and(|n| n > 0), "no holder passed over for load: {p}");
+
+    let (loose, p) = held_on(Some(4.0));
+    assert_eq!(loose.len(), 1, "under a holders' factor of 4 the tenant's held connects spread: {loose:?}");
+    assert_eq!(p["used"].as_u64(), Some(HELD as u64 - 1), "every connect after the first took the holder: {p}");
+    assert_eq!(p["overruled_load"].as_u64(), Some(0), "{p}");
 }
