@@ -395,14 +395,14 @@ pub struct GlobalConfig {
     /// request is placed afresh. 0: never wait.
     pub affinity_wait_ns: u64,
     /// The load bound factor of a holder of the longest cached prefix (the prefix step), times
-    /// 1000; 0: `load_factor_milli`, which is also the daemon's default.
+    /// 1000; 0: `load_factor_milli`. The daemon's default is 2000 (or the table's, if larger).
     pub prefix_load_factor_milli: u32,
     pub _pad: u32,
 }
 
 impl GlobalConfig {
     /// The balancer's defaults as written into the map: load factor 1.25 (a prefix holder's
-    /// too), 4 probes, affinity and the load bound on, no affinity TTL and no wait, generation 1.
+    /// 2), 4 probes, affinity and the load bound on, no affinity TTL and no wait, generation 1.
     pub const fn defaults() -> Self {
         Self {
             abi_version: ABI_VERSION,
@@ -412,7 +412,7 @@ impl GlobalConfig {
             affinity_ttl_ns: 0,
             generation: 1,
             affinity_wait_ns: 0,
-            prefix_load_factor_milli: 1250,
+            prefix_load_factor_milli: 2000,
             _pad: 0,
         }
     }

@@ -180,7 +180,8 @@ pub struct BalancerConfig {
     pub load_factor: f64,
     /// The load bound factor of a backend holding the longest cached prefix of a request's
     /// prompt (models with `prefix`): it is taken while under `ceil(c * (total + 1) * w / W)`
-    /// with this c, else the table's pick decides. Default: `load_factor`.
+    /// with this c, else the table's pick decides. Default: [`DEFAULT_PREFIX_LOAD_FACTOR`], or
+    /// `load_factor` where that is larger (a holder is never held tighter than any backend).
     #[serde(default)]
     pub prefix_load_factor: Option<f64>,
     /// Table slots probed per connection, 1..=8. Default 4.
@@ -214,6 +215,14 @@ pub struct BalancerConfig {
 fn default_load_factor() -> f64 {
     1.25
 }
+
+/// `[balancer] prefix_load_factor`'s default (unless `load_factor` is larger). A holder spares
+/// the request its cached prefill, and a request sent elsewhere caches the prompt a second
+/// time: at the table's 1.25 the bound, one or two requests on a small fleet, passed holders
+/// over on 2 % of the connects of the simulated shared-prefix race and 6 in 48 on two real
+/// vLLM servers; at 2 the simulated race read more of its prompts from the caches and its
+/// TTFT P95 fell (`docs/prefix.md` has the runs).
+pub const DEFAULT_PREFIX_LOAD_FACTOR: f64 = 2.0;
 fn default_probes() -> u32 {
     4
 }

@@ -9,7 +9,7 @@ use std::{
 
 use ailb_common::{MAX_BACKENDS, MAX_MEMBERS, MAX_MODELS, MAX_MODEL_NAME_LEN, MAX_PROBES, MAX_SERVICES};
 
-use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind};
+use super::{BackendConfig, BalancerConfig, Config, DaemonConfig, ModelConfig, SourceKind, DEFAULT_PREFIX_LOAD_FACTOR};
 use crate::{
     datapath::{ArenaLimits, TcOptions, WriterSettings},
     discovery::{StaticBackend, ValidSource},
@@ -131,8 +131,10 @@ fn factor_milli(field: &str, c: f64) -> Result<u32, ConfigError> {
 /// `[balancer]`, checked.
 fn check_balancer(b: &BalancerConfig) -> Result<WriterSettings, ConfigError> {
     let load_factor_milli = factor_milli("balancer.load_factor", b.load_factor)?;
-    let prefix_load_factor_milli =
-        factor_milli("balancer.prefix_load_factor", b.prefix_load_factor.unwrap_or(b.load_factor))?;
+    let prefix_load_factor_milli = factor_milli(
+        "balancer.prefix_load_factor",
+        b.prefix_load_factor.unwrap_or(b.load_factor.max(DEFAULT_PREFIX_LOAD_FACTOR)),
+    )?;
     if b.probes == 0 || b.probes > MAX_PROBES {
         return Err(ConfigError::invalid("balancer.probes", b.probes, format!("must be 1..={MAX_PROBES}")));
     }

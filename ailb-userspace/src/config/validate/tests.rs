@@ -32,17 +32,19 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!((c.balancer.probes, c.balancer.affinity, c.balancer.load_bound), (4, true, true));
     assert_eq!(c.balancer.affinity_ttl.as_secs(), 1800);
     assert_eq!(c.balancer.affinity_wait.as_secs(), 20);
-    assert_eq!(c.balancer.prefix_load_factor_milli, 1250);
+    assert_eq!(c.balancer.prefix_load_factor_milli, 2000);
     assert_eq!(c.backends[0].weight, 1);
 }
 
 #[test]
-fn the_prefix_holders_factor_defaults_to_the_tables() {
+fn the_prefix_holders_factor_defaults_to_2_or_the_tables_if_larger() {
     let factor = |balancer: &str| Config::parse(&format!("{balancer}{OK}"), "t").unwrap().validate().unwrap().balancer;
     let b = factor("[balancer]\nload_factor = 3.0\n");
     assert_eq!((b.load_factor_milli, b.prefix_load_factor_milli), (3000, 3000));
-    let b = factor("[balancer]\nload_factor = 1.1\nprefix_load_factor = 2.0\n");
+    let b = factor("[balancer]\nload_factor = 1.1\n");
     assert_eq!((b.load_factor_milli, b.prefix_load_factor_milli), (1100, 2000));
+    let b = factor("[balancer]\nload_factor = 1.1\nprefix_load_factor = 1.5\n");
+    assert_eq!((b.load_factor_milli, b.prefix_load_factor_milli), (1100, 1500));
 }
 
 #[test]
