@@ -101,6 +101,7 @@ fn spawn_sim(addr: SocketAddrV4, profile: &'static str, nvml: &FakeNvml, o: &Sim
         .args(["--sample-interval-ms", &o.sample_interval_ms.to_string()])
         .arg("--nvml-state")
         .arg(&state)
+        .args(tokenizer_args(addr, o.tokenizer))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -122,6 +123,20 @@ fn spawn_sim(addr: SocketAddrV4, profile: &'static str, nvml: &FakeNvml, o: &Sim
     }
 }
 
+/// `ailb-sim`'s options of a tokenizing server ([`SimOpts::tokenizer`]); none without one.
+fn tokenizer_args(addr: SocketAddrV4, tokenizer: Option<&Path>) -> Vec<std::ffi::OsString> {
+    let Some(dir) = tokenizer else {
+        return Vec::new();
+    };
+    let (events, replay) = kv_events_endpoints(addr);
+    let mut a: Vec<std::ffi::OsString> = vec!["--tokenizer".into(), dir.into()];
+    for s in ["--kv-events-endpoint", &events, "--kv-events-replay-endpoint", &replay, "--kv-block-size"] {
+        a.push(s.into());
+    }
+    a.push(SIM_KV_BLOCK_SIZE.to_string().into());
+    a
+}
+
 /// A binary next to the running one (`ailb-sim`'s and these tools' binaries are built into one
 /// profile directory: `cargo xtask run` and `cargo xtask bench` build them together).
 pub fn sibling_bin(name: &str) -> PathBuf {
@@ -134,6 +149,9 @@ pub struct SimGpu {
     pub profile: &'static str,
     pub sim: Proc,
     pub nvml: FakeNvml,
+    /// The server's KV-event publisher and replay endpoints, when it tokenizes
+    /// ([`SimOpts::tokenizer`]).
+    pub kv_events: Option<(String, String)>,
 }
 
 /// Options of [`SimGpu::start`].
@@ -144,6 +162,20 @@ pub struct SimOpts<'a> {
     pub sample_interval_ms: u64,
     /// The server's log (stdout and stderr); `None`: discarded.
     pub log: Option<PathBuf>,
+    /// A model folder: the server tokenizes every prompt with its tokenizer and chat template
+    /// as vLLM does, and publishes KV events in vLLM's format on [`kv_events_endpoints`] with
+    /// vLLM's default block size ([`SIM_KV_BLOCK_SIZE`]), for a gateway in precise prefix mode.
+    pub tokenizer: Option<&'a Path>,
+}
+
+/// The KV block size, in tokens, of a tokenizing server's events: vLLM's default.
+pub const SIM_KV_BLOCK_SIZE: u32 = 16;
+
+/// The KV-event publisher and replay endpoints of a tokenizing server on `addr`: its own IP,
+/// ports 1,000 and 2,000 above its HTTP port.
+pub fn kv_events_endpoints(addr: SocketAddrV4) -> (String, String) {
+    let ep = |off: u16| format!("tcp://{}:{}", addr.ip(), addr.port().wrapping_add(off));
+    (ep(1000), ep(2000))
 }
 
 impl SimGpu {
@@ -156,7 +188,7 @@ impl SimGpu {
             preset.gpu_type, preset.gpu_memory_mb
         ));
         let sim = spawn_sim(addr, profile, &nvml, o)?;
-        Ok(SimGpu { addr, profile, sim, nvml })
+        Ok(SimGpu { addr, profile, sim, nvml, kv_events: o.tokenizer.map(|_| kv_events_endpoints(addr)) })
     }
 
     /// Starts the server again (after it was killed) on the same address and the same fake
@@ -221,12 +253,15 @@ metrics_url = "http://{addr}/metrics"
 health_url = "http://{addr}/health"
 server = "vllm"
 nvml = true
-"#,
+{kv}"#,
             metrics_port = free_port(),
             lib = self.nvml.lib(),
             ip = addr.ip(),
             port = addr.port(),
             gpu_type = self.gpu_type(),
+            kv = self.kv_events.as_ref().map_or_else(String::new, |(events, replay)| format!(
+                "kv_events = \"{events}\"\nkv_replay = \"{replay}\"\nkv_block_size = {SIM_KV_BLOCK_SIZE}\n"
+            )),
         );
         let stem = format!("agent-{}-{}", addr.ip(), addr.port());
         let path = dir.join(format!("{stem}.toml"));

@@ -156,6 +156,12 @@ pub struct Args {
     /// in `tests/data/`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Simulated GPUs: a model folder (tokenizer.json, tokenizer_config.json, chat template)
+    /// with which every GPU tokenizes its prompts as vLLM does and publishes KV events in
+    /// vLLM's format, for every policy of the race, so that `ailb-gateway-precise` (which
+    /// needs it) and the others run on the same fleet (e.g. `~/.cache/ailb/models/tiny-llama`).
+    #[arg(long)]
+    pub sim_tokenizer: Option<PathBuf>,
     /// `ailb-sim` binary (default: next to this one).
     #[arg(long)]
     pub sim_bin: Option<PathBuf>,

@@ -42,6 +42,13 @@ pub fn toml(listen: SocketAddrV4, kv_bytes_per_token: u64, prefix_keys: bool) ->
     )
 }
 
+/// The `[gateway.tokenizers]` table of a front door in precise prefix mode, after [`toml`]: the
+/// simulated GPUs' own tokenizer (`--sim-tokenizer`), so that its keys are token-exact.
+pub fn tokenizer_toml(tokenizer: Option<&Path>) -> anyhow::Result<String> {
+    let dir = tokenizer.context("a front door in precise prefix mode needs --sim-tokenizer")?;
+    Ok(format!("[gateway.tokenizers]\n\"{MODEL}\" = \"{}\"\n", dir.display()))
+}
+
 /// The `[gateway.admission]` table of `ailb-gateway-admission`, after [`toml`]: admission by
 /// fleet memory with `--admission-factor` and `--admission-max-wait-s` (simulated seconds, so
 /// divided by the time scale: the gateway waits in real time).

@@ -160,6 +160,12 @@ fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
     if let Some(p) = policies.iter().find(|p| p.real_engines_only()) {
         anyhow::bail!("--policies: {} runs only with --engine vllm (in front of real servers)", p.key());
     }
+    if policies.contains(&Policy::AilbGatewayPrecise) && args.sim_tokenizer.is_none() {
+        anyhow::bail!(
+            "--policies: ailb-gateway-precise on simulated GPUs needs --sim-tokenizer DIR (the GPUs then tokenize \
+             and publish KV events, for every policy of the race)"
+        );
+    }
     let have_nginx = Command::new("nginx").arg("-v").stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     if policies.contains(&Policy::Nginx) && !have_nginx {
         eprintln!("ailb-compare: nginx is not installed (cargo xtask setup installs nginx-light): skipping it");

@@ -79,8 +79,8 @@ impl Policy {
                 "unknown policy {other:?} (round-robin, random, least-conn, ailb, ailb-static, ailb-gateway, \
                  ailb-prefix, ailb-gateway-prefix, ailb-gateway-admission, ailb-static-gateway, nginx, \
                  sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash, smg-least-load, \
-                 vllm-cache-aware, vllm-consistent-hash; with --engine vllm also ailb-gateway-precise, \
-                 ailb-gateway-approx, tenant-pinned)"
+                 vllm-cache-aware, vllm-consistent-hash, ailb-gateway-precise (simulated GPUs: with \
+                 --sim-tokenizer); with --engine vllm also ailb-gateway-approx, tenant-pinned)"
             ),
         })
     }
@@ -94,7 +94,11 @@ impl Policy {
     /// The model's `prefix` mode of an ailb prefix policy (`None`: off); the socket ABI's
     /// policy then also tags each socket with the prompt's prefix keys, the front door's sends them.
     pub fn prefix_mode(self) -> Option<&'static str> {
-        matches!(self, Self::AilbPrefix | Self::AilbGatewayPrefix).then_some("approximate")
+        match self {
+            Self::AilbPrefix | Self::AilbGatewayPrefix => Some("approximate"),
+            Self::AilbGatewayPrecise => Some("precise"),
+            _ => None,
+        }
     }
 
     /// Whether this is ailb in full (rnacos, agents, the AI-aware policy), prefix mode or not.
@@ -102,10 +106,11 @@ impl Policy {
         matches!(self, Self::Ailb | Self::AilbPrefix)
     }
 
-    /// Whether the policy runs only in front of real engines (`--engine vllm`): the prefix
-    /// policies, whose keys and KV events need a real tokenizer and engine, and the oracle.
+    /// Whether the policy runs only in front of real engines (`--engine vllm`): the real
+    /// race's own approximate row and the oracle. (`ailb-gateway-precise` runs on simulated
+    /// GPUs too, when they tokenize: `--sim-tokenizer`.)
     pub fn real_engines_only(self) -> bool {
-        matches!(self, Self::AilbGatewayPrecise | Self::AilbGatewayApprox | Self::TenantPinned)
+        matches!(self, Self::AilbGatewayApprox | Self::TenantPinned)
     }
 
     /// The ailb behind `ailb gateway` for a front-door policy (`None` for every other).
@@ -206,6 +211,10 @@ fn affinity_wait(args: &Args) -> String {
 /// `time_scale` times faster), as `[[models]]` lines; empty for a policy without one.
 fn prefix_toml(policy: Policy, args: &Args) -> String {
     policy.prefix_mode().map_or_else(String::new, |mode| {
+        if mode == "precise" {
+            // The engines' own entries never age.
+            return format!("prefix = \"{mode}\"\n");
+        }
         let ttl_ms = (args.ailb_prefix_ttl_s * 1000.0 / args.time_scale).round().max(1.0) as u64;
         format!("prefix = \"{mode}\"\nprefix_ttl = \"{ttl_ms}ms\"\n")
     })

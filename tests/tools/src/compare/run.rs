@@ -73,7 +73,14 @@ pub fn run_policy(
 /// Starts the fleet on port `port` (each server keeping its fake NVML state, which the agents
 /// of the full ailb read) and waits for every `/health`.
 fn start_gpus(args: &Args, sim_bin: &Path, port: u16) -> anyhow::Result<Vec<SimGpu>> {
-    let opts = SimOpts { sim_bin, model: MODEL, time_scale: args.time_scale, sample_interval_ms: 100, log: None };
+    let opts = SimOpts {
+        sim_bin,
+        model: MODEL,
+        time_scale: args.time_scale,
+        sample_interval_ms: 100,
+        log: None,
+        tokenizer: args.sim_tokenizer.as_deref(),
+    };
     std::iter::repeat_n("a100-80gb", args.a100)
         .chain(std::iter::repeat_n("rtx3090-24gb", args.rtx3090))
         .enumerate()
@@ -129,8 +136,13 @@ impl Balancer {
             }
             p => {
                 let front_door = p.behind_front_door().map(|_| SocketAddrV4::new([127, 0, 10, 248].into(), port));
+                let tokenizer = match p.prefix_mode() {
+                    Some("precise") => front_door::tokenizer_toml(args.sim_tokenizer.as_deref())?,
+                    _ => String::new(),
+                };
                 let extra = front_door.map(|l| {
                     let mut t = front_door::toml(l, front_door::kv_bytes_per_token(sims), p.prefix_mode().is_some());
+                    t.push_str(&tokenizer);
                     if p == Policy::AilbGatewayAdmission {
                         t.push_str(&front_door::admission_toml(args));
                     }

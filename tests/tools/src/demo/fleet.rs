@@ -110,6 +110,7 @@ fn start_sims(args: &Args, model: &str, nacos: &RnacosServer, dir: &Path) -> any
             time_scale: args.time_scale,
             sample_interval_ms: 250,
             log: Some(dir.join(format!("sim-{i}.log"))),
+            tokenizer: None,
         };
         let gpu = SimGpu::start(addr, profile, &opts)?;
         let agent = gpu.start_agent(model, &nacos.url(), "500ms", dir)?;

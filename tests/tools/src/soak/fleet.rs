@@ -173,6 +173,7 @@ impl Fleet {
             time_scale: self.time_scale,
             sample_interval_ms: 100,
             log: None,
+            tokenizer: None,
         };
         match &self.sims_ns {
             Some(ns) => {
@@ -246,8 +247,14 @@ impl Fleet {
 
 /// The simulators on 127.0.11.1.. (or the backends namespace's addresses) at `o.port`.
 fn start_sims(o: &FleetOpts) -> anyhow::Result<Vec<SimGpu>> {
-    let opts =
-        SimOpts { sim_bin: &o.sim_bin, model: MODEL, time_scale: o.time_scale, sample_interval_ms: 100, log: None };
+    let opts = SimOpts {
+        sim_bin: &o.sim_bin,
+        model: MODEL,
+        time_scale: o.time_scale,
+        sample_interval_ms: 100,
+        log: None,
+        tokenizer: None,
+    };
     std::iter::repeat_n("a100-80gb", o.a100)
         .chain(std::iter::repeat_n("rtx3090-24gb", o.rtx3090))
         .enumerate()

@@ -44,3 +44,17 @@ fn the_simulated_gpus_keep_half_a_mib_of_kv_per_token() {
         "the replay's hint per token"
     );
 }
+
+#[test]
+fn a_precise_front_door_reads_the_simulated_gpus_tokenizer() {
+    let t = tokenizer_toml(Some(Path::new("/models/tiny"))).expect("a folder");
+    assert_eq!(t, "[gateway.tokenizers]\n\"sim-7b\" = \"/models/tiny\"\n");
+    let e = tokenizer_toml(None).expect_err("no tokenizer");
+    assert!(e.to_string().contains("--sim-tokenizer"), "{e}");
+}
+
+#[test]
+fn a_tokenizing_gpu_publishes_its_events_on_its_own_address() {
+    let (events, replay) = crate::sim_gpus::kv_events_endpoints(SocketAddrV4::new([127, 0, 10, 3].into(), 18_104));
+    assert_eq!((events.as_str(), replay.as_str()), ("tcp://127.0.10.3:19104", "tcp://127.0.10.3:20104"));
+}
