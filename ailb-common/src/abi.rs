@@ -356,6 +356,9 @@ pub const SOCK_HAS_PREFIX: u32 = 64;
 pub struct SockState {
     pub conversation: u64,
     pub model_hash: u64,
+    /// The memory hint set by the client (`AILB_MEMORY`), in MB; once the pick takes a holder
+    /// of the request's longest cached prefix, the uncached share it asked that holder for,
+    /// which is what the connection then counts in flight there.
     pub required_mem_mb: u32,
     pub flags: u32,
     pub backend: u32,

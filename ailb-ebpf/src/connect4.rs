@@ -105,9 +105,17 @@ pub(crate) fn pick_connect(
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
     let req = request(&cfg, sock, model, hash, has_conversation, entry.value(), now_ns, model_inflight);
-    let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix);
+    let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|(chosen, _)| chosen));
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return Err(refuse_connect(res.outcome));
+    }
+    // A holder caches the prompt up to its longest prefix held, shared by every request of that
+    // prefix on it: the connection is counted in flight with the share it was asked for, not
+    // the whole hint, else a holder with a few requests in flight looks full to the next.
+    if let (Outcome::Prefix, Some((_, need))) = (res.outcome, prefix) {
+        if sock.flags & SOCK_HAS_MEMORY != 0 {
+            sock.required_mem_mb = need;
+        }
     }
     let Some(backend) = Maps.backend(res.backend) else {
         return Err(refuse_connect(Outcome::NoBackend));
@@ -116,7 +124,8 @@ pub(crate) fn pick_connect(
 }
 
 /// The prefix step's result for a connect that carries keys to a model with a prefix mode
-/// (`PickMaps::prefix_step`), for [`pick_with_prefix`].
+/// (`PickMaps::prefix_step`), for [`pick_with_prefix`]: the holder chosen (or [`NO_BACKEND`])
+/// and the memory it was asked for.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn prefix_choice(
@@ -128,7 +137,7 @@ fn prefix_choice(
     model_inflight: u64,
     family: ClientFamily,
     now_ns: u64,
-) -> Option<u32> {
+) -> Option<(u32, u32)> {
     if sock.flags & SOCK_HAS_PREFIX == 0 || state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) == 0 {
         return None;
     }
@@ -137,7 +146,7 @@ fn prefix_choice(
     let q = prefix::query(sp, state, now_ns);
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
     let c = PrefixCtx::new(cfg, model, required_mem_mb, family, &q, model_inflight, state.slot.total_weight);
-    Some(Maps.prefix_step(&c, &q).1)
+    Some(crate::pick_maps::prefix_step(&c, q.keys))
 }
 
 /// The pick's copy of a model's state: `active`, then the slot it selects.

@@ -77,7 +77,7 @@ impl PickMaps for Maps {
     /// `AILB_PREFIX_SCRATCH` slot ([`crate::prefix`]).
     #[inline(always)]
     fn prefix_step(&self, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (PrefixVerdict, u32) {
-        (PrefixVerdict::default(), prefix_step(c, q.keys))
+        (PrefixVerdict::default(), prefix_step(c, q.keys).0)
     }
 
     /// The least-loaded scan through `bpf_loop`: the callback is verified once, where a
@@ -97,11 +97,12 @@ impl PickMaps for Maps {
 
 /// The kernel's prefix step (`PickMaps::prefix_step`): the binary search and the choice
 /// among the longest prefix's holders, each a `bpf_loop` over the slot's state, and the
-/// verdict counted. The holder chosen, or [`NO_BACKEND`].
+/// verdict counted. The holder chosen, or [`NO_BACKEND`], and the memory it was asked for (the
+/// request's uncached share, [`uncached_need`]).
 #[inline(always)]
-fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
+pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     let Some(s) = crate::prefix::scratch() else {
-        return NO_BACKEND;
+        return (NO_BACKEND, 0);
     };
     crate::prefix::stage(s, keys);
     s.c = *c;
@@ -113,7 +114,7 @@ fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
         bpf_loop(SEARCH_STEPS, search_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
     }
     let Some(s) = crate::prefix::scratch() else {
-        return NO_BACKEND;
+        return (NO_BACKEND, 0);
     };
     let found = s.search.lo;
     if found != 0 {
@@ -130,10 +131,10 @@ fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> u32 {
         }
     }
     let Some(s) = crate::prefix::scratch() else {
-        return NO_BACKEND;
+        return (NO_BACKEND, 0);
     };
     crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose));
-    s.choose.chosen
+    (s.choose.chosen, s.c.required_mem_mb)
 }
 
 /// `bpf_loop` callback: one step of the binary search.

@@ -12,7 +12,9 @@
 //! - the counters in `ailb status` say what the searches found;
 //! - a holder's own load bound (`prefix_load_factor`): one tenant's connections held open
 //!   leave its holder once the holder is at the table's bound (1.25), and stay on it when the
-//!   holders' factor is 4, while the table's stays 1.25.
+//!   holders' factor is 4, while the table's stays 1.25;
+//! - a holder counts a connection it took with the memory it was asked for (the share of the
+//!   hint it does not cache), so that the tenant's next connects still fit there.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -158,4 +160,34 @@ fn holders_take_connects_up_to_their_own_load_factor() {
     assert_eq!(loose.len(), 1, "under a holders' factor of 4 the tenant's held connects spread: {loose:?}");
     assert_eq!(p["used"].as_u64(), Some(HELD as u64 - 1), "every connect after the first took the holder: {p}");
     assert_eq!(p["overruled_load"].as_u64(), Some(0), "{p}");
+}
+
+/// Four backends of 1,000 MB, connects of one tenant hinting 600 MB each, held open (the holders'
+/// factor at 4, so that only memory decides). The first is placed by the table and counts its
+/// whole 600 MB; every later one finds 12 of its 13 keys held, so the holder is asked for
+/// `ceil(600 x 2 / 14)` = 86 MB and counts that: five fit (600 + 4 x 86 <= 1,000). Counting the
+/// whole hint, the third would find 1000 - 1200 MB free and leave.
+#[test]
+fn a_holder_counts_the_memory_it_was_asked_for() {
+    const HELD: usize = 5;
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-mem");
+    let _servers = BackendServer::start_all(&BACKENDS);
+    let mut cfg = base_config("prefix-mem", &cg).service(MODEL, VIP);
+    for addr in BACKENDS {
+        cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(1_000));
+    }
+    cfg.extra = format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"approximate\"\nprefix_ttl = \"10m\"\n");
+    cfg.prefix_load_factor = Some(4.0);
+    let daemon = Daemon::start(&bin, &cfg);
+    let client = TestClient::new(client_bin!());
+    let held = client.hold(Some(&cg), &ConnectOpts::new(VIP, HELD).tenants(1, PROMPT_BYTES).memory_mb(600));
+    assert_all_ok(held.results(), "held connects");
+    let backends = ailb_tests::client::count_by_backend(held.results());
+    let p = prefix_status(&daemon);
+    held.release();
+    eprintln!("held on {backends:?}, status.prefix {p}");
+    assert_eq!(backends.len(), 1, "the tenant's connects left their holder: {backends:?}, {p}");
+    assert_eq!(p["used"].as_u64(), Some(HELD as u64 - 1), "{p}");
+    assert_eq!(p["overruled_memory"].as_u64(), Some(0), "{p}");
 }
