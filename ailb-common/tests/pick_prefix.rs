@@ -245,11 +245,42 @@ fn a_holder_is_asked_only_for_what_it_does_not_cache() {
 }
 
 #[test]
-fn a_holder_without_the_memory_is_overruled_and_the_fit_decides() {
+fn a_holder_that_cannot_hold_the_request_even_idle_is_overruled_and_the_fit_decides() {
     let (r, holder_need) = memory_case(100);
     assert!(holder_need > 100, "need {holder_need}");
     assert_eq!(r.prefix.usage, PrefixUse::OverruledMemory);
     assert_eq!(r.backend, 1);
+}
+
+#[test]
+fn a_holder_with_the_memory_only_once_idle_is_waited_for() {
+    // 40,000 MB when idle, 100 free now: the request waits at the holder for its prompt's cache
+    // rather than being prefilled whole on backend 1.
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    f.maps.backends[0].free_mem_mb = 100;
+    f.maps.backends[0].mem_capacity_mb = 40_000;
+    f.maps.backends[1].free_mem_mb = 40_000;
+    f.maps.backends[1].mem_capacity_mb = 40_000;
+    let p = prompt("Big requests. ", "q");
+    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
+    let mut req = f.req();
+    req.required_mem_mb = 8_000;
+    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    assert_eq!((r.backend, r.outcome, r.prefix.usage), (0, Outcome::Prefix, PrefixUse::Used), "{r:?}");
+
+    // Two holders: the one with the memory free now is taken, even though it is more loaded.
+    let mut f = Fleet::new(3, MODEL_PREFIX_EVENTS);
+    for b in 0..3 {
+        f.maps.backends[b].free_mem_mb = if b == 0 { 100 } else { 40_000 };
+        f.maps.backends[b].mem_capacity_mb = 40_000;
+    }
+    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
+    f.hold(1, &text_keys(&p), PREFIX_SEEN_EXACT);
+    f.maps.inflight = vec![0, 1, 0];
+    let mut req = f.req();
+    req.required_mem_mb = 8_000;
+    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    assert_eq!((r.backend, r.prefix.usage), (1, PrefixUse::Used), "{r:?}");
 }
 
 #[test]

@@ -189,7 +189,7 @@ pub struct PrefixStats {
     pub used: u64,
     /// Every holder was at its load bound or cap: the pick went on without the prefix.
     pub overruled_load: u64,
-    /// Every holder under its bound lacked the request's memory now.
+    /// Every holder under its bound could not hold the request's memory, even idle.
     pub overruled_memory: u64,
     /// Keys recorded for the chosen backend (approximate mode).
     pub learned: u64,

@@ -10,11 +10,16 @@
 //! reach, so a backend that left, or a learnt entry past the cache's lifetime, does not hide
 //! a shorter prefix held elsewhere.
 //!
-//! Of the longest prefix's holders, the least loaded (in-flight / weight) that is under its
-//! cap and load bound and fits the memory hint now is taken ([`Choose`]). When none can take
-//! it, the pick goes on as without keys (the weighted table, bounded load, memory fit), and
-//! the verdict says why: every holder was at its bound ([`PrefixUse::OverruledLoad`]) or
-//! some were under it but lacked the memory ([`PrefixUse::OverruledMemory`]). Holders of a
+//! Of the longest prefix's holders under their cap and load bound, the least loaded (in-flight
+//! / weight) that has the memory the request asks of it free now is taken, else the least
+//! loaded that will have it once idle ([`Choose`]): the request then waits there for memory
+//! with its prompt cached, as a model server makes it wait rather than fail, where elsewhere
+//! it would be prefilled whole (and cache the prompt a second time), waiting too if that
+//! backend is as full. The load bound, not the memory, limits how many wait. When no holder
+//! can take it, the pick goes on as without keys (the weighted table, bounded load, memory
+//! fit), and the verdict says why: every holder was at its bound
+//! ([`PrefixUse::OverruledLoad`]) or some were under it but could not hold the request even
+//! idle ([`PrefixUse::OverruledMemory`]). Holders of a
 //! shorter prefix are not tried: the table's pick then spreads the load, as it does for a
 //! request without keys, rather than crowding the next-best holder.
 //!
@@ -66,7 +71,7 @@ pub enum PrefixUse {
     Used,
     /// Every holder was at its cap or load bound.
     OverruledLoad,
-    /// Some holder was under its bound but none had the memory hint free now.
+    /// Some holder was under its bound but none could hold the request, even idle.
     OverruledMemory,
     /// No holder of the longest prefix is a live member of the model now (it left, or is
     /// drained): the pick went on without the prefix.
@@ -208,7 +213,10 @@ pub struct Choose {
     pub chosen: u32,
     pub load: u64,
     pub weight: u64,
-    /// Some holder under its bound lacked the memory hint now.
+    /// The chosen holder has the memory free now (else it has it only once idle, and the
+    /// request waits there).
+    pub fits_now: bool,
+    /// Some holder under its bound could not hold the request, even idle.
     pub lacked_memory: bool,
     /// Some holder is a live member the client can reach.
     pub any_live: bool,
@@ -223,7 +231,7 @@ impl Default for Choose {
 impl Choose {
     #[inline(always)]
     pub const fn new() -> Self {
-        Self { chosen: NO_BACKEND, load: 0, weight: 1, lacked_memory: false, any_live: false }
+        Self { chosen: NO_BACKEND, load: 0, weight: 1, fits_now: false, lacked_memory: false, any_live: false }
     }
 
     /// Considers holder slot `i` of `h`.
@@ -246,12 +254,20 @@ impl Choose {
         if !b.under_cap(inflight) || !bound_ok {
             return;
         }
-        if c.required_mem_mb != 0 && !b.fits_now(c.required_mem_mb, maps.inflight_mem(id)) {
+        let fits_now = c.required_mem_mb == 0 || b.fits_now(c.required_mem_mb, maps.inflight_mem(id));
+        if !fits_now && !b.fits_when_idle(c.required_mem_mb) {
             self.lacked_memory = true;
-        } else if self.chosen == NO_BACKEND || sat_mul(inflight, self.weight) < sat_mul(self.load, b.weight as u64) {
+            return;
+        }
+        // One that fits now before one that fits once idle; then the least loaded.
+        let better = self.chosen == NO_BACKEND
+            || (fits_now && !self.fits_now)
+            || (fits_now == self.fits_now && sat_mul(inflight, self.weight) < sat_mul(self.load, b.weight as u64));
+        if better {
             self.chosen = id;
             self.load = inflight;
             self.weight = b.weight as u64;
+            self.fits_now = fits_now;
         }
     }
 

@@ -302,9 +302,11 @@ fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncod
         ("ailb_prefix_overruled_load", "Every holder of the longest prefix was at its load bound or cap", |s| {
             s.overruled_load
         }),
-        ("ailb_prefix_overruled_memory", "Holders under their bound lacked the request's memory", |s| {
-            s.overruled_memory
-        }),
+        (
+            "ailb_prefix_overruled_memory",
+            "Holders under their bound could not hold the request's memory even idle",
+            |s| s.overruled_memory,
+        ),
         (
             "ailb_prefix_keys_found",
             "Keys found held, summed (over keys_sent: the share of the prompt found cached)",

@@ -79,7 +79,7 @@ fn usage_why(u: PrefixUse) -> &'static str {
         PrefixUse::OverruledLoad => {
             "every holder of its longest cached prefix is at its cap or load bound (balancer.prefix_load_factor)"
         }
-        PrefixUse::OverruledMemory => "holders under their bound lack the memory hint free now",
+        PrefixUse::OverruledMemory => "holders under their bound could not hold the memory hint, even idle",
         PrefixUse::Gone => "no holder of its longest cached prefix is a live member of the model now",
     }
 }

@@ -164,12 +164,13 @@ fn holders_take_connects_up_to_their_own_load_factor() {
 
 /// Four backends of 1,000 MB, connects of one tenant hinting 600 MB each, held open (the holders'
 /// factor at 4, so that only memory decides). The first is placed by the table and counts its
-/// whole 600 MB; every later one finds 12 of its 13 keys held, so the holder is asked for
-/// `ceil(600 x 2 / 14)` = 86 MB and counts that: five fit (600 + 4 x 86 <= 1,000). Counting the
-/// whole hint, the third would find 1000 - 1200 MB free and leave.
+/// whole 600 MB; every later one finds 11 of its 12 keys held, so the holder is asked for
+/// `ceil(600 x 2 / 13)` = 93 MB and counts that: five fit now (600 + 4 x 93 = 972 MB in flight,
+/// where whole hints would count 3,000). A sixth no longer fits now (28 MB left) but does once
+/// the holder is idle: it waits there for its cached prompt rather than be prefilled elsewhere.
 #[test]
-fn a_holder_counts_the_memory_it_was_asked_for() {
-    const HELD: usize = 5;
+fn a_holder_counts_the_memory_it_was_asked_for_and_is_waited_for() {
+    const HELD: usize = 6;
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-mem");
     let _servers = BackendServer::start_all(&BACKENDS);
@@ -181,13 +182,27 @@ fn a_holder_counts_the_memory_it_was_asked_for() {
     cfg.prefix_load_factor = Some(4.0);
     let daemon = Daemon::start(&bin, &cfg);
     let client = TestClient::new(client_bin!());
-    let held = client.hold(Some(&cg), &ConnectOpts::new(VIP, HELD).tenants(1, PROMPT_BYTES).memory_mb(600));
+    let opts = ConnectOpts::new(VIP, HELD - 1).tenants(1, PROMPT_BYTES).memory_mb(600);
+    let held = client.hold(Some(&cg), &opts);
     assert_all_ok(held.results(), "held connects");
     let backends = ailb_tests::client::count_by_backend(held.results());
+    assert_eq!(backends.len(), 1, "the tenant's connects left their holder: {backends:?}");
+    let holder = backends.keys().next().expect("one backend").clone();
+    let st = daemon.status();
+    let b = ailb_tests::status::model_backends(&st, MODEL)
+        .into_iter()
+        .find(|b| b["address"] == holder.as_str())
+        .unwrap_or_else(|| panic!("no status for {holder}: {st}"));
+    assert_eq!(b["inflight"].as_u64(), Some(HELD as u64 - 1), "{b}");
+    assert_eq!(b["inflight_mem_mb"].as_u64(), Some(600 + 4 * 93), "whole hints would be 3,000: {b}");
+
+    let sixth = client.hold(Some(&cg), &ConnectOpts::new(VIP, 1).tenants(1, PROMPT_BYTES).memory_mb(600));
+    assert_all_ok(sixth.results(), "the sixth connect");
+    assert_eq!(sixth.results()[0].backend.as_deref(), Some(holder.as_str()), "the sixth did not wait at its holder");
     let p = prefix_status(&daemon);
+    sixth.release();
     held.release();
-    eprintln!("held on {backends:?}, status.prefix {p}");
-    assert_eq!(backends.len(), 1, "the tenant's connects left their holder: {backends:?}, {p}");
+    eprintln!("held on {holder}, status.prefix {p}");
     assert_eq!(p["used"].as_u64(), Some(HELD as u64 - 1), "{p}");
     assert_eq!(p["overruled_memory"].as_u64(), Some(0), "{p}");
 }
