@@ -163,13 +163,15 @@ pub struct SimOpts<'a> {
     /// The server's log (stdout and stderr); `None`: discarded.
     pub log: Option<PathBuf>,
     /// A model folder: the server tokenizes every prompt with its tokenizer and chat template
-    /// as vLLM does, and publishes KV events in vLLM's format on [`kv_events_endpoints`] with
-    /// vLLM's default block size ([`SIM_KV_BLOCK_SIZE`]), for a gateway in precise prefix mode.
+    /// as vLLM does, and publishes KV events in vLLM's format on [`kv_events_endpoints`] in
+    /// blocks of [`SIM_KV_BLOCK_SIZE`] tokens, for a gateway in precise prefix mode.
     pub tokenizer: Option<&'a Path>,
 }
 
-/// The KV block size, in tokens, of a tokenizing server's events: vLLM's default.
-pub const SIM_KV_BLOCK_SIZE: u32 = 16;
+/// The KV block size, in tokens, of a tokenizing server's events: the simulator's own block,
+/// which is also the block a front door in front of it is configured with (its
+/// `[gateway.kv_block_tokens]`, the block of its token-exact keys as of its memory estimate).
+pub const SIM_KV_BLOCK_SIZE: u32 = ailb_sim::gpu::BLOCK_TOKENS as u32;
 
 /// The KV-event publisher and replay endpoints of a tokenizing server on `addr`: its own IP,
 /// ports 1,000 and 2,000 above its HTTP port.
