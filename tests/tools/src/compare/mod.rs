@@ -47,6 +47,13 @@
 //!   (`prefix = "approximate"`, `prefix_ttl` = `--ailb-prefix-ttl-s` over the time scale): through
 //!   the socket ABI, whose sockets then also carry the prompt's text prefix keys, or through
 //!   the front door with `prefix_keys = true` (text keys: 64-byte chunks of the messages).
+//! - `ailb-gateway-precise` (with `--sim-tokenizer DIR` only): ailb in full with `prefix =
+//!   "precise"` through its front door, whose keys are token-exact (the model folder's tokenizer
+//!   and chat template). Every GPU of such a race tokenizes its prompts with that folder as vLLM
+//!   does and publishes KV events in vLLM's format, in the simulator's 512-token blocks, on its
+//!   own address; each agent carries the endpoints in its instance's metadata, and `ailb run`
+//!   follows them into the kernel's map. Every other policy of the race runs on the same
+//!   tokenizing fleet, so that the rows stay comparable.
 //! - `ailb-gateway-admission`: `ailb-gateway` with the front door's admission by fleet memory
 //!   (`[gateway.admission] mode = "fleet_memory"`, `--admission-factor`, `--admission-max-wait-s`
 //!   in simulated seconds): past the fleet's KV a request waits, then gets 503, a failure.
