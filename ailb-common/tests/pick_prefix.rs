@@ -218,12 +218,12 @@ fn a_holder_may_have_a_looser_bound_than_the_table() {
     assert_eq!(f.pick(&sent_keys(&p)).prefix.usage, PrefixUse::OverruledLoad);
 }
 
-/// Two backends, 0 holding the whole of `p` with `holder_free_mb` free, 1 holding nothing
-/// with plenty; an 8,000 MB request for `p`.
-fn memory_case(holder_free_mb: u32) -> (Picked, u32) {
+/// Two backends, 0 holding the whole of `p` with `holder_free_mb` free now and
+/// `holder_capacity_mb` when idle, 1 holding nothing with plenty; an 8,000 MB request for `p`.
+fn memory_case(holder_free_mb: u32, holder_capacity_mb: u32) -> (Picked, u32) {
     let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
     f.maps.backends[0].free_mem_mb = holder_free_mb;
-    f.maps.backends[0].mem_capacity_mb = holder_free_mb;
+    f.maps.backends[0].mem_capacity_mb = holder_capacity_mb;
     f.maps.backends[1].free_mem_mb = 40_000;
     f.maps.backends[1].mem_capacity_mb = 40_000;
     let p = prompt("Big requests. ", "q");
@@ -238,7 +238,7 @@ fn memory_case(holder_free_mb: u32) -> (Picked, u32) {
 #[test]
 fn a_holder_is_asked_only_for_what_it_does_not_cache() {
     // The whole prompt is held: its holder needs the last key interval's share of the hint.
-    let (r, need) = memory_case(4_000);
+    let (r, need) = memory_case(4_000, 4_000);
     assert!(need < 4_000, "need {need}");
     assert_eq!(r.prefix.usage, PrefixUse::Used, "{r:?}");
     assert_eq!(r.backend, 0);
@@ -246,7 +246,7 @@ fn a_holder_is_asked_only_for_what_it_does_not_cache() {
 
 #[test]
 fn a_holder_that_cannot_hold_the_request_even_idle_is_overruled_and_the_fit_decides() {
-    let (r, holder_need) = memory_case(100);
+    let (r, holder_need) = memory_case(100, 100);
     assert!(holder_need > 100, "need {holder_need}");
     assert_eq!(r.prefix.usage, PrefixUse::OverruledMemory);
     assert_eq!(r.backend, 1);
@@ -256,19 +256,11 @@ fn a_holder_that_cannot_hold_the_request_even_idle_is_overruled_and_the_fit_deci
 fn a_holder_with_the_memory_only_once_idle_is_waited_for() {
     // 40,000 MB when idle, 100 free now: the request waits at the holder for its prompt's cache
     // rather than being prefilled whole on backend 1.
-    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
-    f.maps.backends[0].free_mem_mb = 100;
-    f.maps.backends[0].mem_capacity_mb = 40_000;
-    f.maps.backends[1].free_mem_mb = 40_000;
-    f.maps.backends[1].mem_capacity_mb = 40_000;
-    let p = prompt("Big requests. ", "q");
-    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
-    let mut req = f.req();
-    req.required_mem_mb = 8_000;
-    let r = f.pick_with(&req, &sent_keys(&p), 0);
+    let (r, _) = memory_case(100, 40_000);
     assert_eq!((r.backend, r.outcome, r.prefix.usage), (0, Outcome::Prefix, PrefixUse::Used), "{r:?}");
 
     // Two holders: the one with the memory free now is taken, even though it is more loaded.
+    let p = prompt("Big requests. ", "q");
     let mut f = Fleet::new(3, MODEL_PREFIX_EVENTS);
     for b in 0..3 {
         f.maps.backends[b].free_mem_mb = if b == 0 { 100 } else { 40_000 };
