@@ -388,12 +388,14 @@ impl Follower {
                             backoff = self.settings.backoff_min;
                             self.count(&followed);
                             let changes = index.take_changes();
-                            if !changes.is_empty() {
-                                self.sink.apply(&self.model, self.backend, &changes);
-                            }
+                            // The count first: whoever sees the sink's new state (through its
+                            // lock) then sees the count that goes with it.
                             let now = index.len();
                             self.counters.keys_held.fetch_add(now as i64 - held as i64, Ordering::Relaxed);
                             held = now;
+                            if !changes.is_empty() {
+                                self.sink.apply(&self.model, self.backend, &changes);
+                            }
                         }
                         Err(e) => {
                             self.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
