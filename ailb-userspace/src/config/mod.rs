@@ -223,6 +223,7 @@ fn default_load_factor() -> f64 {
 /// vLLM servers; at 2 the simulated race read more of its prompts from the caches and its
 /// TTFT P95 fell (`docs/prefix.md` has the runs).
 pub const DEFAULT_PREFIX_LOAD_FACTOR: f64 = 2.0;
+
 fn default_probes() -> u32 {
     4
 }

@@ -29,7 +29,8 @@ const VIP: &str = "127.77.9.1:8000";
 const BACKENDS: [&str; 4] = ["127.0.9.11:18911", "127.0.9.12:18912", "127.0.9.13:18913", "127.0.9.14:18914"];
 const TENANTS: usize = 8;
 const PER_TENANT: usize = 25;
-/// A 6,000-byte system prompt: 93 text chunks, so a request sends 13 of its keys.
+/// A 6,000-byte system prompt: 93 text chunks, of which a request sends 12 keys (`ailb status`
+/// counts 2,400 keys sent for 200 connects).
 const PROMPT_BYTES: usize = 6_000;
 
 fn config(cg: &CgroupGuard, mode: &str) -> TestConfig {
@@ -174,11 +175,10 @@ fn a_holder_counts_the_memory_it_was_asked_for_and_is_waited_for() {
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-mem");
     let _servers = BackendServer::start_all(&BACKENDS);
-    let mut cfg = base_config("prefix-mem", &cg).service(MODEL, VIP);
-    for addr in BACKENDS {
-        cfg = cfg.backend(BackendCfg::new(MODEL, addr, 1).free_memory_mb(1_000));
+    let mut cfg = config(&cg, "approximate");
+    for b in &mut cfg.backends {
+        b.free_memory_mb = Some(1_000);
     }
-    cfg.extra = format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"approximate\"\nprefix_ttl = \"10m\"\n");
     cfg.prefix_load_factor = Some(4.0);
     let daemon = Daemon::start(&bin, &cfg);
     let client = TestClient::new(client_bin!());
