@@ -65,7 +65,7 @@ pub trait PickMaps {
     /// prefix keys and the model has a prefix mode).
     fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders>;
 
-    /// The prefix step's binary search over `keys` ([`Search`]), at most [`SEARCH_STEPS`]
+    /// The prefix step's search over `keys` ([`Search`]), at most [`SEARCH_STEPS`]
     /// steps; `lo` of the result is the number of keys held. The default is a plain loop; the
     /// eBPF side runs the steps through `bpf_loop`.
     #[inline(always)]

@@ -30,8 +30,9 @@
 //!
 //! * A backend that holds block `i` holds every block before it (an engine caches a prefix, and
 //!   a key names a whole prefix), so "held" is monotone along the chain: true up to some block,
-//!   false after. Restricted to any subsequence it is still monotone, so a binary search over
-//!   the keys sent finds the last sent key held, in `log2(16) + 1 = 5` lookups. The true held
+//!   false after. Restricted to any subsequence it is still monotone, so a search over the
+//!   keys sent (from their end, then binary: `pick::Search`) finds the last sent key held in at
+//!   most 8 lookups, 1 or 2 when the prompt is held whole or but its last key. The true held
 //!   length lies between that block and the next key sent: the search under-estimates by fewer
 //!   than `k` blocks and never over-estimates.
 //! * The last key is always sent, so a prompt held whole is recognised exactly.

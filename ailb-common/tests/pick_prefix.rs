@@ -312,7 +312,7 @@ proptest! {
     /// search finds the longest run among usable holders, measured in keys sent, in at most
     /// `SEARCH_STEPS` lookups (and one to choose), and takes a backend that holds every key found.
     #[test]
-    fn binary_search_finds_the_longest_held_run(
+    fn the_search_finds_the_longest_held_run(
         blocks in 1usize..200,
         held in proptest::collection::vec(0usize..200, 4),
         live in proptest::collection::vec(any::<bool>(), 4),
@@ -352,5 +352,53 @@ proptest! {
         } else if live.iter().any(|&l| l) {
             prop_assert_eq!(r.prefix.usage, PrefixUse::NotHeld);
         }
+    }
+}
+
+/// Drives a `Search` over `n` keys of which the first `found` are held; the result and the
+/// number of lookups.
+fn search_held_run(n: u32, found: u32) -> (u32, u32) {
+    let mut s = ailb_common::pick::Search::new(n);
+    let mut lookups = 0;
+    while let Some(mid) = s.mid() {
+        assert!(mid < n, "probe {mid} of {n} keys");
+        lookups += 1;
+        assert!(lookups <= ailb_common::pick::SEARCH_STEPS, "more than SEARCH_STEPS lookups for {found} of {n}");
+        s.record(mid, mid < found);
+    }
+    (s.lo, lookups)
+}
+
+#[test]
+fn the_search_from_the_end_takes_one_lookup_for_a_prompt_held_whole_and_two_for_a_new_last_key() {
+    assert_eq!(search_held_run(16, 16), (16, 1));
+    assert_eq!(search_held_run(16, 15), (15, 2));
+    assert_eq!(search_held_run(13, 12), (12, 2));
+    // Its worst case over 16 keys: the boundary half-way.
+    assert_eq!(search_held_run(16, 8), (8, 8));
+    assert_eq!(search_held_run(16, 0), (0, 5));
+    assert_eq!(search_held_run(0, 0), (0, 0));
+
+    // Through the pick, with the choice's read of the longest prefix's entry.
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    let p: Vec<u8> = (0..16 * 64).map(|i| b'a' + (i % 23) as u8).collect();
+    let all = text_keys(&p);
+    f.hold(1, &all[..15], PREFIX_SEEN_EXACT);
+    let r = f.pick(&sent_keys(&p));
+    assert_eq!((r.backend, r.prefix.found), (1, 15));
+    assert_eq!(f.lookups.get(), 3);
+}
+
+proptest! {
+    /// Over any number of keys and any held run, the search finds the run, in at most
+    /// `SEARCH_STEPS` lookups and `2 * ceil(log2(d + 1)) + 1`, `d` keys from its end.
+    #[test]
+    fn the_search_costs_grow_with_the_distance_from_the_end(n in 0u32..=16, found_frac in 0.0f64..=1.0) {
+        let found = (n as f64 * found_frac).round() as u32;
+        let (lo, lookups) = search_held_run(n, found);
+        prop_assert_eq!(lo, found);
+        let d = n - found;
+        let bound = 2 * (u32::BITS - d.leading_zeros()) + 1;
+        prop_assert!(lookups <= bound, "{} lookups for {} of {} keys (bound {})", lookups, found, n, bound);
     }
 }

@@ -79,10 +79,11 @@ pub(crate) struct PrefixScratch {
     pub(crate) count: u32,
     pub(crate) c: PrefixCtx,
     pub(crate) search: Search,
-    pub(crate) key: u64,
-    /// The longest prefix's entry, copied once for the choice's callbacks (one map lookup
-    /// rather than one per holder slot).
+    /// The entry of the last key the search found held (in the end, the longest prefix's),
+    /// copied for the choice's callbacks, and its slots worth reading
+    /// ([`PrefixHolders::slots`]).
     pub(crate) holders: PrefixHolders,
+    pub(crate) slots: u32,
     pub(crate) choose: Choose,
 }
 

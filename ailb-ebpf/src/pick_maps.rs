@@ -9,7 +9,7 @@ use core::{
 use ailb_common::{
     abi::*,
     pick::{
-        held, prefix_verdict, uncached_need, Choose, ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery,
+        prefix_verdict, uncached_need, Choose, ClientFamily, MemberScan, PickMaps, PrefixCtx, PrefixQuery,
         PrefixVerdict, Search, SEARCH_STEPS,
     },
     prefix::PREFIX_KEYS_MAX,
@@ -107,6 +107,7 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     crate::prefix::stage(s, keys);
     s.c = *c;
     s.search = Search::new(s.count);
+    s.slots = 0;
     s.choose = Choose::new();
     let mut unused = 0u64;
     // SAFETY: `search_step` has the callback signature bpf_loop expects and ignores its context.
@@ -118,16 +119,12 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     };
     let found = s.search.lo;
     if found != 0 {
-        s.key = s.keys[(found as usize - 1) & (PREFIX_KEYS_MAX - 1)];
         s.c.required_mem_mb = uncached_need(s.c.required_mem_mb, found, s.count);
-        // Evicted since the search: no holder to choose.
-        s.holders = match Maps.prefix_holders(c.model, s.key) {
-            Some(h) => *h,
-            None => PrefixHolders::EMPTY,
-        };
+        // The search copied the longest prefix's entry and counted its slots when it found
+        // it held: no second lookup, and no calls for the empty slots after the last holder.
         // SAFETY: as above, for `choose_step`.
         unsafe {
-            bpf_loop(PREFIX_HOLDERS as u32, choose_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
+            bpf_loop(s.slots, choose_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
         }
     }
     let Some(s) = crate::prefix::scratch() else {
@@ -148,8 +145,17 @@ extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
     };
     // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
     let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
-    let h = held(&Maps, &s.c, key);
-    s.search.record(mid, h);
+    // `held`, keeping the entry: the last one found held is the longest prefix's, which the
+    // choice reads (each lookup of this search is a likely cache miss in a big map).
+    let held = match Maps.prefix_holders(s.c.model, key) {
+        Some(h) if h.any_fresh(s.c.now_tick, s.c.ttl_ticks) => {
+            s.holders = *h;
+            s.slots = h.slots() as u32;
+            true
+        }
+        _ => false,
+    };
+    s.search.record(mid, held);
     0
 }
 

@@ -97,6 +97,30 @@ impl PrefixHolders {
         self.ids[i] != NO_BACKEND && (seen == PREFIX_SEEN_EXACT || ttl == 0 || now.wrapping_sub(seen) <= ttl)
     }
 
+    /// Whether some slot names a holder that counts at tick `now` ([`Self::fresh`]).
+    #[inline(always)]
+    pub fn any_fresh(&self, now: u32, ttl: u32) -> bool {
+        let mut i = 0;
+        while i < PREFIX_HOLDERS {
+            if self.fresh(i, now, ttl) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    /// The slots worth reading: one past the last that names a backend. Slots fill from the
+    /// first, so this is the number of holders unless a removed one left a gap.
+    #[inline(always)]
+    pub fn slots(&self) -> usize {
+        let mut n = PREFIX_HOLDERS;
+        while n > 0 && self.ids[n - 1] == NO_BACKEND {
+            n -= 1;
+        }
+        n
+    }
+
     /// Records `id` at tick `seen`: its own slot refreshed, else the first empty or expired
     /// slot, else (all taken by fresh holders) the slot `(id + seen) % PREFIX_HOLDERS`
     /// unless that one is exact (an exact holder is replaced only by another exact one, and

@@ -92,6 +92,9 @@ fn tenants_stay_where_their_prompt_prefix_is_cached() {
     // except the question (the last key sent) and takes the holder.
     assert_eq!(p["used"].as_u64(), Some(n - TENANTS as u64), "{p}");
     assert_eq!(p["found"].as_u64(), Some(n - TENANTS as u64), "{p}");
+    // 11 of the 12 keys sent: the kernel's search stops at the question's key, not before.
+    assert_eq!(p["keys_sent"].as_u64(), Some(12 * n), "{p}");
+    assert_eq!(p["keys_found"].as_u64(), Some(11 * (n - TENANTS as u64)), "{p}");
     assert!(p["entries"].as_u64().is_some_and(|e| e > 0), "{p}");
     assert!(p["learned"].as_u64().is_some_and(|e| e > 0), "{p}");
 

@@ -29,6 +29,9 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
     spawn_loop(ns, cg, BIG_VIP, PREFIX_TENANTS, 0, &format!("keys:{PREFIX_TENANTS}:0"));
     let st = daemon.status();
     let held_keys = format!("keys:{PREFIX_TENANTS}:0");
+    // Held up to block 15 or 8, then blocks of a prompt of the connect's own, never sent before.
+    let last_new = format!("part:{PREFIX_TENANTS}:{}:15", 20 * PREFIX_TENANTS);
+    let half_new = format!("part:{PREFIX_TENANTS}:{}:8", 40 * PREFIX_TENANTS);
     let new_keys = format!("keys:{MEASURE_CONNECTS}:{}", 10 * PREFIX_TENANTS);
     let mut rows: Vec<Row> = Vec::new();
     for (label, vip, convs, prefix) in [
@@ -41,6 +44,18 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
             0,
             held_keys.as_str(),
         ),
+        (
+            "1000 backends, no conversation, 16 prefix keys, the first 15 held (a conversation's next turn)",
+            BIG_VIP,
+            0,
+            last_new.as_str(),
+        ),
+        (
+            "1000 backends, no conversation, 16 prefix keys, the first 8 held (the search's worst case)",
+            BIG_VIP,
+            0,
+            half_new.as_str(),
+        ),
         ("1000 backends, no conversation, 16 prefix keys none held (learnt at the SYN)", BIG_VIP, 0, new_keys.as_str()),
         ("3 backends, no conversation", VIP, 0, "-"),
     ] {
@@ -52,6 +67,8 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
         "\n## connect4 run time (kernel BPF statistics)\n\n`kernel.bpf_stats_enabled=1`, average of `run_time_ns / run_cnt` \
          over {MEASURE_CONNECTS} connects per row, {AFFINITY_ENTRIES} affinity entries present (affinity hits before: {}); \
          the 1000-backend model has `prefix = \"approximate\"` and {PREFIX_BLOCKS} learnt prefix blocks (the prefix map: {}).\n\n\
+         The rows with keys never sent before learn them at the SYN: the map grows to about 150,000 blocks in the \
+         first-15 row and to its bound (262,144, least recently used out) in the first-8 and none-held rows.\n\n\
          The last column adds the setsockopt and sock_ops programs' time (tagging, in-flight \
          counting, close) per connection.\n\n| case | connect4 runs | connect4 ns per run | all ailb programs, ns per connection |\n|---|---:|---:|---:|",
         st["stats"]["affinity_hits"],
@@ -128,7 +145,8 @@ impl Drop for BpfStats {
 /// Child mode: `ailb-bench --connect-loop VIP COUNT CONVERSATIONS PREFIX` makes COUNT connects
 /// (conversation `PREFIX-<i % CONVERSATIONS>`, none when CONVERSATIONS is 0) and closes each.
 /// A PREFIX `keys:T:O` tags connect `i` instead with the 16 prefix keys of prompt `O + i % T`
-/// (16 text chunks of its own).
+/// (16 text chunks of its own); `part:T:O:H` with those of prompt `i % T`'s first `H` chunks
+/// followed by prompt `O + i`'s last `16 - H` (a prompt that shares its first `H` blocks).
 pub(crate) fn connect_loop(args: &[String]) {
     let vip: std::net::SocketAddrV4 = args[0].parse().expect("vip");
     let count: usize = args[1].parse().expect("count");
@@ -139,11 +157,21 @@ pub(crate) fn connect_loop(args: &[String]) {
         let (t, o) = r.split_once(':')?;
         Some((t.parse().ok()?, o.parse().ok()?))
     });
+    let part: Option<(usize, usize, usize)> = prefix.strip_prefix("part:").and_then(|r| {
+        let mut f = r.split(':').map(|x| x.parse::<usize>().ok());
+        Some((f.next()??, f.next()??, f.next()??))
+    });
     for i in 0..count {
         let id;
         let keys;
         let tags = if let Some((tenants, offset)) = keyed {
             keys = prompt_keys(offset + i % tenants.max(1));
+            Tags::new().prefix(&keys)
+        } else if let Some((tenants, offset, shared)) = part {
+            let mut text = prompt_text(i % tenants.max(1));
+            let chunk = ailb_common::prefix::TEXT_CHUNK_BYTES;
+            text[shared * chunk..].copy_from_slice(&prompt_text(offset + i)[shared * chunk..]);
+            keys = ailb_common::prefix::text_keys(&text);
             Tags::new().prefix(&keys)
         } else if convs > 0 {
             id = format!("{prefix}-{}", i % convs);
@@ -163,9 +191,13 @@ pub(crate) fn connect_loop(args: &[String]) {
 
 /// The 16 keys of prompt `n`: 16 text chunks that name it.
 fn prompt_keys(n: usize) -> Vec<u64> {
+    ailb_common::prefix::text_keys(&prompt_text(n))
+}
+
+/// Prompt `n`'s text: 16 text chunks that name it.
+fn prompt_text(n: usize) -> Vec<u8> {
     let chunk = ailb_common::prefix::TEXT_CHUNK_BYTES;
-    let text: Vec<u8> = format!("prompt {n} ").bytes().cycle().take(16 * chunk).collect();
-    ailb_common::prefix::text_keys(&text)
+    format!("prompt {n} ").bytes().cycle().take(16 * chunk).collect()
 }
 
 fn spawn_loop(ns: &Netns, cg: &CgroupGuard, vip: &str, count: usize, convs: usize, prefix: &str) {
