@@ -236,8 +236,8 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
     let (_, workload) = workloads().into_iter().next().expect("a workload");
     let md = report::markdown(&args, &outs, &workload);
     for row in [
-        "| ailb, prefix approximate | 70.0 % (7000 of 10000) | 6 / 50 | 0 of 20 |",
-        "| SMG cache-aware | 80.0 % (8000 of 10000) | 12 / 99 | 2 of 20 |",
+        "| ailb, prefix approximate | 70.0 % (7000 of 10000) | 70.0 % | 6 / 50 | 0 of 20 |",
+        "| SMG cache-aware | 80.0 % (8000 of 10000) | 80.0 % | 12 / 99 | 2 of 20 |",
     ] {
         assert!(md.contains(row), "{row} in {md}");
     }
@@ -328,4 +328,31 @@ fn the_real_engine_report_is_unchanged() {
     let md: String =
         md.split_inclusive('\n').filter(|l| !l.starts_with("Command: ") && !l.starts_with("Machine: ")).collect();
     check("compare-real.md", &md);
+}
+
+/// A peer that fails requests counts fewer prompt tokens: over the prompts it served its share
+/// can lead where over every prompt offered (the count of a policy that served all) it trails.
+/// The report gives both, each with its goal line.
+#[test]
+fn the_tokens_from_the_cache_over_every_prompt_offered() {
+    let with_tokens = |mut o: Outcome, hit: f64, query: f64| {
+        o.prefix_tokens = Some((hit, query));
+        o
+    };
+    let outs = vec![
+        with_tokens(outcome(Policy::AilbPrefix, 0.5, 0), 370.0, 10_000.0),
+        with_tokens(outcome(Policy::SmgCacheAware, 1.0, 9), 350.0, 7_000.0),
+    ];
+    let args = Args::parse_from(["ailb-compare", "--limit", "20"]);
+    let (_, workload) = workloads().into_iter().next().expect("a workload");
+    let md = report::markdown(&args, &outs, &workload);
+    for l in [
+        "| SMG cache-aware | 5.0 % (350 of 7000) | 3.5 % |",
+        "- prompt tokens from the cache: ailb's best 3.7 % (ailb, prefix approximate) against the best peer's 5.0 % \
+         (SMG cache-aware): 0.74x; goal >= 1.00x: not met.",
+        "- prompt tokens from the cache, over every prompt offered: ailb's best 3.7 % (ailb, prefix approximate) \
+         against the best peer's 3.5 % (SMG cache-aware): 1.06x; goal >= 1.00x: met.",
+    ] {
+        assert!(md.contains(l), "{l} in {md}");
+    }
 }
