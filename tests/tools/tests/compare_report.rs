@@ -331,10 +331,10 @@ fn the_real_engine_report_is_unchanged() {
 }
 
 /// A peer that fails requests counts fewer prompt tokens: over the prompts it served its share
-/// can lead where over every prompt offered (the count of a policy that served all) it trails.
+/// can lead where over the most prompts any policy served (here all) it trails.
 /// The report gives both, each with its goal line.
 #[test]
-fn the_tokens_from_the_cache_over_every_prompt_offered() {
+fn the_tokens_from_the_cache_over_the_most_prompts_served() {
     let with_tokens = |mut o: Outcome, hit: f64, query: f64| {
         o.prefix_tokens = Some((hit, query));
         o
@@ -350,7 +350,7 @@ fn the_tokens_from_the_cache_over_every_prompt_offered() {
         "| SMG cache-aware | 5.0 % (350 of 7000) | 3.5 % |",
         "- prompt tokens from the cache: ailb's best 3.7 % (ailb, prefix approximate) against the best peer's 5.0 % \
          (SMG cache-aware): 0.74x; goal >= 1.00x: not met.",
-        "- prompt tokens from the cache, over every prompt offered: ailb's best 3.7 % (ailb, prefix approximate) \
+        "- prompt tokens from the cache, over the most prompts served: ailb's best 3.7 % (ailb, prefix approximate) \
          against the best peer's 3.5 % (SMG cache-aware): 1.06x; goal >= 1.00x: met.",
     ] {
         assert!(md.contains(l), "{l} in {md}");

@@ -169,16 +169,17 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
     failures_against_today(s, outs);
 }
 
-/// Per policy: its prompt tokens from the cache (over the prompts it served, and over every
-/// prompt offered), TTFT and failures.
+/// Per policy: its prompt tokens from the cache (over the prompts it served, and over the most
+/// any policy served), TTFT and failures.
 fn cache_table(s: &mut String, outs: &[Outcome]) {
     let _ = writeln!(
         s,
         "\nPrompt tokens from the cache (the simulated GPUs' own counters, `prefix_hit_tokens` over \
          `prefix_query_tokens`, summed over the fleet). The GPUs count only the prompts they served, so a policy \
-         that fails requests has a smaller denominator; the second column divides by every prompt offered (the \
-         GPUs' count under a policy that served all: a failed request's prompt did not come from any cache):\n\n\
-         | policy | prompt tokens from the cache (of the prompts served) | of every prompt offered | TTFT p50 / p95 \
+         that fails requests divides by less; the second column divides every policy's cached tokens by the same \
+         count, the most prompt tokens any policy's GPUs served (every prompt offered, where a policy served all): \
+         a failed request's prompt came from no cache.\n\n\
+         | policy | prompt tokens from the cache (of the prompts served) | of the most prompts served | TTFT p50 / p95 \
          (ms) | failures |\n|---|---:|---:|---:|---:|"
     );
     let offered = offered_prompt_tokens(outs);
@@ -199,17 +200,13 @@ fn cache_table(s: &mut String, outs: &[Outcome]) {
     }
 }
 
-/// The prompt tokens of every request offered: the GPUs' count under a policy that served every
-/// request (the largest, should they differ); `None` when no policy did.
+/// The most prompt tokens any policy's GPUs served: every prompt offered, where a policy served
+/// all; `None` when no policy's GPUs were read.
 fn offered_prompt_tokens<'a>(outs: impl IntoIterator<Item = &'a Outcome>) -> Option<f64> {
-    outs.into_iter()
-        .filter(|o| o.failures() == 0)
-        .filter_map(|o| o.prefix_tokens.map(|(_, q)| q))
-        .filter(|&q| q > 0.0)
-        .max_by(f64::total_cmp)
+    outs.into_iter().filter_map(|o| o.prefix_tokens.map(|(_, q)| q)).filter(|&q| q > 0.0).max_by(f64::total_cmp)
 }
 
-/// A policy's tokens from the cache over every prompt offered.
+/// A policy's tokens from the cache over the most prompt tokens any policy served.
 fn offered_share(o: &Outcome, offered: Option<f64>) -> Option<f64> {
     let (h, _) = o.prefix_tokens?;
     offered.map(|q| h / q)
@@ -300,7 +297,7 @@ fn best_against_best_peer(s: &mut String, ailbs: &[&Outcome], peers: &[&Outcome]
         s,
         "{}",
         goal_line(
-            "prompt tokens from the cache, over every prompt offered",
+            "prompt tokens from the cache, over the most prompts served",
             best_by(ailbs, &cached_offered, true),
             best_by(peers, &cached_offered, true),
             ">= 1.00x",
