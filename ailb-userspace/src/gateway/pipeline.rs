@@ -208,7 +208,7 @@ impl Pipeline {
         let tenant = self.tenant(endpoint, &head, &fields, &client, log)?;
         // Phase **keys**: the prompt's prefix keys, for a model that sends them.
         let keys = match self.models.get(&inputs.model).and_then(|m| m.keyer.as_ref()) {
-            Some(keyer) => keyer.keys(endpoint, &fields, &bytes),
+            Some(keyer) => keyer.keys_off_thread(endpoint, &fields, &bytes).await,
             None => Vec::new(),
         };
         drop(fields);

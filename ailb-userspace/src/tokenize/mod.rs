@@ -176,4 +176,4 @@ impl ChatTokenizer {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -64,7 +64,8 @@ fn config(template: serde_json::Value) -> Vec<u8> {
     .expect("json")
 }
 
-fn fixture() -> ChatTokenizer {
+/// A chat tokenizer of the fixture's words and template (also for the front door's key tests).
+pub(crate) fn fixture() -> ChatTokenizer {
     ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(json!(TEMPLATE)), None).expect("fixture loads")
 }
 
