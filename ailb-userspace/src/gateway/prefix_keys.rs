@@ -65,9 +65,7 @@ impl Keyer {
         };
         all.map(|k| ailb_common::prefix::sent(&k).map(|(_, key)| key).collect()).unwrap_or_default()
     }
-}
 
-impl Keyer {
     /// [`Self::keys`] for a request whose body is `body`, off the worker's thread where the
     /// keys are token-exact. Tokenizing a long prompt takes milliseconds (about 18 ms for a
     /// 15,000-token chat on this project's CI machine), and a front-door worker serves all its
