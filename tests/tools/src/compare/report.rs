@@ -274,6 +274,9 @@ fn goal_line(
     }
 }
 
+/// A figure read from one policy's outcome.
+type Measure<'a> = dyn Fn(&Outcome) -> Option<f64> + 'a;
+
 /// ailb's best rows against the best peer's: the prompt tokens from the cache, over the prompts
 /// each served and over the same count for all (at least as many), and TTFT P95 (at most 0.8 x).
 fn best_against_best_peer(s: &mut String, ailbs: &[&Outcome], peers: &[&Outcome]) {
@@ -282,7 +285,7 @@ fn best_against_best_peer(s: &mut String, ailbs: &[&Outcome], peers: &[&Outcome]
     let same_count = |o: &Outcome| share_of_most_served(o, most);
     let ttft = |o: &Outcome| o.pct("ttft_ms", "p95");
     let _ = writeln!(s, "\nailb's best against the best peer's:\n");
-    let shares: [(&str, &dyn Fn(&Outcome) -> Option<f64>); 2] = [
+    let shares: [(&str, &Measure); 2] = [
         ("prompt tokens from the cache", &served),
         ("prompt tokens from the cache, over the most prompts served", &same_count),
     ];
