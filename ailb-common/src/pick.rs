@@ -65,15 +65,35 @@ pub trait PickMaps {
     /// prefix keys and the model has a prefix mode).
     fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders>;
 
-    /// The prefix step's search over `keys` ([`Search`]), at most [`SEARCH_STEPS`]
-    /// steps; `lo` of the result is the number of keys held. The default is a plain loop; the
-    /// eBPF side runs the steps through `bpf_loop`.
+    /// Whether block `key` of `model` may be in `AILB_PREFIX`: false only if it is not
+    /// (`AILB_PREFIX_FILTER`, a superset of the map's keys). The default has no filter.
+    #[inline(always)]
+    fn prefix_maybe_held(&self, _model: u32, _key: u64) -> bool {
+        true
+    }
+
+    /// The prefix step's search over `keys`; `lo` of the result is the number of keys held.
+    /// Two [`Search`]es of at most [`SEARCH_STEPS`] steps each: the first over the filter
+    /// ([`Self::prefix_maybe_held`], no map lookup; the first key, then from the end,
+    /// [`Search::after_first`]), which ends at or after the held run's end, the second over
+    /// the map, in the keys before that end. Without false positives
+    /// the second takes one lookup (the run's last key), or none when the filter holds no
+    /// key. The default is a plain loop; the eBPF side runs the steps through `bpf_loop`.
     #[inline(always)]
     fn prefix_search(&self, c: &PrefixCtx, keys: &[u64]) -> Search
     where
         Self: Sized,
     {
-        let mut s = Search::new(keys.len() as u32);
+        let first = keys.first().is_some_and(|&k| self.prefix_maybe_held(c.model, k));
+        let mut f = Search::after_first(keys.len() as u32, first);
+        let mut i = 0;
+        while i < SEARCH_STEPS {
+            let Some(mid) = f.mid() else { break };
+            let Some(&key) = keys.get(mid as usize) else { break };
+            f.record(mid, self.prefix_maybe_held(c.model, key));
+            i += 1;
+        }
+        let mut s = Search::new(f.lo);
         let mut i = 0;
         while i < SEARCH_STEPS {
             if !s.step(self, c, keys) {
@@ -169,6 +189,8 @@ pub struct VecMaps {
     pub members: Vec<u32>,
     /// `AILB_PREFIX`: `(model, key) -> holders`.
     pub prefix: std::collections::BTreeMap<(u32, u64), PrefixHolders>,
+    /// `AILB_PREFIX_FILTER` as the keys that test positive; `None`: no filter.
+    pub prefix_filter: Option<std::collections::BTreeSet<(u32, u64)>>,
 }
 
 #[cfg(feature = "std")]
@@ -209,6 +231,7 @@ impl VecMaps {
             members: (0..n as u32).collect(),
             backends,
             prefix: Default::default(),
+            prefix_filter: None,
         };
         (maps, state)
     }
@@ -233,6 +256,9 @@ impl PickMaps for VecMaps {
     }
     fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders> {
         self.prefix.get(&(model, key))
+    }
+    fn prefix_maybe_held(&self, model: u32, key: u64) -> bool {
+        self.prefix_filter.as_ref().is_none_or(|f| f.contains(&(model, key)))
     }
 }
 

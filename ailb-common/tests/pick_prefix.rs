@@ -43,6 +43,9 @@ impl PickMaps for Fleet {
         self.lookups.set(self.lookups.get() + 1);
         self.maps.prefix_holders(model, key)
     }
+    fn prefix_maybe_held(&self, model: u32, key: u64) -> bool {
+        self.maps.prefix_maybe_held(model, key)
+    }
 }
 
 impl Fleet {
@@ -400,5 +403,124 @@ proptest! {
         let d = n - found;
         let bound = 2 * (u32::BITS - d.leading_zeros()) + 1;
         prop_assert!(lookups <= bound, "{} lookups for {} of {} keys (bound {})", lookups, found, n, bound);
+    }
+}
+
+/// The map's keys as the filter's: exactly the keys held, no false positive.
+fn exact_filter(f: &mut Fleet) {
+    f.maps.prefix_filter = Some(f.maps.prefix.keys().copied().collect());
+}
+
+#[test]
+fn with_the_filter_the_search_looks_up_one_key_or_none() {
+    let p: Vec<u8> = (0..16 * 64).map(|i| b'a' + (i % 23) as u8).collect();
+    let all = text_keys(&p);
+    let keys = sent_keys(&p);
+    assert_eq!(keys.len(), 16);
+    // (blocks held, keys found, map lookups: the search's and the choice's read).
+    for (held, found, lookups) in [(16, 16, 2), (15, 15, 2), (8, 8, 2), (1, 1, 2), (0, 0, 0)] {
+        let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+        f.hold(1, &all[..held], PREFIX_SEEN_EXACT);
+        exact_filter(&mut f);
+        let r = f.pick(&keys);
+        assert_eq!(r.prefix.found, found, "{held} blocks held");
+        assert_eq!(f.lookups.get(), lookups, "{held} blocks held");
+        if found > 0 {
+            assert_eq!(r.backend, 1);
+        }
+    }
+}
+
+#[test]
+fn a_key_that_tests_positive_without_being_held_costs_lookups_not_the_answer() {
+    let p: Vec<u8> = (0..16 * 64).map(|i| b'a' + (i % 23) as u8).collect();
+    let all = text_keys(&p);
+    let keys = sent_keys(&p);
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    f.hold(1, &all[..8], PREFIX_SEEN_EXACT);
+    exact_filter(&mut f);
+    // Blocks 8..16 were held and evicted since the filter's last rebuild.
+    f.maps.prefix_filter.as_mut().unwrap().extend(all[8..].iter().map(|&k| (MODEL, k)));
+    let r = f.pick(&keys);
+    assert_eq!((r.backend, r.prefix.found), (1, 8));
+    // The filter sends the search to key 15; the map search from there takes its 8 steps.
+    assert_eq!(f.lookups.get(), 8 + 1);
+}
+
+proptest! {
+    /// With a filter that holds every held key and any others (positives of keys never held,
+    /// or held and removed since), the search finds what it finds without one, in at most
+    /// `SEARCH_STEPS` map lookups; with an exact filter, in at most one.
+    #[test]
+    fn the_filter_never_changes_what_the_search_finds(
+        blocks in 1usize..200,
+        held in 0usize..200,
+        extra in proptest::collection::vec(0usize..200, 0..6),
+    ) {
+        let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+        let p: Vec<u8> = (0..blocks * 64).map(|i| (i * 7 % 251) as u8).collect();
+        let all = text_keys(&p);
+        f.hold(0, &all[..held.min(blocks)], PREFIX_SEEN_EXACT);
+        let keys: Vec<u64> = sent(&all).map(|(_, k)| k).collect();
+        let plain = f.pick(&keys);
+        exact_filter(&mut f);
+        let exact = f.pick(&keys);
+        prop_assert_eq!(exact.prefix, plain.prefix);
+        prop_assert!(f.lookups.get() <= 2, "{} lookups with an exact filter", f.lookups.get());
+        for e in extra {
+            f.maps.prefix_filter.as_mut().unwrap().insert((MODEL, all[e % blocks]));
+        }
+        let loose = f.pick(&keys);
+        prop_assert_eq!(loose.prefix, plain.prefix);
+        prop_assert!(f.lookups.get() <= ailb_common::pick::SEARCH_STEPS + 1);
+    }
+}
+
+#[test]
+fn a_key_sets_three_bits_in_one_line_within_the_generation() {
+    use ailb_common::{filter_entries, filter_lines, FilterLine, FilterProbe, DEFAULT_PREFIX_ENTRIES};
+    let lines = filter_lines(DEFAULT_PREFIX_ENTRIES);
+    // 12 bits per entry: 262,144 entries in 6,144 lines of 512 bits (384 KiB a generation).
+    assert_eq!(lines, 6_144);
+    assert_eq!(filter_entries(lines), 12_289);
+    let mut line = FilterLine::default();
+    let mut used = std::collections::BTreeSet::new();
+    for key in 1..=2_000u64 {
+        let p = FilterProbe::new(MODEL, key.wrapping_mul(0x9e37_79b9_7f4a_7c15), lines);
+        assert!(p.line < lines);
+        assert!(p.entry(lines, 0) >= 1 && p.entry(lines, 1) == p.entry(lines, 0) + lines);
+        used.insert(p.line);
+        if key == 1 {
+            assert!(!line.holds(&p));
+            line.add(&p);
+            assert!(line.holds(&p));
+            let bits: u32 = line.words.iter().map(|w| w.count_ones()).sum();
+            assert!((1..=3).contains(&bits));
+        }
+    }
+    // 2,000 keys spread over most of the lines, not a few.
+    assert!(used.len() > 1_500, "{} lines used", used.len());
+    // Another model's same key is elsewhere.
+    assert_ne!(FilterProbe::new(1, 42, lines), FilterProbe::new(2, 42, lines));
+}
+
+#[test]
+fn the_filter_search_after_the_first_key_finds_every_run_within_the_steps() {
+    for n in 0..=16u32 {
+        for found in 0..=n {
+            let mut s = ailb_common::pick::Search::after_first(n, found > 0);
+            let mut probes = 0;
+            while let Some(mid) = s.mid() {
+                assert!(mid > 0 && mid < n, "probe {mid} of {n} keys (key 0 is checked before)");
+                probes += 1;
+                s.record(mid, mid < found);
+            }
+            assert_eq!(s.lo, found, "{found} of {n}");
+            assert!(probes <= ailb_common::pick::SEARCH_STEPS, "{probes} probes for {found} of {n}");
+            // Nothing held: the first key's probe alone.
+            if found == 0 {
+                assert_eq!(probes, 0);
+            }
+        }
     }
 }

@@ -3,8 +3,8 @@
 
 use core::{
     ffi::c_void,
-    intrinsics::{atomic_xadd, AtomicOrdering},
-    ptr::{self, addr_of},
+    intrinsics::{atomic_or, atomic_xadd, AtomicOrdering},
+    ptr::{self, addr_of, addr_of_mut},
 };
 
 use ailb_common::{
@@ -13,7 +13,7 @@ use ailb_common::{
     prefix::PREFIX_KEYS_MAX,
 };
 use aya_ebpf::{
-    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    bindings::{BPF_F_MMAPABLE, BPF_SK_STORAGE_GET_F_CREATE},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     helpers::generated::{bpf_ktime_get_ns, bpf_sk_storage_get},
     macros::btf_map,
@@ -58,6 +58,14 @@ pub(crate) static AILB_PREFIX: LruHashMap<PrefixKey, PrefixHolders, { DEFAULT_PR
     LruHashMap::new();
 #[btf_map]
 pub(crate) static AILB_SOCK_PREFIX: SkStorage<SockPrefix> = SkStorage::new();
+/// Mmapable, so that the daemon sets and clears bits with atomic operations of its own rather
+/// than a read and a write that could lose the kernel's bits set between them.
+#[btf_map]
+pub(crate) static AILB_PREFIX_FILTER: Array<
+    FilterLine,
+    { DEFAULT_FILTER_ENTRIES as usize },
+    { BPF_F_MMAPABLE as usize },
+> = Array::new();
 /// A CPU's prefix keys and prefix step state ([`PrefixScratch`]).
 #[btf_map]
 pub(crate) static AILB_PREFIX_SCRATCH: PerCpuArray<PrefixScratch, 1> = PerCpuArray::new();
@@ -85,6 +93,8 @@ pub(crate) struct PrefixScratch {
     pub(crate) holders: PrefixHolders,
     pub(crate) slots: u32,
     pub(crate) choose: Choose,
+    /// Lookups in the map by this search (`PrefixStats::map_lookups`).
+    pub(crate) map_lookups: u32,
 }
 
 /// The current CPU's global counters.
@@ -225,4 +235,63 @@ pub(crate) fn uncount(sock: &mut SockState) {
         }
     }
     sock.counted_mem_mb = 0;
+}
+
+/// The filter's header: lines per generation and the generation read; `None` when the
+/// filter is off (no lines).
+#[inline(always)]
+fn filter_header() -> Option<(u32, u32)> {
+    let h = AILB_PREFIX_FILTER.get_ptr(0)?;
+    // SAFETY: a non-null array map value pointer; aligned u64 loads are atomic on BPF.
+    let (lines, current) =
+        unsafe { (ptr::read_volatile(addr_of!((*h).words[0])), ptr::read_volatile(addr_of!((*h).words[1]))) };
+    if lines == 0 || lines > u32::MAX as u64 / 2 {
+        return None;
+    }
+    Some((lines as u32, current as u32 & 1))
+}
+
+/// Whether block `key` of `model` may be in `AILB_PREFIX` (`AILB_PREFIX_FILTER`); true when
+/// the filter is off.
+#[inline(always)]
+pub(crate) fn prefix_maybe_held(model: u32, key: u64) -> bool {
+    let Some((lines, current)) = filter_header() else {
+        return true;
+    };
+    let p = FilterProbe::new(model, key, lines);
+    match AILB_PREFIX_FILTER.get_ptr(p.entry(lines, current)) {
+        // SAFETY: a non-null array map value pointer; bits only ever get set while the search
+        // reads a generation, so a torn read can only miss a bit set meanwhile.
+        Some(l) => unsafe { &*l }.holds(&p),
+        None => true,
+    }
+}
+
+/// Sets block `key` of `model`'s bits in both generations of `AILB_PREFIX_FILTER`.
+#[inline(always)]
+pub(crate) fn prefix_filter_add(model: u32, key: u64) {
+    let Some((lines, _)) = filter_header() else {
+        return;
+    };
+    let p = FilterProbe::new(model, key, lines);
+    let mut g = 0;
+    while g < 2 {
+        if let Some(l) = AILB_PREFIX_FILTER.get_ptr_mut(p.entry(lines, g)) {
+            let mut j = 0;
+            while j < FILTER_KEY_BITS {
+                // SAFETY: an aligned u64 of an array map value; every writer (this program on
+                // other CPUs, the daemon through its mapping) sets bits atomically. Read
+                // first: a line whose bits are set already is not written (not dirtied in
+                // other CPUs' caches).
+                unsafe {
+                    let w = addr_of_mut!((*l).words).cast::<u64>().add(p.word[j] as usize & (FILTER_LINE_WORDS - 1));
+                    if ptr::read_volatile(w) & p.mask[j] == 0 {
+                        atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, p.mask[j]);
+                    }
+                }
+                j += 1;
+            }
+        }
+        g += 1;
+    }
 }

@@ -73,6 +73,11 @@ impl PickMaps for Maps {
         AILB_PREFIX.get_ptr(PrefixKey { model, _pad: 0, key }).map(|p| unsafe { &*p })
     }
 
+    #[inline(always)]
+    fn prefix_maybe_held(&self, model: u32, key: u64) -> bool {
+        crate::maps::prefix_maybe_held(model, key)
+    }
+
     /// The prefix step, its loops run by `bpf_loop` over state kept in this CPU's
     /// `AILB_PREFIX_SCRATCH` slot ([`crate::prefix`]).
     #[inline(always)]
@@ -95,7 +100,7 @@ impl PickMaps for Maps {
     }
 }
 
-/// The kernel's prefix step (`PickMaps::prefix_step`): the binary search and the choice
+/// The kernel's prefix step (`PickMaps::prefix_step`): the searches and the choice
 /// among the longest prefix's holders, each a `bpf_loop` over the slot's state, and the
 /// verdict counted. The holder chosen, or [`NO_BACKEND`], and the memory it was asked for (the
 /// request's uncached share, [`uncached_need`]).
@@ -106,11 +111,23 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     };
     crate::prefix::stage(s, keys);
     s.c = *c;
-    s.search = Search::new(s.count);
+    let first = s.count > 0 && crate::maps::prefix_maybe_held(c.model, s.keys[0]);
+    s.search = Search::after_first(s.count, first);
     s.slots = 0;
     s.choose = Choose::new();
+    s.map_lookups = 0;
     let mut unused = 0u64;
-    // SAFETY: `search_step` has the callback signature bpf_loop expects and ignores its context.
+    // SAFETY: `filter_step` and `search_step` have the callback signature bpf_loop expects
+    // and ignore their context.
+    unsafe {
+        bpf_loop(SEARCH_STEPS, filter_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
+    }
+    let Some(s) = crate::prefix::scratch() else {
+        return (NO_BACKEND, 0);
+    };
+    // The map search, in the keys before the end the filter found (`PickMaps::prefix_search`).
+    s.search = Search::new(s.search.lo);
+    // SAFETY: as above.
     unsafe {
         bpf_loop(SEARCH_STEPS, search_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
     }
@@ -130,11 +147,25 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     let Some(s) = crate::prefix::scratch() else {
         return (NO_BACKEND, 0);
     };
-    crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose));
+    crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose), s.map_lookups);
     (s.choose.chosen, s.c.required_mem_mb)
 }
 
-/// `bpf_loop` callback: one step of the binary search.
+/// `bpf_loop` callback: one step of the search over the filter.
+#[inline(never)]
+extern "C" fn filter_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = crate::prefix::scratch() else {
+        return 1;
+    };
+    let Some(mid) = s.search.mid() else {
+        return 1;
+    };
+    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
+    s.search.record(mid, crate::maps::prefix_maybe_held(s.c.model, key));
+    0
+}
+
+/// `bpf_loop` callback: one step of the search over the map.
 #[inline(never)]
 extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
     let Some(s) = crate::prefix::scratch() else {
@@ -145,6 +176,7 @@ extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
     };
     // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
     let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
+    s.map_lookups += 1;
     // `held`, keeping the entry: the last one found held is the longest prefix's, which the
     // choice reads (each lookup of this search is a likely cache miss in a big map).
     let held = match Maps.prefix_holders(s.c.model, key) {

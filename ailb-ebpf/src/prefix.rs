@@ -134,6 +134,8 @@ extern "C" fn learn_key(index: u64, ctx: *mut c_void) -> i64 {
     };
     let k = s.keys[index as usize & (PREFIX_KEYS_MAX - 1)];
     let key = PrefixKey { model: ctx.model, _pad: 0, key: k };
+    // Before the entry: a search that finds the key in the filter then finds it in the map.
+    crate::maps::prefix_filter_add(ctx.model, k);
     match AILB_PREFIX.get_ptr_mut(key) {
         Some(p) => {
             // SAFETY: a non-null LRU hash value pointer, valid for this run (RCU). Another
@@ -160,7 +162,7 @@ extern "C" fn learn_key(index: u64, ctx: *mut c_void) -> i64 {
 /// Counts a prefix search's verdict in the model's counters. Branch-free: a `match` on the
 /// verdict became a computed field offset the verifier could not bound.
 #[inline(always)]
-pub(crate) fn count(model: u32, v: &PrefixVerdict) {
+pub(crate) fn count(model: u32, v: &PrefixVerdict, map_lookups: u32) {
     if model >= MAX_MODELS {
         return;
     }
@@ -175,6 +177,7 @@ pub(crate) fn count(model: u32, v: &PrefixVerdict) {
     s.used += u64::from(v.usage == PrefixUse::Used);
     s.overruled_load += u64::from(v.usage == PrefixUse::OverruledLoad);
     s.overruled_memory += u64::from(v.usage == PrefixUse::OverruledMemory);
+    s.map_lookups += map_lookups as u64;
 }
 
 /// Counts a key learnt for a model (in the learning callback itself: a count carried in the

@@ -34,8 +34,10 @@ pub const PREFIX: &str = "AILB_PREFIX";
 pub const SOCK_PREFIX: &str = "AILB_SOCK_PREFIX";
 /// The prefix search's counters per model (per-CPU, [`super::PrefixStats`]).
 pub const PREFIX_STATS: &str = "AILB_PREFIX_STATS";
+/// A Bloom filter over `AILB_PREFIX`'s keys ([`super::FilterLine`], mmapable array).
+pub const PREFIX_FILTER: &str = "AILB_PREFIX_FILTER";
 /// Every map the daemon pins, in the order teardown removes them.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 25] = [
     SERVICES,
     SERVICES6,
     BACKENDS,
@@ -60,4 +62,5 @@ pub const ALL: [&str; 24] = [
     PREFIX,
     SOCK_PREFIX,
     PREFIX_STATS,
+    PREFIX_FILTER,
 ];

@@ -217,6 +217,10 @@ pub struct PrefixStats {
     pub overruled_memory: u64,
     /// Keys recorded for the chosen backend (approximate mode).
     pub learned: u64,
+    /// Lookups in the prefix map by the searches: with the filter ([`FilterLine`]), one per
+    /// search that found some key may be held, plus one per key that tested positive
+    /// without being held.
+    pub map_lookups: u64,
 }
 
 impl PrefixStats {
@@ -230,5 +234,120 @@ impl PrefixStats {
         self.overruled_load += o.overruled_load;
         self.overruled_memory += o.overruled_memory;
         self.learned += o.learned;
+        self.map_lookups += o.map_lookups;
     }
 }
+
+/// Words in one [`FilterLine`]: 512 bits, one cache line.
+pub const FILTER_LINE_WORDS: usize = 8;
+/// Bits a key sets in its line of `AILB_PREFIX_FILTER`.
+pub const FILTER_KEY_BITS: usize = 3;
+/// Filter bits per prefix-map entry: with 3 bits per key in 512-bit lines, about 1.1 % of keys
+/// never stored test positive while the map is full (keys spread over lines as Poisson
+/// draws), and fewer while it fills.
+pub const FILTER_BITS_PER_ENTRY: u64 = 12;
+
+/// One entry of `AILB_PREFIX_FILTER`, a blocked Bloom filter over the keys of `AILB_PREFIX`.
+///
+/// Why: a lookup in a big `AILB_PREFIX` is likely a cache and TLB miss (about 300 ns on the CI
+/// machine), and the search probes up to 8 keys per connect. The filter takes about 1.5 bytes
+/// per map entry, a key's bits all in one line, so the search probes it instead, then looks
+/// up only the key where the held run seems to end; only a key that tests positive without
+/// being held costs more lookups.
+///
+/// Entry 0 is the header ([`FilterLine::header`]): the lines per generation (0: no filter,
+/// every key may be held) and the generation the search reads. Line `i` of generation `g`
+/// is entry `1 + g * lines + i`. Every writer sets a key's bits in both generations (the
+/// kernel when a connect learns a key, the daemon when an engine reports a block stored),
+/// so the filter never misses a key the map holds. Bits are not cleared where the search
+/// reads: the daemon rebuilds the other generation from the map's keys and then makes it
+/// the current one, so that keys the map evicted or removed stop testing positive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FilterLine {
+    pub words: [u64; FILTER_LINE_WORDS],
+}
+
+impl FilterLine {
+    /// The header: `lines` per generation, generation `current` (0 or 1) read.
+    pub const fn header(lines: u32, current: u32) -> Self {
+        let mut words = [0; FILTER_LINE_WORDS];
+        words[0] = lines as u64;
+        words[1] = (current & 1) as u64;
+        Self { words }
+    }
+
+    /// Whether every bit of `p` is set.
+    #[inline(always)]
+    pub fn holds(&self, p: &FilterProbe) -> bool {
+        let mut j = 0;
+        while j < FILTER_KEY_BITS {
+            if self.words[p.word[j] as usize & (FILTER_LINE_WORDS - 1)] & p.mask[j] == 0 {
+                return false;
+            }
+            j += 1;
+        }
+        true
+    }
+
+    /// Sets every bit of `p`.
+    pub fn add(&mut self, p: &FilterProbe) {
+        for j in 0..FILTER_KEY_BITS {
+            self.words[p.word[j] as usize & (FILTER_LINE_WORDS - 1)] |= p.mask[j];
+        }
+    }
+}
+
+/// Where key `key` of `model` is in `AILB_PREFIX_FILTER`: the line within a generation, and
+/// the word and mask of each of its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FilterProbe {
+    pub line: u32,
+    pub word: [u8; FILTER_KEY_BITS],
+    pub mask: [u64; FILTER_KEY_BITS],
+}
+
+impl FilterProbe {
+    /// The probe of `key` of `model` in generations of `lines` lines (`lines > 0`). Block keys
+    /// are hashes already; the model is mixed in and the result scrambled once more, so that
+    /// the line (the high half) and the bits (the low 27 bits) are independent.
+    #[inline(always)]
+    pub const fn new(model: u32, key: u64, lines: u32) -> Self {
+        let mut h = key ^ (model as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        let line = (((h >> 32) * lines as u64) >> 32) as u32;
+        let mut word = [0u8; FILTER_KEY_BITS];
+        let mut mask = [0u64; FILTER_KEY_BITS];
+        let mut j = 0;
+        while j < FILTER_KEY_BITS {
+            let bit = (h >> (9 * j)) & 511;
+            word[j] = (bit >> 6) as u8;
+            mask[j] = 1 << (bit & 63);
+            j += 1;
+        }
+        Self { line, word, mask }
+    }
+
+    /// Its entry in generation `generation` of a filter of `lines` lines per generation.
+    #[inline(always)]
+    pub const fn entry(&self, lines: u32, generation: u32) -> u32 {
+        1 + (generation & 1) * lines + self.line
+    }
+}
+
+/// Lines per generation of the filter for a prefix map of `prefix_entries` entries.
+pub const fn filter_lines(prefix_entries: u32) -> u32 {
+    (prefix_entries as u64 * FILTER_BITS_PER_ENTRY).div_ceil(FILTER_LINE_WORDS as u64 * 64) as u32
+}
+
+/// Entries of `AILB_PREFIX_FILTER` for `lines` lines per generation: the header and two
+/// generations.
+pub const fn filter_entries(lines: u32) -> u32 {
+    1 + 2 * lines
+}
+
+/// Default `AILB_PREFIX_FILTER` size (the daemon sets it at load from `[limits]
+/// prefix_entries`).
+pub const DEFAULT_FILTER_ENTRIES: u32 = filter_entries(filter_lines(DEFAULT_PREFIX_ENTRIES));

@@ -13,7 +13,8 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<PrefixKey>(), 16);
     assert_eq!(size_of::<PrefixHolders>(), 64);
     assert_eq!(size_of::<SockPrefix>(), 8 + 16 * 8);
-    assert_eq!(size_of::<PrefixStats>(), 8 * 8);
+    assert_eq!(size_of::<PrefixStats>(), 9 * 8);
+    assert_eq!(size_of::<FilterLine>(), 64);
     assert_eq!(size_of::<AffinityKey>(), 16);
     assert_eq!(size_of::<AffinityValue>(), 16);
     assert_eq!(size_of::<SockState>(), 40);

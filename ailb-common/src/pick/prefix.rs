@@ -183,6 +183,19 @@ impl Search {
         Self { lo: 0, hi: n, end: n, gap: 1 }
     }
 
+    /// A search over `n` keys whose first key was checked already: over none if it is not
+    /// held, else from the end of the keys with key 0 known held. The filter's search starts
+    /// so ([`PickMaps::prefix_search`]): a prompt nobody holds, the commonest kind, then costs
+    /// one probe instead of five.
+    #[inline(always)]
+    pub fn after_first(n: u32, first_held: bool) -> Self {
+        let mut s = Self::new(if first_held { n } else { 0 });
+        if s.hi > 0 {
+            s.lo = 1;
+        }
+        s
+    }
+
     /// One step: the key to look up next, or `None` when the search is over.
     #[inline(always)]
     pub fn mid(&self) -> Option<u32> {

@@ -295,7 +295,7 @@ fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncod
         with_mode().map(|m| (m.name.clone(), m.prefix.entries as f64)),
     )?;
     type Field = fn(&crate::datapath::prefix::PrefixStatsView) -> u64;
-    let counters: [(&str, &str, Field); 7] = [
+    let counters: [(&str, &str, Field); 8] = [
         ("ailb_prefix_lookups", "Connects that carried prefix keys to a model with a prefix mode", |s| s.lookups),
         ("ailb_prefix_found", "Of those, the ones whose first key some backend holds", |s| s.found),
         ("ailb_prefix_used", "A holder of the longest cached prefix could take the request", |s| s.used),
@@ -313,6 +313,11 @@ fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncod
             |s| s.keys_found,
         ),
         ("ailb_prefix_keys_sent", "Keys the connects carried, summed", |s| s.keys_sent),
+        (
+            "ailb_prefix_map_lookups",
+            "Lookups in the prefix map by the searches (over lookups: the cost the filter leaves)",
+            |s| s.map_lookups,
+        ),
     ];
     for (name, help, field) in counters {
         let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;

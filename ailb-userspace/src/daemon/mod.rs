@@ -296,6 +296,10 @@ impl Daemon {
         // The static source is read at start and on reload only.
         const NEVER: Duration = Duration::from_secs(86_400);
         let mut next_read = tokio::time::Instant::now() + self.source.poll_interval().unwrap_or(NEVER);
+        // The prefix filter's rebuilds, on a blocking thread (a scan of the prefix map).
+        let filter = crate::datapath::prefix_filter::PrefixFilter::open(&self.writer.maps().dir).ok();
+        let mut since_rebuild = 0u64;
+        let mut rebuild: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let poll = self.source.poll_interval();
             tokio::select! {
@@ -323,6 +327,15 @@ impl Daemon {
                     if poll.is_some() {
                         self.metrics.discovery_stale_seconds.set(self.last_ok.elapsed().as_secs_f64());
                     }
+                    since_rebuild += 1;
+                    let fill = filter.as_ref().map_or(0.0, |f| f.fill());
+                    let due = since_rebuild >= FILTER_REBUILD_TICKS
+                        || (since_rebuild >= FILTER_REBUILD_MIN_TICKS && fill > FILTER_REBUILD_FILL);
+                    if filter.is_some() && due && rebuild.as_ref().is_none_or(|r| r.is_finished()) {
+                        since_rebuild = 0;
+                        let dir = self.writer.maps().dir.clone();
+                        rebuild = Some(tokio::task::spawn_blocking(move || rebuild_filter(&dir, fill)));
+                    }
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
@@ -330,6 +343,37 @@ impl Daemon {
         }
         info!("exiting; programs and maps stay pinned and keep routing (fail-static). `ailb teardown` removes them");
         Ok(())
+    }
+}
+
+/// Housekeeping ticks (seconds) between rebuilds of the prefix filter. Until a rebuild, a block
+/// evicted or removed from the prefix map keeps testing positive in the filter, and a search
+/// that meets it looks it up in the map.
+const FILTER_REBUILD_TICKS: u64 = 30;
+/// The share of the filter's bits set beyond which it is rebuilt sooner: where connects learn
+/// new keys fast, the map evicts as fast, and the evicted keys' bits fill the filter. A map
+/// full of keys sets 22 % of the bits (absent keys then test positive 1.1 % of the time); at
+/// 30 %, 2.7 %.
+const FILTER_REBUILD_FILL: f64 = 0.30;
+/// But not more often than this (a rebuild scans the map: 320 ms for 262,000 entries on the CI
+/// machine, `ailb-bench --bpf-only`).
+const FILTER_REBUILD_MIN_TICKS: u64 = 5;
+
+/// Rebuilds the prefix filter pinned in `dir` from its map's keys (its bits were `fill` set).
+fn rebuild_filter(dir: &std::path::Path, fill: f64) {
+    match crate::datapath::prefix::PrefixMap::open(dir) {
+        Ok(map) => {
+            let started = Instant::now();
+            let keys = map.rebuild_filter();
+            tracing::debug!(
+                keys,
+                fill_before = fill,
+                fill = map.filter().fill(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "prefix filter rebuilt"
+            );
+        }
+        Err(e) => error!(error = %crate::error_chain(&e), "prefix filter: opening the prefix map to rebuild it"),
     }
 }
 

@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ailb_common::{maps, programs, ABI_VERSION, MEMBER_CHUNK, TABLE_CHUNK};
+use ailb_common::{filter_entries, filter_lines, maps, programs, ABI_VERSION, MEMBER_CHUNK, TABLE_CHUNK};
 use aya::{
     programs::{CgroupSockAddr, CgroupSockopt, SockOps},
     Btf, Ebpf, EbpfLoader,
@@ -207,9 +207,14 @@ fn load(dir: &Path, limits: &ArenaLimits) -> Result<Opened, DatapathError> {
         .map_max_entries(maps::TABLES, limits.table_slots / TABLE_CHUNK)
         .map_max_entries(maps::MEMBERS, limits.member_slots / MEMBER_CHUNK)
         .map_max_entries(maps::PREFIX, limits.prefix_entries)
+        .map_max_entries(maps::PREFIX_FILTER, filter_entries(filter_lines(limits.prefix_entries)))
         .load(OBJECT)
         .map_err(|e| DatapathError::Load(Box::new(e)))?;
-    match pin_maps(&ebpf, dir) {
+    let pinned = pin_maps(&ebpf, dir).and_then(|maps| {
+        super::prefix_filter::PrefixFilter::open(dir)?.init(filter_lines(limits.prefix_entries))?;
+        Ok(maps)
+    });
+    match pinned {
         Ok(maps) => {
             info!(dir = %dir.display(), "loaded eBPF object and pinned maps");
             Ok(Opened { maps, attach: Attach { dir: dir.to_path_buf(), pending: Some(ebpf) } })

@@ -17,6 +17,7 @@ pub mod load;
 pub mod memory;
 pub mod model_load;
 pub mod prefix;
+pub mod prefix_filter;
 mod settings;
 pub mod status;
 mod store;

@@ -14,7 +14,7 @@ use ailb_common::{maps, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFI
 use aya::maps::{HashMap, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 
-use super::{map_err, DatapathError};
+use super::{map_err, prefix_filter::PrefixFilter, DatapathError};
 
 /// Which kernel ids a model's backends have now: `(model name, address) -> (model index,
 /// backend id)`. The writer replaces it after each plan it writes; the KV-event feed reads it.
@@ -59,10 +59,11 @@ pub struct PrefixApplied {
     pub full: u64,
 }
 
-/// The pinned `AILB_PREFIX` and `AILB_PREFIX_STATS`.
+/// The pinned `AILB_PREFIX`, `AILB_PREFIX_STATS` and `AILB_PREFIX_FILTER`.
 pub struct PrefixMap {
     map: HashMap<MapData, PrefixKey, PrefixHolders>,
     stats: PerCpuArray<MapData, PrefixStats>,
+    filter: PrefixFilter,
 }
 
 fn open_map(dir: &Path, name: &str) -> Result<aya::maps::Map, DatapathError> {
@@ -76,7 +77,18 @@ impl PrefixMap {
         Ok(Self {
             map: open_map(dir, maps::PREFIX)?.try_into().map_err(map_err(maps::PREFIX))?,
             stats: open_map(dir, maps::PREFIX_STATS)?.try_into().map_err(map_err(maps::PREFIX_STATS))?,
+            filter: PrefixFilter::open(dir)?,
         })
+    }
+
+    /// Rebuilds the filter from the map's keys ([`PrefixFilter::rebuild`]); returns the keys.
+    pub fn rebuild_filter(&self) -> usize {
+        self.filter.rebuild(self.map.keys().filter_map(Result::ok).map(|k| (k.model, k.key)))
+    }
+
+    /// The filter.
+    pub fn filter(&self) -> &PrefixFilter {
+        &self.filter
     }
 
     fn get(&self, key: &PrefixKey) -> Result<Option<PrefixHolders>, DatapathError> {
@@ -95,6 +107,7 @@ impl PrefixMap {
             let k = PrefixKey { model, _pad: 0, key };
             let current = self.get(&k)?;
             if held {
+                self.filter.add(model, key);
                 let mut h = current.unwrap_or(PrefixHolders::EMPTY);
                 if h.record(id, PREFIX_SEEN_EXACT, 0, 0) {
                     self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
@@ -202,6 +215,8 @@ pub struct PrefixStatsView {
     pub keys_sent: u64,
     pub keys_found: u64,
     pub learned: u64,
+    /// Lookups in the map by the searches (the filter spares the others).
+    pub map_lookups: u64,
 }
 
 impl From<PrefixStats> for PrefixStatsView {
@@ -215,6 +230,7 @@ impl From<PrefixStats> for PrefixStatsView {
             keys_sent: s.keys_sent,
             keys_found: s.keys_found,
             learned: s.learned,
+            map_lookups: s.map_lookups,
         }
     }
 }

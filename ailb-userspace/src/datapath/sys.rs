@@ -1,8 +1,9 @@
 //! The few system calls aya 0.14 does not expose: creating a cgroup BPF link that we can pin
 //! (aya keeps its cgroup links private, so they die with the process, which would defeat
 //! fail-static routing), and pinning it; the batch update of an array map (many entries in one
-//! call: a recompute writes thousands). Also mount-table helpers.
-#![allow(unsafe_code, reason = "raw bpf(2) and mount(2) calls that aya does not expose")]
+//! call: a recompute writes thousands); the shared mapping of an mmapable array map (aya
+//! 0.14 does not map one), worked on with atomics. Also mount-table helpers.
+#![allow(unsafe_code, reason = "raw bpf(2), mmap(2) and mount(2) calls that aya does not expose")]
 
 use std::{
     ffi::CString,
@@ -106,4 +107,65 @@ pub(crate) fn mount_bpffs(at: &Path) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// An mmapable array map's values mapped shared, as `u64` words read and written only
+/// atomically (the kernel's programs write the same words).
+pub(crate) struct SharedWords {
+    words: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
+    len: usize,
+    mapped: usize,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics; it lives until drop.
+unsafe impl Send for SharedWords {}
+// SAFETY: as above.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// Maps the first `bytes` bytes of the values of the mmapable array map `map` (at most
+    /// its entries times its value size).
+    pub(crate) fn map(map: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+        let mapped = bytes.div_ceil(page).max(1) * page;
+        // SAFETY: a new shared mapping of the map's values from offset 0, which the kernel
+        // allows up to their size rounded up to pages; it aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let words = std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Self { words, len: bytes / 8, mapped })
+    }
+
+    /// Words mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Word `i`; panics out of bounds.
+    pub(crate) fn word(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(i < self.len, "word {i} of {}", self.len);
+        // SAFETY: in bounds (checked), 8-byte aligned (the mapping is page-aligned), valid
+        // while `self` lives, and every access to the shared words is atomic.
+        unsafe { &*self.words.as_ptr().add(i) }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of that length; no reference to it outlives
+        // `self` (`word` borrows `self`).
+        unsafe { libc::munmap(self.words.as_ptr().cast(), self.mapped) };
+    }
 }
