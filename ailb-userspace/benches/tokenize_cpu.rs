@@ -1,0 +1,116 @@
+//! The front door's token-exact keys: process CPU per request, tokenized inline on the calling
+//! thread against tokio's blocking pool (`Keyer::keys_off_thread`), one request at a time and
+//! two at once: `cargo bench -p ailb-userspace --bench tokenize_cpu` (`docs/prefix.md` quotes a
+//! run). Needs the tiny model's tokenizer that `cargo xtask setup` fetches
+//! (`~/.cache/ailb/models/tiny-llama`, or `AILB_TOKENIZER_DIR`); without it, it says so and
+//! measures nothing.
+//!
+//! The workload: 60 chat requests of about 14,000 tokens each (a system message and a long user
+//! message of words in a different order per request), the modes alternating over three rounds
+//! (these machines are noisy). CPU is the process's user and system time (`getrusage`), so the
+//! pool's threads count.
+
+use std::{num::NonZeroU32, path::PathBuf, sync::Arc, time::Instant};
+
+use ailb_userspace::{
+    gateway::{
+        inputs::{parse_body, Endpoint},
+        prefix_keys::Keyer,
+    },
+    tokenize::ChatTokenizer,
+};
+
+const REQUESTS: usize = 60;
+const ROUNDS: usize = 3;
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given, which is zeroed and ours.
+    let r = unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut r);
+        r
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(r.ru_utime) + t(r.ru_stime)
+}
+
+fn bodies() -> Vec<bytes::Bytes> {
+    let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma"];
+    (0..REQUESTS)
+        .map(|i| {
+            let text: Vec<&str> = (0..3_000).map(|j| words[(i * 7 + j * 13 + j / 5) % words.len()]).collect();
+            let body = serde_json::json!({
+                "model": "tiny",
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": text.join(" ")},
+                ],
+            });
+            bytes::Bytes::from(serde_json::to_vec(&body).expect("a JSON body"))
+        })
+        .collect()
+}
+
+/// Keys for every body in `mode`; the keys sent, summed (to check the modes agree).
+async fn run(mode: &str, keyer: &Keyer, bodies: &[bytes::Bytes]) -> usize {
+    match mode {
+        "inline" => bodies
+            .iter()
+            .map(|b| keyer.keys(Endpoint::ChatCompletions, &parse_body(b).expect("a valid body"), b).len())
+            .sum(),
+        "pool, one at a time" => {
+            let mut n = 0;
+            for b in bodies {
+                let fields = parse_body(b).expect("a valid body");
+                n += keyer.keys_off_thread(Endpoint::ChatCompletions, &fields, b).await.len();
+            }
+            n
+        }
+        _ => {
+            // Two requests in flight at once, as two streams on one front-door worker.
+            let mut n = 0;
+            let one = |b: &bytes::Bytes| {
+                let b = b.clone();
+                async move {
+                    let fields = parse_body(&b).expect("a valid body");
+                    keyer.keys_off_thread(Endpoint::ChatCompletions, &fields, &b).await.len()
+                }
+            };
+            for pair in bodies.chunks_exact(2) {
+                let (a, b) = tokio::join!(one(&pair[0]), one(&pair[1]));
+                n += a + b;
+            }
+            n
+        }
+    }
+}
+
+fn main() {
+    let dir = std::env::var_os("AILB_TOKENIZER_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ailb/models/tiny-llama")
+    });
+    let tokenizer = match ChatTokenizer::load(&dir) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("tokenize_cpu: skipped: no tokenizer at {} ({e}); run `cargo xtask setup`", dir.display());
+            return;
+        }
+    };
+    let keyer = Keyer::Tokens { tokenizer: Arc::new(tokenizer), block: NonZeroU32::new(16).expect("16 > 0") };
+    let bodies = bodies();
+    // The front door's workers are current-thread runtimes.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let modes = ["inline", "pool, one at a time", "pool, two at once"];
+    println!("tokenize_cpu: {REQUESTS} chat requests per mode and round, tokenizer {}", dir.display());
+    println!("| round | mode | CPU ms per request | wall ms per request |\n|---|---|---:|---:|");
+    let mut sent = None;
+    for round in 1..=ROUNDS {
+        for mode in modes {
+            let (c0, w0) = (cpu_seconds(), Instant::now());
+            let n = rt.block_on(run(mode, &keyer, &bodies));
+            let (cpu, wall) = (cpu_seconds() - c0, w0.elapsed().as_secs_f64());
+            assert_eq!(*sent.get_or_insert(n), n, "every mode sends the same keys");
+            println!("| {round} | {mode} | {:.2} | {:.2} |", cpu * 1e3 / REQUESTS as f64, wall * 1e3 / REQUESTS as f64);
+        }
+    }
+}
