@@ -9,6 +9,9 @@
 //! message of words in a different order per request), the modes alternating over three rounds
 //! (these machines are noisy). CPU is the process's user and system time (`getrusage`), so the
 //! pool's threads count.
+//!
+//! Run by `cargo test` (without `--bench`, in a debug build), it only checks that the three modes
+//! send the same keys, over 4 requests and one round.
 
 use std::{num::NonZeroU32, path::PathBuf, sync::Arc, time::Instant};
 
@@ -34,9 +37,9 @@ fn cpu_seconds() -> f64 {
     t(r.ru_utime) + t(r.ru_stime)
 }
 
-fn bodies() -> Vec<bytes::Bytes> {
+fn bodies(requests: usize) -> Vec<bytes::Bytes> {
     let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma"];
-    (0..REQUESTS)
+    (0..requests)
         .map(|i| {
             let text: Vec<&str> = (0..3_000).map(|j| words[(i * 7 + j * 13 + j / 5) % words.len()]).collect();
             let body = serde_json::json!({
@@ -97,20 +100,27 @@ fn main() {
         }
     };
     let keyer = Keyer::Tokens { tokenizer: Arc::new(tokenizer), block: NonZeroU32::new(16).expect("16 > 0") };
-    let bodies = bodies();
+    // `cargo bench` passes `--bench`; `cargo test` does not.
+    let measure = std::env::args().any(|a| a == "--bench");
+    let (requests, rounds) = if measure { (REQUESTS, ROUNDS) } else { (4, 1) };
+    let bodies = bodies(requests);
     // The front door's workers are current-thread runtimes.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let modes = ["inline", "pool, one at a time", "pool, two at once"];
-    println!("tokenize_cpu: {REQUESTS} chat requests per mode and round, tokenizer {}", dir.display());
+    println!(
+        "tokenize_cpu: {requests} chat requests per mode and round, tokenizer {}{}",
+        dir.display(),
+        if measure { "" } else { " (a check that the modes agree, not a measurement: run `cargo bench`)" }
+    );
     println!("| round | mode | CPU ms per request | wall ms per request |\n|---|---|---:|---:|");
     let mut sent = None;
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         for mode in modes {
             let (c0, w0) = (cpu_seconds(), Instant::now());
             let n = rt.block_on(run(mode, &keyer, &bodies));
             let (cpu, wall) = (cpu_seconds() - c0, w0.elapsed().as_secs_f64());
             assert_eq!(*sent.get_or_insert(n), n, "every mode sends the same keys");
-            println!("| {round} | {mode} | {:.2} | {:.2} |", cpu * 1e3 / REQUESTS as f64, wall * 1e3 / REQUESTS as f64);
+            println!("| {round} | {mode} | {:.2} | {:.2} |", cpu * 1e3 / requests as f64, wall * 1e3 / requests as f64);
         }
     }
 }
