@@ -221,11 +221,17 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
         with_tokens(outcome(Policy::AilbGateway, 1.0, 1), 3_000.0),
         {
             let mut o = with_tokens(outcome(Policy::AilbPrefix, 0.5, 0), 7_000.0);
-            o.prefix_counters =
-                [("lookups", 20.0), ("found", 18.0), ("used", 15.0), ("overruled_load", 3.0), ("keys_sent", 260.0)]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect();
+            o.prefix_counters = [
+                ("lookups", 20.0),
+                ("found", 18.0),
+                ("used", 15.0),
+                ("overruled_load", 3.0),
+                ("keys_sent", 260.0),
+                ("map_lookups", 19.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
             o
         },
         with_tokens(outcome(Policy::AilbGatewayPrefix, 0.6, 2), 7_500.0),
@@ -258,8 +264,9 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
     assert!(md.contains("shared prefix, 20 requests: 8 tenants"), "{md}");
     let counters = "ailb, prefix approximate: the kernel's prefix pick (`ailb_prefix_*` at the end): 20 connects \
                     with keys, 18 found a holder, 15 used one, 3 overruled by load, 0 by memory; keys found 0 of 260 \
-                    sent; 0 entries. Predicted cached (keys found over keys sent): 0.0 %; the GPUs report 70.0 % of \
-                    the prompt tokens served from their caches.";
+                    sent; 0 entries; 19 lookups in the map (0.95 per connect, the filter in front of it sparing the \
+                    others). Predicted cached (keys found over keys sent): 0.0 %; the GPUs report 70.0 % of the prompt \
+                    tokens served from their caches.";
     assert!(md.contains(counters), "{counters} in {md}");
     assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
 }

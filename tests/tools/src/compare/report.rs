@@ -224,7 +224,8 @@ fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
             s,
             "\n{}: the kernel's prefix pick (`ailb_prefix_*` at the end): {:.0} connects with keys, {:.0} found a \
              holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent; {:.0} \
-             entries. Predicted cached (keys found over keys sent): {}; the GPUs report {} of the prompt tokens \
+             entries; {:.0} lookups in the map ({:.2} per connect, the filter in front of it sparing the others). \
+             Predicted cached (keys found over keys sent): {}; the GPUs report {} of the prompt tokens \
              served from their caches.",
             o.policy.title(),
             c("lookups"),
@@ -235,6 +236,8 @@ fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
             c("keys_found"),
             c("keys_sent"),
             c("entries"),
+            c("map_lookups"),
+            c("map_lookups") / c("lookups").max(1.0),
             pct1(predicted),
             pct1(o.cached_share())
         );
