@@ -124,7 +124,10 @@ impl PrefixFilter {
     /// Rebuilds the generation not read from `keys` (every `(model, key)` the prefix map
     /// holds), then makes it the one read; returns the keys added. The generation is cleared
     /// before the keys are read, and every writer sets a new key's bits in both generations,
-    /// so a key stored meanwhile is not lost. One rebuild at a time (the daemon's).
+    /// so a key stored meanwhile is not lost, but for one race: a key whose bits were set just
+    /// before its line was cleared and whose entry was written just after the scan passed it
+    /// (a window of one learning callback) tests negative until the next rebuild, and a search
+    /// then finds a shorter prefix. One rebuild at a time (the daemon's).
     pub fn rebuild(&self, keys: impl IntoIterator<Item = (u32, u64)>) -> usize {
         let (lines, current) = self.header();
         if lines == 0 {
