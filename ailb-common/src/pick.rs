@@ -41,11 +41,17 @@
 use crate::abi::*;
 use crate::hash::rehash;
 
+mod member_scan;
 mod prefix;
+#[cfg(feature = "std")]
+mod vec_maps;
+pub use member_scan::MemberScan;
 pub use prefix::{
     held, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose, PrefixCtx, PrefixQuery, PrefixUse,
     PrefixVerdict, Search, SEARCH_STEPS,
 };
+#[cfg(feature = "std")]
+pub use vec_maps::VecMaps;
 
 /// Read access to the maps the pick needs. Implementations must be cheap: the kernel calls
 /// these at most `probes + MAX_MEMBERS` times per connect.
@@ -84,24 +90,10 @@ pub trait PickMaps {
     where
         Self: Sized,
     {
-        let first = keys.first().is_some_and(|&k| self.prefix_maybe_held(c.model, k));
-        let mut f = Search::after_first(keys.len() as u32, first);
-        let mut i = 0;
-        while i < SEARCH_STEPS {
-            let Some(mid) = f.mid() else { break };
-            let Some(&key) = keys.get(mid as usize) else { break };
-            f.record(mid, self.prefix_maybe_held(c.model, key));
-            i += 1;
-        }
-        let mut s = Search::new(f.lo);
-        let mut i = 0;
-        while i < SEARCH_STEPS {
-            if !s.step(self, c, keys) {
-                break;
-            }
-            i += 1;
-        }
-        s
+        let maybe = |k: u64| self.prefix_maybe_held(c.model, k);
+        let first = keys.first().is_some_and(|&k| maybe(k));
+        let end = Search::after_first(keys.len() as u32, first).run(keys, maybe).lo;
+        Search::new(end).run(keys, |k| held(self, c, k))
     }
 
     /// The whole prefix step: the verdict, and the holder to take ([`NO_BACKEND`]: none).
@@ -169,201 +161,6 @@ impl ClientFamily {
             ClientFamily::Ipv4 => !b.is_ipv6(),
             ClientFamily::Ipv6 => true,
             ClientFamily::Ipv6Only => b.is_ipv6(),
-        }
-    }
-}
-
-/// The pick's maps as plain vectors, for userspace (`ailb explain` over a copy of the pinned
-/// maps, the fleet model): backend `id` at index `id`; `table` is the extent of the table
-/// arena from position `table_offset`, `members` that of the member arena from
-/// `member_offset`, and any other position reads as absent.
-#[cfg(feature = "std")]
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct VecMaps {
-    pub backends: Vec<Backend>,
-    pub inflight: Vec<u64>,
-    pub inflight_mem: Vec<u64>,
-    pub table_offset: u32,
-    pub table: Vec<u32>,
-    pub member_offset: u32,
-    pub members: Vec<u32>,
-    /// `AILB_PREFIX`: `(model, key) -> holders`.
-    pub prefix: std::collections::BTreeMap<(u32, u64), PrefixHolders>,
-    /// `AILB_PREFIX_FILTER` as the keys that test positive; `None`: no filter.
-    pub prefix_filter: Option<std::collections::BTreeSet<(u32, u64)>>,
-}
-
-#[cfg(feature = "std")]
-impl VecMaps {
-    /// The maps of one model whose members are `backends` (ids `0..n`, nothing in flight), with
-    /// its weighted Maglev table in slot `active` of the returned state (`MODEL_AVAILABLE`).
-    /// The slot's extents start one chunk into each arena (model `model`'s place in a kernel
-    /// with one chunk per model before it), so a pick that reads from position 0 is caught.
-    pub fn one_model(model: u32, active: u32, backends: Vec<Backend>) -> (VecMaps, ModelState) {
-        let keyed: Vec<crate::maglev::MaglevBackend> = backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| crate::maglev::MaglevBackend {
-                id: i as u32,
-                key: crate::hash::backend_key(b.addr, b.port, 0),
-                weight: b.weight,
-            })
-            .collect();
-        let size = crate::maglev::table_size_for(keyed.len());
-        let table = crate::maglev::build(&keyed, size).expect("ids 0..n and their keys are distinct");
-        let mut state = ModelState { active, flags: MODEL_AVAILABLE, ..Default::default() };
-        let (table_offset, member_offset) = ((model + 1) * TABLE_CHUNK, (model + 1) * MEMBER_CHUNK);
-        state.slots[(active & 1) as usize] = TableSlot {
-            size,
-            members: backends.len() as u32,
-            total_weight: backends.iter().map(|b| b.weight as u64).sum(),
-            generation: 1,
-            table_offset,
-            member_offset,
-        };
-        let n = backends.len();
-        let maps = VecMaps {
-            inflight: vec![0; n],
-            inflight_mem: vec![0; n],
-            table_offset,
-            table,
-            member_offset,
-            members: (0..n as u32).collect(),
-            backends,
-            prefix: Default::default(),
-            prefix_filter: None,
-        };
-        (maps, state)
-    }
-}
-
-#[cfg(feature = "std")]
-impl PickMaps for VecMaps {
-    fn backend(&self, id: u32) -> Option<Backend> {
-        self.backends.get(id as usize).copied()
-    }
-    fn inflight(&self, id: u32) -> u64 {
-        self.inflight.get(id as usize).copied().unwrap_or(0)
-    }
-    fn inflight_mem(&self, id: u32) -> u64 {
-        self.inflight_mem.get(id as usize).copied().unwrap_or(0)
-    }
-    fn table_entry(&self, pos: u32) -> Option<u32> {
-        self.table.get(pos.checked_sub(self.table_offset)? as usize).copied()
-    }
-    fn member(&self, pos: u32) -> Option<u32> {
-        self.members.get(pos.checked_sub(self.member_offset)? as usize).copied()
-    }
-    fn prefix_holders(&self, model: u32, key: u64) -> Option<&PrefixHolders> {
-        self.prefix.get(&(model, key))
-    }
-    fn prefix_maybe_held(&self, model: u32, key: u64) -> bool {
-        self.prefix_filter.as_ref().is_none_or(|f| f.contains(&(model, key)))
-    }
-}
-
-/// State of the least-loaded member scan (step 3 of the pick).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemberScan {
-    /// The least loaded member that fits and is under its cap so far, or [`NO_BACKEND`].
-    pub best: u32,
-    /// Some member is live (with weight > 0), whether or not it fits.
-    pub any_live: bool,
-    pub best_load: u64,
-    pub best_weight: u64,
-    /// Of the members under their cap that do not fit now but fit when idle, the one where
-    /// the request should finish first: the smallest `later_work / later_rate`.
-    ///
-    /// Why that ratio: memory frees at a rate proportional to the backend's capacity `C` times
-    /// its speed, for which its weight `w` stands; with `m` MB of hints in flight, a request
-    /// of `r` MB starts after about `(m + r - C) / (C w)` and then runs for about `1 / w`, so
-    /// it finishes after about `(m + r) / (C w)`. The connection count, which the earlier rule
-    /// compared, says nothing about how much memory the queue ahead of it holds.
-    pub later: u32,
-    /// `m + r`, MB.
-    pub later_work: u64,
-    /// `C x w`; a capacity of [`MEM_UNKNOWN`] counts as `r` (the backend is assumed to fit
-    /// the request, and nothing more).
-    pub later_rate: u64,
-    /// The client's family: members it cannot reach are skipped. Kept here rather than in
-    /// the eBPF scan's context, whose size counts against the TC program's 512-byte stack
-    /// (this byte fits in the struct's padding).
-    pub family: ClientFamily,
-}
-
-impl Default for MemberScan {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemberScan {
-    /// A scan for an IPv4 client.
-    #[inline(always)]
-    pub const fn new() -> Self {
-        Self::for_family(ClientFamily::Ipv4)
-    }
-
-    #[inline(always)]
-    pub const fn for_family(family: ClientFamily) -> Self {
-        Self {
-            best: NO_BACKEND,
-            any_live: false,
-            best_load: 0,
-            best_weight: 1,
-            later: NO_BACKEND,
-            later_work: 0,
-            later_rate: 1,
-            family,
-        }
-    }
-
-    /// Considers member `j` of the list at arena position `offset` (in-flight / weight,
-    /// compared by cross-multiplication).
-    #[inline(always)]
-    pub fn step<M: PickMaps>(&mut self, maps: &M, offset: u32, j: u32, required_mem_mb: u32) {
-        let Some(id) = maps.member(offset.wrapping_add(j)) else {
-            return;
-        };
-        let Some(b) = maps.backend(id) else {
-            return;
-        };
-        // A backend the client cannot reach is no member for it (not even a live one).
-        if !b.is_live() || b.weight == 0 || !self.family.reaches(&b) {
-            return;
-        }
-        self.any_live = true;
-        let inflight = maps.inflight(id);
-        if !b.under_cap(inflight) {
-            return;
-        }
-        let w = b.weight as u64;
-        if required_mem_mb == 0 {
-            self.consider_now(id, inflight, w);
-            return;
-        }
-        // The memory counter is read only for a hinted connect.
-        let inflight_mem = maps.inflight_mem(id);
-        if b.fits_now(required_mem_mb, inflight_mem) {
-            self.consider_now(id, inflight, w);
-        } else if b.fits_when_idle(required_mem_mb) {
-            let capacity = if b.mem_capacity_mb == MEM_UNKNOWN { required_mem_mb } else { b.mem_capacity_mb };
-            let work = inflight_mem.saturating_add(required_mem_mb as u64);
-            let rate = sat_mul(capacity as u64, w);
-            if self.later == NO_BACKEND || sat_mul(work, self.later_rate) < sat_mul(self.later_work, rate) {
-                self.later = id;
-                self.later_work = work;
-                self.later_rate = rate;
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn consider_now(&mut self, id: u32, inflight: u64, w: u64) {
-        if self.best == NO_BACKEND || sat_mul(inflight, self.best_weight) < sat_mul(self.best_load, w) {
-            self.best = id;
-            self.best_load = inflight;
-            self.best_weight = w;
         }
     }
 }

@@ -16,7 +16,7 @@ use ailb_common::{
 };
 use aya_ebpf::helpers::generated::bpf_loop;
 
-use crate::maps::{inflight_read, AILB_BACKENDS, AILB_MEMBERS, AILB_PREFIX, AILB_TABLES};
+use crate::maps::{inflight_read, PrefixScratch, AILB_BACKENDS, AILB_MEMBERS, AILB_PREFIX, AILB_TABLES};
 
 pub(crate) struct Maps;
 
@@ -151,16 +151,22 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32) {
     (s.choose.chosen, s.c.required_mem_mb)
 }
 
+/// The scratch slot, the search's next probe and its key; `None` when the search is over.
+#[inline(always)]
+fn next_probe() -> Option<(&'static mut PrefixScratch, u32, u64)> {
+    let s = crate::prefix::scratch()?;
+    let mid = s.search.mid()?;
+    // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
+    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
+    Some((s, mid, key))
+}
+
 /// `bpf_loop` callback: one step of the search over the filter.
 #[inline(never)]
 extern "C" fn filter_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = crate::prefix::scratch() else {
+    let Some((s, mid, key)) = next_probe() else {
         return 1;
     };
-    let Some(mid) = s.search.mid() else {
-        return 1;
-    };
-    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
     s.search.record(mid, crate::maps::prefix_maybe_held(s.c.model, key));
     0
 }
@@ -168,14 +174,9 @@ extern "C" fn filter_step(_index: u64, _ctx: *mut c_void) -> i64 {
 /// `bpf_loop` callback: one step of the search over the map.
 #[inline(never)]
 extern "C" fn search_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = crate::prefix::scratch() else {
+    let Some((s, mid, key)) = next_probe() else {
         return 1;
     };
-    let Some(mid) = s.search.mid() else {
-        return 1;
-    };
-    // The mask bounds the index for the verifier (mid < count <= PREFIX_KEYS_MAX already).
-    let key = s.keys[mid as usize & (PREFIX_KEYS_MAX - 1)];
     s.map_lookups += 1;
     // `held`, keeping the entry: the last one found held is the longest prefix's, which the
     // choice reads (each lookup of this search is a likely cache miss in a big map).

@@ -225,18 +225,28 @@ impl Search {
         }
     }
 
-    /// One step over `keys`; false when the search was already over.
+    /// One step over `keys`, `held` telling whether a key is held; false when the search was
+    /// already over.
     #[inline(always)]
-    pub fn step<M: PickMaps>(&mut self, maps: &M, c: &PrefixCtx, keys: &[u64]) -> bool {
+    pub fn step(&mut self, keys: &[u64], held: impl FnOnce(u64) -> bool) -> bool {
         let Some(mid) = self.mid() else {
             return false;
         };
         let Some(&key) = keys.get(mid as usize) else {
             return false;
         };
-        let h = held(maps, c, key);
-        self.record(mid, h);
+        self.record(mid, held(key));
         true
+    }
+
+    /// Runs the search over `keys` to its end, at most [`SEARCH_STEPS`] steps.
+    #[inline(always)]
+    pub fn run(mut self, keys: &[u64], mut held: impl FnMut(u64) -> bool) -> Self {
+        let mut i = 0;
+        while i < SEARCH_STEPS && self.step(keys, &mut held) {
+            i += 1;
+        }
+        self
     }
 }
 
