@@ -328,9 +328,12 @@ impl Daemon {
                         self.metrics.discovery_stale_seconds.set(self.last_ok.elapsed().as_secs_f64());
                     }
                     since_rebuild += 1;
-                    let fill = filter.as_ref().map_or(0.0, |f| f.fill());
-                    let due = since_rebuild >= FILTER_REBUILD_TICKS
-                        || (since_rebuild >= FILTER_REBUILD_MIN_TICKS && fill > FILTER_REBUILD_FILL);
+                    // The fill is a scan of the generation read: only when it can decide.
+                    let fill = match &filter {
+                        Some(f) if since_rebuild >= FILTER_REBUILD_MIN_TICKS => f.fill(),
+                        _ => 0.0,
+                    };
+                    let due = since_rebuild >= FILTER_REBUILD_TICKS || fill > FILTER_REBUILD_FILL;
                     if filter.is_some() && due && rebuild.as_ref().is_none_or(|r| r.is_finished()) {
                         since_rebuild = 0;
                         let dir = self.writer.maps().dir.clone();

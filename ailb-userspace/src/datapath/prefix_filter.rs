@@ -54,23 +54,32 @@ impl PrefixFilter {
         self.words.word(i)
     }
 
-    /// Lines per generation (0: off) and the generation the search reads.
+    /// Whether generations of `lines` lines fit in the mapping.
+    fn fits(&self, lines: u64) -> bool {
+        (1 + 2 * lines).saturating_mul(FILTER_LINE_WORDS as u64) <= self.words.len() as u64
+    }
+
+    /// Lines per generation (0: off, or a header that does not fit the map) and the
+    /// generation the search reads.
     pub fn header(&self) -> (u32, u32) {
         let lines = self.word(0).load(Ordering::Acquire);
         let current = self.word(1).load(Ordering::Acquire) as u32 & 1;
-        if lines == 0
-            || ailb_common::filter_entries(lines.min(u32::MAX as u64 / 2) as u32) as usize * FILTER_LINE_WORDS
-                > self.words.len()
-        {
+        if lines == 0 || !self.fits(lines) {
             return (0, current);
         }
         (lines as u32, current)
     }
 
+    /// The words of generation `generation` of `lines` lines.
+    fn generation(lines: u32, generation: u32) -> std::ops::Range<usize> {
+        let first = 1 + generation as usize * lines as usize;
+        first * FILTER_LINE_WORDS..(first + lines as usize) * FILTER_LINE_WORDS
+    }
+
     /// Turns the filter on with `lines` lines per generation, on a fresh map (both
     /// generations empty, as is the prefix map); a filter already on keeps its header.
     pub fn init(&self, lines: u32) -> Result<(), DatapathError> {
-        if ailb_common::filter_entries(lines) as usize * FILTER_LINE_WORDS > self.words.len() {
+        if !self.fits(lines.into()) {
             return Err(DatapathError::State {
                 path: maps::PREFIX_FILTER.into(),
                 reason: format!("{lines} lines per generation do not fit in {} words", self.words.len()),
@@ -110,17 +119,6 @@ impl PrefixFilter {
         self.set(&p, lines, 1);
     }
 
-    /// Whether block `key` of `model` tests positive in the generation read (true when off).
-    pub fn maybe_held(&self, model: u32, key: u64) -> bool {
-        let (lines, current) = self.header();
-        if lines == 0 {
-            return true;
-        }
-        let p = FilterProbe::new(model, key, lines);
-        let entry = p.entry(lines, current);
-        (0..FILTER_KEY_BITS).all(|j| self.line_word(entry, p.word[j]).load(Ordering::Relaxed) & p.mask[j] != 0)
-    }
-
     /// Rebuilds the generation not read from `keys` (every `(model, key)` the prefix map
     /// holds), then makes it the one read; returns the keys added. The generation is cleared
     /// before the keys are read, and every writer sets a new key's bits in both generations,
@@ -134,8 +132,7 @@ impl PrefixFilter {
             return 0;
         }
         let next = 1 - current;
-        let first = 1 + next as usize * lines as usize;
-        for i in first * FILTER_LINE_WORDS..(first + lines as usize) * FILTER_LINE_WORDS {
+        for i in Self::generation(lines, next) {
             self.word(i).store(0, Ordering::Relaxed);
         }
         let mut n = 0;
@@ -154,8 +151,7 @@ impl PrefixFilter {
         if lines == 0 {
             return 0.0;
         }
-        let first = 1 + current as usize * lines as usize;
-        let set: u64 = (first * FILTER_LINE_WORDS..(first + lines as usize) * FILTER_LINE_WORDS)
+        let set: u64 = Self::generation(lines, current)
             .map(|i| u64::from(self.word(i).load(Ordering::Relaxed).count_ones()))
             .sum();
         set as f64 / (lines as f64 * (FILTER_LINE_WORDS * 64) as f64)

@@ -82,8 +82,8 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
     let rebuild = match rebuild {
         Ok((keys, took, before, after)) => format!(
             "Rebuilding the prefix filter from the map after the rows took {:.0} ms for {keys} keys; {:.0} % of its \
-             bits were set before (keys learnt at 25,000 connects a second, faster than the daemon rebuilds, at most \
-             every 5 s), {:.0} % after.",
+             bits were set before (the rows learn new keys faster than the daemon rebuilds, at most every 5 s), {:.0} % \
+             after.",
             took.as_secs_f64() * 1e3,
             before * 100.0,
             after * 100.0
