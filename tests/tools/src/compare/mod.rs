@@ -164,6 +164,12 @@ pub type NotRun = (Policy, String);
 /// installed, with the reason (a row of their own in the report).
 fn policies(args: &Args) -> anyhow::Result<(Vec<Policy>, Vec<NotRun>)> {
     let mut policies = args.policies.split(',').map(Policy::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    if policies.contains(&Policy::SmgKvEvents) {
+        anyhow::bail!(
+            "--policies: smg-kv-events runs only with --engine vllm: SMG reads KV events only from gRPC workers \
+             (an engine behind SMG's gRPC servicer), and a simulated GPU is an HTTP worker"
+        );
+    }
     if let Some(p) = policies.iter().find(|p| p.real_engines_only()) {
         anyhow::bail!("--policies: {} runs only with --engine vllm (in front of real servers)", p.key());
     }

@@ -46,6 +46,15 @@
 //!   requests, so its tuning (`--least-load-default-throughput`, the waiting-queue cap, ...)
 //!   would change no pick here.
 //!
+//! - `smg-kv-events` (real engines only, `ailb-compare --engine vllm`): SMG `--policy cache_aware`
+//!   with the same settings as `smg-cache-aware`, in front of vLLM's gRPC servers (`grpc://`
+//!   workers, served by SMG's `smg-grpc-servicer`, which `cargo xtask setup` installs) that
+//!   publish KV events, plus `--model-path` (the model folder: over gRPC SMG tokenizes and
+//!   renders the chat template itself). SMG's docs: its cache-aware policy is event-driven, on
+//!   the engine's own KV events streamed over gRPC, exactly when the worker is a gRPC one that
+//!   emits them; an HTTP worker gets the approximate text tree (so a simulated GPU cannot serve
+//!   this row). Its block size it learns from the first event.
+//!
 //! SMG's worker overload protection (on by default) reads the same load reports, so it never
 //! excludes a GPU here; its concurrency bound (1,024 per core, at least 4,096) is far above the
 //! replay's. On SIGTERM it keeps its listener open for 5 s (a load-balancer propagation window
@@ -96,7 +105,7 @@ fn venv_at(var: &str, default: &str) -> PathBuf {
 }
 
 fn smg(policy: Policy) -> bool {
-    matches!(policy, Policy::SmgCacheAware | Policy::SmgPrefixHash | Policy::SmgLeastLoad)
+    matches!(policy, Policy::SmgCacheAware | Policy::SmgPrefixHash | Policy::SmgLeastLoad | Policy::SmgKvEvents)
 }
 
 /// A router's Prometheus port in the comparison: its own port plus this (on another address
@@ -107,7 +116,7 @@ pub const METRICS_PORT_OFFSET: u16 = 1000;
 pub fn binary(policy: Policy) -> Option<&'static str> {
     match policy {
         Policy::SglangCacheAware | Policy::SglangRoundRobin => Some("sglang-router"),
-        Policy::SmgCacheAware | Policy::SmgPrefixHash | Policy::SmgLeastLoad => Some("smg"),
+        Policy::SmgCacheAware | Policy::SmgPrefixHash | Policy::SmgLeastLoad | Policy::SmgKvEvents => Some("smg"),
         Policy::VllmCacheAware | Policy::VllmConsistentHash => Some("vllm-router"),
         _ => None,
     }
@@ -137,7 +146,7 @@ pub fn args(policy: Policy, listen: SocketAddrV4, metrics: SocketAddrV4, workers
     let (sub, kind, log, tuning): (_, _, _, &[&str]) = match policy {
         Policy::SglangCacheAware => (Some("launch"), "cache_aware", "warn", &[]),
         Policy::SglangRoundRobin => (Some("launch"), "round_robin", "warn", &[]),
-        Policy::SmgCacheAware => (
+        Policy::SmgCacheAware | Policy::SmgKvEvents => (
             Some("launch"),
             "cache_aware",
             "warn",

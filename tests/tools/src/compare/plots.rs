@@ -38,6 +38,7 @@ pub fn style(policy: Policy) -> LineStyle {
         Policy::SmgCacheAware => (12, Dash::Dot),
         Policy::SmgPrefixHash => (13, Dash::Dot),
         Policy::SmgLeastLoad => (14, Dash::Long),
+        Policy::SmgKvEvents => (12, Dash::Solid),
         Policy::VllmCacheAware => (4, Dash::Dot),
         Policy::VllmConsistentHash => (10, Dash::Dot),
         Policy::AilbGatewayPrecise => (0, Dash::Long),

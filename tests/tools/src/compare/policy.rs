@@ -37,6 +37,10 @@ pub enum Policy {
     SmgPrefixHash,
     /// SMG, `--policy least_load`.
     SmgLeastLoad,
+    /// SMG `--policy cache_aware` routing by the engines' own KV events: vLLM behind its gRPC
+    /// server (SMG's servicer), where SMG tokenizes and reads each engine's KV-event stream
+    /// over gRPC (real engines only: SMG takes KV events only from gRPC workers).
+    SmgKvEvents,
     VllmCacheAware,
     VllmConsistentHash,
     /// ailb through its front door with the prefix-aware pick in precise mode: `ailb run`
@@ -70,6 +74,7 @@ impl Policy {
             "smg-cache-aware" => Self::SmgCacheAware,
             "smg-prefix-hash" => Self::SmgPrefixHash,
             "smg-least-load" => Self::SmgLeastLoad,
+            "smg-kv-events" => Self::SmgKvEvents,
             "vllm-cache-aware" => Self::VllmCacheAware,
             "vllm-consistent-hash" => Self::VllmConsistentHash,
             "ailb-gateway-precise" => Self::AilbGatewayPrecise,
@@ -80,7 +85,7 @@ impl Policy {
                  ailb-prefix, ailb-gateway-prefix, ailb-gateway-admission, ailb-static-gateway, nginx, \
                  sglang-cache-aware, sglang-round-robin, smg-cache-aware, smg-prefix-hash, smg-least-load, \
                  vllm-cache-aware, vllm-consistent-hash, ailb-gateway-precise (simulated GPUs: with \
-                 --sim-tokenizer); with --engine vllm also ailb-gateway-approx, tenant-pinned)"
+                 --sim-tokenizer); with --engine vllm also ailb-gateway-approx, tenant-pinned, smg-kv-events)"
             ),
         })
     }
@@ -107,10 +112,16 @@ impl Policy {
     }
 
     /// Whether the policy runs only in front of real engines (`--engine vllm`): the real
-    /// race's own approximate row and the oracle. (`ailb-gateway-precise` runs on simulated
-    /// GPUs too, when they tokenize: `--sim-tokenizer`.)
+    /// race's own approximate row, the oracle, and SMG with the engines' KV events (it reads
+    /// them only from gRPC workers; a simulated GPU is an HTTP worker). (`ailb-gateway-precise`
+    /// runs on simulated GPUs too, when they tokenize: `--sim-tokenizer`.)
     pub fn real_engines_only(self) -> bool {
-        matches!(self, Self::AilbGatewayApprox | Self::TenantPinned)
+        matches!(self, Self::AilbGatewayApprox | Self::TenantPinned | Self::SmgKvEvents)
+    }
+
+    /// Whether the policy's servers are vLLM's gRPC servers rather than its OpenAI servers.
+    pub fn grpc_workers(self) -> bool {
+        self == Self::SmgKvEvents
     }
 
     /// The ailb behind `ailb gateway` for a front-door policy (`None` for every other).
@@ -166,6 +177,7 @@ impl Policy {
             Self::SmgCacheAware => "smg-cache-aware",
             Self::SmgPrefixHash => "smg-prefix-hash",
             Self::SmgLeastLoad => "smg-least-load",
+            Self::SmgKvEvents => "smg-kv-events",
             Self::VllmCacheAware => "vllm-cache-aware",
             Self::VllmConsistentHash => "vllm-consistent-hash",
             Self::AilbGatewayPrecise => "ailb-gateway-precise",
@@ -192,6 +204,7 @@ impl Policy {
             Self::SmgCacheAware => "SMG cache-aware",
             Self::SmgPrefixHash => "SMG prefix hash",
             Self::SmgLeastLoad => "SMG least load",
+            Self::SmgKvEvents => "SMG cache-aware, KV events (gRPC)",
             Self::VllmCacheAware => "vllm-router cache-aware",
             Self::VllmConsistentHash => "vllm-router consistent hash",
             Self::AilbGatewayPrecise => "ailb (front door, prefix precise)",
@@ -208,8 +221,12 @@ fn affinity_wait(args: &Args) -> String {
 }
 
 /// The model's `prefix` mode and `prefix_ttl` (real time: the simulated GPUs' caches turn over
-/// `time_scale` times faster), as `[[models]]` lines; empty for a policy without one.
+/// `time_scale` times faster), as `[[models]]` lines; empty for a policy without one, and with
+/// `--ailb-keys-only`.
 fn prefix_toml(policy: Policy, args: &Args) -> String {
+    if args.ailb_keys_only {
+        return String::new();
+    }
     policy.prefix_mode().map_or_else(String::new, |mode| {
         if mode == "precise" {
             // The engines' own entries never age.

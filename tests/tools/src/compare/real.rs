@@ -47,13 +47,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ailb_tests::client::spawn_in_cgroup;
-use ailb_tests::vllm::{Engine, VllmServer, KV_BYTES_PER_TOKEN};
+use ailb_tests::vllm::{Engine, Frontend, VllmServer, KV_BYTES_PER_TOKEN};
 use ailb_tests::{preflight, CgroupGuard};
 use anyhow::{bail, Context};
 
 pub use self::balancer::prefix_token_count;
 use self::balancer::{start_balancer, Balancer};
 use self::client::Record;
+pub use self::servers::flush_through_router;
 use self::servers::{counters, reset_and_check, wait_idle};
 use self::workload::{Kind, RealRequest, Sizes};
 use super::args::Args;
@@ -92,6 +93,9 @@ pub struct Row {
     /// The model's `prefix` object of `ailb status` at the end of the run (its mode, entries
     /// and counters), for the policies with the prefix-aware pick on.
     pub prefix: Option<serde_json::Value>,
+    /// SMG with the engines' KV events: the event batches and blocks its index took in during
+    /// the run (`smg_kv_event_batches_total`, `smg_kv_event_blocks_total`).
+    pub router_kv_events: Option<(f64, f64)>,
 }
 
 /// What every row shares: the servers and the workloads.
@@ -102,6 +106,8 @@ pub struct Setup {
     /// Seconds from spawn to ready, per server.
     pub ready_s: Vec<f64>,
     pub rss_mib: Vec<u64>,
+    /// Seconds from spawn to ready of the gRPC servers, where a policy needed them.
+    pub grpc_ready_s: Option<f64>,
     /// Per workload, what it is.
     pub workloads: Vec<(Kind, String, usize)>,
     /// Policies that could not run, and why.
@@ -123,27 +129,52 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     check_args(args)?;
     let kinds = args.workloads.split(',').map(Kind::parse).collect::<anyhow::Result<Vec<_>>>()?;
     let policies = real_policies(args)?;
-    let (policies, not_run) = installed(policies);
+    let (policies, mut not_run) = installed(policies);
     let engine = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?;
+    // SMG's KV-event row needs the engines behind vLLM's gRPC server: they run after the
+    // others, on gRPC servers of their own.
+    let (grpc, policies): (Vec<Policy>, Vec<Policy>) = policies.into_iter().partition(|p| p.grpc_workers());
+    let grpc = match (grpc.is_empty(), engine.grpc_servicer()) {
+        (false, Err(why)) => {
+            for p in grpc {
+                eprintln!("ailb-compare: {}: {why}: skipping it", p.title());
+                not_run.push((p, why.clone()));
+            }
+            Vec::new()
+        }
+        _ => grpc,
+    };
     let ailb = preflight();
     let trace = args.trace.clone().unwrap_or_else(ailb_sim::replay::default_trace_path);
     let dir = tempfile::tempdir().context("temp dir")?;
     let workloads = write_workloads(&kinds, &sizes(args), &trace, dir.path())?;
-    // Only precise mode follows the servers' KV events; they publish them only then.
-    let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
-    let (servers, t0) = servers::start(args, &engine, kv_events);
-    let setup = Setup {
-        servers: servers.len(),
-        block_size: servers[0].cache_config("block_size"),
-        kv_blocks: servers[0].cache_config("num_gpu_blocks"),
-        ready_s: vec![t0.elapsed().as_secs_f64(); servers.len()],
-        rss_mib: servers.iter().map(VllmServer::rss_mib).collect(),
+    let mut setup = Setup {
+        servers: args.servers,
+        block_size: None,
+        kv_blocks: None,
+        ready_s: Vec::new(),
+        rss_mib: Vec::new(),
+        grpc_ready_s: None,
         workloads: workloads.iter().map(|w| (w.kind, w.what.clone(), w.requests)).collect(),
         not_run,
     };
-    let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
-    let rows = race(args, &ailb, &policies, &workloads, &servers, block)?;
-    drop(servers);
+    let mut rows = Vec::new();
+    if !policies.is_empty() {
+        // Only precise mode follows the servers' KV events; they publish them only then.
+        let kv_events = policies.contains(&Policy::AilbGatewayPrecise);
+        let (servers, t0) = servers::start(args, &engine, Frontend::OpenAi, kv_events);
+        setup.block_size = servers[0].cache_config("block_size");
+        setup.kv_blocks = servers[0].cache_config("num_gpu_blocks");
+        setup.ready_s = vec![t0.elapsed().as_secs_f64(); servers.len()];
+        setup.rss_mib = servers.iter().map(VllmServer::rss_mib).collect();
+        let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
+        rows = race(args, &ailb, &policies, &workloads, &servers, block)?;
+    }
+    if !grpc.is_empty() {
+        let (servers, t0) = servers::start(args, &engine, Frontend::Grpc, true);
+        setup.grpc_ready_s = Some(t0.elapsed().as_secs_f64());
+        rows.extend(race(args, &ailb, &grpc, &workloads, &servers, CPU_BLOCK_TOKENS)?);
+    }
     let md = report::write(args, &setup, &rows)?;
     println!("{md}");
     Ok(())
@@ -185,7 +216,8 @@ fn write_workloads(kinds: &[Kind], sizes: &Sizes, trace: &Path, dir: &Path) -> a
 }
 
 /// Every policy on every workload, in that order, the servers' prefix caches reset (and the
-/// reset checked) before each; the client worker runs in one child cgroup.
+/// reset checked) before each (gRPC servers: through the router, once it runs); the client
+/// worker runs in one child cgroup.
 fn race(
     args: &Args,
     ailb: &Path,
@@ -201,7 +233,7 @@ fn race(
         for p in policies {
             port += 1;
             eprintln!("ailb-compare: {} / {}: resetting the prefix caches", w.kind.key(), p.title());
-            for s in servers {
+            for s in servers.iter().filter(|s| s.frontend() == Frontend::OpenAi) {
                 reset_and_check(s)?;
             }
             let row = run_policy(args, ailb, &cg, *p, w.kind, port, servers, block, &w.path, w.requests)?;
@@ -350,7 +382,14 @@ fn run_policy(
 ) -> anyhow::Result<Row> {
     let dir = tempfile::tempdir().context("temp dir")?;
     let balancer = start_balancer(args, ailb, cg, policy, kind, port, servers, block, dir.path())?;
-    let before = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
+    // gRPC servers publish no /metrics: their prefix caches are emptied through the router,
+    // and their cache counts are the answers' own (`usage`).
+    let grpc = servers.iter().any(|s| s.frontend() == Frontend::Grpc);
+    let metered: &[VllmServer] = if grpc { &[] } else { servers };
+    if grpc {
+        flush_through_router(balancer.addrs[0], servers.len())?;
+    }
+    let before = metered.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
     let out = dir.path().join("records.json");
     let to: Vec<String> = balancer.addrs.iter().map(SocketAddrV4::to_string).collect();
     let mut cmd = worker_command(args, policy, &to, requests, &out)?;
@@ -363,13 +402,13 @@ fn run_policy(
     );
     let cpu0 = balancer.router.as_ref().and_then(|r| super::cpu::process_cpu_s(r.child.id()));
     let child = spawn_in_cgroup(&mut cmd, cg.path());
-    let (status, stderr) = watch(child, servers, &before, n, kind, policy, args.deadline_s)?;
+    let (status, stderr) = watch(child, metered, &before, n, kind, policy, args.deadline_s)?;
     let cpu1 = balancer.router.as_ref().and_then(|r| super::cpu::process_cpu_s(r.child.id()));
     if !status {
         bail!("the client worker failed: {stderr}");
     }
-    wait_idle(servers, Duration::from_secs(60))?;
-    let after = servers.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
+    wait_idle(metered, Duration::from_secs(60))?;
+    let after = metered.iter().map(counters).collect::<anyhow::Result<Vec<_>>>()?;
     if args.keep_records {
         keep_logs(args, kind, policy, &balancer, dir.path(), &out)?;
     }
@@ -383,21 +422,61 @@ fn run_policy(
             let status = d.status();
             status["models"].as_array()?.iter().find(|m| m["name"] == MODEL).map(|m| m["prefix"].clone())
         });
+    let router_kv_events = match (policy, balancer.router_metrics) {
+        (Policy::SmgKvEvents, Some(m)) => Some(smg_kv_events(m)?),
+        _ => None,
+    };
     drop(balancer);
     let text = std::fs::read_to_string(&out).context("reading the client worker's records")?;
     let (records, wall_s): (Vec<Record>, f64) = serde_json::from_str(&text).context("parsing the records")?;
+    let (queried_tokens, hit_tokens) = if grpc {
+        usage_tokens(&records)?
+    } else {
+        (
+            before.iter().zip(&after).map(|(b, a)| a.0 - b.0).sum(),
+            before.iter().zip(&after).map(|(b, a)| a.1 - b.1).sum(),
+        )
+    };
     Ok(Row {
         workload: kind,
         policy,
         records,
         wall_s,
-        queried_tokens: before.iter().zip(&after).map(|(b, a)| a.0 - b.0).sum(),
-        hit_tokens: before.iter().zip(&after).map(|(b, a)| a.1 - b.1).sum(),
+        queried_tokens,
+        hit_tokens,
         per_server: before.iter().zip(&after).map(|(b, a)| (a.2 - b.2).round() as u64).collect(),
         router_cpu_s: super::cpu::used(cpu0, cpu1),
         exclusions,
         prefix,
+        router_kv_events,
     })
+}
+
+/// The KV-event batches and blocks SMG's index took in (its `/metrics` on `metrics`); an error
+/// when it took in none: SMG then routed by its approximate tree, and the row would not be what
+/// it says.
+pub fn smg_kv_events(metrics: SocketAddrV4) -> anyhow::Result<(f64, f64)> {
+    let text = match ailb_tests::http::get(&metrics.to_string(), "/metrics") {
+        Ok((200, body)) => body,
+        other => bail!("GET /metrics from SMG on {metrics}: {other:?}"),
+    };
+    let batches = ailb_tests::vllm::metric_sum(&text, "smg_kv_event_batches_total").unwrap_or(0.0);
+    let blocks = ailb_tests::vllm::metric_sum(&text, "smg_kv_event_blocks_total").unwrap_or(0.0);
+    if blocks <= 0.0 {
+        bail!("SMG took in no KV-event block during the run (smg_kv_event_blocks_total {blocks}): it did not route by the engines' events");
+    }
+    Ok((batches, blocks))
+}
+
+/// The prompt tokens and the cached ones of the successful answers, by their `usage`: the count
+/// of servers without `/metrics` (an answer without it is an error here, not a zero).
+fn usage_tokens(records: &[Record]) -> anyhow::Result<(f64, f64)> {
+    let (mut prompt, mut cached) = (0u64, 0u64);
+    for r in records.iter().filter(|r| r.ok()) {
+        prompt += r.prompt_tokens.with_context(|| format!("request {} was answered without prompt_tokens", r.index))?;
+        cached += r.cached_tokens.with_context(|| format!("request {} was answered without cached_tokens", r.index))?;
+    }
+    Ok((prompt as f64, cached as f64))
 }
 
 /// The client worker's command line: this binary with `--real-worker`, sending `requests` to

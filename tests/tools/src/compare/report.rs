@@ -114,6 +114,14 @@ fn setup(s: &mut String, args: &Args) {
         args.load,
         args.speed()
     );
+    if args.ailb_keys_only {
+        let _ = writeln!(
+            s,
+            "**`--ailb-keys-only`**: ailb's prefix policies make and send their keys, but their model has no \
+             `prefix` mode: the kernel ignores the keys and the daemon follows no KV events (the cost of making the \
+             keys alone).\n"
+        );
+    }
 }
 
 /// One row per policy: latencies, failures, cache and affinity hits, throughput, utilisation.

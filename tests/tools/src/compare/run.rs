@@ -44,7 +44,7 @@ pub fn run_policy(
     let replayed =
         sample_replay(spawn_in_cgroup(&mut cmd, cg.path()), &sims, balancer.daemon_http, policy, args, start)?;
     let cpu_after = balancer.cpu_s();
-    let prefix_counters = if policy.prefix_mode().is_some() {
+    let prefix_counters = if policy.prefix_mode().is_some() && !args.ailb_keys_only {
         balancer.daemon_http.and_then(weights::prefix_counters).unwrap_or_default()
     } else {
         Default::default()

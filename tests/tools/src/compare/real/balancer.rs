@@ -25,6 +25,8 @@ pub(super) struct Balancer {
     /// Where the client sends: one address, or (`tenant-pinned`) the servers, a tenant's
     /// requests to one of them.
     pub(super) addrs: Vec<SocketAddrV4>,
+    /// A peer router's Prometheus endpoint.
+    pub(super) router_metrics: Option<SocketAddrV4>,
 }
 
 /// SMG `prefix_hash`'s key length for a workload, tokens. Its docs: the key should cover what
@@ -57,16 +59,24 @@ pub(super) fn start_balancer(
     if peers::binary(policy).is_some() {
         let listen = SocketAddrV4::new([127, 0, 10, 250].into(), port);
         let metrics = SocketAddrV4::new([127, 0, 10, 249].into(), port + peers::METRICS_PORT_OFFSET);
+        let scheme = if policy.grpc_workers() { "grpc" } else { "http" };
         let mut a =
-            peers::args(policy, listen, metrics, &addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>());
+            peers::args(policy, listen, metrics, &addrs.iter().map(|a| format!("{scheme}://{a}")).collect::<Vec<_>>());
         if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
             a[at + 1] = prefix_token_count(kind, args).to_string();
         }
+        if policy.grpc_workers() {
+            // Over gRPC the router tokenizes and renders the chat template: the servers' own
+            // model folder.
+            let model = Engine::find().map_err(|why| anyhow::anyhow!("--engine vllm: {why}"))?.model;
+            a.push("--model-path".into());
+            a.push(model.display().to_string());
+        }
         let router = peers::start_with_args(policy, &peers::venv_of(policy), listen, a, addrs.len(), dir)?;
-        return Ok(Balancer { router: Some(router), daemon: None, addrs: vec![listen] });
+        return Ok(Balancer { router: Some(router), daemon: None, addrs: vec![listen], router_metrics: Some(metrics) });
     }
     if policy == Policy::TenantPinned {
-        return Ok(Balancer { router: None, daemon: None, addrs });
+        return Ok(Balancer { router: None, daemon: None, addrs, router_metrics: None });
     }
     let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
     cfg.prefix_load_factor = args.ailb_prefix_load_factor;
@@ -94,7 +104,7 @@ pub(super) fn start_balancer(
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let mut b = Balancer { router: None, daemon: None, addrs: vec![VIP.parse().context("VIP")?] };
+    let mut b = Balancer { router: None, daemon: None, addrs: vec![VIP.parse().context("VIP")?], router_metrics: None };
     if let Some(listen) = front {
         b.router = Some(front_door::start(ailb, daemon.config_path(), Some(cg), listen, dir)?);
         b.addrs = vec![listen];

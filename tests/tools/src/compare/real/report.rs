@@ -58,6 +58,7 @@ pub fn markdown(args: &Args, setup: &Setup, rows: &[Row]) -> String {
         policy_table(&mut md, &rows);
         against_the_oracle(&mut md, &rows);
         prefix_counters(&mut md, &rows);
+        router_kv_events(&mut md, &rows);
         failures(&mut md, &rows);
         md.push('\n');
     }
@@ -73,17 +74,35 @@ fn setup_and_method(md: &mut String, args: &Args, setup: &Setup) {
     let cmd: Vec<String> = std::env::args().collect();
     let _ = writeln!(md, "Command: `{}`\n", cmd.join(" "));
     let _ = writeln!(md, "Machine: {}.\n", machine());
-    let _ = writeln!(
-        md,
-        "Servers: {} vLLM for CPU servers of the tiny model, KV blocks of {} tokens, {} blocks each \
-         (`--num-gpu-blocks-override`), `--max-model-len {}`; ready {:.0} s after their start, {} MiB resident each.\n",
-        setup.servers,
-        setup.block_size.map_or("?".into(), |b| b.to_string()),
-        setup.kv_blocks.map_or("?".into(), |b| b.to_string()),
-        args.max_model_len,
-        setup.ready_s.iter().cloned().fold(0.0, f64::max),
-        setup.rss_mib.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
-    );
+    // No OpenAI server ran when every policy asked for was SMG's gRPC one.
+    if !setup.ready_s.is_empty() {
+        let _ = writeln!(
+            md,
+            "Servers: {} vLLM for CPU servers of the tiny model, KV blocks of {} tokens, {} blocks each \
+             (`--num-gpu-blocks-override`), `--max-model-len {}`; ready {:.0} s after their start, {} MiB resident each.\n",
+            setup.servers,
+            setup.block_size.map_or("?".into(), |b| b.to_string()),
+            setup.kv_blocks.map_or("?".into(), |b| b.to_string()),
+            args.max_model_len,
+            setup.ready_s.iter().cloned().fold(0.0, f64::max),
+            setup.rss_mib.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+        );
+    }
+    if let Some(s) = setup.grpc_ready_s {
+        let _ = writeln!(
+            md,
+            "SMG with the engines' KV events ({}) ran after the other policies, on {} fresh servers of the \
+             same engine, model and cache behind vLLM's gRPC server (`vllm.entrypoints.grpc_server` with SMG's \
+             `smg-grpc-servicer`), publishing KV events, ready {s:.0} s after their start. They have no HTTP \
+             port: their caches were emptied through SMG's `POST /flush_cache` before each workload (every \
+             server reported flushed; the probe found nothing cached after it), \"from cache\" is the answers' \
+             `usage` (the same as \"by usage\"; on the OpenAI servers the two agree), and requests per server \
+             are not known. Over gRPC SMG tokenizes and renders the chat template itself and the servers \
+             skip theirs, so its TTFT is not measured on the same serving path as the other rows'.\n",
+            Policy::SmgKvEvents.title(),
+            setup.servers,
+        );
+    }
     let _ = writeln!(
         md,
         "Every policy gets the same requests in the same order, {} in flight (a closed loop), each server's \
@@ -116,10 +135,28 @@ fn policy_table(md: &mut String, rows: &[&Row]) {
             r.failures(),
             r.records.len(),
             r.rate(),
-            r.per_server.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+            if r.per_server.is_empty() {
+                "n/a".to_string()
+            } else {
+                r.per_server.iter().map(u64::to_string).collect::<Vec<_>>().join(" / ")
+            },
             r.router_cpu_s.map_or("-".into(), |c| format!("{c:.1}")),
             r.exclusions.map_or("-".into(), |n| n.to_string()),
         );
+    }
+}
+
+/// What SMG's index took in from the engines' KV events, for its row that reads them.
+fn router_kv_events(md: &mut String, rows: &[&Row]) {
+    for r in rows {
+        if let Some((batches, blocks)) = r.router_kv_events {
+            let _ = writeln!(
+                md,
+                "\n{}: SMG's index took in {batches:.0} KV-event batches, {blocks:.0} blocks, during the run \
+                 (`smg_kv_event_batches_total`, `smg_kv_event_blocks_total`).",
+                r.policy.title()
+            );
+        }
     }
 }
 
@@ -189,9 +226,13 @@ fn routers_command_lines(md: &mut String, args: &Args, rows: &[Row]) {
             continue;
         }
         seen.push((r.policy, r.workload));
-        let mut a = peers::args(r.policy, listen, metrics, &["http://SERVER".to_string()]);
+        let scheme = if r.policy.grpc_workers() { "grpc" } else { "http" };
+        let mut a = peers::args(r.policy, listen, metrics, &[format!("{scheme}://SERVER")]);
         if let Some(at) = a.iter().position(|x| x == "--prefix-token-count") {
             a[at + 1] = prefix_token_count(r.workload, args).to_string();
+        }
+        if r.policy.grpc_workers() {
+            a.extend(["--model-path".to_string(), "MODEL_DIR".to_string()]);
         }
         // The run's own addresses change per policy: the listen and Prometheus ports and the
         // servers are written as placeholders.
@@ -224,6 +265,7 @@ fn ratio(a: f64, b: f64) -> String {
 fn to_json(setup: &Setup, rows: &[Row]) -> serde_json::Value {
     json!({
         "servers": setup.servers, "block_size": setup.block_size, "kv_blocks": setup.kv_blocks,
+        "grpc_ready_s": setup.grpc_ready_s,
         "rows": rows.iter().map(|r| json!({
             "workload": r.workload.key(), "policy": r.policy.key(), "requests": r.records.len(),
             "failures": r.failures(), "wall_s": r.wall_s, "requests_per_s": r.rate(),
@@ -231,6 +273,7 @@ fn to_json(setup: &Setup, rows: &[Row]) -> serde_json::Value {
             "usage_cached_share": r.usage_cached_share(),
             "ttft_ms": {"p50": r.ttft(50.0), "p95": r.ttft(95.0)}, "e2e_ms": {"p50": r.e2e(50.0), "p95": r.e2e(95.0)},
             "per_server": r.per_server, "router_cpu_s": r.router_cpu_s, "ailb_exclusions": r.exclusions,
+            "router_kv_events": r.router_kv_events.map(|(b, n)| json!({"batches": b, "blocks": n})),
             "prefix": r.prefix,
         })).collect::<Vec<_>>(),
     })

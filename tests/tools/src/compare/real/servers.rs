@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
-use ailb_tests::vllm::{self, metric_sum, Engine, VllmServer};
+use ailb_tests::vllm::{self, metric_sum, Engine, Frontend, VllmServer};
 use anyhow::{bail, Context};
 
 use super::client;
@@ -14,28 +14,33 @@ use super::workload::RealRequest;
 use super::MODEL;
 use crate::compare::args::Args;
 
-/// Starts `--servers` vLLM servers for CPU serving the tiny model as [`MODEL`], with their
-/// development endpoints on (`/reset_prefix_cache`), `--max-model-len`, the prompt tokens'
-/// details and `--kv-blocks`, publishing KV events when `kv_events`; waits until they are
-/// ready. Returns them and when their start began.
-pub(super) fn start(args: &Args, engine: &Engine, kv_events: bool) -> (Vec<VllmServer>, Instant) {
+/// Starts `--servers` vLLM servers for CPU serving the tiny model as [`MODEL`] behind
+/// `frontend`, with `--max-model-len` and `--kv-blocks`, publishing KV events when `kv_events`;
+/// the OpenAI servers also with their development endpoints on (`/reset_prefix_cache`) and the
+/// prompt tokens' details. Waits until they are ready. Returns them and when their start began.
+pub(super) fn start(args: &Args, engine: &Engine, frontend: Frontend, kv_events: bool) -> (Vec<VllmServer>, Instant) {
     // The launcher adds its own variables to this process's environment, which the servers
     // inherit: this one turns on vLLM's development endpoints, `/reset_prefix_cache` among them.
     std::env::set_var("VLLM_SERVER_DEV_MODE", "1");
     let len = args.max_model_len.to_string();
     let blocks = args.kv_blocks.to_string();
-    let mut extra = vec!["--max-model-len", &len, "--enable-prompt-tokens-details"];
+    let mut extra = vec!["--max-model-len", &len];
+    if frontend == Frontend::OpenAi {
+        // An OpenAI server's flag (the gRPC server's answers carry the cached tokens anyway).
+        extra.push("--enable-prompt-tokens-details");
+    }
     if args.kv_blocks > 0 {
         extra.extend(["--num-gpu-blocks-override", &blocks]);
     }
     eprintln!(
-        "ailb-compare: starting {} vLLM server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
+        "ailb-compare: starting {} vLLM {}server(s) for CPU with {} (100-520 s on 2 cores, depending on what else runs)...",
         args.servers,
+        if frontend == Frontend::Grpc { "gRPC " } else { "" },
         engine.model.display()
     );
     let names = vec![MODEL; args.servers];
     let t0 = Instant::now();
-    let servers = vllm::start_servers_with(engine, &names, &extra, kv_events, Duration::from_secs(600));
+    let servers = vllm::start_servers_as(engine, frontend, &names, &extra, kv_events, Duration::from_secs(600));
     (servers, t0)
 }
 
@@ -70,6 +75,49 @@ fn probe() -> RealRequest {
         memory_mb: 0,
         tenant: None,
     }
+}
+
+/// Empties the prefix caches of `servers` gRPC servers through the SMG in front of them, which
+/// has no other way in: its `POST /flush_cache` asks every worker (retried while one refuses with
+/// requests in flight), and must report all of them flushed. Checked as the OpenAI servers'
+/// reset is, except that SMG picks the server: the probe, sent until one answer is a hit (at most
+/// 4 times: SMG may divert a hit to a server it thinks thin), must find nothing cached after the
+/// flush.
+pub fn flush_through_router(router: SocketAddrV4, servers: usize) -> anyhow::Result<()> {
+    let probe_cached = || -> anyhow::Result<u64> {
+        let rec = client::send(router, 0, &probe(), Duration::from_secs(60));
+        if !rec.ok() {
+            bail!("the flush probe through SMG on {router} failed: {rec:?}");
+        }
+        rec.cached_tokens.with_context(|| format!("the answer through SMG on {router} carried no cached_tokens"))
+    };
+    let mut hit = false;
+    for _ in 0..4 {
+        if probe_cached()? > 0 {
+            hit = true;
+            break;
+        }
+    }
+    if !hit {
+        bail!("the probe sent 4 times through SMG on {router} was never a hit: the check of the flush could not fail");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = post_empty(&router.to_string(), "/flush_cache")?;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && v["status"] == "success" && v["workers_flushed"].as_u64() == Some(servers as u64) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("SMG on {router}: /flush_cache kept failing (want {servers} workers flushed): {status} {body}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let cached = probe_cached()?;
+    if cached != 0 {
+        bail!("SMG on {router}: after /flush_cache the probe still found {cached} cached tokens");
+    }
+    Ok(())
 }
 
 /// Sends the probe to `s` directly; returns its cached tokens by the answer and by the
