@@ -13,7 +13,7 @@ use ailb_tools::compare::peers;
 use ailb_tools::compare::policy::Policy;
 use ailb_tools::compare::real::client::send;
 use ailb_tools::compare::real::workload::RealRequest;
-use ailb_tools::compare::real::{flush_through_router, smg_kv_events};
+use ailb_tools::compare::real::{flush_through_router, smg_kv_events, wait_router_tokenizer};
 
 fn free_addr() -> SocketAddrV4 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -69,6 +69,7 @@ fn smg_routes_by_the_kv_events_of_a_real_vllm_grpc_server() {
     argv.extend(["--model-path".to_string(), engine.model.display().to_string()]);
     let router = peers::start_with_args(policy, &venv, listen, argv, 1, dir.path())
         .unwrap_or_else(|e| panic!("SMG in front of a vLLM gRPC server: {e:#}"));
+    wait_router_tokenizer(listen).unwrap_or_else(|e| panic!("{e:#}"));
 
     let first = send(listen, 0, &chat("What does the gateway do?"), Duration::from_secs(120));
     assert!(first.ok(), "{first:?}");

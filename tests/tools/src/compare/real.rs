@@ -33,6 +33,14 @@
 //! the client sends tenant `t`'s requests straight to server `t % servers`), and the peer
 //! routers of [`super::peers`] with the settings given there (SMG's `prefix_hash` key length
 //! set per workload, see [`prefix_token_count`]).
+//!
+//! `smg-kv-events`, SMG routing by the engines' own KV events, needs the engines behind vLLM's
+//! gRPC server (SMG's `smg-grpc-servicer`): SMG reads KV events only from gRPC workers. Those
+//! servers have no HTTP port, so that policy runs last, on servers of its own started once the
+//! others are stopped (the same engine, model, KV blocks and length limit, publishing KV
+//! events); their caches are emptied through SMG's `POST /flush_cache` and checked by the probe
+//! ([`flush_through_router`]), their cache counts are the answers' `usage`, and the run fails if
+//! SMG's index took in no KV-event block ([`smg_kv_events`]).
 
 mod balancer;
 pub mod client;
@@ -54,8 +62,8 @@ use anyhow::{bail, Context};
 pub use self::balancer::prefix_token_count;
 use self::balancer::{start_balancer, Balancer};
 use self::client::Record;
-pub use self::servers::flush_through_router;
 use self::servers::{counters, reset_and_check, wait_idle};
+pub use self::servers::{flush_through_router, wait_router_tokenizer};
 use self::workload::{Kind, RealRequest, Sizes};
 use super::args::Args;
 use super::peers;
@@ -69,7 +77,7 @@ const CPU_BLOCK_TOKENS: u64 = 128;
 /// The policies raced when `--policies` is left at its default.
 pub const DEFAULT_POLICIES: &str =
     "round-robin,ailb,ailb-gateway,ailb-gateway-approx,ailb-gateway-precise,tenant-pinned,\
-                                     smg-cache-aware,smg-prefix-hash,vllm-cache-aware";
+                                     smg-cache-aware,smg-prefix-hash,vllm-cache-aware,smg-kv-events";
 
 /// One policy on one workload, measured.
 pub struct Row {
@@ -170,14 +178,28 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         let block = setup.block_size.context("the servers' vllm:cache_config_info has no block_size")?;
         rows = race(args, &ailb, &policies, &workloads, &servers, block)?;
     }
+    // A failure of the gRPC policies keeps the other rows: the report is written, then the
+    // error returned.
+    let mut failed = None;
     if !grpc.is_empty() {
         let (servers, t0) = servers::start(args, &engine, Frontend::Grpc, true);
         setup.grpc_ready_s = Some(t0.elapsed().as_secs_f64());
-        rows.extend(race(args, &ailb, &grpc, &workloads, &servers, CPU_BLOCK_TOKENS)?);
+        match race(args, &ailb, &grpc, &workloads, &servers, CPU_BLOCK_TOKENS) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                for p in &grpc {
+                    setup.not_run.push((*p, format!("failed: {e:#}")));
+                }
+                failed = Some(e);
+            }
+        }
     }
     let md = report::write(args, &setup, &rows)?;
     println!("{md}");
-    Ok(())
+    match failed {
+        Some(e) => Err(e.context("the policies on vLLM's gRPC servers failed (the report has the other rows)")),
+        None => Ok(()),
+    }
 }
 
 /// The numbers of the command line that the real engines bound.

@@ -84,6 +84,7 @@ fn probe() -> RealRequest {
 /// 4 times: SMG may divert a hit to a server it thinks thin), must find nothing cached after the
 /// flush.
 pub fn flush_through_router(router: SocketAddrV4, servers: usize) -> anyhow::Result<()> {
+    wait_router_tokenizer(router)?;
     let probe_cached = || -> anyhow::Result<u64> {
         let rec = client::send(router, 0, &probe(), Duration::from_secs(60));
         if !rec.ok() {
@@ -118,6 +119,25 @@ pub fn flush_through_router(router: SocketAddrV4, servers: usize) -> anyhow::Res
         bail!("SMG on {router}: after /flush_cache the probe still found {cached} cached tokens");
     }
     Ok(())
+}
+
+/// Waits until SMG in front of gRPC servers answers a chat, 60 s at most: it lists its workers
+/// healthy before it has loaded the tokenizer it needs for them, and answers 503
+/// `tokenizer_not_ready` until then.
+pub fn wait_router_tokenizer(router: SocketAddrV4) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rec = client::send(router, 0, &probe(), Duration::from_secs(60));
+        if rec.ok() {
+            return Ok(());
+        }
+        let loading =
+            rec.status == Some(503) && rec.error.as_deref().is_some_and(|e| e.contains("tokenizer_not_ready"));
+        if !loading || Instant::now() >= deadline {
+            bail!("SMG on {router} did not answer a chat (its tokenizer loaded) within 60 s: {rec:?}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// Sends the probe to `s` directly; returns its cached tokens by the answer and by the
