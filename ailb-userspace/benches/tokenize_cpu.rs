@@ -10,8 +10,13 @@
 //! (these machines are noisy). CPU is the process's user and system time (`getrusage`), so the
 //! pool's threads count.
 //!
+//! Then the tokenizer alone on the same prompts rendered, and on prompts of words that rarely
+//! repeat (the BPE's word cache misses): ids with offsets tracked (`Tokenizer::encode`) against
+//! ids only (`encode_fast`, which the front door uses), and ids only on a new thread per prompt
+//! (the BPE's word cache is per thread: cold there), CPU ms per prompt, alternating.
+//!
 //! Run by `cargo test` (without `--bench`, in a debug build), it only checks that the three modes
-//! send the same keys, over 4 requests and one round.
+//! send the same keys, over 4 requests and one round, and that both encodings give the same ids.
 
 use std::{num::NonZeroU32, path::PathBuf, sync::Arc, time::Instant};
 
@@ -49,6 +54,31 @@ fn bodies(requests: usize) -> Vec<bytes::Bytes> {
                     {"role": "user", "content": text.join(" ")},
                 ],
             });
+            bytes::Bytes::from(serde_json::to_vec(&body).expect("a JSON body"))
+        })
+        .collect()
+}
+
+/// Chat bodies of about 14,000 tokens of words that rarely repeat: 3 to 9 letters drawn by a
+/// fixed splitmix64 sequence.
+fn distinct_bodies(requests: usize) -> Vec<bytes::Bytes> {
+    let mut x: u64 = 0x5eed;
+    let mut next = move || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    (0..requests)
+        .map(|_| {
+            let words: Vec<String> = (0..2_400)
+                .map(|_| {
+                    let r = next();
+                    (0..3 + r % 7).map(|i| (b'a' + ((r >> (8 + 5 * i)) % 26) as u8) as char).collect()
+                })
+                .collect();
+            let body = serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": words.join(" ")}]});
             bytes::Bytes::from(serde_json::to_vec(&body).expect("a JSON body"))
         })
         .collect()
@@ -99,7 +129,8 @@ fn main() {
             return;
         }
     };
-    let keyer = Keyer::Tokens { tokenizer: Arc::new(tokenizer), block: NonZeroU32::new(16).expect("16 > 0") };
+    let tokenizer = Arc::new(tokenizer);
+    let keyer = Keyer::Tokens { tokenizer: tokenizer.clone(), block: NonZeroU32::new(16).expect("16 > 0") };
     // `cargo bench` passes `--bench`; `cargo test` does not.
     let measure = std::env::args().any(|a| a == "--bench");
     let (requests, rounds) = if measure { (REQUESTS, ROUNDS) } else { (4, 1) };
@@ -121,6 +152,52 @@ fn main() {
             let (cpu, wall) = (cpu_seconds() - c0, w0.elapsed().as_secs_f64());
             assert_eq!(*sent.get_or_insert(n), n, "every mode sends the same keys");
             println!("| {round} | {mode} | {:.2} | {:.2} |", cpu * 1e3 / requests as f64, wall * 1e3 / requests as f64);
+        }
+    }
+    encodings(&tokenizer, &bodies, &distinct_bodies(requests), rounds);
+}
+
+/// The tokenizer alone: ids with offsets against ids only, on the rendered prompts of both
+/// texts, alternating; checks that they agree.
+fn encodings(t: &ChatTokenizer, repeated: &[bytes::Bytes], distinct: &[bytes::Bytes], rounds: usize) {
+    let render = |bodies: &[bytes::Bytes]| -> Vec<String> {
+        bodies
+            .iter()
+            .map(|b| {
+                let v: serde_json::Value = serde_json::from_slice(b).expect("a JSON body");
+                t.render(&v["messages"], true).expect("renders")
+            })
+            .collect()
+    };
+    let texts = [("10 words, repeated", render(repeated)), ("words that rarely repeat", render(distinct))];
+    println!(
+        "\n| round | text | tokens per prompt | with offsets, CPU ms | ids only, CPU ms | ids only / with offsets | \
+         ids only, a new thread per prompt, CPU ms |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for round in 1..=rounds {
+        for (name, prompts) in &texts {
+            let c0 = cpu_seconds();
+            let full: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| t.tokenizer().encode(p.as_str(), false).expect("encodes").get_ids().to_vec())
+                .collect();
+            let c1 = cpu_seconds();
+            let fast: Vec<Vec<u32>> = prompts.iter().map(|p| t.encode(p, false).expect("encodes")).collect();
+            let c2 = cpu_seconds();
+            // A thread of its own per prompt: the BPE's word cache is per thread, so each starts
+            // cold (as a prompt does on a blocking-pool thread that has not tokenized before).
+            for p in prompts.iter() {
+                std::thread::scope(|sc| {
+                    sc.spawn(|| t.encode(p, false).expect("encodes"));
+                });
+            }
+            let c3 = cpu_seconds();
+            assert_eq!(full, fast, "both encodings give the same ids");
+            let n = prompts.len() as f64;
+            let tokens = full.iter().map(Vec::len).sum::<usize>() as f64 / n;
+            let (with, only, cold) = ((c1 - c0) * 1e3 / n, (c2 - c1) * 1e3 / n, (c3 - c2) * 1e3 / n);
+            println!("| {round} | {name} | {tokens:.0} | {with:.2} | {only:.2} | {:.2}x | {cold:.2} |", only / with);
         }
     }
 }

@@ -153,6 +153,18 @@ fn strftime_formats_a_date() {
     assert!(template::strftime("%j", 0).is_err());
 }
 
+/// Ids without offsets are the ids with them, specials and all.
+#[test]
+fn ids_without_offsets_are_the_ids_with_them() {
+    let t = fixture();
+    for text in ["", "hello world", "<s>a b</s> c", "  spaced   out\n\ttext é ü 字", &"abc ".repeat(500)] {
+        for specials in [false, true] {
+            let full = t.tokenizer().encode(text, specials).expect("encodes");
+            assert_eq!(t.encode(text, specials).expect("encodes"), full.get_ids(), "{text:?} {specials}");
+        }
+    }
+}
+
 /// The tiny model `cargo xtask setup` makes (or the folder `AILB_TINY_MODEL_DIR` names),
 /// against what transformers itself renders and tokenizes (`tests/engines/chat_fixture.py`
 /// wrote the expectation with the pinned packages).
