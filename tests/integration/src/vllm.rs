@@ -1,6 +1,7 @@
-//! Real vLLM servers (vLLM for CPU, the tiny model) for the `vllm*` tests, from what
-//! `cargo xtask setup` keeps under `~/.cache/ailb/`: the venv `vllm-venv` and the model
-//! `models/tiny-llama`. Each server runs in its own process group (the API server starts an
+//! Real vLLM servers (vLLM for CPU, the tiny model) for the `vllm*` tests and the real-engine
+//! race, from what `cargo xtask setup` keeps under `~/.cache/ailb/`: the venv `vllm-venv`, the
+//! model `models/tiny-llama` and, for the gRPC servers SMG reads KV events from, SMG's servicer
+//! in `smg-grpc-servicer`. Each server runs in its own process group (the API server starts an
 //! engine process of its own), is killed by that group on drop (SIGTERM, then SIGKILL), and
 //! dies with the test process if that is killed first (`PR_SET_PDEATHSIG`).
 //!
@@ -133,7 +134,8 @@ impl KvEventPorts {
     }
 }
 
-/// A running `vllm.entrypoints.openai.api_server` on `127.0.0.1:port`, its output in a file.
+/// A running vLLM server on `127.0.0.1:port` (`vllm.entrypoints.openai.api_server`, or behind
+/// [`Frontend::Grpc`] `vllm.entrypoints.grpc_server`), its output in a file.
 pub struct VllmServer {
     child: Child,
     port: u16,
