@@ -172,19 +172,24 @@ fn uv(p: &Paths, r: &mut Report) -> Result<(), Failure> {
     }
 }
 
-/// The versions of [`PINS`] installed in the venv (`None`: no venv or no python).
-fn installed_pins(p: &Paths) -> Option<Vec<(String, Option<String>)>> {
-    let names: Vec<&str> = PINS.iter().map(|(n, _)| *n).collect();
+/// The versions of `pins`' packages the venv's python sees, `PYTHONPATH` set to `path` when
+/// given (`None`: no venv or no python).
+fn installed(p: &Paths, pins: &[(&str, &str)], path: Option<&Path>) -> Option<Vec<(String, Option<String>)>> {
+    let names: Vec<&str> = pins.iter().map(|(n, _)| *n).collect();
     let script = "import importlib.metadata as m, json, sys\n\
                   def v(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n\
                   print(json.dumps([[n, v(n)] for n in sys.argv[1:]]))";
-    let out = util::output(Command::new(p.python()).args(["-c", script]).args(&names)).ok()?;
+    let mut cmd = Command::new(p.python());
+    if let Some(path) = path {
+        cmd.env("PYTHONPATH", path);
+    }
+    let out = util::output(cmd.args(["-c", script]).args(&names)).ok()?;
     serde_json::from_str(out.trim()).ok()
 }
 
 /// The pins that differ: "name: installed X, pinned Y".
 fn pin_mismatches(p: &Paths) -> Vec<String> {
-    let Some(found) = installed_pins(p) else {
+    let Some(found) = installed(p, PINS, None) else {
         return vec![format!("no python at {}", p.python().display())];
     };
     PINS.iter()
@@ -237,16 +242,6 @@ fn vllm(p: &Paths, r: &mut Report) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The servicer's versions installed in `dir` (`None`: none there).
-fn servicer_versions(p: &Paths, dir: &Path) -> Option<Vec<(String, Option<String>)>> {
-    let names: Vec<&str> = GRPC_SERVICER.iter().map(|(n, _)| *n).collect();
-    let script = "import importlib.metadata as m, json, sys\n\
-                  def v(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n\
-                  print(json.dumps([[n, v(n)] for n in sys.argv[1:]]))";
-    let out = util::output(Command::new(p.python()).env("PYTHONPATH", dir).args(["-c", script]).args(&names)).ok()?;
-    serde_json::from_str(out.trim()).ok()
-}
-
 /// SMG's gRPC servicer for vLLM in [`GRPC_SERVICER_DIR`]: reused when its pins match, else
 /// installed there with uv and checked by the import vLLM's gRPC server does (14 s: it imports
 /// vLLM).
@@ -262,7 +257,7 @@ fn grpc_servicer(p: &Paths, r: &mut Report) -> Result<(), Failure> {
                 .args(["-c", "import smg_grpc_servicer.vllm.servicer, grpc_health.v1.health_pb2"]),
         )
     };
-    if servicer_versions(p, &dir).as_ref() == Some(&want) {
+    if installed(p, GRPC_SERVICER, Some(&dir)).as_ref() == Some(&want) {
         r.present.push(format!("SMG's gRPC servicer for vLLM ({})", dir.display()));
         return Ok(());
     }

@@ -251,9 +251,9 @@ pub const FILTER_BITS_PER_ENTRY: u64 = 12;
 ///
 /// Why: a lookup in a big `AILB_PREFIX` is likely a cache and TLB miss (about 300 ns on the CI
 /// machine), and the search probes up to 8 keys per connect. The filter takes 1.5 bytes per map
-/// entry and generation (3 in all), a key's bits all in one line, so the search probes it instead, then looks
-/// up only the key where the held run seems to end; only a key that tests positive without
-/// being held costs more lookups.
+/// entry and generation (3 in all), a key's bits all in one line, so the search probes it
+/// instead, then looks up only the key where the held run seems to end; only a key that tests
+/// positive without being held costs more lookups.
 ///
 /// Entry 0 is the header ([`FilterLine::header`]): the lines per generation (0: no filter,
 /// every key may be held) and the generation the search reads. Line `i` of generation `g`

@@ -378,14 +378,10 @@ impl Row {
     }
 
     /// The cached share of the prompt tokens by the answers' own usage chunks (a cross-check
-    /// of the counters; `None` when no answer carried it).
+    /// of the counters; `None` when an answer lacked it, or none was served).
     pub fn usage_cached_share(&self) -> Option<f64> {
-        let (mut c, mut p) = (0u64, 0u64);
-        for r in self.records.iter().filter(|r| r.ok()) {
-            c += r.cached_tokens?;
-            p += r.prompt_tokens?;
-        }
-        (p > 0).then(|| c as f64 / p as f64)
+        let (prompt, cached) = usage_tokens(&self.records).ok()?;
+        (prompt > 0.0).then(|| cached / prompt)
     }
 }
 
