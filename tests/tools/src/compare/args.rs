@@ -62,8 +62,9 @@ pub struct Args {
     pub output_tokens: u32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// With `--synthetic`: run the whole comparison on this many workloads, seeds `--seed` on,
-    /// each in `--out-dir/seed-S/`, and summarise them in `--out-dir/seeds.md` ([`super::seeds`]).
+    /// With `--synthetic` or `--shared-prefix`: run the whole comparison on this many workloads,
+    /// seeds `--seed` on, each in `--out-dir/seed-S/`, and summarise them in
+    /// `--out-dir/seeds.md` ([`super::seeds`]).
     #[arg(long, default_value_t = 1)]
     pub seeds: u64,
     /// Number of simulated A100-80GB GPUs.
@@ -247,9 +248,10 @@ impl Args {
         if self.shared_prefix {
             self.shared_prefix_opts().validate().map_err(|e| anyhow::anyhow!("--shared-prefix: {e}"))?;
         }
-        if self.seeds == 0 || (self.seeds > 1 && !self.synthetic) {
+        if self.seeds == 0 || (self.seeds > 1 && !self.synthetic && !self.shared_prefix) {
             bail!(
-                "--seeds must be at least 1, and above 1 only with --synthetic (the trace has one order), not {}",
+                "--seeds must be at least 1, and above 1 only with --synthetic or --shared-prefix (the trace has one \
+                 order), not {}",
                 self.seeds
             );
         }

@@ -1,4 +1,5 @@
-//! `ailb-compare --synthetic --seeds N`: the comparison repeated on N synthetic workloads.
+//! `ailb-compare --synthetic --seeds N`: the comparison repeated on N synthetic workloads
+//! (`--shared-prefix --seeds N`: [`prefix`]).
 //!
 //! On the synthetic mix a run's tail and its utilisation spread are set by a handful of long
 //! conversations (a tenth of them, each turn about 800 output tokens): which GPU each lands on,
@@ -78,8 +79,13 @@ impl SeedRun {
     }
 }
 
+pub mod prefix;
+
 /// Runs the comparison once per seed, then writes and prints `seeds.md`.
 pub fn main(args: &Args) -> anyhow::Result<()> {
+    if args.shared_prefix {
+        return prefix::main(args);
+    }
     let profiles = fleet_model::fleet_profiles(args.a100, args.rtx3090);
     let mut runs = Vec::new();
     for (k, seed) in (args.seed..args.seed + args.seeds).enumerate() {

@@ -62,10 +62,11 @@ fn the_summary_gives_per_seed_ratios_and_their_means() {
 }
 
 #[test]
-fn several_seeds_need_the_synthetic_mix() {
+fn several_seeds_need_a_workload_with_seeds() {
     let args = Args::parse_from(["ailb-compare", "--seeds", "3"]);
     assert!(args.validate().unwrap_err().to_string().contains("--seeds"));
     let args = Args::parse_from(["ailb-compare", "--synthetic", "--seeds", "0"]);
     assert!(args.validate().is_err());
     assert!(Args::parse_from(["ailb-compare", "--synthetic", "--seeds", "3"]).validate().is_ok());
+    assert!(Args::parse_from(["ailb-compare", "--shared-prefix", "--seeds", "3"]).validate().is_ok());
 }
