@@ -15,8 +15,18 @@
 //! ids only (`encode_fast`, which the front door uses), and ids only on a new thread per prompt
 //! (the BPE's word cache is per thread: cold there), CPU ms per prompt, alternating.
 //!
+//! Then the segment cache (`tokenize::segments`): chats that repeat what earlier requests sent,
+//! as conversations growing turn by turn and as tenants' long system prompts under new
+//! questions, tokenized with the cache (a fresh one per round) and without, alternating; CPU ms
+//! per request and the share of tokens taken from the cache.
+//!
+//! The modes' table tokenizes without the segment cache (each body is sent in every mode and
+//! round, so a cache would take the later ones from the first): it measures where the
+//! tokenizing runs, not what it costs.
+//!
 //! Run by `cargo test` (without `--bench`, in a debug build), it only checks that the three modes
-//! send the same keys, over 4 requests and one round, and that both encodings give the same ids.
+//! send the same keys, over 4 requests and one round, that both encodings give the same ids, and
+//! that the cache gives the ids tokenizing without it gives.
 
 use std::{num::NonZeroU32, path::PathBuf, sync::Arc, time::Instant};
 
@@ -129,7 +139,8 @@ fn main() {
             return;
         }
     };
-    let tokenizer = Arc::new(tokenizer);
+    // Each body is sent in every mode and round: without the segment cache, each is tokenized.
+    let tokenizer = Arc::new(tokenizer.with_segment_cache(None));
     let keyer = Keyer::Tokens { tokenizer: tokenizer.clone(), block: NonZeroU32::new(16).expect("16 > 0") };
     // `cargo bench` passes `--bench`; `cargo test` does not.
     let measure = std::env::args().any(|a| a == "--bench");
@@ -155,6 +166,107 @@ fn main() {
         }
     }
     encodings(&tokenizer, &bodies, &distinct_bodies(requests), rounds);
+    segments(&dir, measure, rounds);
+}
+
+/// Words that rarely repeat, `n` of them, from a fixed splitmix64 sequence seeded `seed`.
+fn words(seed: u64, n: usize) -> String {
+    let mut x = seed;
+    let mut next = move || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let w: Vec<String> = (0..n)
+        .map(|_| {
+            let r = next();
+            (0..3 + r % 7).map(|i| (b'a' + ((r >> (8 + 5 * i)) % 26) as u8) as char).collect()
+        })
+        .collect();
+    w.join(" ")
+}
+
+/// `conversations` conversations of `turns` turns, in arrival order (every conversation's first
+/// turn, then every second turn...): each turn a user message of about 1,500 tokens and, before
+/// the next, the assistant's answer of about 300; each request carries the whole history.
+fn conversation_chats(conversations: usize, turns: usize) -> Vec<serde_json::Value> {
+    let system = serde_json::json!({"role": "system", "content": "You are a careful assistant."});
+    let mut out = Vec::new();
+    for turn in 0..turns {
+        for c in 0..conversations {
+            let mut messages = vec![system.clone()];
+            for t in 0..=turn {
+                let seed = (c * 1_000 + t) as u64;
+                messages.push(serde_json::json!({"role": "user", "content": words(seed, 600)}));
+                if t < turn {
+                    messages.push(serde_json::json!({"role": "assistant", "content": words(seed + 500, 120)}));
+                }
+            }
+            out.push(serde_json::Value::Array(messages));
+        }
+    }
+    out
+}
+
+/// `requests` requests of `tenants` tenants in turn, each tenant's system prompt about 6,000
+/// tokens, each request's question about 200 tokens of its own.
+fn tenant_chats(tenants: usize, requests: usize) -> Vec<serde_json::Value> {
+    (0..requests)
+        .map(|i| {
+            serde_json::json!([
+                {"role": "system", "content": words(10_000 + (i % tenants) as u64, 2_400)},
+                {"role": "user", "content": words(20_000 + i as u64, 80)},
+            ])
+        })
+        .collect()
+}
+
+/// The segment cache against none, alternating which runs first, a fresh cache (and tokenizer)
+/// per round; checks the ids agree.
+fn segments(dir: &std::path::Path, measure: bool, rounds: usize) {
+    let (conversations, turns, tenants, requests) = if measure { (12, 6, 8, 72) } else { (2, 3, 2, 4) };
+    let workloads = [
+        (format!("{conversations} conversations x {turns} turns"), conversation_chats(conversations, turns)),
+        (format!("{tenants} tenants' system prompts, {requests} questions"), tenant_chats(tenants, requests)),
+    ];
+    println!(
+        "\n| round | workload | requests | tokens per request | no cache, CPU ms per request | segment cache, CPU ms per \
+         request | cache / none | tokens from the cache |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for round in 1..=rounds {
+        for (name, chats) in &workloads {
+            let none = ChatTokenizer::load(dir).expect("loads").with_segment_cache(None);
+            let cached = ChatTokenizer::load(dir).expect("loads");
+            // Each side's CPU ms per request and ids; the first to run alternates by round.
+            let time = |t: &ChatTokenizer| {
+                let c0 = cpu_seconds();
+                let ids: Vec<Vec<u32>> = chats.iter().map(|m| t.chat_token_ids(m, true).expect("encodes")).collect();
+                ((cpu_seconds() - c0) * 1e3 / chats.len() as f64, ids)
+            };
+            let ((a, plain), (b, fast)) = if round % 2 == 1 {
+                let a = time(&none);
+                (a, time(&cached))
+            } else {
+                let b = time(&cached);
+                (time(&none), b)
+            };
+            assert_eq!(plain, fast, "the segment cache gives the ids tokenizing whole gives");
+            let n = chats.len() as f64;
+            let tokens = plain.iter().map(Vec::len).sum::<usize>() as f64;
+            let stats = cached.segment_cache().expect("a cache").stats();
+            let reused = stats.tokens_reused.get() as f64 / tokens;
+            println!(
+                "| {round} | {name} | {} | {:.0} | {a:.2} | {b:.2} | {:.2}x | {:.1} % |",
+                chats.len(),
+                tokens / n,
+                b / a,
+                reused * 100.0
+            );
+        }
+    }
 }
 
 /// The tokenizer alone: ids with offsets against ids only, on the rendered prompts of both

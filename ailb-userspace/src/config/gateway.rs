@@ -28,6 +28,7 @@
 //! "demo-7b" = 131072
 //! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
 //! "demo-7b" = 16
+//! tokenizer_cache_mb = 64           # per tokenizer: ids of prompt segments seen (0: none)
 //! [gateway.tokenizers]             # with `prefix_keys = true`: token-exact prefix keys
 //! "demo-7b" = "/models/demo-7b"
 //! ```
@@ -70,6 +71,13 @@ impl std::fmt::Debug for LoadedTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LoadedTokenizer").field("path", &self.path).finish_non_exhaustive()
     }
+}
+
+/// The largest `tokenizer_cache_mb` accepted: 64 GiB, far above a front door's memory.
+pub const MAX_TOKENIZER_CACHE_MB: u64 = 1 << 16;
+
+fn default_tokenizer_cache_mb() -> u64 {
+    (crate::tokenize::DEFAULT_SEGMENT_CACHE_BYTES >> 20) as u64
 }
 
 /// Tokens per KV block of a model not in `kv_block_tokens`: vLLM's default `--block-size`.
@@ -130,6 +138,11 @@ pub struct GatewayConfig {
     /// events report).
     #[serde(default)]
     pub tokenizers: BTreeMap<String, std::path::PathBuf>,
+    /// Per tokenizer of `tokenizers`: MiB of token ids of prompt segments already seen (the
+    /// text between special tokens: a tenant's system prompt, a conversation's earlier
+    /// messages), so that a request tokenizes only what is new. 0: none. Default 64.
+    #[serde(default = "default_tokenizer_cache_mb")]
+    pub tokenizer_cache_mb: u64,
     /// Whether an upstream connection may carry another request with the same routing inputs
     /// (`"conversation"`: idle connections are kept per model, memory need and conversation
     /// key; requests without a key always get a fresh socket), or never (`"never"`: a fresh
@@ -271,6 +284,7 @@ impl Default for GatewayConfig {
             kv_block_tokens: BTreeMap::new(),
             prefix_keys: false,
             tokenizers: BTreeMap::new(),
+            tokenizer_cache_mb: default_tokenizer_cache_mb(),
             upstream_reuse: default_reuse(),
             upstream_max_age: default_max_age(),
             upstream_idle_mark_after: None,
@@ -421,6 +435,7 @@ impl GatewayConfig {
     /// `tokenizers`: models of the catalog, each folder loaded (a bad one stops start-up).
     fn load_tokenizers(&self, models: &[&str]) -> Result<BTreeMap<String, LoadedTokenizer>, ConfigError> {
         let mut out = BTreeMap::new();
+        let cache = self.tokenizer_cache_bytes()?;
         for (name, dir) in &self.tokenizers {
             let field = format!("gateway.tokenizers.{name}");
             if !models.contains(&name.as_str()) {
@@ -433,9 +448,22 @@ impl GatewayConfig {
                     format!("not a usable tokenizer folder: {}", crate::error_chain(&e)),
                 )
             })?;
+            let tok = tok.with_segment_cache(cache);
             out.insert(name.clone(), LoadedTokenizer { path: dir.clone(), tokenizer: std::sync::Arc::new(tok) });
         }
         Ok(out)
+    }
+
+    /// `tokenizer_cache_mb` in bytes (`None`: 0, no cache).
+    fn tokenizer_cache_bytes(&self) -> Result<Option<std::num::NonZeroUsize>, ConfigError> {
+        if self.tokenizer_cache_mb > MAX_TOKENIZER_CACHE_MB {
+            return Err(ConfigError::invalid(
+                "gateway.tokenizer_cache_mb",
+                self.tokenizer_cache_mb,
+                format!("at most {MAX_TOKENIZER_CACHE_MB} (MiB per tokenizer)"),
+            ));
+        }
+        Ok(std::num::NonZeroUsize::new((self.tokenizer_cache_mb as usize) << 20))
     }
 
     /// `kv_bytes_per_token` and `kv_block_tokens`: models of the catalog, values in range.

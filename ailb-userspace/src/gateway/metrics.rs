@@ -8,14 +8,17 @@
 
 use std::sync::OnceLock;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::{
-    counter::Counter,
+    counter::{ConstCounter, Counter},
     family::{Family, MetricConstructor},
-    gauge::Gauge,
+    gauge::{ConstGauge, Gauge},
     histogram::{exponential_buckets, Histogram},
 };
 use prometheus_client::registry::Registry;
+
+use crate::tokenize::segments::SegmentStats;
 
 pub use crate::metrics::ModelLabel;
 
@@ -147,6 +150,65 @@ impl GatewayMetrics {
     pub fn upstream_request(&self, reused: bool) {
         let family = &self.upstream_connections;
         self.reuse[usize::from(reused)].get_or_init(|| family.get_or_create(&ReuseLabel { reused }).clone()).inc();
+    }
+}
+
+/// Per model with a tokenizer (`[gateway.tokenizers]`), its segment cache's counters, read at
+/// each scrape.
+pub fn register_tokenizer_caches(
+    registry: &mut Registry,
+    tokenizers: &std::collections::BTreeMap<String, crate::config::gateway::LoadedTokenizer>,
+) {
+    let caches: Vec<(String, std::sync::Arc<crate::tokenize::ChatTokenizer>)> = tokenizers
+        .iter()
+        .filter(|(_, t)| t.tokenizer.segment_cache().is_some())
+        .map(|(m, t)| (m.clone(), t.tokenizer.clone()))
+        .collect();
+    if !caches.is_empty() {
+        registry.register_collector(Box::new(TokenizerCaches(caches)));
+    }
+}
+
+#[derive(Debug)]
+struct TokenizerCaches(Vec<(String, std::sync::Arc<crate::tokenize::ChatTokenizer>)>);
+
+impl Collector for TokenizerCaches {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        type Field = fn(&SegmentStats) -> u64;
+        let counters: [(&str, &str, Field); 4] = [
+            (
+                "ailb_gateway_tokenizer_segments_cached",
+                "Prompt segments (the text up to a special token) whose token ids came from the tokenizer's cache",
+                |s| s.hits.get(),
+            ),
+            ("ailb_gateway_tokenizer_segments_encoded", "Prompt segments the tokenizer encoded", |s| s.misses.get()),
+            (
+                "ailb_gateway_tokenizer_tokens_cached",
+                "Prompt token ids taken from the tokenizer's segment cache",
+                |s| s.tokens_reused.get(),
+            ),
+            ("ailb_gateway_tokenizer_tokens_encoded", "Prompt token ids the tokenizer encoded", |s| {
+                s.tokens_encoded.get()
+            }),
+        ];
+        let stats: Vec<(&String, &SegmentStats)> =
+            self.0.iter().filter_map(|(m, t)| Some((m, t.segment_cache()?.stats()))).collect();
+        for (name, help, field) in counters {
+            let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+            for (m, s) in &stats {
+                ConstCounter::new(field(s)).encode(fam.encode_family(&ModelLabel { model: (*m).clone() })?)?;
+            }
+        }
+        let mut fam = enc.encode_descriptor(
+            "ailb_gateway_tokenizer_cache_bytes",
+            "Bytes held by the tokenizer's segment cache (gateway.tokenizer_cache_mb at most)",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (m, s) in &stats {
+            ConstGauge::new(s.bytes.get()).encode(fam.encode_family(&ModelLabel { model: (*m).clone() })?)?;
+        }
+        Ok(())
     }
 }
 

@@ -114,6 +114,7 @@ impl Pipeline {
         registry: &mut prometheus_client::registry::Registry,
     ) -> Self {
         let models = catalog(config, &cfg);
+        super::metrics::register_tokenizer_caches(registry, &cfg.tokenizers);
         let tenancy = cfg.tenancy.clone().map(|t| {
             let tenancy = Tenancy::new(t);
             let names: Vec<&str> = tenancy.config().tenants.iter().map(|t| t.name.as_str()).collect();

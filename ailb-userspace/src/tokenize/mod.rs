@@ -11,15 +11,23 @@
 //! transformers 5 writes), else `chat_template` in `tokenizer_config.json` (a string, or a list
 //! of named templates of which `default` is taken).
 //!
-//! Pure and synchronous: files in, token ids out.
+//! Pure and synchronous: files in, token ids out. A chat's rendered prompt is encoded in
+//! segments whose ids are reused across requests ([`segments`]): the same ids, less work for
+//! the system prompts and histories that requests repeat.
 #![forbid(unsafe_code)]
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use minijinja::Environment;
 use tokenizers::Tokenizer;
 
+pub mod segments;
 mod template;
+
+/// The segment cache's bytes per tokenizer unless configured (`[gateway] tokenizer_cache_mb`):
+/// about 8 million tokens of prompts with their text.
+pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 64 << 20;
 
 /// The special tokens a chat template may print.
 const SPECIAL_TOKENS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
@@ -68,11 +76,19 @@ pub struct ChatTokenizer {
     env: Environment<'static>,
     /// The special tokens' text, by the template variable's name.
     specials: Vec<(&'static str, String)>,
+    /// Where a rendered prompt is cut into segments; `None`: encoded whole.
+    cuts: Option<segments::Cuts>,
+    /// The segments' ids; `None`: every segment encoded.
+    cache: Option<segments::SegmentCache>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTokenizer").field("specials", &self.specials).finish_non_exhaustive()
+        f.debug_struct("ChatTokenizer")
+            .field("specials", &self.specials)
+            .field("cuts", &self.cuts.as_ref().map(segments::Cuts::tokens))
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
     }
 }
 
@@ -143,7 +159,25 @@ impl ChatTokenizer {
         };
         let env = template::environment(template)
             .map_err(|source| TokenizeError::Template { origin: origin.to_string(), source })?;
-        Ok(ChatTokenizer { tokenizer, env, specials })
+        let cuts = segments::Cuts::of(&tokenizer);
+        let cache = NonZeroUsize::new(DEFAULT_SEGMENT_CACHE_BYTES).map(segments::SegmentCache::new);
+        Ok(ChatTokenizer { tokenizer, env, specials, cuts, cache })
+    }
+
+    /// The same with a segment cache of `bytes` (`None`: no cache, every prompt encoded whole).
+    pub fn with_segment_cache(mut self, bytes: Option<NonZeroUsize>) -> Self {
+        self.cache = bytes.map(segments::SegmentCache::new);
+        self
+    }
+
+    /// The segment cache, if any.
+    pub fn segment_cache(&self) -> Option<&segments::SegmentCache> {
+        self.cache.as_ref()
+    }
+
+    /// The special tokens a rendered prompt is cut after (empty: encoded whole).
+    pub fn cut_tokens(&self) -> &[String] {
+        self.cuts.as_ref().map_or(&[], segments::Cuts::tokens)
     }
 
     /// The prompt text: the chat template over `messages` (the request's `messages` array, as
@@ -178,7 +212,19 @@ impl ChatTokenizer {
         messages: &serde_json::Value,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
-        self.encode(&self.render(messages, add_generation_prompt)?, false)
+        self.encode_rendered(&self.render(messages, add_generation_prompt)?)
+    }
+
+    /// A rendered prompt's ids (no special tokens added: the template wrote them), segment by
+    /// segment through the cache where the tokenizer can be cut, else whole. The same ids
+    /// either way.
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let (Some(cuts), Some(cache)) = (&self.cuts, &self.cache) else { return self.encode(text, false) };
+        let mut ids = Vec::new();
+        for segment in cuts.segments(text) {
+            cache.extend(segment, &mut ids, |s| self.encode(s, false))?;
+        }
+        Ok(ids)
     }
 }
 

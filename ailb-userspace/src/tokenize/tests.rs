@@ -197,3 +197,159 @@ fn the_tiny_models_tokenizer_matches_transformers() {
     }
     println!("checked {} conversations against transformers' rendering and tokens", cases.len());
 }
+
+/// A tokenizer.json with the given added tokens, each `(content, special, lstrip, rstrip,
+/// single_word, normalized)`, over the fixture's words.
+fn with_added(tokens: &[(&str, bool, bool, bool, bool, bool)]) -> Tokenizer {
+    let mut t: serde_json::Value = serde_json::from_slice(&tokenizer_json()).expect("json");
+    let added: Vec<serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, (content, special, lstrip, rstrip, single_word, normalized))| {
+            json!({"id": 100 + i, "content": content, "single_word": single_word, "lstrip": lstrip,
+                   "rstrip": rstrip, "normalized": normalized, "special": special})
+        })
+        .collect();
+    t["added_tokens"] = json!(added);
+    Tokenizer::from_bytes(serde_json::to_vec(&t).expect("json")).expect("loads")
+}
+
+/// Only special tokens that the tokenizer splits out whatever surrounds them are cut after.
+#[test]
+fn cut_tokens_are_the_special_tokens_that_split_out_cleanly() {
+    let t = with_added(&[
+        ("<|im_end|>", true, false, false, false, false),
+        // Strips whitespace on its left: still clean, the whitespace is on its own side.
+        ("<|eot|>", true, true, false, false, false),
+        ("<rstrip>", true, false, true, false, false),
+        ("<word>", true, false, false, true, false),
+        ("<norm>", true, false, false, false, true),
+        ("<plain>", false, false, false, false, false),
+        // Overlapping pairs: one inside another, and an end that begins another.
+        ("<a>", true, false, false, false, false),
+        ("<a>b", true, false, false, false, false),
+        ("x]", true, false, false, false, false),
+        ("]y", true, false, false, false, false),
+        // Overlapping itself ("aa" occurs twice in "aaa").
+        ("aa", true, false, false, false, false),
+    ]);
+    let cuts = segments::Cuts::of(&t).expect("some tokens qualify");
+    assert_eq!(cuts.tokens(), ["<|eot|>", "<|im_end|>"]);
+    let text = "a<|im_end|>\nb <|eot|><|im_end|>c";
+    assert_eq!(cuts.segments(text).collect::<Vec<_>>(), ["a<|im_end|>", "\nb <|eot|>", "<|im_end|>", "c"]);
+    assert_eq!(cuts.segments("<|im_end|>").collect::<Vec<_>>(), ["<|im_end|>"]);
+    assert_eq!(cuts.segments("").count(), 0);
+
+    let mut truncating: serde_json::Value = serde_json::from_slice(&tokenizer_json()).expect("json");
+    truncating["truncation"] = json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0});
+    let truncating = Tokenizer::from_bytes(serde_json::to_vec(&truncating).expect("json")).expect("loads");
+    assert!(segments::Cuts::of(&truncating).is_none(), "a truncating tokenizer is encoded whole");
+}
+
+/// Chats that share leading messages: the second encoding of a message comes from the cache, and
+/// every prompt's ids are those of its whole text.
+fn check_segments_match_whole(t: &ChatTokenizer, chats: &[serde_json::Value]) {
+    assert!(!t.cut_tokens().is_empty(), "the tokenizer is cut after its end-of-message token");
+    for messages in chats {
+        let text = t.render(messages, true).expect("renders");
+        let whole = t.encode(&text, false).expect("encodes");
+        assert_eq!(t.chat_token_ids(messages, true).expect("encodes"), whole, "{text:?}");
+        assert_eq!(t.chat_token_ids(messages, true).expect("encodes again"), whole, "from the cache: {text:?}");
+    }
+    let stats = t.segment_cache().expect("a cache").stats();
+    assert!(stats.hits.get() > 0);
+    assert!(stats.tokens_reused.get() > 0);
+}
+
+/// Conversations growing turn by turn, with whitespace and text around every message boundary.
+fn growing_chats(pieces: &[&str]) -> Vec<serde_json::Value> {
+    let mut chats = Vec::new();
+    let mut messages = vec![json!({"role": "system", "content": pieces[0]})];
+    for (i, p) in pieces.iter().enumerate().skip(1) {
+        let role = if i % 2 == 1 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": p}));
+        chats.push(json!(messages.clone()));
+    }
+    chats
+}
+
+#[test]
+fn segmented_ids_are_the_whole_texts_ids() {
+    let t = fixture();
+    check_segments_match_whole(&t, &growing_chats(&["be brief", "hello world !", " hello", "world  ", "brief"]));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// The tiny model's byte-level BPE (when `cargo xtask setup` made it): any text around the
+    /// cuts, spaces and newlines next to them included, encodes as the whole text does.
+    #[test]
+    fn the_tiny_models_segmented_ids_are_its_whole_ids(
+        pieces in proptest::collection::vec("[ \\n\\ta-zé字0-9.,!<>|_]{0,40}", 2..7),
+    ) {
+        let Some(t) = tiny_model() else { return Ok(()) };
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        for messages in growing_chats(&refs) {
+            let text = t.render(&messages, true).expect("renders");
+            proptest::prop_assert_eq!(t.chat_token_ids(&messages, true).expect("encodes"), t.encode(&text, false).expect("encodes"));
+        }
+        // Raw text with the end-of-message token anywhere, spaces on both sides.
+        let raw = refs.join("<|im_end|>");
+        proptest::prop_assert_eq!(t.encode_rendered(&raw).expect("encodes"), t.encode(&raw, false).expect("encodes"));
+    }
+}
+
+/// The tiny model's tokenizer, loaded once; `None` (and a line saying so) where it is absent.
+fn tiny_model() -> Option<&'static ChatTokenizer> {
+    static TINY: std::sync::OnceLock<Option<ChatTokenizer>> = std::sync::OnceLock::new();
+    TINY.get_or_init(|| {
+        let dir = std::env::var_os("AILB_TINY_MODEL_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ailb/models/tiny-llama")))?;
+        if !dir.join("tokenizer.json").is_file() {
+            println!("skipped: no tiny model at {} (cargo xtask setup makes it)", dir.display());
+            return None;
+        }
+        Some(ChatTokenizer::load(&dir).expect("the tiny model's tokenizer loads"))
+    })
+    .as_ref()
+}
+
+#[test]
+fn the_tiny_models_prompts_are_cut_after_each_message() {
+    let Some(t) = tiny_model() else { return };
+    assert_eq!(t.cut_tokens(), ["<|endoftext|>", "<|im_end|>", "<|im_start|>"]);
+    let system = "You are a helpful assistant. ".repeat(200);
+    check_segments_match_whole(
+        t,
+        &growing_chats(&[&system, "What is the capital of France?", "Paris.", "And of Italy?", " Rome.\n", "Thanks"]),
+    );
+}
+
+/// The cache keeps its bytes within the budget, dropping the least recently used segments.
+#[test]
+fn the_segment_cache_stays_within_its_budget() {
+    let cache = segments::SegmentCache::new(NonZeroUsize::new(2_000).expect("non-zero"));
+    let encode = |s: &str| Ok::<_, ()>(vec![0u32; s.len() / 4]);
+    let mut out = Vec::new();
+    for i in 0..100 {
+        let segment = format!("{i:03}{}", "x".repeat(197));
+        cache.extend(&segment, &mut out, encode).expect("encodes");
+        assert!(cache.usage().0 <= 2_000, "{:?}", cache.usage());
+    }
+    // Each entry costs 200 bytes of text, 196 of ids and the overhead: four fit.
+    assert_eq!(cache.usage().1, 4);
+    assert_eq!(cache.stats().bytes.get() as usize, cache.usage().0);
+    // The most recent is kept, the oldest is gone.
+    let misses = || cache.stats().misses.get();
+    let before = misses();
+    cache.extend(&format!("099{}", "x".repeat(197)), &mut out, encode).expect("encodes");
+    assert_eq!(misses(), before);
+    cache.extend(&format!("000{}", "x".repeat(197)), &mut out, encode).expect("encodes");
+    assert_eq!(misses(), before + 1);
+    // A segment larger than the budget is encoded and not kept.
+    cache.extend(&"y".repeat(5_000), &mut out, encode).expect("encodes");
+    assert!(cache.usage().0 <= 2_000);
+    // An encoding error is returned, and nothing is kept.
+    assert!(cache.extend("bad", &mut out, |_| Err(())).is_err());
+}

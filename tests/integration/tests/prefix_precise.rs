@@ -134,6 +134,34 @@ fn tenants_follow_what_the_engines_report_cached() {
     assert!(metric("ailb_kv_events_keys_held") > 0, "and the keys held now");
     assert_eq!(metric("ailb_kv_events_malformed_total"), 0, "no malformed batch from the simulator");
 
+    // The front door tokenized each tenant's system prompt once: its later users' prompts took
+    // that segment's ids from the tokenizer's cache.
+    let (code, front) = http::get(LISTEN, "/metrics").expect("GET the front door's /metrics");
+    assert_eq!(code, 200, "{front}");
+    let front_metric = |name: &str| -> u64 {
+        let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
+        front
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in the front door's /metrics:\n{front}")) as u64
+    };
+    let (cached, encoded) = (
+        front_metric("ailb_gateway_tokenizer_tokens_cached_total"),
+        front_metric("ailb_gateway_tokenizer_tokens_encoded_total"),
+    );
+    eprintln!("front door's tokenizer: {cached} tokens from its cache, {encoded} encoded");
+    assert!(
+        cached > encoded,
+        "{later} later chats repeat {TENANTS} system prompts: most of their tokens come from the cache ({cached} cached, \
+         {encoded} encoded)"
+    );
+    assert!(
+        front_metric("ailb_gateway_tokenizer_segments_cached_total") >= later,
+        "one system prompt segment per later chat"
+    );
+    assert!(front_metric("ailb_gateway_tokenizer_cache_bytes") > 0);
+
     // `ailb explain --request` runs the same pick over the pinned maps: a new user of tenant 0
     // goes to the holder of its system prompt, and says so.
     let body = tempfile::NamedTempFile::new().expect("temp file");

@@ -31,6 +31,7 @@ fn absent_section_gets_documented_defaults() {
     assert_eq!(g.admission, super::ValidAdmission::Off, "admission off");
     assert_eq!(g.responses_max_entries, 100_000);
     assert_eq!(g.responses_ttl, None, "kept while there is room, as vLLM keeps stored responses");
+    assert_eq!(c.gateway.tokenizer_cache_mb, 64, "64 MiB of segments' ids per tokenizer");
 }
 
 #[test]
@@ -116,6 +117,8 @@ fn bad_values_name_field_and_value() {
         ("kv_bytes_per_token = { m = 0 }", &["gateway.kv_bytes_per_token.m", "above zero"]),
         ("kv_block_tokens = { other = 16 }", &["gateway.kv_block_tokens.other", "catalog"]),
         ("kv_block_tokens = { m = 0 }", &["gateway.kv_block_tokens.m", "1 to 65536"]),
+        ("tokenizer_cache_mb = 100000", &["gateway.tokenizer_cache_mb", "100000", "at most 65536"]),
+        ("tokenizer_cache_mb = -1", &["tokenizer_cache_mb"]),
         ("admission_retry_after = \"1500ms\"", &["gateway.admission_retry_after", "1500ms", "whole seconds"]),
         ("admission_retry_after = \"0s\"", &["gateway.admission_retry_after", "above zero"]),
         ("admission = 1", &["admission", "true, false or a table"]),

@@ -1,0 +1,192 @@
+//! A rendered prompt's token ids, segment by segment, each segment's ids reused across requests.
+//!
+//! Why: a chat's prompt repeats what earlier requests sent (a tenant's system prompt, a
+//! conversation's history), and tokenizing it whole costs milliseconds per request on the
+//! request path. A chat template ends every message with a special token (`<|im_end|>`,
+//! `<|eot_id|>`, `</s>`), so the prompt is cut right after each special token and each
+//! segment's ids are looked up in an LRU cache, bounded in bytes; only new segments are encoded.
+//!
+//! Why this gives the ids of the whole text, exactly: the tokenizer itself first splits the text
+//! at its added tokens and then normalizes, pre-tokenizes and encodes each piece on its own, and
+//! encoding without special tokens adds nothing around them. So where a cut falls right after an
+//! added token that the tokenizer splits out wherever it occurs, the ids of the parts are the
+//! ids of the whole. A token is cut after only when that holds whatever surrounds it ([`cut_after`]):
+//! it is special and not normalized (it is matched in the raw text), strips no whitespace on its
+//! right (that would take the next segment's leading spaces) and need not stand as a single word
+//! (that depends on the next character); and no added token overlaps it, itself included (the
+//! leftmost-longest match could then start before it or end after it). A tokenizer that
+//! truncates or pads, or that does not split special tokens out (`encode_special_tokens`), is not
+//! cut at all. The property is tested against whole-text encoding.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+use tokenizers::{AddedToken, Tokenizer};
+
+/// Bytes a cached segment is charged besides its text and ids (the entry, its links, the `Arc`).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// Where to cut a tokenizer's rendered prompts: right after each of these special tokens.
+#[derive(Debug)]
+pub struct Cuts {
+    finder: AhoCorasick,
+    tokens: Vec<String>,
+}
+
+impl Cuts {
+    /// The cut tokens of `tokenizer`; `None` when none qualifies or the tokenizer cannot be cut.
+    pub fn of(tokenizer: &Tokenizer) -> Option<Self> {
+        if tokenizer.get_truncation().is_some()
+            || tokenizer.get_padding().is_some()
+            || tokenizer.get_encode_special_tokens()
+        {
+            return None;
+        }
+        let added: Vec<AddedToken> = tokenizer.get_added_tokens_decoder().into_values().collect();
+        let mut tokens: Vec<String> =
+            added.iter().filter(|t| cut_after(t, &added)).map(|t| t.content.clone()).collect();
+        tokens.sort();
+        tokens.dedup();
+        if tokens.is_empty() {
+            return None;
+        }
+        let finder = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&tokens).ok()?;
+        Some(Cuts { finder, tokens })
+    }
+
+    /// The tokens cut after.
+    pub fn tokens(&self) -> &[String] {
+        &self.tokens
+    }
+
+    /// `text` in segments, each ending right after a cut token (the last one: the rest).
+    pub fn segments<'t>(&self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
+        let mut ends: Vec<usize> = self.finder.find_iter(text).map(|m| m.end()).collect();
+        if ends.last() != Some(&text.len()) {
+            ends.push(text.len());
+        }
+        let mut start = 0;
+        ends.into_iter().filter(|&e| e > 0).map(move |end| {
+            let seg = &text[start..end];
+            start = end;
+            seg
+        })
+    }
+}
+
+/// Whether a cut right after `t` leaves the tokenizer's ids unchanged (see the module docs).
+fn cut_after(t: &AddedToken, all: &[AddedToken]) -> bool {
+    t.special
+        && !t.normalized
+        && !t.rstrip
+        && !t.single_word
+        && !t.content.is_empty()
+        && all.iter().all(|o| !overlaps(&t.content, &o.content, std::ptr::eq(t, o)))
+}
+
+/// Whether an occurrence of `a` and one of `b` can overlap in some text (`same`: `b` is `a`
+/// itself, whose occurrence overlaps itself trivially): one contains the other, or a proper end
+/// of one begins the other.
+fn overlaps(a: &str, b: &str, same: bool) -> bool {
+    let end_begins = |x: &[u8], y: &[u8]| (1..x.len()).any(|k| y.starts_with(&x[x.len() - k..]));
+    (!same && (a.contains(b) || b.contains(a)))
+        || end_begins(a.as_bytes(), b.as_bytes())
+        || end_begins(b.as_bytes(), a.as_bytes())
+}
+
+/// Counters of a [`SegmentCache`], registered on the front door's `/metrics` per model.
+#[derive(Debug, Default, Clone)]
+pub struct SegmentStats {
+    /// Segments whose ids came from the cache.
+    pub hits: Counter,
+    /// Segments encoded.
+    pub misses: Counter,
+    /// Token ids taken from the cache.
+    pub tokens_reused: Counter,
+    /// Token ids encoded.
+    pub tokens_encoded: Counter,
+    /// Bytes the cache holds now.
+    pub bytes: Gauge,
+}
+
+struct Lru {
+    map: lru::LruCache<Box<str>, Arc<[u32]>>,
+    bytes: usize,
+}
+
+/// Segments' token ids, least recently used evicted first, at most `budget` bytes (text, ids
+/// and [`ENTRY_OVERHEAD`] per entry).
+pub struct SegmentCache {
+    lru: Mutex<Lru>,
+    budget: usize,
+    stats: SegmentStats,
+}
+
+impl std::fmt::Debug for SegmentCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentCache").field("budget", &self.budget).field("stats", &self.stats).finish()
+    }
+}
+
+fn cost(text: &str, ids: &[u32]) -> usize {
+    text.len() + std::mem::size_of_val(ids) + ENTRY_OVERHEAD
+}
+
+impl SegmentCache {
+    /// A cache of at most `budget` bytes.
+    pub fn new(budget: NonZeroUsize) -> Self {
+        SegmentCache {
+            lru: Mutex::new(Lru { map: lru::LruCache::unbounded(), bytes: 0 }),
+            budget: budget.get(),
+            stats: SegmentStats::default(),
+        }
+    }
+
+    /// The cache's counters.
+    pub fn stats(&self) -> &SegmentStats {
+        &self.stats
+    }
+
+    /// Bytes charged now, and entries.
+    pub fn usage(&self) -> (usize, usize) {
+        let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        (lru.bytes, lru.map.len())
+    }
+
+    /// Appends `segment`'s ids to `out`: from the cache, or from `encode` (then kept, if it fits).
+    pub fn extend<E>(
+        &self,
+        segment: &str,
+        out: &mut Vec<u32>,
+        encode: impl FnOnce(&str) -> Result<Vec<u32>, E>,
+    ) -> Result<(), E> {
+        let hit = self.lru.lock().unwrap_or_else(|e| e.into_inner()).map.get(segment).cloned();
+        if let Some(ids) = hit {
+            self.stats.hits.inc();
+            self.stats.tokens_reused.inc_by(ids.len() as u64);
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        let ids = encode(segment)?;
+        self.stats.misses.inc();
+        self.stats.tokens_encoded.inc_by(ids.len() as u64);
+        out.extend_from_slice(&ids);
+        let size = cost(segment, &ids);
+        if size <= self.budget {
+            let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+            // Another request may have put the same segment meanwhile: charge it once.
+            if let Some(old) = lru.map.put(segment.into(), ids.into()) {
+                lru.bytes -= cost(segment, &old);
+            }
+            lru.bytes += size;
+            while lru.bytes > self.budget {
+                let Some((text, ids)) = lru.map.pop_lru() else { break };
+                lru.bytes -= cost(&text, &ids);
+            }
+            self.stats.bytes.set(lru.bytes as i64);
+        }
+        Ok(())
+    }
+}
