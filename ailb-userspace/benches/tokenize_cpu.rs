@@ -69,29 +69,45 @@ fn bodies(requests: usize) -> Vec<bytes::Bytes> {
         .collect()
 }
 
-/// Chat bodies of about 14,000 tokens of words that rarely repeat: 3 to 9 letters drawn by a
-/// fixed splitmix64 sequence.
+/// Chat bodies of about 14,000 tokens of words that rarely repeat (one [`Words`] stream).
 fn distinct_bodies(requests: usize) -> Vec<bytes::Bytes> {
-    let mut x: u64 = 0x5eed;
-    let mut next = move || {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut words = Words(0x5eed);
     (0..requests)
         .map(|_| {
-            let words: Vec<String> = (0..2_400)
-                .map(|_| {
-                    let r = next();
-                    (0..3 + r % 7).map(|i| (b'a' + ((r >> (8 + 5 * i)) % 26) as u8) as char).collect()
-                })
-                .collect();
-            let body = serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": words.join(" ")}]});
+            let body =
+                serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": words.take(2_400)}]});
             bytes::Bytes::from(serde_json::to_vec(&body).expect("a JSON body"))
         })
         .collect()
+}
+
+/// Words of 3 to 9 letters that rarely repeat, drawn by a splitmix64 sequence from its state.
+struct Words(u64);
+
+impl Words {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The next `n` words, joined by spaces.
+    fn take(&mut self, n: usize) -> String {
+        let w: Vec<String> = (0..n)
+            .map(|_| {
+                let r = self.next();
+                (0..3 + r % 7).map(|i| (b'a' + ((r >> (8 + 5 * i)) % 26) as u8) as char).collect()
+            })
+            .collect();
+        w.join(" ")
+    }
+}
+
+/// `n` words of a stream seeded `seed`.
+fn words(seed: u64, n: usize) -> String {
+    Words(seed).take(n)
 }
 
 /// Keys for every body in `mode`; the keys sent, summed (to check the modes agree).
@@ -167,25 +183,6 @@ fn main() {
     }
     encodings(&tokenizer, &bodies, &distinct_bodies(requests), rounds);
     segments(&dir, measure, rounds);
-}
-
-/// Words that rarely repeat, `n` of them, from a fixed splitmix64 sequence seeded `seed`.
-fn words(seed: u64, n: usize) -> String {
-    let mut x = seed;
-    let mut next = move || {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let w: Vec<String> = (0..n)
-        .map(|_| {
-            let r = next();
-            (0..3 + r % 7).map(|i| (b'a' + ((r >> (8 + 5 * i)) % 26) as u8) as char).collect()
-        })
-        .collect();
-    w.join(" ")
 }
 
 /// `conversations` conversations of `turns` turns, in arrival order (every conversation's first

@@ -15,8 +15,11 @@
 //! right (that would take the next segment's leading spaces) and need not stand as a single word
 //! (that depends on the next character); and no added token overlaps it, itself included (the
 //! leftmost-longest match could then start before it or end after it). A tokenizer that
-//! truncates or pads, or that does not split special tokens out (`encode_special_tokens`), is not
-//! cut at all. The property is tested against whole-text encoding.
+//! truncates or pads, that does not split special tokens out (`encode_special_tokens`), or whose
+//! pre-tokenizer marks only the text's first piece as a word's start (SentencePiece's
+//! `prepend_scheme: "first"`: it reads each piece's offset in the whole text) is not cut at all;
+//! nor is one whose cut probes (a few texts around each token) do not encode as their whole. The
+//! property is tested against whole-text encoding.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -53,7 +56,34 @@ impl Cuts {
             return None;
         }
         let finder = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&tokens).ok()?;
-        Some(Cuts { finder, tokens })
+        let cuts = Cuts { finder, tokens };
+        (!first_piece_only(tokenizer) && cuts.agree_on_probes(tokenizer)).then_some(cuts)
+    }
+
+    /// Whether cut texts encode as their whole on a few texts around each cut token (letters,
+    /// spaces, newlines, non-ASCII, the token twice): a last check against a pipeline step that
+    /// treats pieces differently by where they are.
+    fn agree_on_probes(&self, tokenizer: &Tokenizer) -> bool {
+        let ids = |text: &str| tokenizer.encode_fast(text, false).ok().map(|e| e.get_ids().to_vec());
+        self.tokens.iter().all(|t| {
+            let probes = [
+                format!("a{t}b"),
+                format!("x {t} y"),
+                format!("{t}\n{t}  z"),
+                format!("é字{t}\n\nword"),
+                format!(" {t}"),
+            ];
+            probes.iter().all(|p| {
+                let mut cut = Some(Vec::new());
+                for seg in self.segments(p) {
+                    cut = cut.zip(ids(seg)).map(|(mut a, b)| {
+                        a.extend(b);
+                        a
+                    });
+                }
+                cut.is_some() && cut == ids(p)
+            })
+        })
     }
 
     /// The tokens cut after.
@@ -74,6 +104,16 @@ impl Cuts {
             seg
         })
     }
+}
+
+/// Whether the pre-tokenizer treats a text's first piece apart (SentencePiece's `Metaspace` with
+/// `prepend_scheme: "first"` marks only the piece at the text's start as a word's start): a
+/// segment's first piece would then be encoded as if it began the prompt.
+fn first_piece_only(tokenizer: &Tokenizer) -> bool {
+    tokenizer
+        .get_pre_tokenizer()
+        .and_then(|p| serde_json::to_string(p).ok())
+        .is_some_and(|json| json.contains(r#""prepend_scheme":"first""#))
 }
 
 /// Whether a cut right after `t` leaves the tokenizer's ids unchanged (see the module docs).

@@ -240,6 +240,13 @@ fn cut_tokens_are_the_special_tokens_that_split_out_cleanly() {
     assert_eq!(cuts.segments("<|im_end|>").collect::<Vec<_>>(), ["<|im_end|>"]);
     assert_eq!(cuts.segments("").count(), 0);
 
+    // SentencePiece's Metaspace marking only the text's first piece: a segment would read as a
+    // prompt's start.
+    let mut first: serde_json::Value = serde_json::from_slice(&tokenizer_json()).expect("json");
+    first["pre_tokenizer"] = json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
+    let first = Tokenizer::from_bytes(serde_json::to_vec(&first).expect("json")).expect("loads");
+    assert!(segments::Cuts::of(&first).is_none(), "a pre-tokenizer that reads offsets is not cut");
+
     let mut truncating: serde_json::Value = serde_json::from_slice(&tokenizer_json()).expect("json");
     truncating["truncation"] = json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0});
     let truncating = Tokenizer::from_bytes(serde_json::to_vec(&truncating).expect("json")).expect("loads");

@@ -46,6 +46,16 @@ fn chat(t: usize, u: usize) -> Value {
         {"role": "user", "content": format!("user {u} of tenant {t} asks question number {u}")}]})
 }
 
+/// The value of `name{model="MODEL"}` in a `/metrics` text.
+fn model_metric(metrics: &str, name: &str) -> u64 {
+    let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{metrics}")) as u64
+}
+
 fn prefix_status(daemon: &Daemon) -> Value {
     ailb_tests::status::model_prefix(&daemon.status(), MODEL)
 }
@@ -119,14 +129,7 @@ fn tenants_follow_what_the_engines_report_cached() {
     // `/metrics` has the map's counters and the feed's.
     let (code, metrics) = http::get(METRICS, "/metrics").expect("GET /metrics");
     assert_eq!(code, 200, "{metrics}");
-    let metric = |name: &str| -> u64 {
-        let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{metrics}")) as u64
-    };
+    let metric = |name: &str| model_metric(&metrics, name);
     assert_eq!(metric("ailb_prefix_used_total"), n(&after, "used"), "/metrics and ailb status agree");
     assert_eq!(metric("ailb_prefix_map_lookups_total"), n(&after, "map_lookups"), "on the map's lookups too");
     assert!(metric("ailb_kv_events_batches_total") > 0, "the feed's batches are counted");
@@ -138,14 +141,7 @@ fn tenants_follow_what_the_engines_report_cached() {
     // that segment's ids from the tokenizer's cache.
     let (code, front) = http::get(LISTEN, "/metrics").expect("GET the front door's /metrics");
     assert_eq!(code, 200, "{front}");
-    let front_metric = |name: &str| -> u64 {
-        let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
-        front
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {prefix} in the front door's /metrics:\n{front}")) as u64
-    };
+    let front_metric = |name: &str| model_metric(&front, name);
     let (cached, encoded) = (
         front_metric("ailb_gateway_tokenizer_tokens_cached_total"),
         front_metric("ailb_gateway_tokenizer_tokens_encoded_total"),
