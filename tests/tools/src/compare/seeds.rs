@@ -65,6 +65,8 @@ pub struct SeedRun {
     /// The clairvoyant placement's E2E P95 on the same requests and load, real ms.
     pub clairvoyant_p95_ms: f64,
     pub rows: Vec<Row>,
+    /// The rows as the prefix pick's section reads them.
+    pub versus: Vec<today::Versus>,
 }
 
 impl SeedRun {
@@ -80,6 +82,7 @@ impl SeedRun {
 }
 
 pub mod prefix;
+pub mod today;
 
 /// Runs the comparison once per seed, then writes and prints `seeds.md`.
 pub fn main(args: &Args) -> anyhow::Result<()> {
@@ -87,6 +90,24 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         return prefix::main(args);
     }
     let profiles = fleet_model::fleet_profiles(args.a100, args.rtx3090);
+    let runs = each_seed(args, |seed, one, specs, outs| {
+        let clairvoyant = fleet_model::run(specs, &profiles, one.load, Placement::EarliestFinish);
+        SeedRun {
+            seed,
+            clairvoyant_p95_ms: clairvoyant.e2e_percentile(0.95) * 1000.0 / one.time_scale,
+            rows: outs.iter().map(Row::of).collect(),
+            versus: outs.iter().map(today::Versus::of).collect(),
+        }
+    })?;
+    write_summary(args, &markdown(args, &runs))
+}
+
+/// The whole comparison on each seed of `args` (its own `--out-dir/seed-S/`), each seed's
+/// outcomes summed up by `summary` (given the seed, its arguments, its requests and outcomes).
+fn each_seed<T>(
+    args: &Args,
+    mut summary: impl FnMut(u64, &Args, &[ailb_sim::replay::RequestSpec], &[Outcome]) -> T,
+) -> anyhow::Result<Vec<T>> {
     let mut runs = Vec::new();
     for (k, seed) in (args.seed..args.seed + args.seeds).enumerate() {
         let mut one = args.clone();
@@ -97,17 +118,16 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         eprintln!("ailb-compare: seed {seed} ({} of {}) -> {}", k + 1, args.seeds, one.out_dir.display());
         let specs = super::build_specs(&one)?;
         let (outs, _) = super::compare(&one, &specs)?;
-        let clairvoyant = fleet_model::run(&specs, &profiles, one.load, Placement::EarliestFinish);
-        runs.push(SeedRun {
-            seed,
-            clairvoyant_p95_ms: clairvoyant.e2e_percentile(0.95) * 1000.0 / one.time_scale,
-            rows: outs.iter().map(Row::of).collect(),
-        });
+        runs.push(summary(seed, &one, &specs, &outs));
     }
-    let md = markdown(args, &runs);
+    Ok(runs)
+}
+
+/// Writes `md` as `--out-dir/seeds.md` and prints it.
+fn write_summary(args: &Args, md: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     let path = args.out_dir.join("seeds.md");
-    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
     println!("{md}");
     Ok(())
 }
@@ -176,6 +196,8 @@ pub fn markdown(args: &Args, runs: &[SeedRun]) -> String {
         }
     }
     against_best_peer(&mut s, runs);
+    let versus: Vec<(u64, &[today::Versus])> = runs.iter().map(|r| (r.seed, r.versus.as_slice())).collect();
+    today::section(&mut s, &versus);
     s
 }
 

@@ -10,8 +10,6 @@
 
 use std::fmt::Write as _;
 
-use anyhow::Context;
-
 use super::super::args::Args;
 use super::super::outcome::Outcome;
 use super::{mean, ms, ratio, x, GOAL_RATIO};
@@ -38,6 +36,8 @@ pub struct Row {
 pub struct SeedRun {
     pub seed: u64,
     pub rows: Vec<Row>,
+    /// The rows as the prefix pick's section reads them.
+    pub versus: Vec<super::today::Versus>,
 }
 
 impl SeedRun {
@@ -58,7 +58,7 @@ impl SeedRun {
                 requests: o.requests(),
             })
             .collect();
-        SeedRun { seed, rows }
+        SeedRun { seed, rows, versus: outs.iter().map(super::today::Versus::of).collect() }
     }
 
     /// The best value of `v` over the rows `pick` selects (the highest or the lowest), with its row.
@@ -121,24 +121,8 @@ const GOALS: [Goal; 3] = [
 
 /// Runs the shared-prefix comparison once per seed, then writes and prints `seeds.md`.
 pub fn main(args: &Args) -> anyhow::Result<()> {
-    let mut runs = Vec::new();
-    for (k, seed) in (args.seed..args.seed + args.seeds).enumerate() {
-        let mut one = args.clone();
-        one.seed = seed;
-        one.seeds = 1;
-        one.json = None;
-        one.out_dir = args.out_dir.join(format!("seed-{seed}"));
-        eprintln!("ailb-compare: seed {seed} ({} of {}) -> {}", k + 1, args.seeds, one.out_dir.display());
-        let specs = super::super::build_specs(&one)?;
-        let (outs, _) = super::super::compare(&one, &specs)?;
-        runs.push(SeedRun::of(seed, &outs));
-    }
-    let md = markdown(args, &runs);
-    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
-    let path = args.out_dir.join("seeds.md");
-    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    println!("{md}");
-    Ok(())
+    let runs = super::each_seed(args, |seed, _, _, outs| SeedRun::of(seed, outs))?;
+    super::write_summary(args, &markdown(args, &runs))
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -189,6 +173,8 @@ pub fn markdown(args: &Args, runs: &[SeedRun]) -> String {
         }
     }
     against_best_peer(&mut s, runs);
+    let versus: Vec<(u64, &[super::today::Versus])> = runs.iter().map(|r| (r.seed, r.versus.as_slice())).collect();
+    super::today::section(&mut s, &versus);
     s
 }
 

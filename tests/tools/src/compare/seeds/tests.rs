@@ -25,6 +25,7 @@ fn runs() -> Vec<SeedRun> {
                 row("peer a", true, 5000.0, 50.0),
                 row("peer b", true, 6000.0, 10.0),
             ],
+            versus: Vec::new(),
         },
         SeedRun {
             seed: 2,
@@ -34,6 +35,7 @@ fn runs() -> Vec<SeedRun> {
                 row("peer a", true, 7000.0, 70.0),
                 row("peer b", true, 5000.0, 20.0),
             ],
+            versus: Vec::new(),
         },
     ]
 }
@@ -43,7 +45,8 @@ fn the_best_peer_is_the_peer_with_the_lowest_e2e_p95() {
     let r = runs();
     assert_eq!(r[0].best_peer().unwrap().title, "peer a", "round robin is not a peer, however it ranks");
     assert_eq!(r[1].best_peer().unwrap().title, "peer b");
-    let none = SeedRun { seed: 3, clairvoyant_p95_ms: 1.0, rows: vec![row("ailb", false, 1.0, 1.0)] };
+    let none =
+        SeedRun { seed: 3, clairvoyant_p95_ms: 1.0, rows: vec![row("ailb", false, 1.0, 1.0)], versus: Vec::new() };
     assert!(none.best_peer().is_none());
 }
 

@@ -26,6 +26,7 @@ fn runs() -> Vec<SeedRun> {
                 row("SMG cache-aware", true, 0.57, 0.57, 550.0),
                 row("SMG prefix hash", true, 0.60, 0.50, 1500.0),
             ],
+            versus: Vec::new(),
         },
         SeedRun {
             seed: 2,
@@ -33,6 +34,7 @@ fn runs() -> Vec<SeedRun> {
                 row("ailb, prefix approximate", false, 0.55, 0.55, 400.0),
                 row("SMG cache-aware", true, 0.50, 0.50, 600.0),
             ],
+            versus: Vec::new(),
         },
     ]
 }
@@ -72,6 +74,10 @@ fn each_goal_takes_ailbs_best_against_the_best_peers_per_seed_and_over_the_seeds
 #[test]
 fn without_a_peer_there_is_nothing_to_compare() {
     let args = Args::parse_from(["ailb-compare", "--shared-prefix", "--seeds", "1"]);
-    let runs = vec![SeedRun { seed: 1, rows: vec![row("ailb, prefix approximate", false, 0.5, 0.5, 100.0)] }];
+    let runs = vec![SeedRun {
+        seed: 1,
+        rows: vec![row("ailb, prefix approximate", false, 0.5, 0.5, 100.0)],
+        versus: Vec::new(),
+    }];
     assert!(markdown(&args, &runs).contains("nothing to compare"));
 }

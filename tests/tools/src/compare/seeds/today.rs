@@ -1,0 +1,120 @@
+//! Each prefix-aware ailb row against ailb without the prefix pick, the same way in (the socket
+//! ABI or the front door), per seed and on the mean: the goal "no worse than today" on TTFT P95,
+//! and what the prefix pick adds to the prompt tokens read from the caches.
+
+use std::fmt::Write as _;
+
+use super::super::outcome::Outcome;
+use super::super::policy::Policy;
+use super::{mean, ratio, x};
+
+/// What this section reads of one policy's outcome on one seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versus {
+    pub policy: Policy,
+    pub ttft_p95_ms: Option<f64>,
+    /// Prompt tokens from the GPUs' caches over the prompt tokens they served.
+    pub cached: Option<f64>,
+}
+
+impl Versus {
+    pub fn of(o: &Outcome) -> Self {
+        Versus { policy: o.policy, ttft_p95_ms: o.pct("ttft_ms", "p95"), cached: o.cached_share() }
+    }
+}
+
+/// ailb without the prefix pick, the same way in as `p` (a prefix-aware ailb policy).
+pub fn today_of(p: Policy) -> Option<Policy> {
+    p.prefix_mode()?;
+    Some(if p.behind_front_door().is_some() { Policy::AilbGateway } else { Policy::Ailb })
+}
+
+/// The section over `runs` (each seed's number and rows); nothing where no seed ran a prefix
+/// row with its counterpart.
+pub fn section(s: &mut String, runs: &[(u64, &[Versus])]) {
+    let mut lines = String::new();
+    let mut titles: Vec<Policy> = Vec::new();
+    for (seed, rows) in runs {
+        for r in rows.iter() {
+            let Some(t) = today_of(r.policy).and_then(|t| rows.iter().find(|o| o.policy == t)) else { continue };
+            if !titles.contains(&r.policy) {
+                titles.push(r.policy);
+            }
+            let pct = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0));
+            let ms = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                lines,
+                "| {seed} | {} | {} | {} / {} ms | {} | {} / {} |",
+                r.policy.title(),
+                t.policy.title(),
+                ms(r.ttft_p95_ms),
+                ms(t.ttft_p95_ms),
+                x(ratio(r.ttft_p95_ms, t.ttft_p95_ms)),
+                pct(r.cached),
+                pct(t.cached)
+            );
+        }
+    }
+    if titles.is_empty() {
+        return;
+    }
+    let _ = write!(
+        s,
+        "\n## The prefix pick against ailb without it, the same way in\n\n\
+         The goal \"no worse than today\": TTFT P95 at most 1.00x ailb's without the prefix pick.\n\n\
+         | seed | policy | without the prefix pick | TTFT P95 | ratio | from the cache (with / without) |\n\
+         |---:|---|---|---:|---:|---:|\n{lines}\n\
+         | policy | TTFT P95 / without (mean) | seeds at or under 1.00x | from the cache, with / without (mean) |\n\
+         |---|---:|---:|---:|\n"
+    );
+    for p in titles {
+        let (mut ttft, mut cache) = (Vec::new(), Vec::new());
+        for (_, rows) in runs {
+            let (Some(r), Some(t)) =
+                (rows.iter().find(|o| o.policy == p), today_of(p).and_then(|t| rows.iter().find(|o| o.policy == t)))
+            else {
+                continue;
+            };
+            ttft.extend(ratio(r.ttft_p95_ms, t.ttft_p95_ms));
+            cache.extend(ratio(r.cached, t.cached));
+        }
+        let met = ttft.iter().filter(|&&q| q <= 1.0).count();
+        let _ = writeln!(s, "| {} | {} | {met} of {} | {} |", p.title(), x(mean(&ttft)), ttft.len(), x(mean(&cache)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: Policy, ttft: f64, cached: f64) -> Versus {
+        Versus { policy, ttft_p95_ms: Some(ttft), cached: Some(cached) }
+    }
+
+    #[test]
+    fn each_prefix_row_is_read_against_the_same_way_in_without_it() {
+        let one = [
+            row(Policy::Ailb, 1000.0, 0.25),
+            row(Policy::AilbPrefix, 900.0, 0.30),
+            row(Policy::AilbGateway, 1000.0, 0.25),
+            row(Policy::AilbGatewayPrefix, 1200.0, 0.25),
+            row(Policy::SmgCacheAware, 1.0, 0.9),
+        ];
+        let two = [row(Policy::Ailb, 1000.0, 0.20), row(Policy::AilbPrefix, 1100.0, 0.22)];
+        let mut s = String::new();
+        section(&mut s, &[(1, &one), (2, &two)]);
+        assert!(s.contains("| 1 | ailb, prefix approximate | ailb | 900 / 1000 ms | 0.90x | 30.0 % / 25.0 % |"), "{s}");
+        assert!(
+            s.contains("| 2 | ailb, prefix approximate | ailb | 1100 / 1000 ms | 1.10x | 22.0 % / 20.0 % |"),
+            "{s}"
+        );
+        // Means: TTFT (0.9 + 1.1) / 2 = 1.00, no worse on one seed of two; cache (1.2 + 1.1) / 2.
+        assert!(s.contains("| ailb, prefix approximate | 1.00x | 1 of 2 | 1.15x |"), "{s}");
+        assert!(s.contains("| ailb (front door), prefix approximate | 1.20x | 0 of 1 | 1.00x |"), "{s}");
+        assert!(!s.contains("| 1 | SMG"), "peers have no counterpart: {s}");
+
+        let mut none = String::new();
+        section(&mut none, &[(1, &[row(Policy::AilbPrefix, 1.0, 0.1)])]);
+        assert!(none.is_empty(), "no counterpart ran: {none}");
+    }
+}
