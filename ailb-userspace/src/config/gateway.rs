@@ -24,11 +24,11 @@
 //! responses_max_entries = 100000   # response id -> backend, for `previous_response_id`
 //! responses_ttl = "24h"            # default: none (kept while there is room)
 //! prefix_keys = true               # each prompt's prefix keys to the kernel (default false)
+//! tokenizer_cache_mb = 64          # per tokenizer: ids of prompt segments seen (0: none)
 //! [gateway.kv_bytes_per_token]
 //! "demo-7b" = 131072
 //! [gateway.kv_block_tokens]          # default 16 (vLLM's default block size)
 //! "demo-7b" = 16
-//! tokenizer_cache_mb = 64           # per tokenizer: ids of prompt segments seen (0: none)
 //! [gateway.tokenizers]             # with `prefix_keys = true`: token-exact prefix keys
 //! "demo-7b" = "/models/demo-7b"
 //! ```

@@ -11,7 +11,7 @@
 //! transformers 5 writes), else `chat_template` in `tokenizer_config.json` (a string, or a list
 //! of named templates of which `default` is taken).
 //!
-//! Pure and synchronous: files in, token ids out. A chat's rendered prompt is encoded in
+//! Synchronous: files in, token ids out. A chat's rendered prompt is encoded in
 //! segments whose ids are reused across requests ([`segments`]): the same ids, less work for
 //! the system prompts and histories that requests repeat.
 #![forbid(unsafe_code)]
