@@ -384,3 +384,60 @@ impl TenantMetrics {
         &self.series[tenant][usize::from(priority)]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each model's segment cache is on `/metrics`, read at the scrape.
+    #[test]
+    fn tokenizer_caches_are_counted_per_model() {
+        let tokenizer = std::sync::Arc::new(crate::tokenize::tests::fixture());
+        let loaded = crate::config::gateway::LoadedTokenizer { path: "fixture".into(), tokenizer: tokenizer.clone() };
+        let mut registry = Registry::default();
+        register_tokenizer_caches(&mut registry, &[("m".to_string(), loaded)].into_iter().collect());
+        let chat = serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]);
+        let scrape = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+            text
+        };
+        let value = |text: &str, name: &str| -> f64 {
+            let prefix = format!("{name}{{model=\"m\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"))
+        };
+        tokenizer.chat_token_ids(&chat, true).expect("encodes");
+        let first = scrape();
+        tokenizer.chat_token_ids(&chat, true).expect("encodes again");
+        let second = scrape();
+        let segments = |t: &str| {
+            value(t, "ailb_gateway_tokenizer_segments_cached_total")
+                + value(t, "ailb_gateway_tokenizer_segments_encoded_total")
+        };
+        let encoded = |t: &str| value(t, "ailb_gateway_tokenizer_tokens_encoded_total");
+        assert!(encoded(&first) > 0.0, "{first}");
+        // The second chat: every segment from the cache, no token encoded.
+        assert_eq!(encoded(&second), encoded(&first), "{second}");
+        assert_eq!(
+            value(&second, "ailb_gateway_tokenizer_segments_cached_total")
+                - value(&first, "ailb_gateway_tokenizer_segments_cached_total"),
+            segments(&first),
+            "{second}"
+        );
+        assert!(value(&second, "ailb_gateway_tokenizer_tokens_cached_total") >= encoded(&first), "{second}");
+        assert!(value(&second, "ailb_gateway_tokenizer_cache_bytes") > 0.0);
+        assert_eq!(second.matches("# TYPE ailb_gateway_tokenizer_segments_cached counter").count(), 1, "{second}");
+
+        // No cache, no series.
+        let plain = std::sync::Arc::new(crate::tokenize::tests::fixture().with_segment_cache(None));
+        let loaded = crate::config::gateway::LoadedTokenizer { path: "fixture".into(), tokenizer: plain };
+        let mut registry = Registry::default();
+        register_tokenizer_caches(&mut registry, &[("m".to_string(), loaded)].into_iter().collect());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(!text.contains("tokenizer"), "{text}");
+    }
+}
