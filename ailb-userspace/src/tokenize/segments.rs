@@ -74,14 +74,8 @@ impl Cuts {
                 format!(" {t}"),
             ];
             probes.iter().all(|p| {
-                let mut cut = Some(Vec::new());
-                for seg in self.segments(p) {
-                    cut = cut.zip(ids(seg)).map(|(mut a, b)| {
-                        a.extend(b);
-                        a
-                    });
-                }
-                cut.is_some() && cut == ids(p)
+                let cut: Option<Vec<Vec<u32>>> = self.segments(p).map(ids).collect();
+                cut.map(|c| c.concat()).is_some_and(|c| Some(c) == ids(p))
             })
         })
     }
@@ -92,14 +86,12 @@ impl Cuts {
     }
 
     /// `text` in segments, each ending right after a cut token (the last one: the rest).
-    pub fn segments<'t>(&self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
-        let mut ends: Vec<usize> = self.finder.find_iter(text).map(|m| m.end()).collect();
-        if ends.last() != Some(&text.len()) {
-            ends.push(text.len());
-        }
+    pub fn segments<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         let mut start = 0;
-        ends.into_iter().filter(|&e| e > 0).map(move |end| {
-            let seg = &text[start..end];
+        let ends = self.finder.find_iter(text).map(|m| m.end()).chain(std::iter::once(text.len()));
+        // A cut token is never empty, so only the rest can be: when the text ends with a cut.
+        ends.filter_map(move |end| {
+            let seg = (end > start).then(|| &text[start..end]);
             start = end;
             seg
         })

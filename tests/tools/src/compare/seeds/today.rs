@@ -32,52 +32,53 @@ pub fn today_of(p: Policy) -> Option<Policy> {
 /// The section over `runs` (each seed's number and rows); nothing where no seed ran a prefix
 /// row with its counterpart.
 pub fn section(s: &mut String, runs: &[(u64, &[Versus])]) {
-    let mut lines = String::new();
-    let mut titles: Vec<Policy> = Vec::new();
-    for (seed, rows) in runs {
-        for r in rows.iter() {
-            let Some(t) = today_of(r.policy).and_then(|t| rows.iter().find(|o| o.policy == t)) else { continue };
-            if !titles.contains(&r.policy) {
-                titles.push(r.policy);
-            }
-            let pct = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0));
-            let ms = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"));
-            let _ = writeln!(
-                lines,
-                "| {seed} | {} | {} | {} / {} ms | {} | {} / {} |",
-                r.policy.title(),
-                t.policy.title(),
-                ms(r.ttft_p95_ms),
-                ms(t.ttft_p95_ms),
-                x(ratio(r.ttft_p95_ms, t.ttft_p95_ms)),
-                pct(r.cached),
-                pct(t.cached)
-            );
-        }
-    }
-    if titles.is_empty() {
+    // Every prefix row of every seed with its counterpart of that seed.
+    let pairs: Vec<(u64, &Versus, &Versus)> = runs
+        .iter()
+        .flat_map(|(seed, rows)| {
+            rows.iter().filter_map(move |r| {
+                let t = today_of(r.policy).and_then(|t| rows.iter().find(|o| o.policy == t))?;
+                Some((*seed, r, t))
+            })
+        })
+        .collect();
+    if pairs.is_empty() {
         return;
     }
+    let pct = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{:.1} %", v * 100.0));
+    let ms = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"));
     let _ = write!(
         s,
         "\n## The prefix pick against ailb without it, the same way in\n\n\
          The goal \"no worse than today\": TTFT P95 at most 1.00x ailb's without the prefix pick.\n\n\
          | seed | policy | without the prefix pick | TTFT P95 | ratio | from the cache (with / without) |\n\
-         |---:|---|---|---:|---:|---:|\n{lines}\n\
-         | policy | TTFT P95 / without (mean) | seeds at or under 1.00x | from the cache, with / without (mean) |\n\
-         |---|---:|---:|---:|\n"
+         |---:|---|---|---:|---:|---:|\n"
     );
-    for p in titles {
-        let (mut ttft, mut cache) = (Vec::new(), Vec::new());
-        for (_, rows) in runs {
-            let (Some(r), Some(t)) =
-                (rows.iter().find(|o| o.policy == p), today_of(p).and_then(|t| rows.iter().find(|o| o.policy == t)))
-            else {
-                continue;
-            };
-            ttft.extend(ratio(r.ttft_p95_ms, t.ttft_p95_ms));
-            cache.extend(ratio(r.cached, t.cached));
+    let mut policies: Vec<Policy> = Vec::new();
+    for (seed, r, t) in &pairs {
+        if !policies.contains(&r.policy) {
+            policies.push(r.policy);
         }
+        let _ = writeln!(
+            s,
+            "| {seed} | {} | {} | {} / {} ms | {} | {} / {} |",
+            r.policy.title(),
+            t.policy.title(),
+            ms(r.ttft_p95_ms),
+            ms(t.ttft_p95_ms),
+            x(ratio(r.ttft_p95_ms, t.ttft_p95_ms)),
+            pct(r.cached),
+            pct(t.cached)
+        );
+    }
+    s.push_str(
+        "\n| policy | TTFT P95 / without (mean) | seeds at or under 1.00x | from the cache, with / without (mean) |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for p in policies {
+        let of_p = || pairs.iter().filter(|(_, r, _)| r.policy == p);
+        let ttft: Vec<f64> = of_p().filter_map(|(_, r, t)| ratio(r.ttft_p95_ms, t.ttft_p95_ms)).collect();
+        let cache: Vec<f64> = of_p().filter_map(|(_, r, t)| ratio(r.cached, t.cached)).collect();
         let met = ttft.iter().filter(|&&q| q <= 1.0).count();
         let _ = writeln!(s, "| {} | {} | {met} of {} | {} |", p.title(), x(mean(&ttft)), ttft.len(), x(mean(&cache)));
     }
