@@ -47,8 +47,8 @@ mod prefix;
 mod vec_maps;
 pub use member_scan::MemberScan;
 pub use prefix::{
-    held, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose, PrefixCtx, PrefixQuery, PrefixUse,
-    PrefixVerdict, Search, SEARCH_STEPS,
+    held, search as prefix_search, uncached_need, unheld_prefix_hash, verdict as prefix_verdict, Choose, PrefixCtx,
+    PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
 };
 #[cfg(feature = "std")]
 pub use vec_maps::VecMaps;
@@ -185,7 +185,9 @@ pub enum Outcome {
 #[derive(Clone, Copy, Debug)]
 pub struct PickRequest {
     pub model: u32,
-    /// Conversation hash, or a per-socket random value when `has_conversation` is false.
+    /// The weighted table's hash: the conversation's, or a per-socket random value when
+    /// `has_conversation` is false; for a connect whose prefix keys found nothing held, its
+    /// first key's ([`unheld_prefix_hash`]). Affinity is looked up by the conversation's.
     pub hash: u64,
     pub has_conversation: bool,
     /// 0: no memory hint.
@@ -346,6 +348,15 @@ pub fn pick_prefixed<M: PickMaps>(
             Some(maps.prefix_step(&c, q))
         }
         _ => None,
+    };
+    // Nothing held: placed by the prompt's first key ([`unheld_prefix_hash`]), as the kernel does.
+    let placed;
+    let req = match (step, prefix) {
+        (Some((v, _)), Some(q)) if v.usage == PrefixUse::NotHeld && !q.keys.is_empty() => {
+            placed = PickRequest { hash: unheld_prefix_hash(q.keys[0]), ..*req };
+            &placed
+        }
+        _ => req,
     };
     let res = pick_with_prefix(maps, state, cfg, req, family, step.map(|(_, chosen)| chosen));
     (res, step.map(|(v, _)| v).unwrap_or_default())

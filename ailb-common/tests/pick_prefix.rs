@@ -1,8 +1,10 @@
 //! The pick's prefix step against in-memory maps (`VecMaps`): the same code the kernel runs.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 
 use ailb_common::{
+    hash::fmix64,
     pick::{
         pick_prefixed, uncached_need, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery, PrefixUse, VecMaps,
     },
@@ -198,6 +200,44 @@ fn a_holder_at_its_load_bound_is_overruled() {
     assert_ne!(r.outcome, Outcome::Prefix);
     assert_eq!(r.prefix.usage, PrefixUse::OverruledLoad);
     assert!(r.prefix.found > 0);
+}
+
+/// The backends that `tenant`'s requests reach, one request per socket hash, each with a
+/// question of its own.
+fn homes(f: &Fleet, tenant: u32, usage: Option<PrefixUse>) -> BTreeSet<u32> {
+    (1..=16u64)
+        .map(|h| {
+            let keys = sent_keys(&prompt(&format!("Tenant {tenant}. "), &format!("question {h}")));
+            let r = f.pick_with(&PickRequest { hash: fmix64(h), ..f.req() }, &keys, 0);
+            assert!(matches!(r.outcome, Outcome::Primary | Outcome::Spill), "{r:?}");
+            if let Some(usage) = usage {
+                assert_eq!(r.prefix.usage, usage, "{r:?}");
+            }
+            r.backend
+        })
+        .collect()
+}
+
+#[test]
+fn a_prompt_nobody_holds_is_placed_by_its_first_key() {
+    let f = Fleet::new(8, MODEL_PREFIX_EVENTS);
+    let mut all = BTreeSet::new();
+    for t in 0..16 {
+        let got = homes(&f, t, Some(PrefixUse::NotHeld));
+        assert_eq!(got.len(), 1, "tenant {t}, nothing held: its requests reached {got:?}");
+        all.extend(got);
+    }
+    assert!(all.len() >= 4, "16 tenants placed by their first keys on 8 backends landed on {all:?}");
+    // Without a prefix mode the same requests are placed by their own hashes.
+    let off = Fleet::new(8, 0);
+    assert!(homes(&off, 0, None).len() > 1);
+    // A holder at its bound: placed by the connect's own hash, not crowded on one probe sequence.
+    let mut busy = Fleet::new(8, MODEL_PREFIX_EVENTS);
+    let held = text_keys(&prompt("Tenant 0. ", ""));
+    busy.hold(3, &held[..2], PREFIX_SEEN_EXACT);
+    busy.maps.inflight[3] = 8;
+    let got = homes(&busy, 0, Some(PrefixUse::OverruledLoad));
+    assert!(got.len() > 1 && !got.contains(&3), "tenant 0, its holder at its bound: {got:?}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick_with_prefix, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
+    pick::{pick_with_prefix, unheld_prefix_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -104,17 +104,22 @@ pub(crate) fn pick_connect(
     let (has_conversation, hash) = conversation(ctx, sock);
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
-    let req = request(&cfg, sock, model, hash, has_conversation, entry.value(), now_ns, model_inflight);
-    let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|(chosen, _)| chosen));
+    // A prompt nobody holds is placed by its first key (`unheld_prefix_hash`).
+    let table_hash = match prefix {
+        Some(p) if p.unheld != 0 => p.unheld,
+        _ => hash,
+    };
+    let req = request(&cfg, sock, model, table_hash, has_conversation, entry.value(), now_ns, model_inflight);
+    let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|p| p.chosen));
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return Err(refuse_connect(res.outcome));
     }
     // A holder caches the prompt up to its longest prefix held, shared by every request of that
     // prefix on it: the connection is counted in flight with the share it was asked for, not
     // the whole hint, else a holder with a few requests in flight looks full to the next.
-    if let (Outcome::Prefix, Some((_, need))) = (res.outcome, prefix) {
+    if let (Outcome::Prefix, Some(p)) = (res.outcome, prefix) {
         if sock.flags & SOCK_HAS_MEMORY != 0 {
-            sock.required_mem_mb = need;
+            sock.required_mem_mb = p.need;
         }
     }
     let Some(backend) = Maps.backend(res.backend) else {
@@ -124,8 +129,20 @@ pub(crate) fn pick_connect(
 }
 
 /// The prefix step's result for a connect that carries keys to a model with a prefix mode
-/// (`PickMaps::prefix_step`), for [`pick_with_prefix`]: the holder chosen (or [`NO_BACKEND`])
-/// and the memory it was asked for.
+/// (`PickMaps::prefix_step`), for [`pick_with_prefix`].
+#[derive(Clone, Copy)]
+struct PrefixChoice {
+    /// The holder chosen, or [`NO_BACKEND`].
+    chosen: u32,
+    /// The memory it was asked for.
+    need: u32,
+    /// When no key was found held: the table's hash for the connect
+    /// ([`unheld_prefix_hash`] of its first key: never 0, as `fmix64` maps only 0 to 0 and
+    /// no key is 0); else 0.
+    unheld: u64,
+}
+
+/// The prefix step for this connect ([`PrefixChoice`]); `None` without keys or prefix mode.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn prefix_choice(
@@ -137,7 +154,7 @@ fn prefix_choice(
     model_inflight: u64,
     family: ClientFamily,
     now_ns: u64,
-) -> Option<(u32, u32)> {
+) -> Option<PrefixChoice> {
     if sock.flags & SOCK_HAS_PREFIX == 0 || state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) == 0 {
         return None;
     }
@@ -146,7 +163,12 @@ fn prefix_choice(
     let q = prefix::query(sp, state, now_ns);
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
     let c = PrefixCtx::new(cfg, model, required_mem_mb, family, &q, model_inflight, state.slot.total_weight);
-    Some(crate::pick_maps::prefix_step(&c, q.keys))
+    let (chosen, need, none_held) = crate::pick_maps::prefix_step(&c, q.keys);
+    let unheld = match q.keys.first() {
+        Some(&k) if none_held => unheld_prefix_hash(k),
+        _ => 0,
+    };
+    Some(PrefixChoice { chosen, need, unheld })
 }
 
 /// The pick's copy of a model's state: `active`, then the slot it selects.

@@ -16,9 +16,10 @@
 //! loaded that will have it once idle ([`Choose`]): the request then waits there for memory
 //! with its prompt cached, as a model server makes it wait rather than fail, where elsewhere
 //! it would be prefilled whole (and cache the prompt a second time), waiting too if that
-//! backend is as full. The load bound, not the memory, limits how many wait. When no holder
-//! can take it, the pick goes on as without keys (the weighted table, bounded load, memory
-//! fit), and the verdict says why: every holder was at its bound
+//! backend is as full. The load bound, not the memory, limits how many wait. When no key is
+//! held, the weighted table places the request by its first key ([`unheld_prefix_hash`]).
+//! When no holder can take it, the pick goes on as without keys (the weighted table, bounded
+//! load, memory fit), and the verdict says why: every holder was at its bound
 //! ([`PrefixUse::OverruledLoad`]) or some were under it but could not hold the request even
 //! idle ([`PrefixUse::OverruledMemory`]). Holders of a
 //! shorter prefix are not tried: the table's pick then spreads the load, as it does for a
@@ -344,6 +345,23 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
     let c = PrefixCtx { required_mem_mb: uncached_need(c.required_mem_mb, found, n as u32), ..*c };
     let choose = maps.prefix_choose(&c, key);
     (verdict(n as u32, found, &choose), choose.chosen)
+}
+
+/// The hash the weighted table places a connect by when its search found none of its keys
+/// held ([`PrefixUse::NotHeld`]): its first key's, in place of its conversation's or its
+/// socket's. Every request whose prompt starts with the same block then gets the same
+/// backend (bounded load permitting), so a prompt nobody caches (a tenant's first request,
+/// or one whose blocks every engine evicted) lands where the next request of that prompt
+/// will look for it, on every gateway alike, and not on a random backend per connect.
+/// Random placement spreads each tenant over every backend once the caches turn over, which
+/// on a fleet whose pools hold only a few tenants' prompts evicts them faster still.
+///
+/// Only when nothing is held: a first block held somewhere (a preamble every prompt shares)
+/// would otherwise put every connect whose holders are all at their bound on one probe
+/// sequence of the table, where the per-connect hash spreads them.
+#[inline(always)]
+pub fn unheld_prefix_hash(first_key: u64) -> u64 {
+    crate::hash::fmix64(first_key)
 }
 
 /// The memory a holder of the longest prefix found needs for a request whose hint is

@@ -74,7 +74,9 @@ pub fn usage_name(u: PrefixUse) -> &'static str {
 fn usage_why(u: PrefixUse) -> &'static str {
     match u {
         PrefixUse::NotAsked => "the model has no prefix mode (prefix = \"off\"): the keys are not searched",
-        PrefixUse::NotHeld => "no backend holds its first block: the pick goes on as without keys",
+        PrefixUse::NotHeld => {
+            "no backend holds its first block: the weighted table places it by that block's key, as every request that starts with it"
+        }
         PrefixUse::Used => "a holder of its longest cached prefix can take it",
         PrefixUse::OverruledLoad => {
             "every holder of its longest cached prefix is at its cap or load bound (balancer.prefix_load_factor)"

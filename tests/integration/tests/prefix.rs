@@ -1,7 +1,8 @@
 //! The kernel's prefix-aware pick on real sockets in a child cgroup: connects that carry the
 //! prefix keys of their prompt (`AILB_PREFIX`) and no conversation id.
 //!
-//! - approximate mode: each tenant's first connect is placed by the weighted table, and the
+//! - approximate mode: each tenant's first connect is placed by the weighted table (by its
+//!   prompt's first key), and the
 //!   kernel records its keys; every later connect of the tenant finds that prefix and goes to
 //!   the same backend (connections are short, so no holder is ever at its load bound);
 //! - a backend that leaves takes its entries with it: once its id is freed, the daemon removes
@@ -9,6 +10,8 @@
 //!   inherits nothing);
 //! - mode off (the same connects after a reload): the keys are ignored and each tenant's
 //!   connects spread over the backends, as any connect without a conversation does;
+//! - a prompt nobody holds (precise mode, no engine reporting) is placed by its first key, so
+//!   a tenant's connects meet on one backend even before any engine reports its prompt;
 //! - the counters in `ailb status` say what the searches found;
 //! - a holder's own load bound (`prefix_load_factor`): one tenant's connections held open
 //!   leave its holder once the holder is at the table's bound (1.25), and stay on it when the
@@ -155,6 +158,37 @@ fn tenants_stay_where_their_prompt_prefix_is_cached() {
     let off = prefix_status(&daemon);
     assert_eq!(off["mode"], "off");
     assert_eq!(off["lookups"], after_round["lookups"], "no search with the mode off: {off}");
+}
+
+/// Precise mode with no engine reporting (no backend has a `kv_events` publisher): the map
+/// stays empty and the kernel learns nothing, so no connect finds its prompt held. Each is
+/// placed by its prompt's first key, not at random: every connect of a tenant reaches one
+/// backend all the same, and the tenants still spread over the backends.
+#[test]
+fn a_prompt_nobody_holds_is_placed_by_its_first_key() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-unheld");
+    let _servers = BackendServer::start_all(&BACKENDS);
+    let daemon = Daemon::start(&bin, &config(&cg, "precise"));
+    let client = TestClient::new(client_bin!());
+    let opts = ConnectOpts::new(VIP, TENANTS * PER_TENANT).tenants(TENANTS, PROMPT_BYTES);
+    let results = client.connect(Some(&cg), &opts);
+    assert_all_ok(&results, "precise mode, nothing held");
+    let tenants = by_tenant(&results);
+    eprintln!("nothing held: backends per tenant {tenants:?}");
+    for (t, backends) in &tenants {
+        assert_eq!(backends.len(), 1, "tenant {t}: its {PER_TENANT} connects, none held, reached {backends:?}");
+    }
+    let used: BTreeSet<&String> = tenants.values().flat_map(|b| b.keys()).collect();
+    assert!(used.len() >= 2, "8 tenants placed by their first keys all landed on {used:?}");
+    let p = prefix_status(&daemon);
+    eprintln!("nothing held: status.prefix {p}");
+    assert_eq!(p["mode"], "precise");
+    let n = (TENANTS * PER_TENANT) as u64;
+    assert_eq!(p["lookups"].as_u64(), Some(n), "every connect searched: {p}");
+    for field in ["found", "used", "learned", "entries"] {
+        assert_eq!(p[field].as_u64(), Some(0), "{field}: {p}");
+    }
 }
 
 /// The kernel's holder bound for the `k`-th connect (`k - 1` held, all on the holder) of four
