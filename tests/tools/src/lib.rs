@@ -14,6 +14,8 @@
 //! | [`scale`] | `ailb-scale-bench`: table write time, kernel memory, recompute and connect4 run time at 1,024 models (root) |
 //! | [`soak`] | `ailb-soak`: a chaos soak and an overload (root; `cargo xtask soak`) |
 //!
+//! [`stop`]: Ctrl-C and SIGTERM for the long-running tools, which then tear down what they started.
+//!
 //! [`sim_gpus`]: a simulated GPU fleet as processes (`ailb-sim` servers, their fake NVML
 //! libraries, and the `ailb agent` of each), shared by `ailb-demo` and `ailb-compare`.
 
@@ -28,6 +30,7 @@ pub mod overload;
 pub mod scale;
 pub mod sim_gpus;
 pub mod soak;
+pub mod stop;
 pub mod tc_bench;
 
 use std::path::{Path, PathBuf};

@@ -118,12 +118,14 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         return real::worker(&args, addr);
     }
     if args.engine == args::Engine::Vllm {
+        crate::stop::install()?;
         return real::main(&args);
     }
     if args.replot {
         return plot_data::replot(&args.out_dir);
     }
     args.validate()?;
+    crate::stop::install()?;
     if args.seeds > 1 {
         return seeds::main(&args);
     }
@@ -142,6 +144,7 @@ pub fn compare(args: &Args, specs: &[RequestSpec]) -> anyhow::Result<(Vec<Outcom
     let cg = CgroupGuard::new("compare");
     let mut outs = Vec::new();
     for (k, p) in policies.iter().enumerate() {
+        crate::stop::check("the race")?;
         // A port per policy, so that a new fleet never waits for the old one's sockets.
         let out = run::run_policy(args, &ailb, &cg, *p, 18_100 + k as u16, &workload)?;
         eprintln!(

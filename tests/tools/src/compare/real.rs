@@ -253,6 +253,7 @@ fn race(
     let mut port = 18_400u16;
     for w in workloads {
         for p in policies {
+            crate::stop::check("the race")?;
             port += 1;
             eprintln!("ailb-compare: {} / {}: resetting the prefix caches", w.kind.key(), p.title());
             for s in servers.iter().filter(|s| s.frontend() == Frontend::OpenAi) {
@@ -547,6 +548,11 @@ fn watch(
             let _ = child.kill(); // SIGKILL to this child's pid only
             let _ = child.wait();
             bail!("the client worker did not finish within {:.0} s", deadline_s + 60.0);
+        }
+        if crate::stop::requested() {
+            let _ = child.kill(); // SIGKILL to this child's pid only
+            let _ = child.wait();
+            crate::stop::check("the client worker's run")?;
         }
         if Instant::now() >= next {
             next += Duration::from_secs(10);

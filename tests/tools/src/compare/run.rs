@@ -325,6 +325,11 @@ fn sample_replay(
             let _ = child.wait();
             bail!("the replay did not finish in time");
         }
+        if crate::stop::requested() {
+            let _ = child.kill(); // SIGKILL to this child's pid only
+            let _ = child.wait();
+            crate::stop::check("the replay")?;
+        }
         if Instant::now() >= next {
             next += Duration::from_millis(250);
             samples.take(sims, start);

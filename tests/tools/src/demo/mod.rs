@@ -33,7 +33,6 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ailb_sim::replay;
@@ -105,23 +104,6 @@ pub struct Args {
     pub socket_abi: bool,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_stop_handler() -> anyhow::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        let handler = on_signal as extern "C" fn(libc::c_int);
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        if unsafe { libc::signal(sig, handler as libc::sighandler_t) } == libc::SIG_ERR {
-            bail!("installing the SIGINT handler: {}", std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 fn say(msg: &str) {
     eprintln!("[demo] {msg}");
 }
@@ -161,7 +143,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         bail!("--time-scale and --rate must be positive");
     }
     let ailb = preflight();
-    install_stop_handler()?;
+    crate::stop::install()?;
     let dir = tempfile::Builder::new().prefix("ailb-demo-").tempdir().context("temp dir")?;
     say(&format!("logs and configs: {} (removed at exit)", dir.path().display()));
 
@@ -292,7 +274,7 @@ fn watch(
     let every = Duration::from_secs(args.every_s.max(1));
     let mut next = started;
     let finished = loop {
-        if STOP.load(Ordering::SeqCst) {
+        if crate::stop::requested() {
             say("Ctrl-C: stopping");
             break None;
         }
