@@ -352,9 +352,8 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
 /// socket's. Every request whose prompt starts with the same block then gets the same
 /// backend (bounded load permitting), so a prompt nobody caches (a tenant's first request,
 /// or one whose blocks every engine evicted) lands where the next request of that prompt
-/// will look for it, on every gateway alike, and not on a random backend per connect.
-/// Random placement spreads each tenant over every backend once the caches turn over, which
-/// on a fleet whose pools hold only a few tenants' prompts evicts them faster still.
+/// will look for it, on every gateway alike, and not on a random backend per connect, each
+/// prefilling the prompt once more.
 ///
 /// Only when nothing is held: a first block held somewhere (a preamble every prompt shares)
 /// would otherwise put every connect whose holders are all at their bound on one probe

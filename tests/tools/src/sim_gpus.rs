@@ -265,10 +265,18 @@ nvml = true
                 "kv_events = \"{events}\"\nkv_replay = \"{replay}\"\nkv_block_size = {SIM_KV_BLOCK_SIZE}\n"
             )),
         );
-        let stem = format!("agent-{}-{}", addr.ip(), addr.port());
-        let path = dir.join(format!("{stem}.toml"));
+        let path = dir.join(format!("{}.toml", self.agent_stem()));
         std::fs::write(&path, cfg).with_context(|| format!("writing {}", path.display()))?;
-        Ok((path, dir.join(format!("{stem}.log"))))
+        Ok((path, self.agent_log(dir)))
+    }
+
+    /// The log of this GPU's agent started with `dir` ([`SimGpu::start_agent`]).
+    pub fn agent_log(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.log", self.agent_stem()))
+    }
+
+    fn agent_stem(&self) -> String {
+        format!("agent-{}-{}", self.addr.ip(), self.addr.port())
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ailb_tests::client::spawn_in_cgroup;
 use ailb_tests::nacos::RnacosServer;
 use ailb_tests::status::live_backends;
-use ailb_tests::{wait_until, CgroupGuard, Daemon};
+use ailb_tests::{CgroupGuard, Daemon};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
@@ -196,10 +196,36 @@ fn start_ailb(
     cfg.listen = Some(http.to_string());
     cfg.extra.push_str(extra);
     let daemon = Daemon::start(ailb, &cfg);
-    wait_until("every GPU registered by its agent and live in the table", Duration::from_secs(30), || {
-        (live_backends(&daemon.status(), MODEL) == sims.len()).then_some(())
-    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while live_backends(&daemon.status(), MODEL) != sims.len() {
+        if Instant::now() >= deadline {
+            bail!(
+                "after 30 s not every GPU was registered by its agent and live in the table: {}",
+                not_live(&daemon, sims, &mut agents, dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(Balancer { daemon: Some(daemon), _agents: agents, _registry: Some(nacos), ..none })
+}
+
+/// The GPUs `ailb run` does not list live, each with its agent's state and the end of its log.
+fn not_live(daemon: &Daemon, sims: &[SimGpu], agents: &mut [Proc], dir: &Path) -> String {
+    let status = daemon.status();
+    let mut out = Vec::new();
+    for (s, agent) in sims.iter().zip(agents) {
+        let addr = s.addr.to_string();
+        let b = ailb_tests::status::backend(&status, &addr);
+        if b.is_some_and(|b| b["live"].as_bool() == Some(true)) {
+            continue;
+        }
+        let listed = b.map_or_else(|| "not listed".to_string(), |b| format!("listed as {b}"));
+        let state = agent.exited().map_or_else(|| "running".to_string(), |st| format!("exited ({st})"));
+        let log = std::fs::read_to_string(s.agent_log(dir)).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+        out.push(format!("{addr} {listed}; its agent {state}, log ends:\n{}", tail.join("\n")));
+    }
+    out.join("\n")
 }
 
 /// nginx as an L7 round-robin proxy of the fleet on `listen`, SSE passed through unbuffered: a
