@@ -20,6 +20,7 @@ pub mod config;
 pub mod daemon;
 pub mod gateway;
 pub mod http;
+pub mod interrupt;
 pub mod nacos;
 pub mod netns;
 pub mod packet;

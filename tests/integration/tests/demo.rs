@@ -2,12 +2,11 @@
 //! agents, the gateway on Nacos discovery, and the load generator in the child cgroup, end to
 //! end; and a Ctrl-C in the middle of the load that tears everything down.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc::channel;
+use std::process::Command;
 use std::time::Duration;
 
+use ailb_tests::interrupt::{self, Watched};
 use ailb_tests::{preflight, run_cmd, workspace_bin};
 
 fn demo(ailb: &Path) -> Command {
@@ -19,19 +18,7 @@ fn demo(ailb: &Path) -> Command {
 /// What a demo run left behind: its pin directory and its cgroup (both named after its pid).
 fn leftovers(pid: u32) -> Vec<String> {
     let name = format!("ailb-test-demo-{pid}");
-    let mut left = Vec::new();
-    if Path::new("/sys/fs/bpf").join(&name).exists() {
-        left.push(format!("/sys/fs/bpf/{name}"));
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    for m in mounts.lines().filter(|l| l.split_whitespace().nth(2) == Some("cgroup2")) {
-        if let Some(dir) = m.split_whitespace().nth(1) {
-            if Path::new(dir).join(&name).exists() {
-                left.push(format!("{dir}/{name}"));
-            }
-        }
-    }
-    left
+    interrupt::leftovers(|n| n == name)
 }
 
 #[test]
@@ -65,53 +52,13 @@ fn the_demo_runs_the_whole_system_and_cleans_up() {
 #[test]
 fn ctrl_c_in_the_middle_tears_everything_down() {
     let ailb = preflight();
-    let mut child = demo(&ailb)
-        .args(["--requests", "100000"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ailb-demo");
-    let pid = child.id();
-    let (tx, rx) = channel();
-    let stderr = child.stderr.take().expect("piped stderr");
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
+    let demo = Watched::spawn(demo(&ailb).args(["--requests", "100000"]));
+    let pid = demo.pid();
     // Wait for the load to run (readiness from the demo's own output), then Ctrl-C.
-    let started = loop {
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(l) if l.contains("load: ailb-replay") => break true,
-            Ok(_) => continue,
-            Err(_) => break false,
-        }
-    };
-    if !started {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the demo never started its load:\n{}", reader.join().unwrap_or_default());
+    if !demo.wait_for_line("load: ailb-replay", Duration::from_secs(120)) {
+        demo.fail("the demo never started its load");
     }
-    // SAFETY: kill(2) on our own child's pid, not yet reaped.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill(); // SIGKILL to our own child only
-            let _ = child.wait();
-            panic!("the demo did not exit within 60 s of SIGINT:\n{}", reader.join().unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let log = reader.join().unwrap_or_default();
+    let (status, log) = demo.interrupt(libc::SIGINT, Duration::from_secs(60));
     assert!(status.success(), "the demo exits cleanly on Ctrl-C ({status}):\n{log}");
     assert!(log.contains("Ctrl-C: stopping") && log.contains("done: nothing left running"), "{log}");
     assert_eq!(leftovers(pid), Vec::<String>::new(), "pins or cgroup left behind:\n{log}");

@@ -13,6 +13,9 @@
 //! 0.32x-0.47x. (Over 1000 requests, as `cargo xtask bench` runs it, round robin's queue keeps
 //! growing and the ratio is lower, 0.12x-0.14x; a CI run that long would take 5 minutes.)
 //!
+//! And `ailb-compare` interrupted by SIGTERM in the middle of a replay tears down everything it
+//! started.
+//!
 //! It needs the Mooncake trace shipped in `tests/data/` and fails, naming it, without it: the
 //! synthetic mix is no substitute (it has no request too large for a 3090, and on 120 of its
 //! requests one run, random still hashed by conversation then, read 0.71x, too close to the
@@ -23,6 +26,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use ailb_sim::replay;
+use ailb_tests::interrupt::{self, Watched};
 use ailb_tests::{preflight, run_cmd, workspace_bin};
 use serde_json::Value;
 
@@ -114,120 +118,38 @@ fn ailb_beats_round_robin_on_p95_and_failures() {
     );
 }
 
-/// The pids of `root`'s descendants now (from `/proc/*/stat`), with their command lines.
-fn descendants(root: u32) -> Vec<(u32, String)> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if let Some(ppid) = ppid {
-            parent.insert(pid, ppid);
-        }
-    }
-    let mut out = Vec::new();
-    let mut frontier = vec![root];
-    while let Some(p) = frontier.pop() {
-        for (&c, &pp) in &parent {
-            if pp == p {
-                let cmd = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
-                out.push((c, String::from_utf8_lossy(&cmd).replace('\0', " ")));
-                frontier.push(c);
-            }
-        }
-    }
-    out
-}
-
 /// SIGTERM (as Ctrl-C) in the middle of a replay: `ailb-compare` stops, kills its replay, and
 /// its guards tear down the fleet, the daemon (pins and links) and its child cgroup; it exits
 /// with an error that says so.
 #[test]
 fn an_interrupted_compare_tears_everything_down() {
-    use std::io::{BufRead, BufReader};
     let ailb = preflight();
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = Command::new(workspace_bin("ailb-tools", "ailb-compare"))
-        .env("AILB_BIN", &ailb)
-        .args(["--policies", "ailb,round-robin", "--limit", "300", "--time-scale", "20", "--load", "0.4"])
-        .arg("--sim-bin")
-        .arg(workspace_bin("ailb-sim", "ailb-sim"))
-        .arg("--out-dir")
-        .arg(dir.path())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn ailb-compare");
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().expect("piped stderr");
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
+    let compare = Watched::spawn(
+        Command::new(workspace_bin("ailb-tools", "ailb-compare"))
+            .env("AILB_BIN", &ailb)
+            .args(["--policies", "ailb,round-robin", "--limit", "300", "--time-scale", "20", "--load", "0.4"])
+            .arg("--sim-bin")
+            .arg(workspace_bin("ailb-sim", "ailb-sim"))
+            .arg("--out-dir")
+            .arg(dir.path()),
+    );
+    let pid = compare.pid();
     // Readiness from its own output: the first policy's replay has started.
-    let replaying = loop {
-        match rx.recv_timeout(Duration::from_secs(180)) {
-            Ok(l) if l.contains("replaying") => break true,
-            Ok(_) => continue,
-            Err(_) => break false,
-        }
-    };
-    let started = descendants(pid);
-    if !replaying {
-        let _ = child.kill(); // SIGKILL to our own child only
-        let _ = child.wait();
-        panic!("ailb-compare never started its replay:\n{}", reader.join().unwrap_or_default());
+    if !compare.wait_for_line("replaying", Duration::from_secs(180)) {
+        compare.fail("ailb-compare never started its replay");
     }
-    assert!(started.iter().any(|(_, c)| c.contains("ailb-sim")), "no simulated GPU among {started:?}");
-    // SAFETY: kill(2) on our own child's pid, not yet reaped.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) }, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill(); // SIGKILL to our own child only
-            let _ = child.wait();
-            panic!("ailb-compare did not exit within 60 s of SIGTERM:\n{}", reader.join().unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let log = reader.join().unwrap_or_default();
+    let started = interrupt::descendants(pid);
+    if !started.iter().any(|(_, c)| c.contains("ailb-sim")) {
+        compare.fail(&format!("no simulated GPU among its processes {started:?}"));
+    }
+    let (status, log) = compare.interrupt(libc::SIGTERM, Duration::from_secs(60));
     assert!(!status.success(), "an interrupted race reports no success:\n{log}");
     assert!(log.contains("interrupted (SIGINT or SIGTERM)"), "{log}");
-    // Every process it started is gone (the same pid with the same command line).
-    let left: Vec<&(u32, String)> = started
-        .iter()
-        .filter(|(p, c)| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|now| String::from_utf8_lossy(&now).replace('\0', " ") == *c)
-        })
-        .collect();
+    let left = interrupt::still_running(&started);
     assert!(left.is_empty(), "still running after ailb-compare exited: {left:?}\n{log}");
-    // Its pins and its cgroup (named after its pid) are gone.
+    // Its pins and its cgroup are named after its pid.
     let suffix = format!("-{pid}");
-    let pins: Vec<String> = std::fs::read_dir("/sys/fs/bpf")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("ailb-test-") && n.ends_with(&suffix))
-        .collect();
-    assert!(pins.is_empty(), "pins left behind: {pins:?}\n{log}");
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    for m in mounts.lines().filter(|l| l.split_whitespace().nth(2) == Some("cgroup2")) {
-        if let Some(d) = m.split_whitespace().nth(1) {
-            let cg = Path::new(d).join(format!("ailb-test-compare-{pid}"));
-            assert!(!cg.exists(), "cgroup left behind: {}\n{log}", cg.display());
-        }
-    }
+    let left = interrupt::leftovers(|n| n.starts_with("ailb-test-") && n.ends_with(&suffix));
+    assert!(left.is_empty(), "pins or cgroup left behind: {left:?}\n{log}");
 }
