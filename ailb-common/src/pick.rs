@@ -350,14 +350,11 @@ pub fn pick_prefixed<M: PickMaps>(
         _ => None,
     };
     // Nothing held: placed by the prompt's first key ([`unheld_prefix_hash`]), as the kernel does.
-    let placed;
-    let req = match (step, prefix) {
-        (Some((v, _)), Some(q)) if v.usage == PrefixUse::NotHeld && !q.keys.is_empty() => {
-            placed = PickRequest { hash: unheld_prefix_hash(q.keys[0]), ..*req };
-            &placed
-        }
-        _ => req,
-    };
+    let placed = step
+        .zip(prefix)
+        .and_then(|((v, _), q)| unheld_prefix_hash(q.keys, v.usage == PrefixUse::NotHeld))
+        .map(|hash| PickRequest { hash, ..*req });
+    let req = placed.as_ref().unwrap_or(req);
     let res = pick_with_prefix(maps, state, cfg, req, family, step.map(|(_, chosen)| chosen));
     (res, step.map(|(v, _)| v).unwrap_or_default())
 }

@@ -105,10 +105,7 @@ pub(crate) fn pick_connect(
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
     // A prompt nobody holds is placed by its first key (`unheld_prefix_hash`).
-    let table_hash = match prefix {
-        Some(p) if p.unheld != 0 => p.unheld,
-        _ => hash,
-    };
+    let table_hash = prefix.and_then(|p| p.unheld).unwrap_or(hash);
     let req = request(&cfg, sock, model, table_hash, has_conversation, entry.value(), now_ns, model_inflight);
     let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|p| p.chosen));
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
@@ -136,10 +133,8 @@ struct PrefixChoice {
     chosen: u32,
     /// The memory it was asked for.
     need: u32,
-    /// When no key was found held: the table's hash for the connect
-    /// ([`unheld_prefix_hash`] of its first key: never 0, as `fmix64` maps only 0 to 0 and
-    /// no key is 0); else 0.
-    unheld: u64,
+    /// When no key was found held: the table's hash for the connect ([`unheld_prefix_hash`]).
+    unheld: Option<u64>,
 }
 
 /// The prefix step for this connect ([`PrefixChoice`]); `None` without keys or prefix mode.
@@ -164,11 +159,7 @@ fn prefix_choice(
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
     let c = PrefixCtx::new(cfg, model, required_mem_mb, family, &q, model_inflight, state.slot.total_weight);
     let (chosen, need, none_held) = crate::pick_maps::prefix_step(&c, q.keys);
-    let unheld = match q.keys.first() {
-        Some(&k) if none_held => unheld_prefix_hash(k),
-        _ => 0,
-    };
-    Some(PrefixChoice { chosen, need, unheld })
+    Some(PrefixChoice { chosen, need, unheld: unheld_prefix_hash(q.keys, none_held) })
 }
 
 /// The pick's copy of a model's state: `active`, then the slot it selects.

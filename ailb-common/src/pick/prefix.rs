@@ -347,20 +347,23 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
     (verdict(n as u32, found, &choose), choose.chosen)
 }
 
-/// The hash the weighted table places a connect by when its search found none of its keys
-/// held ([`PrefixUse::NotHeld`]): its first key's, in place of its conversation's or its
-/// socket's. Every request whose prompt starts with the same block then gets the same
-/// backend (bounded load permitting), so a prompt nobody caches (a tenant's first request,
-/// or one whose blocks every engine evicted) lands where the next request of that prompt
-/// will look for it, on every gateway alike, and not on a random backend per connect, each
-/// prefilling the prompt once more.
+/// The hash the weighted table places a connect by when its search found none of its `keys`
+/// held (`none_held`, [`PrefixUse::NotHeld`]): its first key's, in place of its conversation's
+/// or its socket's; `None` otherwise (the connect's own hash stands). Every request whose
+/// prompt starts with the same block then gets the same backend (bounded load permitting), so
+/// a prompt nobody caches (a tenant's first request, or one whose blocks every engine evicted)
+/// lands where the next request of that prompt will look for it, on every gateway alike, and
+/// not on a random backend per connect, each prefilling the prompt once more.
 ///
 /// Only when nothing is held: a first block held somewhere (a preamble every prompt shares)
 /// would otherwise put every connect whose holders are all at their bound on one probe
 /// sequence of the table, where the per-connect hash spreads them.
 #[inline(always)]
-pub fn unheld_prefix_hash(first_key: u64) -> u64 {
-    crate::hash::fmix64(first_key)
+pub fn unheld_prefix_hash(keys: &[u64], none_held: bool) -> Option<u64> {
+    match keys.first() {
+        Some(&k) if none_held => Some(crate::hash::fmix64(k)),
+        _ => None,
+    }
 }
 
 /// The memory a holder of the longest prefix found needs for a request whose hint is

@@ -222,8 +222,9 @@ fn not_live(daemon: &Daemon, sims: &[SimGpu], agents: &mut [Proc], dir: &Path) -
         let listed = b.map_or_else(|| "not listed".to_string(), |b| format!("listed as {b}"));
         let state = agent.exited().map_or_else(|| "running".to_string(), |st| format!("exited ({st})"));
         let log = std::fs::read_to_string(s.agent_log(dir)).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
-        out.push(format!("{addr} {listed}; its agent {state}, log ends:\n{}", tail.join("\n")));
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(12)..].join("\n");
+        out.push(format!("{addr} {listed}; its agent {state}, log ends:\n{tail}"));
     }
     out.join("\n")
 }
