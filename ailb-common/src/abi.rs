@@ -27,7 +27,7 @@ pub const MAX_CONVERSATION_LEN: usize = 128;
 pub const MAX_MODEL_NAME_LEN: usize = 64;
 
 /// Bumped whenever a map layout changes; a daemon refuses pins of another version.
-pub const ABI_VERSION: u32 = 12;
+pub const ABI_VERSION: u32 = 13;
 
 pub const MAX_MODELS: u32 = 1024;
 /// Backend ids: twice [`MAX_MEMBERS`], so that a model of 16,384 backends can be replaced by

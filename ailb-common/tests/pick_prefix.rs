@@ -189,6 +189,41 @@ fn learnt_entries_age_out_and_exact_ones_do_not() {
 }
 
 #[test]
+fn an_evicted_holder_counts_for_the_lifetime_and_an_exact_one_comes_first() {
+    let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+    let p = prompt("Tenant whose prompt a small pool evicted. ", "q");
+    let all = text_keys(&p);
+    let keys = sent_keys(&p);
+    f.hold(1, &all, PREFIX_SEEN_EXACT);
+    for &k in &all {
+        assert!(f.maps.prefix.get_mut(&(MODEL, k)).expect("held").evict(1, NOW - 10));
+    }
+    // Evicted 10 ticks ago, lifetime 50: still its tenant's backend, though no engine
+    // reports the prompt held, so none of it counts as predicted cached.
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome, r.prefix.usage), (1, Outcome::Prefix, PrefixUse::Used), "{r:?}");
+    assert_eq!(r.prefix.found as usize, keys.len());
+    assert!(!r.prefix.exact, "{r:?}");
+    // Past the lifetime it is no holder: placed as a prompt nobody holds.
+    assert_eq!(f.pick_with(&f.req(), &keys, 5).prefix.usage, PrefixUse::NotHeld);
+    // An engine that reports the prompt held comes before the evicted holder, though busier.
+    f.hold(3, &all, PREFIX_SEEN_EXACT);
+    f.maps.inflight = vec![2, 2, 2, 3];
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome), (3, Outcome::Prefix), "{r:?}");
+    assert!(r.prefix.exact, "{r:?}");
+    // At its bound the exact holder yields to the evicted one.
+    f.maps.inflight = vec![0, 0, 0, 8];
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome), (1, Outcome::Prefix), "{r:?}");
+    // A precise model's query reads the model's lifetime, as an approximate model's does.
+    let view = ModelState { prefix_ttl_ns: 50 << 30, ..f.state }.view();
+    assert_eq!(PrefixQuery::for_connect(&keys, &view, (NOW as u64) << 30).ttl_ticks, 50);
+    let off = ModelState { prefix_ttl_ns: 50 << 30, flags: 0, ..f.state }.view();
+    assert_eq!(PrefixQuery::for_connect(&keys, &off, 0).ttl_ticks, 0);
+}
+
+#[test]
 fn a_holder_at_its_load_bound_is_overruled() {
     let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
     let p = prompt("Busy tenant. ", "q");

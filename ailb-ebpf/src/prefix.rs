@@ -173,6 +173,7 @@ pub(crate) fn count(model: u32, v: &PrefixVerdict, map_lookups: u32) {
     s.lookups += 1;
     s.keys_sent += v.sent as u64;
     s.keys_found += v.found as u64;
+    s.keys_exact += u64::from(v.exact) * v.found as u64;
     s.found += u64::from(v.found > 0);
     s.used += u64::from(v.usage == PrefixUse::Used);
     s.overruled_load += u64::from(v.usage == PrefixUse::OverruledLoad);

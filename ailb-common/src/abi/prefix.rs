@@ -8,9 +8,13 @@
 //!   model's `prefix_ttl_ns` no longer counts (an engine's cache turns over; the daemon sets
 //!   the lifetime from the model's `prefix_ttl`);
 //! * [`MODEL_PREFIX_EVENTS`] (precise): the daemon writes what each backend's engine reports
-//!   in its KV events, stamped [`PREFIX_SEEN_EXACT`] (never aged), and removes a backend from
-//!   an entry when its engine evicts the block. The kernel does not learn for such a model,
-//!   so every daemon that reads the same events holds the same map.
+//!   in its KV events, stamped [`PREFIX_SEEN_EXACT`] (never aged). When an engine evicts the
+//!   block, the daemon stamps its backend with the [`prefix_tick`] of the eviction
+//!   ([`PrefixHolders::evict`]): an *evicted holder*, which counts for the model's
+//!   `prefix_ttl` as a weaker holder (the pick prefers an exact one), and is removed at once
+//!   where the model has no lifetime. The kernel does not learn for such a model, so every
+//!   daemon that reads the same events holds the same map (the ticks stamped by each daemon's
+//!   own clock as it applies the event).
 //!
 //! Kernel memory: one entry is a 16-byte key and a 64-byte value in an LRU hash element (the
 //! element header and the LRU node add about 56 bytes); `docs/prefix.md` has the measured
@@ -165,6 +169,37 @@ impl PrefixHolders {
         true
     }
 
+    /// Whether slot `i` names a holder whose engine reports the block held
+    /// ([`PREFIX_SEEN_EXACT`]).
+    #[inline(always)]
+    pub fn exact(&self, i: usize) -> bool {
+        self.ids[i] != NO_BACKEND && self.seen[i] == PREFIX_SEEN_EXACT
+    }
+
+    /// Marks `id`, an exact holder, evicted at tick `tick` ([`prefix_tick`]): from then on it
+    /// counts as a holder only for the model's lifetime, as a learnt one does. Returns whether
+    /// `id` was an exact holder.
+    ///
+    /// Why keep it at all: a small pool evicts a tenant's prompt while the tenant's next
+    /// requests are still on their way. Removed at once, the tenant's next request went
+    /// wherever what was left of its prompt was, and the tenants mixed on every backend, each
+    /// evicting the others'; kept, the tenant goes back to the backend whose running requests
+    /// share its prompt, as approximate mode's learnt entries keep it.
+    pub fn evict(&mut self, id: u32, tick: u32) -> bool {
+        // A tick never reads as exact (it would take 146 years of uptime).
+        let tick = if tick == PREFIX_SEEN_EXACT { PREFIX_SEEN_EXACT - 1 } else { tick };
+        let mut found = false;
+        let mut i = 0;
+        while i < PREFIX_HOLDERS {
+            if self.ids[i] == id && self.seen[i] == PREFIX_SEEN_EXACT {
+                self.seen[i] = tick;
+                found = true;
+            }
+            i += 1;
+        }
+        found
+    }
+
     /// Removes `id`; returns whether it was there.
     pub fn remove(&mut self, id: u32) -> bool {
         let mut found = false;
@@ -209,6 +244,9 @@ pub struct PrefixStats {
     pub keys_sent: u64,
     /// Keys found held (the longest held prefix, in keys sent), summed over the lookups.
     pub keys_found: u64,
+    /// Of `keys_found`, those of the lookups whose longest prefix an engine reports held now
+    /// (an exact holder, precise mode); the rest were found through learnt or evicted holders.
+    pub keys_exact: u64,
     /// A holder of the longest prefix was taken.
     pub used: u64,
     /// Every holder was at its load bound or cap: the pick went on without the prefix.
@@ -230,6 +268,7 @@ impl PrefixStats {
         self.found += o.found;
         self.keys_sent += o.keys_sent;
         self.keys_found += o.keys_found;
+        self.keys_exact += o.keys_exact;
         self.used += o.used;
         self.overruled_load += o.overruled_load;
         self.overruled_memory += o.overruled_memory;

@@ -13,7 +13,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<PrefixKey>(), 16);
     assert_eq!(size_of::<PrefixHolders>(), 64);
     assert_eq!(size_of::<SockPrefix>(), 8 + 16 * 8);
-    assert_eq!(size_of::<PrefixStats>(), 9 * 8);
+    assert_eq!(size_of::<PrefixStats>(), 10 * 8);
     assert_eq!(size_of::<FilterLine>(), 64);
     assert_eq!(size_of::<AffinityKey>(), 16);
     assert_eq!(size_of::<AffinityValue>(), 16);
@@ -74,6 +74,36 @@ fn exact_holders_are_not_aged_or_displaced_by_learnt_ones() {
     assert!(!h.record(51, PREFIX_SEEN_EXACT, 7, 1), "a full exact entry keeps its holders");
     assert!(!h.record(2, 9, 9, 1), "a learnt stamp does not downgrade an exact holder");
     assert_eq!(h.seen[2], PREFIX_SEEN_EXACT);
+}
+
+#[test]
+fn an_evicted_holder_is_stamped_and_stored_again_exact() {
+    let mut h = PrefixHolders::EMPTY;
+    assert!(h.record(4, PREFIX_SEEN_EXACT, 10, 60));
+    assert!(h.record(5, 12, 12, 60), "a learnt holder beside it");
+    assert!(h.exact(0) && !h.exact(1));
+    assert!(h.evict(4, 20));
+    assert!(!h.evict(4, 21), "evicted once");
+    assert!(!h.evict(5, 21), "only an exact holder is evicted");
+    assert!(!h.evict(9, 21), "not a holder");
+    assert_eq!((h.ids[0], h.seen[0]), (4, 20));
+    assert!(!h.exact(0));
+    assert!(h.fresh(0, 80, 60) && !h.fresh(0, 81, 60), "counted for the lifetime");
+    // Stored again: exact again, in its own slot.
+    assert!(h.record(4, PREFIX_SEEN_EXACT, 30, 60));
+    assert!(h.exact(0));
+    // An evicted holder past the lifetime gives its slot to a block stored by another.
+    assert!(h.evict(4, 30));
+    for id in 10..16 {
+        assert!(h.record(id, PREFIX_SEEN_EXACT, 31, 60));
+    }
+    assert!(h.record(77, PREFIX_SEEN_EXACT, 200, 60));
+    assert_eq!(h.ids[0], 77, "{h:?}");
+    // A stamp never reads as exact.
+    let mut g = PrefixHolders::EMPTY;
+    assert!(g.record(1, PREFIX_SEEN_EXACT, 0, 0));
+    assert!(g.evict(1, PREFIX_SEEN_EXACT));
+    assert!(!g.exact(0));
 }
 
 #[test]

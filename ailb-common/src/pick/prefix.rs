@@ -49,15 +49,20 @@ pub struct PrefixQuery<'a> {
 
 impl<'a> PrefixQuery<'a> {
     /// The query of a connect at `now_ns` (`bpf_ktime_get_ns`) that carries `keys` to a
-    /// model in `state`: at most [`PREFIX_KEYS_MAX`] keys are read, and learnt entries age
-    /// only in approximate mode (the engines' own entries never do).
+    /// model in `state`: at most [`PREFIX_KEYS_MAX`] keys are read, and a holder not exact
+    /// (learnt in approximate mode, evicted in precise mode) counts for the model's
+    /// `prefix_ttl_ns`; the engines' exact holders never age.
     #[inline(always)]
     pub fn for_connect(keys: &'a [u64], state: &ModelView, now_ns: u64) -> Self {
         let n = if keys.len() > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX } else { keys.len() };
         PrefixQuery {
             keys: &keys[..n],
             now_tick: prefix_tick(now_ns),
-            ttl_ticks: if state.flags & MODEL_PREFIX_LEARN != 0 { prefix_ttl_ticks(state.prefix_ttl_ns) } else { 0 },
+            ttl_ticks: if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 {
+                prefix_ttl_ticks(state.prefix_ttl_ns)
+            } else {
+                0
+            },
         }
     }
 }
@@ -91,6 +96,10 @@ pub struct PrefixVerdict {
     /// verdict rides in every `PickResult`, in the TC program's stack too, which has no 16
     /// bytes to spare.
     pub sent: u8,
+    /// Some holder of the longest prefix found is exact ([`PrefixHolders::exact`]): an engine
+    /// reports it held now (precise mode). False where its holders were learnt (approximate
+    /// mode) or evicted ([`PrefixHolders::evict`]).
+    pub exact: bool,
 }
 
 /// Everything the prefix steps read besides the maps and the keys: plain numbers, so that a
@@ -265,6 +274,10 @@ pub struct Choose {
     pub lacked_memory: bool,
     /// Some holder is a live member the client can reach.
     pub any_live: bool,
+    /// The chosen holder is exact ([`PrefixHolders::exact`]): its engine reports the prefix held.
+    pub exact: bool,
+    /// Some fresh holder of the entry is exact.
+    pub any_exact: bool,
 }
 
 impl Default for Choose {
@@ -276,7 +289,16 @@ impl Default for Choose {
 impl Choose {
     #[inline(always)]
     pub const fn new() -> Self {
-        Self { chosen: NO_BACKEND, load: 0, weight: 1, fits_now: false, lacked_memory: false, any_live: false }
+        Self {
+            chosen: NO_BACKEND,
+            load: 0,
+            weight: 1,
+            fits_now: false,
+            lacked_memory: false,
+            any_live: false,
+            exact: false,
+            any_exact: false,
+        }
     }
 
     /// Considers holder slot `i` of `h`.
@@ -286,6 +308,8 @@ impl Choose {
             return;
         }
         let id = h.ids[i];
+        let exact = h.exact(i);
+        self.any_exact |= exact;
         let Some(b) = maps.backend(id) else {
             return;
         };
@@ -304,15 +328,19 @@ impl Choose {
             self.lacked_memory = true;
             return;
         }
-        // One that fits now before one that fits once idle; then the least loaded.
+        // One that fits now before one that fits once idle; then one whose engine reports the
+        // prefix held before an evicted one; then the least loaded.
+        let same = fits_now == self.fits_now;
         let better = self.chosen == NO_BACKEND
             || (fits_now && !self.fits_now)
-            || (fits_now == self.fits_now && sat_mul(inflight, self.weight) < sat_mul(self.load, b.weight as u64));
+            || (same && exact && !self.exact)
+            || (same && exact == self.exact && sat_mul(inflight, self.weight) < sat_mul(self.load, b.weight as u64));
         if better {
             self.chosen = id;
             self.load = inflight;
             self.weight = b.weight as u64;
             self.fits_now = fits_now;
+            self.exact = exact;
         }
     }
 
@@ -399,5 +427,10 @@ pub fn verdict(sent: u32, found: u32, choose: &Choose) -> PrefixVerdict {
         PrefixUse::Gone
     };
     // Both at most PREFIX_KEYS_MAX (16).
-    PrefixVerdict { usage, found: found.min(255) as u8, sent: sent.min(255) as u8 }
+    PrefixVerdict {
+        usage,
+        found: found.min(255) as u8,
+        sent: sent.min(255) as u8,
+        exact: found != 0 && choose.any_exact,
+    }
 }

@@ -271,7 +271,15 @@ pub fn explain(listen: Option<SocketAddr>, bpffs: &Path, what: What, json: bool)
         }
         if let Some(p) = &c.prefix {
             let holders = if p.holders.is_empty() { "none".to_string() } else { p.holders.join(", ") };
-            println!("  prefix: {} of its {} keys held (holders {holders}): {}, {}", p.found, p.sent, p.usage, p.why);
+            let evicted = if p.evicted.is_empty() {
+                String::new()
+            } else {
+                format!("; evicted by their engines within the lifetime: {}", p.evicted.join(", "))
+            };
+            println!(
+                "  prefix: {} of its {} keys held (holders {holders}{evicted}): {}, {}",
+                p.found, p.sent, p.usage, p.why
+            );
         }
         if let (Some(b), Some(age)) = (&c.affinity_backend, c.affinity_age_ms) {
             println!("  affinity entry: {b}, last used {:.1} s ago", age as f64 / 1000.0);

@@ -295,7 +295,7 @@ fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncod
         with_mode().map(|m| (m.name.clone(), m.prefix.entries as f64)),
     )?;
     type Field = fn(&crate::datapath::prefix::PrefixStatsView) -> u64;
-    let counters: [(&str, &str, Field); 8] = [
+    let counters: [(&str, &str, Field); 9] = [
         ("ailb_prefix_lookups", "Connects that carried prefix keys to a model with a prefix mode", |s| s.lookups),
         ("ailb_prefix_found", "Of those, the ones whose first key some backend holds", |s| s.found),
         ("ailb_prefix_used", "A holder of the longest cached prefix could take the request", |s| s.used),
@@ -311,6 +311,11 @@ fn encode_prefix(st: &crate::datapath::status::Status, enc: &mut DescriptorEncod
             "ailb_prefix_keys_found",
             "Keys found held, summed (over keys_sent: the share of the prompt found cached)",
             |s| s.keys_found,
+        ),
+        (
+            "ailb_prefix_keys_exact",
+            "Of keys_found, those whose longest prefix an engine reports held now (precise mode; the rest were found through evicted holders)",
+            |s| s.keys_exact,
         ),
         ("ailb_prefix_keys_sent", "Keys the connects carried, summed", |s| s.keys_sent),
         (

@@ -39,20 +39,21 @@ impl PrefixSink for KernelSink {
     fn apply(&self, model: &str, backend: SocketAddr, changes: &[(u64, bool)]) {
         // The feed follows the instances of a snapshot after the writer applied its plan, so
         // a followed backend has its ids; one retired since is cleared by its feed's end.
-        let Some((m, id)) = self.ids.lookup(model, backend) else {
+        let Some(ids) = self.ids.lookup(model, backend) else {
             warn!(model, backend = %backend, "kv events: backend has no kernel id (not in the plan); changes dropped");
             return;
         };
-        if let Err(e) = self.with_map(|map| map.apply(m, id, changes)) {
+        let now = crate::datapath::monotonic_ns();
+        if let Err(e) = self.with_map(|map| map.apply(ids, now, changes)) {
             error!(model, backend = %backend, error = %crate::error_chain(&e), "kv events: writing the prefix map");
         }
     }
 
     fn backend_cleared(&self, model: &str, backend: SocketAddr) {
-        let Some((m, id)) = self.ids.lookup(model, backend) else {
+        let Some(ids) = self.ids.lookup(model, backend) else {
             return;
         };
-        if let Err(e) = self.with_map(|map| map.clear_backend(m, id)) {
+        if let Err(e) = self.with_map(|map| map.clear_backend(ids.model, ids.id)) {
             error!(model, backend = %backend, error = %crate::error_chain(&e), "kv events: clearing the prefix map");
         }
     }

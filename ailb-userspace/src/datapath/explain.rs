@@ -54,8 +54,15 @@ pub struct PrefixExplain {
     /// `not_asked` (the model has no prefix mode), `not_held`, `used`, `overruled_load`,
     /// `overruled_memory` or `gone`.
     pub usage: &'static str,
-    /// The backends the map names for the longest prefix found.
+    /// The backends the map names for the longest prefix found (those that count now).
     pub holders: Vec<String>,
+    /// Whether one of them is exact: its engine reports the prefix held now (precise mode).
+    pub exact: bool,
+    /// Precise mode: the holders among them whose engine evicted the prefix within the model's
+    /// `prefix_ttl`. They still count, after any exact holder: the tenant's requests go back
+    /// where its prompt was, rather than to wherever a piece of it is left.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<String>,
     pub why: &'static str,
 }
 
@@ -84,17 +91,6 @@ fn usage_why(u: PrefixUse) -> &'static str {
         PrefixUse::OverruledMemory => "holders under their bound could not hold the memory hint, even idle",
         PrefixUse::Gone => "no holder of its longest cached prefix is a live member of the model now",
     }
-}
-
-fn monotonic_ns() -> u64 {
-    // bpf_ktime_get_ns() is CLOCK_MONOTONIC.
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the valid timespec we pass.
-    #[allow(unsafe_code, reason = "clock_gettime(CLOCK_MONOTONIC) to compare with bpf_ktime_get_ns")]
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts)
-    };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The pick for a connection of `conversation` to `model` with the memory hint
@@ -126,7 +122,7 @@ pub fn explain_conversation(
         .affinity
         .get(&AffinityKey { model: midx, space: ailb_common::AFFINITY_SPACE_CONVERSATION, conversation: hash }, 0)
         .ok();
-    let now = monotonic_ns();
+    let now = super::sys::monotonic_ns();
     let req = PickRequest {
         model: midx,
         hash,
@@ -165,26 +161,42 @@ pub fn explain_conversation(
         affinity_backend: affinity.and_then(|a| addr(a.backend)).map(|a| a.to_string()),
         affinity_age_ms: affinity.map(|a| now.saturating_sub(a.last_seen_ns) / 1_000_000),
         backend_ipv6_client,
-        prefix: query.map(|_| prefix_explain(&copy, midx, prefix, verdict, addr)),
+        prefix: query.map(|q| {
+            prefix_explain(&copy, midx, q, state.flags & ailb_common::MODEL_PREFIX_EVENTS != 0, verdict, addr)
+        }),
     })
 }
 
 fn prefix_explain(
     copy: &VecMaps,
     model: u32,
-    keys: &[u64],
+    q: &PrefixQuery<'_>,
+    precise: bool,
     v: PrefixVerdict,
     addr: impl Fn(u32) -> Option<SocketAddr>,
 ) -> PrefixExplain {
-    let holders = (v.found as usize)
-        .checked_sub(1)
-        .and_then(|last| keys.get(last))
-        .and_then(|k| copy.prefix.get(&(model, *k)))
-        .map(|h| {
-            h.ids.iter().filter(|&&id| id != NO_BACKEND).filter_map(|&id| addr(id)).map(|a| a.to_string()).collect()
-        })
-        .unwrap_or_default();
-    PrefixExplain { sent: v.sent, found: v.found, usage: usage_name(v.usage), holders, why: usage_why(v.usage) }
+    let entry =
+        (v.found as usize).checked_sub(1).and_then(|last| q.keys.get(last)).and_then(|k| copy.prefix.get(&(model, *k)));
+    let named = |keep: &dyn Fn(&ailb_common::PrefixHolders, usize) -> bool| -> Vec<String> {
+        entry
+            .map(|h| {
+                (0..h.ids.len())
+                    .filter(|&i| h.fresh(i, q.now_tick, q.ttl_ticks) && keep(h, i))
+                    .filter_map(|i| addr(h.ids[i]))
+                    .map(|a| a.to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    PrefixExplain {
+        sent: v.sent,
+        found: v.found,
+        usage: usage_name(v.usage),
+        holders: named(&|_, _| true),
+        exact: v.exact,
+        evicted: if precise { named(&|h, i| !h.exact(i)) } else { Vec::new() },
+        why: usage_why(v.usage),
+    }
 }
 
 /// The model named `model` in the kernel's maps: its index and state.

@@ -1,5 +1,5 @@
 //! The kernel's prefix map from userspace: what the precise mode writes (each engine's KV
-//! events, as block keys held or removed per backend), the per-model counters, and the
+//! events, as block keys held or evicted per backend), the per-model counters, and the
 //! directory that names a backend's kernel id from its model and address.
 //!
 //! Writes are read-modify-write of one entry: the daemon is the only writer of a precise
@@ -10,25 +10,37 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use ailb_common::{maps, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFIX_SEEN_EXACT};
+use ailb_common::{maps, prefix_tick, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFIX_SEEN_EXACT};
 use aya::maps::{HashMap, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 
 use super::{map_err, prefix_filter::PrefixFilter, DatapathError};
 
-/// Which kernel ids a model's backends have now: `(model name, address) -> (model index,
-/// backend id)`. The writer replaces it after each plan it writes; the KV-event feed reads it.
+/// Which kernel ids a model's backends have now: `(model name, address) -> BackendIds`. The
+/// writer replaces it after each plan it writes; the KV-event feed reads it.
 #[derive(Debug, Clone, Default)]
 pub struct IdDirectory {
     inner: Arc<RwLock<Directory>>,
 }
 
-/// `(model name, address) -> (model index, backend id)`.
-pub type Directory = StdHashMap<(String, SocketAddr), (u32, u32)>;
+/// A backend's kernel ids, and how long its model counts a holder its engine evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendIds {
+    /// The model's index.
+    pub model: u32,
+    /// The backend's id.
+    pub id: u32,
+    /// The model's `prefix_ttl` in [`ailb_common::prefix_ttl_ticks`]: an evicted block's holder
+    /// counts that long ([`PrefixHolders::evict`]); 0 (no lifetime): it is removed at once.
+    pub evicted_ttl_ticks: u32,
+}
+
+/// `(model name, address) -> BackendIds`.
+pub type Directory = StdHashMap<(String, SocketAddr), BackendIds>;
 
 impl IdDirectory {
     /// The kernel ids of `model`'s backend at `addr`, if it has one now.
-    pub fn lookup(&self, model: &str, addr: SocketAddr) -> Option<(u32, u32)> {
+    pub fn lookup(&self, model: &str, addr: SocketAddr) -> Option<BackendIds> {
         self.inner.read().ok()?.get(&(model.to_string(), addr)).copied()
     }
 
@@ -53,7 +65,8 @@ impl IdDirectory {
 pub struct PrefixApplied {
     /// Blocks recorded for the backend.
     pub stored: u64,
-    /// Blocks the backend no longer holds.
+    /// Blocks the backend no longer holds (evicted holders, or removed where the model keeps
+    /// none).
     pub removed: u64,
     /// Blocks already held by `PREFIX_HOLDERS` other backends (exact): not recorded.
     pub full: u64,
@@ -99,9 +112,18 @@ impl PrefixMap {
         }
     }
 
-    /// Records what backend `id` of model `model` (kernel indices) holds now: each `(key,
-    /// held)` marks the block held (exact, never aged) or no longer held.
-    pub fn apply(&mut self, model: u32, id: u32, changes: &[(u64, bool)]) -> Result<PrefixApplied, DatapathError> {
+    /// Records what backend `b` holds now (at `now_ns`, `CLOCK_MONOTONIC`): each `(key, held)`
+    /// marks the block held (exact, never aged) or evicted ([`PrefixHolders::evict`]: stamped
+    /// `now_ns`, counted for the model's lifetime; removed where it has none). A block held
+    /// takes the slot of an evicted holder past the lifetime before any other.
+    pub fn apply(
+        &mut self,
+        b: BackendIds,
+        now_ns: u64,
+        changes: &[(u64, bool)],
+    ) -> Result<PrefixApplied, DatapathError> {
+        let BackendIds { model, id, evicted_ttl_ticks: ttl } = b;
+        let now = prefix_tick(now_ns);
         let mut done = PrefixApplied::default();
         for &(key, held) in changes {
             let k = PrefixKey { model, _pad: 0, key };
@@ -109,14 +131,19 @@ impl PrefixMap {
             if held {
                 self.filter.add(model, key);
                 let mut h = current.unwrap_or(PrefixHolders::EMPTY);
-                if h.record(id, PREFIX_SEEN_EXACT, 0, 0) {
+                if h.record(id, PREFIX_SEEN_EXACT, now, ttl) {
                     self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
                     done.stored += 1;
                 } else if !h.ids.contains(&id) {
                     done.full += 1;
                 }
             } else if let Some(mut h) = current {
-                if h.remove(id) {
+                if ttl != 0 {
+                    if h.evict(id, now) {
+                        self.map.insert(k, h, 0).map_err(map_err(maps::PREFIX))?;
+                        done.removed += 1;
+                    }
+                } else if h.remove(id) {
                     done.removed += 1;
                     if h.is_empty() {
                         match self.map.remove(&k) {
@@ -214,6 +241,8 @@ pub struct PrefixStatsView {
     pub overruled_memory: u64,
     pub keys_sent: u64,
     pub keys_found: u64,
+    /// Of `keys_found`, those whose longest prefix an engine reports held (precise mode).
+    pub keys_exact: u64,
     pub learned: u64,
     /// Lookups in the map by the searches (the filter spares the others).
     pub map_lookups: u64,
@@ -229,6 +258,7 @@ impl From<PrefixStats> for PrefixStatsView {
             overruled_memory: s.overruled_memory,
             keys_sent: s.keys_sent,
             keys_found: s.keys_found,
+            keys_exact: s.keys_exact,
             learned: s.learned,
             map_lookups: s.map_lookups,
         }

@@ -2,8 +2,12 @@
 //! (aya keeps its cgroup links private, so they die with the process, which would defeat
 //! fail-static routing), and pinning it; the batch update of an array map (many entries in one
 //! call: a recompute writes thousands); the shared mapping of an mmapable array map (aya
-//! 0.14 does not map one), worked on with atomics. Also mount-table helpers.
-#![allow(unsafe_code, reason = "raw bpf(2), mmap(2) and mount(2) calls that aya does not expose")]
+//! 0.14 does not map one), worked on with atomics. Also mount-table helpers, and the kernel
+//! programs' clock.
+#![allow(
+    unsafe_code,
+    reason = "raw bpf(2), mmap(2), mount(2) and clock_gettime(2) calls that aya and std do not expose"
+)]
 
 use std::{
     ffi::CString,
@@ -82,6 +86,15 @@ pub(crate) fn map_update_batch<V: aya::Pod>(map: BorrowedFd<'_>, keys: &[u32], v
     // the two slices, which outlive the call; `V: Pod` has no padding it could read uninitialised.
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     Ok(())
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns()`, so that what the daemon stamps
+/// and what `ailb explain` computes compare with what the programs read.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the valid timespec passed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Mount points of a filesystem type, from `/proc/mounts`.

@@ -8,7 +8,12 @@
 //! - After a tenant's first chat, the engine that cached it reports its blocks; every later
 //!   chat of the tenant goes to that engine (the kernel found its system prompt there);
 //! - the kernel's counters say so, and the map holds what the engines hold: after a cache
-//!   reset (`AllBlocksCleared`), the engine's entries go.
+//!   reset (`AllBlocksCleared`), no engine reports the prompt held, and its engine is named as
+//!   an evicted holder.
+//!
+//! A second test evicts a prompt from a small engine: the map keeps the engine as an evicted
+//! holder of it for the model's `prefix_ttl`, so that the prompt's next request still goes
+//! there, and says that no engine reports it held.
 //!
 //! Requests are sent one after another on fresh upstream connections (`upstream_reuse =
 //! "never"`), so no holder is ever at its load bound: with kept connections counting in
@@ -160,19 +165,7 @@ fn tenants_follow_what_the_engines_report_cached() {
 
     // `ailb explain --request` runs the same pick over the pinned maps: a new user of tenant 0
     // goes to the holder of its system prompt, and says so.
-    let body = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(body.path(), serde_json::to_vec(&chat(0, 99)).expect("body")).expect("write the body");
-    let out = ailb_tests::run_cmd(
-        std::process::Command::new(&bin).args(["explain", "--json", "--request"]).arg(body.path()).args([
-            "--config".as_ref(),
-            daemon.config_path().as_os_str(),
-            "--bpffs".as_ref(),
-            daemon.bpffs().as_os_str(),
-        ]),
-        Duration::from_secs(30),
-    );
-    assert!(out.status.success(), "ailb explain --request: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("explain --json");
+    let v = explain(&bin, &daemon, &chat(0, 99));
     eprintln!("explain: {v}");
     let p = &v["conversation"]["prefix"];
     assert!(v["request"]["prefix_keys"].as_array().is_some_and(|k| !k.is_empty()), "keys shown: {v}");
@@ -181,13 +174,145 @@ fn tenants_follow_what_the_engines_report_cached() {
     assert_eq!(v["conversation"]["backend"].as_str(), Some(first[&0].as_str()), "explain's backend: {v}");
     assert!(p["holders"].as_array().is_some_and(|h| h.iter().any(|b| b == first[&0].as_str())), "holders: {p}");
 
-    // A cache reset on the first tenant's engine (AllBlocksCleared) empties its entries.
+    // A cache reset on the first tenant's engine (AllBlocksCleared): no engine reports tenant 0's
+    // prompt held any longer; its engine stays its holder, as an evicted one.
     let target = &first[&0];
     let sim = sims.iter().find(|s| s.addr() == target.as_str()).expect("the engine that served tenant 0");
-    let entries = n(&prefix_status(&daemon), "entries");
     let r = http::post_json(sim.addr(), "/reset_prefix_cache", &[], &json!({}));
     assert_eq!(r.status, 200, "reset: {}", r.body);
-    wait_until("the reset engine's entries to leave the map", WAIT, || {
-        Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e < entries)
+    let v = wait_until("the reset engine's blocks reported evicted", WAIT, || {
+        let v = explain(&bin, &daemon, &chat(0, 99));
+        (v["conversation"]["prefix"]["exact"] == false).then_some(v)
     });
+    let p = &v["conversation"]["prefix"];
+    assert_eq!(p["evicted"], json!([target]), "the reset engine named as an evicted holder: {v}");
+    assert_eq!(v["conversation"]["backend"].as_str(), Some(target.as_str()), "tenant 0 still goes there: {v}");
+}
+
+/// A prompt of `words` words about `topic`, as the feed's own test sends.
+fn messages(topic: &str, words: usize) -> Value {
+    let text: Vec<String> = (0..words).map(|i| format!("{topic}{}", i % 50)).collect();
+    json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
+           {"role": "user", "content": text.join(" ")}])
+}
+
+/// A chat of `messages`.
+fn chat_of(messages: &Value) -> Value {
+    json!({"model": MODEL, "max_tokens": 1, "messages": messages})
+}
+
+/// `ailb explain --json --request` of the request `body` against `daemon`'s maps.
+fn explain(bin: &std::path::Path, daemon: &Daemon, body: &Value) -> Value {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), serde_json::to_vec(body).expect("body")).expect("write the body");
+    let out = ailb_tests::run_cmd(
+        std::process::Command::new(bin).args(["explain", "--json", "--request"]).arg(file.path()).args([
+            "--config".as_ref(),
+            daemon.config_path().as_os_str(),
+            "--bpffs".as_ref(),
+            daemon.bpffs().as_os_str(),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "ailb explain --request: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("explain --json")
+}
+
+#[test]
+fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
+    const TEST: &str = "an_evicted_prompt_keeps_its_engine_as_a_weaker_holder";
+    const SMALL: &str = "127.0.19.21:18195";
+    const OTHER: &str = "127.0.19.22:18196";
+    const FRONT: &str = "127.0.19.2:18197";
+    let Some(dir) = ailb_tests::tiny_model_dir() else {
+        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
+        return;
+    };
+    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-evicted");
+    // An engine whose cache holds two of these prompts: a third evicts the least recently used
+    // (the first). The other engine holds nothing.
+    let small_ep = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
+    let small = SimServer::start(
+        SMALL,
+        MODEL,
+        &[
+            "--tokenizer",
+            &dir_s,
+            "--kv-events-endpoint",
+            &small_ep,
+            "--kv-block-size",
+            "16",
+            "--kv-bytes-per-token",
+            "2048",
+            "--gpu-memory-mb",
+            "13356",
+            "--time-scale",
+            "1000",
+        ],
+    );
+    let (_other, other_ep) = SimServer::start_publishing(&[OTHER], MODEL, &dir_s, 16);
+    let mut cfg = base_config("prefix-evicted", &cg).service(MODEL, "127.77.19.2:8000");
+    for (addr, ep) in [(SMALL, &small_ep), (OTHER, &other_ep[0])] {
+        let mut b = BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000);
+        b.extra = format!("kv_events = \"{ep}\"\nkv_block_size = 16\n");
+        cfg = cfg.backend(b);
+    }
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nprefix = \"precise\"\nprefix_ttl = \"10m\"\n\n[gateway]\nlisten = [\"{FRONT}\"]\nprefix_keys = true\n\
+         upstream_reuse = \"never\"\n\
+         [gateway.tokenizers]\n\"{MODEL}\" = \"{dir_s}\"\n[gateway.kv_block_tokens]\n\"{MODEL}\" = 16\n"
+    );
+    let daemon = Daemon::start(&bin, &cfg);
+    let _gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, FRONT.parse().expect("an address"));
+    let chat = |m: &Value| {
+        let r = http::post_json(
+            SMALL,
+            "/v1/chat/completions",
+            &[],
+            &json!({"model": MODEL, "messages": m, "max_tokens": 1}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    let (a, b, c) = (messages("apples", 140), messages("boats", 140), messages("clouds", 140));
+    // PUB drops what it sends before the subscription reaches it: chat until the map holds
+    // the first prompt, whole.
+    wait_until("the first prompt held whole by the small engine", WAIT, || {
+        chat(&a);
+        let v = explain(&bin, &daemon, &chat_of(&a));
+        let p = &v["conversation"]["prefix"];
+        (p["usage"] == "used" && p["found"] == p["sent"] && p["exact"] == true).then_some(())
+    });
+    chat(&b);
+    chat(&c);
+    // The small engine evicted the first prompt; its events say so.
+    let v = wait_until("the first prompt reported evicted", WAIT, || {
+        let v = explain(&bin, &daemon, &chat_of(&a));
+        (v["conversation"]["prefix"]["exact"] == false).then_some(v)
+    });
+    eprintln!("explain after the eviction: {v}");
+    let p = &v["conversation"]["prefix"];
+    assert_eq!(p["usage"], "used", "an evicted holder still takes the prompt: {v}");
+    assert_eq!(v["conversation"]["backend"], SMALL, "the prompt goes back where it was cached: {v}");
+    assert_eq!(p["evicted"], json!([SMALL]), "named as evicted: {v}");
+    assert_eq!(p["holders"], json!([SMALL]), "{v}");
+    // The kernel's own pick, through the front door: the same holder, its keys found through
+    // the evicted holder and counted apart from those an engine reports held.
+    let before = prefix_status(&daemon);
+    let r =
+        http::post_json(FRONT, "/v1/chat/completions", &[], &json!({"model": MODEL, "messages": a, "max_tokens": 1}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-ailb-backend"), Some(SMALL), "{:?}", r.headers);
+    let after = prefix_status(&daemon);
+    let d = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+    assert_eq!((d("lookups"), d("used")), (1, 1), "before {before}, after {after}");
+    assert_eq!(d("keys_found"), p["sent"].as_u64().expect("sent"), "the whole prompt found: {after}");
+    assert_eq!(d("keys_exact"), 0, "none of it reported held by an engine: {after}");
+    // Stored again: exact again.
+    wait_until("the first prompt held again", WAIT, || {
+        let v = explain(&bin, &daemon, &chat_of(&a));
+        (v["conversation"]["prefix"]["exact"] == true).then_some(())
+    });
+    drop(small);
 }

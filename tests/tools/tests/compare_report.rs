@@ -291,7 +291,7 @@ fn record(i: usize, k: f64) -> Record {
 /// A made-up row of the real-engine race.
 fn real_row(workload: Kind, policy: Policy, k: f64, hit: f64) -> Row {
     let prefix = matches!(policy, Policy::AilbGatewayPrecise | Policy::AilbGatewayApprox)
-        .then(|| json!({"mode": "precise", "entries": 12, "keys_sent": 40, "keys_found": 31}));
+        .then(|| json!({"mode": "precise", "entries": 12, "keys_sent": 40, "keys_found": 31, "keys_exact": 29}));
     // SMG over gRPC: no per-server counts (the servers have no /metrics), its index's intake.
     let grpc = policy.grpc_workers();
     Row {

@@ -293,9 +293,10 @@ impl<M: WriterMaps> Writer<M> {
         let mut ids = std::collections::HashMap::new();
         for (name, mp) in plan {
             let model = self.model_index(name);
+            let evicted_ttl_ticks = ailb_common::prefix_ttl_ticks(super::values::model_ttl_ns(mp.prefix_ttl));
             for b in &mp.backends {
                 if let Some(id) = self.ids.backend(&(model, b.address)) {
-                    ids.insert((name.clone(), b.address), (model, id));
+                    ids.insert((name.clone(), b.address), super::prefix::BackendIds { model, id, evicted_ttl_ticks });
                 }
             }
         }

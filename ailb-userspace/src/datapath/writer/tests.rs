@@ -101,13 +101,13 @@ set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,me
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set VIP: ADDR=127.77.0.1:8000 MODEL=0 FLAGS=0
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=12 GEN=1 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=1 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=12 GEN=1 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=13 GEN=1 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=0 IDS=0,1
@@ -251,7 +251,7 @@ fn identical_plans_rewrite_no_backend_and_no_table_even_after_a_restart() {
     assert_text(
         &w.maps_mut().take_writes(),
         "\
-set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     let before = w.maps().dump();
@@ -261,7 +261,7 @@ set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load
         &f.apply(&mut w, &p),
         "\
 set NAME: HASH=0x0fb5a83c342144d2 MODEL=0
-set CONFIG: ABI=12 GEN=3 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=3 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(&lines(&before, "BE:"), &lines(&w.maps().dump(), "BE:"));
@@ -292,13 +292,13 @@ set TABLE: POS=1024 SHARES=0:247,1:774 HEAD=1,1,0,0,1,1,1,1
 set MEMBERS: POS=16 IDS=0,1
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
-set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:400,gen:2,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=1024 SHARES=0:247,1:774 HEAD=1,1,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=16 IDS=0,1
@@ -328,13 +328,13 @@ set MODEL: IDX=1 ZERO
 set BE: ID=2 ADDR=10.1.0.3:80 MODEL=1 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=2 ZERO
 clear PREFIX: MODEL=1 ID=2
-set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     assert_text(
         &w.maps().dump(),
         "\
-CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 TABLE: MODEL=0 POS=0 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 MEMBERS: MODEL=0 POS=0 IDS=0,1
@@ -360,7 +360,7 @@ fn a_model_without_live_backends_is_unavailable_until_one_returns() {
 set BE: ID=0 ADDR=10.1.0.1:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set BE: ID=1 ADDR=10.1.0.2:80 MODEL=0 WEIGHT=0 CAP=0 FREE_MB=unknown IDLE_MB=0 STATE=off
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
-set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
     // Back: the table is swapped in again (into the other slot), available only at the flip.
@@ -374,7 +374,7 @@ set TABLE: POS=1024 SHARES=0:511,1:510 HEAD=0,0,0,0,1,1,1,1
 set MEMBERS: POS=16 IDS=0,1
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=- TTL_MS=0 SLOT0=size:1021,members:2,weight:200,gen:3,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
 set MODEL: IDX=0 NAME=llama ACTIVE=0 FLAGS=available TTL_MS=0 SLOT0=size:1021,members:2,weight:200,gen:3,at:1024/16 SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
-set CONFIG: ABI=12 GEN=3 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=3 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
 }
@@ -390,7 +390,7 @@ fn a_ttl_change_alone_updates_the_model_entry_without_a_swap() {
         &f.apply(&mut w, &plan_of([("llama", m)])),
         "\
 set MODEL: IDX=0 NAME=llama ACTIVE=1 FLAGS=available TTL_MS=60000 SLOT0=- SLOT1=size:1021,members:2,weight:200,gen:1,at:0/0
-set CONFIG: ABI=12 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
+set CONFIG: ABI=13 GEN=2 LOAD=1250 PREFIX_LOAD=2000 PROBES=4 FLAGS=affinity,load_bound TTL_MS=1800000 WAIT_MS=20000
 ",
     );
 }

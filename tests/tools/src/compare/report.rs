@@ -225,15 +225,13 @@ fn share_of_most_served(o: &Outcome, most: Option<f64>) -> Option<f64> {
 fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
     for o in outs.iter().filter(|o| !o.prefix_counters.is_empty()) {
         let c = |k: &str| o.prefix_counters.get(k).copied().unwrap_or(0.0);
-        // What the router predicted cached against what the GPUs report: the keys found over
-        // the keys sent (every k-th block's and the last, so a share of the prompt in blocks).
-        let predicted = (c("keys_sent") > 0.0).then(|| c("keys_found") / c("keys_sent"));
+        let (predicted, how) = predicted_cached(o.policy, &c);
         let _ = writeln!(
             s,
             "\n{}: the kernel's prefix pick (`ailb_prefix_*` at the end): {:.0} connects with keys, {:.0} found a \
-             holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent; {:.0} \
+             holder, {:.0} used one, {:.0} overruled by load, {:.0} by memory; keys found {:.0} of {:.0} sent{}; {:.0} \
              entries; {:.0} lookups in the map ({:.2} per connect, the filter in front of it sparing the others). \
-             Predicted cached (keys found over keys sent): {}; the GPUs report {} of the prompt tokens \
+             Predicted cached ({how}): {}; the GPUs report {} of the prompt tokens \
              served from their caches.",
             o.policy.title(),
             c("lookups"),
@@ -243,6 +241,11 @@ fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
             c("overruled_memory"),
             c("keys_found"),
             c("keys_sent"),
+            if o.policy.prefix_mode() == Some("precise") {
+                format!(" ({:.0} of them held by an engine's report, the rest by evicted holders)", c("keys_exact"))
+            } else {
+                String::new()
+            },
             c("entries"),
             c("map_lookups"),
             c("map_lookups") / c("lookups").max(1.0),
@@ -250,6 +253,19 @@ fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
             pct1(o.cached_share())
         );
     }
+}
+
+/// What the router predicted cached, over the keys sent (every k-th block's and the last, so a
+/// share of the prompt in blocks), and how it was counted: in precise mode the keys an engine
+/// reports held (a holder evicted within the lifetime predicts nothing cached), else every
+/// key found.
+pub fn predicted_cached(policy: Policy, c: &dyn Fn(&str) -> f64) -> (Option<f64>, &'static str) {
+    let (found, how) = if policy.prefix_mode() == Some("precise") {
+        (c("keys_exact"), "keys an engine reports held over keys sent")
+    } else {
+        (c("keys_found"), "keys found over keys sent")
+    };
+    ((c("keys_sent") > 0.0).then(|| found / c("keys_sent")), how)
 }
 
 /// The best value of `v` among `rows` (the highest, or the lowest), with its policy.

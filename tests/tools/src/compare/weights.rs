@@ -44,7 +44,8 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 
 /// The kernel's prefix-pick counters in the daemon's Prometheus text (`ailb_prefix_*`, summed
 /// over the models; a counter's `_total` suffix dropped): `lookups`, `found`, `used`,
-/// `overruled_load`, `overruled_memory`, `keys_sent`, `keys_found`, `map_lookups`, `entries`.
+/// `overruled_load`, `overruled_memory`, `keys_sent`, `keys_found`, `keys_exact`, `map_lookups`,
+/// `entries`.
 pub fn parse_prefix(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -185,11 +185,11 @@ fn prefix_counters(md: &mut String, rows: &[&Row]) {
             // What the router predicted cached (keys found over keys sent) against what
             // vLLM's own counters say was read from the caches.
             let n = |k: &str| p[k].as_f64().unwrap_or(0.0);
+            let (predicted, how) = crate::compare::report::predicted_cached(r.policy, &n);
             let _ = writeln!(
                 md,
-                "Predicted cached: {} of the keys sent were found held; vLLM read {} of the prompt tokens from \
-                 its caches.",
-                ratio(n("keys_found"), n("keys_sent")),
+                "Predicted cached ({how}): {}; vLLM read {} of the prompt tokens from its caches.",
+                predicted.map_or("-".to_string(), |x| format!("{:.1} %", 100.0 * x)),
                 ratio(r.hit_tokens, r.queried_tokens)
             );
         }
