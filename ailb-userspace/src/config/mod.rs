@@ -86,8 +86,9 @@ pub struct ModelConfig {
     /// KV events).
     #[serde(default)]
     pub prefix: Option<String>,
-    /// Approximate mode: how long a learnt entry counts (e.g. "60s", the default; "0s": until
-    /// the map evicts it).
+    /// How long a learnt entry (approximate mode) or a backend whose engine evicted the block
+    /// (precise mode: a weaker holder) counts, e.g. "60s", the default; "0s": a learnt entry
+    /// until the map evicts it, an evicted holder not at all.
     #[serde(default)]
     pub prefix_ttl: Option<String>,
 }

@@ -69,7 +69,8 @@ pub struct ModelSpec {
     pub spill_saturation_milli: Option<u32>,
     /// How the model's prefix map learns.
     pub prefix: PrefixMode,
-    /// How long a learnt prefix entry counts (approximate mode).
+    /// How long a learnt prefix entry (approximate mode) or an evicted holder (precise mode)
+    /// counts.
     pub prefix_ttl: Option<Duration>,
 }
 
@@ -211,7 +212,8 @@ pub struct ModelPlan {
     /// How the model's prefix map learns.
     #[serde(default)]
     pub prefix: PrefixMode,
-    /// How long a learnt prefix entry counts (approximate mode); `null`: until evicted.
+    /// How long a learnt prefix entry (approximate mode) or an evicted holder (precise mode)
+    /// counts; `null`: a learnt entry until the map evicts it, an evicted holder not at all.
     #[serde(default, with = "human_duration")]
     pub prefix_ttl: Option<Duration>,
 }

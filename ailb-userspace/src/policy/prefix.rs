@@ -20,14 +20,15 @@ pub enum PrefixMode {
     /// its own picks and cannot see evictions.
     Approximate,
     /// The daemon keeps the map equal to what the engines report in their KV events
-    /// (evictions included), so every gateway daemon on the same events holds the same map.
+    /// (evictions included: an evicted block's backend counts as a weaker holder for
+    /// `prefix_ttl`), so every gateway daemon on the same events holds the same map.
     Precise,
 }
 
-/// How long a learnt entry counts unless the model sets `prefix_ttl`: an engine's prefix
-/// cache on a busy GPU turns over within about a minute (the fleet model's reading of the
-/// Mooncake trace in `docs/replay.md`), after which a learnt holder more likely misleads
-/// than helps.
+/// How long a learnt entry, or a backend whose engine evicted the block, counts unless the
+/// model sets `prefix_ttl`: an engine's prefix cache on a busy GPU turns over within about a
+/// minute (the fleet model's reading of the Mooncake trace in `docs/replay.md`), after which
+/// such a holder more likely misleads than helps.
 pub const DEFAULT_PREFIX_TTL: Duration = Duration::from_secs(60);
 
 impl PrefixMode {
