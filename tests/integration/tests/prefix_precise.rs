@@ -267,12 +267,7 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
     let daemon = Daemon::start(&bin, &cfg);
     let _gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, FRONT.parse().expect("an address"));
     let chat = |m: &Value| {
-        let r = http::post_json(
-            SMALL,
-            "/v1/chat/completions",
-            &[],
-            &json!({"model": MODEL, "messages": m, "max_tokens": 1}),
-        );
+        let r = http::post_json(SMALL, "/v1/chat/completions", &[], &chat_of(m));
         assert_eq!(r.status, 200, "{}", r.body);
     };
     let (a, b, c) = (messages("apples", 140), messages("boats", 140), messages("clouds", 140));
@@ -300,8 +295,7 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
     // The kernel's own pick, through the front door: the same holder, its keys found through
     // the evicted holder and counted apart from those an engine reports held.
     let before = prefix_status(&daemon);
-    let r =
-        http::post_json(FRONT, "/v1/chat/completions", &[], &json!({"model": MODEL, "messages": a, "max_tokens": 1}));
+    let r = http::post_json(FRONT, "/v1/chat/completions", &[], &chat_of(&a));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("x-ailb-backend"), Some(SMALL), "{:?}", r.headers);
     let after = prefix_status(&daemon);

@@ -17,7 +17,9 @@
 //!   block size), the front door sends token-exact keys of the tiny model's tokenizer; a
 //!   tenant's first long chat grows the map by its full blocks, its later chats (other users'
 //!   questions, no session header) go to the server that holds its system prompt, and
-//!   `/reset_prefix_cache` on that server (`AllBlocksCleared`) removes its entries.
+//!   `/reset_prefix_cache` on that server (`AllBlocksCleared`) leaves it only as an evicted
+//!   holder: the feed no longer counts its keys, and the tenant's next chat still goes there,
+//!   its prompt found but none of it counted as held by an engine.
 //!
 //! What the simulator got wrong about a real server is written down in `docs/engines.md`.
 
@@ -355,7 +357,10 @@ fn precise_prefix_follows_the_servers_kv_events(bin: &Path, engine: &Engine, ser
     let cg = CgroupGuard::new("vllm-precise");
     let vip = "127.77.31.2:8000";
     let listen = "127.0.31.2:18032";
+    // The daemon's `/metrics`: the feed's count of the keys the servers report held.
+    let metrics = "127.0.31.2:18033";
     let mut cfg = base_config("vllm-precise", &cg).service(MODEL, vip);
+    cfg.listen = Some(metrics.to_string());
     for s in servers {
         let kv = s.kv_events().expect("the servers publish KV events");
         let mut b = BackendCfg::new(MODEL, &s.addr(), 1).free_memory_mb(20000);
@@ -452,11 +457,30 @@ fn precise_prefix_follows_the_servers_kv_events(bin: &Path, engine: &Engine, ser
     let r =
         post_json(&target.addr(), "/v1/completions", &[], &json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}));
     assert_eq!(r.status, 200, "{r:?}");
+    // The feed then holds only the other server's keys; the map keeps the reset server as an
+    // evicted holder of its blocks (for the model's `prefix_ttl`), so its entries stay.
     let want = expect(&held, Some(&first[0]));
-    wait_until("the reset server's entries, and only those, to leave the map", wait, || {
-        Some(n(&prefix_status(&daemon), "entries")).filter(|&e| e == want)
+    let entries = n(&prefix_status(&daemon), "entries");
+    wait_until("the feed to hold the other server's keys, and only those", wait, || {
+        let (code, text) = ailb_tests::http::get(metrics, "/metrics").ok()?;
+        let line = format!("ailb_kv_events_keys_held{{model=\"{MODEL}\"}} ");
+        let v = text.lines().find_map(|l| l.strip_prefix(&line))?.trim().parse::<f64>().ok()? as u64;
+        (code == 200 && v == want).then_some(())
     });
-    eprintln!("after the reset of {}: {want} entries (the other server's)", target.addr());
+    assert_eq!(n(&prefix_status(&daemon), "entries"), entries, "evicted holders stay in the map");
+    // Tenant 0's next chat goes back to its server, through the evicted holder: the kernel
+    // finds its prompt and counts none of it as held by an engine.
+    let before = prefix_status(&daemon);
+    let (at, _) = send(0, LATER + 1);
+    let after = prefix_status(&daemon);
+    assert_eq!(at, first[0], "tenant 0 goes back to the server it was cached on: {after}");
+    assert_eq!(n(&after, "used") - n(&before, "used"), 1, "{after}");
+    assert!(n(&after, "keys_found") > n(&before, "keys_found"), "its prompt found: {after}");
+    assert_eq!(n(&after, "keys_exact"), n(&before, "keys_exact"), "none of it reported held: {after}");
+    eprintln!(
+        "after the reset of {}: the feed holds {want} keys (the other server's); {entries} entries",
+        target.addr()
+    );
     let log = daemon.log();
     for bad in ["kv event batch skipped", "not replayable", "answer skipped"] {
         assert!(!log.contains(bad), "the daemon logged {bad:?} following real vLLM:\n{log}");
