@@ -1,5 +1,7 @@
 //! `ailb-sim`, the simulated inference server (OpenAI API, vLLM-named `/metrics`), as a child
-//! process killed by pid on drop; and reading one gauge of its `/metrics`.
+//! process killed by pid on drop; and reading one gauge of its `/metrics`. Also a small
+//! tokenizing engine whose cache holds two prompts of [`topic_messages`], for the tests of
+//! evictions.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -62,6 +64,27 @@ impl SimServer {
         (sims, endpoints)
     }
 
+    /// A tokenizing engine (`tokenizer`, the model folder) publishing its KV events on
+    /// `endpoint` (and its replay socket on `replay`) in blocks of `block` tokens, whose cache
+    /// holds two prompts of [`topic_messages`]`(_, 140)`: a third evicts the least recently used.
+    /// The pool: 4 MiB beside 13,352 MiB of weights, at 2,048 bytes a token.
+    pub fn start_small(
+        addr: &str,
+        model: &str,
+        tokenizer: &str,
+        block: u32,
+        endpoint: &str,
+        replay: Option<&str>,
+    ) -> Self {
+        let block = block.to_string();
+        let mut args = vec!["--tokenizer", tokenizer, "--kv-events-endpoint", endpoint, "--kv-block-size", &block];
+        if let Some(r) = replay {
+            args.extend(["--kv-events-replay-endpoint", r]);
+        }
+        args.extend(["--kv-bytes-per-token", "2048", "--gpu-memory-mb", "13356", "--time-scale", "1000"]);
+        SimServer::start(addr, model, &args)
+    }
+
     /// `ip:port`.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -112,3 +135,11 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 
 #[cfg(test)]
 mod tests;
+
+/// A chat's messages about `topic`: a short system prompt and a user message of `words` words,
+/// distinct per topic from the first block on.
+pub fn topic_messages(topic: &str, words: usize) -> serde_json::Value {
+    let text: Vec<String> = (0..words).map(|i| format!("{topic}{}", i % 50)).collect();
+    serde_json::json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
+                       {"role": "user", "content": text.join(" ")}])
+}

@@ -14,7 +14,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use ailb_common::prefix::token_keys;
-use ailb_tests::{http, report_skipped, wait_until, SimServer};
+use ailb_tests::{http, report_skipped, sim::topic_messages, wait_until, SimServer};
 use ailb_userspace::{
     config::Config,
     daemon::prefix::PrefixFeed,
@@ -25,12 +25,6 @@ use serde_json::{json, Value};
 
 const BLOCK: u32 = 16;
 const WAIT: Duration = Duration::from_secs(15);
-
-fn messages(topic: &str, words: usize) -> Value {
-    let text: Vec<String> = (0..words).map(|i| format!("{topic}{}", i % 50)).collect();
-    json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
-           {"role": "user", "content": text.join(" ")}])
-}
 
 #[test]
 fn the_daemons_feed_holds_what_a_simulated_engine_caches() {
@@ -43,28 +37,8 @@ fn the_daemons_feed_holds_what_a_simulated_engine_caches() {
     let addr = format!("127.0.0.1:{}", ailb_tests::nacos::free_port());
     let endpoint = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
     let replay = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
-    // Four 512-token blocks (1 MiB each beside 13,352 MiB of weights): two prompts of two
-    // blocks fill the cache; a third evicts the least recently used (the first).
-    let sim = SimServer::start(
-        &addr,
-        "tiny",
-        &[
-            "--tokenizer",
-            dir.to_str().expect("a UTF-8 path"),
-            "--kv-events-endpoint",
-            &endpoint,
-            "--kv-events-replay-endpoint",
-            &replay,
-            "--kv-block-size",
-            &BLOCK.to_string(),
-            "--kv-bytes-per-token",
-            "2048",
-            "--gpu-memory-mb",
-            "13356",
-            "--time-scale",
-            "1000",
-        ],
-    );
+    let sim =
+        SimServer::start_small(&addr, "tiny", dir.to_str().expect("a UTF-8 path"), BLOCK, &endpoint, Some(&replay));
     let toml = format!(
         r#"
         [[models]]
@@ -118,7 +92,7 @@ fn the_daemons_feed_holds_what_a_simulated_engine_caches() {
             || format!("the sink holds {} keys, {} expected; {:?}", keys_now().len(), want.len(), feed.stats("tiny")),
         )
     };
-    let (a, b, c) = (messages("apples", 140), messages("boats", 140), messages("clouds", 140));
+    let (a, b, c) = (topic_messages("apples", 140), topic_messages("boats", 140), topic_messages("clouds", 140));
     let (ka, kb, kc) = (keys_of(&a), keys_of(&b), keys_of(&c));
     chat(&a);
     hold(&feed, &ka, "the first prompt's keys in the sink");

@@ -27,8 +27,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ailb_tests::{
-    base_config, http, preflight, report_skipped, wait_until, BackendCfg, CgroupGuard, Daemon, GatewayProcess,
-    SimServer,
+    base_config, http, preflight, report_skipped, sim::topic_messages, wait_until, BackendCfg, CgroupGuard, Daemon,
+    GatewayProcess, SimServer,
 };
 use serde_json::{json, Value};
 
@@ -189,13 +189,6 @@ fn tenants_follow_what_the_engines_report_cached() {
     assert_eq!(v["conversation"]["backend"].as_str(), Some(target.as_str()), "tenant 0 still goes there: {v}");
 }
 
-/// A prompt of `words` words about `topic`, as the feed's own test sends.
-fn messages(topic: &str, words: usize) -> Value {
-    let text: Vec<String> = (0..words).map(|i| format!("{topic}{}", i % 50)).collect();
-    json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
-           {"role": "user", "content": text.join(" ")}])
-}
-
 /// A chat of `messages`.
 fn chat_of(messages: &Value) -> Value {
     json!({"model": MODEL, "max_tokens": 1, "messages": messages})
@@ -234,24 +227,7 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
     // An engine whose cache holds two of these prompts: a third evicts the least recently used
     // (the first). The other engine holds nothing.
     let small_ep = format!("tcp://127.0.0.1:{}", ailb_tests::nacos::free_port());
-    let small = SimServer::start(
-        SMALL,
-        MODEL,
-        &[
-            "--tokenizer",
-            &dir_s,
-            "--kv-events-endpoint",
-            &small_ep,
-            "--kv-block-size",
-            "16",
-            "--kv-bytes-per-token",
-            "2048",
-            "--gpu-memory-mb",
-            "13356",
-            "--time-scale",
-            "1000",
-        ],
-    );
+    let small = SimServer::start_small(SMALL, MODEL, &dir_s, 16, &small_ep, None);
     let (_other, other_ep) = SimServer::start_publishing(&[OTHER], MODEL, &dir_s, 16);
     let mut cfg = base_config("prefix-evicted", &cg).service(MODEL, "127.77.19.2:8000");
     for (addr, ep) in [(SMALL, &small_ep), (OTHER, &other_ep[0])] {
@@ -270,7 +246,7 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
         let r = http::post_json(SMALL, "/v1/chat/completions", &[], &chat_of(m));
         assert_eq!(r.status, 200, "{}", r.body);
     };
-    let (a, b, c) = (messages("apples", 140), messages("boats", 140), messages("clouds", 140));
+    let (a, b, c) = (topic_messages("apples", 140), topic_messages("boats", 140), topic_messages("clouds", 140));
     // PUB drops what it sends before the subscription reaches it: chat until the map holds
     // the first prompt, whole.
     wait_until("the first prompt held whole by the small engine", WAIT, || {
