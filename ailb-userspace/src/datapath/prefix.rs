@@ -115,7 +115,8 @@ impl PrefixMap {
     /// Records what backend `b` holds now (at `now_ns`, `CLOCK_MONOTONIC`): each `(key, held)`
     /// marks the block held (exact, never aged) or evicted ([`PrefixHolders::evict`]: stamped
     /// `now_ns`, counted for the model's lifetime; removed where it has none). A block held
-    /// takes the slot of an evicted holder past the lifetime before any other.
+    /// takes an empty slot or that of an evicted holder past its lifetime before displacing a
+    /// holder that still counts.
     pub fn apply(
         &mut self,
         b: BackendIds,
