@@ -462,10 +462,10 @@ fn precise_prefix_follows_the_servers_kv_events(bin: &Path, engine: &Engine, ser
     let want = expect(&held, Some(&first[0]));
     let entries = n(&prefix_status(&daemon), "entries");
     wait_until("the feed to hold the other server's keys, and only those", wait, || {
+        // The daemon serves one model: the series has one label set.
         let (code, text) = ailb_tests::http::get(metrics, "/metrics").ok()?;
-        let line = format!("ailb_kv_events_keys_held{{model=\"{MODEL}\"}} ");
-        let v = text.lines().find_map(|l| l.strip_prefix(&line))?.trim().parse::<f64>().ok()? as u64;
-        (code == 200 && v == want).then_some(())
+        let held = ailb_tests::sim::metric_value(&text, "ailb_kv_events_keys_held")?;
+        (code == 200 && held as u64 == want).then_some(())
     });
     assert_eq!(n(&prefix_status(&daemon), "entries"), entries, "evicted holders stay in the map");
     // Tenant 0's next chat goes back to its server, through the evicted holder: the kernel
