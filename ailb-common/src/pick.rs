@@ -47,7 +47,7 @@ mod prefix;
 mod vec_maps;
 pub use member_scan::MemberScan;
 pub use prefix::{
-    held, search as prefix_search, uncached_need, unheld_prefix_hash, verdict as prefix_verdict, Choose, PrefixCtx,
+    held, placement_hash, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose, PrefixCtx,
     PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
 };
 #[cfg(feature = "std")]
@@ -186,8 +186,8 @@ pub enum Outcome {
 pub struct PickRequest {
     pub model: u32,
     /// The weighted table's hash: the conversation's, or a per-socket random value when
-    /// `has_conversation` is false; for a connect whose prefix keys found nothing held, its
-    /// first key's ([`unheld_prefix_hash`]). Affinity is looked up by the conversation's.
+    /// `has_conversation` is false; for a connect with prefix keys, its longest held prefix's
+    /// or its first key's ([`placement_hash`]). Affinity is looked up by the conversation's.
     pub hash: u64,
     pub has_conversation: bool,
     /// 0: no memory hint.
@@ -349,10 +349,10 @@ pub fn pick_prefixed<M: PickMaps>(
         }
         _ => None,
     };
-    // Nothing held: placed by the prompt's first key ([`unheld_prefix_hash`]), as the kernel does.
+    // Placed by the longest prefix held, or the first key ([`placement_hash`]), as the kernel does.
     let placed = step
         .zip(prefix)
-        .and_then(|((v, _), q)| unheld_prefix_hash(q.keys, v.usage == PrefixUse::NotHeld))
+        .and_then(|((v, _), q)| placement_hash(q.keys, v.found as u32))
         .map(|hash| PickRequest { hash, ..*req });
     let req = placed.as_ref().unwrap_or(req);
     let res = pick_with_prefix(maps, state, cfg, req, family, step.map(|(_, chosen)| chosen));

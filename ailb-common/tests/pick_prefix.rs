@@ -163,7 +163,8 @@ fn a_holder_that_left_is_never_taken() {
     // Another model's backend is no holder either.
     f.maps.backends[1].state = BACKEND_LIVE;
     f.maps.backends[1].model = MODEL + 1;
-    assert_ne!(f.pick(&all).backend, 1);
+    let r = f.pick(&all);
+    assert_eq!((r.prefix.usage, r.outcome == Outcome::Prefix), (PrefixUse::Gone, false), "{r:?}");
     // Removed from the map, the live shorter prefix is found.
     for k in &all {
         if let Some(h) = f.maps.prefix.get_mut(&(MODEL, *k)) {
@@ -266,13 +267,32 @@ fn a_prompt_nobody_holds_is_placed_by_its_first_key() {
     // Without a prefix mode the same requests are placed by their own hashes.
     let off = Fleet::new(8, 0);
     assert!(homes(&off, 0, None).len() > 1);
-    // A holder at its bound: placed by the connect's own hash, not crowded on one probe sequence.
+}
+
+#[test]
+fn a_prefix_whose_holders_are_at_their_bound_overflows_to_one_next_backend() {
+    // Each tenant's prompt is held by backend 3 alone, at its bound.
     let mut busy = Fleet::new(8, MODEL_PREFIX_EVENTS);
-    let held = text_keys(&prompt("Tenant 0. ", ""));
-    busy.hold(3, &held[..2], PREFIX_SEEN_EXACT);
+    for t in 0..16 {
+        let held = text_keys(&prompt(&format!("Tenant {t}. "), ""));
+        busy.hold(3, &held[..2], PREFIX_SEEN_EXACT);
+    }
     busy.maps.inflight[3] = 8;
-    let got = homes(&busy, 0, Some(PrefixUse::OverruledLoad));
-    assert!(got.len() > 1 && !got.contains(&3), "tenant 0, its holder at its bound: {got:?}");
+    let mut all = BTreeSet::new();
+    for t in 0..16 {
+        // Every request of the tenant, whatever its socket, overflows to the same backend,
+        // which then caches the prompt once: placed by the longest prefix held.
+        let got = homes(&busy, t, Some(PrefixUse::OverruledLoad));
+        assert_eq!(got.len(), 1, "tenant {t}, its holder at its bound: its requests reached {got:?}");
+        assert!(!got.contains(&3), "tenant {t}: {got:?}");
+        all.extend(got);
+    }
+    // Each prefix has a next backend of its own: the tenants' overflow is spread.
+    assert!(all.len() >= 4, "16 tenants overflowing from one holder landed on {all:?}");
+    // A prefix held but gone (its holder drained) is placed the same way.
+    busy.maps.backends[3].state = 0;
+    let got = homes(&busy, 0, Some(PrefixUse::Gone));
+    assert_eq!(got.len(), 1, "tenant 0, its holder gone: {got:?}");
 }
 
 #[test]

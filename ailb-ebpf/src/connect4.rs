@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick_with_prefix, unheld_prefix_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
+    pick::{pick_with_prefix, placement_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -104,8 +104,8 @@ pub(crate) fn pick_connect(
     let (has_conversation, hash) = conversation(ctx, sock);
     let used = has_conversation && cfg.flags & CONFIG_AFFINITY != 0;
     let entry = AffinityEntry::lookup(model, AFFINITY_SPACE_CONVERSATION, hash, used);
-    // A prompt nobody holds is placed by its first key (`unheld_prefix_hash`).
-    let table_hash = prefix.and_then(|p| p.unheld).unwrap_or(hash);
+    // A connect with keys is placed by its longest prefix held, or its first key (`placement_hash`).
+    let table_hash = prefix.and_then(|p| p.placed).unwrap_or(hash);
     let req = request(&cfg, sock, model, table_hash, has_conversation, entry.value(), now_ns, model_inflight);
     let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|p| p.chosen));
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
@@ -133,8 +133,8 @@ struct PrefixChoice {
     chosen: u32,
     /// The memory it was asked for.
     need: u32,
-    /// When no key was found held: the table's hash for the connect ([`unheld_prefix_hash`]).
-    unheld: Option<u64>,
+    /// The table's hash for the connect ([`placement_hash`]).
+    placed: Option<u64>,
 }
 
 /// The prefix step for this connect ([`PrefixChoice`]); `None` without keys or prefix mode.
@@ -158,8 +158,8 @@ fn prefix_choice(
     let q = prefix::query(sp, state, now_ns);
     let required_mem_mb = if sock.flags & SOCK_HAS_MEMORY != 0 { sock.required_mem_mb } else { 0 };
     let c = PrefixCtx::new(cfg, model, required_mem_mb, family, &q, model_inflight, state.slot.total_weight);
-    let (chosen, need, none_held) = crate::pick_maps::prefix_step(&c, q.keys);
-    Some(PrefixChoice { chosen, need, unheld: unheld_prefix_hash(q.keys, none_held) })
+    let (chosen, need, found) = crate::pick_maps::prefix_step(&c, q.keys);
+    Some(PrefixChoice { chosen, need, placed: placement_hash(q.keys, found) })
 }
 
 /// The pick's copy of a model's state: `active`, then the slot it selects.

@@ -103,11 +103,11 @@ impl PickMaps for Maps {
 /// The kernel's prefix step (`PickMaps::prefix_step`): the searches and the choice
 /// among the longest prefix's holders, each a `bpf_loop` over the slot's state, and the
 /// verdict counted. The holder chosen, or [`NO_BACKEND`], the memory it was asked for (the
-/// request's uncached share, [`uncached_need`]), and whether no key was found held.
+/// request's uncached share, [`uncached_need`]), and how many keys were found held.
 #[inline(always)]
-pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, bool) {
+pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, u32) {
     let Some(s) = crate::prefix::scratch() else {
-        return (NO_BACKEND, 0, false);
+        return (NO_BACKEND, 0, 0);
     };
     crate::prefix::stage(s, keys);
     s.c = *c;
@@ -123,7 +123,7 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, bool) {
         bpf_loop(SEARCH_STEPS, filter_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
     }
     let Some(s) = crate::prefix::scratch() else {
-        return (NO_BACKEND, 0, false);
+        return (NO_BACKEND, 0, 0);
     };
     // The map search, in the keys before the end the filter found (`PickMaps::prefix_search`).
     s.search = Search::new(s.search.lo);
@@ -132,7 +132,7 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, bool) {
         bpf_loop(SEARCH_STEPS, search_step as *mut c_void, ptr::from_mut(&mut unused).cast(), 0);
     }
     let Some(s) = crate::prefix::scratch() else {
-        return (NO_BACKEND, 0, false);
+        return (NO_BACKEND, 0, 0);
     };
     let found = s.search.lo;
     if found != 0 {
@@ -145,10 +145,10 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, bool) {
         }
     }
     let Some(s) = crate::prefix::scratch() else {
-        return (NO_BACKEND, 0, false);
+        return (NO_BACKEND, 0, 0);
     };
     crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose), s.map_lookups);
-    (s.choose.chosen, s.c.required_mem_mb, found == 0)
+    (s.choose.chosen, s.c.required_mem_mb, found)
 }
 
 /// The scratch slot, the search's next probe and its key; `None` when the search is over.

@@ -17,13 +17,13 @@
 //! with its prompt cached, as a model server makes it wait rather than fail, where elsewhere
 //! it would be prefilled whole (and cache the prompt a second time), waiting too if that
 //! backend is as full. The load bound, not the memory, limits how many wait. When no key is
-//! held, the weighted table places the request by its first key ([`unheld_prefix_hash`]).
+//! held, the weighted table places the request by its first key ([`placement_hash`]).
 //! When no holder can take it, the pick goes on as without keys (the weighted table, bounded
-//! load, memory fit), and the verdict says why: every holder was at its bound
-//! ([`PrefixUse::OverruledLoad`]) or some were under it but could not hold the request even
-//! idle ([`PrefixUse::OverruledMemory`]). Holders of a
-//! shorter prefix are not tried: the table's pick then spreads the load, as it does for a
-//! request without keys, rather than crowding the next-best holder.
+//! load, memory fit), the table placing it by its longest prefix held ([`placement_hash`]),
+//! and the verdict says why: every holder was at its bound ([`PrefixUse::OverruledLoad`]) or
+//! some were under it but could not hold the request even idle
+//! ([`PrefixUse::OverruledMemory`]). Holders of a shorter prefix are not tried: the table's
+//! pick then finds the prefix's next backend, rather than crowding the next-best holder.
 //!
 //! The steps read only [`PrefixCtx`] (plain numbers), so the kernel can run the whole step as
 //! a `bpf_loop` callback ([`PickMaps::prefix_step`]), as it does the member scan.
@@ -375,23 +375,30 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
     (verdict(n as u32, found, &choose), choose.chosen)
 }
 
-/// The hash the weighted table places a connect by when its search found none of its `keys`
-/// held (`none_held`, [`PrefixUse::NotHeld`]): its first key's, in place of its conversation's
-/// or its socket's; `None` otherwise (the connect's own hash stands). Every request whose
-/// prompt starts with the same block then gets the same backend (bounded load permitting), so
-/// a prompt nobody caches (a tenant's first request, or one whose blocks every engine evicted)
-/// lands where the next request of that prompt will look for it, on every gateway alike, and
-/// not on a random backend per connect, each prefilling the prompt once more.
+/// The hash the weighted table places a connect by when the prefix step took no holder,
+/// in place of its conversation's or its socket's: the hash of its longest prefix held
+/// (key `found - 1` of its `keys`), or of its first key when `found` is 0; `None` without
+/// keys (the connect's own hash stands).
 ///
-/// Only when nothing is held: a first block held somewhere (a preamble every prompt shares)
-/// would otherwise put every connect whose holders are all at their bound on one probe
-/// sequence of the table, where the per-connect hash spreads them.
+/// Nothing held: every request whose prompt starts with the same block gets the same backend
+/// (bounded load permitting), so a prompt nobody caches (a tenant's first request, or one whose
+/// blocks every engine evicted) lands where the next request of that prompt will look for it,
+/// on every gateway alike, and not on a random backend per connect, each prefilling the prompt
+/// once more.
+///
+/// Held, but every holder at its bound (or short of memory, or gone): the requests of that
+/// prefix overflow along one probe sequence of the table, to the same next backend while it is
+/// under the table's bound, which then caches the prefix once and becomes its second holder
+/// (the choice among holders then takes the less loaded). Placed by the connect's own hash,
+/// each overflowing request went to a random backend and prefilled the prefix there, evicting
+/// other prompts, so a hot prefix spread its copies over the fleet. The cost: where the longest
+/// prefix held is a preamble many prompts share and its few holders are at their bound, those
+/// prompts overflow along one probe sequence too; the table's bound, not the hash, then
+/// spreads them, a backend at a time.
 #[inline(always)]
-pub fn unheld_prefix_hash(keys: &[u64], none_held: bool) -> Option<u64> {
-    match keys.first() {
-        Some(&k) if none_held => Some(crate::hash::fmix64(k)),
-        _ => None,
-    }
+pub fn placement_hash(keys: &[u64], found: u32) -> Option<u64> {
+    let i = if found == 0 { 0 } else { found as usize - 1 };
+    keys.get(i).map(|&k| crate::hash::fmix64(k))
 }
 
 /// The memory a holder of the longest prefix found needs for a request whose hint is
