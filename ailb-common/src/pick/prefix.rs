@@ -390,11 +390,11 @@ pub fn search<M: PickMaps>(maps: &M, c: &PrefixCtx, q: &PrefixQuery<'_>) -> (Pre
 /// prefix overflow along one probe sequence of the table, to the same next backend while it is
 /// under the table's bound, which then caches the prefix once and becomes its second holder
 /// (the choice among holders then takes the less loaded). Placed by the connect's own hash,
-/// each overflowing request would go to a random backend and prefill the prefix there, evicting
-/// other prompts, so a hot prefix would spread its copies over the fleet. The cost: where the longest
-/// prefix held is a preamble many prompts share and its few holders are at their bound, those
-/// prompts overflow along one probe sequence too; the table's bound, not the hash, then
-/// spreads them, a backend at a time.
+/// each overflowing request would go to a random backend and prefill the prefix there,
+/// evicting other prompts, so a hot prefix would spread its copies over the fleet. The cost:
+/// where the longest prefix held is a preamble many prompts share and its few holders are at
+/// their bound, those prompts overflow along one probe sequence too; the table's bound, not
+/// the hash, then spreads them, a backend at a time.
 #[inline(always)]
 pub fn placement_hash(keys: &[u64], found: u32) -> Option<u64> {
     let i = if found == 0 { 0 } else { found as usize - 1 };
