@@ -133,9 +133,6 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-#[cfg(test)]
-mod tests;
-
 /// A chat's messages about `topic`: a short system prompt and a user message of `words` words,
 /// distinct per topic from the first block on.
 pub fn topic_messages(topic: &str, words: usize) -> serde_json::Value {
@@ -143,3 +140,6 @@ pub fn topic_messages(topic: &str, words: usize) -> serde_json::Value {
     serde_json::json!([{"role": "system", "content": format!("You answer questions about {topic}.")},
                        {"role": "user", "content": text.join(" ")}])
 }
+
+#[cfg(test)]
+mod tests;
