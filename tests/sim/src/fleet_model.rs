@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ailb_common::{
     hash::{conversation_hash, fmix64},
-    pick::{pick, PickRequest, VecMaps},
-    AffinityValue, Backend, GlobalConfig, ModelState, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS, NO_BACKEND,
-    NO_CAP,
+    pick::{pick_prefixed, ClientFamily, PickRequest, PrefixQuery, VecMaps},
+    AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, ABI_VERSION, BACKEND_LIVE, CONFIG_DEFAULT_FLAGS,
+    MODEL_PREFIX_LEARN, NO_BACKEND, NO_CAP,
 };
 
 use crate::gpu::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
@@ -38,6 +38,12 @@ pub enum Placement {
     /// kernel counts itself (an agent's live free memory would only be lower when something
     /// else used the GPU). `affinity_wait_s`: the balancer's `affinity_wait`, simulated seconds.
     Ailb { a100_weight: u32, load_factor: f64, affinity_wait_s: f64 },
+    /// [`Placement::Ailb`] with the prefix step in approximate mode, as `ailb-compare`'s
+    /// `ailb-prefix` runs it: each request carries the text keys its socket would send
+    /// ([`RequestSpec::socket_prefix_keys`]), the pick tries the holders of its longest prefix
+    /// learnt (their load bound `prefix_load_factor`) and places the rest by that prefix, and
+    /// each pick records its keys for the backend chosen, counted for `prefix_ttl_s`.
+    AilbPrefix { a100_weight: u32, load_factor: f64, affinity_wait_s: f64, prefix_load_factor: f64, prefix_ttl_s: f64 },
     /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
     /// (it needs every server's exact queue and future); it shows what placement alone can do.
@@ -56,6 +62,7 @@ impl Placement {
             Placement::RoundRobin => "round robin".into(),
             Placement::LeastConnections => "least connections".into(),
             Placement::Ailb { .. } => "ailb (kernel pick)".into(),
+            Placement::AilbPrefix { .. } => "ailb, prefix approximate (kernel pick)".into(),
             Placement::EarliestFinish => "earliest finish (clairvoyant bound)".into(),
             Placement::CacheOracle => "prefix-cache oracle".into(),
         }
@@ -124,9 +131,30 @@ struct Kernel {
     maps: VecMaps,
     state: ModelState,
     cfg: GlobalConfig,
+    /// Approximate prefix mode ([`Placement::AilbPrefix`]): the model's flags and lifetime are in
+    /// `state`, the holders' factor in `cfg`.
+    prefix: bool,
 }
 
 impl Kernel {
+    /// The kernel of [`Placement::Ailb`] or [`Placement::AilbPrefix`] (else `None`).
+    fn for_placement(profiles: &[GpuProfile], placement: Placement) -> Option<Kernel> {
+        match placement {
+            Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
+                Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
+            }
+            Placement::AilbPrefix { a100_weight, load_factor, affinity_wait_s, prefix_load_factor, prefix_ttl_s } => {
+                let mut k = Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s);
+                k.state.flags |= MODEL_PREFIX_LEARN;
+                k.state.prefix_ttl_ns = ns(prefix_ttl_s);
+                k.cfg.prefix_load_factor_milli = (prefix_load_factor * 1000.0).round() as u32;
+                k.prefix = true;
+                Some(k)
+            }
+            _ => None,
+        }
+    }
+
     fn new(profiles: &[GpuProfile], a100_weight: u32, load_factor: f64, affinity_wait_s: f64) -> Kernel {
         let backends: Vec<Backend> = profiles
             .iter()
@@ -158,10 +186,11 @@ impl Kernel {
                 affinity_ttl_ns: 0,
                 generation: 1,
                 affinity_wait_ns: ns(affinity_wait_s),
-                // The fleet model makes no prefix picks.
+                // The table's, unless the placement has a prefix mode.
                 prefix_load_factor_milli: 0,
                 _pad: 0,
             },
+            prefix: false,
         }
     }
 }
@@ -249,12 +278,7 @@ impl Fleet {
 pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement: Placement) -> RunResult {
     assert!(load > 0.0 && !profiles.is_empty(), "load > 0 and at least one GPU");
     let mut fleet = Fleet::new(profiles, specs);
-    let mut kernel = match placement {
-        Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
-            Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
-        }
-        _ => None,
-    };
+    let mut kernel = Kernel::for_placement(profiles, placement);
     let shared = shared_blocks(specs);
     let mut turns = Turns::default();
     for (i, spec) in specs.iter().enumerate() {
@@ -272,7 +296,7 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
             Placement::LeastConnections => fleet.least_connections(),
             Placement::EarliestFinish => fleet.earliest_finish(&req, now),
             Placement::CacheOracle => fleet.cache_oracle(&req, now, &shared),
-            Placement::Ailb { .. } => {
+            Placement::Ailb { .. } | Placement::AilbPrefix { .. } => {
                 let Some(gpu) = fleet.kernel_pick(kernel.as_mut().expect("built for ailb"), i, spec, now) else {
                     fleet.outcomes[i] = Outcome { gpu: usize::MAX, failed: true, ..Default::default() };
                     continue;
@@ -386,9 +410,17 @@ impl Fleet {
             turn: 0,
             affinity_bounded: false,
         };
-        let r = pick(&kernel.maps, &kernel.state, &kernel.cfg, &pick_req);
+        let keys = if kernel.prefix { prefix_keys(spec) } else { Vec::new() };
+        let view = kernel.state.view();
+        let query = PrefixQuery::for_connect(&keys, &view, ns(now));
+        let r = pick_prefixed(&kernel.maps, &view, &kernel.cfg, &pick_req, ClientFamily::Ipv4, Some(&query)).0;
         if r.backend == NO_BACKEND {
             return None;
+        }
+        // Approximate mode: the keys now name the backend chosen (sock_ops, at the SYN).
+        for &k in query.keys {
+            let holders = kernel.maps.prefix.entry((MODEL, k)).or_insert(PrefixHolders::EMPTY);
+            holders.record(r.backend, query.now_tick, query.now_tick, query.ttl_ticks);
         }
         if pick_req.has_conversation {
             self.conversation[i] = Some(hash);
@@ -439,6 +471,12 @@ impl Fleet {
             length_s,
         }
     }
+}
+
+/// The keys a tagged socket of `spec` carries: the text keys of its prompt, as sent.
+fn prefix_keys(spec: &RequestSpec) -> Vec<u64> {
+    let all = ailb_common::prefix::text_keys(spec.prompt().as_bytes());
+    ailb_common::prefix::sent(&all).map(|(_, k)| k).collect()
 }
 
 /// Blocks in the prompts of more than one conversation (a common system prompt).

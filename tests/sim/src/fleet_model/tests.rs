@@ -91,3 +91,50 @@ fn cache_oracle_returns_to_the_cached_prefix() {
     let eft = run(&specs, &p, 1.0, Placement::EarliestFinish);
     assert_ne!(eft.outcomes[2].gpu, eft.outcomes[0].gpu, "{:?}", eft.outcomes);
 }
+
+/// With the prefix step, a tenant's requests (no conversation, a long system prompt of its own)
+/// meet on the GPU that caches its prompt (and one more, which takes what the first's load
+/// bound overflows); without it each request is placed by its own hash
+/// and every tenant spreads over the fleet, prefilling its prompt on each GPU.
+#[test]
+fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
+    use crate::replay::shared_prefix::SharedPrefixOpts;
+    let opts = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 1.0, ..Default::default() };
+    let specs = crate::replay::shared_prefix_specs(&opts, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let profiles = fleet_profiles(0, 4);
+    let plain = Placement::Ailb { a100_weight: 3, load_factor: 1.25, affinity_wait_s: 20.0 };
+    let prefixed = Placement::AilbPrefix {
+        a100_weight: 3,
+        load_factor: 1.25,
+        affinity_wait_s: 20.0,
+        prefix_load_factor: 2.0,
+        prefix_ttl_s: 60.0,
+    };
+    // Per tenant (its system prompt's first block): requests per GPU.
+    let per_tenant = |r: &RunResult| {
+        let mut m: BTreeMap<u64, BTreeMap<usize, usize>> = BTreeMap::new();
+        for (s, o) in specs.iter().zip(&r.outcomes) {
+            *m.entry(s.hash_ids[0]).or_default().entry(o.gpu).or_default() += 1;
+        }
+        m
+    };
+    let without = run(&specs, &profiles, 1.0, plain);
+    let with = run(&specs, &profiles, 1.0, prefixed);
+    let (spread, kept) = (per_tenant(&without), per_tenant(&with));
+    eprintln!(
+        "without: {spread:?} cached {:.3}\nwith: {kept:?} cached {:.3}",
+        without.prefix_hit_rate, with.prefix_hit_rate
+    );
+    assert_eq!((with.failures(), without.failures()), (0, 0));
+    // A holder at its bound sends the overflow to one next GPU, which becomes a second holder.
+    for (tenant, gpus) in &kept {
+        assert!(gpus.len() <= 2, "tenant {tenant}: {gpus:?} with the prefix step");
+    }
+    assert!(spread.values().all(|g| g.len() >= 3), "without the prefix step each tenant spreads: {spread:?}");
+    assert!(
+        with.prefix_hit_rate > without.prefix_hit_rate + 0.1,
+        "cached {:.3} with the step, {:.3} without",
+        with.prefix_hit_rate,
+        without.prefix_hit_rate
+    );
+}

@@ -7,7 +7,10 @@
 //!
 //! ```text
 //! ailb-fleet-model [--limit N] [--loads 0.25,0.35,0.5,0.7,1.0] [--a100 2] [--rtx3090 4]
-//!                  [--a100-weight 3] [--windows 10] [--trace PATH | --synthetic [--rate R] [--seed S]]
+//!                  [--a100-weight 3] [--windows 10]
+//!                  [--trace PATH | --synthetic [--rate R] [--seed S]
+//!                   | --shared-prefix [--tenants 24] [--system-blocks 12] [--question-blocks 1] [--rate R] [--seed S]]
+//!                  [--prefix-seeds N [--prefix-load-factor 2] [--prefix-ttl-s 60]]
 //!                  [--out FILE.md] [--svg FILE.svg]
 //! ```
 
@@ -17,6 +20,7 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use ailb_sim::fleet_model::{fleet_profiles, Placement};
+use ailb_sim::replay::shared_prefix::SharedPrefixOpts;
 use ailb_sim::replay::synthetic::SyntheticOpts;
 use ailb_sim::replay::{self, trace, RequestSpec, TraceSelect};
 use anyhow::{bail, Context};
@@ -49,7 +53,22 @@ pub struct Args {
     /// across the trace become runs with other seeds).
     #[arg(long)]
     pub synthetic: bool,
-    /// New synthetic conversations per (simulated) second at load 1 (`ailb-compare`'s default).
+    /// The shared-prefix workload of `ailb-compare --shared-prefix` instead of the trace
+    /// (`--tenants` tenants, each with a system prompt of `--system-blocks` blocks, no
+    /// conversation; `--rate` requests per second at load 1; stretches become seeds).
+    #[arg(long, conflicts_with_all = ["synthetic", "trace"])]
+    pub shared_prefix: bool,
+    /// `--shared-prefix`: tenants, each with a system prompt of its own.
+    #[arg(long, default_value_t = 24)]
+    pub tenants: usize,
+    /// `--shared-prefix`: 512-token blocks of each tenant's system prompt.
+    #[arg(long, default_value_t = 12)]
+    pub system_blocks: u32,
+    /// `--shared-prefix`: 512-token blocks of each user's question.
+    #[arg(long, default_value_t = 1)]
+    pub question_blocks: u32,
+    /// New synthetic conversations (`--shared-prefix`: requests) per (simulated) second at
+    /// load 1 (`ailb-compare`'s default).
     #[arg(long, default_value_t = 5.0)]
     pub rate: f64,
     /// Seed of the synthetic mix (the first run's; stretch k uses seed + k).
@@ -65,6 +84,17 @@ pub struct Args {
     /// the trace (synthetic: this many seeds), at each load where the fleet is stable (0: not).
     #[arg(long, default_value_t = 10)]
     pub windows: usize,
+    /// Also compare ailb's pick with the prefix step (approximate mode, as `ailb-compare`'s
+    /// `ailb-prefix` runs it) against the same pick without it, over this many stretches
+    /// (synthetic: seeds) at every load of `--loads` (0: not).
+    #[arg(long, default_value_t = 0)]
+    pub prefix_seeds: usize,
+    /// The prefix holders' load bound factor (the daemon's default, 2).
+    #[arg(long, default_value_t = 2.0)]
+    pub prefix_load_factor: f64,
+    /// How long a learnt prefix counts, simulated seconds (the daemon's default, 60 s).
+    #[arg(long, default_value_t = 60.0)]
+    pub prefix_ttl_s: f64,
 }
 
 /// A placement's tail grows by less than this when the run is twice as long: stable.
@@ -75,11 +105,32 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if args.limit == 0 || args.a100 + args.rtx3090 == 0 || args.loads.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
         bail!("--limit, the fleet and every --loads value must be positive");
     }
+    if !(args.prefix_load_factor >= 1.0 && args.prefix_load_factor.is_finite())
+        || !(args.prefix_ttl_s > 0.0 && args.prefix_ttl_s.is_finite())
+    {
+        bail!(
+            "--prefix-load-factor must be at least 1 (not {}) and --prefix-ttl-s a positive number of seconds (not {})",
+            args.prefix_load_factor,
+            args.prefix_ttl_s
+        );
+    }
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         bail!("--rate must be a positive number of conversations per second, not {}", args.rate);
     }
     let tr = if args.synthetic {
         Workload::Synthetic { rate: args.rate, seed: args.seed }
+    } else if args.shared_prefix {
+        let opts = SharedPrefixOpts {
+            requests: args.limit,
+            tenants: args.tenants,
+            system_blocks: args.system_blocks,
+            question_blocks: args.question_blocks,
+            requests_per_s: args.rate,
+            seed: args.seed,
+            ..Default::default()
+        };
+        opts.validate().map_err(|e| anyhow::anyhow!("--shared-prefix: {e}"))?;
+        Workload::SharedPrefix(opts)
     } else {
         Workload::Trace(Trace::load(&args.trace.clone().unwrap_or_else(replay::default_trace_path))?)
     };
@@ -98,6 +149,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let (curves, stable_loads) = report::loads(&mut md, &args, &profiles, &placements, (&short, &long));
     if args.windows > 0 {
         report::windows(&mut md, &tr, &args, &stable_loads, &placements);
+    }
+    if args.prefix_seeds > 0 {
+        report::prefix_step(&mut md, &tr, &args);
     }
     print!("{md}");
     if let Some(out) = &args.out {
@@ -118,6 +172,9 @@ enum Workload {
         rate: f64,
         seed: u64,
     },
+    /// The shared-prefix workload with these options (the first run's seed; stretch k uses
+    /// seed + k).
+    SharedPrefix(SharedPrefixOpts),
 }
 
 impl Workload {
@@ -135,6 +192,10 @@ impl Workload {
                 };
                 replay::synthetic_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, replay::DEFAULT_MODEL)
             }
+            Workload::SharedPrefix(o) => {
+                let opts = SharedPrefixOpts { requests: limit, seed: o.seed + k as u64, ..o.clone() };
+                replay::shared_prefix_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, replay::DEFAULT_MODEL)
+            }
         }
     }
 
@@ -146,6 +207,11 @@ impl Workload {
             Workload::Synthetic { rate, seed } => {
                 format!("the synthetic mix (`--synthetic`, {rate} new conversations/s at load 1, seed {seed}),")
             }
+            Workload::SharedPrefix(o) => format!(
+                "the shared-prefix workload (`--shared-prefix`, {} tenants with {}-block system prompts, {}-block \
+                 questions, {} requests/s at load 1, seed {}),",
+                o.tenants, o.system_blocks, o.question_blocks, o.requests_per_s, o.seed
+            ),
         }
     }
 
@@ -153,7 +219,7 @@ impl Workload {
     fn rate_name(&self) -> &'static str {
         match self {
             Workload::Trace(_) => "the trace's arrival rate",
-            Workload::Synthetic { .. } => "`--rate`",
+            Workload::Synthetic { .. } | Workload::SharedPrefix(_) => "`--rate`",
         }
     }
 }

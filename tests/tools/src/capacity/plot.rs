@@ -25,6 +25,7 @@ pub fn style(placement: Placement) -> LineStyle {
         Placement::RoundRobin => (3, Marker::Circle),
         Placement::LeastConnections => (5, Marker::Square),
         Placement::Ailb { .. } => (0, Marker::Triangle),
+        Placement::AilbPrefix { .. } => (1, Marker::Triangle),
         Placement::EarliestFinish => (4, Marker::Cross),
         Placement::CacheOracle => (2, Marker::Diamond),
     };

@@ -38,3 +38,61 @@ fn synthetic_conflicts_with_a_trace() {
     let r = Args::try_parse_from(["ailb-fleet-model", "--synthetic", "--trace", "x.jsonl"]);
     assert!(r.is_err());
 }
+
+#[test]
+fn shared_prefix_stretches_are_the_workload_with_successive_seeds() {
+    let a = Args::parse_from(["ailb-fleet-model", "--shared-prefix", "--limit", "40", "--tenants", "3", "--seed", "5"]);
+    let opts = SharedPrefixOpts { requests: 40, tenants: 3, seed: 5, requests_per_s: a.rate, ..Default::default() };
+    let w = Workload::SharedPrefix(opts.clone());
+    let want = replay::shared_prefix_specs(&opts, trace::DEFAULT_KV_MB_PER_TOKEN, replay::DEFAULT_MODEL);
+    assert_eq!(w.specs(0, 2, 40), want, "stretch 0 is the workload of --seed itself");
+    assert_ne!(w.specs(1, 2, 40), want, "stretch 1 has another seed");
+    assert!(Args::try_parse_from(["ailb-fleet-model", "--shared-prefix", "--synthetic"]).is_err());
+}
+
+/// The prefix step's section: one row per load, the ratios of the step's P95s to the pick's
+/// without it; a tenant's requests meet where their prompt is cached, so the step reads more of
+/// the prompts from the caches.
+#[test]
+fn the_prefix_step_section_compares_the_pick_with_and_without_it() {
+    let a = Args::parse_from([
+        "ailb-fleet-model",
+        "--shared-prefix",
+        "--limit",
+        "80",
+        "--tenants",
+        "4",
+        "--a100",
+        "0",
+        "--rtx3090",
+        "4",
+        "--loads",
+        "0.5,1",
+        "--prefix-seeds",
+        "2",
+    ]);
+    let w = Workload::SharedPrefix(SharedPrefixOpts {
+        requests: 80,
+        tenants: 4,
+        requests_per_s: a.rate,
+        seed: 1,
+        ..Default::default()
+    });
+    let mut md = String::new();
+    report::prefix_step(&mut md, &w, &a);
+    assert!(md.contains("## The prefix step against the same pick without it"), "{md}");
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| 0.5 |") || l.starts_with("| 1 |")).collect();
+    assert_eq!(rows.len(), 2, "{md}");
+    for row in rows {
+        let cached = row.rsplit('|').nth(1).expect("the cache column");
+        let (with, without) = cached.split_once('/').expect("with / without");
+        let pct = |s: &str| s.trim().trim_end_matches('%').trim().parse::<f64>().expect("a percentage");
+        assert!(pct(with) > pct(without), "{row}");
+    }
+}
+
+#[test]
+fn a_bad_prefix_setting_is_refused_naming_it() {
+    let err = main(args(&["--prefix-load-factor", "0.5"])).unwrap_err().to_string();
+    assert!(err.contains("--prefix-load-factor") && err.contains("not 0.5"), "{err}");
+}
