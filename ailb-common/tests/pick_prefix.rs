@@ -374,6 +374,42 @@ fn a_holder_with_the_memory_only_once_idle_is_waited_for() {
 }
 
 #[test]
+fn a_holder_with_the_memory_only_once_idle_is_not_waited_for_a_short_preamble() {
+    // Backend 0 holds only the preamble the prompt shares with others (the first quarter of
+    // its keys sent), with the memory only once idle: the request goes where it fits now.
+    let preamble = "A preamble every conversation starts with. ".repeat(10);
+    let p = format!("{preamble}{}", "This conversation's own history, much longer. ".repeat(30)).into_bytes();
+    let keys = sent_keys(&p);
+    let shared = text_keys(preamble.as_bytes());
+    let held = keys.iter().filter(|k| shared.contains(k)).count();
+    assert!(held > 0 && held * 2 < keys.len(), "{held} of {} keys sent are the preamble's", keys.len());
+    let mut f = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    f.maps.backends[0].free_mem_mb = 100;
+    f.maps.backends[0].mem_capacity_mb = 40_000;
+    f.maps.backends[1].free_mem_mb = 40_000;
+    f.maps.backends[1].mem_capacity_mb = 40_000;
+    f.hold(0, &shared, PREFIX_SEEN_EXACT);
+    let mut req = f.req();
+    req.required_mem_mb = 8_000;
+    let r = f.pick_with(&req, &keys, 0);
+    assert_eq!((r.backend, r.prefix.usage), (1, PrefixUse::OverruledMemory), "{r:?}");
+    assert_eq!(r.prefix.found as usize, held);
+
+    // Holding half the keys sent, it is waited for.
+    let half: Vec<u64> = keys[..keys.len().div_ceil(2)].to_vec();
+    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
+    let r = f.pick_with(&req, &half, 0);
+    assert_eq!((r.backend, r.prefix.usage), (0, PrefixUse::Used), "{r:?}");
+    // And with the memory free now, even the preamble's holder is taken.
+    f.maps.backends[0].free_mem_mb = 40_000;
+    let mut g = Fleet::new(2, MODEL_PREFIX_EVENTS);
+    g.maps.backends = f.maps.backends.clone();
+    g.hold(0, &shared, PREFIX_SEEN_EXACT);
+    let r = g.pick_with(&req, &keys, 0);
+    assert_eq!((r.backend, r.prefix.usage), (0, PrefixUse::Used), "{r:?}");
+}
+
+#[test]
 fn the_uncached_need_is_the_hint_less_the_held_share() {
     assert_eq!(uncached_need(8_000, 0, 16), 8_000, "nothing held");
     assert_eq!(uncached_need(8_000, 17, 16), 8_000, "an impossible count asks for all");

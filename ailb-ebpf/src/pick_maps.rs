@@ -147,6 +147,7 @@ pub(crate) fn prefix_step(c: &PrefixCtx, keys: &[u64]) -> (u32, u32, u32) {
     let Some(s) = crate::prefix::scratch() else {
         return (NO_BACKEND, 0, 0);
     };
+    s.choose.settle(found, s.count);
     crate::prefix::count(c.model, &prefix_verdict(s.count, found, &s.choose), s.map_lookups);
     (s.choose.chosen, s.c.required_mem_mb, found)
 }

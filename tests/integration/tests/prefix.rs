@@ -278,3 +278,34 @@ fn a_holder_counts_the_memory_it_was_asked_for_and_is_waited_for() {
     assert_eq!(p["used"].as_u64(), Some(HELD as u64 - 1), "{p}");
     assert_eq!(p["overruled_memory"].as_u64(), Some(0), "{p}");
 }
+
+/// The same four backends of 1,000 MB, but the tenant's shared prompt is one text chunk before
+/// each question's two: a later connect finds 1 of its 3 keys held, so its holder is asked for
+/// `ceil(600 x 3 / 4)` = 450 MB, which it has only once idle (400 MB left beside the first's
+/// 600). Waiting there would save the prefill of a third of the prompt: the connect is not
+/// held for it (overruled for memory) and goes to a backend with the memory free now.
+#[test]
+fn a_holder_of_a_short_shared_preamble_is_not_waited_for() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-preamble");
+    let _servers = BackendServer::start_all(&BACKENDS);
+    let mut cfg = config(&cg, "approximate");
+    for b in &mut cfg.backends {
+        b.free_memory_mb = Some(1_000);
+    }
+    cfg.prefix_load_factor = Some(4.0);
+    let daemon = Daemon::start(&bin, &cfg);
+    let client = TestClient::new(client_bin!());
+    let opts = ConnectOpts::new(VIP, 2).tenants(1, ailb_common::prefix::TEXT_CHUNK_BYTES).memory_mb(600);
+    let held = client.hold(Some(&cg), &opts);
+    assert_all_ok(held.results(), "held connects");
+    let p = prefix_status(&daemon);
+    let order: Vec<Option<String>> = held.results().iter().map(|r| r.backend.clone()).collect();
+    held.release();
+    eprintln!("connects on {order:?}, status.prefix {p}");
+    assert_ne!(order[0], order[1], "the second connect waited at the holder of its preamble");
+    assert_eq!(p["found"].as_u64(), Some(1), "{p}");
+    assert_eq!(p["keys_found"].as_u64(), Some(1), "one key of three held: {p}");
+    assert_eq!(p["keys_sent"].as_u64(), Some(6), "{p}");
+    assert_eq!((p["used"].as_u64(), p["overruled_memory"].as_u64()), (Some(0), Some(1)), "{p}");
+}
