@@ -299,6 +299,20 @@ pub struct ModelView {
     pub prefix_ttl_ns: u64,
 }
 
+impl ModelView {
+    /// How long a prefix holder that is not exact (learnt in approximate mode, evicted in
+    /// precise mode) counts, in [`prefix_tick`] ticks: the model's `prefix_ttl_ns` when it has a
+    /// prefix mode; 0 (no lifetime) otherwise.
+    #[inline(always)]
+    pub fn prefix_ttl_ticks(&self) -> u32 {
+        if self.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 {
+            prefix_ttl_ticks(self.prefix_ttl_ns)
+        } else {
+            0
+        }
+    }
+}
+
 /// The chunk of an arena that holds arena position `pos`, and the position inside it.
 #[inline(always)]
 pub const fn chunk_of(pos: u32, chunk: u32) -> (u32, u32) {

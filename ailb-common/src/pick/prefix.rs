@@ -57,15 +57,7 @@ impl<'a> PrefixQuery<'a> {
     #[inline(always)]
     pub fn for_connect(keys: &'a [u64], state: &ModelView, now_ns: u64) -> Self {
         let n = if keys.len() > PREFIX_KEYS_MAX { PREFIX_KEYS_MAX } else { keys.len() };
-        PrefixQuery {
-            keys: &keys[..n],
-            now_tick: prefix_tick(now_ns),
-            ttl_ticks: if state.flags & (MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS) != 0 {
-                prefix_ttl_ticks(state.prefix_ttl_ns)
-            } else {
-                0
-            },
-        }
+        PrefixQuery { keys: &keys[..n], now_tick: prefix_tick(now_ns), ttl_ticks: state.prefix_ttl_ticks() }
     }
 }
 

@@ -362,21 +362,29 @@ const FILTER_REBUILD_FILL: f64 = 0.30;
 /// machine, `ailb-bench --bpf-only`).
 const FILTER_REBUILD_MIN_TICKS: u64 = 5;
 
-/// Rebuilds the prefix filter pinned in `dir` from its map's keys (its bits were `fill` set).
+/// Sweeps the prefix map pinned in `dir` of the entries that no longer count and rebuilds its
+/// filter from the keys left (its bits were `fill` set): [`PrefixMap::sweep`].
+///
+/// [`PrefixMap::sweep`]: crate::datapath::prefix::PrefixMap::sweep
 fn rebuild_filter(dir: &std::path::Path, fill: f64) {
-    match crate::datapath::prefix::PrefixMap::open(dir) {
-        Ok(map) => {
-            let started = Instant::now();
-            let keys = map.rebuild_filter();
-            tracing::debug!(
-                keys,
-                fill_before = fill,
-                fill = map.filter().fill(),
-                took_ms = started.elapsed().as_millis() as u64,
-                "prefix filter rebuilt"
-            );
+    let mut map = match crate::datapath::prefix::PrefixMap::open(dir) {
+        Ok(map) => map,
+        Err(e) => {
+            error!(error = %crate::error_chain(&e), "prefix filter: opening the prefix map to rebuild it");
+            return;
         }
-        Err(e) => error!(error = %crate::error_chain(&e), "prefix filter: opening the prefix map to rebuild it"),
+    };
+    let started = Instant::now();
+    match map.sweep(crate::datapath::monotonic_ns()) {
+        Ok(swept) => tracing::debug!(
+            keys = swept.kept,
+            removed = swept.removed,
+            fill_before = fill,
+            fill = map.filter().fill(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "prefix map swept and filter rebuilt"
+        ),
+        Err(e) => error!(error = %crate::error_chain(&e), "prefix map: sweeping it and rebuilding its filter"),
     }
 }
 

@@ -41,7 +41,7 @@ pub use load::open_or_load;
 pub use settings::{ArenaLimits, RemoteModel, TcAttach, TcMode, TcOptions, WriterSettings};
 pub use status::read_status;
 pub use store::WriterMaps;
-pub(crate) use sys::monotonic_ns;
+pub use sys::monotonic_ns;
 pub use teardown::teardown;
 pub use writer::Writer;
 

@@ -10,8 +10,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use ailb_common::{maps, prefix_tick, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFIX_SEEN_EXACT};
-use aya::maps::{HashMap, MapData, MapError, PerCpuArray};
+use ailb_common::{
+    maps, prefix_tick, ModelState, PrefixHolders, PrefixKey, PrefixStats, MAX_MODELS, PREFIX_SEEN_EXACT,
+};
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 
 use super::{map_err, prefix_filter::PrefixFilter, DatapathError};
@@ -72,11 +74,22 @@ pub struct PrefixApplied {
     pub full: u64,
 }
 
-/// The pinned `AILB_PREFIX`, `AILB_PREFIX_STATS` and `AILB_PREFIX_FILTER`.
+/// The pinned `AILB_PREFIX`, `AILB_PREFIX_STATS` and `AILB_PREFIX_FILTER`, and `AILB_MODELS`
+/// for each model's prefix lifetime.
 pub struct PrefixMap {
     map: HashMap<MapData, PrefixKey, PrefixHolders>,
     stats: PerCpuArray<MapData, PrefixStats>,
     filter: PrefixFilter,
+    models: Array<MapData, ModelState>,
+}
+
+/// What one [`PrefixMap::sweep`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Entries left in the map, each in the rebuilt filter.
+    pub kept: usize,
+    /// Entries removed: none of their holders counted any longer.
+    pub removed: usize,
 }
 
 fn open_map(dir: &Path, name: &str) -> Result<aya::maps::Map, DatapathError> {
@@ -91,12 +104,63 @@ impl PrefixMap {
             map: open_map(dir, maps::PREFIX)?.try_into().map_err(map_err(maps::PREFIX))?,
             stats: open_map(dir, maps::PREFIX_STATS)?.try_into().map_err(map_err(maps::PREFIX_STATS))?,
             filter: PrefixFilter::open(dir)?,
+            models: open_map(dir, maps::MODELS)?.try_into().map_err(map_err(maps::MODELS))?,
         })
     }
 
     /// Rebuilds the filter from the map's keys ([`PrefixFilter::rebuild`]); returns the keys.
     pub fn rebuild_filter(&self) -> usize {
         self.filter.rebuild(self.map.keys().filter_map(Result::ok).map(|k| (k.model, k.key)))
+    }
+
+    /// Removes the entries none of whose holders counts at `now_ns` (`CLOCK_MONOTONIC`): learnt,
+    /// or evicted by their engine, longer ago than their model's `prefix_ttl`, or naming no
+    /// backend ([`PrefixHolders::any_fresh`]), and rebuilds the filter from the keys left, in
+    /// one scan of the map. The search already counts such an entry as not held; left in
+    /// place, it takes a slot of the map until the LRU evicts it (a search that reads it keeps
+    /// it recent), counts in the model's `entries`, and keeps its key positive in the filter,
+    /// which costs a search a map lookup. A model without a lifetime (`prefix_ttl = "0s"`,
+    /// or no prefix mode) keeps its entries.
+    ///
+    /// Each entry is read again just before its removal and kept if it counts again. Between
+    /// that read and the removal the kernel may record a holder in it (a connect learning its
+    /// keys): that record is lost, and the next connect of that prompt records it again.
+    pub fn sweep(&mut self, now_ns: u64) -> Result<Swept, DatapathError> {
+        let mut ttl = [0u32; MAX_MODELS as usize];
+        for (model, t) in ttl.iter_mut().enumerate() {
+            let st = self.models.get(&(model as u32), 0).map_err(map_err(maps::MODELS))?;
+            *t = st.view().prefix_ttl_ticks();
+        }
+        let now = prefix_tick(now_ns);
+        let counts = |k: &PrefixKey, h: &PrefixHolders| {
+            // With no lifetime (0), any holder named counts.
+            h.any_fresh(now, ttl.get(k.model as usize).copied().unwrap_or(0))
+        };
+        let mut stale = Vec::new();
+        let kept = self.filter.rebuild(self.map.iter().filter_map(Result::ok).filter_map(|(k, h)| {
+            if counts(&k, &h) {
+                Some((k.model, k.key))
+            } else {
+                stale.push(k);
+                None
+            }
+        }));
+        let mut removed = 0;
+        for k in stale {
+            let Some(h) = self.get(&k)? else {
+                continue;
+            };
+            if counts(&k, &h) {
+                // Recorded again since the scan: its bits are in both generations already.
+                continue;
+            }
+            match self.map.remove(&k) {
+                Ok(()) => removed += 1,
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(maps::PREFIX)(e)),
+            }
+        }
+        Ok(Swept { kept, removed })
     }
 
     /// The filter.

@@ -90,7 +90,7 @@ pub(crate) fn map_update_batch<V: aya::Pod>(map: BorrowedFd<'_>, keys: &[u32], v
 
 /// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns()`, so that what the daemon stamps
 /// and what `ailb explain` computes compare with what the programs read.
-pub(crate) fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the valid timespec passed.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };

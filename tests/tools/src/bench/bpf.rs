@@ -73,22 +73,24 @@ pub(super) fn connect4_run_time(ns: &Netns, cg: &CgroupGuard, daemon: &Daemon, r
         rows.push((row, per_search));
     }
     drop(stats);
-    // The filter's rebuild from the map, now full: what the daemon pays for each.
-    let rebuild = ailb_userspace::datapath::prefix::PrefixMap::open(daemon.bpffs()).map(|map| {
+    // The sweep of the map and the filter's rebuild, the map now full: what the daemon pays for each.
+    let rebuild = ailb_userspace::datapath::prefix::PrefixMap::open(daemon.bpffs()).and_then(|mut map| {
         let (fill, started) = (map.filter().fill(), std::time::Instant::now());
-        let keys = map.rebuild_filter();
-        (keys, started.elapsed(), fill, map.filter().fill())
+        let swept = map.sweep(ailb_userspace::datapath::monotonic_ns())?;
+        Ok((swept, started.elapsed(), fill, map.filter().fill()))
     });
     let rebuild = match rebuild {
-        Ok((keys, took, before, after)) => format!(
-            "Rebuilding the prefix filter from the map after the rows took {:.0} ms for {keys} keys; {:.0} % of its \
-             bits were set before (the rows learn new keys faster than the daemon rebuilds, at most every 5 s), {:.0} % \
-             after.",
+        Ok((swept, took, before, after)) => format!(
+            "Sweeping the prefix map (entries past their lifetime out) and rebuilding its filter from the keys left, \
+             after the rows, took {:.0} ms for {} keys kept and {} removed; {:.0} % of the filter's bits were set \
+             before (the rows learn new keys faster than the daemon rebuilds, at most every 5 s), {:.0} % after.",
             took.as_secs_f64() * 1e3,
+            swept.kept,
+            swept.removed,
             before * 100.0,
             after * 100.0
         ),
-        Err(e) => format!("The prefix filter could not be rebuilt: {e}."),
+        Err(e) => format!("The prefix map could not be swept: {e}."),
     };
     let _ = writeln!(
         report,
