@@ -105,14 +105,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if args.limit == 0 || args.a100 + args.rtx3090 == 0 || args.loads.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
         bail!("--limit, the fleet and every --loads value must be positive");
     }
-    if !(args.prefix_load_factor >= 1.0 && args.prefix_load_factor.is_finite())
-        || !(args.prefix_ttl_s > 0.0 && args.prefix_ttl_s.is_finite())
-    {
-        bail!(
-            "--prefix-load-factor must be at least 1 (not {}) and --prefix-ttl-s a positive number of seconds (not {})",
-            args.prefix_load_factor,
-            args.prefix_ttl_s
-        );
+    if !(args.prefix_load_factor >= 1.0 && args.prefix_load_factor.is_finite()) {
+        bail!("--prefix-load-factor must be a finite number of at least 1, not {}", args.prefix_load_factor);
+    }
+    if !(args.prefix_ttl_s > 0.0 && args.prefix_ttl_s.is_finite()) {
+        bail!("--prefix-ttl-s must be a finite number of seconds above 0, not {}", args.prefix_ttl_s);
     }
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         bail!("--rate must be a positive number of conversations per second, not {}", args.rate);

@@ -96,3 +96,9 @@ fn a_bad_prefix_setting_is_refused_naming_it() {
     let err = main(args(&["--prefix-load-factor", "0.5"])).unwrap_err().to_string();
     assert!(err.contains("--prefix-load-factor") && err.contains("not 0.5"), "{err}");
 }
+
+#[test]
+fn a_bad_prefix_lifetime_is_refused_naming_it() {
+    let err = main(args(&["--prefix-ttl-s", "0"])).unwrap_err().to_string();
+    assert!(err.contains("--prefix-ttl-s") && err.contains("not 0"), "{err}");
+}
