@@ -358,8 +358,8 @@ const FILTER_REBUILD_TICKS: u64 = 30;
 /// full of keys sets 22 % of the bits (absent keys then test positive 1.1 % of the time); at
 /// 30 %, 2.7 %.
 const FILTER_REBUILD_FILL: f64 = 0.30;
-/// But not more often than this (a rebuild scans the map: 320 ms for 262,000 entries on the CI
-/// machine, `ailb-bench --bpf-only`).
+/// But not more often than this (a rebuild scans the map and sweeps it: 631 ms for 262,000
+/// entries on the CI machine, `ailb-bench --bpf-only`).
 const FILTER_REBUILD_MIN_TICKS: u64 = 5;
 
 /// Sweeps the prefix map pinned in `dir` of the entries that no longer count and rebuilds its
