@@ -375,8 +375,8 @@ fn a_holder_with_the_memory_only_once_idle_is_waited_for() {
 
 #[test]
 fn a_holder_with_the_memory_only_once_idle_is_not_waited_for_a_short_preamble() {
-    // Backend 0 holds only the preamble the prompt shares with others (the first quarter of
-    // its keys sent), with the memory only once idle: the request goes where it fits now.
+    // Backend 0 holds only the preamble the prompt shares with others (3 of its 14 keys sent),
+    // with the memory only once idle: the request goes where it fits now.
     let preamble = "A preamble every conversation starts with. ".repeat(10);
     let p = format!("{preamble}{}", "This conversation's own history, much longer. ".repeat(30)).into_bytes();
     let keys = sent_keys(&p);
@@ -395,11 +395,13 @@ fn a_holder_with_the_memory_only_once_idle_is_not_waited_for_a_short_preamble() 
     assert_eq!((r.backend, r.prefix.usage), (1, PrefixUse::OverruledMemory), "{r:?}");
     assert_eq!(r.prefix.found as usize, held);
 
-    // Holding half the keys sent, it is waited for.
-    let half: Vec<u64> = keys[..keys.len().div_ceil(2)].to_vec();
-    f.hold(0, &text_keys(&p), PREFIX_SEEN_EXACT);
-    let r = f.pick_with(&req, &half, 0);
+    // Holding the prompt up to half its keys sent, it is waited for.
+    let all = text_keys(&p);
+    let half = ailb_common::prefix::sent_positions(all.len()).nth(keys.len() / 2 - 1).expect("a sent key");
+    f.hold(0, &all[..=half], PREFIX_SEEN_EXACT);
+    let r = f.pick_with(&req, &keys, 0);
     assert_eq!((r.backend, r.prefix.usage), (0, PrefixUse::Used), "{r:?}");
+    assert_eq!(r.prefix.found as usize * 2, keys.len(), "{r:?}");
     // And with the memory free now, even the preamble's holder is taken.
     f.maps.backends[0].free_mem_mb = 40_000;
     let mut g = Fleet::new(2, MODEL_PREFIX_EVENTS);

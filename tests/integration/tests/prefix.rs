@@ -235,6 +235,17 @@ fn holders_take_connects_up_to_their_own_load_factor() {
     assert_eq!(p["overruled_load"].as_u64(), Some(0), "{p}");
 }
 
+/// Approximate mode on four backends of 1,000 MB each, the holders' factor at 4 (so that only
+/// memory decides).
+fn memory_config(cg: &CgroupGuard) -> TestConfig {
+    let mut cfg = config(cg, "approximate");
+    for b in &mut cfg.backends {
+        b.free_memory_mb = Some(1_000);
+    }
+    cfg.prefix_load_factor = Some(4.0);
+    cfg
+}
+
 /// Four backends of 1,000 MB, connects of one tenant hinting 600 MB each, held open (the holders'
 /// factor at 4, so that only memory decides). The first is placed by the table and counts its
 /// whole 600 MB; every later one finds 11 of its 12 keys held, so the holder is asked for
@@ -247,12 +258,7 @@ fn a_holder_counts_the_memory_it_was_asked_for_and_is_waited_for() {
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-mem");
     let _servers = BackendServer::start_all(&BACKENDS);
-    let mut cfg = config(&cg, "approximate");
-    for b in &mut cfg.backends {
-        b.free_memory_mb = Some(1_000);
-    }
-    cfg.prefix_load_factor = Some(4.0);
-    let daemon = Daemon::start(&bin, &cfg);
+    let daemon = Daemon::start(&bin, &memory_config(&cg));
     let client = TestClient::new(client_bin!());
     let opts = ConnectOpts::new(VIP, HELD - 1).tenants(1, PROMPT_BYTES).memory_mb(600);
     let held = client.hold(Some(&cg), &opts);
@@ -289,12 +295,7 @@ fn a_holder_of_a_short_shared_preamble_is_not_waited_for() {
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-preamble");
     let _servers = BackendServer::start_all(&BACKENDS);
-    let mut cfg = config(&cg, "approximate");
-    for b in &mut cfg.backends {
-        b.free_memory_mb = Some(1_000);
-    }
-    cfg.prefix_load_factor = Some(4.0);
-    let daemon = Daemon::start(&bin, &cfg);
+    let daemon = Daemon::start(&bin, &memory_config(&cg));
     let client = TestClient::new(client_bin!());
     let opts = ConnectOpts::new(VIP, 2).tenants(1, ailb_common::prefix::TEXT_CHUNK_BYTES).memory_mb(600);
     let held = client.hold(Some(&cg), &opts);

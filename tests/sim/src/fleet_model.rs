@@ -5,10 +5,11 @@
 //! fleet stable under a good placement, and where does round robin already overload the small
 //! GPUs (`ailb-fleet-model`).
 //!
-//! The ailb placement here calls the kernel's own pick ([`ailb_common::pick::pick`]) on
-//! in-memory maps, with the weights and memory the daemon would write, so the model differs
-//! from the real data plane only in what it leaves out: connection latency, and the agents (the
-//! free memory written is the KV pool, as in the static config; the in-flight hints make it live).
+//! The ailb placements here call the kernel's own pick ([`ailb_common::pick::pick_prefixed`],
+//! with the prefix step for [`Placement::AilbPrefix`]) on in-memory maps, with the weights and
+//! memory the daemon would write, so the model differs from the real data plane only in what it
+//! leaves out: connection latency, and the agents (the free memory written is the KV pool, as in
+//! the static config; the in-flight hints make it live).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -28,9 +28,11 @@ fn the_synthetic_report_names_its_workload_and_rate() {
 }
 
 #[test]
-fn a_bad_rate_is_refused_naming_it() {
-    let err = main(args(&["--rate", "0"])).unwrap_err().to_string();
-    assert!(err.contains("--rate") && err.contains("not 0"), "{err}");
+fn a_bad_setting_is_refused_naming_it() {
+    for (flag, value) in [("--rate", "0"), ("--prefix-load-factor", "0.5"), ("--prefix-ttl-s", "0")] {
+        let err = main(args(&[flag, value])).unwrap_err().to_string();
+        assert!(err.contains(flag) && err.contains(&format!("not {value}")), "{flag} {value}: {err}");
+    }
 }
 
 #[test]
@@ -89,16 +91,4 @@ fn the_prefix_step_section_compares_the_pick_with_and_without_it() {
         let pct = |s: &str| s.trim().trim_end_matches('%').trim().parse::<f64>().expect("a percentage");
         assert!(pct(with) > pct(without), "{row}");
     }
-}
-
-#[test]
-fn a_bad_prefix_setting_is_refused_naming_it() {
-    let err = main(args(&["--prefix-load-factor", "0.5"])).unwrap_err().to_string();
-    assert!(err.contains("--prefix-load-factor") && err.contains("not 0.5"), "{err}");
-}
-
-#[test]
-fn a_bad_prefix_lifetime_is_refused_naming_it() {
-    let err = main(args(&["--prefix-ttl-s", "0"])).unwrap_err().to_string();
-    assert!(err.contains("--prefix-ttl-s") && err.contains("not 0"), "{err}");
 }
