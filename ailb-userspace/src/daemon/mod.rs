@@ -337,7 +337,7 @@ impl Daemon {
                     if filter.is_some() && due && rebuild.as_ref().is_none_or(|r| r.is_finished()) {
                         since_rebuild = 0;
                         let dir = self.writer.maps().dir.clone();
-                        rebuild = Some(tokio::task::spawn_blocking(move || rebuild_filter(&dir, fill)));
+                        rebuild = Some(tokio::task::spawn_blocking(move || sweep_prefix_map(&dir, fill)));
                     }
                 }
                 _ = term.recv() => break,
@@ -366,7 +366,7 @@ const FILTER_REBUILD_MIN_TICKS: u64 = 5;
 /// filter from the keys left (its bits were `fill` set): [`PrefixMap::sweep`].
 ///
 /// [`PrefixMap::sweep`]: crate::datapath::prefix::PrefixMap::sweep
-fn rebuild_filter(dir: &std::path::Path, fill: f64) {
+fn sweep_prefix_map(dir: &std::path::Path, fill: f64) {
     let mut map = match crate::datapath::prefix::PrefixMap::open(dir) {
         Ok(map) => map,
         Err(e) => {

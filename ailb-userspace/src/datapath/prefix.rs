@@ -108,11 +108,6 @@ impl PrefixMap {
         })
     }
 
-    /// Rebuilds the filter from the map's keys ([`PrefixFilter::rebuild`]); returns the keys.
-    pub fn rebuild_filter(&self) -> usize {
-        self.filter.rebuild(self.map.keys().filter_map(Result::ok).map(|k| (k.model, k.key)))
-    }
-
     /// Removes the entries none of whose holders counts at `now_ns` (`CLOCK_MONOTONIC`): learnt,
     /// or evicted by their engine, longer ago than their model's `prefix_ttl`, or naming no
     /// backend ([`PrefixHolders::any_fresh`]), and rebuilds the filter from the keys left, in

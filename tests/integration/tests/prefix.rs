@@ -129,8 +129,10 @@ fn tenants_stay_where_their_prompt_prefix_is_cached() {
     // The removed blocks still test positive in the filter until it is rebuilt from the map
     // (the daemon's housekeeping does it every 30 s): rebuilt, a connect of a tenant whose
     // holder left looks nothing up, and the others look up one key each.
-    let map = ailb_userspace::datapath::prefix::PrefixMap::open(daemon.bpffs()).expect("open the pinned prefix map");
-    assert_eq!(map.rebuild_filter() as u64, left, "the rebuild adds every key of the map");
+    let mut map =
+        ailb_userspace::datapath::prefix::PrefixMap::open(daemon.bpffs()).expect("open the pinned prefix map");
+    let swept = map.sweep(ailb_userspace::datapath::monotonic_ns()).expect("sweep and rebuild");
+    assert_eq!((swept.kept as u64, swept.removed), (left, 0), "the rebuild adds every key of the map");
     let before = prefix_status(&daemon);
     let again = client.connect(Some(&cg), &ConnectOpts::new(VIP, TENANTS).tenants(TENANTS, PROMPT_BYTES));
     assert_all_ok(&again, "after the rebuild");

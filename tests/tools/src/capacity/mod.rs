@@ -97,6 +97,9 @@ pub struct Args {
     pub prefix_ttl_s: f64,
 }
 
+/// ailb's load bound factor in the model (the daemon's default `load_factor`).
+const AILB_LOAD_FACTOR: f64 = 1.25;
+
 /// A placement's tail grows by less than this when the run is twice as long: stable.
 const STABLE_GROWTH: f64 = 1.25;
 
@@ -136,7 +139,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let placements = [
         Placement::RoundRobin,
         Placement::LeastConnections,
-        Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25, affinity_wait_s: args.affinity_wait_s },
+        Placement::Ailb {
+            a100_weight: args.a100_weight,
+            load_factor: AILB_LOAD_FACTOR,
+            affinity_wait_s: args.affinity_wait_s,
+        },
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];

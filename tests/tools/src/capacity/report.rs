@@ -199,11 +199,14 @@ pub(super) fn windows(md: &mut String, tr: &Workload, args: &Args, loads: &[f64]
 pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
     let profiles = fleet_profiles(args.a100, args.rtx3090);
     let n = args.prefix_seeds;
-    let plain =
-        Placement::Ailb { a100_weight: args.a100_weight, load_factor: 1.25, affinity_wait_s: args.affinity_wait_s };
+    let plain = Placement::Ailb {
+        a100_weight: args.a100_weight,
+        load_factor: super::AILB_LOAD_FACTOR,
+        affinity_wait_s: args.affinity_wait_s,
+    };
     let prefixed = Placement::AilbPrefix {
         a100_weight: args.a100_weight,
-        load_factor: 1.25,
+        load_factor: super::AILB_LOAD_FACTOR,
         affinity_wait_s: args.affinity_wait_s,
         prefix_load_factor: args.prefix_load_factor,
         prefix_ttl_s: args.prefix_ttl_s,
@@ -291,10 +294,9 @@ impl Ratios {
     /// "median, geometric mean, of the sums", each as `0.00x`.
     fn summary(&self) -> String {
         let r = self.ratios();
-        if r.is_empty() {
+        let Some(median) = crate::frontdoor::report::median(&r) else {
             return "none".into();
-        }
-        let median = if r.len() % 2 == 1 { r[r.len() / 2] } else { (r[r.len() / 2 - 1] + r[r.len() / 2]) / 2.0 };
+        };
         let geo = (r.iter().map(|x| x.ln()).sum::<f64>() / r.len() as f64).exp();
         let sums = self.pairs.iter().map(|p| p.0).sum::<f64>() / self.pairs.iter().map(|p| p.1).sum::<f64>();
         format!("{median:.2}x, {geo:.2}x, {sums:.2}x")

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::super::outcome::Outcome;
 use super::super::policy::Policy;
 use super::{mean, ratio, x};
+use crate::frontdoor::report::median;
 
 /// What this section reads of one policy's outcome on one seed.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,18 +97,6 @@ pub fn section(s: &mut String, runs: &[(u64, &[Versus])]) {
             ttft.len(),
             x(mean(&cache))
         );
-    }
-}
-
-/// The median of `v` (the mean of the middle two for an even count); `None` when empty.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
