@@ -43,12 +43,31 @@ pub enum Placement {
     /// `ailb-prefix` runs it: each request carries the text keys its socket would send
     /// ([`RequestSpec::socket_prefix_keys`]), the pick tries the holders of its longest prefix
     /// learnt (their load bound `prefix_load_factor`) and places the rest by that prefix, and
-    /// each pick records its keys for the backend chosen, counted for `prefix_ttl_s`.
-    AilbPrefix { a100_weight: u32, load_factor: f64, affinity_wait_s: f64, prefix_load_factor: f64, prefix_ttl_s: f64 },
+    /// each pick records its keys for the backend chosen, counted for `prefix_ttl_s`, or with
+    /// `ttl_from_fill` for [`fill_time_lifetime`] (at most `prefix_ttl_s`), sampled once a
+    /// simulated second.
+    AilbPrefix {
+        a100_weight: u32,
+        load_factor: f64,
+        affinity_wait_s: f64,
+        prefix_load_factor: f64,
+        prefix_ttl_s: f64,
+        ttl_from_fill: bool,
+    },
     /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
     /// (it needs every server's exact queue and future); it shows what placement alone can do.
     EarliestFinish,
+    /// SMG's `cache_aware` policy as `ailb-compare`'s `smg-cache-aware` runs it over HTTP, from
+    /// its source: when the router's in-flight counts are imbalanced (max - min above
+    /// `balance_abs` and max above `balance_rel` x min) the least loaded GPU; otherwise the GPU
+    /// its approximate tree matched the longest run of the prompt's text to, if that run is over
+    /// `cache_threshold` of the prompt, else the least loaded. Every pick inserts the prompt into
+    /// the chosen GPU's tree, which is never evicted here (SMG evicts by size, far above what a
+    /// run inserts). The tree is kept in [`TEXT_CHUNK_BYTES`](ailb_common::prefix::TEXT_CHUNK_BYTES)
+    /// chunks rather than characters, and of the GPUs holding the longest run the one that last
+    /// got it is taken (SMG's tree names one of them by its own order).
+    SmgCacheAware { balance_abs: u64, balance_rel: f64, cache_threshold: f64 },
     /// The prefix-cache oracle: every request goes to the GPU that holds the longest
     /// cached run of its prompt's leading blocks, counting only blocks of its own conversation
     /// (a later turn returns to its conversation's cache wherever it still is), ties (and
@@ -64,6 +83,7 @@ impl Placement {
             Placement::LeastConnections => "least connections".into(),
             Placement::Ailb { .. } => "ailb (kernel pick)".into(),
             Placement::AilbPrefix { .. } => "ailb, prefix approximate (kernel pick)".into(),
+            Placement::SmgCacheAware { .. } => "SMG cache-aware (modelled)".into(),
             Placement::EarliestFinish => "earliest finish (clairvoyant bound)".into(),
             Placement::CacheOracle => "prefix-cache oracle".into(),
         }
@@ -144,7 +164,14 @@ impl Kernel {
             Placement::Ailb { a100_weight, load_factor, affinity_wait_s } => {
                 Some(Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s))
             }
-            Placement::AilbPrefix { a100_weight, load_factor, affinity_wait_s, prefix_load_factor, prefix_ttl_s } => {
+            Placement::AilbPrefix {
+                a100_weight,
+                load_factor,
+                affinity_wait_s,
+                prefix_load_factor,
+                prefix_ttl_s,
+                ..
+            } => {
                 let mut k = Kernel::new(profiles, a100_weight, load_factor, affinity_wait_s);
                 k.state.flags |= MODEL_PREFIX_LEARN;
                 k.state.prefix_ttl_ns = ns(prefix_ttl_s);
@@ -282,9 +309,19 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
     let mut kernel = Kernel::for_placement(profiles, placement);
     let shared = shared_blocks(specs);
     let mut turns = Turns::default();
+    let mut smg_tree = SmgTree::default();
+    let mut fill = match placement {
+        Placement::AilbPrefix { ttl_from_fill: true, prefix_ttl_s, .. } => Some(FillClock::new(profiles, prefix_ttl_s)),
+        _ => None,
+    };
     for (i, spec) in specs.iter().enumerate() {
         let now = spec.at_ms as f64 / 1000.0 / load;
         fleet.advance(now);
+        if let (Some(f), Some(k)) = (fill.as_mut(), kernel.as_mut()) {
+            if let Some(ttl_s) = f.sample(&fleet.gpus, now) {
+                k.state.prefix_ttl_ns = ns(ttl_s);
+            }
+        }
         fleet.arrive[i] = now;
         let req = SimRequest {
             prompt_tokens: spec.prompt_tokens as u64,
@@ -297,6 +334,12 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
             Placement::LeastConnections => fleet.least_connections(),
             Placement::EarliestFinish => fleet.earliest_finish(&req, now),
             Placement::CacheOracle => fleet.cache_oracle(&req, now, &shared),
+            Placement::SmgCacheAware { balance_abs, balance_rel, cache_threshold } => {
+                let least = fleet.least_connections();
+                let (min, max) = (fleet.inflight[least], fleet.inflight.iter().copied().max().unwrap_or(0));
+                let imbalanced = max.saturating_sub(min) > balance_abs && max as f64 > balance_rel * min as f64;
+                smg_tree.pick(spec, i as u64, least, (!imbalanced).then_some(cache_threshold))
+            }
             Placement::Ailb { .. } | Placement::AilbPrefix { .. } => {
                 let Some(gpu) = fleet.kernel_pick(kernel.as_mut().expect("built for ailb"), i, spec, now) else {
                     fleet.outcomes[i] = Outcome { gpu: usize::MAX, failed: true, ..Default::default() };
@@ -311,6 +354,99 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
     }
     fleet.advance(f64::INFINITY);
     fleet.result(&turns)
+}
+
+/// The lifetime of a learnt prefix by the fill-time rule: the longest time any GPU's KV cache
+/// takes to fill with the prompt tokens it is sent (`(capacity in tokens, prompt tokens per
+/// second)` per GPU), at most `cap_s`; `cap_s` while no GPU is sent any. An LRU cache keeps a
+/// prompt nobody asks for again until its capacity of other tokens came in after it, so a
+/// learnt holder counts about as long as the cache that keeps prompts longest would still hold
+/// the prompt; a smaller cache's holders may mislead for the difference, as they do under any
+/// one lifetime per model. Counting every prompt token, cached or not, keeps the rule from
+/// feeding on itself: a shorter lifetime that cost cache hits would otherwise raise the rate
+/// of new tokens and shorten the lifetime again.
+pub fn fill_time_lifetime(caches: impl IntoIterator<Item = (f64, f64)>, cap_s: f64) -> f64 {
+    caches
+        .into_iter()
+        .filter(|&(capacity, rate)| capacity > 0.0 && rate > 0.0)
+        .map(|(capacity, rate)| capacity / rate)
+        .max_by(f64::total_cmp)
+        .map_or(cap_s, |fill| fill.min(cap_s))
+}
+
+/// The fill-time rule's sampler: once a simulated second, each GPU's prompt tokens per second
+/// since the last sample, smoothed over [`FillClock::SMOOTH_S`] (an exponential average), as an
+/// agent scraping the engine's prompt-token counter would report it. A prompt is thousands of
+/// tokens at once, so a second's rate alone jumps from nothing to a cache-filling rate.
+struct FillClock {
+    cap_s: f64,
+    last_s: f64,
+    last_tokens: Vec<u64>,
+    rate: Vec<Option<f64>>,
+    capacity: Vec<f64>,
+}
+
+impl FillClock {
+    const SMOOTH_S: f64 = 30.0;
+
+    fn new(profiles: &[GpuProfile], cap_s: f64) -> Self {
+        FillClock {
+            cap_s,
+            last_s: 0.0,
+            last_tokens: vec![0; profiles.len()],
+            rate: vec![None; profiles.len()],
+            capacity: profiles.iter().map(|p| (p.kv_blocks() * crate::gpu::BLOCK_TOKENS) as f64).collect(),
+        }
+    }
+
+    /// The lifetime at `now`, once a second has passed since the last sample.
+    fn sample(&mut self, gpus: &[Gpu], now: f64) -> Option<f64> {
+        let dt = now - self.last_s;
+        if dt < 1.0 {
+            return None;
+        }
+        for (g, gpu) in gpus.iter().enumerate() {
+            let tokens = gpu.counters().prefix_query_tokens;
+            let r = tokens.saturating_sub(self.last_tokens[g]) as f64 / dt;
+            self.last_tokens[g] = tokens;
+            let alpha = 1.0 - (-dt / Self::SMOOTH_S).exp();
+            self.rate[g] = Some(self.rate[g].map_or(r, |p| p + alpha * (r - p)));
+        }
+        self.last_s = now;
+        let caches = self.capacity.iter().zip(&self.rate).map(|(c, r)| (*c, r.unwrap_or(0.0)));
+        Some(fill_time_lifetime(caches, self.cap_s))
+    }
+}
+
+/// [`Placement::SmgCacheAware`]'s approximate tree: each chained text key of a prompt inserted
+/// -> the GPUs it was inserted for, each with the pick that last inserted it.
+#[derive(Default)]
+struct SmgTree {
+    holders: HashMap<u64, Vec<(usize, u64)>>,
+}
+
+impl SmgTree {
+    /// The GPU for pick `seq` of `spec`: with `cache_threshold` (the fleet is balanced), the
+    /// GPU matched to the longest leading run of the prompt's keys when that run is over the
+    /// threshold, else `least`; then the prompt is inserted for the GPU chosen.
+    fn pick(&mut self, spec: &RequestSpec, seq: u64, least: usize, cache_threshold: Option<f64>) -> usize {
+        let keys = ailb_common::prefix::text_keys(spec.prompt().as_bytes());
+        let matched = keys.iter().take_while(|k| self.holders.contains_key(k)).count();
+        let gpu = match (cache_threshold, matched.checked_sub(1)) {
+            (Some(t), Some(last)) if matched as f64 / keys.len() as f64 > t => {
+                self.holders[&keys[last]].iter().max_by_key(|(_, at)| *at).map_or(least, |(g, _)| *g)
+            }
+            _ => least,
+        };
+        for k in keys {
+            let v = self.holders.entry(k).or_default();
+            match v.iter_mut().find(|(g, _)| *g == gpu) {
+                Some(e) => e.1 = seq,
+                None => v.push((gpu, seq)),
+            }
+        }
+        gpu
+    }
 }
 
 /// Which GPU served each conversation's last turn, and how many later turns went to the same.

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeSet;
 
 fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec {
     RequestSpec {
@@ -109,6 +110,7 @@ fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
         affinity_wait_s: 20.0,
         prefix_load_factor: 2.0,
         prefix_ttl_s: 60.0,
+        ttl_from_fill: false,
     };
     // Per tenant (its system prompt's first block): requests per GPU.
     let per_tenant = |r: &RunResult| {
@@ -136,5 +138,82 @@ fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
         "cached {:.3} with the step, {:.3} without",
         with.prefix_hit_rate,
         without.prefix_hit_rate
+    );
+}
+
+/// SMG's `cache_aware` in the model: while the fleet is balanced, a tenant's requests go where
+/// its system prompt was sent before (the match is over the threshold), so each tenant stays on
+/// one GPU; a threshold no match can pass leaves only the load path, which places exactly as
+/// least connections does.
+#[test]
+fn smg_cache_aware_follows_its_tree_while_balanced_and_the_load_otherwise() {
+    use crate::replay::shared_prefix::SharedPrefixOpts;
+    let opts = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 0.2, ..Default::default() };
+    let specs = crate::replay::shared_prefix_specs(&opts, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let profiles = fleet_profiles(0, 4);
+    let smg = Placement::SmgCacheAware { balance_abs: 16, balance_rel: 1.25, cache_threshold: 0.3 };
+    let r = run(&specs, &profiles, 1.0, smg);
+    let mut per_tenant: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+    for (s, o) in specs.iter().zip(&r.outcomes) {
+        per_tenant.entry(s.hash_ids[0]).or_default().insert(o.gpu);
+    }
+    assert_eq!(per_tenant.len(), 4, "{per_tenant:?}");
+    assert!(per_tenant.values().all(|g| g.len() == 1), "each tenant on one GPU: {per_tenant:?}");
+    assert!(r.prefix_hit_rate > 0.8, "cached {:.3}", r.prefix_hit_rate);
+
+    let never_matched = Placement::SmgCacheAware { balance_abs: 16, balance_rel: 1.25, cache_threshold: 1.0 };
+    let busy = SharedPrefixOpts { requests: 200, tenants: 4, requests_per_s: 4.0, ..Default::default() };
+    let specs = crate::replay::shared_prefix_specs(&busy, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let gpus = |r: &RunResult| r.outcomes.iter().map(|o| o.gpu).collect::<Vec<_>>();
+    let (a, b) = (run(&specs, &profiles, 1.0, never_matched), run(&specs, &profiles, 1.0, Placement::LeastConnections));
+    assert_eq!(gpus(&a), gpus(&b));
+    assert!(gpus(&a).iter().collect::<BTreeSet<_>>().len() == 4, "the load path used every GPU");
+}
+
+#[test]
+fn the_fill_time_lifetime_is_the_slowest_caches_capped() {
+    // 20,000 tokens at 2,000 a second fill in 10 s, 100,000 at 5,000 in 20 s: the slower counts.
+    assert_eq!(fill_time_lifetime([(20_000.0, 2_000.0), (100_000.0, 5_000.0)], 60.0), 20.0);
+    // A cache sent nothing says nothing; with none sent anything, the cap stands.
+    assert_eq!(fill_time_lifetime([(20_000.0, 2_000.0), (100_000.0, 0.0)], 60.0), 10.0);
+    assert_eq!(fill_time_lifetime([(20_000.0, 0.0)], 60.0), 60.0);
+    assert_eq!(fill_time_lifetime([], 60.0), 60.0);
+    assert_eq!(fill_time_lifetime([(1e9, 1.0)], 60.0), 60.0);
+}
+
+/// The fill-time lifetime on four RTX 3090s and the shared-prefix workload: where the caches
+/// take longer than the cap to fill, it is the cap and nothing changes; where every GPU is
+/// busy with tenants' prompts, the caches fill within seconds, learnt holders stop counting
+/// sooner, and the run differs.
+#[test]
+fn the_fill_time_lifetime_shortens_only_where_the_caches_turn_over() {
+    use crate::replay::shared_prefix::SharedPrefixOpts;
+    let profiles = fleet_profiles(0, 4);
+    let placement = |ttl_from_fill| Placement::AilbPrefix {
+        a100_weight: 3,
+        load_factor: 1.25,
+        affinity_wait_s: 20.0,
+        prefix_load_factor: 2.0,
+        prefix_ttl_s: 60.0,
+        ttl_from_fill,
+    };
+    let gpus = |r: &RunResult| r.outcomes.iter().map(|o| o.gpu).collect::<Vec<_>>();
+    let light = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 0.2, ..Default::default() };
+    let specs = crate::replay::shared_prefix_specs(&light, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    assert_eq!(
+        gpus(&run(&specs, &profiles, 1.0, placement(true))),
+        gpus(&run(&specs, &profiles, 1.0, placement(false)))
+    );
+
+    let busy = SharedPrefixOpts { requests: 600, tenants: 16, requests_per_s: 1.3, ..Default::default() };
+    let specs = crate::replay::shared_prefix_specs(&busy, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let (fill, fixed) = (run(&specs, &profiles, 1.0, placement(true)), run(&specs, &profiles, 1.0, placement(false)));
+    assert_ne!(gpus(&fill), gpus(&fixed));
+    eprintln!(
+        "TTFT P95 {:.2} s with the fill time, {:.2} s with 60 s; cached {:.3} / {:.3}",
+        fill.ttft_percentile(0.95),
+        fixed.ttft_percentile(0.95),
+        fill.prefix_hit_rate,
+        fixed.prefix_hit_rate
     );
 }

@@ -95,6 +95,11 @@ pub struct Args {
     /// How long a learnt prefix counts, simulated seconds (the daemon's default, 60 s).
     #[arg(long, default_value_t = 60.0)]
     pub prefix_ttl_s: f64,
+    /// A learnt prefix counts for the fill time of the largest cache (its capacity in tokens
+    /// over the prompt tokens per second it is sent, sampled each simulated second), at most
+    /// `--prefix-ttl-s`.
+    #[arg(long)]
+    pub prefix_ttl_fill: bool,
 }
 
 /// ailb's load bound factor in the model (the daemon's default `load_factor`).
@@ -144,6 +149,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             load_factor: AILB_LOAD_FACTOR,
             affinity_wait_s: args.affinity_wait_s,
         },
+        report::SMG_CACHE_AWARE,
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];

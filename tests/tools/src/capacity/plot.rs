@@ -28,6 +28,7 @@ pub fn style(placement: Placement) -> LineStyle {
         Placement::AilbPrefix { .. } => (1, Marker::Triangle),
         Placement::EarliestFinish => (4, Marker::Cross),
         Placement::CacheOracle => (2, Marker::Diamond),
+        Placement::SmgCacheAware { .. } => (6, Marker::Square),
     };
     LineStyle { color: PALETTE[color], dash: Dash::Solid, marker }
 }

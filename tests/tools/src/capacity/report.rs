@@ -210,6 +210,7 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
         affinity_wait_s: args.affinity_wait_s,
         prefix_load_factor: args.prefix_load_factor,
         prefix_ttl_s: args.prefix_ttl_s,
+        ttl_from_fill: args.prefix_ttl_fill,
     };
     let stretches = match tr {
         Workload::Trace(_) => format!("{n} stretches of {} requests spread over the trace", args.limit),
@@ -232,20 +233,33 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
         "\n## The prefix step against the same pick without it\n\n\
          ailb's kernel pick with the prefix step in approximate mode (each request carries the text keys its socket \
          sends, each pick records them for the backend chosen, a holder's load bound {}, a learnt prefix counting \
-         {} s) against the same pick without it, on {stretches}, at each load. Per stretch, each P95 with the step \
+         {}) against the same pick without it, on {stretches}, at each load. Per stretch, each P95 with the step \
          over without it; then the median and geometric mean of those ratios, the ratio of the P95s summed over the \
          stretches, the stretches at or under 1.00x and the largest ratio; and the prompt tokens from the caches, \
-         mean over the stretches, with and without.\n\n\
+         mean over the stretches, with and without. The last two columns set the step against SMG's `cache_aware` \
+         policy as the races run it (balance thresholds 16 and 1.25, cache threshold 0.3), modelled from its source \
+         on the same GPUs: TTFT P95 with the step over SMG's, and SMG's prompt tokens from the caches.\n\n\
          | load | TTFT P95 with / without: median, geometric mean, of the sums | at or under 1.00x | largest | \
-         E2E P95: median, geometric mean, of the sums | from the cache, with / without |\n\
-         |---:|---:|---:|---:|---:|---:|",
-        args.prefix_load_factor, args.prefix_ttl_s,
+         E2E P95: median, geometric mean, of the sums | from the cache, with / without | TTFT P95 with / SMG \
+         cache-aware (modelled): median, geometric mean, of the sums | SMG from the cache |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|",
+        args.prefix_load_factor,
+        if args.prefix_ttl_fill {
+            format!(
+                "the fill time of the largest cache, its capacity in tokens over the prompt tokens per second it is \
+                 sent, at most {} s",
+                args.prefix_ttl_s
+            )
+        } else {
+            format!("{} s", args.prefix_ttl_s)
+        },
     );
     for &load in &args.loads {
         let t0 = Instant::now();
         let mut ttft = Ratios::default();
         let mut e2e = Ratios::default();
-        let (mut cached_with, mut cached_without) = (0.0, 0.0);
+        let mut to_smg = Ratios::default();
+        let (mut cached_with, mut cached_without, mut cached_smg) = (0.0, 0.0, 0.0);
         for k in 0..n {
             let specs = tr.specs(k, n, args.limit);
             let with = run(&specs, &profiles, load, prefixed);
@@ -254,16 +268,21 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
             e2e.push(with.e2e_percentile(0.95), without.e2e_percentile(0.95));
             cached_with += with.prefix_hit_rate / n as f64;
             cached_without += without.prefix_hit_rate / n as f64;
+            let smg = run(&specs, &profiles, load, SMG_CACHE_AWARE);
+            to_smg.push(with.ttft_percentile(0.95), smg.ttft_percentile(0.95));
+            cached_smg += smg.prefix_hit_rate / n as f64;
         }
         let _ = writeln!(
             md,
-            "| {load} | {} | {} of {n} | {:.2}x | {} | {:.1} % / {:.1} % |",
+            "| {load} | {} | {} of {n} | {:.2}x | {} | {:.1} % / {:.1} % | {} | {:.1} % |",
             ttft.summary(),
             ttft.at_or_under_one(),
             ttft.largest(),
             e2e.summary(),
             cached_with * 100.0,
             cached_without * 100.0,
+            to_smg.summary(),
+            cached_smg * 100.0,
         );
         eprintln!(
             "ailb-fleet-model: the prefix step over {n} stretches at load {load} done ({:.1} s)",
@@ -272,7 +291,12 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
     }
 }
 
-/// Per-stretch pairs of a P95 with the prefix step and without it.
+/// SMG's `cache_aware` with the settings `ailb-compare` gives it (its balance thresholds 16 and
+/// 1.25, its default cache threshold 0.3).
+pub(super) const SMG_CACHE_AWARE: Placement =
+    Placement::SmgCacheAware { balance_abs: 16, balance_rel: 1.25, cache_threshold: 0.3 };
+
+/// Per-stretch pairs of a P95 with the prefix step and another placement's.
 #[derive(Default)]
 struct Ratios {
     pairs: Vec<(f64, f64)>,

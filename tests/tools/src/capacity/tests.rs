@@ -54,7 +54,7 @@ fn shared_prefix_stretches_are_the_workload_with_successive_seeds() {
 
 /// The prefix step's section: one row per load, the ratios of the step's P95s to the pick's
 /// without it; a tenant's requests meet where their prompt is cached, so the step reads more of
-/// the prompts from the caches.
+/// the prompts from the caches. The row ends with SMG `cache_aware` modelled on the same requests.
 #[test]
 fn the_prefix_step_section_compares_the_pick_with_and_without_it() {
     let a = Args::parse_from([
@@ -86,9 +86,12 @@ fn the_prefix_step_section_compares_the_pick_with_and_without_it() {
     let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| 0.5 |") || l.starts_with("| 1 |")).collect();
     assert_eq!(rows.len(), 2, "{md}");
     for row in rows {
-        let cached = row.rsplit('|').nth(1).expect("the cache column");
-        let (with, without) = cached.split_once('/').expect("with / without");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (with, without) = cells[6].split_once('/').expect("the cache column: with / without");
         let pct = |s: &str| s.trim().trim_end_matches('%').trim().parse::<f64>().expect("a percentage");
         assert!(pct(with) > pct(without), "{row}");
+        // SMG's cache-aware policy, modelled, on the same requests: its ratios and cache share.
+        assert_eq!(cells[7].split(", ").count(), 3, "{row}");
+        assert!((0.0..=100.0).contains(&pct(cells[8])), "{row}");
     }
 }
