@@ -44,15 +44,15 @@ pub enum Placement {
     /// ([`RequestSpec::socket_prefix_keys`]), the pick tries the holders of its longest prefix
     /// learnt (their load bound `prefix_load_factor`) and places the rest by that prefix, and
     /// each pick records its keys for the backend chosen, counted for `prefix_ttl_s`, or with
-    /// `ttl_from_fill` for [`fill_time_lifetime`] (at most `prefix_ttl_s`), sampled once a
-    /// simulated second.
+    /// `ttl_fill_factor` for that factor times [`fill_time_lifetime`] (at most `prefix_ttl_s`),
+    /// sampled once a simulated second.
     AilbPrefix {
         a100_weight: u32,
         load_factor: f64,
         affinity_wait_s: f64,
         prefix_load_factor: f64,
         prefix_ttl_s: f64,
-        ttl_from_fill: bool,
+        ttl_fill_factor: Option<f64>,
     },
     /// Clairvoyant greedy bound: the GPU where this request would finish first if nothing
     /// else arrived (the model of every GPU is run forward). Not implementable by a balancer
@@ -311,7 +311,9 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
     let mut turns = Turns::default();
     let mut smg_tree = SmgTree::default();
     let mut fill = match placement {
-        Placement::AilbPrefix { ttl_from_fill: true, prefix_ttl_s, .. } => Some(FillClock::new(profiles, prefix_ttl_s)),
+        Placement::AilbPrefix { ttl_fill_factor: Some(factor), prefix_ttl_s, .. } => {
+            Some(FillClock::new(profiles, prefix_ttl_s, factor))
+        }
         _ => None,
     };
     for (i, spec) in specs.iter().enumerate() {
@@ -380,6 +382,7 @@ pub fn fill_time_lifetime(caches: impl IntoIterator<Item = (f64, f64)>, cap_s: f
 /// tokens at once, so a second's rate alone jumps from nothing to a cache-filling rate.
 struct FillClock {
     cap_s: f64,
+    factor: f64,
     last_s: f64,
     last_tokens: Vec<u64>,
     rate: Vec<Option<f64>>,
@@ -389,9 +392,10 @@ struct FillClock {
 impl FillClock {
     const SMOOTH_S: f64 = 30.0;
 
-    fn new(profiles: &[GpuProfile], cap_s: f64) -> Self {
+    fn new(profiles: &[GpuProfile], cap_s: f64, factor: f64) -> Self {
         FillClock {
             cap_s,
+            factor,
             last_s: 0.0,
             last_tokens: vec![0; profiles.len()],
             rate: vec![None; profiles.len()],
@@ -414,7 +418,7 @@ impl FillClock {
         }
         self.last_s = now;
         let caches = self.capacity.iter().zip(&self.rate).map(|(c, r)| (*c, r.unwrap_or(0.0)));
-        Some(fill_time_lifetime(caches, self.cap_s))
+        Some(fill_time_lifetime(caches.map(|(c, r)| (c * self.factor, r)), self.cap_s))
     }
 }
 

@@ -110,7 +110,7 @@ fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
         affinity_wait_s: 20.0,
         prefix_load_factor: 2.0,
         prefix_ttl_s: 60.0,
-        ttl_from_fill: false,
+        ttl_fill_factor: None,
     };
     // Per tenant (its system prompt's first block): requests per GPU.
     let per_tenant = |r: &RunResult| {
@@ -189,13 +189,13 @@ fn the_fill_time_lifetime_is_the_slowest_caches_capped() {
 fn the_fill_time_lifetime_shortens_only_where_the_caches_turn_over() {
     use crate::replay::shared_prefix::SharedPrefixOpts;
     let profiles = fleet_profiles(0, 4);
-    let placement = |ttl_from_fill| Placement::AilbPrefix {
+    let placement = |fill: bool| Placement::AilbPrefix {
         a100_weight: 3,
         load_factor: 1.25,
         affinity_wait_s: 20.0,
         prefix_load_factor: 2.0,
         prefix_ttl_s: 60.0,
-        ttl_from_fill,
+        ttl_fill_factor: fill.then_some(1.0),
     };
     let gpus = |r: &RunResult| r.outcomes.iter().map(|o| o.gpu).collect::<Vec<_>>();
     let light = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 0.2, ..Default::default() };

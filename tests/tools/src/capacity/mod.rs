@@ -100,6 +100,9 @@ pub struct Args {
     /// `--prefix-ttl-s`.
     #[arg(long)]
     pub prefix_ttl_fill: bool,
+    /// With `--prefix-ttl-fill`: the lifetime is this many times the fill time.
+    #[arg(long, default_value_t = 1.0)]
+    pub prefix_ttl_fill_factor: f64,
 }
 
 /// ailb's load bound factor in the model (the daemon's default `load_factor`).
@@ -118,6 +121,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     }
     if !(args.prefix_ttl_s > 0.0 && args.prefix_ttl_s.is_finite()) {
         bail!("--prefix-ttl-s must be a finite number of seconds above 0, not {}", args.prefix_ttl_s);
+    }
+    if !(args.prefix_ttl_fill_factor > 0.0 && args.prefix_ttl_fill_factor.is_finite()) {
+        bail!("--prefix-ttl-fill-factor must be a finite number above 0, not {}", args.prefix_ttl_fill_factor);
     }
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         bail!("--rate must be a positive number of conversations per second, not {}", args.rate);
