@@ -17,6 +17,30 @@ fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec 
     }
 }
 
+/// `requests` of the shared-prefix workload: `tenants` system prompts, `per_s` requests a second.
+fn tenants_specs(requests: usize, tenants: usize, per_s: f64) -> Vec<RequestSpec> {
+    let opts = crate::replay::shared_prefix::SharedPrefixOpts {
+        requests,
+        tenants,
+        requests_per_s: per_s,
+        ..Default::default()
+    };
+    crate::replay::shared_prefix_specs(&opts, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m")
+}
+
+/// ailb's pick with the prefix step as the daemon's defaults set it, the lifetime from the fill
+/// time (that factor) where given.
+fn ailb_prefix(ttl_fill_factor: Option<f64>) -> Placement {
+    Placement::AilbPrefix {
+        a100_weight: 3,
+        load_factor: 1.25,
+        affinity_wait_s: 20.0,
+        prefix_load_factor: 2.0,
+        prefix_ttl_s: 60.0,
+        ttl_fill_factor,
+    }
+}
+
 /// One request alone on one A100: TTFT is its prefill, E2E adds `out - 1` decode steps.
 #[test]
 fn a_lone_request_takes_prefill_plus_decode() {
@@ -99,19 +123,10 @@ fn cache_oracle_returns_to_the_cached_prefix() {
 /// and every tenant spreads over the fleet, prefilling its prompt on each GPU.
 #[test]
 fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
-    use crate::replay::shared_prefix::SharedPrefixOpts;
-    let opts = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 1.0, ..Default::default() };
-    let specs = crate::replay::shared_prefix_specs(&opts, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let specs = tenants_specs(120, 4, 1.0);
     let profiles = fleet_profiles(0, 4);
     let plain = Placement::Ailb { a100_weight: 3, load_factor: 1.25, affinity_wait_s: 20.0 };
-    let prefixed = Placement::AilbPrefix {
-        a100_weight: 3,
-        load_factor: 1.25,
-        affinity_wait_s: 20.0,
-        prefix_load_factor: 2.0,
-        prefix_ttl_s: 60.0,
-        ttl_fill_factor: None,
-    };
+    let prefixed = ailb_prefix(None);
     // Per tenant (its system prompt's first block): requests per GPU.
     let per_tenant = |r: &RunResult| {
         let mut m: BTreeMap<u64, BTreeMap<usize, usize>> = BTreeMap::new();
@@ -147,9 +162,7 @@ fn the_prefix_step_keeps_a_tenant_where_its_prompt_is_cached() {
 /// least connections does.
 #[test]
 fn smg_cache_aware_follows_its_tree_while_balanced_and_the_load_otherwise() {
-    use crate::replay::shared_prefix::SharedPrefixOpts;
-    let opts = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 0.2, ..Default::default() };
-    let specs = crate::replay::shared_prefix_specs(&opts, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let specs = tenants_specs(120, 4, 0.2);
     let profiles = fleet_profiles(0, 4);
     let smg = Placement::SmgCacheAware { balance_abs: 16, balance_rel: 1.25, cache_threshold: 0.3 };
     let r = run(&specs, &profiles, 1.0, smg);
@@ -162,8 +175,7 @@ fn smg_cache_aware_follows_its_tree_while_balanced_and_the_load_otherwise() {
     assert!(r.prefix_hit_rate > 0.8, "cached {:.3}", r.prefix_hit_rate);
 
     let never_matched = Placement::SmgCacheAware { balance_abs: 16, balance_rel: 1.25, cache_threshold: 1.0 };
-    let busy = SharedPrefixOpts { requests: 200, tenants: 4, requests_per_s: 4.0, ..Default::default() };
-    let specs = crate::replay::shared_prefix_specs(&busy, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let specs = tenants_specs(200, 4, 4.0);
     let gpus = |r: &RunResult| r.outcomes.iter().map(|o| o.gpu).collect::<Vec<_>>();
     let (a, b) = (run(&specs, &profiles, 1.0, never_matched), run(&specs, &profiles, 1.0, Placement::LeastConnections));
     assert_eq!(gpus(&a), gpus(&b));
@@ -187,26 +199,16 @@ fn the_fill_time_lifetime_is_the_slowest_caches_capped() {
 /// sooner, and the run differs.
 #[test]
 fn the_fill_time_lifetime_shortens_only_where_the_caches_turn_over() {
-    use crate::replay::shared_prefix::SharedPrefixOpts;
     let profiles = fleet_profiles(0, 4);
-    let placement = |fill: bool| Placement::AilbPrefix {
-        a100_weight: 3,
-        load_factor: 1.25,
-        affinity_wait_s: 20.0,
-        prefix_load_factor: 2.0,
-        prefix_ttl_s: 60.0,
-        ttl_fill_factor: fill.then_some(1.0),
-    };
+    let placement = |fill: bool| ailb_prefix(fill.then_some(1.0));
     let gpus = |r: &RunResult| r.outcomes.iter().map(|o| o.gpu).collect::<Vec<_>>();
-    let light = SharedPrefixOpts { requests: 120, tenants: 4, requests_per_s: 0.2, ..Default::default() };
-    let specs = crate::replay::shared_prefix_specs(&light, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let specs = tenants_specs(120, 4, 0.2);
     assert_eq!(
         gpus(&run(&specs, &profiles, 1.0, placement(true))),
         gpus(&run(&specs, &profiles, 1.0, placement(false)))
     );
 
-    let busy = SharedPrefixOpts { requests: 600, tenants: 16, requests_per_s: 1.3, ..Default::default() };
-    let specs = crate::replay::shared_prefix_specs(&busy, crate::replay::trace::DEFAULT_KV_MB_PER_TOKEN, "m");
+    let specs = tenants_specs(600, 16, 1.3);
     let (fill, fixed) = (run(&specs, &profiles, 1.0, placement(true)), run(&specs, &profiles, 1.0, placement(false)));
     assert_ne!(gpus(&fill), gpus(&fixed));
     eprintln!(
