@@ -366,7 +366,8 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
 /// the prompt; a smaller cache's holders may mislead for the difference, as they do under any
 /// one lifetime per model. Counting every prompt token, cached or not, keeps the rule from
 /// feeding on itself: a shorter lifetime that cost cache hits would otherwise raise the rate
-/// of new tokens and shorten the lifetime again.
+/// of new tokens and shorten the lifetime again. It undercounts where many of those tokens are
+/// hits, which evict nothing (the default fleet's A100s on the shared-prefix workload).
 pub fn fill_time_lifetime(caches: impl IntoIterator<Item = (f64, f64)>, cap_s: f64) -> f64 {
     caches
         .into_iter()
@@ -417,8 +418,9 @@ impl FillClock {
             self.rate[g] = Some(self.rate[g].map_or(r, |p| p + alpha * (r - p)));
         }
         self.last_s = now;
-        let caches = self.capacity.iter().zip(&self.rate).map(|(c, r)| (*c, r.unwrap_or(0.0)));
-        Some(fill_time_lifetime(caches.map(|(c, r)| (c * self.factor, r)), self.cap_s))
+        // `factor` x the fill time: the fill time of `factor` x each capacity.
+        let caches = self.capacity.iter().zip(&self.rate).map(|(c, r)| (c * self.factor, r.unwrap_or(0.0)));
+        Some(fill_time_lifetime(caches, self.cap_s))
     }
 }
 

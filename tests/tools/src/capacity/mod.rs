@@ -10,7 +10,8 @@
 //!                  [--a100-weight 3] [--windows 10]
 //!                  [--trace PATH | --synthetic [--rate R] [--seed S]
 //!                   | --shared-prefix [--tenants 24] [--system-blocks 12] [--question-blocks 1] [--rate R] [--seed S]]
-//!                  [--prefix-seeds N [--prefix-load-factor 2] [--prefix-ttl-s 60]]
+//!                  [--prefix-seeds N [--prefix-load-factor 2] [--prefix-ttl-s 60]
+//!                   [--prefix-ttl-fill [--prefix-ttl-fill-factor 1]]]
 //!                  [--out FILE.md] [--svg FILE.svg]
 //! ```
 
@@ -96,8 +97,8 @@ pub struct Args {
     #[arg(long, default_value_t = 60.0)]
     pub prefix_ttl_s: f64,
     /// A learnt prefix counts for the fill time of the largest cache (its capacity in tokens
-    /// over the prompt tokens per second it is sent, sampled each simulated second), at most
-    /// `--prefix-ttl-s`.
+    /// over the prompt tokens per second it is sent, sampled each simulated second and smoothed
+    /// over 30 s), at most `--prefix-ttl-s`. An experiment: the daemon does not do this.
     #[arg(long)]
     pub prefix_ttl_fill: bool,
     /// With `--prefix-ttl-fill`: the lifetime is this many times the fill time.
@@ -155,7 +156,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             load_factor: AILB_LOAD_FACTOR,
             affinity_wait_s: args.affinity_wait_s,
         },
-        report::SMG_CACHE_AWARE,
+        report::smg_cache_aware(),
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];

@@ -139,6 +139,13 @@ pub fn missing(policy: Policy, venv: &Path) -> Option<String> {
     })
 }
 
+/// What `smg-cache-aware` (and SMG with KV events) sets beyond SMG's defaults (the module docs
+/// say why). `ailb-fleet-model` models the same policy from these.
+pub const SMG_CACHE_AWARE_TUNING: &[&str] = &["--balance-abs-threshold", "16", "--balance-rel-threshold", "1.25"];
+
+/// SMG `cache_aware`'s default cache threshold, which `smg-cache-aware` keeps.
+pub const SMG_DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
+
 /// The command line of `policy`'s router on `listen`, with its Prometheus endpoint on
 /// `metrics`, in front of `workers` (URLs).
 pub fn args(policy: Policy, listen: SocketAddrV4, metrics: SocketAddrV4, workers: &[String]) -> Vec<String> {
@@ -146,12 +153,7 @@ pub fn args(policy: Policy, listen: SocketAddrV4, metrics: SocketAddrV4, workers
     let (sub, kind, log, tuning): (_, _, _, &[&str]) = match policy {
         Policy::SglangCacheAware => (Some("launch"), "cache_aware", "warn", &[]),
         Policy::SglangRoundRobin => (Some("launch"), "round_robin", "warn", &[]),
-        Policy::SmgCacheAware | Policy::SmgKvEvents => (
-            Some("launch"),
-            "cache_aware",
-            "warn",
-            &["--balance-abs-threshold", "16", "--balance-rel-threshold", "1.25"],
-        ),
+        Policy::SmgCacheAware | Policy::SmgKvEvents => (Some("launch"), "cache_aware", "warn", SMG_CACHE_AWARE_TUNING),
         Policy::SmgPrefixHash => (Some("launch"), "prefix_hash", "warn", &["--prefix-token-count", "1024"]),
         Policy::SmgLeastLoad => (Some("launch"), "least_load", "warn", &[]),
         Policy::VllmCacheAware => (None, "cache_aware", "warning", &[]),
