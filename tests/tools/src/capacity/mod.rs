@@ -156,7 +156,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             load_factor: AILB_LOAD_FACTOR,
             affinity_wait_s: args.affinity_wait_s,
         },
-        report::smg_cache_aware(),
+        report::SMG_CACHE_AWARE,
         Placement::EarliestFinish,
         Placement::CacheOracle,
     ];

@@ -10,7 +10,7 @@ use ailb_sim::GpuProfile;
 
 use super::plot::Curve;
 use super::{Args, Workload, STABLE_GROWTH};
-use crate::compare::peers::{SMG_CACHE_AWARE_TUNING, SMG_DEFAULT_CACHE_THRESHOLD};
+use crate::compare::peers::{SMG_BALANCE_ABS, SMG_BALANCE_REL, SMG_DEFAULT_CACHE_THRESHOLD};
 
 /// The title and how to read the table, for `short` requests (and `long` for the stability
 /// check).
@@ -238,7 +238,8 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
          over without it; then the median and geometric mean of those ratios, the ratio of the P95s summed over the \
          stretches, the stretches at or under 1.00x and the largest ratio; and the prompt tokens from the caches, \
          mean over the stretches, with and without. The last two columns set the step against SMG's `cache_aware` \
-         policy as the races run it ({}), modelled from its source on the same GPUs: TTFT P95 with the step over \
+         policy as the races run it (balance thresholds {SMG_BALANCE_ABS} and {SMG_BALANCE_REL}, cache threshold \
+         {SMG_DEFAULT_CACHE_THRESHOLD}), modelled from its source on the same GPUs: TTFT P95 with the step over \
          SMG's, and SMG's prompt tokens from the caches.\n\n\
          | load | TTFT P95 with / without: median, geometric mean, of the sums | at or under 1.00x | largest | \
          E2E P95: median, geometric mean, of the sums | from the cache, with / without | TTFT P95 with / SMG \
@@ -253,10 +254,6 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
             )
         } else {
             format!("{} s", args.prefix_ttl_s)
-        },
-        {
-            let (abs, rel, threshold) = smg_settings();
-            format!("balance thresholds {abs} and {rel}, cache threshold {threshold}")
         },
     );
     for &load in &args.loads {
@@ -273,7 +270,7 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
             e2e.push(with.e2e_percentile(0.95), without.e2e_percentile(0.95));
             cached_with += with.prefix_hit_rate / n as f64;
             cached_without += without.prefix_hit_rate / n as f64;
-            let smg = run(&specs, &profiles, load, smg_cache_aware());
+            let smg = run(&specs, &profiles, load, SMG_CACHE_AWARE);
             to_smg.push(with.ttft_percentile(0.95), smg.ttft_percentile(0.95));
             cached_smg += smg.prefix_hit_rate / n as f64;
         }
@@ -296,25 +293,12 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
     }
 }
 
-/// SMG `cache_aware`'s settings as `ailb-compare` runs it: the balance thresholds of its command
-/// line ([`SMG_CACHE_AWARE_TUNING`], absolute and relative) and SMG's default cache threshold.
-fn smg_settings() -> (u64, f64, f64) {
-    let value = |flag: &str| {
-        let i = SMG_CACHE_AWARE_TUNING.iter().position(|a| *a == flag).expect("the flag is in the tuning");
-        SMG_CACHE_AWARE_TUNING[i + 1]
-    };
-    (
-        value("--balance-abs-threshold").parse().expect("a whole number"),
-        value("--balance-rel-threshold").parse().expect("a number"),
-        SMG_DEFAULT_CACHE_THRESHOLD,
-    )
-}
-
-/// SMG's `cache_aware` in the model, with [`smg_settings`].
-pub(super) fn smg_cache_aware() -> Placement {
-    let (balance_abs, balance_rel, cache_threshold) = smg_settings();
-    Placement::SmgCacheAware { balance_abs, balance_rel, cache_threshold }
-}
+/// SMG's `cache_aware` in the model, with the settings `ailb-compare` gives it.
+pub(super) const SMG_CACHE_AWARE: Placement = Placement::SmgCacheAware {
+    balance_abs: SMG_BALANCE_ABS,
+    balance_rel: SMG_BALANCE_REL,
+    cache_threshold: SMG_DEFAULT_CACHE_THRESHOLD,
+};
 
 /// Per-stretch pairs of a P95 with the prefix step and another placement's.
 #[derive(Default)]

@@ -139,9 +139,10 @@ pub fn missing(policy: Policy, venv: &Path) -> Option<String> {
     })
 }
 
-/// What `smg-cache-aware` (and SMG with KV events) sets beyond SMG's defaults (the module docs
-/// say why). `ailb-fleet-model` models the same policy from these.
-pub const SMG_CACHE_AWARE_TUNING: &[&str] = &["--balance-abs-threshold", "16", "--balance-rel-threshold", "1.25"];
+/// The balance thresholds `smg-cache-aware` (and SMG with KV events) sets, absolute and
+/// relative (the module docs say why); `ailb-fleet-model` models the same policy with them.
+pub const SMG_BALANCE_ABS: u64 = 16;
+pub const SMG_BALANCE_REL: f64 = 1.25;
 
 /// SMG `cache_aware`'s default cache threshold, which `smg-cache-aware` keeps.
 pub const SMG_DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
@@ -150,21 +151,33 @@ pub const SMG_DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
 /// `metrics`, in front of `workers` (URLs).
 pub fn args(policy: Policy, listen: SocketAddrV4, metrics: SocketAddrV4, workers: &[String]) -> Vec<String> {
     // (subcommand, policy, log level, the settings beyond the defaults: the module docs say why).
-    let (sub, kind, log, tuning): (_, _, _, &[&str]) = match policy {
-        Policy::SglangCacheAware => (Some("launch"), "cache_aware", "warn", &[]),
-        Policy::SglangRoundRobin => (Some("launch"), "round_robin", "warn", &[]),
-        Policy::SmgCacheAware | Policy::SmgKvEvents => (Some("launch"), "cache_aware", "warn", SMG_CACHE_AWARE_TUNING),
-        Policy::SmgPrefixHash => (Some("launch"), "prefix_hash", "warn", &["--prefix-token-count", "1024"]),
-        Policy::SmgLeastLoad => (Some("launch"), "least_load", "warn", &[]),
-        Policy::VllmCacheAware => (None, "cache_aware", "warning", &[]),
-        _ => (None, "consistent_hash", "warning", &[]),
+    let (sub, kind, log, tuning): (_, _, _, Vec<String>) = match policy {
+        Policy::SglangCacheAware => (Some("launch"), "cache_aware", "warn", vec![]),
+        Policy::SglangRoundRobin => (Some("launch"), "round_robin", "warn", vec![]),
+        Policy::SmgCacheAware | Policy::SmgKvEvents => (
+            Some("launch"),
+            "cache_aware",
+            "warn",
+            vec![
+                "--balance-abs-threshold".into(),
+                SMG_BALANCE_ABS.to_string(),
+                "--balance-rel-threshold".into(),
+                SMG_BALANCE_REL.to_string(),
+            ],
+        ),
+        Policy::SmgPrefixHash => {
+            (Some("launch"), "prefix_hash", "warn", vec!["--prefix-token-count".into(), "1024".into()])
+        }
+        Policy::SmgLeastLoad => (Some("launch"), "least_load", "warn", vec![]),
+        Policy::VllmCacheAware => (None, "cache_aware", "warning", vec![]),
+        _ => (None, "consistent_hash", "warning", vec![]),
     };
     let mut a: Vec<String> = sub.into_iter().map(String::from).collect();
     a.extend(["--host".into(), listen.ip().to_string(), "--port".into(), listen.port().to_string()]);
     a.push("--worker-urls".into());
     a.extend(workers.iter().cloned());
     a.extend(["--policy".into(), kind.into()]);
-    a.extend(tuning.iter().map(|t| t.to_string()));
+    a.extend(tuning);
     a.extend(["--log-level".into(), log.into()]);
     a.extend(["--prometheus-host".into(), metrics.ip().to_string(), "--prometheus-port".into()]);
     a.push(metrics.port().to_string());

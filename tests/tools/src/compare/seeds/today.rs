@@ -93,7 +93,7 @@ pub fn section(s: &mut String, runs: &[(u64, &[Versus])]) {
             p.title(),
             x(mean(&ttft)),
             x(median(&ttft)),
-            x(if both.is_empty() { None } else { sums }),
+            x(sums),
             ttft.len(),
             x(mean(&cache))
         );
