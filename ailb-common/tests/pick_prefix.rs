@@ -10,7 +10,7 @@ use ailb_common::{
     },
     prefix::{sent, text_keys},
     AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, BACKEND_LIVE, MEM_UNKNOWN, MODEL_PREFIX_EVENTS,
-    MODEL_PREFIX_LEARN, NO_CAP, PREFIX_SEEN_EXACT,
+    MODEL_PREFIX_LEARN, NO_CAP, PREFIX_SEEN_EXACT, PREFIX_TICK_SHIFT,
 };
 use proptest::prelude::*;
 
@@ -218,10 +218,47 @@ fn an_evicted_holder_counts_for_the_lifetime_and_an_exact_one_comes_first() {
     let r = f.pick_with(&f.req(), &keys, 50);
     assert_eq!((r.backend, r.outcome), (1, Outcome::Prefix), "{r:?}");
     // A precise model's query reads the model's lifetime, as an approximate model's does.
-    let view = ModelState { prefix_ttl_ns: 50 << 30, ..f.state }.view();
-    assert_eq!(PrefixQuery::for_connect(&keys, &view, (NOW as u64) << 30).ttl_ticks, 50);
-    let off = ModelState { prefix_ttl_ns: 50 << 30, flags: 0, ..f.state }.view();
+    let view = ModelState { prefix_ttl_ns: 50 << PREFIX_TICK_SHIFT, ..f.state }.view();
+    assert_eq!(PrefixQuery::for_connect(&keys, &view, (NOW as u64) << PREFIX_TICK_SHIFT).ttl_ticks, 50);
+    let off = ModelState { prefix_ttl_ns: 50 << PREFIX_TICK_SHIFT, flags: 0, ..f.state }.view();
     assert_eq!(PrefixQuery::for_connect(&keys, &off, 0).ttl_ticks, 0);
+}
+
+#[test]
+fn the_holder_recorded_most_recently_comes_before_a_less_loaded_one() {
+    let mut f = Fleet::new(4, MODEL_PREFIX_LEARN);
+    let p = prompt("Tenant whose overflow left it three holders. ", "q");
+    let all = text_keys(&p);
+    let keys = sent_keys(&p);
+    f.hold(0, &all, NOW - 30);
+    f.hold(2, &all, NOW - 3);
+    f.hold(3, &all, NOW - 12);
+    // The most recent holder is the busiest, under the holders' bound: ceil(2 * 10 / 4) = 5.
+    f.maps.inflight = vec![2, 2, 3, 2];
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome, r.prefix.usage), (2, Outcome::Prefix, PrefixUse::Used), "{r:?}");
+    // At its bound (ceil(2 * 10 / 4) = 5), the next most recent is taken, not the less
+    // loaded oldest.
+    f.maps.inflight = vec![1, 0, 6, 2];
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome), (3, Outcome::Prefix), "{r:?}");
+    // Recorded in the same tick: the less loaded.
+    f.hold(0, &all, NOW - 3);
+    f.maps.inflight = vec![2, 2, 3, 2];
+    let r = f.pick_with(&f.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome), (0, Outcome::Prefix), "{r:?}");
+    // An exact holder still comes before every learnt one, and exact ones by their load.
+    let mut g = Fleet::new(4, MODEL_PREFIX_EVENTS);
+    g.hold(1, &all, PREFIX_SEEN_EXACT);
+    g.hold(2, &all, PREFIX_SEEN_EXACT);
+    g.hold(3, &all, PREFIX_SEEN_EXACT);
+    for &k in &all {
+        assert!(g.maps.prefix.get_mut(&(MODEL, k)).expect("held").evict(3, NOW));
+    }
+    g.maps.inflight = vec![0, 1, 0, 0];
+    let r = g.pick_with(&g.req(), &keys, 50);
+    assert_eq!((r.backend, r.outcome), (2, Outcome::Prefix), "{r:?}");
+    assert!(r.prefix.exact, "{r:?}");
 }
 
 #[test]

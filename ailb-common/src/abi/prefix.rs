@@ -46,18 +46,24 @@ pub const MODEL_PREFIX_LEARN: u32 = 2;
 /// The model's prefix entries come from its engines' KV events (precise mode).
 pub const MODEL_PREFIX_EVENTS: u32 = 4;
 
-/// The clock of [`PrefixHolders::seen`]: `bpf_ktime_get_ns() >> 30`, ticks of 1.07 s. A
-/// 32-bit tick wraps after 146 years of uptime; a second's resolution is plenty for a
-/// lifetime of minutes, and it halves the entry.
+/// The shift of [`prefix_tick`]: ticks of 2^26 ns, 67.1 ms.
+pub const PREFIX_TICK_SHIFT: u32 = 26;
+
+/// The clock of [`PrefixHolders::seen`]: `bpf_ktime_get_ns() >> 26`, ticks of 67.1 ms. A
+/// 32-bit tick wraps after 9.1 years of uptime (the comparisons wrap too, and the daemon's
+/// sweep removes entries long before), and it halves the entry against a 64-bit stamp. The
+/// tick is this fine because the lifetime is set from how fast the engines' caches turn over
+/// (the fill-time rule in the daemon's policy), which on a small, busy fleet is seconds, and
+/// the holder recorded most recently is preferred among those that can take a request.
 #[inline(always)]
 pub const fn prefix_tick(now_ns: u64) -> u32 {
-    (now_ns >> 30) as u32
+    (now_ns >> PREFIX_TICK_SHIFT) as u32
 }
 
 /// A lifetime in ns as [`prefix_tick`] ticks, rounded up; 0 (no lifetime) stays 0.
 #[inline(always)]
 pub const fn prefix_ttl_ticks(ttl_ns: u64) -> u32 {
-    let t = ttl_ns.div_ceil(1 << 30);
+    let t = ttl_ns.div_ceil(1 << PREFIX_TICK_SHIFT);
     if t > u32::MAX as u64 {
         u32::MAX
     } else {
@@ -186,7 +192,7 @@ impl PrefixHolders {
     /// evicting the others'; kept, the tenant goes back to the backend whose running requests
     /// share its prompt, as approximate mode's learnt entries keep it.
     pub fn evict(&mut self, id: u32, tick: u32) -> bool {
-        // A tick never reads as exact (it would take 146 years of uptime).
+        // A tick never reads as exact (it would take 9.1 years of uptime).
         let tick = if tick == PREFIX_SEEN_EXACT { PREFIX_SEEN_EXACT - 1 } else { tick };
         let mut found = false;
         let mut i = 0;

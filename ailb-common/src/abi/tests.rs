@@ -110,7 +110,8 @@ fn an_evicted_holder_is_stamped_and_stored_again_exact() {
 fn prefix_ticks_round_up() {
     assert_eq!(prefix_ttl_ticks(0), 0);
     assert_eq!(prefix_ttl_ticks(1), 1);
-    assert_eq!(prefix_ttl_ticks(1 << 30), 1);
-    assert_eq!(prefix_ttl_ticks((1 << 30) + 1), 2);
-    assert_eq!(prefix_tick(3 << 30), 3);
+    assert_eq!(prefix_ttl_ticks(1 << PREFIX_TICK_SHIFT), 1);
+    assert_eq!(prefix_ttl_ticks((1 << PREFIX_TICK_SHIFT) + 1), 2);
+    assert_eq!(prefix_tick(3 << PREFIX_TICK_SHIFT), 3);
+    assert_eq!(prefix_ttl_ticks(60_000_000_000), 895, "a minute is 895 ticks of 67.1 ms");
 }
