@@ -73,7 +73,7 @@ pub fn agent(config_path: &Path) -> anyhow::Result<()> {
                     (Some(n), true) => Some((n.clone(), i.gpus.iter().map(NodeSource::selector).collect())),
                     _ => None,
                 };
-                anyhow::Ok(NodeSource::new(server, nvml))
+                anyhow::Ok(NodeSource::new(server, nvml).with_prompt_rate_window(cfg.prompt_rate_window))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;

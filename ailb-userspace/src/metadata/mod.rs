@@ -41,6 +41,8 @@ pub mod keys {
     pub const MAX_INFLIGHT: &str = "max_inflight";
     pub const KV_CACHE_USAGE: &str = "kv_cache_usage";
     pub const PREFIX_CACHE_HIT_RATE: &str = "prefix_cache_hit_rate";
+    pub const KV_CACHE_CAPACITY_TOKENS: &str = "kv_cache_capacity_tokens";
+    pub const PROMPT_TOKENS_PER_S: &str = "prompt_tokens_per_s";
     pub const AGENT_VERSION: &str = "agent_version";
     pub const UPDATED_AT_MS: &str = "updated_at_ms";
     /// Where `remaining_memory_mb` came from (`nvml`, `kv_cache`, `metrics`); informational.
@@ -53,7 +55,7 @@ pub mod keys {
     pub const KV_BLOCK_SIZE: &str = "kv_block_size";
 
     /// Every key of the contract, in the order above.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 23] = [
         MODEL_ID,
         SUPPORTED_MODELS,
         MODEL_VERSION,
@@ -69,6 +71,8 @@ pub mod keys {
         MAX_INFLIGHT,
         KV_CACHE_USAGE,
         PREFIX_CACHE_HIT_RATE,
+        KV_CACHE_CAPACITY_TOKENS,
+        PROMPT_TOKENS_PER_S,
         AGENT_VERSION,
         UPDATED_AT_MS,
         MEMORY_SOURCE,

@@ -29,7 +29,10 @@ pub fn moved(old: Option<&Values>, new: &Values, t: &Thresholds) -> bool {
         || old.gpu_name != new.gpu_name
         || num(mb(old.free_mb), mb(new.free_mb), t.memory_mb as f64)
         || num(mb(old.total_mb), mb(new.total_mb), t.memory_mb as f64)
-        || signals::ALL.iter().any(|s| num((s.read)(old), (s.read)(new), (s.threshold)(t)))
+        || signals::ALL.iter().any(|s| {
+            let last = (s.read)(old);
+            num(last, (s.read)(new), (s.threshold)(t, last.unwrap_or(0.0)))
+        })
 }
 
 /// The agent's version, published as `agent_version`.

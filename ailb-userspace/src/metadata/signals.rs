@@ -21,6 +21,16 @@ pub enum Role {
     Scores(&'static str),
     /// Shown by `ailb explain` (and counted when invalid); no effect on weights.
     Shown,
+    /// Sets the model's prefix lifetime with the others of this role
+    /// (`policy::prefix::fill_time_lifetime`); shown, no effect on weights.
+    PrefixLifetime,
+}
+
+impl Role {
+    /// Shown in `ailb explain`'s information line rather than as a factor.
+    pub fn shown(self) -> bool {
+        !matches!(self, Role::Scores(_))
+    }
 }
 
 /// The values a signal may take, as the parser checks them.
@@ -45,8 +55,9 @@ pub struct Signal {
     pub range: Range,
     /// The value the node sampler derived, or `None` when the server did not report it.
     pub read: fn(&Values) -> Option<f64>,
-    /// The smallest move since the last publish that is worth a new one.
-    pub threshold: fn(&Thresholds) -> f64,
+    /// The smallest move since the last publish that is worth a new one, given the value last
+    /// published.
+    pub threshold: fn(&Thresholds, f64) -> f64,
     pub role: Role,
 }
 
@@ -59,7 +70,7 @@ pub const GPU_UTIL: Signal = Signal {
     meaning: "GPU utilisation, percent (NVML or a mapped gauge), averaged over the instance's GPUs",
     range: Range { lo: 0.0, hi: 100.0, units: &["%"], text: "a percentage, 0 to 100" },
     read: |v| v.util_pct,
-    threshold: |t| t.util_pct,
+    threshold: |t, _| t.util_pct,
     role: Role::Scores("utilisation"),
 };
 
@@ -69,7 +80,7 @@ pub const CURRENT_REQUESTS: Signal = Signal {
     meaning: "requests the server is running (vLLM vllm:num_requests_running)",
     range: REQUESTS,
     read: |v| v.running,
-    threshold: |t| t.requests,
+    threshold: |t, _| t.requests,
     role: Role::Scores("load"),
 };
 
@@ -79,7 +90,7 @@ pub const QUEUE_LENGTH: Signal = Signal {
     meaning: "requests waiting in the server's queue (vLLM vllm:num_requests_waiting)",
     range: REQUESTS,
     read: |v| v.waiting,
-    threshold: |t| t.requests,
+    threshold: |t, _| t.requests,
     role: Role::Scores("load"),
 };
 
@@ -89,7 +100,7 @@ pub const KV_CACHE_USAGE: Signal = Signal {
     meaning: "share of the KV cache in use (vLLM vllm:kv_cache_usage_perc)",
     range: FRACTION,
     read: |v| v.kv_cache,
-    threshold: |t| t.kv_cache,
+    threshold: |t, _| t.kv_cache,
     role: Role::Shown,
 };
 
@@ -100,12 +111,46 @@ pub const PREFIX_CACHE_HIT_RATE: Signal = Signal {
               (vLLM vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total)",
     range: FRACTION,
     read: |v| v.prefix_cache_hit_rate,
-    threshold: |t| t.kv_cache,
+    threshold: |t, _| t.kv_cache,
     role: Role::Shown,
 };
 
+/// The largest KV cache or prompt rate accepted, in tokens (or tokens per second): a thousand
+/// times the largest GPU node's cache.
+const TOKENS: Range = Range { lo: 0.0, hi: 1e12, units: &[], text: "0 to 10^12" };
+
+pub const KV_CACHE_CAPACITY_TOKENS: Signal = Signal {
+    id: 5,
+    key: keys::KV_CACHE_CAPACITY_TOKENS,
+    meaning: "the KV cache's capacity in tokens (vLLM vllm:cache_config_info num_gpu_blocks x block_size, \
+              SGLang sglang:max_total_num_tokens)",
+    range: TOKENS,
+    read: |v| v.kv_capacity_tokens,
+    threshold: |t, last| (t.prompt_rate * last).max(1.0),
+    role: Role::PrefixLifetime,
+};
+
+pub const PROMPT_TOKENS_PER_S: Signal = Signal {
+    id: 6,
+    key: keys::PROMPT_TOKENS_PER_S,
+    meaning: "prompt tokens per second the server was sent, smoothed over the agent's prompt_rate_window \
+              (the growth of vLLM vllm:prefix_cache_queries_total)",
+    range: TOKENS,
+    read: |v| v.prompt_tokens_per_s,
+    threshold: |t, last| (t.prompt_rate * last).max(1.0),
+    role: Role::PrefixLifetime,
+};
+
 /// Every signal, in [`Signal::id`] order.
-pub const ALL: [&Signal; 5] = [&GPU_UTIL, &CURRENT_REQUESTS, &QUEUE_LENGTH, &KV_CACHE_USAGE, &PREFIX_CACHE_HIT_RATE];
+pub const ALL: [&Signal; 7] = [
+    &GPU_UTIL,
+    &CURRENT_REQUESTS,
+    &QUEUE_LENGTH,
+    &KV_CACHE_USAGE,
+    &PREFIX_CACHE_HIT_RATE,
+    &KV_CACHE_CAPACITY_TOKENS,
+    &PROMPT_TOKENS_PER_S,
+];
 
 /// How many signals there are.
 pub const COUNT: usize = ALL.len();

@@ -42,6 +42,10 @@ pub struct Values {
     pub kv_cache: Option<f64>,
     /// Share of prompt tokens the server's prefix cache served since the last sample, 0..=1.
     pub prefix_cache_hit_rate: Option<f64>,
+    /// The KV cache's capacity, tokens.
+    pub kv_capacity_tokens: Option<f64>,
+    /// Prompt tokens per second the server was sent, smoothed.
+    pub prompt_tokens_per_s: Option<f64>,
     pub healthy: bool,
     pub draining: bool,
     /// NVML's name of the first GPU (used when the config names no `gpu_type`).
@@ -99,6 +103,8 @@ impl Values {
             waiting: finite_nonneg(s.server.waiting),
             kv_cache: finite_nonneg(s.server.kv_cache_usage).map(|k| k.min(1.0)),
             prefix_cache_hit_rate: finite_nonneg(s.server.prefix_cache_hit_rate).map(|k| k.min(1.0)),
+            kv_capacity_tokens: finite_nonneg(s.server.kv_capacity_tokens),
+            prompt_tokens_per_s: finite_nonneg(s.server.prompt_tokens_per_s),
             healthy: s.server.healthy,
             draining,
             gpu_name: s.gpus.first().map(|g| g.name.clone()).filter(|n| !n.trim().is_empty()),
@@ -136,10 +142,13 @@ pub struct Thresholds {
     pub requests: f64,
     /// KV-cache usage and prefix-cache hit rate, fraction 0..1. Default 0.05.
     pub kv_cache: f64,
+    /// Prompt tokens per second and the KV cache's capacity: a share of the value last
+    /// published, at least one token (they span orders of magnitude between fleets). Default 0.1.
+    pub prompt_rate: f64,
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Self { memory_mb: 512, util_pct: 5.0, requests: 1.0, kv_cache: 0.05 }
+        Self { memory_mb: 512, util_pct: 5.0, requests: 1.0, kv_cache: 0.05, prompt_rate: 0.1 }
     }
 }

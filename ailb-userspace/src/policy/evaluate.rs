@@ -14,7 +14,7 @@ use super::{
 use crate::discovery::Instance;
 use crate::metadata::{
     keys, shorten,
-    signals::{self, Role, CURRENT_REQUESTS, GPU_UTIL, QUEUE_LENGTH},
+    signals::{self, CURRENT_REQUESTS, GPU_UTIL, QUEUE_LENGTH},
     Field, HealthStatus, InvalidField, Metadata,
 };
 
@@ -31,6 +31,9 @@ pub(super) struct Evaluated {
     pub(super) memory_capacity_mb: Option<u32>,
     /// The instance's cluster (Nacos `clusterName`, a static backend's `cluster`).
     pub(super) cluster: String,
+    /// Its KV cache's capacity in tokens and the prompt tokens per second it is sent, when it
+    /// reports both (the prefix lifetime's inputs).
+    pub(super) cache_fill: Option<(f64, f64)>,
 }
 
 #[derive(Default)]
@@ -112,6 +115,11 @@ pub(super) fn evaluate(
         free_memory_mb: md.free_memory_mb.valid().copied(),
         memory_capacity_mb: None,
         cluster: inst.cluster.clone(),
+        cache_fill: md
+            .signal(&signals::KV_CACHE_CAPACITY_TOKENS)
+            .valid()
+            .copied()
+            .zip(md.signal(&signals::PROMPT_TOKENS_PER_S).valid().copied()),
     }
 }
 
@@ -326,7 +334,7 @@ fn informational(n: &mut Notes, md: &Metadata) {
     if let Some(t) = md.updated_at_ms.valid() {
         agent.push(format!("updated_at_ms {t}"));
     }
-    let shown = || signals::ALL.into_iter().filter(|s| s.role == Role::Shown);
+    let shown = || signals::ALL.into_iter().filter(|s| s.role.shown());
     for s in shown() {
         if let Field::Valid(v) = md.signal(s) {
             agent.push(format!("{} {}", s.key, num(*v)));

@@ -48,6 +48,13 @@ pub struct ServerSample {
     /// The prefix cache's cumulative counters (hit tokens, queried tokens), when the server
     /// exports counters rather than a rate (vLLM).
     pub prefix_cache_counters: Option<(f64, f64)>,
+    /// Prompt tokens per second the server was sent (looked up in its prefix cache), smoothed
+    /// over the sampler's prompt-rate window ([`source::NodeSource`] keeps it; vLLM only).
+    pub prompt_tokens_per_s: Option<f64>,
+    /// The KV cache's capacity in tokens (vLLM: `num_gpu_blocks x block_size` of
+    /// `vllm:cache_config_info`, summed over engines; SGLang: `sglang:max_total_num_tokens`),
+    /// when the server exports it.
+    pub kv_capacity_tokens: Option<f64>,
     /// Whether the health endpoint answered 2xx.
     pub healthy: bool,
     /// Not healthy because the health probe or the scrape got no answer within the timeout:

@@ -350,6 +350,7 @@ pub(crate) fn read(samples: &[exposition::Sample], n: &MetricNames, healthy: boo
         }
         PrefixCache::Gauge(name) => out.prefix_cache_hit_rate = mean(samples, name),
     }
+    out.kv_capacity_tokens = kv_capacity_tokens(samples);
     let kv_free = match n.kv_capacity {
         KvCapacity::None => None,
         KvCapacity::VllmCacheConfig => Some(vllm_free_tokens(samples, &n.kv_cache_usage)),
@@ -390,6 +391,23 @@ fn label<'a>(s: &'a exposition::Sample, name: &str) -> Option<&'a str> {
 
 fn same_labels(a: &exposition::Sample, b: &exposition::Sample) -> bool {
     a.labels.len() == b.labels.len() && a.labels.iter().all(|(k, v)| label(b, k) == Some(v.as_str()))
+}
+
+/// The KV cache's capacity in tokens, whatever the config asks of the scrape: vLLM's
+/// [`VLLM_CACHE_CONFIG`] (`num_gpu_blocks x block_size`, once per engine, summed), else SGLang's
+/// [`SGLANG_MAX_TOKENS`] (summed over label sets); `None` when neither is exported or a value
+/// is not a whole number (an engine not initialised yet).
+fn kv_capacity_tokens(samples: &[exposition::Sample]) -> Option<f64> {
+    let mut engines: std::collections::BTreeMap<&str, u64> = Default::default();
+    for s in samples.iter().filter(|s| s.name == VLLM_CACHE_CONFIG) {
+        let blocks = label(s, "num_gpu_blocks")?.parse::<u64>().ok()?;
+        let size = label(s, "block_size")?.parse::<u64>().ok()?;
+        engines.insert(label(s, "engine").unwrap_or(""), blocks.checked_mul(size)?);
+    }
+    if !engines.is_empty() {
+        return Some(engines.values().map(|&t| t as f64).sum());
+    }
+    sum(samples, SGLANG_MAX_TOKENS).filter(|t| t.is_finite() && *t >= 0.0)
 }
 
 /// vLLM's free KV cache in tokens: for each engine (the `engine` label of the usage gauge),

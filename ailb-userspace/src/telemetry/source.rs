@@ -3,7 +3,11 @@
 //! leaves the server's). [`NodeSource`] is the real one: [`super::nvml`] and
 //! [`super::model_server`]. The agent and the one-box daemon both sample through it.
 
-use std::{future::Future, sync::Arc};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use super::{
     instance::GpuRef,
@@ -47,6 +51,54 @@ pub struct NodeSource {
     pub server: ModelServerSource,
     pub nvml: Option<(Arc<NvmlSource>, Vec<DeviceSelector>)>,
     prefix: PrefixWindow,
+    prompts: PromptRate,
+}
+
+/// How long the prompt-token rate is smoothed over by default: a prompt is thousands of tokens
+/// at once, so the rate between two samples jumps from nothing to a cache-filling rate; over
+/// half a minute it is the rate the cache turns over at, which is what the prefix lifetime is
+/// set from (`policy::prefix::fill_time_lifetime`).
+pub const DEFAULT_PROMPT_RATE_WINDOW: Duration = Duration::from_secs(30);
+
+/// The prompt tokens per second a server is sent, from its cumulative counter (vLLM's
+/// `vllm:prefix_cache_queries_total`: the prompt tokens looked up in its prefix cache), as an
+/// exponential average over `window`: each sample's rate since the previous one weighs
+/// `1 - exp(-dt / window)`.
+#[derive(Debug)]
+pub struct PromptRate {
+    window: Duration,
+    /// The counter at the previous sample, and when it was read.
+    last: Option<(Instant, f64)>,
+    rate: Option<f64>,
+}
+
+impl PromptRate {
+    pub fn new(window: Duration) -> Self {
+        Self { window, last: None, rate: None }
+    }
+
+    /// The smoothed rate once the counter read `tokens` at `now`: none until two samples, and
+    /// none again while the server exports no counter. A counter that went back (a restarted
+    /// server) starts a new interval and keeps the rate.
+    pub fn update(&mut self, now: Instant, tokens: Option<f64>) -> Option<f64> {
+        let Some(tokens) = tokens.filter(|t| t.is_finite() && *t >= 0.0) else {
+            *self = Self::new(self.window);
+            return None;
+        };
+        if let Some((t0, c0)) = self.last {
+            let dt = now.saturating_duration_since(t0).as_secs_f64();
+            if dt <= 0.0 {
+                return self.rate;
+            }
+            if tokens >= c0 {
+                let r = (tokens - c0) / dt;
+                let alpha = 1.0 - (-dt / self.window.as_secs_f64().max(1e-3)).exp();
+                self.rate = Some(self.rate.map_or(r, |p| p + alpha * (r - p)));
+            }
+        }
+        self.last = Some((now, tokens));
+        self.rate
+    }
 }
 
 /// The prefix-cache hit rate over the window between two scrapes, from cumulative counters:
@@ -83,7 +135,13 @@ impl PrefixWindow {
 
 impl NodeSource {
     pub fn new(server: ModelServerSource, nvml: Option<(Arc<NvmlSource>, Vec<DeviceSelector>)>) -> Self {
-        Self { server, nvml, prefix: PrefixWindow::default() }
+        Self { server, nvml, prefix: PrefixWindow::default(), prompts: PromptRate::new(DEFAULT_PROMPT_RATE_WINDOW) }
+    }
+
+    /// The same, with the prompt-token rate smoothed over `window`.
+    pub fn with_prompt_rate_window(mut self, window: Duration) -> Self {
+        self.prompts = PromptRate::new(window);
+        self
     }
 
     pub fn selector(g: &GpuRef) -> DeviceSelector {
@@ -102,6 +160,7 @@ impl Telemetry for NodeSource {
                 if s.prefix_cache_counters.is_some() || s.prefix_cache_hit_rate.is_none() {
                     s.prefix_cache_hit_rate = self.prefix.update(s.prefix_cache_counters);
                 }
+                s.prompt_tokens_per_s = self.prompts.update(Instant::now(), s.prefix_cache_counters.map(|c| c.1));
                 s
             }
             Err(e) => {

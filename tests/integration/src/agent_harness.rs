@@ -72,6 +72,19 @@ pub struct ServerState {
     /// More exposition text appended to `/metrics` (other gauges: `vllm:cache_config_info`,
     /// an exporter's GPU gauges, another server's names).
     pub extra: String,
+    /// Prompt tokens per second looked up in the prefix cache since an instant: the counters
+    /// `vllm:prefix_cache_queries_total` (growing at that rate) and `_hits_total` (0) are
+    /// exported; `None`: neither.
+    pub prompts: Option<(std::time::Instant, f64)>,
+}
+
+/// vLLM's info gauge for the fake's `extra`: `blocks` KV blocks of 16 tokens (labels as vLLM
+/// writes them).
+pub fn cache_config_info(blocks: u64) -> String {
+    format!(
+        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",\
+         enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"{blocks}\"}} 1.0\n"
+    )
 }
 
 /// A vLLM stand-in: `/metrics` and `/health` from a shared state, one thread per connection.
@@ -92,6 +105,7 @@ impl FakeVllm {
             healthy: true,
             garbage: false,
             extra: String::new(),
+            prompts: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
@@ -149,7 +163,13 @@ fn serve(conn: TcpStream, state: &Mutex<ServerState>) {
                  # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n\
                  # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n{}",
                 s.running, s.waiting, s.kv, s.extra
-            ),
+            ) + &s.prompts.map_or_else(String::new, |(since, rate)| {
+                format!(
+                    "# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{{model_name=\"m\"}} {}\n\
+                     # TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{{model_name=\"m\"}} 0\n",
+                    (since.elapsed().as_secs_f64() * rate).floor()
+                )
+            }),
         ),
         _ => (404, String::new()),
     };

@@ -11,7 +11,7 @@ mod agent_support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::{instance, listed, meta, Agent, FakeVllm, SERVICE};
+use agent_support::{cache_config_info, instance, listed, meta, Agent, FakeVllm, SERVICE};
 use ailb_tests::nacos::RnacosServer;
 use ailb_tests::wait_until;
 
@@ -170,14 +170,6 @@ fn agent_logs_in_and_picks_v1_with_api_auto_on_rnacos_with_auth() {
     assert_eq!(agent.metric("ailb_agent_errors_total{source=\"nacos\"}"), 0.0, "log:\n{}", agent.log());
 }
 
-/// vLLM's info gauge for the fake: `blocks` KV blocks of 16 tokens (labels as vLLM writes them).
-fn cache_config_info(blocks: u64) -> String {
-    format!(
-        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",\
-         enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"{blocks}\"}} 1.0\n"
-    )
-}
-
 #[test]
 fn agent_without_nvml_publishes_vllm_free_kv_cache_as_memory() {
     let nacos = RnacosServer::start();
@@ -196,6 +188,17 @@ fn agent_without_nvml_publishes_vllm_free_kv_cache_as_memory() {
     assert_eq!(m["remaining_memory"], "6.0", "{m}");
     assert_eq!(m["memory_source"], "kv_cache", "{m}");
     assert!(m.get("gpu_util").is_none() && m.get("gpu_memory_total_mb").is_none(), "vLLM exports neither: {m}");
+    // The cache's capacity, the prefix lifetime's input: 4096 x 16 tokens.
+    assert_eq!(m["kv_cache_capacity_tokens"], "65536", "{m}");
+    assert!(m.get("prompt_tokens_per_s").is_none(), "no prompt counter exported: {m}");
+
+    // Prompts come in at 2,000 tokens a second: the smoothed rate is published.
+    vllm.set(|s| s.prompts = Some((Instant::now(), 2000.0)));
+    let rate = wait_until("prompt_tokens_per_s published", Duration::from_secs(5), || {
+        meta(&nacos, port, "prompt_tokens_per_s").and_then(|r| r.parse::<f64>().ok())
+    });
+    assert!((1500.0..=2500.0).contains(&rate), "a steady 2,000 tokens/s read as {rate}");
+    vllm.set(|s| s.prompts = None);
 
     // The cache fills: 4096 x 16 x 0.5 = 32768 tokens = 4096 MiB.
     vllm.set(|s| s.kv = 0.5);

@@ -5,6 +5,7 @@
 //! heartbeat_interval = "5s"    # Nacos beats for ephemeral instances
 //! drain_timeout = "30s"        # SIGTERM: longest wait for in-flight requests to finish
 //! probe_timeout = "1s"         # each scrape and health probe of a model server
+//! prompt_rate_window = "30s"   # prompt tokens/s smoothed over this (the prefix lifetime's input)
 //! health_failure_threshold = 3 # timed-out probes in a row before the instance is unhealthy
 //! listen = "127.0.0.1:9464"    # the agent's /metrics (optional)
 //! nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"   # optional
@@ -18,6 +19,7 @@
 //! util_pct = 5
 //! requests = 1
 //! kv_cache = 0.05
+//! prompt_rate = 0.1            # prompt tokens/s and KV capacity: a share of the last published
 //!
 //! [[instances]]
 //! service = "llama3-70b"       # the Nacos service (the model name in the gateway catalog)
@@ -85,6 +87,10 @@ pub struct AgentConfig {
     /// Default `"1s"` (Kubernetes' probe timeout), 10ms to 60s.
     #[serde(default = "default_probe_timeout")]
     pub probe_timeout: String,
+    /// How long `prompt_tokens_per_s` is smoothed over (an exponential average). Default
+    /// `"30s"`, 100ms to 10m.
+    #[serde(default = "default_prompt_rate_window")]
+    pub prompt_rate_window: String,
     /// Timed-out samples in a row (no answer within `probe_timeout`) before an instance is
     /// published unhealthy; until then its last healthy values stand. A refused connection or
     /// an error answer is unhealthy at once. Default 3 (Kubernetes' `failureThreshold`), 1 to
@@ -115,6 +121,9 @@ fn default_drain() -> String {
 fn default_probe_timeout() -> String {
     "1s".into()
 }
+fn default_prompt_rate_window() -> String {
+    humantime::format_duration(crate::telemetry::source::DEFAULT_PROMPT_RATE_WINDOW).to_string()
+}
 fn default_failure_threshold() -> u32 {
     3
 }
@@ -127,6 +136,7 @@ pub struct ValidAgent {
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub probe_timeout: Duration,
+    pub prompt_rate_window: Duration,
     pub health_failure_threshold: u32,
     pub listen: Option<SocketAddr>,
     pub thresholds: Thresholds,
@@ -165,6 +175,12 @@ impl AgentConfig {
         let drain_timeout = duration("drain_timeout", &self.drain_timeout, Duration::ZERO, Duration::from_secs(3600))?;
         let probe_timeout =
             duration("probe_timeout", &self.probe_timeout, Duration::from_millis(10), Duration::from_secs(60))?;
+        let prompt_rate_window = duration(
+            "prompt_rate_window",
+            &self.prompt_rate_window,
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        )?;
         if !(1..=100).contains(&self.health_failure_threshold) {
             return Err(ConfigError::invalid(
                 "health_failure_threshold",
@@ -185,6 +201,7 @@ impl AgentConfig {
             heartbeat_interval,
             drain_timeout,
             probe_timeout,
+            prompt_rate_window,
             health_failure_threshold: self.health_failure_threshold,
             listen: self.listen,
             thresholds: self.thresholds,
@@ -208,6 +225,7 @@ fn check_thresholds(t: &Thresholds) -> Result<(), ConfigError> {
         ("thresholds.util_pct", t.util_pct, 100.0),
         ("thresholds.requests", t.requests, 1e6),
         ("thresholds.kv_cache", t.kv_cache, 1.0),
+        ("thresholds.prompt_rate", t.prompt_rate, 10.0),
     ] {
         if !(v.is_finite() && v > 0.0 && v <= max) {
             return Err(ConfigError::invalid(field, v, format!("must be in (0, {max}]")));

@@ -29,6 +29,7 @@ fn defaults() {
     assert_eq!(v.heartbeat_interval, Duration::from_secs(5));
     assert_eq!(v.drain_timeout, Duration::from_secs(30));
     assert_eq!((v.probe_timeout, v.health_failure_threshold), (Duration::from_secs(1), 3));
+    assert_eq!(v.prompt_rate_window, Duration::from_secs(30));
     assert_eq!(v.thresholds, Thresholds::default());
     let i = &v.instances[0];
     assert_eq!((i.cluster.as_str(), i.weight, i.server), ("DEFAULT", 1.0, ServerKind::Vllm));
@@ -52,6 +53,16 @@ fn bad_values_name_the_field() {
     assert!(e.contains("instances[0].health_url"), "{e}");
     let e = parse(&format!("[thresholds]\nutil_pct = 0\n{MIN}")).unwrap_err();
     assert!(e.contains("thresholds.util_pct"), "{e}");
+    let e = parse(&format!("[thresholds]\nprompt_rate = 0\n{MIN}")).unwrap_err();
+    assert!(e.contains("thresholds.prompt_rate"), "{e}");
+    for bad in ["50ms", "11m"] {
+        let e = parse(&format!("prompt_rate_window = \"{bad}\"\n{MIN}")).unwrap_err();
+        assert!(e.contains("prompt_rate_window") && e.contains(bad), "{e}");
+    }
+    assert_eq!(
+        parse(&format!("prompt_rate_window = \"1500ms\"\n{MIN}")).unwrap().prompt_rate_window,
+        Duration::from_millis(1500)
+    );
     assert!(parse(&format!("bogus = 1\n{MIN}")).is_err());
     let e = parse(&with("max_inflight = 0")).unwrap_err();
     assert!(e.contains("instances[0].max_inflight") && e.contains('0'), "{e}");

@@ -112,6 +112,30 @@ fn only_moves_past_a_threshold_publish() {
 }
 
 #[test]
+fn the_prompt_rate_and_the_kv_capacity_move_by_a_share_of_the_last_published() {
+    let t = Thresholds::default();
+    let with = |rate: f64, capacity: f64| {
+        let mut s = sample(20000, 40, 3.0);
+        s.server.prompt_tokens_per_s = Some(rate);
+        s.server.kv_capacity_tokens = Some(capacity);
+        Values::from_sample(&s, false)
+    };
+    let a = with(2_000.0, 100_000.0);
+    let m = metadata(&inst(), &a, 1);
+    assert_eq!((m["prompt_tokens_per_s"].as_str(), m["kv_cache_capacity_tokens"].as_str()), ("2000", "100000"));
+    // A tenth of the last published value, either way.
+    assert!(!moved(Some(&a), &with(2_199.0, 100_000.0), &t));
+    assert!(moved(Some(&a), &with(2_200.0, 100_000.0), &t));
+    assert!(moved(Some(&a), &with(1_800.0, 100_000.0), &t));
+    assert!(moved(Some(&a), &with(2_000.0, 89_000.0), &t));
+    // From nothing, at least a token a second.
+    assert!(!moved(Some(&with(0.0, 100_000.0)), &with(0.5, 100_000.0), &t));
+    assert!(moved(Some(&with(0.0, 100_000.0)), &with(1.0, 100_000.0), &t));
+    // Appearing or going counts at once.
+    assert!(moved(Some(&Values::from_sample(&sample(20000, 40, 3.0), false)), &a, &t));
+}
+
+#[test]
 fn slow_drift_is_measured_against_the_last_publish() {
     // Each step is below the threshold, but they add up against the last published value.
     let t = Thresholds::default();

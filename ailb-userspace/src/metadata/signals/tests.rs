@@ -17,6 +17,6 @@ fn ids_are_positions_and_keys_are_the_contracts() {
 fn every_threshold_is_positive_by_default() {
     let t = Thresholds::default();
     for s in ALL {
-        assert!((s.threshold)(&t) > 0.0, "{}", s.key);
+        assert!((s.threshold)(&t, 1.0) > 0.0, "{}", s.key);
     }
 }
