@@ -91,6 +91,12 @@ pub struct ModelConfig {
     /// until the map evicts it, an evicted holder not at all.
     #[serde(default)]
     pub prefix_ttl: Option<String>,
+    /// The lifetime as this many times the longest time the model's KV caches take to fill
+    /// with the prompt tokens they are sent (from the agents' `kv_cache_capacity_tokens` and
+    /// `prompt_tokens_per_s`), capped at `prefix_ttl`; default 1.25, 0 to 100; 0: `prefix_ttl`
+    /// as it is.
+    #[serde(default)]
+    pub prefix_ttl_fill: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]

@@ -169,6 +169,16 @@ fn check_prefix_ttl(field: &str, value: Option<&str>) -> Result<Option<std::time
     Ok((!ttl.is_zero()).then_some(ttl))
 }
 
+/// A model's `prefix_ttl_fill` in thousandths: [`crate::policy::DEFAULT_PREFIX_TTL_FILL`] when
+/// absent; 0 to [`crate::policy::MAX_PREFIX_TTL_FILL`].
+fn check_prefix_ttl_fill(field: &str, value: Option<f64>) -> Result<u32, ConfigError> {
+    let v = value.unwrap_or(crate::policy::DEFAULT_PREFIX_TTL_FILL);
+    if !(v.is_finite() && (0.0..=crate::policy::MAX_PREFIX_TTL_FILL).contains(&v)) {
+        return Err(ConfigError::invalid(field, v, "a factor from 0 (the lifetime fixed at prefix_ttl) to 100"));
+    }
+    Ok((v * 1000.0).round() as u32)
+}
+
 /// `models[i]`, with its VIPs recorded in `vips`.
 fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Result<ValidModel, ConfigError> {
     let field = |f: &str| format!("models[{i}].{f}");
@@ -181,6 +191,7 @@ fn check_model(i: usize, m: &ModelConfig, vips: &mut HashSet<SocketAddr>) -> Res
             spill_saturation_milli: check_spill(&field("spill_saturation"), m.spill_saturation)?,
             prefix: check_prefix(&field("prefix"), m.prefix.as_deref())?,
             prefix_ttl: check_prefix_ttl(&field("prefix_ttl"), m.prefix_ttl.as_deref())?,
+            prefix_ttl_fill_milli: check_prefix_ttl_fill(&field("prefix_ttl_fill"), m.prefix_ttl_fill)?,
             ..Default::default()
         },
         nacos_services: if m.nacos_services.is_empty() { vec![m.name.clone()] } else { m.nacos_services.clone() },

@@ -287,6 +287,9 @@ pub struct PrefixStatus {
     pub mode: String,
     /// Entries (blocks) in the kernel map.
     pub entries: u64,
+    /// How long a learnt entry or an evicted holder counts now, ms (the model's `prefix_ttl`,
+    /// or less where its caches fill faster); 0: no lifetime.
+    pub ttl_ms: u64,
     #[serde(flatten)]
     pub stats: PrefixStatsView,
 }

@@ -153,6 +153,7 @@ pub fn read_status(dir: &Path) -> Result<Status, DatapathError> {
             prefix: super::prefix::PrefixStatus {
                 mode: prefix_mode_name(st.flags).to_string(),
                 entries: prefix_entries.get(&idx).copied().unwrap_or(0),
+                ttl_ms: st.prefix_ttl_ns / 1_000_000,
                 stats: prefix_stats.get(&idx).copied().unwrap_or_default().into(),
             },
             backends,

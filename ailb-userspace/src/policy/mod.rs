@@ -46,7 +46,7 @@ pub use self::{
     explain::{BackendExplain, Exclusion, LoadExplain, MemoryExplain, Reason, UtilExplain},
     factors::UtilBand,
     metadata::InvalidField,
-    prefix::{PrefixMode, DEFAULT_PREFIX_TTL},
+    prefix::{fill_time_lifetime, PrefixMode, DEFAULT_PREFIX_TTL, DEFAULT_PREFIX_TTL_FILL, MAX_PREFIX_TTL_FILL},
     weights::{MAX_WEIGHT, WEIGHT_SCALE},
 };
 use crate::discovery::{Instance, Snapshot};
@@ -70,8 +70,11 @@ pub struct ModelSpec {
     /// How the model's prefix map learns.
     pub prefix: PrefixMode,
     /// How long a learnt prefix entry (approximate mode) or an evicted holder (precise mode)
-    /// counts.
+    /// counts at most.
     pub prefix_ttl: Option<Duration>,
+    /// The lifetime as a multiple of the longest fill time of the model's caches, in
+    /// thousandths, capped at `prefix_ttl` ([`fill_time_lifetime`]); 0: `prefix_ttl` itself.
+    pub prefix_ttl_fill_milli: u32,
 }
 
 impl AsRef<ModelSpec> for ModelSpec {
@@ -213,7 +216,9 @@ pub struct ModelPlan {
     #[serde(default)]
     pub prefix: PrefixMode,
     /// How long a learnt prefix entry (approximate mode) or an evicted holder (precise mode)
-    /// counts; `null`: a learnt entry until the map evicts it, an evicted holder not at all.
+    /// counts: the model's `prefix_ttl`, or less where its caches fill faster
+    /// ([`fill_time_lifetime`]); `null`: a learnt entry until the map evicts it, an evicted
+    /// holder not at all.
     #[serde(default, with = "human_duration")]
     pub prefix_ttl: Option<Duration>,
 }
@@ -295,6 +300,11 @@ pub fn plan<M: AsRef<ModelSpec>>(
             state.cluster_spill.insert(name.clone(), s);
         }
         let weights = table_weights(name, &evaluated, cfg, state);
+        let prefix_ttl = spec.prefix_ttl.map(|cap| {
+            let caches =
+                evaluated.iter().filter(|(_, e)| e.explain.excluded_by.is_none()).filter_map(|(_, e)| e.cache_fill);
+            fill_time_lifetime(caches, f64::from(spec.prefix_ttl_fill_milli) / 1000.0, cap)
+        });
         let mut vips = spec.vips.clone();
         vips.sort_by_key(addr_key);
         plan.insert(
@@ -306,7 +316,7 @@ pub fn plan<M: AsRef<ModelSpec>>(
                 backends: planned_backends(evaluated, &weights),
                 affinity_ttl: spec.affinity_ttl,
                 prefix: spec.prefix,
-                prefix_ttl: spec.prefix_ttl,
+                prefix_ttl,
             },
         );
     }

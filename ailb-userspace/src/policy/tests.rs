@@ -569,3 +569,48 @@ fn shown_signals_are_explained_and_change_no_weight() {
     assert!(info.contains("kv_cache_usage 0.25") && info.contains("prefix_cache_hit_rate 0.9"), "{info}");
     assert_eq!((a.eligible, a.weight), (b.eligible, b.weight), "shown signals do not score");
 }
+
+#[test]
+fn the_prefix_lifetime_is_the_longest_fill_time_of_the_eligible_caches() {
+    let fill = |capacity: &'static str, rate: &'static str| {
+        [("kv_cache_capacity_tokens", capacity), ("prompt_tokens_per_s", rate)]
+    };
+    let model = "prefix = \"approximate\"\nprefix_ttl = \"60s\"";
+    let cfg = config_with_model(model, "");
+    // 100,000 tokens at 10,000/s fill in 10 s, 60,000 at 4,000/s in 15 s: 1.25 x 15 s.
+    let p = run(&cfg, vec![inst(1, &fill("100000", "10000")), inst(2, &fill("60000", "4000")), inst(3, &[])]);
+    assert_eq!(p.prefix_ttl, Some(Duration::from_millis(18_750)));
+    // An excluded backend's cache does not count.
+    let mut down = fill("60000", "4000").to_vec();
+    down.push(("health_status", "unhealthy"));
+    let p = run(&cfg, vec![inst(1, &fill("100000", "10000")), inst(2, &down)]);
+    assert_eq!(p.prefix_ttl, Some(Duration::from_millis(12_500)));
+    // Nothing reported, or caches that take longer than the cap to fill: the cap.
+    assert_eq!(run(&cfg, vec![inst(1, &[])]).prefix_ttl, Some(Duration::from_secs(60)));
+    assert_eq!(run(&cfg, vec![inst(1, &fill("100000", "100"))]).prefix_ttl, Some(Duration::from_secs(60)));
+    // The model's own factor; 0 keeps the lifetime fixed; no lifetime stays none.
+    let at = |fields: &str| run(&config_with_model(fields, ""), vec![inst(1, &fill("100000", "10000"))]).prefix_ttl;
+    assert_eq!(at(&format!("{model}\nprefix_ttl_fill = 2")), Some(Duration::from_secs(20)));
+    assert_eq!(at(&format!("{model}\nprefix_ttl_fill = 0")), Some(Duration::from_secs(60)));
+    assert_eq!(at("prefix = \"approximate\"\nprefix_ttl = \"0s\""), None);
+    // A value out of range is shown and ignored, as every signal's is.
+    let p = run(&cfg, vec![inst(1, &[("kv_cache_capacity_tokens", "-5"), ("prompt_tokens_per_s", "10")])]);
+    assert_eq!(p.prefix_ttl, Some(Duration::from_secs(60)));
+    assert!(
+        p.backends[0].explain.invalid.iter().any(|f| f.key == "kv_cache_capacity_tokens"),
+        "{:?}",
+        p.backends[0].explain
+    );
+}
+
+#[test]
+fn a_prefix_ttl_fill_out_of_range_stops_start_up_naming_the_field() {
+    for bad in ["-1", "101", "nan"] {
+        let text = format!("{CATALOG}prefix_ttl_fill = {bad}\n");
+        let e =
+            Config::parse(&text, "t").map_err(|e| e.to_string()).and_then(|c| c.validate().map_err(|e| e.to_string()));
+        let e = e.expect_err(bad);
+        assert!(e.contains("models[0].prefix_ttl_fill"), "{e}");
+    }
+    assert_eq!(config("").models["m"].spec.prefix_ttl_fill_milli, 1250);
+}

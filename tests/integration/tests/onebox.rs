@@ -5,13 +5,14 @@
 //! a change of the fake GPU's free memory reaches `AILB_BACKENDS` (`free_mem_mb`) within a few
 //! samples; a failing NVML leaves the memory unknown and the daemon running; a model server
 //! that stops answering takes its backend out of the table and back; a backend that names GPUs
-//! without an NVML library stops start-up with a message naming the backend. Nothing here says
-//! how a real driver behaves.
+//! without an NVML library stops start-up with a message naming the backend; the model's prefix
+//! lifetime follows its caches' fill time (capacity over prompt tokens per second) as the
+//! servers report them. Nothing here says how a real driver behaves.
 
 use std::time::Duration;
 
-use ailb_tests::agent_harness::{FakeNvml, FakeVllm};
-use ailb_tests::status::backend;
+use ailb_tests::agent_harness::{cache_config_info, FakeNvml, FakeVllm};
+use ailb_tests::status::{backend, model_prefix};
 use ailb_tests::{ailb_bin, base_config, preflight, run_cmd, wait_until, BackendCfg, CgroupGuard, Daemon};
 
 const MODEL: &str = "onebox-7b";
@@ -112,4 +113,54 @@ fn gpus_without_an_nvml_library_stop_start_up_naming_the_backend() {
         "{err}"
     );
     assert!(!std::path::Path::new(&format!("/sys/fs/bpf/ailb-test-onebox-nonvml-{}", std::process::id())).exists());
+}
+
+/// The kernel's prefix lifetime of `model`, ms (`ailb status`).
+fn prefix_ttl_ms(d: &Daemon, model: &str) -> u64 {
+    let p = model_prefix(&d.status(), model);
+    p["ttl_ms"].as_u64().unwrap_or_else(|| panic!("no prefix.ttl_ms: {p}"))
+}
+
+#[test]
+fn the_prefix_lifetime_follows_the_caches_fill_time() {
+    let bin = preflight();
+    let cg = CgroupGuard::new("onebox-fill");
+    let (big, small) = (FakeVllm::start(), FakeVllm::start());
+    // 4096 x 16 = 65,536 tokens at 10,000 tokens/s fill in 6.55 s; 2048 x 16 = 32,768 at
+    // 16,384/s in 2 s. The slower sets the lifetime: 1.25 x 6.55 s = 8.19 s.
+    big.set(|s| {
+        s.extra = cache_config_info(4096);
+        s.prompts = Some((std::time::Instant::now(), 10_000.0));
+    });
+    small.set(|s| {
+        s.extra = cache_config_info(2048);
+        s.prompts = Some((std::time::Instant::now(), 16_384.0));
+    });
+    let metrics = |v: &FakeVllm| format!("metrics_url = \"http://127.0.0.1:{}/metrics\"\n", v.port);
+    let mut a = BackendCfg::new(MODEL, GPU_BACKEND, 1);
+    a.extra = metrics(&big);
+    let mut b = BackendCfg::new(MODEL, METRICS_BACKEND, 1);
+    b.extra = metrics(&small);
+    let mut cfg = base_config("onebox-fill", &cg).service(MODEL, VIP).backend(a).backend(b);
+    cfg.daemon_extra = "sample_interval = \"100ms\"\n".into();
+    cfg.extra = format!("[[models]]\nname = \"{MODEL}\"\nprefix = \"approximate\"\nprefix_ttl = \"60s\"\n");
+    let daemon = Daemon::start(&bin, &cfg);
+
+    let within = |lo: u64, hi: u64, what: &str| {
+        wait_until(what, Duration::from_secs(5), || {
+            let t = prefix_ttl_ms(&daemon, MODEL);
+            (lo..=hi).contains(&t).then_some(t)
+        })
+    };
+    let t = within(7_000, 9_500, "the lifetime at 1.25 x the bigger cache's fill time (8.19 s)");
+    eprintln!("lifetime {t} ms from the fill times 6.55 s and 2 s");
+    // The bigger cache is sent nothing now: it fills never and says nothing, the smaller one
+    // sets the lifetime once the rate's counter is gone (1.25 x 2 s).
+    big.set(|s| s.prompts = None);
+    within(2_000, 3_000, "the lifetime at 1.25 x the smaller cache's fill time (2.5 s)");
+    // No cache reports its capacity: the model's prefix_ttl.
+    small.set(|s| s.extra.clear());
+    within(60_000, 60_000, "the lifetime back at prefix_ttl");
+    let mut daemon = daemon;
+    assert!(daemon.is_running(), "{}", daemon.log());
 }
