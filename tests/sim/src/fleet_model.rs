@@ -22,6 +22,10 @@ use ailb_common::{
 
 use crate::gpu::{Admission, Gpu, GpuProfile, ReqId, SimRequest, Started};
 use crate::replay::RequestSpec;
+use ailb_userspace::{
+    policy::fill_time_lifetime,
+    telemetry::source::{PromptRate, DEFAULT_PROMPT_RATE_WINDOW},
+};
 
 const MODEL: u32 = 1;
 const MIB: u64 = 1024 * 1024;
@@ -44,8 +48,8 @@ pub enum Placement {
     /// ([`RequestSpec::socket_prefix_keys`]), the pick tries the holders of its longest prefix
     /// learnt (their load bound `prefix_load_factor`) and places the rest by that prefix, and
     /// each pick records its keys for the backend chosen, counted for `prefix_ttl_s`, or with
-    /// `ttl_fill_factor` for that factor times [`fill_time_lifetime`] (at most `prefix_ttl_s`),
-    /// sampled once a simulated second.
+    /// `ttl_fill_factor` for the daemon's lifetime by that factor ([`fill_time_lifetime`], at
+    /// most `prefix_ttl_s`), sampled once a simulated second.
     AilbPrefix {
         a100_weight: u32,
         load_factor: f64,
@@ -358,69 +362,50 @@ pub fn run(specs: &[RequestSpec], profiles: &[GpuProfile], load: f64, placement:
     fleet.result(&turns)
 }
 
-/// The lifetime of a learnt prefix by the fill-time rule: the longest time any GPU's KV cache
-/// takes to fill with the prompt tokens it is sent (`(capacity in tokens, prompt tokens per
-/// second)` per GPU), at most `cap_s`; `cap_s` while no GPU is sent any. An LRU cache keeps a
-/// prompt nobody asks for again until its capacity of other tokens came in after it, so a
-/// learnt holder counts about as long as the cache that keeps prompts longest would still hold
-/// the prompt; a smaller cache's holders may mislead for the difference, as they do under any
-/// one lifetime per model. Counting every prompt token, cached or not, keeps the rule from
-/// feeding on itself: a shorter lifetime that cost cache hits would otherwise raise the rate
-/// of new tokens and shorten the lifetime again. It undercounts where many of those tokens are
-/// hits, which evict nothing (the default fleet's A100s on the shared-prefix workload).
-pub fn fill_time_lifetime(caches: impl IntoIterator<Item = (f64, f64)>, cap_s: f64) -> f64 {
-    caches
-        .into_iter()
-        .filter(|&(capacity, rate)| capacity > 0.0 && rate > 0.0)
-        .map(|(capacity, rate)| capacity / rate)
-        .max_by(f64::total_cmp)
-        .map_or(cap_s, |fill| fill.min(cap_s))
-}
-
-/// The fill-time rule's sampler: once a simulated second, each GPU's prompt tokens per second
-/// since the last sample, smoothed over [`FillClock::SMOOTH_S`] (an exponential average), as an
-/// agent scraping the engine's prompt-token counter would report it. A prompt is thousands of
-/// tokens at once, so a second's rate alone jumps from nothing to a cache-filling rate.
+/// The fill-time rule's sampler: once a simulated second, each GPU's prompt-token counter read
+/// into the agent's smoothed rate ([`PromptRate`], over its default window), and the daemon's
+/// lifetime from the rates and the GPUs' KV capacities ([`fill_time_lifetime`]).
 struct FillClock {
-    cap_s: f64,
+    cap: std::time::Duration,
     factor: f64,
+    /// Simulated time 0 as an `Instant` (the agent's rate reads instants).
+    epoch: std::time::Instant,
     last_s: f64,
-    last_tokens: Vec<u64>,
-    rate: Vec<Option<f64>>,
+    rate: Vec<PromptRate>,
     capacity: Vec<f64>,
 }
 
 impl FillClock {
-    const SMOOTH_S: f64 = 30.0;
-
     fn new(profiles: &[GpuProfile], cap_s: f64, factor: f64) -> Self {
+        let epoch = std::time::Instant::now();
+        let mut rate: Vec<PromptRate> = profiles.iter().map(|_| PromptRate::new(DEFAULT_PROMPT_RATE_WINDOW)).collect();
+        for r in &mut rate {
+            r.update(epoch, Some(0.0));
+        }
         FillClock {
-            cap_s,
+            cap: std::time::Duration::from_secs_f64(cap_s),
             factor,
+            epoch,
             last_s: 0.0,
-            last_tokens: vec![0; profiles.len()],
-            rate: vec![None; profiles.len()],
+            rate,
             capacity: profiles.iter().map(|p| (p.kv_blocks() * crate::gpu::BLOCK_TOKENS) as f64).collect(),
         }
     }
 
     /// The lifetime at `now`, once a second has passed since the last sample.
     fn sample(&mut self, gpus: &[Gpu], now: f64) -> Option<f64> {
-        let dt = now - self.last_s;
-        if dt < 1.0 {
+        if now - self.last_s < 1.0 {
             return None;
         }
-        for (g, gpu) in gpus.iter().enumerate() {
-            let tokens = gpu.counters().prefix_query_tokens;
-            let r = tokens.saturating_sub(self.last_tokens[g]) as f64 / dt;
-            self.last_tokens[g] = tokens;
-            let alpha = 1.0 - (-dt / Self::SMOOTH_S).exp();
-            self.rate[g] = Some(self.rate[g].map_or(r, |p| p + alpha * (r - p)));
-        }
         self.last_s = now;
-        // `factor` x the fill time: the fill time of `factor` x each capacity.
-        let caches = self.capacity.iter().zip(&self.rate).map(|(c, r)| (c * self.factor, r.unwrap_or(0.0)));
-        Some(fill_time_lifetime(caches, self.cap_s))
+        let at = self.epoch + std::time::Duration::from_secs_f64(now);
+        let rates: Vec<f64> = gpus
+            .iter()
+            .zip(&mut self.rate)
+            .map(|(gpu, r)| r.update(at, Some(gpu.counters().prefix_query_tokens as f64)).unwrap_or(0.0))
+            .collect();
+        let caches = self.capacity.iter().copied().zip(rates);
+        Some(fill_time_lifetime(caches, self.factor, self.cap).as_secs_f64())
     }
 }
 

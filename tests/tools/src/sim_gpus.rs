@@ -152,6 +152,16 @@ pub struct SimGpu {
     /// The server's KV-event publisher and replay endpoints, when it tokenizes
     /// ([`SimOpts::tokenizer`]).
     pub kv_events: Option<(String, String)>,
+    /// Simulated seconds per second of wall time: its agent smooths the prompt-token rate over
+    /// the agent's default window in simulated time.
+    pub time_scale: f64,
+}
+
+/// The agent's `prompt_rate_window` for a server `time_scale` times faster than real time, in
+/// ms: the default window in simulated time, at least the config's minimum (100 ms).
+fn prompt_rate_window_ms(time_scale: f64) -> u64 {
+    let default_ms = ailb_userspace::telemetry::source::DEFAULT_PROMPT_RATE_WINDOW.as_millis() as f64;
+    (default_ms / time_scale.max(1e-3)).round().max(100.0) as u64
 }
 
 /// Options of [`SimGpu::start`].
@@ -190,7 +200,14 @@ impl SimGpu {
             preset.gpu_type, preset.gpu_memory_mb
         ));
         let sim = spawn_sim(addr, profile, &nvml, o)?;
-        Ok(SimGpu { addr, profile, sim, nvml, kv_events: o.tokenizer.map(|_| kv_events_endpoints(addr)) })
+        Ok(SimGpu {
+            addr,
+            profile,
+            sim,
+            nvml,
+            kv_events: o.tokenizer.map(|_| kv_events_endpoints(addr)),
+            time_scale: o.time_scale,
+        })
     }
 
     /// Starts the server again (after it was killed) on the same address and the same fake
@@ -235,6 +252,7 @@ impl SimGpu {
             r#"publish_interval = "{publish}"
 heartbeat_interval = "5s"
 drain_timeout = "5s"
+prompt_rate_window = "{window_ms}ms"
 listen = "127.0.0.1:{metrics_port}"
 nvml_library = "{lib}"
 
@@ -256,6 +274,7 @@ health_url = "http://{addr}/health"
 server = "vllm"
 nvml = true
 {kv}"#,
+            window_ms = prompt_rate_window_ms(self.time_scale),
             metrics_port = free_port(),
             lib = self.nvml.lib(),
             ip = addr.ip(),

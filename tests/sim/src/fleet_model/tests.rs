@@ -182,17 +182,6 @@ fn smg_cache_aware_follows_its_tree_while_balanced_and_the_load_otherwise() {
     assert!(gpus(&a).iter().collect::<BTreeSet<_>>().len() == 4, "the load path used every GPU");
 }
 
-#[test]
-fn the_fill_time_lifetime_is_the_slowest_caches_capped() {
-    // 20,000 tokens at 2,000 a second fill in 10 s, 100,000 at 5,000 in 20 s: the slower counts.
-    assert_eq!(fill_time_lifetime([(20_000.0, 2_000.0), (100_000.0, 5_000.0)], 60.0), 20.0);
-    // A cache sent nothing says nothing; with none sent anything, the cap stands.
-    assert_eq!(fill_time_lifetime([(20_000.0, 2_000.0), (100_000.0, 0.0)], 60.0), 10.0);
-    assert_eq!(fill_time_lifetime([(20_000.0, 0.0)], 60.0), 60.0);
-    assert_eq!(fill_time_lifetime([], 60.0), 60.0);
-    assert_eq!(fill_time_lifetime([(1e9, 1.0)], 60.0), 60.0);
-}
-
 /// The fill-time lifetime on four RTX 3090s and the shared-prefix workload: where the caches
 /// take longer than the cap to fill, it is the cap and nothing changes; where every GPU is
 /// busy with tenants' prompts, the caches fill within seconds, learnt holders stop counting

@@ -96,14 +96,12 @@ pub struct Args {
     /// How long a learnt prefix counts, simulated seconds (the daemon's default, 60 s).
     #[arg(long, default_value_t = 60.0)]
     pub prefix_ttl_s: f64,
-    /// A learnt prefix counts for the fill time of the largest cache (its capacity in tokens
-    /// over the prompt tokens per second it is sent, sampled each simulated second and smoothed
-    /// over 30 s), at most `--prefix-ttl-s`. An experiment: the daemon does not do this.
-    #[arg(long)]
-    pub prefix_ttl_fill: bool,
-    /// With `--prefix-ttl-fill`: the lifetime is this many times the fill time.
-    #[arg(long, default_value_t = 1.0)]
-    pub prefix_ttl_fill_factor: f64,
+    /// A learnt prefix counts for this many times the fill time of the largest cache (its
+    /// capacity in tokens over the prompt tokens per second it is sent, sampled each simulated
+    /// second and smoothed over 30 s), at most `--prefix-ttl-s`, as the daemon sets it (the
+    /// model's `prefix_ttl_fill`, default 1.25); 0: `--prefix-ttl-s` fixed.
+    #[arg(long, default_value_t = ailb_userspace::policy::DEFAULT_PREFIX_TTL_FILL)]
+    pub prefix_ttl_fill: f64,
 }
 
 /// ailb's load bound factor in the model (the daemon's default `load_factor`).
@@ -123,8 +121,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if !(args.prefix_ttl_s > 0.0 && args.prefix_ttl_s.is_finite()) {
         bail!("--prefix-ttl-s must be a finite number of seconds above 0, not {}", args.prefix_ttl_s);
     }
-    if !(args.prefix_ttl_fill_factor > 0.0 && args.prefix_ttl_fill_factor.is_finite()) {
-        bail!("--prefix-ttl-fill-factor must be a finite number above 0, not {}", args.prefix_ttl_fill_factor);
+    if !(args.prefix_ttl_fill >= 0.0 && args.prefix_ttl_fill <= ailb_userspace::policy::MAX_PREFIX_TTL_FILL) {
+        bail!(
+            "--prefix-ttl-fill must be a factor from 0 (the lifetime fixed) to {}, not {}",
+            ailb_userspace::policy::MAX_PREFIX_TTL_FILL,
+            args.prefix_ttl_fill
+        );
     }
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         bail!("--rate must be a positive number of conversations per second, not {}", args.rate);

@@ -211,7 +211,7 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
         affinity_wait_s: args.affinity_wait_s,
         prefix_load_factor: args.prefix_load_factor,
         prefix_ttl_s: args.prefix_ttl_s,
-        ttl_fill_factor: args.prefix_ttl_fill.then_some(args.prefix_ttl_fill_factor),
+        ttl_fill_factor: (args.prefix_ttl_fill > 0.0).then_some(args.prefix_ttl_fill),
     };
     let stretches = match tr {
         Workload::Trace(_) => format!("{n} stretches of {} requests spread over the trace", args.limit),
@@ -246,11 +246,11 @@ pub(super) fn prefix_step(md: &mut String, tr: &Workload, args: &Args) {
          cache-aware (modelled): median, geometric mean, of the sums | SMG from the cache |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|",
         args.prefix_load_factor,
-        if args.prefix_ttl_fill {
+        if args.prefix_ttl_fill > 0.0 {
             format!(
                 "{} x the fill time of the largest cache, its capacity in tokens over the prompt tokens per second \
                  it is sent, at most {} s",
-                args.prefix_ttl_fill_factor, args.prefix_ttl_s
+                args.prefix_ttl_fill, args.prefix_ttl_s
             )
         } else {
             format!("{} s", args.prefix_ttl_s)
