@@ -29,9 +29,13 @@ fn the_synthetic_report_names_its_workload_and_rate() {
 
 #[test]
 fn a_bad_setting_is_refused_naming_it() {
-    for (flag, value) in
-        [("--rate", "0"), ("--prefix-load-factor", "0.5"), ("--prefix-ttl-s", "0"), ("--prefix-ttl-fill-factor", "0")]
-    {
+    for (flag, value) in [
+        ("--rate", "0"),
+        ("--prefix-load-factor", "0.5"),
+        ("--prefix-ttl-s", "0"),
+        ("--prefix-ttl-fill", "inf"),
+        ("--prefix-ttl-fill", "101"),
+    ] {
         let err = main(args(&[flag, value])).unwrap_err().to_string();
         assert!(err.contains(flag) && err.contains(&format!("not {value}")), "{flag} {value}: {err}");
     }
