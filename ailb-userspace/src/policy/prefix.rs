@@ -25,10 +25,12 @@ pub enum PrefixMode {
     Precise,
 }
 
-/// How long a learnt entry, or a backend whose engine evicted the block, counts unless the
-/// model sets `prefix_ttl`: an engine's prefix cache on a busy GPU turns over within about a
-/// minute (the fleet model's reading of the Mooncake trace in `docs/replay.md`), after which
-/// such a holder more likely misleads than helps.
+/// The most a learnt entry, or a backend whose engine evicted the block, counts unless the
+/// model sets `prefix_ttl` (the lifetime itself follows the caches' fill time below it,
+/// [`fill_time_lifetime`]; this is the lifetime where no backend reports its cache): an
+/// engine's prefix cache on a busy GPU turns over within about a minute (the fleet model's
+/// reading of the Mooncake trace in `docs/replay.md`), after which such a holder more likely
+/// misleads than helps.
 pub const DEFAULT_PREFIX_TTL: Duration = Duration::from_secs(60);
 
 /// How many times the longest fill time of a model's KV caches a learnt entry (or an evicted
