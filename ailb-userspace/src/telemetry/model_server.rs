@@ -398,23 +398,19 @@ fn same_labels(a: &exposition::Sample, b: &exposition::Sample) -> bool {
 /// [`SGLANG_MAX_TOKENS`] (summed over label sets); `None` when neither is exported or a value
 /// is not a whole number (an engine not initialised yet).
 fn kv_capacity_tokens(samples: &[exposition::Sample]) -> Option<f64> {
-    let mut engines: std::collections::BTreeMap<&str, u64> = Default::default();
-    for s in samples.iter().filter(|s| s.name == VLLM_CACHE_CONFIG) {
-        let blocks = label(s, "num_gpu_blocks")?.parse::<u64>().ok()?;
-        let size = label(s, "block_size")?.parse::<u64>().ok()?;
-        engines.insert(label(s, "engine").unwrap_or(""), blocks.checked_mul(size)?);
+    let configs = vllm_capacities(samples).ok()?;
+    if configs.is_empty() {
+        return sum(samples, SGLANG_MAX_TOKENS).filter(|t| t.is_finite() && *t >= 0.0);
     }
-    if !engines.is_empty() {
-        return Some(engines.values().map(|&t| t as f64).sum());
-    }
-    sum(samples, SGLANG_MAX_TOKENS).filter(|t| t.is_finite() && *t >= 0.0)
+    let engines: std::collections::BTreeMap<&str, u64> = configs.into_iter().collect();
+    Some(engines.values().map(|&t| t as f64).sum())
 }
 
-/// vLLM's free KV cache in tokens: for each engine (the `engine` label of the usage gauge),
-/// `num_gpu_blocks x block_size` (its [`VLLM_CACHE_CONFIG`] sample, or the one capacity all
-/// samples agree on) times `1 - usage` (usage above 1 counts as 1), summed. `Err`: why not.
-fn vllm_free_tokens(samples: &[exposition::Sample], usage_names: &[String]) -> Result<f64, String> {
-    let mut configs: Vec<(&str, u64)> = Vec::new();
+/// Each [`VLLM_CACHE_CONFIG`] sample's engine (its `engine` label, "" without one) and
+/// capacity, `num_gpu_blocks x block_size` tokens; empty when vLLM exports none. `Err`: a sample
+/// whose labels are not whole numbers (the engine not initialised yet).
+fn vllm_capacities(samples: &[exposition::Sample]) -> Result<Vec<(&str, u64)>, String> {
+    let mut configs = Vec::new();
     for s in samples.iter().filter(|s| s.name == VLLM_CACHE_CONFIG) {
         let (blocks, size) = (label(s, "num_gpu_blocks"), label(s, "block_size"));
         let tokens = match (blocks.and_then(|b| b.parse::<u64>().ok()), size.and_then(|b| b.parse::<u64>().ok())) {
@@ -429,6 +425,14 @@ fn vllm_free_tokens(samples: &[exposition::Sample], usage_names: &[String]) -> R
         };
         configs.push((label(s, "engine").unwrap_or(""), tokens));
     }
+    Ok(configs)
+}
+
+/// vLLM's free KV cache in tokens: for each engine (the `engine` label of the usage gauge),
+/// `num_gpu_blocks x block_size` (its [`VLLM_CACHE_CONFIG`] sample, or the one capacity all
+/// samples agree on) times `1 - usage` (usage above 1 counts as 1), summed. `Err`: why not.
+fn vllm_free_tokens(samples: &[exposition::Sample], usage_names: &[String]) -> Result<f64, String> {
+    let configs = vllm_capacities(samples)?;
     if configs.is_empty() {
         return Err(format!("{VLLM_CACHE_CONFIG} absent from the metrics (vLLM exports it once its engine is up)"));
     }
