@@ -174,7 +174,12 @@ fn check_prefix_ttl(field: &str, value: Option<&str>) -> Result<Option<std::time
 fn check_prefix_ttl_fill(field: &str, value: Option<f64>) -> Result<u32, ConfigError> {
     let v = value.unwrap_or(crate::policy::DEFAULT_PREFIX_TTL_FILL);
     if !(v.is_finite() && (0.0..=crate::policy::MAX_PREFIX_TTL_FILL).contains(&v)) {
-        return Err(ConfigError::invalid(field, v, "a factor from 0 (the lifetime fixed at prefix_ttl) to 100"));
+        let max = crate::policy::MAX_PREFIX_TTL_FILL;
+        return Err(ConfigError::invalid(
+            field,
+            v,
+            format!("a factor from 0 (the lifetime fixed at prefix_ttl) to {max}"),
+        ));
     }
     Ok((v * 1000.0).round() as u32)
 }
