@@ -188,6 +188,11 @@ pub struct Args {
     /// daemon's, the larger of 2 and `--ailb-load-factor`).
     #[arg(long)]
     pub ailb_prefix_load_factor: Option<f64>,
+    /// `[balancer] seed` of every ailb policy's gateway: the layout of its weighted tables. Another
+    /// seed draws afresh which backend each hash lands on, with the same pick: a control for how
+    /// much of a difference between two policies is that draw rather than the pick.
+    #[arg(long, default_value_t = 0)]
+    pub ailb_table_seed: u64,
     /// ailb's (and ailb-static's) `affinity_wait` in simulated seconds (the daemon's default,
     /// 20 s); the gateway, which runs in real time, gets it divided by the time scale.
     #[arg(long, default_value_t = 20.0)]

@@ -249,6 +249,7 @@ pub fn nacos_config(policy: Policy, cg: &CgroupGuard, nacos: &RnacosServer, args
     cfg.load_factor = args.ailb_load_factor;
     cfg.prefix_load_factor = args.ailb_prefix_load_factor;
     cfg.affinity_wait = affinity_wait(args);
+    cfg.seed = args.ailb_table_seed;
     cfg.extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nvips = [\"{VIP}\"]\n{}\n\
          [discovery]\nsource = \"nacos\"\n[discovery.nacos]\nservers = [\"{}\"]\npoll_interval = \"100ms\"\n\n\
@@ -288,6 +289,7 @@ pub fn baseline(policy: Policy, cfg: &mut TestConfig) -> bool {
 /// The static config of `policy`'s gateway over `sims` (every policy but ailb in full and nginx).
 pub fn config_for(policy: Policy, cg: &CgroupGuard, sims: &[SimGpu], args: &Args) -> TestConfig {
     let mut cfg = base_config(&format!("cmp-{}", policy.key()), cg).service(MODEL, VIP);
+    cfg.seed = args.ailb_table_seed;
     // Nginx and the peer routers never start it (they proxy instead of ailb).
     let ailb = matches!(policy, Policy::Ailb | Policy::AilbStatic | Policy::AilbStaticGateway);
     if !baseline(policy, &mut cfg) && ailb {

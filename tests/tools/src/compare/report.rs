@@ -122,6 +122,17 @@ fn setup(s: &mut String, args: &Args) {
              keys alone).\n"
         );
     }
+    if args.ailb_table_seed != 0 {
+        let _ = writeln!(s, "{}\n", table_seed_line(args.ailb_table_seed));
+    }
+}
+
+/// What `--ailb-table-seed` changes, for the reports of a run with one.
+pub fn table_seed_line(seed: u64) -> String {
+    format!(
+        "**`--ailb-table-seed {seed}`**: every ailb gateway lays out its weighted tables with `[balancer] seed = {seed}` \
+         (the default is 0): the same pick, with a fresh draw of which backend each hash lands on."
+    )
 }
 
 /// One row per policy: latencies, failures, cache and affinity hits, throughput, utilisation.

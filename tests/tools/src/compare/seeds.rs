@@ -170,6 +170,9 @@ pub fn markdown(args: &Args, runs: &[SeedRun]) -> String {
         args.limit,
         seeds.join(", ")
     );
+    if args.ailb_table_seed != 0 {
+        let _ = writeln!(s, "{}\n", super::report::table_seed_line(args.ailb_table_seed));
+    }
     s.push_str(
         "| seed | policy | TTFT P95 (ms) | E2E P95 (ms) | E2E P95 / clairvoyant | failures | util spread |\n\
          |---:|---|---:|---:|---:|---:|---:|\n",

@@ -79,6 +79,7 @@ pub(super) fn start_balancer(
         return Ok(Balancer { router: None, daemon: None, addrs, router_metrics: None });
     }
     let mut cfg = config(policy, cg, servers, block, args.ailb_load_factor)?;
+    cfg.seed = args.ailb_table_seed;
     cfg.prefix_load_factor = args.ailb_prefix_load_factor;
     let front =
         (policy.behind_front_door() == Some(Policy::Ailb)).then(|| SocketAddrV4::new([127, 0, 10, 248].into(), port));
