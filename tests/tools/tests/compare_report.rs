@@ -77,6 +77,7 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
             };
             WeightStats::of(&[at(1000.0, 4.0), at(667.0, 5.0), at(1000.0, 6.0)], 30.0).expect("three samples")
         }),
+        first_turns: BTreeMap::new(),
     }
 }
 

@@ -325,7 +325,7 @@ impl Ratios {
         let Some(median) = crate::frontdoor::report::median(&r) else {
             return "none".into();
         };
-        let geo = (r.iter().map(|x| x.ln()).sum::<f64>() / r.len() as f64).exp();
+        let geo = crate::frontdoor::report::geometric_mean(&r).unwrap_or(f64::NAN);
         let sums = self.pairs.iter().map(|p| p.0).sum::<f64>() / self.pairs.iter().map(|p| p.1).sum::<f64>();
         format!("{median:.2}x, {geo:.2}x, {sums:.2}x")
     }

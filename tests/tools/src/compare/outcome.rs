@@ -61,6 +61,9 @@ pub struct Outcome {
     pub daemon_cpu_s: Option<f64>,
     /// ailb's weights over the replay (`None` without ailb, or when its endpoint was not read).
     pub weights: Option<super::weights::WeightStats>,
+    /// Per conversation, the GPU (host, as [`GpuOutcome::host`]) that served its first turn:
+    /// its earliest request that named a backend.
+    pub first_turns: BTreeMap<String, String>,
 }
 
 impl Outcome {
@@ -87,6 +90,7 @@ impl Outcome {
                 }
             }
         }
+        let first_turns = first_turns(report);
         let mut e2e_sorted: Vec<f64> = e2e_by_index.values().copied().collect();
         e2e_sorted.sort_by(f64::total_cmp);
         Outcome {
@@ -104,6 +108,7 @@ impl Outcome {
             router_cpu_s: None,
             daemon_cpu_s: None,
             weights: None,
+            first_turns,
         }
     }
 
@@ -184,4 +189,48 @@ fn spread(v: impl Iterator<Item = f64>) -> f64 {
         return 0.0;
     }
     v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
+}
+
+/// Per conversation of `report`'s requests (those with one), the host of the backend that
+/// served its first turn (its earliest request, by planned arrival then index), where that
+/// request names one.
+fn first_turns(report: &Value) -> BTreeMap<String, String> {
+    let mut first: BTreeMap<&str, ((u64, u64), Option<&str>)> = BTreeMap::new();
+    for r in report["requests"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let Some(conv) = r["conversation"].as_str().filter(|c| !c.is_empty()) else { continue };
+        let at = (r["at_ms"].as_u64().unwrap_or(u64::MAX), r["index"].as_u64().unwrap_or(u64::MAX));
+        let host = r["backend"].as_str().map(|b| b.split(':').next().unwrap_or_default());
+        let e = first.entry(conv).or_insert((at, host));
+        if at < e.0 {
+            *e = (at, host);
+        }
+    }
+    first.into_iter().filter_map(|(c, (_, h))| Some((c.to_owned(), h?.to_owned()))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_conversations_first_turn_is_its_earliest_request_and_counts_only_if_placed() {
+        let report = json!({"requests": [
+            {"index": 3, "at_ms": 900, "conversation": "a", "backend": "127.0.10.2:18101"},
+            {"index": 1, "at_ms": 100, "conversation": "a", "backend": "127.0.10.1:18101"},
+            {"index": 2, "at_ms": 100, "conversation": "b", "backend": null},
+            {"index": 4, "at_ms": 500, "conversation": "b", "backend": "127.0.10.3:18101"},
+            {"index": 5, "at_ms": 50, "conversation": "", "backend": "127.0.10.4:18101"},
+            {"index": 0, "at_ms": 100, "conversation": "c", "backend": "127.0.10.5:18101"},
+            {"index": 6, "at_ms": 100, "conversation": "c", "backend": "127.0.10.6:18101"},
+        ]});
+        let first = first_turns(&report);
+        // "b"'s first turn named no backend (it failed before one was chosen): no GPU to compare;
+        // the empty conversation is none; "c"'s two turns at the same time go by index.
+        assert_eq!(
+            first,
+            BTreeMap::from([("a".to_string(), "127.0.10.1".to_string()), ("c".to_string(), "127.0.10.5".to_string())])
+        );
+    }
 }

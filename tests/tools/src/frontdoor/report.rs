@@ -93,6 +93,14 @@ pub fn median(v: &[f64]) -> Option<f64> {
     Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
+/// The geometric mean of positive finite ratios (others skipped); `None` when none. A ratio of
+/// two draws of the same noise is as likely `q` as `1/q`: the plain mean of such ratios reads
+/// above 1, their geometric mean does not.
+pub fn geometric_mean(v: &[f64]) -> Option<f64> {
+    let logs: Vec<f64> = v.iter().filter(|x| x.is_finite() && **x > 0.0).map(|x| x.ln()).collect();
+    (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())
+}
+
 /// How often a fair coin, tossed `of` times, comes up heads `won` times or more: the chance of
 /// being ahead in that many rounds of `of` if neither path were faster (a one-sided sign test).
 pub fn as_often_by_chance(won: usize, of: usize) -> f64 {
