@@ -61,8 +61,8 @@ pub struct Outcome {
     pub daemon_cpu_s: Option<f64>,
     /// ailb's weights over the replay (`None` without ailb, or when its endpoint was not read).
     pub weights: Option<super::weights::WeightStats>,
-    /// Per conversation, the GPU (host, as [`GpuOutcome::host`]) that served its first turn:
-    /// its earliest request that named a backend.
+    /// Per conversation, the GPU (host, as [`GpuOutcome::host`]) that served its first turn (its
+    /// earliest request), where that request names one.
     pub first_turns: BTreeMap<String, String>,
 }
 
