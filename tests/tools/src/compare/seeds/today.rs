@@ -119,11 +119,14 @@ pub fn section(s: &mut String, runs: &[(u64, &[Versus])]) {
 /// "k of n": of the `n` conversations whose first turn both runs placed, the `k` placed on the
 /// same GPU; "n/a" when none (a workload without conversations).
 fn placed_alike(with: &BTreeMap<String, String>, without: &BTreeMap<String, String>) -> String {
-    let both: Vec<bool> = with.iter().filter_map(|(c, g)| without.get(c).map(|h| g == h)).collect();
-    if both.is_empty() {
+    let (same, both) = with
+        .iter()
+        .filter_map(|(c, g)| without.get(c).map(|h| g == h))
+        .fold((0, 0), |(same, both), alike| (same + usize::from(alike), both + 1));
+    if both == 0 {
         return "n/a".into();
     }
-    format!("{} of {}", both.iter().filter(|&&same| same).count(), both.len())
+    format!("{same} of {both}")
 }
 
 #[cfg(test)]
