@@ -124,6 +124,7 @@ fn spec(index: usize, at_ms: u64, conversation: &str) -> RequestSpec {
         prompt_tokens: 1200,
         max_tokens: 2,
         hash_ids: vec![0, 5, 6],
+        message_ends: Vec::new(),
         model: "sim-7b".into(),
         tag_socket: true,
         prefix_keys: false,

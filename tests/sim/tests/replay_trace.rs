@@ -271,3 +271,41 @@ fn synthetic_mix_is_seeded_and_turns_share_prefixes() {
     }
     assert!(multi > 500, "{multi} later turns");
 }
+
+/// A later turn is sent as the chat it continues: the earlier questions and answers as
+/// alternating user and assistant messages, the new question last, their text together the
+/// prompt's, each earlier message sent again as it was.
+#[test]
+fn a_synthetic_turn_is_sent_as_the_conversation_so_far() {
+    let opts = SyntheticOpts { requests: 400, ..SyntheticOpts::default() };
+    let specs = replay::synthetic_specs(&opts, 0.5, "m");
+    let reqs = generate(&opts);
+    let mut turns: std::collections::HashMap<&str, Vec<Vec<serde_json::Value>>> = Default::default();
+    for (s, r) in specs.iter().zip(&reqs) {
+        assert_eq!((s.message_ends.as_slice(), s.prompt_tokens), (r.message_ends.as_slice(), r.input_length));
+        let body = s.body();
+        let msgs = body["messages"].as_array().expect("messages").clone();
+        let text: String = msgs.iter().map(|m| m["content"].as_str().expect("text")).collect();
+        assert_eq!(text, s.prompt(), "the messages are the prompt, cut");
+        assert_eq!(msgs.len(), s.message_ends.len() + 1, "{:?}", s.message_ends);
+        assert_eq!(msgs.len() % 2, 1, "questions and answers in pairs, then the new question");
+        for (i, m) in msgs.iter().enumerate() {
+            assert_eq!(m["role"], if i % 2 == 0 { "user" } else { "assistant" }, "message {i}");
+        }
+        turns.entry(&s.conversation).or_default().push(msgs);
+    }
+    let mut later = 0;
+    for sent in turns.values() {
+        for w in sent.windows(2) {
+            // The previous turn's messages come back unchanged, then its answer and a new question.
+            let (prev, next) = (&w[0], &w[1]);
+            assert_eq!(next[..prev.len()], prev[..], "every earlier message is sent again as it was");
+            assert_eq!(next.len(), prev.len() + 2, "an answer and a new question");
+            later += 1;
+        }
+    }
+    assert!(later > 100, "{later} later turns");
+    // Every conversation starts with one user message; the trace's requests stay one message.
+    let first = specs.iter().find(|s| s.message_ends.is_empty()).expect("a first turn");
+    assert_eq!(first.body()["messages"].as_array().map(Vec::len), Some(1));
+}

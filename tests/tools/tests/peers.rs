@@ -57,6 +57,7 @@ fn spec(index: usize, hash_ids: Vec<u64>, prompt_tokens: u32) -> RequestSpec {
         prompt_tokens,
         max_tokens: 3,
         hash_ids,
+        message_ends: Vec::new(),
         model: "sim-7b".into(),
         tag_socket: false,
         prefix_keys: false,

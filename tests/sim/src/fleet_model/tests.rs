@@ -11,6 +11,7 @@ fn spec(i: usize, at_ms: u64, prompt: u32, out: u32, conv: &str) -> RequestSpec 
         prompt_tokens: prompt,
         max_tokens: out,
         hash_ids: vec![],
+        message_ends: Vec::new(),
         model: "m".into(),
         tag_socket: true,
         prefix_keys: false,

@@ -1,7 +1,8 @@
 //! Replays one request: a TCP socket tagged through the ailb client ABI before `connect()`
 //! (unless the spec says not to), `POST /v1/chat/completions` with `"stream": true`, the
-//! prompt as text and the conversation as `X-Session-ID`, and the SSE stream read to the end,
-//! timing the first token and the last byte.
+//! prompt as text (a conversation's later turn as the chat so far: its earlier questions and
+//! answers as user and assistant messages) and the conversation as `X-Session-ID`, and the SSE
+//! stream read to the end, timing the first token and the last byte.
 //!
 //! What the client reads back from the server, all optional: the standard OpenAI usage chunk
 //! (`usage.completion_tokens`, `usage.prompt_tokens_details.cached_tokens`, asked for with
@@ -40,6 +41,10 @@ pub struct RequestSpec {
     pub prompt_tokens: u32,
     pub max_tokens: u32,
     pub hash_ids: Vec<u64>,
+    /// Where each earlier message of a conversation ends in the prompt, in tokens (ascending;
+    /// empty: the prompt is one user message). The prompt is sent cut there, the messages
+    /// alternating user and assistant, as a chat client resends a conversation's history.
+    pub message_ends: Vec<u32>,
     pub model: String,
     /// Whether the socket carries the conversation and memory tags of the ailb client ABI
     /// (`false`: a client of an L4 or L7 balancer, which knows neither). The conversation is
@@ -52,9 +57,10 @@ pub struct RequestSpec {
 }
 
 impl RequestSpec {
-    /// The JSON body: an OpenAI chat completion request, streamed, whose one user message is
-    /// the prompt's text ([`text::prompt_text`]: each block id rendered as the same 512 tokens
-    /// of text), so that the server and any router in between see only text, no block ids.
+    /// The JSON body: an OpenAI chat completion request, streamed, whose messages are the
+    /// prompt's text ([`text::prompt_text`]: each block id rendered as the same 512 tokens of
+    /// text) cut at `message_ends` ([`Self::messages`]), so that the server and any router in
+    /// between see only text, no block ids.
     pub fn body(&self) -> Value {
         self.body_of(&self.prompt())
     }
@@ -74,10 +80,38 @@ impl RequestSpec {
         ailb_common::prefix::sent(&all).map(|(_, k)| k).collect()
     }
 
+    /// The chat messages of `prompt`: its text cut where `message_ends` say (each end taken
+    /// as its bytes under the simulator's [`text::BYTES_PER_TOKEN`], kept inside the prompt),
+    /// the pieces alternating user and assistant, the last one the user's. Concatenated, the
+    /// contents are `prompt` again, so a router or server that reads the text alone sees what
+    /// one message would give.
+    pub fn messages(&self, prompt: &str) -> Vec<Value> {
+        let mut cuts: Vec<usize> = self
+            .message_ends
+            .iter()
+            .map(|&t| (u64::from(t) * text::BYTES_PER_TOKEN) as usize)
+            .filter(|&b| b > 0 && b < prompt.len())
+            .collect();
+        cuts.dedup();
+        cuts.push(prompt.len());
+        // Roles are counted back from the last piece, the user's new question.
+        let last = cuts.len() - 1;
+        let mut start = 0;
+        cuts.iter()
+            .enumerate()
+            .map(|(i, &end)| {
+                let role = if (last - i).is_multiple_of(2) { "user" } else { "assistant" };
+                let piece = &prompt[start..end];
+                start = end;
+                json!({"role": role, "content": piece})
+            })
+            .collect()
+    }
+
     fn body_of(&self, prompt: &str) -> Value {
         json!({
             "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": self.messages(prompt),
             "stream": true,
             "stream_options": {"include_usage": true},
             "max_tokens": self.max_tokens,

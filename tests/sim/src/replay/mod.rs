@@ -81,6 +81,7 @@ pub fn trace_specs(requests: &[TraceRequest], conversations: &[String], sel: &Tr
             prompt_tokens: r.input_length,
             max_tokens: r.output_length,
             hash_ids: r.hash_ids.clone(),
+            message_ends: Vec::new(),
             model: sel.model.clone(),
             tag_socket: true,
             prefix_keys: false,
@@ -96,6 +97,7 @@ struct Generated {
     input_length: u32,
     output_length: u32,
     hash_ids: Vec<u64>,
+    message_ends: Vec<u32>,
 }
 
 fn generated_specs(requests: Vec<Generated>, kv_mb_per_token: f64, model: &str) -> Vec<RequestSpec> {
@@ -111,6 +113,7 @@ fn generated_specs(requests: Vec<Generated>, kv_mb_per_token: f64, model: &str) 
             prompt_tokens: r.input_length,
             max_tokens: r.output_length,
             hash_ids: r.hash_ids,
+            message_ends: r.message_ends,
             model: model.to_string(),
             tag_socket: true,
             prefix_keys: false,
@@ -126,6 +129,7 @@ pub fn synthetic_specs(opts: &synthetic::SyntheticOpts, kv_mb_per_token: f64, mo
         input_length: r.input_length,
         output_length: r.output_length,
         hash_ids: r.hash_ids,
+        message_ends: r.message_ends,
     });
     generated_specs(requests.collect(), kv_mb_per_token, model)
 }
@@ -143,6 +147,7 @@ pub fn shared_prefix_specs(
         input_length: r.input_length,
         output_length: r.output_length,
         hash_ids: r.hash_ids,
+        message_ends: Vec::new(),
     });
     generated_specs(requests.collect(), kv_mb_per_token, model)
 }

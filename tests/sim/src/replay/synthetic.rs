@@ -35,6 +35,10 @@ pub struct SyntheticRequest {
     pub input_length: u32,
     pub output_length: u32,
     pub hash_ids: Vec<u64>,
+    /// Where each earlier message of the conversation ends in the prompt, in tokens, ascending
+    /// and under `input_length`: the earlier turns' questions and answers, so that the prompt is
+    /// sent as the chat it is (user, assistant, user, ..., the new question last).
+    pub message_ends: Vec<u32>,
 }
 
 /// splitmix64: small, seeded, good enough for workload shapes.
@@ -63,7 +67,8 @@ impl Rng {
 /// A conversation's turn `k` has the prompt of turn `k-1`, its answer and a new question; its
 /// `hash_ids` are the conversation's blocks covering that prompt, so turn `k` shares all of
 /// turn `k-1`'s blocks (the partial last block is kept too: a slight overestimate of the
-/// reusable prefix). The next turn comes a think time after the previous one (short: 1-3 s,
+/// reusable prefix). Its prompt is cut into messages where each earlier question and answer
+/// ends. The next turn comes a think time after the previous one (short: 1-3 s,
 /// long: 5-15 s).
 pub fn generate(opts: &SyntheticOpts) -> Vec<SyntheticRequest> {
     let mut rng = Rng(opts.seed);
@@ -77,6 +82,7 @@ pub fn generate(opts: &SyntheticOpts) -> Vec<SyntheticRequest> {
         let turns = rng.range(1, opts.max_turns.max(1));
         let mut blocks: Vec<u64> = Vec::new();
         let mut context = 0u32;
+        let mut ends: Vec<u32> = Vec::new();
         let mut at = start_ms;
         for _ in 0..turns {
             if out.len() >= opts.requests {
@@ -100,8 +106,10 @@ pub fn generate(opts: &SyntheticOpts) -> Vec<SyntheticRequest> {
                 input_length: input,
                 output_length: answer,
                 hash_ids: blocks.clone(),
+                message_ends: ends.clone(),
             });
             context = input + answer;
+            ends.extend([input, context]);
             at += f64::from(if long { rng.range(5000, 15000) } else { rng.range(1000, 3000) });
         }
         conv += 1;

@@ -37,6 +37,7 @@ fn only_the_tc_share_leaves_out_what_the_smallest_gpu_cannot_hold() {
         prompt_tokens,
         max_tokens,
         hash_ids: Vec::new(),
+        message_ends: Vec::new(),
         model: MODEL.into(),
         tag_socket: false,
         prefix_keys: false,
