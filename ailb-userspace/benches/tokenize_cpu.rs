@@ -120,8 +120,7 @@ async fn run(mode: &str, keyer: &Keyer, bodies: &[bytes::Bytes]) -> usize {
         "pool, one at a time" => {
             let mut n = 0;
             for b in bodies {
-                let fields = parse_body(b).expect("a valid body");
-                n += keyer.keys_off_thread(Endpoint::ChatCompletions, &fields, b).await.len();
+                n += keyer.keys_off_thread(Endpoint::ChatCompletions, b).await.len();
             }
             n
         }
@@ -130,10 +129,7 @@ async fn run(mode: &str, keyer: &Keyer, bodies: &[bytes::Bytes]) -> usize {
             let mut n = 0;
             let one = |b: &bytes::Bytes| {
                 let b = b.clone();
-                async move {
-                    let fields = parse_body(&b).expect("a valid body");
-                    keyer.keys_off_thread(Endpoint::ChatCompletions, &fields, &b).await.len()
-                }
+                async move { keyer.keys_off_thread(Endpoint::ChatCompletions, &b).await.len() }
             };
             for pair in bodies.chunks_exact(2) {
                 let (a, b) = tokio::join!(one(&pair[0]), one(&pair[1]));

@@ -67,11 +67,25 @@ impl MetricConstructor<Histogram> for Buckets {
     }
 }
 
+/// Histogram buckets from 50 microseconds to about 0.8 s (doubling): making a request's prefix
+/// keys takes microseconds for text and up to tens of milliseconds for a long prompt tokenized.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyBuckets;
+
+impl MetricConstructor<Histogram> for KeyBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(0.000_05, 2.0, 15))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct GatewayMetrics {
     pub requests: Family<StatusLabel, Counter>,
     pub ttfb_seconds: Family<ModelLabel, Histogram, Buckets>,
     pub duration_seconds: Family<ModelLabel, Histogram, Buckets>,
+    /// Time to make a request's prefix keys, per model: only for a request that opens an
+    /// upstream connection (one on a kept connection involves no pick, so makes no keys).
+    pub prefix_keys_seconds: Family<ModelLabel, Histogram, KeyBuckets>,
     pub in_flight: Family<ModelLabel, Gauge>,
     pub upstream_connections: Family<ReuseLabel, Counter>,
     /// Client connections the HTTP/1 fast path handed to hyper's server.
@@ -90,6 +104,7 @@ impl GatewayMetrics {
             requests: Family::default(),
             ttfb_seconds: Family::new_with_constructor(Buckets),
             duration_seconds: Family::new_with_constructor(Buckets),
+            prefix_keys_seconds: Family::new_with_constructor(KeyBuckets),
             in_flight: Family::default(),
             upstream_connections: Family::default(),
             handoffs: Counter::default(),
@@ -111,6 +126,12 @@ impl GatewayMetrics {
             "ailb_gateway_duration_seconds",
             "From the request's head to the response's last byte",
             m.duration_seconds.clone(),
+        );
+        registry.register(
+            "ailb_gateway_prefix_keys_seconds",
+            "Making a request's prefix keys (token-exact: waiting for a tokenizing slot and tokenizing), for the \
+             requests that open an upstream connection",
+            m.prefix_keys_seconds.clone(),
         );
         registry.register("ailb_gateway_in_flight", "Requests being proxied now", m.in_flight.clone());
         registry.register(
@@ -220,6 +241,7 @@ pub struct ModelSeries {
     in_flight: OnceLock<Gauge>,
     ttfb: OnceLock<Histogram>,
     duration: OnceLock<Histogram>,
+    prefix_keys: OnceLock<Histogram>,
     ok: OnceLock<Counter>,
 }
 
@@ -230,6 +252,7 @@ impl ModelSeries {
             in_flight: OnceLock::new(),
             ttfb: OnceLock::new(),
             duration: OnceLock::new(),
+            prefix_keys: OnceLock::new(),
             ok: OnceLock::new(),
         }
     }
@@ -253,6 +276,10 @@ impl ModelSeries {
 
     pub fn duration(&self, m: &GatewayMetrics) -> &Histogram {
         self.duration.get_or_init(|| m.duration_seconds.get_or_create(&self.label()).clone())
+    }
+
+    pub fn prefix_keys(&self, m: &GatewayMetrics) -> &Histogram {
+        self.prefix_keys.get_or_init(|| m.prefix_keys_seconds.get_or_create(&self.label()).clone())
     }
 
     /// Counts one request answered with `status`.

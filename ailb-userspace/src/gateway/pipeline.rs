@@ -12,11 +12,14 @@
 //! 5. **admission**: the model's admission, when one is on ([`Pipeline::admit`]); with tenants
 //!    configured, through the scheduler ([`super::control::sched`]), where a request of a
 //!    saturated model waits in its tenant's queue in its priority's band;
-//! 6. **tags**: the socket options that carry the inputs to the kernel's pick ([`tags`]);
-//! 7. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
+//! 6. **exchange**: the request sent on a kept connection with the same inputs, or on a fresh
 //!    tagged one (a pinned request: on a fresh connection to its backend), and the response
-//!    head read ([`Pipeline::exchange`]);
-//! 8. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
+//!    head read ([`Pipeline::exchange`]); a fresh connection first takes its
+//!    - **keys**: the prompt's prefix keys, for a model that sends them
+//!      ([`super::prefix_keys`]; token-exact keys are made only here, since a request on a kept
+//!      connection involves no pick and so needs none),
+//!    - **tags**: the socket options that carry the inputs and keys to the kernel's pick ([`tags`]);
+//! 7. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
 //!    out, `x-ailb-backend` and `x-ailb-conversation` in, the client's HTTP version), and its
 //!    body relayed, or ended at once when it came whole ([`Pipeline::answer`]); a Responses
 //!    API answer's id is learned on the way.
@@ -47,7 +50,8 @@ use super::http::{
 };
 use super::inputs::{self, Conversation, Endpoint, Inputs, InputsError, KeySource};
 use super::log::RequestLog;
-use super::metrics::{outcome, FollowUpLabel, GatewayMetrics, TenantMetrics};
+use super::metrics::{outcome, FollowUpLabel, GatewayMetrics, ModelSeries, TenantMetrics};
+use super::prefix_keys::PendingKeys;
 use super::request_fields::Fields;
 use super::response_ids::Stored;
 use super::responses::{self, Learn, Learner, Param, Responses};
@@ -207,18 +211,16 @@ impl Pipeline {
         let bytes = body.read(&head, self.client, deadline).await?;
         let (mut inputs, fields) = self.inputs(endpoint, &head, &bytes, log)?;
         let tenant = self.tenant(endpoint, &head, &fields, &client, log)?;
-        // Phase **keys**: the prompt's prefix keys, for a model that sends them.
-        let keys = match self.models.get(&inputs.model).and_then(|m| m.keyer.as_ref()) {
-            Some(keyer) => keyer.keys_off_thread(endpoint, &fields, &bytes).await,
-            None => Vec::new(),
-        };
+        // The prompt's prefix keys, for a model that sends them: text keys now, from the fields
+        // parsed; token-exact keys in phase **keys**, if the request opens a connection.
+        let keyer = self.models.get(&inputs.model).and_then(|m| m.keyer.as_ref());
+        let keys = keyer.map(|k| PendingKeys::new(k, endpoint, &fields, &bytes));
         drop(fields);
         let pinned = self.pinned(endpoint, &mut inputs)?;
         let conv_hash = inputs.conversation.as_ref().map(Conversation::hash);
         let grant = self.admit(&inputs, tenant, deadline, log).await?;
         let model = &self.models[&inputs.model];
         log.proxying(&model.series, conv_hash);
-        let tags = tags(&inputs, &keys);
         // A pinned request never takes a kept connection: those go where the kernel picked.
         let key = match (&self.pool, conv_hash, &pinned) {
             (Some(_), Some(conversation), None) => {
@@ -228,7 +230,10 @@ impl Pipeline {
         };
         let req = UpRequest { head, body: bytes, client };
         let (mut resp, mut lines, conn) = match &pinned {
-            None => self.exchange(key.as_ref(), model.vip, &tags, req, deadline).await?,
+            None => {
+                let tagging = Tagging { inputs: &inputs, keys, series: &model.series };
+                self.exchange(key.as_ref(), model.vip, Some(tagging), req, deadline).await?
+            }
             Some((id, stored)) => {
                 let sent = self.exchange_pinned(id, stored, Param::PreviousResponseId, req, deadline).await;
                 let outcome = match &sent {
@@ -337,7 +342,7 @@ impl Pipeline {
         req: UpRequest,
         deadline: Deadline,
     ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
-        self.exchange(None, stored.backend, &Tags::new(), req, deadline).await.map_err(|e| {
+        self.exchange(None, stored.backend, None, req, deadline).await.map_err(|e| {
             if e.code == Some(ApiError::NO_BACKEND) {
                 responses::gone(id, stored.backend, param)
             } else {
@@ -417,7 +422,7 @@ impl Pipeline {
         &self,
         key: Option<&PoolKey>,
         vip: SocketAddrV4,
-        tags: &Tags<'_>,
+        tagging: Option<Tagging<'_>>,
         mut req: UpRequest,
         deadline: Deadline,
     ) -> Result<(Response<UpBody>, Option<HeadLines>, Box<Conn>), ApiError> {
@@ -431,9 +436,21 @@ impl Pipeline {
                 Sent::NotSent(back) => req = back,
             }
         }
+        // Phase **keys**, for a connection to open: a kept one involves no pick.
+        let (inputs, keys) = match tagging {
+            Some(Tagging { inputs, keys: Some(pending), series }) => {
+                let made = std::time::Instant::now();
+                let keys = deadline.bound(async { Ok(pending.make().await) }).await?;
+                series.prefix_keys(&self.metrics).observe(made.elapsed().as_secs_f64());
+                (Some(inputs), keys)
+            }
+            Some(Tagging { inputs, keys: None, .. }) => (Some(inputs), Vec::new()),
+            None => (None, Vec::new()),
+        };
+        let tags = inputs.map_or_else(Tags::new, |i| tags(i, &keys));
         let mut conn = deadline
             .bound(async {
-                let up = upstream::connect::connect(vip, tags, self.cfg.connect_timeout).await?;
+                let up = upstream::connect::connect(vip, &tags, self.cfg.connect_timeout).await?;
                 // The front door's own HTTP/1 client, or hyper's.
                 if self.cfg.http1_fast_path {
                     Ok(upstream::conn::open_raw(up))
@@ -488,6 +505,14 @@ impl Pipeline {
 
 /// Phase **tags**: the socket options that carry `inputs` and the prompt's prefix `keys` to
 /// the kernel's pick.
+/// What a request's new upstream connection is tagged with: its routing inputs and, for a
+/// model that sends them, its prefix keys, made only when the connection is opened.
+struct Tagging<'a> {
+    inputs: &'a Inputs,
+    keys: Option<PendingKeys>,
+    series: &'a ModelSeries,
+}
+
 fn tags<'a>(inputs: &'a Inputs, keys: &'a [u64]) -> Tags<'a> {
     let mut tags = Tags::new().model(inputs.model.as_str());
     if !keys.is_empty() {

@@ -67,7 +67,7 @@ impl Keyer {
     }
 
     /// [`Self::keys`] for a request whose body is `body`, off the worker's thread where the
-    /// keys are token-exact. Tokenizing a long prompt takes milliseconds (about 18 ms for a
+    /// keys are token-exact (text keys, which cost microseconds, are made inline). Tokenizing a long prompt takes milliseconds (about 18 ms for a
     /// 15,000-token chat on this project's CI machine), and a front-door worker serves all its
     /// requests on one thread: inline, every response it is streaming would stall meanwhile.
     /// The blocking pool parses the body's fields again (microseconds) rather than share them.
@@ -76,9 +76,12 @@ impl Keyer {
     /// long prompts took every core, and on a host shared with the engines (the race's
     /// simulated GPUs) the whole fleet slowed (precise mode's TTFT P50 rose from 0.55 s to
     /// 1.44 s on the trace, its front door's CPU from 17.9 to 26.6 s per 1,000 requests).
-    pub async fn keys_off_thread(&self, endpoint: Endpoint, fields: &Fields<'_>, body: &bytes::Bytes) -> Vec<u64> {
+    pub async fn keys_off_thread(&self, endpoint: Endpoint, body: &bytes::Bytes) -> Vec<u64> {
         if matches!(self, Keyer::Text) {
-            return self.keys(endpoint, fields, body);
+            return match crate::gateway::inputs::parse_body(body) {
+                Ok(fields) => self.keys(endpoint, &fields, body),
+                Err(_) => Vec::new(),
+            };
         }
         // The semaphore is never closed, so the permit is always granted.
         let Ok(_permit) = tokenizing().acquire().await else {
@@ -93,6 +96,35 @@ impl Keyer {
             tracing::warn!(error = %e, "prefix keys: the tokenizing task failed; none sent");
             Vec::new()
         })
+    }
+}
+
+/// A request's prefix keys, made when it opens an upstream connection: a request sent on a
+/// kept connection involves no kernel pick (the connection already goes to its backend), so
+/// its token-exact keys, milliseconds of tokenizing for a long prompt, are never made. Text
+/// keys cost microseconds and are made at once, from the fields already parsed.
+pub enum PendingKeys {
+    /// Made already (text keys).
+    Ready(Vec<u64>),
+    /// Token-exact keys of `body`, made on [`PendingKeys::make`].
+    Tokens { keyer: Keyer, endpoint: Endpoint, body: bytes::Bytes },
+}
+
+impl PendingKeys {
+    /// The keys a request to `endpoint` with `fields` (of `body`) will send under `keyer`.
+    pub fn new(keyer: &Keyer, endpoint: Endpoint, fields: &Fields<'_>, body: &bytes::Bytes) -> Self {
+        match keyer {
+            Keyer::Text => PendingKeys::Ready(keyer.keys(endpoint, fields, body)),
+            Keyer::Tokens { .. } => PendingKeys::Tokens { keyer: keyer.clone(), endpoint, body: body.clone() },
+        }
+    }
+
+    /// The keys, made now if they were not yet.
+    pub async fn make(self) -> Vec<u64> {
+        match self {
+            PendingKeys::Ready(keys) => keys,
+            PendingKeys::Tokens { keyer, endpoint, body } => keyer.keys_off_thread(endpoint, &body).await,
+        }
     }
 }
 
@@ -253,10 +285,14 @@ mod tests {
         let f = fields(&body);
         let inline = keyer.keys(Endpoint::ChatCompletions, &f, &body);
         assert!(inline.len() >= 2, "{inline:?}");
-        assert_eq!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &f, &body)), inline);
+        assert_eq!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &body)), inline);
+        // Made when asked for, they are the same keys.
+        let pending = PendingKeys::new(&keyer, Endpoint::ChatCompletions, &f, &body);
+        assert!(matches!(pending, PendingKeys::Tokens { .. }), "token-exact keys are made only when asked for");
+        assert_eq!(rt.block_on(pending.make()), inline);
         // A body the blocking pool cannot parse sends no keys.
         let bad = bytes::Bytes::from_static(b"{not json");
-        assert!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &f, &bad)).is_empty());
+        assert!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &bad)).is_empty());
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //! holder of it for the model's `prefix_ttl`, so that the prompt's next request still goes
 //! there, and says that no engine reports it held.
 //!
-//! Requests are sent one after another on fresh upstream connections (`upstream_reuse =
+//! A third test sends a conversation's turns through the front door with kept connections:
+//! only the turns that open a connection (a kernel pick) make prefix keys.
+//!
+//! The first two send their requests one after another on fresh upstream connections (`upstream_reuse =
 //! "never"`), so no holder is ever at its load bound: with kept connections counting in
 //! flight for a moment after their answer, the bound may overrule the prefix, by design.
 //!
@@ -162,6 +165,12 @@ fn tenants_follow_what_the_engines_report_cached() {
         "one system prompt segment per later chat"
     );
     assert!(front_metric("ailb_gateway_tokenizer_cache_bytes") > 0);
+    // Every request opened a connection (`upstream_reuse = "never"`), so every one made its keys.
+    assert_eq!(
+        front_metric("ailb_gateway_prefix_keys_seconds_count"),
+        (TENANTS * PER_TENANT) as u64,
+        "the time to make each request's keys is measured"
+    );
 
     // `ailb explain --request` runs the same pick over the pinned maps: a new user of tenant 0
     // goes to the holder of its system prompt, and says so.
@@ -285,4 +294,57 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
         (v["conversation"]["prefix"]["exact"] == true).then_some(())
     });
     drop(small);
+}
+
+/// A conversation's turn sent on the connection its previous turn kept involves no kernel pick,
+/// so the front door makes no prefix keys for it: tokenizing is spent only where a pick uses it.
+#[test]
+fn a_turn_on_a_kept_connection_makes_no_prefix_keys() {
+    const TEST: &str = "a_turn_on_a_kept_connection_makes_no_prefix_keys";
+    const ENGINE: &str = "127.0.19.31:18185";
+    const FRONT: &str = "127.0.19.3:18186";
+    let Some(dir) = ailb_tests::tiny_model_dir() else {
+        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
+        return;
+    };
+    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-kept");
+    let (_sims, endpoints) = SimServer::start_publishing(&[ENGINE], MODEL, &dir_s, 16);
+    let mut b = BackendCfg::new(MODEL, ENGINE, 1).free_memory_mb(20000);
+    b.extra = format!("kv_events = \"{}\"\nkv_block_size = 16\n", endpoints[0]);
+    let mut cfg = base_config("prefix-kept", &cg).service(MODEL, "127.77.19.3:8000").backend(b);
+    // Kept connections stay reusable for the whole test, whatever the machine's pace.
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nprefix = \"precise\"\n\n[gateway]\nlisten = [\"{FRONT}\"]\nprefix_keys = true\n\
+         upstream_reuse = \"conversation\"\nupstream_max_age = \"60s\"\n\
+         [gateway.tokenizers]\n\"{MODEL}\" = \"{dir_s}\"\n[gateway.kv_block_tokens]\n\"{MODEL}\" = 16\n"
+    );
+    let daemon = Daemon::start(&bin, &cfg);
+    let _gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, FRONT.parse().expect("an address"));
+    let mut messages = topic_messages("harbours", 60);
+    let turns = 4;
+    for turn in 0..turns {
+        let r = http::post_json(FRONT, "/v1/chat/completions", &[("x-session-id", "kept-1")], &chat_of(&messages));
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
+        let Value::Array(list) = &mut messages else { panic!("messages are a list") };
+        list.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        list.push(json!({"role": "user", "content": format!("and then question {turn}?")}));
+    }
+    let (code, front) = http::get(FRONT, "/metrics").expect("GET the front door's /metrics");
+    assert_eq!(code, 200, "{front}");
+    let line = |prefix: &str| -> u64 {
+        front
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    let fresh = line("ailb_gateway_upstream_requests_total{reused=\"false\"} ");
+    let kept = line("ailb_gateway_upstream_requests_total{reused=\"true\"} ");
+    let made = model_metric(&front, "ailb_gateway_prefix_keys_seconds_count");
+    eprintln!("{fresh} fresh connections, {kept} kept, keys made {made} times");
+    assert_eq!(fresh + kept, turns, "every turn went upstream once");
+    assert!(kept >= 1, "the later turns went on the connection the first kept: {fresh} fresh, {kept} kept");
+    assert_eq!(made, fresh, "keys are made for the fresh connections only");
 }

@@ -60,6 +60,7 @@ fn outcome(policy: Policy, k: f64, fails: u64) -> Outcome {
         ],
         prefix_tokens: None,
         prefix_counters: BTreeMap::new(),
+        front_door: None,
         failure_kinds,
         util_series: (0..30)
             .map(|t| (t as f64 * 0.25, vec![(t as f64 / 30.0) * k, if t % 5 == 0 { f64::NAN } else { 0.5 }]))
@@ -235,7 +236,17 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
             .collect();
             o
         },
-        with_tokens(outcome(Policy::AilbGatewayPrefix, 0.6, 2), 7_500.0),
+        {
+            let mut o = with_tokens(outcome(Policy::AilbGatewayPrefix, 0.6, 2), 7_500.0);
+            o.front_door = Some(ailb_tools::compare::front_door::FrontDoorStats {
+                fresh: 12.0,
+                kept: 8.0,
+                keys_made: 12.0,
+                keys_s: 0.006,
+                keys_buckets: vec![(0.0004, 11.0), (0.0008, 12.0), (f64::INFINITY, 12.0)],
+            });
+            o
+        },
         with_tokens(outcome(Policy::SmgCacheAware, 1.0, 2), 8_000.0),
         with_tokens(outcome(Policy::VllmCacheAware, 0.9, 2), 6_000.0),
     ];
@@ -270,6 +281,11 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
                     tokens served from their caches.";
     assert!(md.contains(counters), "{counters} in {md}");
     assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
+    let front = "ailb (front door), prefix approximate: the front door opened 12 upstream connections (each a \
+                 kernel pick) and sent 8 requests on kept ones; prefix keys made for 12 of them \
+                 (`ailb_gateway_prefix_keys_seconds`), 0.500 ms on average, P95 at most 0.80 ms.";
+    assert!(md.contains(front), "{front} in {md}");
+    assert_eq!(md.matches("the front door opened").count(), 1, "only where the front door's counters were read");
 }
 
 /// A made-up request record of the real-engine race: request `i` of a run whose latencies are

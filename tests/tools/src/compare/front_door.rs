@@ -98,5 +98,69 @@ pub fn start(
     Ok(proc)
 }
 
+/// What the front door's own `/metrics` say of a run: the requests that opened a connection
+/// (a kernel pick) and those sent on a kept one, and the time spent making prefix keys (for the
+/// former only).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FrontDoorStats {
+    pub fresh: f64,
+    pub kept: f64,
+    /// Requests whose prefix keys were made, their total seconds, and the histogram's
+    /// cumulative buckets (upper bound in seconds, count).
+    pub keys_made: f64,
+    pub keys_s: f64,
+    pub keys_buckets: Vec<(f64, f64)>,
+}
+
+impl FrontDoorStats {
+    /// Parses the front door's Prometheus text (summed over models).
+    pub fn parse(text: &str) -> Self {
+        let mut out = FrontDoorStats::default();
+        let mut buckets = std::collections::BTreeMap::<u64, (f64, f64)>::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            match name {
+                "ailb_gateway_upstream_requests_total" if labels.contains("reused=\"true\"") => out.kept += value,
+                "ailb_gateway_upstream_requests_total" => out.fresh += value,
+                "ailb_gateway_prefix_keys_seconds_count" => out.keys_made += value,
+                "ailb_gateway_prefix_keys_seconds_sum" => out.keys_s += value,
+                "ailb_gateway_prefix_keys_seconds_bucket" => {
+                    let le = labels.split("le=\"").nth(1).and_then(|r| r.split('"').next());
+                    let le = match le {
+                        Some("+Inf") => f64::INFINITY,
+                        Some(v) => v.parse().unwrap_or(f64::NAN),
+                        None => continue,
+                    };
+                    buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += value;
+                }
+                _ => {}
+            }
+        }
+        out.keys_buckets = buckets.into_values().filter(|(le, _)| !le.is_nan()).collect();
+        out.keys_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+
+    /// The upper bound of the bucket that holds the `q`-quantile of the key-making times
+    /// (`None`: none made, or it lies past the last finite bucket).
+    pub fn keys_quantile_at_most(&self, q: f64) -> Option<f64> {
+        let rank = (q * self.keys_made).ceil().max(1.0);
+        (self.keys_made > 0.0)
+            .then(|| self.keys_buckets.iter().find(|(_, n)| *n >= rank).map(|(le, _)| *le))
+            .flatten()
+            .filter(|le| le.is_finite())
+    }
+
+    /// The front door at `listen`, `None` when it does not answer.
+    pub fn read(listen: SocketAddrV4) -> Option<Self> {
+        match crate::sim_gpus::http_get(listen, "/metrics")? {
+            (200, body) => Some(Self::parse(&body)),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

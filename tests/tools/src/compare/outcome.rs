@@ -44,6 +44,8 @@ pub struct Outcome {
     /// The kernel's prefix-pick counters at the end of the replay (`ailb_prefix_*` of `ailb
     /// run`'s `/metrics`: lookups, found, used, overruled_load, ...); empty without them.
     pub prefix_counters: BTreeMap<String, f64>,
+    /// The front door's own counters at the end of the replay (`None`: no front door).
+    pub front_door: Option<super::front_door::FrontDoorStats>,
     /// Failed requests by kind ("HTTP 400", "connect refused", ...).
     pub failure_kinds: BTreeMap<String, usize>,
     /// Utilisation samples over time: (seconds since the replay started, one value per GPU).
@@ -101,6 +103,7 @@ impl Outcome {
             gpus,
             prefix_tokens: None,
             prefix_counters: BTreeMap::new(),
+            front_door: None,
             failure_kinds,
             util_series,
             window_s,

@@ -179,6 +179,7 @@ fn from_the_cache(s: &mut String, outs: &[Outcome]) {
     }
     cache_table(s, outs);
     prefix_pick_counters(s, outs);
+    front_door_counters(s, outs);
     let peers: Vec<&Outcome> = outs.iter().filter(|o| super::peers::binary(o.policy).is_some()).collect();
     let ailbs: Vec<&Outcome> = outs.iter().filter(|o| o.policy.is_ailb()).collect();
     if peers.is_empty() || ailbs.is_empty() {
@@ -262,6 +263,34 @@ fn prefix_pick_counters(s: &mut String, outs: &[Outcome]) {
             c("map_lookups") / c("lookups").max(1.0),
             pct1(predicted),
             pct1(o.cached_share())
+        );
+    }
+}
+
+/// What the front door's own counters say: the requests that opened a connection (a kernel
+/// pick, so prefix keys made) and those sent on a kept one, and the time its keys took.
+fn front_door_counters(s: &mut String, outs: &[Outcome]) {
+    for o in outs {
+        let Some(f) = &o.front_door else { continue };
+        let keys = if f.keys_made > 0.0 {
+            let p95 =
+                f.keys_quantile_at_most(0.95).map_or_else(|| "over 0.8 s".into(), |le| format!("{:.2} ms", le * 1e3));
+            format!(
+                "; prefix keys made for {:.0} of them (`ailb_gateway_prefix_keys_seconds`), {:.3} ms on average, P95 at \
+                 most {p95}",
+                f.keys_made,
+                f.keys_s * 1e3 / f.keys_made
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "\n{}: the front door opened {:.0} upstream connections (each a kernel pick) and sent {:.0} requests on \
+             kept ones{keys}.",
+            o.policy.title(),
+            f.fresh,
+            f.kept
         );
     }
 }

@@ -49,6 +49,7 @@ pub fn run_policy(
     } else {
         Default::default()
     };
+    let front_door = balancer.front_door.and_then(front_door::FrontDoorStats::read);
     if !replayed.status.success() {
         bail!("the replay failed ({}): {}", replayed.status, replayed.stderr);
     }
@@ -64,6 +65,7 @@ pub fn run_policy(
         Outcome::from_replay(policy, &report, gpus, replayed.samples.series, workload.window_s, replayed.wall_s);
     outcome.prefix_tokens = prefix_tokens;
     outcome.prefix_counters = prefix_counters;
+    outcome.front_door = front_door;
     outcome.router_cpu_s = cpu::used(cpu_before.0, cpu_after.0);
     outcome.daemon_cpu_s = cpu::used(cpu_before.1, cpu_after.1);
     outcome.weights = WeightStats::of(&replayed.weights, replayed.wall_s);
@@ -101,12 +103,22 @@ struct Balancer {
     vip: String,
     /// `ailb run`'s HTTP endpoint (`daemon.listen`), for its weights.
     daemon_http: Option<SocketAddrV4>,
+    /// `ailb gateway`'s listen address, for its own counters.
+    front_door: Option<SocketAddrV4>,
 }
 
 impl Balancer {
     /// Nothing started yet; the replay addresses the VIP.
     fn bare(daemon_http: Option<SocketAddrV4>) -> Self {
-        Balancer { router: None, daemon: None, _agents: Vec::new(), _registry: None, vip: VIP.to_string(), daemon_http }
+        Balancer {
+            router: None,
+            daemon: None,
+            _agents: Vec::new(),
+            _registry: None,
+            vip: VIP.to_string(),
+            daemon_http,
+            front_door: None,
+        }
     }
 
     /// nginx for `Nginx`, the router for a peer policy; for ailb in full rnacos, an agent per GPU and the gateway with Nacos
@@ -153,6 +165,7 @@ impl Balancer {
                 if let (Some(listen), Some(d)) = (front_door, &b.daemon) {
                     b.router = Some(front_door::start(ailb, d.config_path(), Some(cg), listen, dir)?);
                     b.vip = listen.to_string();
+                    b.front_door = Some(listen);
                 }
                 b
             }

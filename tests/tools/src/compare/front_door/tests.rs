@@ -58,3 +58,24 @@ fn a_tokenizing_gpu_publishes_its_events_on_its_own_address() {
     let (events, replay) = crate::sim_gpus::kv_events_endpoints(SocketAddrV4::new([127, 0, 10, 3].into(), 18_104));
     assert_eq!((events.as_str(), replay.as_str()), ("tcp://127.0.10.3:19104", "tcp://127.0.10.3:20104"));
 }
+
+#[test]
+fn the_front_doors_connections_and_key_times_are_read_from_its_metrics() {
+    let text = "# HELP x\n\
+        ailb_gateway_upstream_requests_total{reused=\"false\"} 60\n\
+        ailb_gateway_upstream_requests_total{reused=\"true\"} 40\n\
+        ailb_gateway_prefix_keys_seconds_sum{model=\"sim-7b\"} 0.12\n\
+        ailb_gateway_prefix_keys_seconds_count{model=\"sim-7b\"} 60\n\
+        ailb_gateway_prefix_keys_seconds_bucket{le=\"0.001\",model=\"sim-7b\"} 50\n\
+        ailb_gateway_prefix_keys_seconds_bucket{le=\"0.002\",model=\"sim-7b\"} 56\n\
+        ailb_gateway_prefix_keys_seconds_bucket{le=\"0.004\",model=\"sim-7b\"} 58\n\
+        ailb_gateway_prefix_keys_seconds_bucket{le=\"+Inf\",model=\"sim-7b\"} 60\n";
+    let s = FrontDoorStats::parse(text);
+    assert_eq!((s.fresh, s.kept, s.keys_made, s.keys_s), (60.0, 40.0, 60.0, 0.12));
+    assert_eq!(s.keys_buckets.len(), 4);
+    // The 50th of 60 is in the first bucket, the 57th in the third; the 60th past the last finite one.
+    assert_eq!(s.keys_quantile_at_most(50.0 / 60.0), Some(0.001));
+    assert_eq!(s.keys_quantile_at_most(0.95), Some(0.004));
+    assert_eq!(s.keys_quantile_at_most(1.0), None);
+    assert_eq!(FrontDoorStats::parse("").keys_quantile_at_most(0.5), None, "none made");
+}
