@@ -503,8 +503,6 @@ impl Pipeline {
     }
 }
 
-/// Phase **tags**: the socket options that carry `inputs` and the prompt's prefix `keys` to
-/// the kernel's pick.
 /// What a request's new upstream connection is tagged with: its routing inputs and, for a
 /// model that sends them, its prefix keys, made only when the connection is opened.
 struct Tagging<'a> {
@@ -513,6 +511,8 @@ struct Tagging<'a> {
     series: &'a ModelSeries,
 }
 
+/// Phase **tags**: the socket options that carry `inputs` and the prompt's prefix `keys` to
+/// the kernel's pick.
 fn tags<'a>(inputs: &'a Inputs, keys: &'a [u64]) -> Tags<'a> {
     let mut tags = Tags::new().model(inputs.model.as_str());
     if !keys.is_empty() {

@@ -67,8 +67,9 @@ impl Keyer {
     }
 
     /// [`Self::keys`] for a request whose body is `body`, off the worker's thread where the
-    /// keys are token-exact (text keys, which cost microseconds, are made inline). Tokenizing a long prompt takes milliseconds (about 18 ms for a
-    /// 15,000-token chat on this project's CI machine), and a front-door worker serves all its
+    /// keys are token-exact (text keys, which cost microseconds, are made inline). Tokenizing
+    /// a long prompt takes milliseconds (about 18 ms for a 15,000-token chat on this
+    /// project's CI machine), and a front-door worker serves all its
     /// requests on one thread: inline, every response it is streaming would stall meanwhile.
     /// The blocking pool parses the body's fields again (microseconds) rather than share them.
     ///
