@@ -129,8 +129,8 @@ impl GatewayMetrics {
         );
         registry.register(
             "ailb_gateway_prefix_keys_seconds",
-            "Making a request's prefix keys (token-exact: waiting for a tokenizing slot and tokenizing), for the \
-             requests that open an upstream connection",
+            "Making a request's prefix keys (text: hashing the prompt's bytes; token-exact: waiting for a tokenizing \
+             slot and tokenizing), for the requests that open an upstream connection",
             m.prefix_keys_seconds.clone(),
         );
         registry.register("ailb_gateway_in_flight", "Requests being proxied now", m.in_flight.clone());

@@ -439,9 +439,8 @@ impl Pipeline {
         // Phase **keys**, for a connection to open: a kept one involves no pick.
         let (inputs, keys) = match tagging {
             Some(Tagging { inputs, keys: Some(pending), series }) => {
-                let made = std::time::Instant::now();
-                let keys = deadline.bound(async { Ok(pending.make().await) }).await?;
-                series.prefix_keys(&self.metrics).observe(made.elapsed().as_secs_f64());
+                let (keys, took) = deadline.bound(async { Ok(pending.make().await) }).await?;
+                series.prefix_keys(&self.metrics).observe(took.as_secs_f64());
                 (Some(inputs), keys)
             }
             Some(Tagging { inputs, keys: None, .. }) => (Some(inputs), Vec::new()),

@@ -26,6 +26,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -105,8 +106,8 @@ impl Keyer {
 /// its token-exact keys, milliseconds of tokenizing for a long prompt, are never made. Text
 /// keys cost microseconds and are made at once, from the fields already parsed.
 pub enum PendingKeys {
-    /// Made already (text keys).
-    Ready(Vec<u64>),
+    /// Made already (text keys), in `took`.
+    Ready { keys: Vec<u64>, took: Duration },
     /// Token-exact keys of `body`, made on [`PendingKeys::make`].
     Tokens { keyer: Keyer, endpoint: Endpoint, body: bytes::Bytes },
 }
@@ -115,16 +116,24 @@ impl PendingKeys {
     /// The keys a request to `endpoint` with `fields` (of `body`) will send under `keyer`.
     pub fn new(keyer: &Keyer, endpoint: Endpoint, fields: &Fields<'_>, body: &bytes::Bytes) -> Self {
         match keyer {
-            Keyer::Text => PendingKeys::Ready(keyer.keys(endpoint, fields, body)),
+            Keyer::Text => {
+                let started = Instant::now();
+                let keys = keyer.keys(endpoint, fields, body);
+                PendingKeys::Ready { keys, took: started.elapsed() }
+            }
             Keyer::Tokens { .. } => PendingKeys::Tokens { keyer: keyer.clone(), endpoint, body: body.clone() },
         }
     }
 
-    /// The keys, made now if they were not yet.
-    pub async fn make(self) -> Vec<u64> {
+    /// The keys, made now if they were not yet, and the time making them took.
+    pub async fn make(self) -> (Vec<u64>, Duration) {
         match self {
-            PendingKeys::Ready(keys) => keys,
-            PendingKeys::Tokens { keyer, endpoint, body } => keyer.keys_off_thread(endpoint, &body).await,
+            PendingKeys::Ready { keys, took } => (keys, took),
+            PendingKeys::Tokens { keyer, endpoint, body } => {
+                let started = Instant::now();
+                let keys = keyer.keys_off_thread(endpoint, &body).await;
+                (keys, started.elapsed())
+            }
         }
     }
 }
@@ -290,7 +299,12 @@ mod tests {
         // Made when asked for, they are the same keys.
         let pending = PendingKeys::new(&keyer, Endpoint::ChatCompletions, &f, &body);
         assert!(matches!(pending, PendingKeys::Tokens { .. }), "token-exact keys are made only when asked for");
-        assert_eq!(rt.block_on(pending.make()), inline);
+        assert_eq!(rt.block_on(pending.make()).0, inline);
+        // Text keys are made at once, and say how long that took.
+        let text = PendingKeys::new(&Keyer::Text, Endpoint::ChatCompletions, &f, &body);
+        let PendingKeys::Ready { keys, took } = text else { panic!("text keys are made at once") };
+        assert_eq!(keys, Keyer::Text.keys(Endpoint::ChatCompletions, &f, &body));
+        assert!(took > Duration::ZERO, "the time they took is kept");
         // A body the blocking pool cannot parse sends no keys.
         let bad = bytes::Bytes::from_static(b"{not json");
         assert!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &bad)).is_empty());
