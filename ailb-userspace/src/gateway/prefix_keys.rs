@@ -67,24 +67,18 @@ impl Keyer {
         all.map(|k| ailb_common::prefix::sent(&k).map(|(_, key)| key).collect()).unwrap_or_default()
     }
 
-    /// [`Self::keys`] for a request whose body is `body`, off the worker's thread where the
-    /// keys are token-exact (text keys, which cost microseconds, are made inline). Tokenizing
-    /// a long prompt takes milliseconds (about 18 ms for a 15,000-token chat on this
-    /// project's CI machine), and a front-door worker serves all its
-    /// requests on one thread: inline, every response it is streaming would stall meanwhile.
-    /// The blocking pool parses the body's fields again (microseconds) rather than share them.
+    /// [`Self::keys`] for a request whose body is `body`, off the worker's thread: for
+    /// token-exact keys ([`PendingKeys`] makes text keys, which cost microseconds, inline).
+    /// Tokenizing a long prompt takes milliseconds (about 18 ms for a 15,000-token chat on this
+    /// project's CI machine), and a front-door worker serves all its requests on one thread:
+    /// inline, every response it is streaming would stall meanwhile. The blocking pool parses
+    /// the body's fields again (microseconds) rather than share them.
     ///
     /// At most one tokenization per core runs at once ([`tokenizing`]): unbounded, a burst of
     /// long prompts took every core, and on a host shared with the engines (the race's
     /// simulated GPUs) the whole fleet slowed (precise mode's TTFT P50 rose from 0.55 s to
     /// 1.44 s on the trace, its front door's CPU from 17.9 to 26.6 s per 1,000 requests).
     pub async fn keys_off_thread(&self, endpoint: Endpoint, body: &bytes::Bytes) -> Vec<u64> {
-        if matches!(self, Keyer::Text) {
-            return match crate::gateway::inputs::parse_body(body) {
-                Ok(fields) => self.keys(endpoint, &fields, body),
-                Err(_) => Vec::new(),
-            };
-        }
         // The semaphore is never closed, so the permit is always granted.
         let Ok(_permit) = tokenizing().acquire().await else {
             return Vec::new();
