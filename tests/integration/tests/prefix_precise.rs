@@ -64,17 +64,22 @@ fn model_metric(metrics: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{metrics}")) as u64
 }
 
+/// The tiny model's folder as a string, or `None` with `test` reported skipped.
+fn tiny_model(test: &str) -> Option<String> {
+    let Some(dir) = ailb_tests::tiny_model_dir() else {
+        report_skipped(test, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
+        return None;
+    };
+    Some(dir.to_str().expect("a UTF-8 path").to_string())
+}
+
 fn prefix_status(daemon: &Daemon) -> Value {
     ailb_tests::status::model_prefix(&daemon.status(), MODEL)
 }
 
 #[test]
 fn tenants_follow_what_the_engines_report_cached() {
-    let Some(dir) = ailb_tests::tiny_model_dir() else {
-        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
-        return;
-    };
-    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let Some(dir_s) = tiny_model(TEST) else { return };
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-precise");
     let (sims, endpoints) = SimServer::start_publishing(&BACKENDS, MODEL, &dir_s, 16);
@@ -226,11 +231,7 @@ fn an_evicted_prompt_keeps_its_engine_as_a_weaker_holder() {
     const SMALL: &str = "127.0.19.21:18195";
     const OTHER: &str = "127.0.19.22:18196";
     const FRONT: &str = "127.0.19.2:18197";
-    let Some(dir) = ailb_tests::tiny_model_dir() else {
-        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
-        return;
-    };
-    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let Some(dir_s) = tiny_model(TEST) else { return };
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-evicted");
     // An engine whose cache holds two of these prompts: a third evicts the least recently used
@@ -303,11 +304,7 @@ fn a_turn_on_a_kept_connection_makes_no_prefix_keys() {
     const TEST: &str = "a_turn_on_a_kept_connection_makes_no_prefix_keys";
     const ENGINE: &str = "127.0.19.31:18185";
     const FRONT: &str = "127.0.19.3:18186";
-    let Some(dir) = ailb_tests::tiny_model_dir() else {
-        report_skipped(TEST, "no tiny model (cargo xtask setup makes it, or set AILB_TINY_MODEL_DIR)");
-        return;
-    };
-    let dir_s = dir.to_str().expect("a UTF-8 path").to_string();
+    let Some(dir_s) = tiny_model(TEST) else { return };
     let bin = preflight();
     let cg = CgroupGuard::new("prefix-kept");
     let (_sims, endpoints) = SimServer::start_publishing(&[ENGINE], MODEL, &dir_s, 16);
