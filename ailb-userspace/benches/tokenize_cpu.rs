@@ -24,6 +24,10 @@
 //! round, so a cache would take the later ones from the first): it measures where the
 //! tokenizing runs, not what it costs.
 //!
+//! Then a conversation's later turns tokenized up to their new message on the request's path, the
+//! rest warmed into the cache after it (`ChatTokenizer::chat_head`, `ChatTokenizer::warm`),
+//! against the whole prompt through the cache: CPU ms per request on the path and after it.
+//!
 //! Run by `cargo test` (without `--bench`, in a debug build), it only checks that the three modes
 //! send the same keys, over 4 requests and one round, that both encodings give the same ids, and
 //! that the cache gives the ids tokenizing without it gives.
@@ -179,6 +183,67 @@ fn main() {
     }
     encodings(&tokenizer, &bodies, &distinct_bodies(requests), rounds);
     segments(&dir, measure, rounds);
+    heads(&dir, measure, rounds);
+}
+
+/// A later turn tokenized up to its new message on the request's path (`ChatTokenizer::
+/// chat_head`), its tail warmed into the cache afterwards (`ChatTokenizer::warm`), against the
+/// whole prompt through the cache, on the conversations of [`segments`], alternating which runs
+/// first, a fresh cache per side and round; CPU ms per request on the path and after it. Checks
+/// that the head's ids are the whole prompt's first ids.
+fn heads(dir: &std::path::Path, measure: bool, rounds: usize) {
+    let (conversations, turns) = if measure { (12, 6) } else { (2, 3) };
+    let chats = conversation_chats(conversations, turns);
+    println!(
+        "\n{conversations} conversations x {turns} turns, through the segment cache:\n| round | whole, CPU ms per \
+         request | head on the path | tail warmed after it | head / whole, on the path |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for round in 1..=rounds {
+        let (whole_t, head_t) = (ChatTokenizer::load(dir).expect("loads"), ChatTokenizer::load(dir).expect("loads"));
+        let whole = || {
+            let c0 = cpu_seconds();
+            let ids: Vec<Vec<u32>> = chats.iter().map(|m| whole_t.chat_token_ids(m, true).expect("encodes")).collect();
+            ((cpu_seconds() - c0) * 1e3 / chats.len() as f64, ids)
+        };
+        let head = || {
+            let (mut path, mut after, mut ids) = (0.0, 0.0, Vec::new());
+            for m in &chats {
+                let c0 = cpu_seconds();
+                let h = head_t.chat_head(m).expect("renders");
+                let c1 = cpu_seconds();
+                path += c1 - c0;
+                match h {
+                    Some(h) => {
+                        head_t.warm(&h.tail);
+                        after += cpu_seconds() - c1;
+                        ids.push(Some(h.ids));
+                    }
+                    None => {
+                        let c0 = cpu_seconds();
+                        head_t.chat_token_ids(m, true).expect("encodes");
+                        path += cpu_seconds() - c0;
+                        ids.push(None);
+                    }
+                }
+            }
+            let n = chats.len() as f64;
+            (path * 1e3 / n, after * 1e3 / n, ids)
+        };
+        let ((w, whole_ids), (p, a, head_ids)) = if round % 2 == 1 {
+            let w = whole();
+            (w, head())
+        } else {
+            let h = head();
+            (whole(), h)
+        };
+        for (whole, head) in whole_ids.iter().zip(&head_ids) {
+            if let Some(head) = head {
+                assert_eq!(whole[..head.len()], head[..], "a head's ids are the whole prompt's first ids");
+            }
+        }
+        println!("| {round} | {w:.2} | {p:.2} | {a:.2} | {:.2}x |", p / w);
+    }
 }
 
 /// `conversations` conversations of `turns` turns, in arrival order (every conversation's first

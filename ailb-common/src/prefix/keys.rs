@@ -88,6 +88,38 @@ pub fn text_keys(text: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// What a chain of stand-in keys hashes first, after its parent key.
+pub const STAND_IN_TAG: &[u8] = b"ailb.prefix.unread.v1";
+
+/// `count` stand-in keys for the blocks of a prompt's `tail` that were not tokenized, after the
+/// key `parent` of the last block that was (the chain's root when none was): the keys a prompt
+/// sends at the positions that tail would fill, so that the positions, the stride and the
+/// share of its keys found held stay what they would be for the whole prompt.
+///
+/// `s_0 = H(le64(parent) || STAND_IN_TAG || le64(H(tail)))`, `s_i = H(le64(s_{i-1}) ||
+/// le64(H(tail)))`, none 0. They are a function of the whole prompt, so every gateway sends the
+/// same ones for the same request, and two prompts that share the tail's first blocks but not
+/// the whole tail share none of them: a stand-in matches only the same prompt again.
+pub fn stand_in_keys(parent: u64, tail: &[u8], count: usize) -> Vec<u64> {
+    let tail_hash = xxh3_64_with_seed(tail, PREFIX_SEED);
+    let mut h = Xxh3::with_seed(PREFIX_SEED);
+    h.update(&parent.to_le_bytes());
+    h.update(STAND_IN_TAG);
+    h.update(&tail_hash.to_le_bytes());
+    let mut key = nonzero(h.digest());
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        if i > 0 {
+            let mut h = Xxh3::with_seed(PREFIX_SEED);
+            h.update(&key.to_le_bytes());
+            h.update(&tail_hash.to_le_bytes());
+            key = nonzero(h.digest());
+        }
+        out.push(key);
+    }
+    out
+}
+
 /// XXH3 with the prefix seed over one buffer: the definition [`chain_tokens`] and
 /// [`chain_text`] stream (kept for the tests that check they agree).
 pub fn one_shot(bytes: &[u8]) -> u64 {

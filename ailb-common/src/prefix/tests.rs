@@ -180,6 +180,27 @@ mod keys {
         }
     }
 
+    #[test]
+    fn stand_in_keys_are_the_prompts_own_and_none_is_a_real_key() {
+        let tokens: Vec<u32> = (0..64).collect();
+        let real = token_keys(&tokens, BS);
+        let parent = *real.last().unwrap();
+        let a = stand_in_keys(parent, b"the last question", 5);
+        assert_eq!(a.len(), 5);
+        assert!(a.iter().all(|&k| k != 0));
+        assert_eq!(a, stand_in_keys(parent, b"the last question", 5), "deterministic");
+        assert_eq!(a[..3], stand_in_keys(parent, b"the last question", 3)[..], "a chain: fewer are its start");
+        let distinct: HashSet<u64> = a.iter().copied().collect();
+        assert_eq!(distinct.len(), 5, "{a:?}");
+        // Another tail, or another prefix before it, shares none.
+        assert_eq!(shared(&a, &stand_in_keys(parent, b"the last question?", 5)), 0);
+        assert_eq!(shared(&a, &stand_in_keys(real[0], b"the last question", 5)), 0);
+        // No real key of the prompt, tokens or text, is among them.
+        assert_eq!(shared(&a, &real), 0);
+        assert_eq!(shared(&a, &text_keys(&[b'q'; 640])), 0);
+        assert!(stand_in_keys(parent, b"x", 0).is_empty());
+    }
+
     /// The number of keys two key lists share, anywhere.
     fn shared(a: &[u64], b: &[u64]) -> usize {
         let a: HashSet<u64> = a.iter().copied().collect();

@@ -5,7 +5,12 @@
 //!   engine tokenizes it (chat: the chat template rendered with the generation prompt, then
 //!   encoded; completions: the prompt encoded with the special tokens the engine adds), in
 //!   blocks of the model's `kv_block_tokens`. These are the keys the daemon computes from the
-//!   engine's KV events, so precise mode matches them block for block.
+//!   engine's KV events, so precise mode matches them block for block. A chat with earlier
+//!   messages is tokenized only up to where its last message begins
+//!   ([`ChatTokenizer::chat_head`]): the earlier messages are what an engine may hold, the last
+//!   one is new text, and tokenizing it was most of the request path's work on long turns. Its
+//!   blocks send stand-in keys ([`head_keys`]), and it is tokenized into the segment cache
+//!   after the request has gone ([`warm_later`]), for the conversation's next turn.
 //! - **text**, otherwise: the prompt's bytes in 64-byte chunks, as the field's approximate
 //!   routers do. Chat messages are written in order as `role 0x1f text 0x1e`, so two requests
 //!   that share their leading messages share their leading bytes; a completion's prompt is its
@@ -32,7 +37,7 @@ use serde_json::Value;
 
 use super::inputs::Endpoint;
 use super::request_fields::{value_text, Fields, Messages};
-use crate::tokenize::ChatTokenizer;
+use crate::tokenize::{ChatHead, ChatTokenizer};
 
 /// How a model's requests are keyed.
 #[derive(Clone)]
@@ -55,8 +60,13 @@ impl Keyer {
     pub fn keys(&self, endpoint: Endpoint, fields: &Fields<'_>, body: &[u8]) -> Vec<u64> {
         let all = match self {
             Keyer::Text => text_material(endpoint, fields).map(|m| ailb_common::prefix::text_keys(&m)),
-            Keyer::Tokens { tokenizer, block } => match token_ids(tokenizer, endpoint, fields, body) {
-                Ok(Some(ids)) => Some(ailb_common::prefix::token_keys(&ids, *block)),
+            Keyer::Tokens { tokenizer, block } => match token_prompt(tokenizer, endpoint, fields, body) {
+                Ok(Some(TokenPrompt::Whole(ids))) => Some(ailb_common::prefix::token_keys(&ids, *block)),
+                Ok(Some(TokenPrompt::Head(head))) => {
+                    let keys = head_keys(&head, *block);
+                    warm_later(tokenizer, head.tail);
+                    Some(keys)
+                }
                 Ok(None) => None,
                 Err(e) => {
                     tracing::debug!(error = %e, "prefix keys: the prompt could not be tokenized; none sent");
@@ -242,35 +252,114 @@ pub fn agent_chat(endpoint: Endpoint, fields: &Fields<'_>) -> Option<Vec<ChatTur
     (!out.is_empty()).then_some(out)
 }
 
+/// A prompt as the engine's token ids: whole, or a chat's up to its last message
+/// ([`ChatTokenizer::chat_head`]).
+enum TokenPrompt {
+    Whole(Vec<u32>),
+    Head(ChatHead),
+}
+
 /// The engine's token ids of a prompt; `None` for an endpoint or shape not keyed.
-fn token_ids(
+fn token_prompt(
     tok: &ChatTokenizer,
     endpoint: Endpoint,
     fields: &Fields<'_>,
     body: &[u8],
-) -> Result<Option<Vec<u32>>, String> {
+) -> Result<Option<TokenPrompt>, String> {
     if let Some(turns) = agent_chat(endpoint, fields) {
         let messages: Vec<Value> =
             turns.into_iter().map(|t| serde_json::json!({"role": t.role, "content": t.text})).collect();
-        return tok.chat_token_ids(&Value::Array(messages), true).map(Some).map_err(|e| crate::error_chain(&e));
+        return chat_prompt(tok, &Value::Array(messages)).map(Some);
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     match endpoint {
         Endpoint::ChatCompletions => {
             let Some(messages) = v.get("messages") else { return Ok(None) };
-            tok.chat_token_ids(messages, true).map(Some).map_err(|e| crate::error_chain(&e))
+            chat_prompt(tok, messages).map(Some)
         }
         Endpoint::Completions => match v.get("prompt") {
-            Some(Value::String(p)) => tok.encode(p, true).map(Some).map_err(|e| crate::error_chain(&e)),
+            Some(Value::String(p)) => {
+                tok.encode(p, true).map(|ids| Some(TokenPrompt::Whole(ids))).map_err(|e| crate::error_chain(&e))
+            }
             _ => Ok(None),
         },
         _ => Ok(None),
     }
 }
 
+/// A chat's prompt: up to its last message where it has earlier ones, else whole.
+fn chat_prompt(tok: &ChatTokenizer, messages: &Value) -> Result<TokenPrompt, String> {
+    let prompt = match tok.chat_head(messages) {
+        Ok(Some(head)) => Ok(TokenPrompt::Head(head)),
+        Ok(None) => tok.chat_token_ids(messages, true).map(TokenPrompt::Whole),
+        Err(e) => Err(e),
+    };
+    prompt.map_err(|e| crate::error_chain(&e))
+}
+
+/// The keys of a chat tokenized up to its last message: the head's own keys, then stand-ins
+/// (`prefix::stand_in_keys`) for the blocks its tail would fill, the tail's tokens estimated
+/// from its bytes at the head's bytes per token. So the request sends its keys at the
+/// positions the whole prompt's would take, with the same stride, and the kernel's share of
+/// keys found held (its wait rule, the memory it asks of a holder) reads as for the whole
+/// prompt; the stand-ins are never held, as the new message's own blocks are held nowhere.
+/// What is lost: a prompt sent again whole (a retry) is found held only up to its head.
+fn head_keys(head: &ChatHead, block: NonZeroU32) -> Vec<u64> {
+    let mut keys = ailb_common::prefix::token_keys(&head.ids, block);
+    let tail_tokens = (head.tail.len() * head.ids.len()).div_ceil(head.head_bytes.max(1));
+    let blocks = (head.ids.len() + tail_tokens) / block.get() as usize;
+    let parent = keys.last().copied().unwrap_or_else(|| ailb_common::prefix::token_root(block));
+    keys.extend(ailb_common::prefix::stand_in_keys(parent, head.tail.as_bytes(), blocks.saturating_sub(keys.len())));
+    keys
+}
+
+/// Tails waiting to be put in their model's segment cache, at most this many; more are dropped
+/// (their conversation's next request tokenizes them on its own path).
+const WARM_QUEUE: usize = 256;
+
+/// Tokenizes `tail` into `tokenizer`'s segment cache on a thread of its own, after the request
+/// has gone: the conversation's next request sends it among its earlier messages, and finds its
+/// ids cached rather than tokenizing it on that request's path. One thread: at most one core,
+/// off the front door's workers and its tokenizing permits.
+fn warm_later(tokenizer: &Arc<ChatTokenizer>, tail: String) {
+    type Job = (Arc<ChatTokenizer>, String);
+    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Job>>> = std::sync::OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(WARM_QUEUE);
+        let spawned = std::thread::Builder::new().name("ailb-warm".into()).spawn(move || {
+            for (tokenizer, tail) in rx {
+                tokenizer.warm(&tail);
+            }
+        });
+        match spawned {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "prefix keys: no thread to warm the segment caches; later turns tokenize on their path");
+                None
+            }
+        }
+    });
+    if let Some(tx) = queue {
+        let _ = tx.try_send((tokenizer.clone(), tail));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tiny model's folder, where `cargo xtask setup` made it.
+    fn tiny_model_dir() -> Option<std::path::PathBuf> {
+        let dir = std::env::var_os("AILB_TINY_MODEL_DIR").map(std::path::PathBuf::from).or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ailb/models/tiny-llama"))
+        })?;
+        if dir.join("tokenizer.json").is_file() {
+            Some(dir)
+        } else {
+            println!("skipped, the tiny model's part: none at {} (cargo xtask setup makes it)", dir.display());
+            None
+        }
+    }
 
     fn fields(body: &[u8]) -> Fields<'_> {
         crate::gateway::inputs::parse_body(body).expect("a JSON object")
@@ -302,6 +391,56 @@ mod tests {
         // A body the blocking pool cannot parse sends no keys.
         let bad = bytes::Bytes::from_static(b"{not json");
         assert!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &bad)).is_empty());
+    }
+
+    /// A chat with earlier messages sends its head's keys, the whole prompt's own, at the
+    /// positions the whole prompt's keys take, and stand-ins where its last message's would be;
+    /// about as many keys as the whole prompt gives.
+    #[test]
+    fn a_chat_sends_its_earlier_messages_keys_and_stand_ins_for_its_last() {
+        let check = |tok: ChatTokenizer, block: u32, messages: Value, slack: usize| {
+            let block = NonZeroU32::new(block).expect("non-zero");
+            let tok = Arc::new(tok);
+            let keyer = Keyer::Tokens { tokenizer: tok.clone(), block };
+            let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).expect("json");
+            let sent = keyer.keys(Endpoint::ChatCompletions, &fields(&body), &body);
+            let whole_ids = tok.encode(&tok.render(&messages, true).expect("renders"), false).expect("encodes");
+            let whole = ailb_common::prefix::token_keys(&whole_ids, block);
+            let head = tok.chat_head(&messages).expect("renders").expect("a head");
+            let own = head.ids.len() / block.get() as usize;
+            assert!(own > 0 && own < whole.len(), "{own} of {} blocks in the head", whole.len());
+            // The keys the whole prompt would send at the head's positions, and none of its
+            // keys after them.
+            let mut i = 0;
+            for (pos, key) in ailb_common::prefix::sent(&whole) {
+                if pos < own {
+                    assert_eq!(sent[i], key, "block {pos}");
+                    i += 1;
+                }
+            }
+            assert!(sent[i..].iter().all(|k| !whole.contains(k)), "stand-ins are no real keys");
+            assert!(sent.len() > i, "the last message's blocks have stand-ins");
+            let n = ailb_common::prefix::sent(&whole).count();
+            assert!(sent.len().abs_diff(n) <= slack, "{} keys sent, the whole prompt sends {n}", sent.len());
+            // The same request sends the same keys (gateways agree).
+            assert_eq!(keyer.keys(Endpoint::ChatCompletions, &fields(&body), &body), sent);
+        };
+        let messages = serde_json::json!([{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello world ! hello world !"},
+            {"role": "assistant", "content": "hello hello"},
+            {"role": "user", "content": "world ! world ! world brief brief"}]);
+        check(crate::tokenize::tests::fixture(), 2, messages, 3);
+        // A real tokenizer, a long last message: its token count estimated from its bytes.
+        if let Some(dir) = tiny_model_dir() {
+            let tok = ChatTokenizer::load(&dir).expect("loads");
+            let system = "You are the assistant of tenant seven, and you answer briefly. ".repeat(40);
+            let question = "Summarise the history of the Roman republic, its wars and its laws. ".repeat(60);
+            let messages = serde_json::json!([{"role": "system", "content": system},
+                {"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "Paris."},
+                {"role": "user", "content": question}]);
+            check(tok, 16, messages, 1);
+        }
     }
 
     #[test]

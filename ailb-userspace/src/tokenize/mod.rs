@@ -70,6 +70,18 @@ pub enum TokenizeError {
     Encode(#[source] tokenizers::Error),
 }
 
+/// A chat's prompt up to where its last message begins, tokenized, and the rest as text
+/// ([`ChatTokenizer::chat_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatHead {
+    /// The token ids of the rendered prompt's first `head_bytes` bytes.
+    pub ids: Vec<u32>,
+    /// The bytes of the rendered prompt the ids cover (at least one: it ends after a cut token).
+    pub head_bytes: usize,
+    /// The rest of the rendered prompt: the last message and the generation prompt.
+    pub tail: String,
+}
+
 /// A model's tokenizer with its chat template.
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
@@ -182,7 +194,11 @@ impl ChatTokenizer {
 
     /// The prompt text: the chat template over `messages` (the request's `messages` array, as
     /// JSON) with `add_generation_prompt`.
-    pub fn render(&self, messages: &serde_json::Value, add_generation_prompt: bool) -> Result<String, TokenizeError> {
+    pub fn render<M: serde::Serialize + ?Sized>(
+        &self,
+        messages: &M,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizeError> {
         let tmpl = self.env.get_template(template::CHAT).map_err(TokenizeError::Render)?;
         let mut ctx: Vec<(&str, minijinja::Value)> =
             self.specials.iter().map(|(name, text)| (*name, minijinja::Value::from(text.as_str()))).collect();
@@ -213,6 +229,50 @@ impl ChatTokenizer {
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
         self.encode_rendered(&self.render(messages, add_generation_prompt)?)
+    }
+
+    /// A conversation's later turn tokenized up to where its last message begins, the rest left
+    /// as text; `None` for any other chat and where the turn cannot be cut exactly (then
+    /// [`Self::chat_token_ids`] tokenizes it whole): no assistant message before the last one, a
+    /// tokenizer that is not cut in segments or has no segment cache, a template whose rendering
+    /// of the earlier messages is not the start of the whole prompt's (or fails), or no cut
+    /// before the last message.
+    ///
+    /// The head ends right after the last cut token at or before the end of the earlier
+    /// messages' rendering, so its ids are exactly the first ids of the whole prompt (the cut
+    /// property of [`segments`]). Why: a later turn's earlier messages (the conversation so
+    /// far) are what an engine may hold; its last message is the user's new text, which no
+    /// engine has seen, and tokenizing it is most of the work on the request path when it is
+    /// long. A chat without an answer in it is a first turn: its last message may carry what
+    /// many requests share (a document before the question, the same question again), so it is
+    /// tokenized whole.
+    pub fn chat_head(&self, messages: &serde_json::Value) -> Result<Option<ChatHead>, TokenizeError> {
+        let (Some(cuts), Some(_)) = (&self.cuts, &self.cache) else { return Ok(None) };
+        let later_turn = |l: &Vec<serde_json::Value>| {
+            l.len() >= 2 && l[..l.len() - 1].iter().any(|m| m.get("role").and_then(|r| r.as_str()) == Some("assistant"))
+        };
+        let Some(list) = messages.as_array().filter(|l| later_turn(l)) else { return Ok(None) };
+        let full = self.render(messages, true)?;
+        let Ok(earlier) = self.render(&list[..list.len() - 1], false) else { return Ok(None) };
+        if !full.starts_with(&earlier) {
+            return Ok(None);
+        }
+        let Some(cut) = cuts.last_cut_within(&full, earlier.len()) else { return Ok(None) };
+        let ids = self.encode_rendered(&full[..cut])?;
+        Ok(Some(ChatHead { ids, head_bytes: cut, tail: full[cut..].to_string() }))
+    }
+
+    /// Puts the ids of `text`'s segments in the segment cache (a prompt's tail left untokenized
+    /// by [`Self::chat_head`], which the conversation's next request will send again among its
+    /// earlier messages); nothing without cuts or a cache. An encoding error leaves that
+    /// segment out.
+    pub fn warm(&self, text: &str) {
+        let (Some(cuts), Some(cache)) = (&self.cuts, &self.cache) else { return };
+        let mut scratch = Vec::new();
+        for segment in cuts.segments(text) {
+            scratch.clear();
+            let _ = cache.extend(segment, &mut scratch, |s| self.encode(s, false));
+        }
     }
 
     /// A rendered prompt's ids (no special tokens added: the template wrote them), segment by

@@ -85,6 +85,15 @@ impl Cuts {
         &self.tokens
     }
 
+    /// The end of the last cut token that ends at or before byte `limit` of `text` (a segment's
+    /// end in `text`), if any. Cut tokens never overlap, so a match in `text[..limit]` is one
+    /// of `text`'s.
+    pub fn last_cut_within(&self, text: &str, limit: usize) -> Option<usize> {
+        let limit = limit.min(text.len());
+        let head = text.get(..limit)?;
+        self.finder.find_iter(head).last().map(|m| m.end())
+    }
+
     /// `text` in segments, each ending right after a cut token (the last one: the rest).
     pub fn segments<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         let mut start = 0;

@@ -360,3 +360,74 @@ fn the_segment_cache_stays_within_its_budget() {
     // An encoding error is returned, and nothing is kept.
     assert!(cache.extend("bad", &mut out, |_| Err(())).is_err());
 }
+
+/// A chat's head (up to its last message) and its tail make the whole prompt, and the head's
+/// ids are the whole prompt's first ids.
+fn check_heads(t: &ChatTokenizer, chats: &[serde_json::Value]) {
+    for messages in chats {
+        let list = messages.as_array().expect("a list");
+        if !list[..list.len() - 1].iter().any(|m| m["role"] == "assistant") {
+            assert_eq!(t.chat_head(messages).expect("renders"), None, "a first turn is tokenized whole");
+            continue;
+        }
+        let text = t.render(messages, true).expect("renders");
+        let whole = t.encode(&text, false).expect("encodes");
+        let head = t.chat_head(messages).expect("renders").expect("a later turn: a head");
+        assert_eq!(format!("{}{}", &text[..head.head_bytes], head.tail), text);
+        assert_eq!(whole[..head.ids.len()], head.ids[..], "{text:?}");
+        // The head covers the earlier messages up to their last cut: the last message and the
+        // generation prompt are in the tail, and nothing of an earlier message but its spacing.
+        let earlier = t.render(&list[..list.len() - 1], false).expect("renders");
+        assert!(earlier.len() - head.head_bytes <= 2, "{earlier:?} against {:?}", &text[..head.head_bytes]);
+        let last = list[list.len() - 1]["content"].as_str().expect("text").trim();
+        assert!(head.tail.contains(last), "{:?} in {:?}", last, head.tail);
+    }
+}
+
+#[test]
+fn a_chats_head_is_the_whole_prompts_start_up_to_its_last_message() {
+    let t = fixture();
+    check_heads(&t, &growing_chats(&["be brief", "hello world !", " hello", "world  ", "brief"]));
+    // One message, or a first turn with a system prompt: no head; nor without a segment cache.
+    assert_eq!(t.chat_head(&json!([{"role": "user", "content": "hello"}])).expect("renders"), None);
+    let first = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]);
+    assert_eq!(t.chat_head(&first).expect("renders"), None);
+    let two = json!([{"role": "user", "content": "be brief"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "world"}]);
+    assert!(t.chat_head(&two).expect("renders").is_some());
+    let uncached = fixture().with_segment_cache(None);
+    assert_eq!(uncached.chat_head(&two).expect("renders"), None);
+    // A template that renders the earlier messages otherwise than it starts the whole prompt
+    // (here: the last message first) is not cut.
+    let reversed =
+        "{% for message in messages|reverse %}{{ '<|im_start|>' + message['content'] + '<|im_end|>' }}{% endfor %}";
+    let t = ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(json!(reversed)), None).expect("loads");
+    assert_eq!(t.chat_head(&two).expect("renders"), None);
+    if let Some(t) = tiny_model() {
+        let system = "You are a helpful assistant. ".repeat(50);
+        check_heads(t, &growing_chats(&[&system, "What is the capital of France?", "Paris.", "And of Italy?"]));
+    }
+}
+
+/// A tail warmed into the segment cache is a hit when the next turn sends it among its earlier
+/// messages.
+#[test]
+fn a_warmed_tail_is_found_cached_by_the_next_turn() {
+    let t = fixture();
+    let chats = growing_chats(&["be brief", "hello world !", " hello", "world world brief", "brief", "hello"]);
+    // Turn two ([2]: system, question, answer, question) and turn three ([4]).
+    let head = t.chat_head(&chats[2]).expect("renders").expect("a head");
+    let stats = t.segment_cache().expect("a cache").stats();
+    // The next turn without warming: turn two's question is encoded anew, with the answer.
+    let cold = fixture();
+    cold.chat_head(&chats[2]).expect("renders");
+    let misses = cold.segment_cache().expect("a cache").stats().misses.get();
+    cold.chat_head(&chats[4]).expect("renders");
+    let cold_misses = cold.segment_cache().expect("a cache").stats().misses.get() - misses;
+    t.warm(&head.tail);
+    let misses = stats.misses.get();
+    t.chat_head(&chats[4]).expect("renders");
+    let warm_misses = stats.misses.get() - misses;
+    assert_eq!(warm_misses + 1, cold_misses, "{warm_misses} segments encoded warmed, {cold_misses} cold");
+    assert_eq!(warm_misses, 1, "only the answer `brief` is new to turn three's head");
+}

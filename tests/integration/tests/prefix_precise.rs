@@ -16,7 +16,9 @@
 //! there, and says that no engine reports it held.
 //!
 //! A third test sends a conversation's turns through the front door with kept connections:
-//! only the turns that open a connection (a kernel pick) make prefix keys.
+//! only the turns that open a connection (a kernel pick) make prefix keys. A fourth sends a
+//! conversation's later turns: each is keyed up to its new question, and the conversation so
+//! far is found where its engine holds it.
 //!
 //! The first two send their requests one after another on fresh upstream connections (`upstream_reuse =
 //! "never"`), so no holder is ever at its load bound: with kept connections counting in
@@ -344,4 +346,84 @@ fn a_turn_on_a_kept_connection_makes_no_prefix_keys() {
     assert_eq!(fresh + kept, turns, "every turn went upstream once");
     assert!(kept >= 1, "the later turns went on the connection the first kept: {fresh} fresh, {kept} kept");
     assert_eq!(made, fresh, "keys are made for the fresh connections only");
+}
+
+/// A conversation's later turn is keyed up to its new question: the conversation so far is
+/// found where its engine holds it, the question's blocks send stand-in keys (held nowhere),
+/// and the question goes into the front door's segment cache for the turn after, which then
+/// finds it there.
+#[test]
+fn a_later_turn_is_keyed_up_to_its_new_question() {
+    const TEST: &str = "a_later_turn_is_keyed_up_to_its_new_question";
+    const ENGINES: [&str; 2] = ["127.0.19.41:18181", "127.0.19.42:18182"];
+    const FRONT: &str = "127.0.19.4:18183";
+    let Some(dir_s) = tiny_model(TEST) else { return };
+    let bin = preflight();
+    let cg = CgroupGuard::new("prefix-later");
+    let (_sims, endpoints) = SimServer::start_publishing(&ENGINES, MODEL, &dir_s, 16);
+    let mut cfg = base_config("prefix-later", &cg).service(MODEL, "127.77.19.4:8000");
+    for (addr, ep) in ENGINES.iter().zip(&endpoints) {
+        let mut b = BackendCfg::new(MODEL, addr, 1).free_memory_mb(20000);
+        b.extra = format!("kv_events = \"{ep}\"\nkv_block_size = 16\n");
+        cfg = cfg.backend(b);
+    }
+    cfg.extra = format!(
+        "[[models]]\nname = \"{MODEL}\"\nprefix = \"precise\"\n\n[gateway]\nlisten = [\"{FRONT}\"]\nprefix_keys = true\n\
+         upstream_reuse = \"never\"\n\
+         [gateway.tokenizers]\n\"{MODEL}\" = \"{dir_s}\"\n[gateway.kv_block_tokens]\n\"{MODEL}\" = 16\n"
+    );
+    let daemon = Daemon::start(&bin, &cfg);
+    let _gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, FRONT.parse().expect("an address"));
+    let front_metric = |name: &str| {
+        let (code, text) = http::get(FRONT, "/metrics").expect("GET the front door's /metrics");
+        assert_eq!(code, 200, "{text}");
+        model_metric(&text, name)
+    };
+    // Each turn under a session of its own: the kernel has no affinity for it, as a gateway
+    // that did not serve the earlier turns, so the prefix step places it.
+    let send = |messages: &Value, session: &str| {
+        let r = http::post_json(FRONT, "/v1/chat/completions", &[("x-session-id", session)], &chat_of(messages));
+        assert_eq!(r.status, 200, "{session}: {}", r.body);
+        r.header("x-ailb-backend").expect("the backend is named").to_string()
+    };
+    let first = topic_messages("lighthouses", 140);
+    let engine = send(&first, "later-1");
+    wait_until("the first turn held whole by its engine", WAIT, || {
+        let p = explain(&bin, &daemon, &chat_of(&first))["conversation"]["prefix"].clone();
+        (p["found"] == p["sent"] && p["exact"] == true).then_some(())
+    });
+    let mut second = first.clone();
+    let question: Vec<String> = (0..200).map(|i| format!("why{}", i % 30)).collect();
+    let Value::Array(list) = &mut second else { panic!("messages are a list") };
+    list.push(json!({"role": "assistant", "content": "Lighthouses guide ships."}));
+    list.push(json!({"role": "user", "content": question.join(" ")}));
+    let v = explain(&bin, &daemon, &chat_of(&second));
+    let p = &v["conversation"]["prefix"];
+    let (found, sent) = (p["found"].as_u64().expect("found"), p["sent"].as_u64().expect("sent"));
+    assert!(found >= 1 && found < sent, "the conversation so far found, its question not: {v}");
+    assert_eq!((&p["usage"], &p["exact"]), (&json!("used"), &json!(true)), "{v}");
+    assert_eq!(p["holders"], json!([engine]), "{v}");
+    // Through the front door: the kernel finds the same prefix of the same keys.
+    let before = prefix_status(&daemon);
+    let encoded = front_metric("ailb_gateway_tokenizer_tokens_encoded_total");
+    assert_eq!(send(&second, "later-2"), engine, "the second turn goes where the first is cached");
+    let after = prefix_status(&daemon);
+    let d = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+    assert_eq!((d("lookups"), d("used")), (1, 1), "before {before}, after {after}");
+    assert_eq!((d("keys_found"), d("keys_sent")), (found, sent), "explain's keys: {after}");
+    // The question is tokenized into the front door's cache (off the request's path), and the
+    // third turn takes it from there.
+    wait_until("the second turn's question in the front door's segment cache", WAIT, || {
+        (front_metric("ailb_gateway_tokenizer_tokens_encoded_total") >= encoded + question.len() as u64).then_some(())
+    });
+    let mut third = second.clone();
+    let Value::Array(list) = &mut third else { panic!("messages are a list") };
+    list.push(json!({"role": "assistant", "content": "Because."}));
+    list.push(json!({"role": "user", "content": "thanks"}));
+    let encoded = front_metric("ailb_gateway_tokenizer_tokens_encoded_total");
+    send(&third, "later-3");
+    // The third turn encodes the second answer (and, once sent, its own short question): not
+    // the second question's 200 words again.
+    let again = front_metric("ailb_gateway_tokenizer_tokens_encoded_total") - encoded;
+    assert!(again < question.len() as u64 / 2, "{again} tokens encoded for the third turn");
 }
