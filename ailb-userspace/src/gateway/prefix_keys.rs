@@ -142,6 +142,17 @@ impl PendingKeys {
     }
 }
 
+/// The warming thread's nice value: the lowest priority, a share of about 1.5 % of a CPU that
+/// other threads of the default priority want.
+const WARM_NICE: i32 = 19;
+
+/// Lowers the calling thread's priority to [`WARM_NICE`] (Linux keeps a nice value per thread:
+/// `setpriority` on a thread id sets that thread's alone). Lowering one's own priority needs no
+/// privilege.
+fn idle_priority() -> std::io::Result<()> {
+    rustix::process::setpriority_process(Some(rustix::thread::gettid()), WARM_NICE).map_err(std::io::Error::from)
+}
+
 /// The tokenizations that may run at once, process-wide: one per core the process may use.
 fn tokenizing() -> &'static tokio::sync::Semaphore {
     static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
@@ -317,16 +328,27 @@ fn head_keys(head: &ChatHead, block: NonZeroU32) -> Vec<u64> {
 /// (their conversation's next request tokenizes them on its own path).
 const WARM_QUEUE: usize = 256;
 
+/// The name of the thread that warms the segment caches.
+const WARM_THREAD: &str = "ailb-warm";
+
 /// Tokenizes `tail` into `tokenizer`'s segment cache on a thread of its own, after the request
 /// has gone: the conversation's next request sends it among its earlier messages, and finds its
 /// ids cached rather than tokenizing it on that request's path. One thread: at most one core,
-/// off the front door's workers and its tokenizing permits.
+/// off the front door's workers and its tokenizing permits. It runs only on a CPU that would
+/// otherwise idle, nearly ([`idle_priority`]): the next turn comes seconds later, while
+/// the request just sent is being served now, and where the engines share the gateway's cores
+/// (one box, the races' simulated GPUs) the warming, run at once, took the CPU from the
+/// engine's own tokenizing of that same prompt. A tail it never gets to is tokenized on the
+/// next turn's path, as without it.
 fn warm_later(tokenizer: &Arc<ChatTokenizer>, tail: String) {
     type Job = (Arc<ChatTokenizer>, String);
     static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Job>>> = std::sync::OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(WARM_QUEUE);
-        let spawned = std::thread::Builder::new().name("ailb-warm".into()).spawn(move || {
+        let spawned = std::thread::Builder::new().name(WARM_THREAD.into()).spawn(move || {
+            if let Err(e) = idle_priority() {
+                tracing::warn!(error = %e, "prefix keys: the warming thread keeps the normal priority");
+            }
             for (tokenizer, tail) in rx {
                 tokenizer.warm(&tail);
             }
@@ -441,6 +463,36 @@ mod tests {
                 {"role": "user", "content": question}]);
             check(tok, 16, messages, 1);
         }
+    }
+
+    /// The warming thread runs at the lowest priority, and warms: a later turn's tail, handed to
+    /// it, ends up in the segment cache.
+    #[test]
+    fn the_warming_thread_runs_at_the_lowest_priority_and_warms() {
+        let tok = Arc::new(crate::tokenize::tests::fixture());
+        let entries = || tok.segment_cache().expect("a cache").usage().1;
+        let before = entries();
+        warm_later(&tok, "hello world !<|im_end|>brief<|im_end|>".to_string());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let thread = loop {
+            let found = std::fs::read_dir("/proc/self/task")
+                .expect("/proc/self/task")
+                .flatten()
+                .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == WARM_THREAD));
+            if let (Some(t), true) = (found, entries() >= before + 2) {
+                break t.path();
+            }
+            assert!(Instant::now() < deadline, "no warming thread, or the tail not cached ({} entries)", entries());
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // Field 19 of a task's stat is its nice value. The command name (field 2) is in
+        // parentheses and has no spaces here.
+        let stat = std::fs::read_to_string(thread.join("stat")).expect("the thread's stat");
+        let nice: i32 = stat.split_whitespace().nth(18).and_then(|f| f.parse().ok()).expect("a nice field");
+        assert_eq!(nice, WARM_NICE, "{stat}");
+        // The test's own thread keeps its priority.
+        let own = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
+        assert_eq!(own.split_whitespace().nth(18), Some("0"), "{own}");
     }
 
     #[test]
