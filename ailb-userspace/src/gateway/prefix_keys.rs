@@ -5,12 +5,13 @@
 //!   engine tokenizes it (chat: the chat template rendered with the generation prompt, then
 //!   encoded; completions: the prompt encoded with the special tokens the engine adds), in
 //!   blocks of the model's `kv_block_tokens`. These are the keys the daemon computes from the
-//!   engine's KV events, so precise mode matches them block for block. A chat with earlier
-//!   messages is tokenized only up to where its last message begins
-//!   ([`ChatTokenizer::chat_head`]): the earlier messages are what an engine may hold, the last
-//!   one is new text, and tokenizing it was most of the request path's work on long turns. Its
-//!   blocks send stand-in keys ([`head_keys`]), and it is tokenized into the segment cache
-//!   after the request has gone ([`warm_later`]), for the conversation's next turn.
+//!   engine's KV events, so precise mode matches them block for block. A conversation's later
+//!   turn (a chat with an answer before its last message) is tokenized only up to where its
+//!   last message begins ([`ChatTokenizer::chat_head`]): the earlier messages are what an
+//!   engine may hold, the last one is new text, and tokenizing it was most of the request
+//!   path's work on long turns. Its blocks send stand-in keys ([`head_keys`]), and it is
+//!   tokenized into the segment cache after the request has gone ([`warm_later`]), for the
+//!   conversation's next turn. A first turn is tokenized whole.
 //! - **text**, otherwise: the prompt's bytes in 64-byte chunks, as the field's approximate
 //!   routers do. Chat messages are written in order as `role 0x1f text 0x1e`, so two requests
 //!   that share their leading messages share their leading bytes; a completion's prompt is its
@@ -298,7 +299,7 @@ fn token_prompt(
     }
 }
 
-/// A chat's prompt: up to its last message where it has earlier ones, else whole.
+/// A chat's prompt: a later turn's up to its last message where it can be cut so, else whole.
 fn chat_prompt(tok: &ChatTokenizer, messages: &Value) -> Result<TokenPrompt, String> {
     let prompt = match tok.chat_head(messages) {
         Ok(Some(head)) => Ok(TokenPrompt::Head(head)),
