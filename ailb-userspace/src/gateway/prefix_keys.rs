@@ -371,19 +371,6 @@ fn warm_later(tokenizer: &Arc<ChatTokenizer>, tail: String) {
 mod tests {
     use super::*;
 
-    /// The tiny model's folder, where `cargo xtask setup` made it.
-    fn tiny_model_dir() -> Option<std::path::PathBuf> {
-        let dir = std::env::var_os("AILB_TINY_MODEL_DIR").map(std::path::PathBuf::from).or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ailb/models/tiny-llama"))
-        })?;
-        if dir.join("tokenizer.json").is_file() {
-            Some(dir)
-        } else {
-            println!("skipped, the tiny model's part: none at {} (cargo xtask setup makes it)", dir.display());
-            None
-        }
-    }
-
     fn fields(body: &[u8]) -> Fields<'_> {
         crate::gateway::inputs::parse_body(body).expect("a JSON object")
     }
@@ -454,7 +441,7 @@ mod tests {
             {"role": "user", "content": "world ! world ! world brief brief"}]);
         check(crate::tokenize::tests::fixture(), 2, messages, 3);
         // A real tokenizer, a long last message: its token count estimated from its bytes.
-        if let Some(dir) = tiny_model_dir() {
+        if let Some(dir) = crate::tokenize::tests::tiny_model_dir() {
             let tok = ChatTokenizer::load(&dir).expect("loads");
             let system = "You are the assistant of tenant seven, and you answer briefly. ".repeat(40);
             let question = "Summarise the history of the Roman republic, its wars and its laws. ".repeat(60);

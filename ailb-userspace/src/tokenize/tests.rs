@@ -306,20 +306,24 @@ proptest::proptest! {
     }
 }
 
-/// The tiny model's tokenizer, loaded once; `None` (and a line saying so) where it is absent.
+/// The tiny model's folder (`AILB_TINY_MODEL_DIR`, else where `cargo xtask setup` makes it);
+/// `None`, and a line saying so, where it has no tokenizer.
+pub(crate) fn tiny_model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("AILB_TINY_MODEL_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ailb/models/tiny-llama")))?;
+    if !dir.join("tokenizer.json").is_file() {
+        println!("skipped: no tiny model at {} (cargo xtask setup makes it)", dir.display());
+        return None;
+    }
+    Some(dir)
+}
+
+/// The tiny model's tokenizer, loaded once; `None` where it is absent ([`tiny_model_dir`]).
 fn tiny_model() -> Option<&'static ChatTokenizer> {
     static TINY: std::sync::OnceLock<Option<ChatTokenizer>> = std::sync::OnceLock::new();
-    TINY.get_or_init(|| {
-        let dir = std::env::var_os("AILB_TINY_MODEL_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ailb/models/tiny-llama")))?;
-        if !dir.join("tokenizer.json").is_file() {
-            println!("skipped: no tiny model at {} (cargo xtask setup makes it)", dir.display());
-            return None;
-        }
-        Some(ChatTokenizer::load(&dir).expect("the tiny model's tokenizer loads"))
-    })
-    .as_ref()
+    TINY.get_or_init(|| Some(ChatTokenizer::load(&tiny_model_dir()?).expect("the tiny model's tokenizer loads")))
+        .as_ref()
 }
 
 #[test]
