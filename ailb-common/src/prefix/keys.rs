@@ -101,23 +101,19 @@ pub const STAND_IN_TAG: &[u8] = b"ailb.prefix.unread.v1";
 /// same ones for the same request, and two prompts that share the tail's first blocks but not
 /// the whole tail share none of them: a stand-in matches only the same prompt again.
 pub fn stand_in_keys(parent: u64, tail: &[u8], count: usize) -> Vec<u64> {
-    let tail_hash = xxh3_64_with_seed(tail, PREFIX_SEED);
-    let mut h = Xxh3::with_seed(PREFIX_SEED);
-    h.update(&parent.to_le_bytes());
-    h.update(STAND_IN_TAG);
-    h.update(&tail_hash.to_le_bytes());
-    let mut key = nonzero(h.digest());
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        if i > 0 {
-            let mut h = Xxh3::with_seed(PREFIX_SEED);
-            h.update(&key.to_le_bytes());
-            h.update(&tail_hash.to_le_bytes());
-            key = nonzero(h.digest());
-        }
-        out.push(key);
-    }
-    out
+    let tail_hash = xxh3_64_with_seed(tail, PREFIX_SEED).to_le_bytes();
+    let mut first = STAND_IN_TAG.to_vec();
+    first.extend_from_slice(&tail_hash);
+    // Each is `chain_text` of the one before: H(le64(previous) || bytes), never 0.
+    let mut key = chain_text(parent, &first);
+    (0..count)
+        .map(|i| {
+            if i > 0 {
+                key = chain_text(key, &tail_hash);
+            }
+            key
+        })
+        .collect()
 }
 
 /// XXH3 with the prefix seed over one buffer: the definition [`chain_tokens`] and

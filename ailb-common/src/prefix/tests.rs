@@ -199,6 +199,11 @@ mod keys {
         assert_eq!(shared(&a, &real), 0);
         assert_eq!(shared(&a, &text_keys(&[b'q'; 640])), 0);
         assert!(stand_in_keys(parent, b"x", 0).is_empty());
+        // The documented definition, over one buffer each.
+        let t = xxhash_rust::xxh3::xxh3_64_with_seed(b"the last question", PREFIX_SEED);
+        let s0 = one_shot(&[&parent.to_le_bytes()[..], STAND_IN_TAG, &t.to_le_bytes()].concat());
+        let s1 = one_shot(&[s0.to_le_bytes(), t.to_le_bytes()].concat());
+        assert_eq!(a[..2], [s0, s1]);
     }
 
     /// The number of keys two key lists share, anywhere.
