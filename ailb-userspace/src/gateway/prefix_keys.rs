@@ -38,7 +38,7 @@ use serde_json::Value;
 
 use super::inputs::Endpoint;
 use super::request_fields::{value_text, Fields, Messages};
-use crate::tokenize::{ChatHead, ChatTokenizer};
+use crate::tokenize::{ChatHead, ChatIds, ChatTokenizer};
 
 /// How a model's requests are keyed.
 #[derive(Clone)]
@@ -62,8 +62,8 @@ impl Keyer {
         let all = match self {
             Keyer::Text => text_material(endpoint, fields).map(|m| ailb_common::prefix::text_keys(&m)),
             Keyer::Tokens { tokenizer, block } => match token_prompt(tokenizer, endpoint, fields, body) {
-                Ok(Some(TokenPrompt::Whole(ids))) => Some(ailb_common::prefix::token_keys(&ids, *block)),
-                Ok(Some(TokenPrompt::Head(head))) => {
+                Ok(Some(ChatIds::Whole(ids))) => Some(ailb_common::prefix::token_keys(&ids, *block)),
+                Ok(Some(ChatIds::Head(head))) => {
                     let keys = head_keys(&head, *block);
                     warm_later(tokenizer, head.tail);
                     Some(keys)
@@ -264,49 +264,33 @@ pub fn agent_chat(endpoint: Endpoint, fields: &Fields<'_>) -> Option<Vec<ChatTur
     (!out.is_empty()).then_some(out)
 }
 
-/// A prompt as the engine's token ids: whole, or a chat's up to its last message
-/// ([`ChatTokenizer::chat_head`]).
-enum TokenPrompt {
-    Whole(Vec<u32>),
-    Head(ChatHead),
-}
-
-/// The engine's token ids of a prompt; `None` for an endpoint or shape not keyed.
+/// The engine's token ids of a prompt (a later turn's up to its last message); `None` for an
+/// endpoint or shape not keyed.
 fn token_prompt(
     tok: &ChatTokenizer,
     endpoint: Endpoint,
     fields: &Fields<'_>,
     body: &[u8],
-) -> Result<Option<TokenPrompt>, String> {
+) -> Result<Option<ChatIds>, String> {
     if let Some(turns) = agent_chat(endpoint, fields) {
         let messages: Vec<Value> =
             turns.into_iter().map(|t| serde_json::json!({"role": t.role, "content": t.text})).collect();
-        return chat_prompt(tok, &Value::Array(messages)).map(Some);
+        return tok.chat_ids(&Value::Array(messages)).map(Some).map_err(|e| crate::error_chain(&e));
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     match endpoint {
         Endpoint::ChatCompletions => {
             let Some(messages) = v.get("messages") else { return Ok(None) };
-            chat_prompt(tok, messages).map(Some)
+            tok.chat_ids(messages).map(Some).map_err(|e| crate::error_chain(&e))
         }
         Endpoint::Completions => match v.get("prompt") {
             Some(Value::String(p)) => {
-                tok.encode(p, true).map(|ids| Some(TokenPrompt::Whole(ids))).map_err(|e| crate::error_chain(&e))
+                tok.encode(p, true).map(|ids| Some(ChatIds::Whole(ids))).map_err(|e| crate::error_chain(&e))
             }
             _ => Ok(None),
         },
         _ => Ok(None),
     }
-}
-
-/// A chat's prompt: a later turn's up to its last message where it can be cut so, else whole.
-fn chat_prompt(tok: &ChatTokenizer, messages: &Value) -> Result<TokenPrompt, String> {
-    let prompt = match tok.chat_head(messages) {
-        Ok(Some(head)) => Ok(TokenPrompt::Head(head)),
-        Ok(None) => tok.chat_token_ids(messages, true).map(TokenPrompt::Whole),
-        Err(e) => Err(e),
-    };
-    prompt.map_err(|e| crate::error_chain(&e))
 }
 
 /// The keys of a chat tokenized up to its last message: the head's own keys, then stand-ins

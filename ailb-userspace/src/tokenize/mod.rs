@@ -82,6 +82,21 @@ pub struct ChatHead {
     pub tail: String,
 }
 
+/// A chat's ids for its prefix keys ([`ChatTokenizer::chat_ids`]); also a completion's prompt,
+/// whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatIds {
+    Whole(Vec<u32>),
+    Head(ChatHead),
+}
+
+/// The messages of a conversation's later turn (an assistant message before the last one).
+fn later_turn(messages: &serde_json::Value) -> Option<&[serde_json::Value]> {
+    let list = messages.as_array()?;
+    let (_, earlier) = list.split_last()?;
+    earlier.iter().any(|m| m.get("role").and_then(|r| r.as_str()) == Some("assistant")).then_some(list.as_slice())
+}
+
 /// A model's tokenizer with its chat template.
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
@@ -247,17 +262,32 @@ impl ChatTokenizer {
     /// many requests share (a document before the question, the same question again), so it is
     /// tokenized whole.
     pub fn chat_head(&self, messages: &serde_json::Value) -> Result<Option<ChatHead>, TokenizeError> {
-        let (Some(cuts), Some(_)) = (&self.cuts, &self.cache) else { return Ok(None) };
-        let later_turn = |l: &Vec<serde_json::Value>| {
-            l.len() >= 2 && l[..l.len() - 1].iter().any(|m| m.get("role").and_then(|r| r.as_str()) == Some("assistant"))
-        };
-        let Some(list) = messages.as_array().filter(|l| later_turn(l)) else { return Ok(None) };
+        if self.cuts.is_none() || self.cache.is_none() || later_turn(messages).is_none() {
+            return Ok(None);
+        }
+        self.head_of(messages, &self.render(messages, true)?)
+    }
+
+    /// A chat request's ids for its prefix keys: a later turn's up to its last message
+    /// ([`Self::chat_head`]) where it can be cut so, else the whole prompt's
+    /// ([`Self::chat_token_ids`]); the template rendered once for both.
+    pub fn chat_ids(&self, messages: &serde_json::Value) -> Result<ChatIds, TokenizeError> {
         let full = self.render(messages, true)?;
+        match self.head_of(messages, &full)? {
+            Some(head) => Ok(ChatIds::Head(head)),
+            None => self.encode_rendered(&full).map(ChatIds::Whole),
+        }
+    }
+
+    /// [`Self::chat_head`] of `messages` whose whole prompt renders as `full`.
+    fn head_of(&self, messages: &serde_json::Value, full: &str) -> Result<Option<ChatHead>, TokenizeError> {
+        let (Some(cuts), Some(_)) = (&self.cuts, &self.cache) else { return Ok(None) };
+        let Some(list) = later_turn(messages) else { return Ok(None) };
         let Ok(earlier) = self.render(&list[..list.len() - 1], false) else { return Ok(None) };
         if !full.starts_with(&earlier) {
             return Ok(None);
         }
-        let Some(cut) = cuts.last_cut_within(&full, earlier.len()) else { return Ok(None) };
+        let Some(cut) = cuts.last_cut_within(full, earlier.len()) else { return Ok(None) };
         let ids = self.encode_rendered(&full[..cut])?;
         Ok(Some(ChatHead { ids, head_bytes: cut, tail: full[cut..].to_string() }))
     }

@@ -413,6 +413,22 @@ fn a_chats_head_is_the_whole_prompts_start_up_to_its_last_message() {
     }
 }
 
+/// The keys' ids: a later turn's head, a first turn's whole ids; the same as asked apart.
+#[test]
+fn chat_ids_are_the_head_of_a_later_turn_and_a_first_turns_whole_ids() {
+    let t = fixture();
+    let chats = growing_chats(&["be brief", "hello world !", " hello", "world world brief"]);
+    for messages in &chats {
+        let want = match t.chat_head(messages).expect("renders") {
+            Some(head) => ChatIds::Head(head),
+            None => ChatIds::Whole(t.chat_token_ids(messages, true).expect("encodes")),
+        };
+        assert_eq!(t.chat_ids(messages).expect("renders"), want, "{messages}");
+    }
+    assert!(matches!(t.chat_ids(&chats[0]).expect("renders"), ChatIds::Whole(_)), "a first turn");
+    assert!(matches!(t.chat_ids(&chats[2]).expect("renders"), ChatIds::Head(_)), "a later turn");
+}
+
 /// A tail warmed into the segment cache is a hit when the next turn sends it among its earlier
 /// messages.
 #[test]
