@@ -363,6 +363,8 @@ pub const SOCK_COUNTED: u32 = 16;
 pub const SOCK_IDLE: u32 = 32;
 /// The socket carries prefix keys (`AILB_SOCK_PREFIX`).
 pub const SOCK_HAS_PREFIX: u32 = 64;
+/// The client withheld its prefix keys until asked (`AILB_PREFIX_ON_REQUEST`).
+pub const SOCK_PREFIX_ON_REQUEST: u32 = 128;
 
 /// `AILB_SOCK` (sk_storage) value: the client's hints and the pick.
 #[repr(C)]

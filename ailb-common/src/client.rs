@@ -38,8 +38,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use crate::abi::{
-    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_REQUIRED_MEMORY_MB, MAX_CONVERSATION_LEN,
-    MAX_MODEL_NAME_LEN,
+    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_PREFIX_ON_REQUEST, AILB_REQUIRED_MEMORY_MB,
+    MAX_CONVERSATION_LEN, MAX_MODEL_NAME_LEN,
 };
 use crate::prefix::PREFIX_KEYS_MAX;
 
@@ -54,6 +54,8 @@ pub enum Field {
     Model,
     /// The prompt's prefix keys ([`crate::prefix::sent`]).
     Prefix,
+    /// The prompt's prefix keys withheld until the kernel asks for them.
+    PrefixOnRequest,
     /// Not a tag: the idle/busy mark of a connected socket ([`mark_idle`]).
     Idle,
 }
@@ -66,6 +68,7 @@ impl Field {
             Field::RequiredMemoryMb => AILB_REQUIRED_MEMORY_MB,
             Field::Model => AILB_MODEL,
             Field::Prefix => AILB_PREFIX,
+            Field::PrefixOnRequest => AILB_PREFIX_ON_REQUEST,
             Field::Idle => AILB_IDLE,
         }
     }
@@ -77,6 +80,7 @@ impl Field {
             Field::RequiredMemoryMb => "AILB_REQUIRED_MEMORY_MB",
             Field::Model => "AILB_MODEL",
             Field::Prefix => "AILB_PREFIX",
+            Field::PrefixOnRequest => "AILB_PREFIX_ON_REQUEST",
             Field::Idle => "AILB_IDLE",
         }
     }
@@ -89,6 +93,7 @@ impl fmt::Display for Field {
             Field::RequiredMemoryMb => "required_memory_mb",
             Field::Model => "model",
             Field::Prefix => "prefix",
+            Field::PrefixOnRequest => "prefix_on_request",
             Field::Idle => "idle",
         })
     }
@@ -156,6 +161,12 @@ impl ClientError {
             | ClientError::PeerNotIpv4 { .. } => None,
         }
     }
+
+    /// `ENOKEY` from `connect()`: the socket withheld its prefix keys ([`Tags::prefix_on_request`])
+    /// and the pick needs them; connect again on a fresh socket with them.
+    pub fn keys_wanted(&self) -> bool {
+        matches!(self, ClientError::Connect { .. }) && self.raw_os_error() == Some(libc::ENOKEY)
+    }
 }
 
 /// What tagging a socket found out.
@@ -190,12 +201,13 @@ pub struct Tags<'a> {
     required_memory_mb: Option<u32>,
     model: Option<&'a [u8]>,
     prefix: Option<&'a [u64]>,
+    prefix_on_request: bool,
 }
 
 impl<'a> Tags<'a> {
     /// No tags.
     pub const fn new() -> Self {
-        Self { conversation: None, required_memory_mb: None, model: None, prefix: None }
+        Self { conversation: None, required_memory_mb: None, model: None, prefix: None, prefix_on_request: false }
     }
 
     /// `AILB_CONVERSATION`: 1..=[`MAX_CONVERSATION_LEN`] raw bytes. Connections of one
@@ -226,11 +238,22 @@ impl<'a> Tags<'a> {
         self
     }
 
+    /// `AILB_PREFIX_ON_REQUEST`: the prompt's prefix keys are withheld until the kernel asks for
+    /// them: the connect fails with `ENOKEY` ([`ClientError::keys_wanted`]) where the pick would
+    /// have read them, and goes ahead, to the backend it would have got with them, where the
+    /// conversation's affinity decides. For a client whose keys are costly to make (token-exact
+    /// keys: the prompt tokenized) and which continues conversations.
+    pub const fn prefix_on_request(mut self) -> Self {
+        self.prefix_on_request = true;
+        self
+    }
+
     pub const fn is_empty(&self) -> bool {
         self.conversation.is_none()
             && self.required_memory_mb.is_none()
             && self.model.is_none()
             && self.prefix.is_none()
+            && !self.prefix_on_request
     }
 
     /// Checks every length as the kernel will, so that a bad value never half-tags a socket.
@@ -304,6 +327,12 @@ pub fn tag_prefix(fd: impl AsFd, keys: &[u64]) -> Result<Tagging, ClientError> {
     set(fd.as_fd(), Field::Prefix, &key_bytes(keys))
 }
 
+/// `ailb_prefix_on_request`: before connect, `true` withholds the prompt's prefix keys until the
+/// kernel asks for them ([`Tags::prefix_on_request`]); `false` turns that off.
+pub fn tag_prefix_on_request(fd: impl AsFd, on: bool) -> Result<Tagging, ClientError> {
+    set(fd.as_fd(), Field::PrefixOnRequest, &u32::from(on).to_ne_bytes())
+}
+
 /// `ailb_mark_idle`: marks a connected socket idle (`true`: kept open between requests, not
 /// counted in flight at its backend) or busy again (`false`: a request is about to go on it).
 /// A connection kept for reuse must be marked idle while it waits, or the kernel's load bound
@@ -312,7 +341,7 @@ pub fn mark_idle(fd: impl AsFd, idle: bool) -> Result<Tagging, ClientError> {
     set(fd.as_fd(), Field::Idle, &u32::from(idle).to_ne_bytes())
 }
 
-/// Sets every option of `tags` on `fd` (conversation, memory, model, prefix), after checking them
+/// Sets every option of `tags` on `fd` (conversation, memory, model, prefix, prefix on request), after checking them
 /// all. Stops at the first `ENOPROTOOPT` ([`Tagging::NoBalancer`]); the first other failure
 /// is an error, and the options before it stay set.
 pub fn tag(fd: impl AsFd, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
@@ -320,11 +349,13 @@ pub fn tag(fd: impl AsFd, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
     let fd = fd.as_fd();
     let mem = tags.required_memory_mb.map(u32::to_ne_bytes);
     let keys = tags.prefix.map(key_bytes);
+    let on_request = 1u32.to_ne_bytes();
     let options = [
         (Field::Conversation, tags.conversation),
         (Field::RequiredMemoryMb, mem.as_ref().map(|b| &b[..])),
         (Field::Model, tags.model),
         (Field::Prefix, keys.as_deref()),
+        (Field::PrefixOnRequest, tags.prefix_on_request.then_some(&on_request[..])),
     ];
     let mut tagging = Tagging::NoTags;
     for (field, value) in options {

@@ -47,8 +47,8 @@ mod prefix;
 mod vec_maps;
 pub use member_scan::MemberScan;
 pub use prefix::{
-    held, placement_hash, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose, PrefixCtx,
-    PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
+    held, keys_wanted, placement_hash, search as prefix_search, uncached_need, verdict as prefix_verdict, Choose,
+    PrefixCtx, PrefixQuery, PrefixUse, PrefixVerdict, Search, SEARCH_STEPS,
 };
 #[cfg(feature = "std")]
 pub use vec_maps::VecMaps;

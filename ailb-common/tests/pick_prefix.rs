@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use ailb_common::{
     hash::fmix64,
     pick::{
-        pick_prefixed, uncached_need, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery, PrefixUse, VecMaps,
+        keys_wanted, pick_prefixed, uncached_need, ClientFamily, Outcome, PickMaps, PickRequest, PrefixQuery,
+        PrefixUse, VecMaps,
     },
     prefix::{sent, text_keys},
     AffinityValue, Backend, GlobalConfig, ModelState, PrefixHolders, BACKEND_LIVE, MEM_UNKNOWN, MODEL_PREFIX_EVENTS,
@@ -480,6 +481,25 @@ fn conversation_affinity_comes_first() {
     assert_eq!((r.backend, r.outcome), (0, Outcome::AffinityHit));
 }
 
+#[test]
+fn withheld_keys_are_wanted_only_where_the_pick_would_read_them() {
+    let outcomes = [
+        Outcome::AffinityHit,
+        Outcome::Prefix,
+        Outcome::Primary,
+        Outcome::Spill,
+        Outcome::Fallback,
+        Outcome::NoBackend,
+        Outcome::NoFit,
+    ];
+    for o in outcomes {
+        assert!(!keys_wanted(0, o), "{o:?}: a model without a prefix mode reads no keys");
+        assert!(keys_wanted(MODEL_PREFIX_LEARN, o), "{o:?}: a learning model records every connect's keys");
+        assert!(keys_wanted(MODEL_PREFIX_LEARN | MODEL_PREFIX_EVENTS, o), "{o:?}");
+        assert_eq!(keys_wanted(MODEL_PREFIX_EVENTS, o), o != Outcome::AffinityHit, "{o:?}");
+    }
+}
+
 proptest! {
     /// Each backend holds a leading run of the prompt's blocks (as an engine caches); the
     /// search finds the longest run among usable holders, measured in keys sent, in at most
@@ -691,6 +711,46 @@ fn the_filter_search_after_the_first_key_finds_every_run_within_the_steps() {
             if found == 0 {
                 assert_eq!(probes, 0);
             }
+        }
+    }
+}
+
+proptest! {
+    /// On a model fed by its engines' events, a connect whose pick without keys is decided by
+    /// affinity gets the same backend with any keys, held anywhere, in any load and memory
+    /// state: so withholding them until asked (`AILB_PREFIX_ON_REQUEST`) changes no pick.
+    #[test]
+    fn an_affinity_hit_without_keys_is_the_pick_with_them(
+        held in proptest::collection::vec(0usize..40, 4),
+        inflight in proptest::collection::vec(0u64..6, 4),
+        free in proptest::collection::vec(prop_oneof![Just(MEM_UNKNOWN), 0u32..4000], 4),
+        capacity in proptest::collection::vec(prop_oneof![Just(0u32), Just(MEM_UNKNOWN), 1000u32..5000], 4),
+        cap in proptest::collection::vec(prop_oneof![Just(NO_CAP), 1u32..6], 4),
+        affine in 0u32..4,
+        age_ns in 0u64..20_000_000_000,
+        mem in prop_oneof![Just(0u32), 1u32..3000],
+    ) {
+        let mut f = Fleet::new(4, MODEL_PREFIX_EVENTS);
+        let p: Vec<u8> = (0..40 * 64).map(|i| (i * 13 % 251) as u8).collect();
+        let all = text_keys(&p);
+        for id in 0..4 {
+            f.hold(id as u32, &all[..held[id]], PREFIX_SEEN_EXACT);
+            f.maps.inflight[id] = inflight[id];
+            f.maps.backends[id].free_mem_mb = free[id];
+            f.maps.backends[id].mem_capacity_mb = capacity[id];
+            f.maps.backends[id].cap = cap[id];
+        }
+        let mut req = f.req();
+        req.model_inflight = inflight.iter().sum();
+        req.has_conversation = true;
+        req.required_mem_mb = mem;
+        req.now_ns = 30_000_000_000;
+        req.affinity = Some(AffinityValue { backend: affine, _pad: 0, last_seen_ns: req.now_ns - age_ns });
+        let without = f.pick_with(&req, &[], 0);
+        let with = f.pick_with(&req, &sent_keys(&p), 0);
+        if !keys_wanted(f.state.flags, without.outcome) {
+            prop_assert_eq!(without.outcome, Outcome::AffinityHit);
+            prop_assert_eq!((with.backend, with.outcome), (without.backend, without.outcome));
         }
     }
 }

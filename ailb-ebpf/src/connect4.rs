@@ -6,7 +6,7 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{pick_with_prefix, placement_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
+    pick::{keys_wanted, pick_with_prefix, placement_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -22,7 +22,7 @@ use crate::{
     },
     pick_maps::Maps,
     prefix::{self, sock_prefix},
-    refuse, AF_INET, ALLOW, ECONNREFUSED, ENOMEM, IPPROTO_TCP, SOCK_STREAM,
+    refuse, AF_INET, ALLOW, ECONNREFUSED, ENOKEY, ENOMEM, IPPROTO_TCP, SOCK_STREAM,
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -108,6 +108,13 @@ pub(crate) fn pick_connect(
     let table_hash = prefix.and_then(|p| p.placed).unwrap_or(hash);
     let req = request(&cfg, sock, model, table_hash, has_conversation, entry.value(), now_ns, model_inflight);
     let res = pick_with_prefix(&Maps, &state, &cfg, &req, family, prefix.map(|p| p.chosen));
+    // Keys withheld until asked: refused, recording nothing, where the pick would have read
+    // them; the client connects again with them.
+    if sock.flags & (SOCK_PREFIX_ON_REQUEST | SOCK_HAS_PREFIX) == SOCK_PREFIX_ON_REQUEST
+        && keys_wanted(state.flags, res.outcome)
+    {
+        return Err(refuse(ENOKEY));
+    }
     if res.backend == NO_BACKEND || res.backend >= MAX_BACKENDS {
         return Err(refuse_connect(res.outcome));
     }

@@ -66,6 +66,7 @@ const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
 const ENOPROTOOPT: i32 = 92;
 const ECONNREFUSED: i32 = 111;
+const ENOKEY: i32 = 126;
 
 /// Program verdicts for cgroup hooks.
 const ALLOW: i32 = 1;

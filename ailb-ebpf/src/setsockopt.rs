@@ -25,6 +25,7 @@ enum Opt {
     Memory(u32),
     Model(u64),
     Idle(bool),
+    PrefixOnRequest(bool),
 }
 
 #[inline(always)]
@@ -82,16 +83,17 @@ fn parse_opt(optname: i32, optlen: i32, start: *const u8, end: *const u8) -> Res
             }
             hash_optval(start, end, optlen as u32, MAX_MODEL_NAME_LEN as u32).map(Opt::Model).ok_or(EINVAL)
         }
-        AILB_IDLE => {
+        AILB_IDLE | AILB_PREFIX_ON_REQUEST => {
             if optlen != 4 || start.wrapping_add(4) > end {
                 return Err(EINVAL);
             }
             // SAFETY: `start + 4 <= end`: four bytes of the option buffer, read unaligned.
-            match unsafe { ptr::read_unaligned(start.cast::<u32>()) } {
-                0 => Ok(Opt::Idle(false)),
-                1 => Ok(Opt::Idle(true)),
-                _ => Err(EINVAL),
-            }
+            let on = match unsafe { ptr::read_unaligned(start.cast::<u32>()) } {
+                0 => false,
+                1 => true,
+                _ => return Err(EINVAL),
+            };
+            Ok(if optname == AILB_IDLE { Opt::Idle(on) } else { Opt::PrefixOnRequest(on) })
         }
         _ => Err(ENOPROTOOPT),
     }
@@ -163,6 +165,8 @@ fn store_opt(sock: &mut SockState, opt: Opt) {
             sock.flags |= SOCK_HAS_MODEL;
         }
         Opt::Idle(idle) => mark_idle(sock, idle),
+        Opt::PrefixOnRequest(true) => sock.flags |= SOCK_PREFIX_ON_REQUEST,
+        Opt::PrefixOnRequest(false) => sock.flags &= !SOCK_PREFIX_ON_REQUEST,
     }
 }
 

@@ -52,6 +52,13 @@
  * mode then prefers the backend that holds the longest of these prefixes in its cache, while
  * it is under its load bound and fits the memory hint. */
 #define AILB_PREFIX 5
+/* Before connect(): a native-endian uint32_t, 1 = the prompt's prefix keys are withheld until the
+ * kernel asks for them (for a client whose keys cost much to make, e.g. a tokenized prompt):
+ * connect() fails with ENOKEY where the pick would read them (no affinity hit on a model with a
+ * prefix mode, or a model that learns from picks), and goes ahead, to the backend the keys would
+ * have got, where the conversation's affinity decides. On ENOKEY, connect a fresh socket with
+ * AILB_PREFIX. 0 = off. */
+#define AILB_PREFIX_ON_REQUEST 6
 
 #define AILB_MAX_CONVERSATION_LEN 128
 #define AILB_MAX_MODEL_NAME_LEN 64
@@ -72,6 +79,13 @@ static inline int ailb_tag_prefix(int fd, const uint64_t *keys, size_t n)
         }
     }
     return setsockopt(fd, SOL_AILB, AILB_PREFIX, keys, (socklen_t)(n * sizeof *keys));
+}
+
+/* Withholds fd's prefix keys until the kernel asks (1) or not (0). Returns 0, or -1 with errno. */
+static inline int ailb_prefix_on_request(int fd, int on)
+{
+    uint32_t v = on ? 1 : 0;
+    return setsockopt(fd, SOL_AILB, AILB_PREFIX_ON_REQUEST, &v, (socklen_t)sizeof v);
 }
 
 /* Tags fd with a conversation id. Returns 0, or -1 with errno set (see above). */

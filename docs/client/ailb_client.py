@@ -17,6 +17,7 @@ AILB_CONVERSATION = 1
 AILB_REQUIRED_MEMORY_MB = 2  # value: struct.pack("=I", megabytes)
 AILB_MODEL = 3
 AILB_PREFIX = 5  # value: struct.pack("=%dQ" % n, *keys), 1..16 keys, none 0
+AILB_PREFIX_ON_REQUEST = 6  # value: struct.pack("=I", 1): keys withheld; connect() raises ENOKEY when wanted
 
 
 def text_prefix_keys(prompt: bytes) -> list:

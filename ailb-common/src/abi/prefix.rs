@@ -27,6 +27,16 @@ use super::NO_BACKEND;
 /// chooses (every k-th block's and the last), none of them 0. Setting it again replaces them.
 pub const AILB_PREFIX: i32 = 5;
 
+/// Option, before `connect()`: a native-endian `u32`, 1 = the client can make the prompt's
+/// prefix keys (`AILB_PREFIX`) but has not: the connect goes ahead only where the pick reads no
+/// keys, that is where the conversation's affinity holds on a model whose prefix map does not
+/// learn from picks ([`crate::pick::keys_wanted`]); anywhere else it fails with `ENOKEY`,
+/// recording nothing, and the client connects again on a fresh socket with its keys. 0 = off.
+/// Why: token-exact keys cost the tokenizing of the prompt on the request's path, milliseconds
+/// for a long one, and a conversation's later turn is most often placed by its affinity, which
+/// the pick takes before any key.
+pub const AILB_PREFIX_ON_REQUEST: i32 = 6;
+
 /// Backends one prefix entry names. A block held by more (a system prompt on every server)
 /// keeps the first ones written; the pick then chooses among those.
 pub const PREFIX_HOLDERS: usize = 8;

@@ -431,6 +431,20 @@ pub fn placement_hash(keys: &[u64], found: u32) -> Option<u64> {
     keys.get(i).map(|&k| crate::hash::fmix64(k))
 }
 
+/// Whether a connect that withheld its prefix keys until asked (`AILB_PREFIX_ON_REQUEST`), to
+/// a model with prefix flags `model_flags`, whose pick without keys came out as `outcome`,
+/// must be refused for them (`ENOKEY`): the pick would have read them. A model that learns
+/// from picks ([`MODEL_PREFIX_LEARN`]) records every connect's keys, so it always wants them; a
+/// model fed by its engines' events ([`MODEL_PREFIX_EVENTS`]) reads them only when affinity did
+/// not decide (the prefix step comes after it, and so does the table's placement by
+/// [`placement_hash`]); a model without a prefix mode never reads them. So a connect that goes
+/// ahead without its keys gets the backend it would have got with them.
+#[inline(always)]
+pub const fn keys_wanted(model_flags: u32, outcome: super::Outcome) -> bool {
+    model_flags & MODEL_PREFIX_LEARN != 0
+        || (model_flags & MODEL_PREFIX_EVENTS != 0 && !matches!(outcome, super::Outcome::AffinityHit))
+}
+
 /// The memory a holder of the longest prefix found needs for a request whose hint is
 /// `required` MB, when `found` of the `sent` keys are held: the hint covers the whole prompt
 /// (and its output), but the holder already caches the prompt up to its last key held, so it

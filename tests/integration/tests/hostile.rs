@@ -17,7 +17,7 @@ const BACKENDS: [&str; 2] = ["127.0.6.11:18601", "127.0.6.12:18602"];
 
 /// Contract: bad length -> EINVAL, unknown optname -> ENOPROTOOPT. The null pointer case
 /// fails in the kernel's copy before any program runs (EFAULT), so ailb never sees it.
-const EXPECTED_ERRNO: [(&str, i32); 18] = [
+const EXPECTED_ERRNO: [(&str, i32); 20] = [
     ("conversation_len0", libc::EINVAL),
     ("conversation_len129", libc::EINVAL),
     ("conversation_len4096", libc::EINVAL),
@@ -33,7 +33,10 @@ const EXPECTED_ERRNO: [(&str, i32); 18] = [
     ("prefix_len4", libc::EINVAL),
     ("prefix_key0", libc::EINVAL),
     ("prefix_len136", libc::EINVAL),
-    ("unknown_6", libc::ENOPROTOOPT),
+    // Keys withheld until asked: 0 or 1, four bytes.
+    ("prefix_on_request_value2", libc::EINVAL),
+    ("prefix_on_request_len8", libc::EINVAL),
+    ("unknown_7", libc::ENOPROTOOPT),
     ("unknown_999", libc::ENOPROTOOPT),
     ("unknown_neg1", libc::ENOPROTOOPT),
     ("conversation_null_len16", libc::EFAULT),

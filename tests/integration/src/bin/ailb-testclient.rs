@@ -30,7 +30,9 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use ailb_common::abi::{AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_REQUIRED_MEMORY_MB, SOL_AILB};
+use ailb_common::abi::{
+    AILB_CONVERSATION, AILB_IDLE, AILB_MODEL, AILB_PREFIX, AILB_PREFIX_ON_REQUEST, AILB_REQUIRED_MEMORY_MB, SOL_AILB,
+};
 use ailb_common::client::{self, raw, ClientError, Field, Socket, Tagging};
 use serde_json::json;
 
@@ -384,7 +386,9 @@ fn hostile(vip: SocketAddrV4) {
         ("prefix_len4", SOL_AILB, AILB_PREFIX, Some(&four[..])),
         ("prefix_key0", SOL_AILB, AILB_PREFIX, Some(&eight_zero[..])),
         ("prefix_len136", SOL_AILB, AILB_PREFIX, Some(&big[..136])),
-        ("unknown_6", SOL_AILB, 6, Some(&four[..])),
+        ("prefix_on_request_value2", SOL_AILB, AILB_PREFIX_ON_REQUEST, Some(&two[..])),
+        ("prefix_on_request_len8", SOL_AILB, AILB_PREFIX_ON_REQUEST, Some(&eight[..])),
+        ("unknown_7", SOL_AILB, 7, Some(&four[..])),
         ("unknown_999", SOL_AILB, 999, Some(&four[..])),
         ("unknown_neg1", SOL_AILB, -1, Some(&four[..])),
         // A valid conversation at the length limit: must be accepted and used by the connect.
