@@ -52,6 +52,20 @@ impl FollowUpLabel {
     pub const FAILED: &'static str = "failed";
 }
 
+/// A connection opened with its prefix keys withheld until the kernel asks for them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WithheldLabel {
+    pub model: String,
+    pub outcome: &'static str,
+}
+
+impl WithheldLabel {
+    /// The kernel's pick needed no keys (the conversation's affinity decided): none were made.
+    pub const PLACED: &'static str = "placed";
+    /// The kernel asked for them (`ENOKEY`): made, and the connection opened again with them.
+    pub const ASKED: &'static str = "asked";
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReuseLabel {
     pub reused: bool,
@@ -86,6 +100,8 @@ pub struct GatewayMetrics {
     /// Time to make a request's prefix keys, per model: only for a request that opens an
     /// upstream connection (one on a kept connection involves no pick, so makes no keys).
     pub prefix_keys_seconds: Family<ModelLabel, Histogram, KeyBuckets>,
+    /// Connections opened with the prefix keys withheld, per model, by what the kernel did.
+    pub prefix_keys_withheld: Family<WithheldLabel, Counter>,
     pub in_flight: Family<ModelLabel, Gauge>,
     pub upstream_connections: Family<ReuseLabel, Counter>,
     /// Client connections the HTTP/1 fast path handed to hyper's server.
@@ -105,6 +121,7 @@ impl GatewayMetrics {
             ttfb_seconds: Family::new_with_constructor(Buckets),
             duration_seconds: Family::new_with_constructor(Buckets),
             prefix_keys_seconds: Family::new_with_constructor(KeyBuckets),
+            prefix_keys_withheld: Family::default(),
             in_flight: Family::default(),
             upstream_connections: Family::default(),
             handoffs: Counter::default(),
@@ -130,8 +147,16 @@ impl GatewayMetrics {
         registry.register(
             "ailb_gateway_prefix_keys_seconds",
             "Making a request's prefix keys (text: hashing the prompt's bytes; token-exact: waiting for a tokenizing \
-             slot and tokenizing), for the requests that open an upstream connection",
+             slot and tokenizing), for the requests that open an upstream connection and whose kernel pick reads them",
             m.prefix_keys_seconds.clone(),
+        );
+        registry.register(
+            "ailb_gateway_prefix_keys_withheld",
+            "Upstream connections a conversation's later turn opened with its token-exact prefix keys withheld \
+             until the kernel asks for them: placed (the pick needed none, the conversation's affinity decided; no \
+             tokenizing) or asked (the kernel refused with ENOKEY; the keys were made and the connection opened \
+             again with them)",
+            m.prefix_keys_withheld.clone(),
         );
         registry.register("ailb_gateway_in_flight", "Requests being proxied now", m.in_flight.clone());
         registry.register(
@@ -242,6 +267,8 @@ pub struct ModelSeries {
     ttfb: OnceLock<Histogram>,
     duration: OnceLock<Histogram>,
     prefix_keys: OnceLock<Histogram>,
+    /// `prefix_keys_withheld` asked (0) and placed (1).
+    withheld: [OnceLock<Counter>; 2],
     ok: OnceLock<Counter>,
 }
 
@@ -253,6 +280,7 @@ impl ModelSeries {
             ttfb: OnceLock::new(),
             duration: OnceLock::new(),
             prefix_keys: OnceLock::new(),
+            withheld: Default::default(),
             ok: OnceLock::new(),
         }
     }
@@ -280,6 +308,14 @@ impl ModelSeries {
 
     pub fn prefix_keys(&self, m: &GatewayMetrics) -> &Histogram {
         self.prefix_keys.get_or_init(|| m.prefix_keys_seconds.get_or_create(&self.label()).clone())
+    }
+
+    /// Counts a connection opened with its prefix keys withheld: `placed` by the kernel without
+    /// them, or asked for them.
+    pub fn prefix_keys_withheld(&self, m: &GatewayMetrics, placed: bool) {
+        let outcome = if placed { WithheldLabel::PLACED } else { WithheldLabel::ASKED };
+        let label = || WithheldLabel { model: self.model.clone(), outcome };
+        self.withheld[usize::from(placed)].get_or_init(|| m.prefix_keys_withheld.get_or_create(&label()).clone()).inc();
     }
 
     /// Counts one request answered with `status`.

@@ -17,7 +17,8 @@
 //!    head read ([`Pipeline::exchange`]); a fresh connection first takes its
 //!    - **keys**: the prompt's prefix keys, for a model that sends them
 //!      ([`super::prefix_keys`]; token-exact keys are made only here, since a request on a kept
-//!      connection involves no pick and so needs none),
+//!      connection involves no pick and so needs none; a conversation's later turn first
+//!      connects with them withheld, and they are made only if the kernel asks for them),
 //!    - **tags**: the socket options that carry the inputs and keys to the kernel's pick ([`tags`]);
 //! 7. **answer**: the response head as the client gets it ([`answer_head`]: hop-by-hop headers
 //!    out, `x-ailb-backend` and `x-ailb-conversation` in, the client's HTTP version), and its
@@ -436,28 +437,39 @@ impl Pipeline {
                 Sent::NotSent(back) => req = back,
             }
         }
-        // Phase **keys**, for a connection to open: a kept one involves no pick.
-        let (inputs, keys) = match tagging {
-            Some(Tagging { inputs, keys: Some(pending), series }) => {
-                let (keys, took) = deadline.bound(async { Ok(pending.make().await) }).await?;
-                series.prefix_keys(&self.metrics).observe(took.as_secs_f64());
-                (Some(inputs), keys)
+        let timeout = self.cfg.connect_timeout;
+        // A later turn's keys withheld: the kernel places it by affinity without them, or asks.
+        let mut placed = None;
+        if let Some(Tagging { inputs, keys: Some(pending), series }) = &tagging {
+            if pending.withheld() && inputs.conversation.is_some() {
+                let tags = tags(inputs, &[]).prefix_on_request();
+                placed = deadline.bound(upstream::connect::connect_unless_asked(vip, &tags, timeout)).await?;
+                series.prefix_keys_withheld(&self.metrics, placed.is_some());
             }
-            Some(Tagging { inputs, keys: None, .. }) => (Some(inputs), Vec::new()),
-            None => (None, Vec::new()),
+        }
+        let up = match placed {
+            Some(up) => up,
+            None => {
+                // Phase **keys**, for a connection to open: a kept one involves no pick.
+                let (inputs, keys) = match tagging {
+                    Some(Tagging { inputs, keys: Some(pending), series }) => {
+                        let (keys, took) = deadline.bound(async { Ok(pending.make().await) }).await?;
+                        series.prefix_keys(&self.metrics).observe(took.as_secs_f64());
+                        (Some(inputs), keys)
+                    }
+                    Some(Tagging { inputs, keys: None, .. }) => (Some(inputs), Vec::new()),
+                    None => (None, Vec::new()),
+                };
+                let tags = inputs.map_or_else(Tags::new, |i| tags(i, &keys));
+                deadline.bound(upstream::connect::connect(vip, &tags, timeout)).await?
+            }
         };
-        let tags = inputs.map_or_else(Tags::new, |i| tags(i, &keys));
-        let mut conn = deadline
-            .bound(async {
-                let up = upstream::connect::connect(vip, &tags, self.cfg.connect_timeout).await?;
-                // The front door's own HTTP/1 client, or hyper's.
-                if self.cfg.http1_fast_path {
-                    Ok(upstream::conn::open_raw(up))
-                } else {
-                    upstream::conn::open(up).await
-                }
-            })
-            .await?;
+        // The front door's own HTTP/1 client, or hyper's.
+        let mut conn = if self.cfg.http1_fast_path {
+            upstream::conn::open_raw(up)
+        } else {
+            deadline.bound(upstream::conn::open(up)).await?
+        };
         self.metrics.upstream_request(false);
         match upstream::conn::send(&mut conn, req, idle, deadline).await? {
             Sent::Answered(resp, lines) => Ok((resp, lines, conn)),

@@ -110,11 +110,19 @@ impl Keyer {
 /// kept connection involves no kernel pick (the connection already goes to its backend), so
 /// its token-exact keys, milliseconds of tokenizing for a long prompt, are never made. Text
 /// keys cost microseconds and are made at once, from the fields already parsed.
+///
+/// A conversation's later turn ([`continues_conversation`]) opens its connection with its
+/// token-exact keys withheld ([`PendingKeys::withheld`], the socket option
+/// `AILB_PREFIX_ON_REQUEST`): the kernel takes the conversation's affinity before any key, and
+/// where it does, the keys would change nothing and are never made; where the pick would read
+/// them, the kernel refuses the connect (`ENOKEY`) and the front door makes them and connects
+/// again. A first turn has no affinity to find, so its keys are made at once.
 pub enum PendingKeys {
     /// Made already (text keys), in `took`.
     Ready { keys: Vec<u64>, took: Duration },
-    /// Token-exact keys of `body`, made on [`PendingKeys::make`].
-    Tokens { keyer: Keyer, endpoint: Endpoint, body: bytes::Bytes },
+    /// Token-exact keys of `body`, made on [`PendingKeys::make`]; `withheld`: until the kernel
+    /// asks for them.
+    Tokens { keyer: Keyer, endpoint: Endpoint, body: bytes::Bytes, withheld: bool },
 }
 
 impl PendingKeys {
@@ -126,21 +134,51 @@ impl PendingKeys {
                 let keys = keyer.keys(endpoint, fields, body);
                 PendingKeys::Ready { keys, took: started.elapsed() }
             }
-            Keyer::Tokens { .. } => PendingKeys::Tokens { keyer: keyer.clone(), endpoint, body: body.clone() },
+            Keyer::Tokens { .. } => PendingKeys::Tokens {
+                keyer: keyer.clone(),
+                endpoint,
+                body: body.clone(),
+                withheld: continues_conversation(endpoint, fields),
+            },
         }
+    }
+
+    /// Whether the connection opens with the keys withheld until the kernel asks for them.
+    pub fn withheld(&self) -> bool {
+        matches!(self, PendingKeys::Tokens { withheld: true, .. })
     }
 
     /// The keys, made now if they were not yet, and the time making them took.
     pub async fn make(self) -> (Vec<u64>, Duration) {
         match self {
             PendingKeys::Ready { keys, took } => (keys, took),
-            PendingKeys::Tokens { keyer, endpoint, body } => {
+            PendingKeys::Tokens { keyer, endpoint, body, .. } => {
                 let started = Instant::now();
                 let keys = keyer.keys_off_thread(endpoint, &body).await;
                 (keys, started.elapsed())
             }
         }
     }
+}
+
+/// Whether a request continues a conversation: an answer (`assistant` message) before its last
+/// message, in a chat, a Messages API request or a Responses API request's input items.
+pub fn continues_conversation(endpoint: Endpoint, fields: &Fields<'_>) -> bool {
+    match (endpoint, &fields.messages, &fields.input) {
+        (Endpoint::ChatCompletions | Endpoint::Messages, Some(Messages::List(msgs)), _) => {
+            answer_before_last(msgs.iter().map(|m| m.role.as_deref()))
+        }
+        (Endpoint::Responses, _, Some(Value::Array(items))) => {
+            answer_before_last(items.iter().map(|i| i.get("role").and_then(Value::as_str)))
+        }
+        _ => false,
+    }
+}
+
+/// Whether an `assistant` role comes before the last of `roles`.
+fn answer_before_last<'r>(roles: impl ExactSizeIterator<Item = Option<&'r str>>) -> bool {
+    let earlier = roles.len().saturating_sub(1);
+    roles.take(earlier).any(|r| r == Some("assistant"))
 }
 
 /// The warming thread's nice value: the lowest priority, a share of about 1.5 % of a CPU that
@@ -385,6 +423,31 @@ mod tests {
         // A body the blocking pool cannot parse sends no keys.
         let bad = bytes::Bytes::from_static(b"{not json");
         assert!(rt.block_on(keyer.keys_off_thread(Endpoint::ChatCompletions, &bad)).is_empty());
+    }
+
+    /// A conversation's later turn (an answer before its last message) opens its connection with
+    /// its token-exact keys withheld until the kernel asks; a first turn, a chat ending with an
+    /// answer, another API's shape and text keys (microseconds to make) do not.
+    #[test]
+    fn a_later_turn_withholds_its_token_keys_and_nothing_else_does() {
+        let block = NonZeroU32::new(2).expect("2");
+        let keyer = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block };
+        let withheld = |keyer: &Keyer, endpoint: Endpoint, body: &'static [u8]| {
+            let b = bytes::Bytes::from_static(body);
+            PendingKeys::new(keyer, endpoint, &fields(&b), &b).withheld()
+        };
+        let later = br#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"user","content":"q2"}]}"#;
+        assert!(withheld(&keyer, Endpoint::ChatCompletions, later), "a chat's later turn");
+        assert!(withheld(&keyer, Endpoint::Messages, later), "a Messages API later turn");
+        let items = br#"{"input":[{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"user","content":"q2"}]}"#;
+        assert!(withheld(&keyer, Endpoint::Responses, items), "Responses API input items");
+        let first = br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#;
+        assert!(!withheld(&keyer, Endpoint::ChatCompletions, first), "a first turn");
+        let answer_last = br#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#;
+        assert!(!withheld(&keyer, Endpoint::ChatCompletions, answer_last), "no answer before the last message");
+        assert!(!withheld(&keyer, Endpoint::Responses, br#"{"input":"q"}"#), "a string input");
+        assert!(!withheld(&keyer, Endpoint::Completions, br#"{"prompt":"q"}"#), "a completion");
+        assert!(!withheld(&Keyer::Text, Endpoint::ChatCompletions, later), "text keys are made at once");
     }
 
     /// A chat with earlier messages sends its head's keys, the whole prompt's own, at the

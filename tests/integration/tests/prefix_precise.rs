@@ -18,7 +18,9 @@
 //! A third test sends a conversation's turns through the front door with kept connections:
 //! only the turns that open a connection (a kernel pick) make prefix keys. A fourth sends a
 //! conversation's later turns: each is keyed up to its new question, and the conversation so
-//! far is found where its engine holds it.
+//! far is found where its engine holds it; a later turn opens its connection with its keys
+//! withheld, so the kernel asks for them where no affinity decides, and where the
+//! conversation's affinity does, none are made.
 //!
 //! The first two send their requests one after another on fresh upstream connections (`upstream_reuse =
 //! "never"`), so no holder is ever at its load bound: with kept connections counting in
@@ -342,16 +344,27 @@ fn a_turn_on_a_kept_connection_makes_no_prefix_keys() {
     let fresh = line("ailb_gateway_upstream_requests_total{reused=\"false\"} ");
     let kept = line("ailb_gateway_upstream_requests_total{reused=\"true\"} ");
     let made = model_metric(&front, "ailb_gateway_prefix_keys_seconds_count");
-    eprintln!("{fresh} fresh connections, {kept} kept, keys made {made} times");
+    // A later turn that had to open a connection withheld its keys, and the conversation's
+    // affinity placed it without them.
+    let placed = line(&withheld_line("placed"));
+    eprintln!("{fresh} fresh connections, {kept} kept, keys made {made} times, {placed} placed without");
     assert_eq!(fresh + kept, turns, "every turn went upstream once");
     assert!(kept >= 1, "the later turns went on the connection the first kept: {fresh} fresh, {kept} kept");
-    assert_eq!(made, fresh, "keys are made for the fresh connections only");
+    assert_eq!(made + placed, fresh, "keys are made for the fresh connections only, where the pick reads them");
+}
+
+/// The start of the front door's `/metrics` line counting connections opened with their keys
+/// withheld that ended as `outcome`.
+fn withheld_line(outcome: &str) -> String {
+    format!("ailb_gateway_prefix_keys_withheld_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}} ")
 }
 
 /// A conversation's later turn is keyed up to its new question: the conversation so far is
 /// found where its engine holds it, the question's blocks send stand-in keys (held nowhere),
 /// and the question goes into the front door's segment cache for the turn after, which then
-/// finds it there.
+/// finds it there. A later turn opens its connection with its keys withheld: sent under a
+/// session the kernel has no affinity for, the kernel asks for them; under its conversation's
+/// session, the affinity places it on its engine and no keys are made.
 #[test]
 fn a_later_turn_is_keyed_up_to_its_new_question() {
     const TEST: &str = "a_later_turn_is_keyed_up_to_its_new_question";
@@ -378,6 +391,12 @@ fn a_later_turn_is_keyed_up_to_its_new_question() {
         let (code, text) = http::get(FRONT, "/metrics").expect("GET the front door's /metrics");
         assert_eq!(code, 200, "{text}");
         model_metric(&text, name)
+    };
+    let withheld = |outcome: &str| {
+        let (code, text) = http::get(FRONT, "/metrics").expect("GET the front door's /metrics");
+        assert_eq!(code, 200, "{text}");
+        let line = withheld_line(outcome);
+        text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |v| v.trim().parse::<f64>().expect("a count") as u64)
     };
     // Each turn under a session of its own: the kernel has no affinity for it, as a gateway
     // that did not serve the earlier turns, so the prefix step places it.
@@ -426,4 +445,19 @@ fn a_later_turn_is_keyed_up_to_its_new_question() {
     // the second question's 200 words again.
     let again = front_metric("ailb_gateway_tokenizer_tokens_encoded_total") - encoded;
     assert!(again < question.len() as u64 / 2, "{again} tokens encoded for the third turn");
+    // The second and third turns withheld their keys and were asked for them: no affinity.
+    assert_eq!((withheld("asked"), withheld("placed")), (2, 0), "the later turns under new sessions");
+    // The fourth under the third's session: the conversation's affinity places it on its
+    // engine before any key, so none are made and the prefix map is not searched.
+    let mut fourth = third.clone();
+    let Value::Array(list) = &mut fourth else { panic!("messages are a list") };
+    list.push(json!({"role": "assistant", "content": "You are welcome."}));
+    list.push(json!({"role": "user", "content": "one more question about lighthouses"}));
+    let made = front_metric("ailb_gateway_prefix_keys_seconds_count");
+    let before = prefix_status(&daemon);
+    assert_eq!(send(&fourth, "later-3"), engine, "the conversation's affinity keeps it on its engine");
+    let after = prefix_status(&daemon);
+    assert_eq!((withheld("asked"), withheld("placed")), (2, 1), "placed with its keys withheld");
+    assert_eq!(front_metric("ailb_gateway_prefix_keys_seconds_count"), made, "no keys made for it");
+    assert_eq!(after["lookups"], before["lookups"], "no prefix search: before {before}, after {after}");
 }

@@ -43,6 +43,12 @@ impl ConnectError {
     pub fn is_refused(&self) -> bool {
         matches!(self, ConnectError::Connect { source, .. } if source.kind() == io::ErrorKind::ConnectionRefused)
     }
+
+    /// `ENOKEY`: the socket withheld its prefix keys (`Tags::prefix_on_request`) and the
+    /// kernel's pick needs them.
+    pub fn keys_wanted(&self) -> bool {
+        matches!(self, ConnectError::Connect { source, .. } if source.raw_os_error() == Some(libc::ENOKEY))
+    }
 }
 
 /// One connected upstream socket and the backend the kernel chose (its peer).
@@ -71,10 +77,24 @@ async fn connect_once(vip: SocketAddrV4, tags: &Tags<'_>, timeout: Duration) -> 
 /// request now; the client retries after a second); any other failure is tried once more on
 /// a fresh socket, then 502.
 pub async fn connect(vip: SocketAddrV4, tags: &Tags<'_>, timeout: Duration) -> Result<Upstream, ApiError> {
+    connect_unless_asked(vip, tags, timeout).await?.ok_or_else(|| {
+        ApiError::bad_gateway("upstream: the kernel asked for prefix keys that the connection did not withhold")
+    })
+}
+
+/// [`connect`], for tags that may withhold the prefix keys (`Tags::prefix_on_request`): `None`
+/// when the kernel asks for them (`ENOKEY`, nothing recorded), for the caller to make them
+/// and connect again.
+pub async fn connect_unless_asked(
+    vip: SocketAddrV4,
+    tags: &Tags<'_>,
+    timeout: Duration,
+) -> Result<Option<Upstream>, ApiError> {
     let mut last = None;
     for _attempt in 0..2 {
         match connect_once(vip, tags, timeout).await {
-            Ok(u) => return Ok(u),
+            Ok(u) => return Ok(Some(u)),
+            Err(e) if e.keys_wanted() => return Ok(None),
             Err(e) if e.is_refused() => {
                 return Err(ApiError::unavailable(format!(
                     "no live backend can take this request now ({}): retry later",
