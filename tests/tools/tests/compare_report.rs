@@ -244,6 +244,8 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
                 keys_made: 12.0,
                 keys_s: 0.006,
                 keys_buckets: vec![(0.0004, 11.0), (0.0008, 12.0), (f64::INFINITY, 12.0)],
+                withheld_placed: 5.0,
+                withheld_asked: 1.0,
             });
             o
         },
@@ -283,7 +285,9 @@ fn the_tokens_from_the_cache_and_the_goal_lines() {
     assert_eq!(md.matches("the kernel's prefix pick").count(), 1, "only where the counters were read");
     let front = "ailb (front door), prefix approximate: the front door opened 12 upstream connections (each a \
                  kernel pick) and sent 8 requests on kept ones; prefix keys made for 12 of them \
-                 (`ailb_gateway_prefix_keys_seconds`), 0.500 ms on average, P95 at most 0.80 ms.";
+                 (`ailb_gateway_prefix_keys_seconds`), 0.500 ms on average, P95 at most 0.80 ms; 6 later turns opened \
+                 theirs with the keys withheld (`ailb_gateway_prefix_keys_withheld`): 5 placed by the kernel without \
+                 them, 1 asked for them.";
     assert!(md.contains(front), "{front} in {md}");
     assert_eq!(md.matches("the front door opened").count(), 1, "only where the front door's counters were read");
 }

@@ -110,6 +110,10 @@ pub struct FrontDoorStats {
     pub keys_made: f64,
     pub keys_s: f64,
     pub keys_buckets: Vec<(f64, f64)>,
+    /// Connections a later turn opened with its keys withheld (`ailb_gateway_prefix_keys_withheld`):
+    /// placed by the kernel without them, and asked for them.
+    pub withheld_placed: f64,
+    pub withheld_asked: f64,
 }
 
 impl FrontDoorStats {
@@ -126,6 +130,10 @@ impl FrontDoorStats {
                 "ailb_gateway_upstream_requests_total" => out.fresh += value,
                 "ailb_gateway_prefix_keys_seconds_count" => out.keys_made += value,
                 "ailb_gateway_prefix_keys_seconds_sum" => out.keys_s += value,
+                "ailb_gateway_prefix_keys_withheld_total" if labels.contains("outcome=\"placed\"") => {
+                    out.withheld_placed += value
+                }
+                "ailb_gateway_prefix_keys_withheld_total" => out.withheld_asked += value,
                 "ailb_gateway_prefix_keys_seconds_bucket" => {
                     let le = labels.split("le=\"").nth(1).and_then(|r| r.split('"').next());
                     let le = match le {

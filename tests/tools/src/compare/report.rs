@@ -284,10 +284,21 @@ fn front_door_counters(s: &mut String, outs: &[Outcome]) {
         } else {
             String::new()
         };
+        let withheld = if f.withheld_placed + f.withheld_asked > 0.0 {
+            format!(
+                "; {:.0} later turns opened theirs with the keys withheld (`ailb_gateway_prefix_keys_withheld`): {:.0} \
+                 placed by the kernel without them, {:.0} asked for them",
+                f.withheld_placed + f.withheld_asked,
+                f.withheld_placed,
+                f.withheld_asked
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
             "\n{}: the front door opened {:.0} upstream connections (each a kernel pick) and sent {:.0} requests on \
-             kept ones{keys}.",
+             kept ones{keys}{withheld}.",
             o.policy.title(),
             f.fresh,
             f.kept

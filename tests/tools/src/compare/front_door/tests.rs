@@ -69,9 +69,12 @@ fn the_front_doors_connections_and_key_times_are_read_from_its_metrics() {
         ailb_gateway_prefix_keys_seconds_bucket{le=\"0.001\",model=\"sim-7b\"} 50\n\
         ailb_gateway_prefix_keys_seconds_bucket{le=\"0.002\",model=\"sim-7b\"} 56\n\
         ailb_gateway_prefix_keys_seconds_bucket{le=\"0.004\",model=\"sim-7b\"} 58\n\
-        ailb_gateway_prefix_keys_seconds_bucket{le=\"+Inf\",model=\"sim-7b\"} 60\n";
+        ailb_gateway_prefix_keys_seconds_bucket{le=\"+Inf\",model=\"sim-7b\"} 60\n\
+        ailb_gateway_prefix_keys_withheld_total{model=\"sim-7b\",outcome=\"placed\"} 25\n\
+        ailb_gateway_prefix_keys_withheld_total{model=\"sim-7b\",outcome=\"asked\"} 3\n";
     let s = FrontDoorStats::parse(text);
     assert_eq!((s.fresh, s.kept, s.keys_made, s.keys_s), (60.0, 40.0, 60.0, 0.12));
+    assert_eq!((s.withheld_placed, s.withheld_asked), (25.0, 3.0));
     assert_eq!(s.keys_buckets.len(), 4);
     // The 50th of 60 is in the first bucket, the 57th in the third; the 60th past the last finite one.
     assert_eq!(s.keys_quantile_at_most(50.0 / 60.0), Some(0.001));
