@@ -6,7 +6,10 @@ use core::ptr;
 use ailb_common::{
     abi::*,
     hash::fmix64,
-    pick::{keys_wanted, pick_with_prefix, placement_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult, PrefixCtx},
+    pick::{
+        keys_wanted, pick_with_prefix, placement_hash, ClientFamily, Outcome, PickMaps, PickRequest, PickResult,
+        PrefixCtx,
+    },
 };
 use aya_ebpf::{
     bindings::bpf_sock_addr,
