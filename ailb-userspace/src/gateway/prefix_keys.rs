@@ -38,7 +38,7 @@ use serde_json::Value;
 
 use super::inputs::Endpoint;
 use super::request_fields::{value_text, Fields, Messages};
-use crate::tokenize::{ChatHead, ChatIds, ChatTokenizer};
+use crate::tokenize::{answer_before_last, ChatHead, ChatIds, ChatTokenizer};
 
 /// How a model's requests are keyed.
 #[derive(Clone)]
@@ -161,8 +161,9 @@ impl PendingKeys {
     }
 }
 
-/// Whether a request continues a conversation: an answer (`assistant` message) before its last
-/// message, in a chat, a Messages API request or a Responses API request's input items.
+/// Whether a request continues a conversation ([`answer_before_last`], the rule by which the
+/// tokenizer cuts a later turn at its new message): in a chat, a Messages API request or a
+/// Responses API request's input items.
 pub fn continues_conversation(endpoint: Endpoint, fields: &Fields<'_>) -> bool {
     match (endpoint, &fields.messages, &fields.input) {
         (Endpoint::ChatCompletions | Endpoint::Messages, Some(Messages::List(msgs)), _) => {
@@ -173,12 +174,6 @@ pub fn continues_conversation(endpoint: Endpoint, fields: &Fields<'_>) -> bool {
         }
         _ => false,
     }
-}
-
-/// Whether an `assistant` role comes before the last of `roles`.
-fn answer_before_last<'r>(roles: impl ExactSizeIterator<Item = Option<&'r str>>) -> bool {
-    let earlier = roles.len().saturating_sub(1);
-    roles.take(earlier).any(|r| r == Some("assistant"))
 }
 
 /// The warming thread's nice value: the lowest priority, a share of about 1.5 % of a CPU that

@@ -90,11 +90,17 @@ pub enum ChatIds {
     Head(ChatHead),
 }
 
-/// The messages of a conversation's later turn (an assistant message before the last one).
+/// The messages of a conversation's later turn ([`answer_before_last`]).
 fn later_turn(messages: &serde_json::Value) -> Option<&[serde_json::Value]> {
     let list = messages.as_array()?;
-    let (_, earlier) = list.split_last()?;
-    earlier.iter().any(|m| m.get("role").and_then(|r| r.as_str()) == Some("assistant")).then_some(list.as_slice())
+    answer_before_last(list.iter().map(|m| m.get("role").and_then(|r| r.as_str()))).then_some(list.as_slice())
+}
+
+/// Whether messages of these roles, in order, are a conversation's later turn: an `assistant`
+/// message (an answer) before the last one.
+pub fn answer_before_last<'r>(roles: impl ExactSizeIterator<Item = Option<&'r str>>) -> bool {
+    let earlier = roles.len().saturating_sub(1);
+    roles.take(earlier).any(|r| r == Some("assistant"))
 }
 
 /// A model's tokenizer with its chat template.
