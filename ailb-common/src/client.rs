@@ -341,9 +341,9 @@ pub fn mark_idle(fd: impl AsFd, idle: bool) -> Result<Tagging, ClientError> {
     set(fd.as_fd(), Field::Idle, &u32::from(idle).to_ne_bytes())
 }
 
-/// Sets every option of `tags` on `fd` (conversation, memory, model, prefix, prefix on request), after checking them
-/// all. Stops at the first `ENOPROTOOPT` ([`Tagging::NoBalancer`]); the first other failure
-/// is an error, and the options before it stay set.
+/// Sets every option of `tags` on `fd` (conversation, memory, model, prefix, prefix on request),
+/// after checking them all. Stops at the first `ENOPROTOOPT` ([`Tagging::NoBalancer`]); the
+/// first other failure is an error, and the options before it stay set.
 pub fn tag(fd: impl AsFd, tags: &Tags<'_>) -> Result<Tagging, ClientError> {
     tags.validate()?;
     let fd = fd.as_fd();

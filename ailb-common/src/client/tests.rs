@@ -180,3 +180,18 @@ fn bad_prefix_keys_are_refused_before_any_call() {
     // Without ailb loaded the option is the kernel's unknown level.
     assert_eq!(tag_prefix(&s, &[42, 43]).expect("no balancer is not an error"), Tagging::NoBalancer);
 }
+
+/// `ENOKEY` from `connect()` is the kernel asking for the keys a socket withheld; the same errno
+/// from another call, or another errno from connect, is not.
+#[test]
+fn only_enokey_from_connect_asks_for_the_keys() {
+    let vip: SocketAddrV4 = "127.77.0.1:8000".parse().expect("an address");
+    let connect = |errno| ClientError::Connect { vip, source: io::Error::from_raw_os_error(errno) };
+    assert!(connect(libc::ENOKEY).keys_wanted());
+    assert!(!connect(libc::ECONNREFUSED).keys_wanted());
+    let set =
+        ClientError::SetOption { field: Field::PrefixOnRequest, source: io::Error::from_raw_os_error(libc::ENOKEY) };
+    assert!(!set.keys_wanted());
+    assert!(!Tags::new().prefix_on_request().is_empty(), "withholding is a tag");
+    assert_eq!(Field::PrefixOnRequest.optname(), crate::abi::AILB_PREFIX_ON_REQUEST);
+}
