@@ -157,7 +157,8 @@ fn main() {
     };
     // Each body is sent in every mode and round: without the segment cache, each is tokenized.
     let tokenizer = Arc::new(tokenizer.with_segment_cache(None));
-    let keyer = Keyer::Tokens { tokenizer: tokenizer.clone(), block: NonZeroU32::new(16).expect("16 > 0") };
+    let keyer =
+        Keyer::Tokens { tokenizer: tokenizer.clone(), block: NonZeroU32::new(16).expect("16 > 0"), withhold: false };
     // `cargo bench` passes `--bench`; `cargo test` does not.
     let measure = std::env::args().any(|a| a == "--bench");
     let (requests, rounds) = if measure { (REQUESTS, ROUNDS) } else { (4, 1) };

@@ -45,15 +45,16 @@ pub fn catalog(config: &ValidConfig, cfg: &ValidGateway) -> BTreeMap<String, Cat
                 kv_bytes_per_token: cfg.kv_bytes_per_token.get(name).copied(),
                 kv_block_tokens: cfg.kv_block_tokens.get(name).copied().unwrap_or(DEFAULT_KV_BLOCK_TOKENS),
             };
-            Some((name.clone(), vip, facts))
+            Some((name.clone(), vip, facts, m.spec.prefix))
         })
         .enumerate()
-        .map(|(i, (name, vip, facts))| {
+        .map(|(i, (name, vip, facts, prefix))| {
             let index = u32::try_from(i).expect("a catalog has fewer than 2^32 models");
             let series = Arc::new(ModelSeries::new(name.clone()));
             let keyer = cfg.prefix_keys.then(|| match cfg.tokenizers.get(&name) {
                 Some(t) => super::prefix_keys::Keyer::Tokens {
                     tokenizer: t.tokenizer.clone(),
+                    withhold: prefix == crate::policy::PrefixMode::Precise,
                     block: std::num::NonZeroU32::new(facts.kv_block_tokens.clamp(1, u32::MAX as u64) as u32)
                         .unwrap_or(std::num::NonZeroU32::MIN),
                 },

@@ -44,7 +44,15 @@ use crate::tokenize::{answer_before_last, ChatHead, ChatIds, ChatTokenizer};
 #[derive(Clone)]
 pub enum Keyer {
     Text,
-    Tokens { tokenizer: Arc<ChatTokenizer>, block: NonZeroU32 },
+    /// Token-exact keys in blocks of `block` tokens; `withhold`: a conversation's later turn
+    /// connects with them withheld until the kernel asks ([`PendingKeys`]), for a model whose
+    /// map does not learn from picks (`prefix = "precise"`: a learning map records every
+    /// connect's keys, so the kernel would ask for them every time).
+    Tokens {
+        tokenizer: Arc<ChatTokenizer>,
+        block: NonZeroU32,
+        withhold: bool,
+    },
 }
 
 impl std::fmt::Debug for Keyer {
@@ -61,7 +69,7 @@ impl Keyer {
     pub fn keys(&self, endpoint: Endpoint, fields: &Fields<'_>, body: &[u8]) -> Vec<u64> {
         let all = match self {
             Keyer::Text => text_material(endpoint, fields).map(|m| ailb_common::prefix::text_keys(&m)),
-            Keyer::Tokens { tokenizer, block } => match token_prompt(tokenizer, endpoint, fields, body) {
+            Keyer::Tokens { tokenizer, block, .. } => match token_prompt(tokenizer, endpoint, fields, body) {
                 Ok(Some(ChatIds::Whole(ids))) => Some(ailb_common::prefix::token_keys(&ids, *block)),
                 Ok(Some(ChatIds::Head(head))) => {
                     let keys = head_keys(&head, *block);
@@ -134,11 +142,11 @@ impl PendingKeys {
                 let keys = keyer.keys(endpoint, fields, body);
                 PendingKeys::Ready { keys, took: started.elapsed() }
             }
-            Keyer::Tokens { .. } => PendingKeys::Tokens {
+            Keyer::Tokens { withhold, .. } => PendingKeys::Tokens {
                 keyer: keyer.clone(),
                 endpoint,
                 body: body.clone(),
-                withheld: continues_conversation(endpoint, fields),
+                withheld: *withhold && continues_conversation(endpoint, fields),
             },
         }
     }
@@ -398,7 +406,7 @@ mod tests {
     fn token_keys_off_the_workers_thread_are_the_inline_keys() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let block = NonZeroU32::new(2).expect("2");
-        let keyer = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block };
+        let keyer = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block, withhold: true };
         let body = bytes::Bytes::from_static(
             br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world ! hello world !"}]}"#,
         );
@@ -422,11 +430,12 @@ mod tests {
 
     /// A conversation's later turn (an answer before its last message) opens its connection with
     /// its token-exact keys withheld until the kernel asks; a first turn, a chat ending with an
-    /// answer, another API's shape and text keys (microseconds to make) do not.
+    /// answer, another API's shape, text keys (microseconds to make) and a model whose map
+    /// learns from picks do not.
     #[test]
     fn a_later_turn_withholds_its_token_keys_and_nothing_else_does() {
         let block = NonZeroU32::new(2).expect("2");
-        let keyer = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block };
+        let keyer = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block, withhold: true };
         let withheld = |keyer: &Keyer, endpoint: Endpoint, body: &'static [u8]| {
             let b = bytes::Bytes::from_static(body);
             PendingKeys::new(keyer, endpoint, &fields(&b), &b).withheld()
@@ -443,6 +452,8 @@ mod tests {
         assert!(!withheld(&keyer, Endpoint::Responses, br#"{"input":"q"}"#), "a string input");
         assert!(!withheld(&keyer, Endpoint::Completions, br#"{"prompt":"q"}"#), "a completion");
         assert!(!withheld(&Keyer::Text, Endpoint::ChatCompletions, later), "text keys are made at once");
+        let learning = Keyer::Tokens { tokenizer: Arc::new(crate::tokenize::tests::fixture()), block, withhold: false };
+        assert!(!withheld(&learning, Endpoint::ChatCompletions, later), "a map that learns from picks wants them");
     }
 
     /// A chat with earlier messages sends its head's keys, the whole prompt's own, at the
@@ -453,7 +464,7 @@ mod tests {
         let check = |tok: ChatTokenizer, block: u32, messages: Value, slack: usize| {
             let block = NonZeroU32::new(block).expect("non-zero");
             let tok = Arc::new(tok);
-            let keyer = Keyer::Tokens { tokenizer: tok.clone(), block };
+            let keyer = Keyer::Tokens { tokenizer: tok.clone(), block, withhold: true };
             let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).expect("json");
             let sent = keyer.keys(Endpoint::ChatCompletions, &fields(&body), &body);
             let whole_ids = tok.encode(&tok.render(&messages, true).expect("renders"), false).expect("encodes");
