@@ -148,6 +148,10 @@ fn gateway_steers_each_request_on_one_keepalive_connection() {
     cfg.extra = format!("[gateway]\nlisten = [\"{GATEWAY}\"]\nupstream_reuse = \"never\"\n");
     let daemon = Daemon::start(&bin, &cfg);
     let gateway = GatewayProcess::start(&bin, daemon.config_path(), &cg, GATEWAY.parse().unwrap());
+    // Its memory on small pages: a huge page zeroed whole on a request's path cost milliseconds.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gateway.pid())).expect("the gateway's status");
+    let thp = status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).map(str::trim);
+    assert_eq!(thp, Some("0"), "the gateway runs with transparent huge pages off:\n{status}");
 
     // Before any traffic: the pick of each session is the weighted table's (its primary slot).
     let predicted: BTreeMap<String, String> = (0..SESSIONS)
