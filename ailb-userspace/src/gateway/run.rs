@@ -101,12 +101,12 @@ pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
 /// to the system after a while. A thread that works only now and then (the blocking pool that
 /// tokenizes a prompt for its prefix keys) then faults its memory in afresh, each fault a 2 MiB
 /// page zeroed whole, on the request's path: in the synthetic race's precise row, making the
-/// keys of a 2,000-token prompt took 2-3 ms at the median but up to 54 ms (one in ten over
+/// keys of a 2,000-token prompt took about 3 ms at the median but up to 54 ms (one in ten over
 /// 11 ms), most of it the kernel zeroing huge pages (`perf`: `clear_page_erms` under
 /// `do_huge_pmd_anonymous_page`, more samples than the tokenizer's own code); on small pages,
-/// at most 6.7 ms (one in ten over 4.4 ms), and half the CPU. A proxy's heap is small and
-/// short-lived, so it gains nothing from huge pages' fewer TLB misses. A kernel that refuses
-/// the flag leaves things as they were, with a warning.
+/// at most 6.7 ms (one in ten over 4.4 ms), and half the CPU. The front door's throughput
+/// showed no difference with or without them. A kernel that refuses the flag leaves things
+/// as they were, with a warning.
 fn small_pages_only() {
     if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::warn!(error = %e, "gateway: transparent huge pages stay on (prctl PR_SET_THP_DISABLE failed)");
