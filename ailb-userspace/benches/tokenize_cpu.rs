@@ -11,9 +11,11 @@
 //! pool's threads count.
 //!
 //! Then the tokenizer alone on the same prompts rendered, and on prompts of words that rarely
-//! repeat (the BPE's word cache misses): ids with offsets tracked (`Tokenizer::encode`) against
-//! ids only (`encode_fast`, which the front door uses), and ids only on a new thread per prompt
-//! (the BPE's word cache is per thread: cold there), CPU ms per prompt, alternating.
+//! repeat (the BPE's word cache misses): the library's ids with offsets tracked
+//! (`Tokenizer::encode`) against its ids only (`encode_fast`) and the byte-level path's ids
+//! (`tokenize::byte_level`, which the front door takes where the tokenizer allows), and the
+//! byte-level path on a new thread per prompt (the BPE's word cache is per thread: cold there),
+//! CPU ms per prompt, alternating.
 //!
 //! Then the segment cache (`tokenize::segments`): chats that repeat what earlier requests sent,
 //! as conversations growing turn by turn and as tenants' long system prompts under new
@@ -29,7 +31,7 @@
 //! against the whole prompt through the cache: CPU ms per request on the path and after it.
 //!
 //! Run by `cargo test` (without `--bench`, in a debug build), it only checks that the three modes
-//! send the same keys, over 4 requests and one round, that both encodings give the same ids, and
+//! send the same keys, over 4 requests and one round, that the three encodings give the same ids, and
 //! that the cache gives the ids tokenizing without it gives.
 
 use std::{num::NonZeroU32, path::PathBuf, sync::Arc, time::Instant};
@@ -328,7 +330,8 @@ fn segments(dir: &std::path::Path, measure: bool, rounds: usize) {
     }
 }
 
-/// The tokenizer alone: ids with offsets against ids only, on the rendered prompts of both
+/// The tokenizer alone: the library's ids with offsets, its ids only, and the byte-level path's
+/// ids (`tokenize::byte_level`, where the tokenizer takes it), on the rendered prompts of both
 /// texts, alternating; checks that they agree.
 fn encodings(t: &ChatTokenizer, repeated: &[bytes::Bytes], distinct: &[bytes::Bytes], rounds: usize) {
     let render = |bodies: &[bytes::Bytes]| -> Vec<String> {
@@ -342,10 +345,14 @@ fn encodings(t: &ChatTokenizer, repeated: &[bytes::Bytes], distinct: &[bytes::By
     };
     let texts = [("10 words, repeated", render(repeated)), ("words that rarely repeat", render(distinct))];
     println!(
-        "\n| round | text | tokens per prompt | with offsets, CPU ms | ids only, CPU ms | ids only / with offsets | \
-         ids only, a new thread per prompt, CPU ms |"
+        "\nThe byte-level path is {}.",
+        if t.direct_path() { "taken" } else { "not taken: its column is the library's ids only again" }
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "\n| round | text | tokens per prompt | with offsets, CPU ms | ids only, CPU ms | ids only / with offsets | \
+         byte-level path, CPU ms | byte-level / ids only | byte-level, a new thread per prompt, CPU ms |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for round in 1..=rounds {
         for (name, prompts) in &texts {
             let c0 = cpu_seconds();
@@ -354,8 +361,13 @@ fn encodings(t: &ChatTokenizer, repeated: &[bytes::Bytes], distinct: &[bytes::By
                 .map(|p| t.tokenizer().encode(p.as_str(), false).expect("encodes").get_ids().to_vec())
                 .collect();
             let c1 = cpu_seconds();
-            let fast: Vec<Vec<u32>> = prompts.iter().map(|p| t.encode(p, false).expect("encodes")).collect();
+            let fast: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| t.tokenizer().encode_fast(p.as_str(), false).expect("encodes").get_ids().to_vec())
+                .collect();
             let c2 = cpu_seconds();
+            let direct: Vec<Vec<u32>> = prompts.iter().map(|p| t.encode(p, false).expect("encodes")).collect();
+            let c3 = cpu_seconds();
             // A thread of its own per prompt: the BPE's word cache is per thread, so each starts
             // cold (as a prompt does on a blocking-pool thread that has not tokenized before).
             for p in prompts.iter() {
@@ -363,12 +375,18 @@ fn encodings(t: &ChatTokenizer, repeated: &[bytes::Bytes], distinct: &[bytes::By
                     sc.spawn(|| t.encode(p, false).expect("encodes"));
                 });
             }
-            let c3 = cpu_seconds();
-            assert_eq!(full, fast, "both encodings give the same ids");
+            let c4 = cpu_seconds();
+            assert_eq!(full, fast, "both of the library's encodings give the same ids");
+            assert_eq!(full, direct, "the byte-level path gives the library's ids");
             let n = prompts.len() as f64;
             let tokens = full.iter().map(Vec::len).sum::<usize>() as f64 / n;
-            let (with, only, cold) = ((c1 - c0) * 1e3 / n, (c2 - c1) * 1e3 / n, (c3 - c2) * 1e3 / n);
-            println!("| {round} | {name} | {tokens:.0} | {with:.2} | {only:.2} | {:.2}x | {cold:.2} |", only / with);
+            let ms = |a: f64, b: f64| (b - a) * 1e3 / n;
+            let (with, only, byte, cold) = (ms(c0, c1), ms(c1, c2), ms(c2, c3), ms(c3, c4));
+            println!(
+                "| {round} | {name} | {tokens:.0} | {with:.2} | {only:.2} | {:.2}x | {byte:.2} | {:.2}x | {cold:.2} |",
+                only / with,
+                byte / only
+            );
         }
     }
 }

@@ -467,7 +467,7 @@ mod tests {
             let keyer = Keyer::Tokens { tokenizer: tok.clone(), block, withhold: true };
             let body = serde_json::to_vec(&serde_json::json!({ "messages": messages })).expect("json");
             let sent = keyer.keys(Endpoint::ChatCompletions, &fields(&body), &body);
-            let whole_ids = tok.encode(&tok.render(&messages, true).expect("renders"), false).expect("encodes");
+            let whole_ids = crate::tokenize::tests::library(&tok, &tok.render(&messages, true).expect("renders"));
             let whole = ailb_common::prefix::token_keys(&whole_ids, block);
             let head = tok.chat_head(&messages).expect("renders").expect("a head");
             let own = head.ids.len() / block.get() as usize;

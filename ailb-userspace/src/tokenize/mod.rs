@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use minijinja::Environment;
 use tokenizers::Tokenizer;
 
+pub mod byte_level;
 pub mod segments;
 mod template;
 
@@ -113,6 +114,9 @@ pub struct ChatTokenizer {
     cuts: Option<segments::Cuts>,
     /// The segments' ids; `None`: every segment encoded.
     cache: Option<segments::SegmentCache>,
+    /// The byte-level path to the ids, where the tokenizer's pipeline is one it takes; `None`:
+    /// the library's pipeline.
+    direct: Option<byte_level::ByteLevelPath>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -121,6 +125,7 @@ impl std::fmt::Debug for ChatTokenizer {
             .field("specials", &self.specials)
             .field("cuts", &self.cuts.as_ref().map(segments::Cuts::tokens))
             .field("cache", &self.cache)
+            .field("direct", &self.direct.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -194,13 +199,26 @@ impl ChatTokenizer {
             .map_err(|source| TokenizeError::Template { origin: origin.to_string(), source })?;
         let cuts = segments::Cuts::of(&tokenizer);
         let cache = NonZeroUsize::new(DEFAULT_SEGMENT_CACHE_BYTES).map(segments::SegmentCache::new);
-        Ok(ChatTokenizer { tokenizer, env, specials, cuts, cache })
+        let direct = byte_level::ByteLevelPath::of(&tokenizer);
+        Ok(ChatTokenizer { tokenizer, env, specials, cuts, cache, direct })
     }
 
     /// The same with a segment cache of `bytes` (`None`: no cache, every prompt encoded whole).
     pub fn with_segment_cache(mut self, bytes: Option<NonZeroUsize>) -> Self {
         self.cache = bytes.map(segments::SegmentCache::new);
         self
+    }
+
+    /// The same encoding every text through the library's pipeline (`direct: false`) or, where
+    /// the tokenizer is one it takes, through [`byte_level`] (`true`, the default).
+    pub fn with_direct_path(mut self, direct: bool) -> Self {
+        self.direct = if direct { byte_level::ByteLevelPath::of(&self.tokenizer) } else { None };
+        self
+    }
+
+    /// Whether texts are encoded through [`byte_level`] rather than the library's pipeline.
+    pub fn direct_path(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// The segment cache, if any.
@@ -232,8 +250,12 @@ impl ChatTokenizer {
     /// Token ids of `text`; `add_special_tokens` as in transformers (the tokenizer's own
     /// post-processor, e.g. a leading BOS). Only the ids are needed, so the tokenizer tracks no
     /// offsets (`encode_fast`: the same ids, less work per token; `cargo bench -p ailb-userspace
-    /// --bench tokenize_cpu` measures both).
+    /// --bench tokenize_cpu` measures both). Without special tokens added, through
+    /// [`byte_level`] where it applies: the same ids again, less work still.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        if let (Some(direct), false) = (&self.direct, add_special_tokens) {
+            return direct.encode(&self.tokenizer, text).map_err(TokenizeError::Encode);
+        }
         let encoding = self.tokenizer.encode_fast(text, add_special_tokens).map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
     }

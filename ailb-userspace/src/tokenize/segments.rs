@@ -130,7 +130,7 @@ fn cut_after(t: &AddedToken, all: &[AddedToken]) -> bool {
 /// Whether an occurrence of `a` and one of `b` can overlap in some text (`same`: `b` is `a`
 /// itself, whose occurrence overlaps itself trivially): one contains the other, or a proper end
 /// of one begins the other.
-fn overlaps(a: &str, b: &str, same: bool) -> bool {
+pub(super) fn overlaps(a: &str, b: &str, same: bool) -> bool {
     let end_begins = |x: &[u8], y: &[u8]| (1..x.len()).any(|k| y.starts_with(&x[x.len() - k..]));
     (!same && (a.contains(b) || b.contains(a)))
         || end_begins(a.as_bytes(), b.as_bytes())

@@ -64,6 +64,12 @@ fn config(template: serde_json::Value) -> Vec<u8> {
     .expect("json")
 }
 
+/// The library's own ids of `text` (its whole pipeline, no special tokens added): what every
+/// faster way to them must give.
+pub(crate) fn library(t: &ChatTokenizer, text: &str) -> Vec<u32> {
+    t.tokenizer().encode_fast(text, false).expect("the library encodes").get_ids().to_vec()
+}
+
 /// A chat tokenizer of the fixture's words and template (also for the front door's key tests).
 pub(crate) fn fixture() -> ChatTokenizer {
     ChatTokenizer::from_parts("fixture", &tokenizer_json(), &config(json!(TEMPLATE)), None).expect("fixture loads")
@@ -259,7 +265,7 @@ fn check_segments_match_whole(t: &ChatTokenizer, chats: &[serde_json::Value]) {
     assert!(!t.cut_tokens().is_empty(), "the tokenizer is cut after its end-of-message token");
     for messages in chats {
         let text = t.render(messages, true).expect("renders");
-        let whole = t.encode(&text, false).expect("encodes");
+        let whole = library(t, &text);
         assert_eq!(t.chat_token_ids(messages, true).expect("encodes"), whole, "{text:?}");
         assert_eq!(t.chat_token_ids(messages, true).expect("encodes again"), whole, "from the cache: {text:?}");
     }
@@ -298,11 +304,11 @@ proptest::proptest! {
         let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
         for messages in growing_chats(&refs) {
             let text = t.render(&messages, true).expect("renders");
-            proptest::prop_assert_eq!(t.chat_token_ids(&messages, true).expect("encodes"), t.encode(&text, false).expect("encodes"));
+            proptest::prop_assert_eq!(t.chat_token_ids(&messages, true).expect("encodes"), library(t, &text));
         }
         // Raw text with the end-of-message token anywhere, spaces on both sides.
         let raw = refs.join("<|im_end|>");
-        proptest::prop_assert_eq!(t.encode_rendered(&raw).expect("encodes"), t.encode(&raw, false).expect("encodes"));
+        proptest::prop_assert_eq!(t.encode_rendered(&raw).expect("encodes"), library(t, &raw));
     }
 }
 
@@ -375,7 +381,7 @@ fn check_heads(t: &ChatTokenizer, chats: &[serde_json::Value]) {
             continue;
         }
         let text = t.render(messages, true).expect("renders");
-        let whole = t.encode(&text, false).expect("encodes");
+        let whole = library(t, &text);
         let head = t.chat_head(messages).expect("renders").expect("a later turn: a head");
         assert_eq!(format!("{}{}", &text[..head.head_bytes], head.tail), text);
         assert_eq!(whole[..head.ids.len()], head.ids[..], "{text:?}");
@@ -450,4 +456,154 @@ fn a_warmed_tail_is_found_cached_by_the_next_turn() {
     let warm_misses = stats.misses.get() - misses;
     assert_eq!(warm_misses + 1, cold_misses, "{warm_misses} segments encoded warmed, {cold_misses} cold");
     assert_eq!(warm_misses, 1, "only the answer `brief` is new to turn three's head");
+}
+
+/// A byte-level BPE tokenizer.json written out in full: every byte's character, a few merges
+/// (`hello`, ` world`, `ll`, digits), added tokens `<|im_start|>` and `<|im_end|>` (ids 300,
+/// 301), and the given pre-tokenizer and normalizer.
+fn byte_level_json(pre_tokenizer: serde_json::Value, normalizer: serde_json::Value) -> serde_json::Value {
+    let chars = super::byte_level::tests_alphabet();
+    let mut vocab: serde_json::Map<String, serde_json::Value> =
+        chars.iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d", "1 2", "' s"];
+    for (i, m) in merges.iter().enumerate() {
+        vocab.insert(m.replace(' ', ""), json!(256 + i));
+    }
+    let added = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": true})
+    };
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [added(300, "<|im_start|>"), added(301, "<|im_end|>")],
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges}
+    })
+}
+
+fn byte_level_gpt2() -> serde_json::Value {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+}
+
+/// Llama 3's shape: a `Split` by regex (digits in threes here), then `ByteLevel` without its own.
+fn byte_level_split() -> serde_json::Value {
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+         "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
+}
+
+/// DeepSeek's shape: `Split`s in turn, the first isolating digits in threes (the text between
+/// them is a piece too), then `ByteLevel` with its own regex.
+fn byte_level_splits() -> serde_json::Value {
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+        {"type": "Split", "pattern": {"Regex": r"[一-龥]+"}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]})
+}
+
+fn tokenizer_of(json: &serde_json::Value) -> Tokenizer {
+    Tokenizer::from_bytes(serde_json::to_vec(json).expect("json")).expect("loads")
+}
+
+fn chat_of(json: &serde_json::Value) -> ChatTokenizer {
+    ChatTokenizer::from_parts(
+        "byte-level fixture",
+        &serde_json::to_vec(json).expect("json"),
+        &config(json!(TEMPLATE)),
+        None,
+    )
+    .expect("loads")
+}
+
+/// Byte-level tokenizers of the three shapes take the direct path and get the library's ids; a
+/// pipeline with a step it does not take keeps the library's.
+#[test]
+fn byte_level_tokenizers_take_the_direct_path_and_others_do_not() {
+    for pre in [byte_level_gpt2(), byte_level_split(), byte_level_splits()] {
+        let t = chat_of(&byte_level_json(pre.clone(), json!(null)));
+        assert!(t.direct_path(), "{pre}");
+        for text in ["hello world", "<|im_start|>user\nhello world<|im_end|>\n", "it's 12345 héllo\n\n  world  ", ""] {
+            assert_eq!(t.encode(text, false).expect("encodes"), library(&t, text), "{text:?} {pre}");
+        }
+        assert!(!t.with_direct_path(false).direct_path());
+    }
+    let refused = |why: &str, json: serde_json::Value| {
+        assert!(super::byte_level::ByteLevelPath::of(&tokenizer_of(&json)).is_none(), "{why}");
+    };
+    refused("a normalizer", byte_level_json(byte_level_gpt2(), json!({"type": "NFC"})));
+    refused(
+        "a prefix space",
+        byte_level_json(
+            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+            json!(null),
+        ),
+    );
+    refused("not byte-level", byte_level_json(json!({"type": "Whitespace"}), json!(null)));
+    let mut split_merged = byte_level_split();
+    split_merged["pretokenizers"][0]["behavior"] = json!("MergedWithPrevious");
+    refused("a split that merges", byte_level_json(split_merged, json!(null)));
+    let mut lstrip = byte_level_json(byte_level_gpt2(), json!(null));
+    lstrip["added_tokens"][1]["lstrip"] = json!(true);
+    refused("an added token that strips", lstrip);
+    let mut overlapping = byte_level_json(byte_level_gpt2(), json!(null));
+    overlapping["added_tokens"][1]["content"] = json!("<|im_start|>x");
+    refused("added tokens that overlap", overlapping);
+    let mut truncating = byte_level_json(byte_level_gpt2(), json!(null));
+    truncating["truncation"] = json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0});
+    refused("truncation", truncating);
+    assert!(!fixture().direct_path(), "a word-level tokenizer");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Any text, added tokens, contractions, digits, whitespace runs and non-ASCII included,
+    /// gets the library's ids through the direct path: the fixtures of the three shapes, and the
+    /// tiny model's tokenizer where `cargo xtask setup` made it.
+    #[test]
+    fn the_direct_paths_ids_are_the_librarys(
+        pieces in proptest::collection::vec(
+            "([ \\n\\t\\r]{0,3}|[a-zA-Zé字🙂]{1,6}|[0-9]{1,5}|'(s|t|re|ll|d|M)|[.,!?'\"()-]{1,3}|<\\|im_(start|end)\\|>|hello| world|12)",
+            0..24,
+        ),
+    ) {
+        let text: String = pieces.concat();
+        for pre in [byte_level_gpt2(), byte_level_split(), byte_level_splits()] {
+            let t = tokenizer_of(&byte_level_json(pre, json!(null)));
+            let direct = super::byte_level::ByteLevelPath::of(&t).expect("taken");
+            let want = t.encode_fast(text.as_str(), false).expect("encodes").get_ids().to_vec();
+            proptest::prop_assert_eq!(direct.encode(&t, &text).expect("encodes"), want, "{:?}", text);
+        }
+        if let Some(t) = tiny_model() {
+            proptest::prop_assert!(t.direct_path());
+            proptest::prop_assert_eq!(t.encode(&text, false).expect("encodes"), library(t, &text), "{:?}", text);
+        }
+    }
+}
+
+/// The tiny model's long prompts, as the races send them (words of the simulator's list, about
+/// 2,000 tokens), get the library's ids through the direct path.
+#[test]
+fn the_tiny_models_long_prompts_get_the_librarys_ids() {
+    let Some(t) = tiny_model() else { return };
+    assert!(t.direct_path(), "the tiny model's byte-level BPE takes the direct path");
+    let words = ["the", "model", "answer", "Question:", "token", "cache", "42,", "é字", "don't", "\n\n", "  "];
+    let mut state = 7u64;
+    let text: String = (0..1_500)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            format!("{} ", words[(state >> 33) as usize % words.len()])
+        })
+        .collect();
+    let prompt = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
+    let ids = t.encode(&prompt, false).expect("encodes");
+    assert!(ids.len() > 1_500, "{} tokens", ids.len());
+    assert_eq!(ids, library(t, &prompt));
 }

@@ -110,9 +110,13 @@ fn main() -> anyhow::Result<()> {
     });
     let tokenizer = match &a.tokenizer {
         None => None,
+        // Through the library's whole pipeline, as vLLM's tokenizer encodes: the simulated
+        // engine's tokenizing costs what a real engine's does, on the cores it shares with the
+        // gateway in a race.
         Some(dir) => Some(Arc::new(
             ChatTokenizer::load(dir)
-                .map_err(|e| anyhow::anyhow!("--tokenizer: {}", ailb_userspace::error_chain(&e)))?,
+                .map_err(|e| anyhow::anyhow!("--tokenizer: {}", ailb_userspace::error_chain(&e)))?
+                .with_direct_path(false),
         )),
     };
     let kv_events = match a.kv_events_endpoint {
