@@ -88,10 +88,11 @@ impl Keyer {
 
     /// [`Self::keys`] for a request whose body is `body`, off the worker's thread: for
     /// token-exact keys ([`PendingKeys`] makes text keys, which cost microseconds, inline).
-    /// Tokenizing a long prompt takes milliseconds (about 18 ms for a 15,000-token chat on this
-    /// project's CI machine), and a front-door worker serves all its requests on one thread:
-    /// inline, every response it is streaming would stall meanwhile. The blocking pool parses
-    /// the body's fields again (microseconds) rather than share them.
+    /// Tokenizing a long prompt takes milliseconds (about 1 ms for a 14,000-token chat through
+    /// the byte-level path on this project's machines, 4-5 ms through the library's pipeline,
+    /// for a tokenizer that path does not take), and a front-door worker serves all its requests
+    /// on one thread: inline, every response it is streaming would stall meanwhile. The blocking
+    /// pool parses the body's fields again (microseconds) rather than share them.
     ///
     /// At most one tokenization per core runs at once ([`tokenizing`]): unbounded, a burst of
     /// long prompts took every core, and on a host shared with the engines (the race's
