@@ -17,14 +17,15 @@
 //!    word cache), whose ids are the text's, in order.
 //!
 //! Taken only where these steps are all there is, read from the tokenizer itself: no
-//! normalizer, no truncation or padding, special tokens split out; a pre-tokenizer that is
-//! `ByteLevel` without a prefix space, alone (with its GPT-2 regex) or last after `Split`s by
-//! regex into isolated pieces (Llama 3, DeepSeek, Qwen without NFC); added tokens that strip no
-//! whitespace, need not stand as single words, and never overlap one another (so where each
-//! occurs does not depend on the order the library matches them in). Then a set of probe texts
-//! (letters, digits, contractions, whitespace runs, non-ASCII, each added token among text) must
-//! encode exactly as the library encodes them; any difference and the library's pipeline is
-//! used throughout. The property is also tested on random text against the library.
+//! normalizer (or an empty sequence of them), no truncation or padding, special tokens split
+//! out; a pre-tokenizer that is `ByteLevel` without a prefix space, alone (with its GPT-2
+//! regex) or last after `Split`s by regex into isolated pieces (Llama 3's shape, DeepSeek's);
+//! added tokens that strip no whitespace, need not stand as single words, and never overlap one
+//! another (so where each occurs does not depend on the order the library matches them in).
+//! Then a set of probe texts (letters, digits, contractions, whitespace runs, non-ASCII, each
+//! added token among text) must encode exactly as the library encodes them; any difference and
+//! the library's pipeline is used throughout. The property is also tested on random text
+//! against the library.
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
@@ -33,7 +34,8 @@ use tokenizers::{utils::SysRegex, AddedToken, Model, Tokenizer};
 /// The regex `ByteLevel` splits by when `use_regex` is set (GPT-2's).
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-/// Texts every added token is also probed inside of, and probed alone.
+/// Probe texts: each encoded alone, and the five after the empty one also around every added
+/// token.
 const PROBES: [&str; 12] = [
     "",
     "hello world",
@@ -76,7 +78,7 @@ impl ByteLevelPath {
         if tokenizer.get_truncation().is_some()
             || tokenizer.get_padding().is_some()
             || tokenizer.get_encode_special_tokens()
-            || tokenizer.get_normalizer().is_some()
+            || !normalizes_nothing(tokenizer)
         {
             return None;
         }
@@ -160,6 +162,14 @@ impl ByteLevelPath {
         }
         self.pieces(level + 1, &text[prev..], f)
     }
+}
+
+/// Whether the tokenizer has no normalizer, or one that does nothing (an empty `Sequence`, as
+/// DeepSeek's tokenizers write).
+fn normalizes_nothing(tokenizer: &Tokenizer) -> bool {
+    tokenizer.get_normalizer().is_none_or(|n| {
+        serde_json::to_value(n).ok() == Some(serde_json::json!({"type": "Sequence", "normalizers": []}))
+    })
 }
 
 /// The regexes a serialized pre-tokenizer splits by, in order, where it is one this path takes:

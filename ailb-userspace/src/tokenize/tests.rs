@@ -539,6 +539,8 @@ fn byte_level_tokenizers_take_the_direct_path_and_others_do_not() {
         assert!(super::byte_level::ByteLevelPath::of(&tokenizer_of(&json)).is_none(), "{why}");
     };
     refused("a normalizer", byte_level_json(byte_level_gpt2(), json!({"type": "NFC"})));
+    let none = byte_level_json(byte_level_gpt2(), json!({"type": "Sequence", "normalizers": []}));
+    assert!(chat_of(&none).direct_path(), "an empty sequence of normalizers normalizes nothing");
     refused(
         "a prefix space",
         byte_level_json(
