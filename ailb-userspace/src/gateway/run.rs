@@ -54,6 +54,15 @@ pub fn load(path: Option<&Path>) -> Result<(crate::config::ValidConfig, ValidGat
 pub fn run(path: Option<&Path>) -> Result<(), GatewayError> {
     small_pages_only();
     let (config, gateway) = load(path)?;
+    for (model, t) in &gateway.tokenizers {
+        tracing::info!(
+            model = %model,
+            path = %t.path.display(),
+            byte_level = t.tokenizer.direct_path(),
+            cut_after = ?t.tokenizer.cut_tokens(),
+            "gateway: token-exact prefix keys (byte_level: the tokenizer's ids without the library's bookkeeping)"
+        );
+    }
     let workers = gateway.worker_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut listeners = bind(&gateway.listen, workers)?.into_iter();
     let first_listeners = listeners.next().unwrap_or_default();

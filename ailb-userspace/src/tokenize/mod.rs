@@ -13,7 +13,8 @@
 //!
 //! Synchronous: files in, token ids out. A chat's rendered prompt is encoded in
 //! segments whose ids are reused across requests ([`segments`]): the same ids, less work for
-//! the system prompts and histories that requests repeat.
+//! the system prompts and histories that requests repeat. A byte-level BPE's segments are
+//! encoded without the library's per-byte bookkeeping ([`byte_level`]): the same ids again.
 #![forbid(unsafe_code)]
 
 use std::num::NonZeroUsize;
