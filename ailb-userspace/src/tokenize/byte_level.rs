@@ -75,11 +75,7 @@ impl ByteLevelPath {
     /// The path for `tokenizer`; `None` where its pipeline has a step this does not take, or a
     /// probe text encodes differently.
     pub fn of(tokenizer: &Tokenizer) -> Option<Self> {
-        if tokenizer.get_truncation().is_some()
-            || tokenizer.get_padding().is_some()
-            || tokenizer.get_encode_special_tokens()
-            || !normalizes_nothing(tokenizer)
-        {
+        if !super::segments::whole_and_split(tokenizer) || !normalizes_nothing(tokenizer) {
             return None;
         }
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
@@ -93,22 +89,21 @@ impl ByteLevelPath {
             return None;
         }
         let added_ids = added.iter().map(|t| tokenizer.token_to_id(&t.content)).collect::<Option<Vec<u32>>>()?;
-        let added = if added.is_empty() {
+        let texts: Vec<&str> = added.iter().map(|t| t.content.as_str()).collect();
+        let finder = if texts.is_empty() {
             None
         } else {
-            let texts = added.iter().map(|t| t.content.as_str());
-            Some(AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(texts).ok()?)
+            Some(AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&texts).ok()?)
         };
-        let path = ByteLevelPath { splits, added, added_ids, chars: byte_chars() };
-        path.agrees_on_probes(tokenizer).then_some(path)
+        let path = ByteLevelPath { splits, added: finder, added_ids, chars: byte_chars() };
+        path.agrees_on_probes(tokenizer, &texts).then_some(path)
     }
 
-    /// Whether every probe text, alone and around each added token, encodes as the library
-    /// encodes it.
-    fn agrees_on_probes(&self, tokenizer: &Tokenizer) -> bool {
+    /// Whether every probe text, alone and around each of the `added` tokens, encodes as the
+    /// library encodes it.
+    fn agrees_on_probes(&self, tokenizer: &Tokenizer, added: &[&str]) -> bool {
         let library = |text: &str| tokenizer.encode_fast(text, false).ok().map(|e| e.get_ids().to_vec());
         let agrees = |text: &str| library(text).is_some_and(|ids| self.encode(tokenizer, text).ok() == Some(ids));
-        let added: Vec<String> = tokenizer.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
         PROBES.iter().all(|p| agrees(p))
             && added.iter().all(|t| {
                 PROBES[1..6].iter().all(|p| {

@@ -41,10 +41,7 @@ pub struct Cuts {
 impl Cuts {
     /// The cut tokens of `tokenizer`; `None` when none qualifies or the tokenizer cannot be cut.
     pub fn of(tokenizer: &Tokenizer) -> Option<Self> {
-        if tokenizer.get_truncation().is_some()
-            || tokenizer.get_padding().is_some()
-            || tokenizer.get_encode_special_tokens()
-        {
+        if !whole_and_split(tokenizer) {
             return None;
         }
         let added: Vec<AddedToken> = tokenizer.get_added_tokens_decoder().into_values().collect();
@@ -105,6 +102,13 @@ impl Cuts {
             seg
         })
     }
+}
+
+/// Whether the tokenizer encodes a text whole (no truncation, no padding) and splits its special
+/// tokens out (`encode_special_tokens` off): what taking a text apart and encoding its pieces
+/// needs, here and in [`super::byte_level`].
+pub(super) fn whole_and_split(tokenizer: &Tokenizer) -> bool {
+    tokenizer.get_truncation().is_none() && tokenizer.get_padding().is_none() && !tokenizer.get_encode_special_tokens()
 }
 
 /// Whether the pre-tokenizer treats a text's first piece apart (SentencePiece's `Metaspace` with
